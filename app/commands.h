@@ -1,0 +1,11 @@
+// One entry point per subcommand; argv[0] is the subcommand's name. Each returns the exit code.
+#pragma once
+
+namespace kilter::app {
+int cmd_version(int argc, char** argv);
+int cmd_prep(int argc, char** argv);
+int cmd_plan(int argc, char** argv);
+int cmd_train(int argc, char** argv);
+int cmd_report(int argc, char** argv);
+int cmd_bench_comm(int argc, char** argv);
+}  // namespace kilter::app

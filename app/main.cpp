@@ -1,0 +1,35 @@
+// kilter: the launcher. Picks the subcommand and hands over; all work happens in lib/ and io/.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "app/commands.h"
+
+static void print_usage() {
+  std::printf(
+      "usage: kilter <command> [options]   (kilter <command> --help lists every option)\n\n"
+      "commands:\n"
+      "  prep        text/JSONL/fortune files -> sharded HDF5 dataset (also: prep synth, prep validate)\n"
+      "  plan        dry-run of the balanced batch plan: statistics per world size\n"
+      "  train       data-parallel training (launch with mpirun or srun)\n"
+      "  report      text summary and report.html of a run directory\n"
+      "  bench-comm  allreduce benchmark, flat vs hierarchical (nccl-tests style)\n"
+      "  --version   version and compiled backends\n");
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") return kilter::app::cmd_version(argc - 1, argv + 1);
+  if (cmd == "prep") return kilter::app::cmd_prep(argc - 1, argv + 1);
+  if (cmd == "plan") return kilter::app::cmd_plan(argc - 1, argv + 1);
+  if (cmd == "train") return kilter::app::cmd_train(argc - 1, argv + 1);
+  if (cmd == "report") return kilter::app::cmd_report(argc - 1, argv + 1);
+  if (cmd == "bench-comm") return kilter::app::cmd_bench_comm(argc - 1, argv + 1);
+  std::fprintf(stderr, "kilter: unknown command '%s'\n\n", cmd.c_str());
+  print_usage();
+  return 2;
+}

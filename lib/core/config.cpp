@@ -1,0 +1,237 @@
+// Config keys, defaults, parsing and validation (see config.h).
+#include "lib/core/config.h"
+
+#include <boost/program_options.hpp>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "io/error.h"
+
+namespace po = boost::program_options;
+
+namespace kilter {
+
+void add_config_options(po::options_description& desc, Config& c) {
+  auto& m = c.model;
+  auto& d = c.data;
+  auto& t = c.train;
+  auto& k = c.comm;
+  auto& o = c.output;
+  // clang-format off
+  desc.add_options()
+    ("model.n_layer", po::value(&m.n_layer)->default_value(m.n_layer), "transformer blocks")
+    ("model.n_head", po::value(&m.n_head)->default_value(m.n_head), "attention heads")
+    ("model.n_embd", po::value(&m.n_embd)->default_value(m.n_embd), "channels")
+    ("model.block_size", po::value(&m.block_size)->default_value(m.block_size), "context length in tokens; longer documents are cut")
+    ("model.vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size), "vocabulary (0: from the dataset index)")
+    ("data.dir", po::value(&d.dir)->default_value(d.dir), "dataset directory (index.h5 + shard-*.h5)")
+    ("data.max_tokens", po::value(&d.max_tokens)->default_value(d.max_tokens), "token budget of a micro-batch, padding included (tokens)")
+    ("data.prefetch", po::value(&d.prefetch)->default_value(d.prefetch), "micro-batches read ahead per rank")
+    ("data.reader_threads", po::value(&d.reader_threads)->default_value(d.reader_threads), "reader worker threads per rank")
+    ("data.sampler", po::value(&d.sampler)->default_value(d.sampler), "balanced | naive")
+    ("data.naive_batch_size", po::value(&d.naive_batch_size)->default_value(d.naive_batch_size), "naive sampler: sequences per rank per micro-batch")
+    ("data.eval_fraction", po::value(&d.eval_fraction)->default_value(d.eval_fraction), "share of documents held out for evaluation (0..0.5)")
+    ("data.tail", po::value(&d.tail)->default_value(d.tail), "last partial step of an epoch: drop | redistribute")
+    ("data.bucket_width", po::value(&d.bucket_width)->default_value(d.bucket_width), "length-bucket width in tokens (0: automatic)")
+    ("data.cost_a", po::value(&d.cost_a)->default_value(d.cost_a), "cost model: weight of computed tokens")
+    ("data.cost_b", po::value(&d.cost_b)->default_value(d.cost_b), "cost model: weight of sum(L^2) (<0: derived from the model shape)")
+    ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir), "node-local directory to stage shards into (empty: read in place)")
+    ("train.steps", po::value(&t.steps)->default_value(t.steps), "total optimizer steps of the run")
+    ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step), "target tokens per global step, all ranks together")
+    ("train.lr", po::value(&t.lr)->default_value(t.lr), "peak learning rate")
+    ("train.min_lr_ratio", po::value(&t.min_lr_ratio)->default_value(t.min_lr_ratio), "final learning rate / peak (cosine)")
+    ("train.warmup", po::value(&t.warmup)->default_value(t.warmup), "linear warmup (steps)")
+    ("train.weight_decay", po::value(&t.weight_decay)->default_value(t.weight_decay), "AdamW decoupled weight decay (2-D weights only)")
+    ("train.beta1", po::value(&t.beta1)->default_value(t.beta1), "AdamW beta1")
+    ("train.beta2", po::value(&t.beta2)->default_value(t.beta2), "AdamW beta2")
+    ("train.eps", po::value(&t.eps)->default_value(t.eps), "AdamW epsilon")
+    ("train.grad_clip", po::value(&t.grad_clip)->default_value(t.grad_clip), "global gradient-norm clip (0: off)")
+    ("train.seed", po::value(&t.seed)->default_value(t.seed), "seed of initialization and data order")
+    ("train.precision", po::value(&t.precision)->default_value(t.precision), "fp32 | bf16 (bf16 needs the CUDA backend)")
+    ("train.backend", po::value(&t.backend)->default_value(t.backend), "auto | cpu | cuda")
+    ("train.threads", po::value(&t.threads)->default_value(t.threads), "BLAS threads per rank")
+    ("train.eval_every", po::value(&t.eval_every)->default_value(t.eval_every), "evaluate on the held-out split every N steps (0: off)")
+    ("train.eval_batches", po::value(&t.eval_batches)->default_value(t.eval_batches), "micro-batches per rank in one evaluation")
+    ("train.inject_delay", po::value(&t.inject_delay)->default_value(t.inject_delay), "diagnostics drill: RANK:SECONDS[:PHASE] makes one rank slow on purpose")
+    ("train.on_nonfinite", po::value(&t.on_nonfinite)->default_value(t.on_nonfinite), "non-finite loss or gradient norm: stop | skip")
+    ("comm.algo", po::value(&k.algo)->default_value(k.algo), "gradient reduction: flat | hierarchical")
+    ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
+    ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s), "a collective not done within this many seconds ends the job (s)")
+    ("comm.bucket_mb", po::value(&k.bucket_mb)->default_value(k.bucket_mb), "gradient bucket size (MiB)")
+    ("comm.overlap", po::value(&k.overlap)->default_value(k.overlap), "reduce gradient buckets while backward runs")
+    ("output.dir", po::value(&o.dir)->default_value(o.dir), "run directory")
+    ("output.log_every", po::value(&o.log_every)->default_value(o.log_every), "progress line every N steps")
+    ("output.checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every), "checkpoint every N steps (0: at the end and on signals only)")
+    ("output.keep_checkpoints", po::value(&o.keep_checkpoints)->default_value(o.keep_checkpoints), "checkpoints kept in RUN_DIR/checkpoints")
+    ("output.trace_steps", po::value(&o.trace_steps)->default_value(o.trace_steps), "steps recorded in the Chrome trace (0: none)")
+    ("output.stall_factor", po::value(&o.stall_factor)->default_value(o.stall_factor), "steps slower than this times the median are reported as stalls");
+  // clang-format on
+}
+
+static void check_one_of(const std::string& key, const std::string& v,
+                         std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (v == a) return;
+    if (!list.empty()) list += " | ";
+    list += a;
+  }
+  KILTER_FAIL("config key " << key << " = '" << v << "': expected " << list);
+}
+
+#define KILTER_CHECK_KEY(cond, key, value, what) \
+  KILTER_CHECK(cond, "config key " << key << " = " << (value) << ": " << what)
+
+void Config::validate() const {
+  KILTER_CHECK_KEY(model.n_layer >= 1, "model.n_layer", model.n_layer, "must be >= 1");
+  KILTER_CHECK_KEY(model.n_head >= 1, "model.n_head", model.n_head, "must be >= 1");
+  KILTER_CHECK_KEY(model.n_embd >= 1 && model.n_embd % model.n_head == 0, "model.n_embd",
+                   model.n_embd, "must be a positive multiple of model.n_head");
+  KILTER_CHECK_KEY(model.block_size >= 2, "model.block_size", model.block_size, "must be >= 2");
+  KILTER_CHECK_KEY(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "must be >= 0");
+  KILTER_CHECK_KEY(data.max_tokens >= model.block_size, "data.max_tokens", data.max_tokens,
+                   "must be >= model.block_size (" << model.block_size << ")");
+  KILTER_CHECK_KEY(data.prefetch >= 1, "data.prefetch", data.prefetch, "must be >= 1");
+  KILTER_CHECK_KEY(data.reader_threads >= 1, "data.reader_threads", data.reader_threads, "must be >= 1");
+  check_one_of("data.sampler", data.sampler, {"balanced", "naive"});
+  KILTER_CHECK_KEY(data.naive_batch_size >= 1, "data.naive_batch_size", data.naive_batch_size, "must be >= 1");
+  KILTER_CHECK_KEY(data.eval_fraction >= 0 && data.eval_fraction <= 0.5, "data.eval_fraction",
+                   data.eval_fraction, "must be in [0, 0.5]");
+  check_one_of("data.tail", data.tail, {"drop", "redistribute"});
+  KILTER_CHECK_KEY(data.bucket_width >= 0, "data.bucket_width", data.bucket_width, "must be >= 0");
+  KILTER_CHECK_KEY(data.cost_a >= 0, "data.cost_a", data.cost_a, "must be >= 0");
+  KILTER_CHECK_KEY(train.steps >= 1, "train.steps", train.steps, "must be >= 1");
+  KILTER_CHECK_KEY(train.tokens_per_step >= 1, "train.tokens_per_step", train.tokens_per_step, "must be >= 1");
+  KILTER_CHECK_KEY(train.lr > 0, "train.lr", train.lr, "must be > 0");
+  KILTER_CHECK_KEY(train.min_lr_ratio >= 0 && train.min_lr_ratio <= 1, "train.min_lr_ratio", train.min_lr_ratio, "must be in [0, 1]");
+  KILTER_CHECK_KEY(train.warmup >= 0, "train.warmup", train.warmup, "must be >= 0");
+  KILTER_CHECK_KEY(train.weight_decay >= 0, "train.weight_decay", train.weight_decay, "must be >= 0");
+  KILTER_CHECK_KEY(train.beta1 >= 0 && train.beta1 < 1, "train.beta1", train.beta1, "must be in [0, 1)");
+  KILTER_CHECK_KEY(train.beta2 >= 0 && train.beta2 < 1, "train.beta2", train.beta2, "must be in [0, 1)");
+  KILTER_CHECK_KEY(train.eps > 0, "train.eps", train.eps, "must be > 0");
+  KILTER_CHECK_KEY(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, "must be >= 0");
+  check_one_of("train.precision", train.precision, {"fp32", "bf16"});
+  check_one_of("train.backend", train.backend, {"auto", "cpu", "cuda"});
+  KILTER_CHECK_KEY(train.threads >= 1, "train.threads", train.threads, "must be >= 1");
+  KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");
+  KILTER_CHECK_KEY(train.eval_batches >= 1, "train.eval_batches", train.eval_batches, "must be >= 1");
+  check_one_of("train.on_nonfinite", train.on_nonfinite, {"stop", "skip"});
+  check_one_of("comm.algo", comm.algo, {"flat", "hierarchical"});
+  KILTER_CHECK_KEY(comm.ranks_per_node >= 0, "comm.ranks_per_node", comm.ranks_per_node, "must be >= 0");
+  KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");
+  KILTER_CHECK_KEY(comm.bucket_mb > 0, "comm.bucket_mb", comm.bucket_mb, "must be > 0");
+  KILTER_CHECK_KEY(output.log_every >= 1, "output.log_every", output.log_every, "must be >= 1");
+  KILTER_CHECK_KEY(output.checkpoint_every >= 0, "output.checkpoint_every", output.checkpoint_every, "must be >= 0");
+  KILTER_CHECK_KEY(output.keep_checkpoints >= 1, "output.keep_checkpoints", output.keep_checkpoints, "must be >= 1");
+  KILTER_CHECK_KEY(output.trace_steps >= 0, "output.trace_steps", output.trace_steps, "must be >= 0");
+  KILTER_CHECK_KEY(output.stall_factor > 1, "output.stall_factor", output.stall_factor, "must be > 1");
+}
+
+// Renders every key with the value in force, grouped by section.
+std::string Config::to_ini() const {
+  Config copy = *this;
+  po::options_description desc;
+  add_config_options(desc, copy);
+  std::ostringstream os;
+  std::string section;
+  for (const auto& opt : desc.options()) {
+    const std::string& name = opt->long_name();
+    auto dot = name.find('.');
+    std::string sec = name.substr(0, dot);
+    if (sec != section) {
+      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    // desc was built from `copy`, so each key's default is the value in force; format_parameter()
+    // renders it as "arg (=VALUE)".
+    os << name.substr(dot + 1) << " = ";
+    // format_parameter() gives "arg (=VALUE)"; take VALUE.
+    std::string fp = opt->format_parameter();
+    auto p = fp.find("(=");
+    if (p != std::string::npos) os << fp.substr(p + 2, fp.size() - p - 3);
+    os << "\n";
+  }
+  return os.str();
+}
+
+uint64_t Config::hash() const {
+  // Everything that changes the numbers of a run; output paths and logging do not count.
+  Config c = *this;
+  c.output = OutputConfig();
+  c.data.dir.clear();
+  c.data.stage_dir.clear();
+  c.data.prefetch = 0;
+  c.data.reader_threads = 0;
+  c.train.steps = 0;
+  c.train.threads = 0;
+  c.train.inject_delay.clear();
+  c.comm.timeout_s = 0;
+  std::string text = c.to_ini();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+static Config parse_impl(const std::string& ini_path, const std::string* ini_text) {
+  Config cfg;
+  po::options_description desc;
+  add_config_options(desc, cfg);
+  po::variables_map vm;
+  try {
+    if (ini_text) {
+      std::istringstream is(*ini_text);
+      po::store(po::parse_config_file(is, desc, false), vm);
+    } else {
+      std::ifstream is(ini_path);
+      KILTER_CHECK(is, "cannot open config file " << ini_path);
+      po::store(po::parse_config_file(is, desc, false), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    KILTER_FAIL("config file " << (ini_text ? std::string("(text)") : ini_path) << ": " << e.what());
+  }
+  return cfg;
+}
+
+Config parse_config_file(const std::string& path) { return parse_impl(path, nullptr); }
+Config config_from_ini_text(const std::string& text) { return parse_impl("", &text); }
+
+bool parse_command_line(int argc, char** argv, const std::string& usage,
+                        po::options_description& extra, po::variables_map& vm, Config& cfg) {
+  std::string config_file;
+  po::options_description general("General");
+  general.add_options()("help,h", "show this help")(
+      "config", po::value(&config_file), "INI config file; --section.key=value overrides it");
+  po::options_description keys("Config keys (INI [section] key, or --section.key=value)");
+  add_config_options(keys, cfg);
+  po::options_description all;
+  all.add(general).add(extra).add(keys);
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n" << all << "\n";
+      return false;
+    }
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream is(path);
+      KILTER_CHECK(is, "cannot open config file " << path);
+      try {
+        po::store(po::parse_config_file(is, keys, false), vm);
+      } catch (const po::error& e) {
+        KILTER_FAIL("config file " << path << ": " << e.what());
+      }
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    KILTER_FAIL(e.what());
+  }
+  cfg.validate();
+  return true;
+}
+
+}  // namespace kilter

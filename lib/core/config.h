@@ -1,0 +1,108 @@
+// The run configuration: every key of the INI sections [model] [data] [train] [comm] [output],
+// with its default and unit. Parsed with Boost.Program_options from a config file plus
+// `--section.key=value` overrides; unknown keys and bad values are refused with the key named.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace boost { namespace program_options { class options_description; class variables_map; } }
+
+namespace kilter {
+
+struct ModelConfig {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 256;
+  int block_size = 256;   // context length: longest sequence the model sees
+  int vocab_size = 0;     // 0: take it from the dataset index
+};
+
+struct DataConfig {
+  std::string dir;                 // dataset directory (index.h5 + shards)
+  int64_t max_tokens = 2048;       // token budget of one micro-batch (padded tokens)
+  int prefetch = 4;                // micro-batches read ahead per rank
+  int reader_threads = 2;          // pread() worker threads per rank
+  std::string sampler = "balanced";  // balanced | naive
+  int naive_batch_size = 8;        // naive sampler: sequences per rank per micro-batch
+  double eval_fraction = 0.0;      // share of documents held out for evaluation
+  std::string tail = "drop";       // drop | redistribute: the last partial step of an epoch
+  int bucket_width = 0;            // length-bucket width in tokens (0: automatic)
+  double cost_a = 1.0;             // cost model: a * tokens_computed + b * sum(L^2)
+  double cost_b = -1.0;            // <0: default from the model shape
+  std::string stage_dir;           // node-local directory to stage shards into ("" = read in place)
+};
+
+struct TrainConfig {
+  int64_t steps = 100;             // total optimizer steps of the run
+  int64_t tokens_per_step = 16384; // target tokens of one global step (all ranks together)
+  double lr = 3e-4;                // peak learning rate
+  double min_lr_ratio = 0.1;       // cosine decays to lr * min_lr_ratio
+  int64_t warmup = 10;             // linear warmup steps
+  double weight_decay = 0.1;       // AdamW, 2-D weights only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;          // global-norm clip (0: off)
+  uint64_t seed = 1337;
+  std::string precision = "fp32";  // fp32 | bf16 (bf16: CUDA backend)
+  std::string backend = "auto";    // auto | cpu | cuda
+  int threads = 1;                 // BLAS threads per rank
+  int64_t eval_every = 0;          // evaluate every N steps (0: off)
+  int64_t eval_batches = 8;        // micro-batches per rank in one evaluation
+  std::string inject_delay;        // diagnostics drill: RANK:SECONDS[:PHASE]
+  std::string on_nonfinite = "stop";  // stop | skip
+};
+
+struct CommConfig {
+  std::string algo = "hierarchical";  // flat | hierarchical
+  int ranks_per_node = 0;             // 0: from MPI_Comm_split_type(SHARED)
+  double timeout_s = 300;             // watchdog: a collective slower than this ends the job
+  double bucket_mb = 4.0;             // gradient bucket size for overlapped reduction
+  bool overlap = true;                // reduce buckets while backward runs
+};
+
+struct OutputConfig {
+  std::string dir = "runs/kilter";
+  int64_t log_every = 10;
+  int64_t checkpoint_every = 0;      // 0: only at the end of the run or on a signal
+  int keep_checkpoints = 3;
+  int64_t trace_steps = 50;          // steps recorded in trace/rank-N.json (0: none)
+  double stall_factor = 2.0;         // a step slower than this times the median is a stall
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  CommConfig comm;
+  OutputConfig output;
+
+  // Resolved INI text (every key, with the values in force), written to RUN_DIR/config.ini.
+  std::string to_ini() const;
+  // FNV-1a hash of the keys that must agree across ranks and across a resume.
+  uint64_t hash() const;
+  // Checks ranges and enum values; throws kilter::Error naming the key.
+  void validate() const;
+};
+
+// Adds every key as `section.key` with its default, bound to cfg's fields.
+void add_config_options(boost::program_options::options_description& desc, Config& cfg);
+
+// Parses a subcommand's argv (argv[0] = subcommand name): `--config FILE` (an INI file, when
+// given) and `--section.key=value` overrides, which win over the file. `extra` describes the
+// subcommand's own flags (e.g. --resume, --json); their values are left in `vm`. Returns false
+// when --help was asked (the help text has been printed to stdout). Throws kilter::Error for
+// unknown keys and bad values, naming them.
+bool parse_command_line(int argc, char** argv, const std::string& usage,
+                        boost::program_options::options_description& extra,
+                        boost::program_options::variables_map& vm, Config& cfg);
+
+// Parses an INI file into cfg (keys absent from the file keep their defaults).
+Config parse_config_file(const std::string& path);
+
+// Parse an INI text (the resolved config of a run directory) into a Config.
+Config config_from_ini_text(const std::string& text);
+
+}  // namespace kilter

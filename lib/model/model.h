@@ -1,0 +1,105 @@
+// The GPT-2 model as the trainer sees it (DESIGN.md, "Model"), whatever the backend.
+// Parameters, gradients and AdamW moments live in flat float buffers on the backend's device,
+// laid out by ParamLayout: wte, wpe, then each block's tensors contiguous (h.0 .. h.{L-1}),
+// then ln_f. Backward finishes blocks from the last to the first, so gradient buckets become
+// ready from high offsets to low; wte and wpe are ready last.
+// Owner: model (issue 2); the CUDA backend (issue 7) implements the same interface.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kilter::model {
+
+struct GPTConfig {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 256;
+  int block_size = 256;
+  int vocab_size = 257;
+};
+
+struct ParamTensor {
+  std::string name;           // nanoGPT name, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape; // torch layout; Linear weights are [out, in]
+  size_t offset = 0;          // into the flat buffer, in floats
+  size_t size = 0;            // elements
+  bool decay = false;         // AdamW weight decay applies (2-D weights only)
+};
+
+struct ParamLayout {
+  std::vector<ParamTensor> tensors;
+  size_t num_params = 0;      // sum of sizes
+  size_t padded_size = 0;     // buffer length: num_params rounded up to `pad_multiple`
+  static ParamLayout build(const GPTConfig& cfg, size_t pad_multiple = 1);
+  const ParamTensor& find(const std::string& name) const;  // throws kilter::Error if absent
+};
+
+// One micro-batch as the model sees it: B rows padded to T. Row b holds lengths[b] real inputs
+// (positions restart at 0 in every row); targets are -1 where there is no target (padding).
+struct Batch {
+  int B = 0;
+  int T = 0;
+  std::vector<int32_t> inputs;   // B*T
+  std::vector<int32_t> targets;  // B*T
+  std::vector<int32_t> lengths;  // B
+  int64_t num_targets = 0;       // targets != -1
+};
+
+struct AdamWParams {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_scale = 1.0f;   // gradients are multiplied by this first (global-norm clipping)
+  int64_t t = 1;             // 1-based step for bias correction
+};
+
+// Called during backward when grads[offset, offset+count) are final for this micro-batch.
+using GradReadyFn = std::function<void(size_t offset, size_t count)>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string backend_name() const = 0;
+  virtual const GPTConfig& config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+
+  // GPT-2 initialization (normal 0.02; residual projections 0.02/sqrt(2*n_layer); biases 0;
+  // LayerNorm weight 1), deterministic from the seed and independent of the backend.
+  virtual void init_params(uint64_t seed) = 0;
+  virtual void set_params(const float* host) = 0;  // num_params floats in layout order
+  virtual void get_params(float* host) const = 0;
+  // AdamW moments (for checkpoints), num_params floats each.
+  virtual void get_optimizer_state(float* m, float* v) const = 0;
+  virtual void set_optimizer_state(const float* m, const float* v) = 0;
+
+  // Forward + backward of one micro-batch. Returns the SUM over real targets of the
+  // cross-entropy; gradients of (sum * loss_scale) ACCUMULATE into grads(). The trainer passes
+  // loss_scale = 1 / (target tokens of the whole global step) so that reduced gradients are those
+  // of the global token-mean loss. on_ready (may be empty) reports finished gradient ranges.
+  virtual double forward_backward(const Batch& batch, float loss_scale, const GradReadyFn& on_ready) = 0;
+  // Forward only: the summed cross-entropy over real targets.
+  virtual double forward_loss(const Batch& batch) = 0;
+
+  virtual void zero_grads() = 0;
+  virtual float* grads() = 0;        // device pointer, layout().padded_size floats
+  virtual float* params() = 0;       // device pointer
+  virtual double grad_norm_squared() = 0;  // over num_params
+  virtual void adamw_step(const AdamWParams& p) = 0;
+  virtual void synchronize() {}
+  // Largest activation footprint planned for (bytes); backends may preallocate from it.
+  virtual void reserve(int max_B, int max_T) { (void)max_B; (void)max_T; }
+};
+
+// The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.
+std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg,
+                                  size_t pad_multiple, const std::string& precision);
+// Backends compiled in and usable on this machine ("cuda" only when a device is present).
+bool cuda_available();
+
+}  // namespace kilter::model
