@@ -1,0 +1,53 @@
+// Checkpoints of a training run (DESIGN.md "Run directory"; issue 8): the state is copied at a
+// step boundary, then written in the background as RUN_DIR/checkpoints/step-NNNNNNNN.h5 (temp
+// file, fsync, rename), keeping the newest `keep` files. Owner: checkpoints (issue 8).
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/balance/plan.h"
+#include "lib/core/config.h"
+#include "lib/model/model.h"
+
+namespace kilter::train {
+
+// What a resumed run needs besides the parameters and moments.
+struct TrainState {
+  int64_t step = 0;                 // optimizer steps completed
+  balance::PlanPosition position;   // where the data plan continues
+  uint64_t seed = 0;
+  uint64_t config_hash = 0;
+  double tokens_seen = 0;
+  int world_size = 1;               // of the run that wrote it (informational)
+};
+
+class Checkpointer {
+ public:
+  // Collective over `world`; `run_dir` already exists.
+  Checkpointer(MPI_Comm world, const std::string& run_dir, int keep, const Config& cfg);
+  ~Checkpointer();  // waits for a write in flight
+
+  // Collective (every rank calls it at the same step): snapshots the model state and writes it
+  // in the background. Returns quickly; a previous write still in flight is waited for first.
+  void save(const model::Model& model, const TrainState& state);
+  // Waits for the write in flight; throws if it failed.
+  void wait();
+
+  // Newest complete checkpoint in run_dir ("" when none).
+  static std::string latest(const std::string& run_dir);
+  // Loads path into model (params + AdamW moments) and returns the state; every rank reads it
+  // (or rank 0 reads and broadcasts). Checks the config hash against cfg unless allow_mismatch;
+  // errors name the file and the problem (truncated, missing tensor, shape mismatch).
+  static TrainState load(MPI_Comm world, const std::string& path, model::Model& model,
+                         const Config& cfg);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kilter::train
