@@ -14,12 +14,29 @@ namespace kilter::diag {
 
 enum Phase { kDataWait = 0, kH2D, kForward, kBackward, kCommExposed, kOptimizer, kStepTotal, kNumPhases };
 const char* phase_name(int phase);
+// The phase called `name` (as phase_name writes it), or -1.
+int phase_from_name(const std::string& name);
+
+// `--train.inject_delay=RANK:SECONDS[:PHASE]`, a diagnostics drill: rank RANK sleeps SECONDS
+// inside PHASE (default forward) once in every step.
+struct InjectDelay {
+  bool active = false;
+  int rank = -1;
+  double seconds = 0;
+  Phase phase = kForward;
+};
+// Parses the drill string ("" means no drill). Throws kilter::Error naming train.inject_delay
+// for a malformed value, a negative or non-finite delay, or a phase that cannot be delayed
+// (comm_exposed and step_total are not timed by phase_begin/phase_end). Call it before MPI work
+// to refuse a bad value early; the RankDiagnostics constructor also checks RANK < world size.
+InjectDelay parse_inject_delay(const std::string& text);
 
 struct DiagOptions {
   std::string run_dir;
   int64_t trace_steps = 50;
   double stall_factor = 2.0;
   int warn_window = 20;       // live warning: a rank last in most of this many steps
+  std::string inject_delay;   // [train] inject_delay, parsed with parse_inject_delay
 };
 
 // One per rank. Collective calls are marked; every rank makes them in the same order.
@@ -35,6 +52,11 @@ class RankDiagnostics {
   void phase_end(Phase p);    // accumulates; a phase may be entered several times per step
   void add_phase_seconds(Phase p, double seconds);  // for time measured elsewhere (e.g. comm_exposed)
   void mark_arrival();        // just before this rank enters the gradient collective
+  // The work this rank did in the current step, for cost-model calibration: padded tokens
+  // computed and sum(L^2) over its pieces.
+  void set_step_work(int64_t tokens_computed, double attn_work);
+  // Optional: peak device memory of this rank so far (bytes; GPU backends), kept per step.
+  void set_device_peak_bytes(uint64_t bytes);
   // Collective: writes this rank's CSV row and trace events, gathers every rank's record of the
   // step (small allgather) and, on rank 0, watches for a persistent straggler. `loss` is the
   // global step loss (already reduced).
@@ -44,6 +66,9 @@ class RankDiagnostics {
   nlohmann::json finish(const nlohmann::json& extra);
   // Peak resident memory of this process (bytes).
   static uint64_t peak_rss_bytes();
+  // This rank's clock offset to rank 0 (seconds, added to the local steady clock), as estimated
+  // at construction; 0 on rank 0.
+  double clock_offset_seconds() const;
 
  private:
   struct Impl;

@@ -92,6 +92,14 @@ class Model {
   virtual double grad_norm_squared() = 0;  // over num_params
   virtual void adamw_step(const AdamWParams& p) = 0;
   virtual void synchronize() {}
+  // Called by forward_backward when the forward pass is done and backward begins (for the
+  // per-phase timers). Backends that do not call it leave the split to the first on_ready call.
+  virtual void set_backward_start_hook(std::function<void()> hook) { backward_start_hook_ = std::move(hook); }
+
+ protected:
+  std::function<void()> backward_start_hook_;
+
+ public:
   // Largest activation footprint planned for (bytes); backends may preallocate from it.
   virtual void reserve(int max_B, int max_T) { (void)max_B; (void)max_T; }
 };

@@ -1,0 +1,102 @@
+// Run statistics from the per-step records of every rank: step-time imbalance, the time ranks
+// wait for the last arrival, the straggler rule, stalls and their period, memory asymmetry and
+// per-phase means. Used live on rank 0 (fed by the per-step gather) and by `kilter report`
+// (fed from the metrics CSVs), so both say the same thing. Memory is O(steps + ranks): only
+// per-step aggregates and per-rank sums are kept, never the full rank x step table.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/diag/step_record.h"
+
+namespace kilter::diag {
+
+// q-th percentile (0..100) with linear interpolation between order statistics (numpy's default).
+double percentile(std::vector<double> values, double q);
+double median(std::vector<double> values);
+
+// Who arrived last at the gradient collective in one step, and whether it was beyond noise.
+struct LastArrival {
+  int rank = -1;           // last to arrive (-1 with fewer than two ranks)
+  double lag = 0;          // its arrival minus the median arrival of the other ranks (s)
+  double noise = 0;        // the lag that counts as noise in this step (s)
+  bool significant = false;
+};
+// The noise rule: a lag counts when it exceeds 5% of the step's median step_total, and at least
+// 100 microseconds (clock alignment and scheduler jitter).
+constexpr double kLagNoiseFraction = 0.05;
+constexpr double kLagNoiseFloorSeconds = 1e-4;
+LastArrival find_last_arrival(const StepRecord* ranks, int world_size);
+
+// The component (see step_record.h) in which `rank` exceeds the other ranks' median by most, over
+// the per-rank component sums given as sums[rank * kNumComponents + component]; comm_exposed is
+// never the answer (it measures waiting for others). Returns -1 when no component exceeds.
+int slowest_component(const std::vector<double>& sums, int world_size, int rank, double* excess);
+
+struct StragglerVerdict {
+  int rank = -1;              // -1: no straggler beyond noise
+  int candidate = -1;         // the rank most often last beyond noise, named or not
+  int64_t steps_last = 0;     // steps the candidate was last beyond noise
+  double share = 0;           // steps_last / steps
+  double threshold = 0;       // share needed to be named
+  double mean_lag_seconds = 0;
+  std::string phase;          // its slowest component relative to the other ranks' median
+  double phase_excess_seconds = 0;  // per step, over that median
+};
+
+struct Stall {
+  int64_t step = 0;
+  double seconds = 0;          // the step's wall time (slowest rank, outside time included)
+  std::string phase;           // the component that grew most over its median
+  double excess_seconds = 0;
+};
+
+class RunStatistics {
+ public:
+  explicit RunStatistics(int world_size, double stall_factor = 2.0);
+  // One step: `ranks` holds world_size records, indexed by rank.
+  void add_step(const StepRecord* ranks);
+
+  int world_size() const { return world_size_; }
+  int64_t steps() const { return int64_t(steps_.size()); }
+  double step_time_imbalance_percentile(double q) const;
+  double sync_wait_fraction() const;
+  StragglerVerdict straggler() const;
+  std::vector<Stall> stalls() const;
+  // The period of recurring stalls (steps), or 0 when they do not recur regularly.
+  int64_t stall_period() const;
+  double median_step_seconds() const;
+  // Mean seconds per step of `component` on `rank`.
+  double component_mean(int rank, int component) const;
+  double compute_mean(int rank) const;
+  uint64_t peak_rss_bytes(int rank) const { return peak_rss_[rank]; }
+  uint64_t device_peak_bytes(int rank) const { return device_peak_[rank]; }
+  int64_t times_last(int rank) const { return last_counts_[rank]; }
+
+  // The summary.json fields this module owns (DESIGN.md plus the diagnostics detail).
+  nlohmann::json to_json() const;
+
+ private:
+  struct StepAggregate {
+    int64_t step = 0;
+    double wall = 0;                 // max over ranks of step_total + outside
+    double imbalance = 1;            // max / mean of per-rank compute time
+    double component_max[kNumComponents] = {};
+  };
+  int world_size_;
+  double stall_factor_;
+  std::vector<StepAggregate> steps_;
+  std::vector<double> component_sums_;   // [rank * kNumComponents + c]
+  std::vector<double> compute_sums_;
+  std::vector<int64_t> last_counts_;     // steps each rank was last beyond noise
+  std::vector<double> last_lag_sums_;
+  std::vector<uint64_t> peak_rss_;
+  std::vector<uint64_t> device_peak_;
+  double wait_seconds_ = 0;              // sum over ranks and steps of (last arrival - arrival)
+  double step_total_seconds_ = 0;        // sum over ranks and steps of step_total
+};
+
+}  // namespace kilter::diag

@@ -1,0 +1,50 @@
+// One rank's measurements of one training step: the fixed-size record every rank contributes to
+// the per-step gather, the row of metrics/rank-NNNNN.csv, and the unit the run statistics are
+// computed from. Times are seconds; `start` and `arrival` are on the rank-0-aligned clock,
+// counted from the run start.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "lib/diag/diagnostics.h"
+
+namespace kilter::diag {
+
+struct StepRecord {
+  int64_t step = 0;
+  int64_t tokens = 0;            // target tokens of the global step
+  int64_t tokens_computed = 0;   // this rank's padded tokens computed
+  double attn_work = 0;          // this rank's sum(L^2) over its pieces
+  double loss = 0;               // global step loss
+  double phase[kNumPhases] = {}; // seconds; phase[kStepTotal]: begin_step -> end_step
+  double outside = 0;            // seconds between the previous end_step and this begin_step
+  double start = 0;              // aligned clock at begin_step
+  double arrival = 0;            // aligned clock at mark_arrival
+  uint64_t rss_bytes = 0;        // resident memory at end_step
+  uint64_t peak_rss_bytes = 0;   // peak resident memory so far
+  uint64_t device_peak_bytes = 0;
+  int32_t rank = 0;
+  int32_t reserved = 0;
+};
+static_assert(std::is_trivially_copyable<StepRecord>::value, "StepRecord travels as MPI_BYTE");
+
+// Compute time: what the rank spent on its own work, i.e. the step minus the exposed wait in the
+// gradient collective (which only reflects the other ranks).
+inline double compute_seconds(const StepRecord& r) {
+  double c = r.phase[kStepTotal] - r.phase[kCommExposed];
+  return c > 0 ? c : 0;
+}
+
+// The components a step's time is split into for attributions ("which phase made it slow"):
+// the six timed phases, `other` (inside the step but in no phase: logging, the loss reduction)
+// and `outside` (between steps: checkpoints, evaluation, anything the trainer does not time).
+enum Component {
+  kCompDataWait = kDataWait, kCompH2D = kH2D, kCompForward = kForward, kCompBackward = kBackward,
+  kCompCommExposed = kCommExposed, kCompOptimizer = kOptimizer, kCompOther, kCompOutside,
+  kNumComponents
+};
+const char* component_name(int component);
+double component_seconds(const StepRecord& r, int component);
+
+}  // namespace kilter::diag

@@ -1,0 +1,25 @@
+// The training job (`kilter train`): plan -> reader/prefetch -> forward/backward -> gradient
+// reduction -> clip -> AdamW, with per-rank diagnostics, checkpoints and preemption handling.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+#include "lib/core/config.h"
+
+namespace kilter::train {
+
+struct RunOptions {
+  std::string resume;   // "" | RUN_DIR | "latest" (= the config's output.dir)
+  bool json = false;    // print summary.json's object last on rank 0's stdout
+};
+
+// Runs the whole job on `world`; returns the process exit code (0, or kExitPreempted after a
+// signalled checkpoint). Throws kilter::Error on failure (the caller aborts every rank).
+int run_training(MPI_Comm world, const Config& cfg, const RunOptions& opts);
+
+// The cost-model weight of sum(L^2) relative to one computed token, from the model shape:
+// attention FLOPs per (query, key) pair over the per-token FLOPs of the dense layers.
+double default_attention_cost(const Config& cfg, int vocab_size);
+
+}  // namespace kilter::train
