@@ -62,7 +62,8 @@ slurm_cluster_start() {
   local dir=$1
   SLURM_CLUSTER_DIR=$dir
   mkdir -p "$dir"/{state,spool,log,munge}
-  # munged runs as the munge user and must own its directory (socket, pid, seed, log).
+  # munged runs as the munge user: it must reach DIR (mktemp makes it 0700) and own its subdir.
+  chmod 0755 "$dir"
   chown munge:munge "$dir/munge"
   chmod 0700 "$dir/munge"
   local socket="$dir/munge/munge.socket"

@@ -1,0 +1,47 @@
+// Small vectorizable math helpers shared by the CPU kernels: a branch-free expf that GCC turns
+// into SIMD code (libm's expf/tanhf are scalar calls and would dominate GELU and softmax), and
+// the KILTER_SIMD_CLONES attribute that compiles a hot loop for AVX2+FMA as well as the
+// baseline ISA and picks one at load time, so the default (non -march=native) build still uses
+// the machine's vector width. Reductions keep 16 partial sums because the compiler may not
+// reorder a plain float sum (no -ffast-math), and a single accumulator does not vectorize.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define KILTER_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KILTER_SIMD_CLONES
+#endif
+
+namespace kilter::model {
+
+constexpr int kSimdLanes = 16;  // partial sums per reduction (two AVX registers)
+
+// exp(x) with relative error below 2e-7 on [-87, 88]; inputs outside are clamped (so
+// fast_expf(-inf) is about 1e-38, never NaN). Cephes polynomial on the reduced argument.
+static inline float fast_expf(float x) {
+  x = x < 88.0f ? x : 88.0f;
+  x = x > -87.0f ? x : -87.0f;
+  // round(x / ln2) by the 1.5*2^23 trick: exact, branch-free and vectorizable.
+  const float shifter = 12582912.0f;
+  float n = (x * 1.44269504088896341f + shifter) - shifter;
+  float r = x - n * 0.693359375f;       // ln2 split in a high part exact in float...
+  r = r - n * (-2.12194440e-4f);        // ...and the low remainder
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// tanh(x) = 1 - 2 / (exp(2x) + 1); saturates cleanly to +-1 for large |x|.
+static inline float fast_tanhf(float x) { return 1.0f - 2.0f / (fast_expf(2.0f * x) + 1.0f); }
+
+}  // namespace kilter::model
