@@ -45,3 +45,44 @@ static inline float fast_expf(float x) {
 static inline float fast_tanhf(float x) { return 1.0f - 2.0f / (fast_expf(2.0f * x) + 1.0f); }
 
 }  // namespace kilter::model
+
+namespace kilter::model {
+
+// Sum of x[0..n) with kSimdLanes partial sums (vectorizes without -ffast-math).
+static inline float lane_sum(const float* x, int n) {
+  float acc[kSimdLanes] = {0};
+  int i = 0;
+  for (; i + kSimdLanes <= n; i += kSimdLanes)
+    for (int j = 0; j < kSimdLanes; ++j) acc[j] += x[i + j];
+  float total = 0.0f;
+  for (int j = 0; j < kSimdLanes; ++j) total += acc[j];
+  for (; i < n; ++i) total += x[i];
+  return total;
+}
+
+// Sum of x[i]*y[i] over [0, n), same scheme.
+static inline float lane_dot(const float* x, const float* y, int n) {
+  float acc[kSimdLanes] = {0};
+  int i = 0;
+  for (; i + kSimdLanes <= n; i += kSimdLanes)
+    for (int j = 0; j < kSimdLanes; ++j) acc[j] += x[i + j] * y[i + j];
+  float total = 0.0f;
+  for (int j = 0; j < kSimdLanes; ++j) total += acc[j];
+  for (; i < n; ++i) total += x[i] * y[i];
+  return total;
+}
+
+// Largest of x[0..n), n >= 1.
+static inline float lane_max(const float* x, int n) {
+  float acc[kSimdLanes];
+  for (int j = 0; j < kSimdLanes; ++j) acc[j] = x[0];
+  int i = 0;
+  for (; i + kSimdLanes <= n; i += kSimdLanes)
+    for (int j = 0; j < kSimdLanes; ++j) acc[j] = acc[j] > x[i + j] ? acc[j] : x[i + j];
+  float best = acc[0];
+  for (int j = 1; j < kSimdLanes; ++j) best = best > acc[j] ? best : acc[j];
+  for (; i < n; ++i) best = best > x[i] ? best : x[i];
+  return best;
+}
+
+}  // namespace kilter::model

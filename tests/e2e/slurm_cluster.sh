@@ -65,7 +65,7 @@ slurm_cluster_start() {
   # munged runs as the munge user: it must reach DIR (mktemp makes it 0700) and own its subdir.
   chmod 0755 "$dir"
   chown munge:munge "$dir/munge"
-  chmod 0700 "$dir/munge"
+  chmod 0755 "$dir/munge"   # clients need to reach the socket
   local socket="$dir/munge/munge.socket"
 
   local node cpus mem_mb ports ctld_port slurmd_port

@@ -1,0 +1,96 @@
+// The checkpoint file format (DESIGN.md "Run directory"; issue 8): one HDF5 file per checkpoint,
+// RUN_DIR/checkpoints/step-NNNNNNNN.h5, readable by h5py without kilter:
+//   /params/<nanoGPT name>   float32, torch shape (Linear weights [out, in])
+//   /adam/m/<name>, /adam/v/<name>   AdamW first and second moments, same shapes
+//   root attributes: format "kilter-checkpoint", format_version, kilter_version, step, epoch,
+//   step_in_epoch, seed, config_hash, tokens_seen, world_size, config (resolved INI text),
+//   n_layer, n_head, n_embd, block_size, vocab_size.
+// Every tensor dataset carries a `checksum` attribute (64-bit hash of its bytes) so a file that
+// was damaged after it was written is refused instead of silently resumed.
+// Files are written atomically: a hidden temp file next to the final name, fsync, rename, fsync
+// of the directory, so a crash (even kill -9) mid-write never leaves a half file under a final
+// name. This layer knows HDF5 and POSIX only (no MPI, nothing from lib/).
+// Owner: checkpoints (issue 8).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kilter::io {
+
+constexpr int kCheckpointFormatVersion = 1;
+constexpr const char* kCheckpointFormatName = "kilter-checkpoint";
+
+// One tensor: its name, torch shape and place in the flat buffers (floats).
+struct CheckpointTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset = 0;
+  size_t size = 0;
+};
+
+// The root attributes.
+struct CheckpointInfo {
+  int format_version = kCheckpointFormatVersion;
+  std::string kilter_version;
+  int64_t step = 0;            // optimizer steps completed
+  int64_t epoch = 0;           // data-plan position where training continues
+  int64_t step_in_epoch = 0;
+  uint64_t seed = 0;
+  uint64_t config_hash = 0;
+  double tokens_seen = 0;
+  int64_t world_size = 1;      // of the run that wrote it (informational)
+  std::string config;          // resolved INI text of the run
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+};
+
+// A whole checkpoint in memory: params and moments are flat, in `tensors` order and offsets.
+struct CheckpointContents {
+  CheckpointInfo info;
+  std::vector<CheckpointTensor> tensors;
+  std::vector<float> params;
+  std::vector<float> adam_m;
+  std::vector<float> adam_v;
+};
+
+struct CheckpointWriteOptions {
+  // Test hook (env KILTER_TEST_CHECKPOINT_DELAY_S): sleep this long halfway through writing the
+  // tensor data, so a test can kill the process while a temp file is half written.
+  double delay_midway_s = 0;
+};
+
+// "step-00000010.h5"
+std::string checkpoint_file_name(int64_t step);
+// Temp name used while `final_path` is being written: ".step-00000010.h5.tmp" in the same folder.
+std::string checkpoint_temp_path(const std::string& final_path);
+
+// Writes `contents` to `final_path` atomically (temp file, fsync, rename, fsync of the folder).
+// The tensor data go straight to the file with pwrite() at each dataset's offset. Throws
+// kilter::Error naming the file on any failure and removes the temp file.
+void write_checkpoint_file(const std::string& final_path, const CheckpointContents& contents,
+                           const CheckpointWriteOptions& opts = {});
+
+// Opens `path` and reads the root attributes; checks format and format_version. Throws
+// kilter::Error naming the file and the problem (missing, truncated or not HDF5, wrong format).
+CheckpointInfo read_checkpoint_info(const std::string& path);
+
+// Reads every tensor of `expected` (names and shapes; offsets/sizes into the flat buffers) from
+// /params, /adam/m and /adam/v into params, adam_m, adam_v, and verifies each checksum. Throws
+// naming the file and the tensor: a missing tensor, a shape or type mismatch, a tensor the file
+// has but `expected` does not list, a checksum mismatch.
+void read_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& expected,
+                             float* params, float* adam_m, float* adam_v);
+
+// Complete checkpoints in `dir` as (step, path), oldest first; temp files are not listed.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
+// Deletes all but the newest `keep` checkpoints in `dir`; returns the paths removed.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep);
+// Deletes temp files left by a writer that died (kill -9 mid-write); returns the paths removed.
+std::vector<std::string> remove_stale_temp_files(const std::string& dir);
+
+// The 64-bit content hash stored in each tensor's `checksum` attribute.
+uint64_t checkpoint_checksum(const float* data, size_t count);
+
+}  // namespace kilter::io

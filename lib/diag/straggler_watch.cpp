@@ -1,0 +1,69 @@
+// Live straggler warning over a sliding window (see straggler_watch.h).
+#include "lib/diag/straggler_watch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "io/error.h"
+#include "lib/diag/run_statistics.h"
+
+namespace kilter::diag {
+
+StragglerWatch::StragglerWatch(int world_size, int window, double share)
+    : world_size_(world_size),
+      window_(std::max(1, window)),
+      share_(share),
+      last_rank_(window_, -1),
+      lag_(window_, 0.0),
+      step_seconds_(window_, 0.0),
+      components_(size_t(window_) * world_size * kNumComponents, 0.0) {
+  KILTER_CHECK(world_size >= 1, "diagnostics: world size " << world_size << " must be positive");
+}
+
+std::string StragglerWatch::add_step(const StepRecord* ranks) {
+  const int slot = int(seen_ % window_);
+  ++seen_;
+  LastArrival last = find_last_arrival(ranks, world_size_);
+  last_rank_[slot] = last.significant ? last.rank : -1;
+  lag_[slot] = last.lag;
+  std::vector<double> totals;
+  for (int r = 0; r < world_size_; ++r) {
+    totals.push_back(ranks[r].phase[kStepTotal]);
+    for (int c = 0; c < kNumComponents; ++c)
+      components_[(size_t(slot) * world_size_ + r) * kNumComponents + c] = component_seconds(ranks[r], c);
+  }
+  step_seconds_[slot] = median(totals);
+  if (world_size_ < 2 || seen_ < window_) return "";
+
+  std::vector<int> counts(world_size_, 0);
+  for (int s = 0; s < window_; ++s)
+    if (last_rank_[s] >= 0) counts[last_rank_[s]] += 1;
+  int rank = int(std::max_element(counts.begin(), counts.end()) - counts.begin());
+  if (counts[rank] < int(std::ceil(share_ * window_))) return "";
+  if (rank == warned_rank_ && seen_ - warned_at_ < window_) return "";
+  warned_rank_ = rank;
+  warned_at_ = seen_;
+
+  double lag_sum = 0, step_sum = 0;
+  std::vector<double> sums(size_t(world_size_) * kNumComponents, 0.0);
+  for (int s = 0; s < window_; ++s) {
+    step_sum += step_seconds_[s];
+    if (last_rank_[s] == rank) lag_sum += lag_[s];
+    for (size_t i = 0; i < sums.size(); ++i) sums[i] += components_[size_t(s) * sums.size() + i];
+  }
+  double mean_lag = lag_sum / counts[rank];
+  double mean_step = step_sum / window_;
+  double excess = 0;
+  int comp = slowest_component(sums, world_size_, rank, &excess);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "kilter: warning: rank %d arrived last at the gradient collective in %d of the last "
+                "%d steps (mean lag %.4f s, %.0f%% of a step); slowest phase: %s (+%.4f s per step "
+                "over the other ranks' median)",
+                rank, counts[rank], window_, mean_lag, mean_step > 0 ? 100.0 * mean_lag / mean_step : 0.0,
+                comp >= 0 ? component_name(comp) : "none", excess / window_);
+  return line;
+}
+
+}  // namespace kilter::diag
