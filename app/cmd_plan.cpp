@@ -1,6 +1,251 @@
-// Placeholder while the subcommand is being written (replaced by its owner).
+// `kilter plan`: dry run of the batch plan. Loads the dataset index (or makes synthetic lengths),
+// builds one epoch's plan for a world size and prints its statistics — one JSON object with
+// --json, a short summary without. `kilter plan --calibrate RUN_DIR` fits the cost model to a
+// run's measured step times instead.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
 #include "app/commands.h"
+#include "io/dataset.h"
+#include "io/error.h"
+#include "lib/balance/calibrate.h"
+#include "lib/balance/plan.h"
+#include "lib/balance/plan_config.h"
+#include "lib/balance/synthetic_lengths.h"
+#include "lib/core/config.h"
+
+namespace po = boost::program_options;
+
 namespace kilter::app {
-int cmd_plan(int, char**) { std::fprintf(stderr, "kilter: plan is not built yet\n"); return 3; }
+
+namespace {
+
+const char* kUsage =
+    "usage: kilter plan --data DIR --world-size P [--ranks-per-node L] [--sampler balanced|naive] [--json]\n"
+    "       kilter plan --lengths lognormal:MU,SIGMA[,MAX]|uniform:MIN,MAX --docs N [--seed S] --world-size P ...\n"
+    "       kilter plan --calibrate RUN_DIR [--skip-steps N] [--json]\n"
+    "Builds one epoch of the batch plan without training and prints its statistics\n"
+    "(padding_efficiency, cost_imbalance_p50|p95|max, steps_per_epoch, micro_batches_per_step, ...).\n"
+    "Honors --config FILE and --section.key=value like `kilter train` (model.block_size, data.max_tokens,\n"
+    "train.tokens_per_step, train.seed, data.sampler, data.tail, data.cost_a, data.cost_b, ...).";
+
+uint64_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size_pages = 0, resident_pages = 0;
+  statm >> size_pages >> resident_pages;
+  return resident_pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+uint64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
+  const std::vector<balance::CostSample> samples = balance::read_cost_samples(run_dir, skip_steps);
+  const balance::CostFit fit = balance::fit_cost_model(samples);
+  const double b_over_a = fit.a > 0 ? std::max(0.0, fit.b_over_a()) : 0.0;
+  if (json) {
+    nlohmann::json out = {{"run_dir", run_dir},          {"samples", fit.samples},
+                          {"skip_steps", skip_steps},    {"a_seconds_per_token", fit.a},
+                          {"b_seconds_per_l2", fit.b},   {"intercept_seconds", fit.intercept},
+                          {"r2", fit.r2},                {"cost_a", 1.0},
+                          {"cost_b", b_over_a}};
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("kilter plan --calibrate %s: %llu (rank, step) samples, steps < %lld skipped\n", run_dir.c_str(),
+                static_cast<unsigned long long>(fit.samples), static_cast<long long>(skip_steps));
+    std::printf("  forward+backward seconds = %.4g + %.4g * tokens_computed + %.4g * sum(L^2)   (R^2 = %.4f)\n",
+                fit.intercept, fit.a, fit.b, fit.r2);
+    std::printf("config lines (only the ratio b/a matters to the plan):\n[data]\ncost_a = 1\ncost_b = %.6g\n",
+                b_over_a);
+  }
+  if (fit.a <= 0) std::fprintf(stderr, "kilter plan: warning: the fitted per-token cost a = %g is not positive; "
+                                       "the samples do not follow the cost model\n", fit.a);
+  else if (fit.b < 0) std::fprintf(stderr, "kilter plan: warning: the fitted b = %g is negative; use cost_b = 0+ "
+                                            "(attention is not measurable at these lengths)\n", fit.b);
+  return 0;
+}
+
+nlohmann::json stats_json(const balance::EpochPlan& plan) {
+  const balance::PlanStats& s = plan.stats;
+  return {{"padding_efficiency", s.padding_efficiency},
+          {"cost_imbalance_p50", s.cost_imbalance_p50},
+          {"cost_imbalance_p95", s.cost_imbalance_p95},
+          {"cost_imbalance_max", s.cost_imbalance_max},
+          {"steps_per_epoch", s.steps_per_epoch},
+          {"micro_batches_per_step", s.micro_batches_per_step},
+          {"documents", s.documents},
+          {"empty_docs", s.empty_docs},
+          {"pieces", s.pieces},
+          {"micro_batches", s.micro_batches},
+          {"target_tokens", s.target_tokens},
+          {"tokens_computed", s.tokens_computed},
+          {"target_tokens_per_step_mean", s.target_tokens_per_step_mean},
+          {"target_tokens_per_step_min", s.target_tokens_per_step_min},
+          {"target_tokens_per_step_max", s.target_tokens_per_step_max},
+          {"dropped_pieces", s.dropped_pieces},
+          {"dropped_tokens", s.dropped_tokens},
+          {"tail_micro_batches", s.tail_micro_batches},
+          {"tail_tokens", s.tail_tokens},
+          {"tail_redistributed", s.tail_redistributed},
+          {"idle_rank_steps", s.idle_rank_steps},
+          {"steps_with_idle_ranks", s.steps_with_idle_ranks}};
+}
+
+}  // namespace
+
+int cmd_plan(int argc, char** argv) {
+  try {
+    Config cfg;
+    std::string data_dir, sampler, lengths_spec, calibrate_dir;
+    int world_size = 1, ranks_per_node = 0;
+    uint64_t docs = 0, synth_seed = 0, epoch = 0;
+    int64_t skip_steps = 2;
+    po::options_description extra("kilter plan");
+    extra.add_options()
+        ("data", po::value(&data_dir), "dataset directory (same as --data.dir)")
+        ("world-size", po::value(&world_size)->default_value(1), "ranks to plan for")
+        ("ranks-per-node", po::value(&ranks_per_node)->default_value(0), "ranks per node for the node figures (0: comm.ranks_per_node, else all on one node)")
+        ("sampler", po::value(&sampler), "balanced | naive (same as --data.sampler)")
+        ("epoch", po::value(&epoch)->default_value(0), "epoch to plan (the plan is deterministic from train.seed and the epoch)")
+        ("json", "print one JSON object")
+        ("lengths", po::value(&lengths_spec), "synthetic lengths instead of --data: lognormal:MU,SIGMA[,MAX] | uniform:MIN,MAX")
+        ("docs", po::value(&docs)->default_value(0), "synthetic documents (with --lengths)")
+        ("seed", po::value(&synth_seed), "seed of the synthetic lengths (default: train.seed)")
+        ("calibrate", po::value(&calibrate_dir), "fit cost_a and cost_b to RUN_DIR/metrics/rank-*.csv and print them")
+        ("skip-steps", po::value(&skip_steps)->default_value(2), "with --calibrate: warm-up steps left out of the fit");
+    po::variables_map vm;
+    if (!parse_command_line(argc, argv, kUsage, extra, vm, cfg)) return 0;
+    const bool json = vm.count("json") > 0;
+    if (!calibrate_dir.empty()) return run_calibration(calibrate_dir, skip_steps, json);
+
+    if (!sampler.empty()) cfg.data.sampler = sampler;
+    if (!data_dir.empty()) cfg.data.dir = data_dir;
+    cfg.validate();
+    KILTER_CHECK(world_size >= 1, "--world-size " << world_size << ": must be >= 1");
+    if (ranks_per_node <= 0) ranks_per_node = cfg.comm.ranks_per_node > 0 ? cfg.comm.ranks_per_node : world_size;
+    KILTER_CHECK(ranks_per_node >= 1 && world_size % ranks_per_node == 0,
+                 "--ranks-per-node " << ranks_per_node << ": must divide --world-size " << world_size);
+    KILTER_CHECK(lengths_spec.empty() != cfg.data.dir.empty(),
+                 "give either --data DIR (or --data.dir) or --lengths SPEC --docs N, not both and not neither");
+
+    // The corpus: the index's lengths, or synthetic ones.
+    const auto load_start = std::chrono::steady_clock::now();
+    std::vector<uint32_t> doc_lengths;
+    uint32_t dataset_vocab = 0;
+    std::string source;
+    if (!lengths_spec.empty()) {
+      KILTER_CHECK(docs >= 1, "--lengths needs --docs N >= 1");
+      const balance::LengthSpec spec = balance::parse_length_spec(lengths_spec);
+      doc_lengths = balance::synthetic_lengths(spec, docs, vm.count("seed") ? synth_seed : cfg.train.seed);
+      source = lengths_spec;
+    } else {
+      io::DatasetIndex index = io::load_index(cfg.data.dir);
+      dataset_vocab = index.vocab_size;
+      doc_lengths = std::move(index.doc_lengths);
+      source = cfg.data.dir;
+    }
+    const double load_seconds = seconds_since(load_start);
+
+    const balance::PlanOptions opts = balance::plan_options_from_config(cfg, dataset_vocab);
+    const uint64_t rss_before = current_rss_bytes();
+    const auto plan_start = std::chrono::steady_clock::now();
+    const balance::Split split = balance::split_documents(doc_lengths, cfg.data.eval_fraction, cfg.train.seed);
+    const balance::EpochPlan plan = balance::build_epoch_plan(doc_lengths, split.train_docs, opts, world_size, epoch);
+    const double plan_seconds = seconds_since(plan_start);
+    const uint64_t peak_rss = peak_rss_bytes();
+    const uint64_t plan_bytes = balance::plan_heap_bytes(plan);
+    const double n_docs = double(std::max<size_t>(doc_lengths.size(), 1));
+    // What a rank keeps per document: the lengths (4 B), its split's ids (8 B) and the plan.
+    const double bytes_per_doc =
+        double(plan_bytes + doc_lengths.size() * sizeof(uint32_t) +
+               (split.train_docs.size() + split.eval_docs.size()) * sizeof(uint64_t)) / n_docs;
+    const double peak_extra_per_doc = double(peak_rss > rss_before ? peak_rss - rss_before : 0) / n_docs;
+    const balance::PlanStats& s = plan.stats;
+
+    std::vector<std::string> warnings;
+    if (s.steps_with_idle_ranks > 0) {
+      warnings.push_back(std::to_string(s.steps_with_idle_ranks) + " of " + std::to_string(s.steps_per_epoch) +
+                         " steps have fewer micro-batches than the " + std::to_string(world_size) +
+                         " ranks (" + std::to_string(s.idle_rank_steps) +
+                         " idle rank-steps); idle ranks still join every collective; raise train.tokens_per_step "
+                         "(e.g. to " + std::to_string(uint64_t(world_size) * opts.max_tokens * 4) + ")");
+    }
+    if (s.steps_per_epoch == 0) warnings.push_back("the plan has no steps: the split holds no tokens");
+
+    char fingerprint[17];
+    std::snprintf(fingerprint, sizeof fingerprint, "%016llx",
+                  static_cast<unsigned long long>(balance::plan_fingerprint(plan)));
+    if (json) {
+      nlohmann::json out = stats_json(plan);
+      out["sampler"] = opts.sampler;
+      out["world_size"] = world_size;
+      out["ranks_per_node"] = ranks_per_node;
+      out["node_cost_imbalance_p95"] = balance::node_cost_imbalance(plan, ranks_per_node, 0.95);
+      out["epoch"] = epoch;
+      out["seed"] = opts.seed;
+      out["source"] = source;
+      out["context"] = opts.context;
+      out["max_tokens"] = opts.max_tokens;
+      out["tokens_per_step"] = opts.tokens_per_step;
+      out["naive_batch_size"] = opts.naive_batch_size;
+      out["tail"] = opts.tail;
+      out["eval_docs"] = split.eval_docs.size();
+      out["cost_a"] = plan.cost.a;
+      out["cost_b"] = plan.cost.b;
+      out["index_load_seconds"] = load_seconds;
+      out["plan_build_seconds"] = plan_seconds;
+      out["plan_bytes"] = plan_bytes;
+      out["bytes_per_doc"] = bytes_per_doc;
+      out["peak_extra_bytes_per_doc"] = peak_extra_per_doc;
+      out["peak_rss_bytes"] = peak_rss;
+      out["fingerprint"] = fingerprint;
+      out["warnings"] = warnings;
+      std::cout << out.dump(2) << "\n";
+    } else {
+      std::printf("kilter plan: %s sampler, world size %d (%d per node), epoch %llu, seed %llu, data %s\n",
+                  opts.sampler.c_str(), world_size, ranks_per_node, static_cast<unsigned long long>(epoch),
+                  static_cast<unsigned long long>(opts.seed), source.c_str());
+      std::printf("  documents %llu (%llu empty, %zu held out) -> %llu pieces of <= %u tokens; budget %llu tokens per micro-batch\n",
+                  static_cast<unsigned long long>(s.documents), static_cast<unsigned long long>(s.empty_docs),
+                  split.eval_docs.size(), static_cast<unsigned long long>(s.pieces), opts.context,
+                  static_cast<unsigned long long>(opts.max_tokens));
+      std::printf("  steps/epoch %llu, micro-batches/step %.1f, target tokens/step %.0f (min %.0f, max %.0f; asked %llu)\n",
+                  static_cast<unsigned long long>(s.steps_per_epoch), s.micro_batches_per_step,
+                  s.target_tokens_per_step_mean, s.target_tokens_per_step_min, s.target_tokens_per_step_max,
+                  static_cast<unsigned long long>(opts.tokens_per_step));
+      std::printf("  padding efficiency %.4f   cost imbalance p50 %.4f  p95 %.4f  max %.4f   (node p95 %.4f)\n",
+                  s.padding_efficiency, s.cost_imbalance_p50, s.cost_imbalance_p95, s.cost_imbalance_max,
+                  balance::node_cost_imbalance(plan, ranks_per_node, 0.95));
+      if (s.tail_redistributed && s.tail_micro_batches > 0)
+        std::printf("  tail: %llu micro-batches (%llu tokens) redistributed over earlier steps\n",
+                    static_cast<unsigned long long>(s.tail_micro_batches), static_cast<unsigned long long>(s.tail_tokens));
+      else if (s.dropped_pieces > 0)
+        std::printf("  tail: %llu pieces (%llu tokens) dropped\n", static_cast<unsigned long long>(s.dropped_pieces),
+                    static_cast<unsigned long long>(s.dropped_tokens));
+      std::printf("  cost model a=%.4g b=%.4g; planned in %.3f s; %.1f bytes/document held (peak +%.1f)\n",
+                  plan.cost.a, plan.cost.b, plan_seconds, bytes_per_doc, peak_extra_per_doc);
+    }
+    for (const std::string& w : warnings) std::fprintf(stderr, "kilter plan: warning: %s\n", w.c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "kilter plan: %s\n", e.what());
+    return 1;
+  }
+}
+
 }  // namespace kilter::app

@@ -1,6 +1,149 @@
-// Placeholder while the subcommand is being written (replaced by its owner).
+// `kilter prep`, `kilter prep synth` and `kilter prep validate`: parse options, call io/.
+#include <boost/program_options.hpp>
+
 #include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
 #include "app/commands.h"
+#include "io/dataset.h"
+#include "io/error.h"
+#include "io/prep.h"
+
+namespace po = boost::program_options;
+
 namespace kilter::app {
-int cmd_prep(int, char**) { std::fprintf(stderr, "kilter: prep is not built yet\n"); return 3; }
+
+namespace {
+
+void print_report(const io::PrepReport& report, const char* what) {
+  std::printf("%s: wrote %s: %u shards, %llu documents, %llu tokens (shard tokens %llu..%llu)",
+              what, report.out.c_str(), report.shards, (unsigned long long)report.documents,
+              (unsigned long long)report.tokens, (unsigned long long)report.min_shard_tokens,
+              (unsigned long long)report.max_shard_tokens);
+  if (report.input_bytes > 0)
+    std::printf(", %llu empty documents dropped, %.1f MB read",
+                (unsigned long long)report.empty_documents, report.input_bytes / 1e6);
+  std::printf(", %.2f s\n", report.seconds);
+}
+
+// Parses argv with `desc` (+ positional), printing help for --help. Returns false on --help.
+bool parse(int argc, char** argv, po::options_description& desc, po::variables_map& vm,
+           const char* usage, const po::positional_options_description* positional = nullptr) {
+  po::command_line_parser parser(argc, argv);
+  parser.options(desc);
+  if (positional) parser.positional(*positional);
+  po::store(parser.run(), vm);
+  if (vm.count("help")) {
+    std::cout << usage << "\n" << desc << "\n";
+    return false;
+  }
+  po::notify(vm);
+  return true;
+}
+
+int prep_corpus(int argc, char** argv) {
+  io::PrepOptions options;
+  std::string format = "text";
+  bool quiet = false;
+  po::options_description desc("options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("input", po::value(&options.inputs)->multitoken()->required(),
+       "input files or directories (a directory: its regular files, sorted; fortune: *.dat skipped)")
+      ("format", po::value(&format)->default_value("text"),
+       "text (a file is one document) | jsonl ({\"text\": ...} per line) | fortune (documents between '%' lines)")
+      ("shards", po::value(&options.shards)->default_value(1), "number of shards (roughly equal token counts)")
+      ("out", po::value(&options.out)->required(), "output dataset directory (written atomically)")
+      ("force", po::bool_switch(&options.force), "replace an existing non-empty output directory")
+      ("quiet", po::bool_switch(&quiet), "no progress on stderr");
+  po::variables_map vm;
+  if (!parse(argc, argv, desc, vm,
+             "usage: kilter prep --input PATH... --format text|jsonl|fortune --shards N --out DIR\n"
+             "       kilter prep synth --help | kilter prep validate DIR\n\n"
+             "Byte-level tokenizer: token = byte value (0..255), eos_id = 256, vocab_size = 257.\n"
+             "Empty documents are dropped and counted; non-UTF-8 bytes are kept as bytes."))
+    return 0;
+  options.format = io::parse_input_format(format);
+  options.progress = !quiet;
+  print_report(io::prepare_dataset(options), "prep");
+  return 0;
+}
+
+int prep_synth(int argc, char** argv) {
+  io::SynthOptions options;
+  bool quiet = false;
+  po::options_description desc("options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("docs", po::value(&options.docs)->default_value(options.docs), "number of documents")
+      ("lengths", po::value(&options.lengths)->default_value(options.lengths),
+       "document lengths in tokens: lognormal:MU,SIGMA[,MAX] (round(exp(N(MU,SIGMA))), clamped to [1,MAX]) "
+       "| uniform:MIN,MAX (inclusive)")
+      ("vocab", po::value(&options.vocab)->default_value(options.vocab),
+       "vocab_size V: tokens uniform in [0, V-1), eos_id = V-1")
+      ("shards", po::value(&options.shards)->default_value(options.shards), "number of shards")
+      ("seed", po::value(&options.seed)->default_value(options.seed), "random seed (same seed, same dataset)")
+      ("out", po::value(&options.out)->required(), "output dataset directory (written atomically)")
+      ("force", po::bool_switch(&options.force), "replace an existing non-empty output directory")
+      ("quiet", po::bool_switch(&quiet), "no progress on stderr");
+  po::variables_map vm;
+  if (!parse(argc, argv, desc, vm,
+             "usage: kilter prep synth --docs N --lengths lognormal:MU,SIGMA[,MAX]|uniform:MIN,MAX "
+             "--vocab V --shards N --seed S --out DIR"))
+    return 0;
+  options.progress = !quiet;
+  print_report(io::synthesize_dataset(options), "prep synth");
+  return 0;
+}
+
+int prep_validate(int argc, char** argv) {
+  std::string dir;
+  po::options_description desc("options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("dir", po::value(&dir)->required(), "dataset directory (also the first positional argument)");
+  po::positional_options_description positional;
+  positional.add("dir", 1);
+  po::variables_map vm;
+  if (!parse(argc, argv, desc, vm,
+             "usage: kilter prep validate DIR\n\n"
+             "Checks index.h5 and every shard: attributes, dtypes, layout, offsets, token range and\n"
+             "content hashes. Prints OK or one line per problem; exits 1 on problems.",
+             &positional))
+    return 0;
+  std::vector<std::string> problems = io::validate_dataset(dir);
+  if (problems.empty()) {
+    io::DatasetIndex index = io::read_index_file(dir);
+    std::printf("OK: %s: %zu shards, %llu documents, %llu tokens, vocab_size %u, eos_id %u\n",
+                dir.c_str(), index.shards.size(), (unsigned long long)index.num_docs(),
+                (unsigned long long)index.total_tokens(), index.vocab_size, index.eos_id);
+    return 0;
+  }
+  std::printf("%zu problem%s in %s:\n", problems.size(), problems.size() == 1 ? "" : "s", dir.c_str());
+  for (const std::string& problem : problems) std::printf("  %s\n", problem.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int cmd_prep(int argc, char** argv) {
+  try {
+    if (argc >= 2 && !std::strcmp(argv[1], "synth")) return prep_synth(argc - 1, argv + 1);
+    if (argc >= 2 && !std::strcmp(argv[1], "validate")) return prep_validate(argc - 1, argv + 1);
+    return prep_corpus(argc, argv);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "kilter prep: %s (see kilter prep --help)\n", e.what());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "kilter prep: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kilter prep: error: %s\n", e.what());
+    return 1;
+  }
+}
+
 }  // namespace kilter::app

@@ -8,6 +8,15 @@
 namespace kilter::io {
 
 constexpr int kFormatVersion = 1;
+constexpr const char* kShardFormat = "kilter-shard";   // root attribute `format` of a shard
+constexpr const char* kIndexFormat = "kilter-index";   // root attribute `format` of index.h5
+constexpr const char* kIndexFileName = "index.h5";
+constexpr const char* kHashAlgorithm = "fnv1a64";      // see io/content_hash.h
+
+// "shard-00007.h5" for shard 7.
+std::string shard_file_name(uint32_t shard);
+// Bytes per stored token: 2 (uint16) up to vocab 65535, 4 (uint32) above.
+uint32_t token_bytes_for_vocab(uint32_t vocab_size);
 
 struct ShardInfo {
   std::string file;        // file name inside the dataset directory, e.g. "shard-00000.h5"
@@ -32,6 +41,41 @@ struct DatasetIndex {
 };
 
 // Reads and checks index.h5 in `dir`; throws kilter::Error naming the file and the problem.
+// Cheap checks only: index attributes and counts, then every shard's header (attributes agree
+// with the index, /tokens dtype, length, contiguous layout, file not truncated). Token contents
+// and hashes are checked by validate_dataset().
 DatasetIndex load_index(const std::string& dir);
+
+// Reads index.h5 without judging it: throws only when the file or one of its datasets cannot be
+// read at all. index_problems() then lists what is inconsistent.
+DatasetIndex read_index_file(const std::string& dir);
+std::vector<std::string> index_problems(const DatasetIndex& index);
+
+// Writes index.h5 at `path` (the caller renames it into place).
+void write_index(const std::string& path, const DatasetIndex& index);
+
+// Where a shard's tokens lie in its file: what the reader and the header checks need.
+struct ShardLayout {
+  std::string path;
+  uint64_t tokens_file_offset = 0;  // H5Dget_offset of /tokens
+  uint32_t token_bytes = 2;         // 2: uint16, 4: uint32
+  uint64_t num_tokens = 0;
+  uint64_t num_docs = 0;
+  uint64_t file_size = 0;
+};
+
+// Header checks of shard `shard` in `dir` against the index (no token data is read). Returns
+// the problems found, each naming the file; fills `layout` when it is not null.
+std::vector<std::string> check_shard_header(const DatasetIndex& index, const std::string& dir,
+                                            uint32_t shard, ShardLayout* layout = nullptr);
+// Full content checks: /offsets invariants and agreement with the index's document lengths,
+// every token < vocab_size, and the content hash. Streams the shard in bounded chunks.
+std::vector<std::string> check_shard_content(const DatasetIndex& index, const std::string& dir,
+                                             uint32_t shard);
+// The content hash (hex) of the shard file at `path`, computed from its datasets.
+std::string shard_content_hash(const std::string& path);
+
+// Everything `kilter prep validate` checks; an empty result means the dataset is sound.
+std::vector<std::string> validate_dataset(const std::string& dir);
 
 }  // namespace kilter::io

@@ -35,6 +35,12 @@ namespace kilter::backend {
 
 const char* cublas_status_name(cublasStatus_t status);
 
+// The stream every kernel of the CUDA model runs on, created once per process on the device of
+// cuda_device_index() (which it makes current on the calling thread). The NCCL communicator
+// makes its own stream wait on this one before each collective, so a gradient range reported
+// ready by the model is reduced only after the kernels that produce it.
+cudaStream_t cuda_compute_stream();
+
 // Blocks of `threads` covering n items, capped where a grid-stride loop takes over.
 inline unsigned grid_for(size_t n, unsigned threads) {
   size_t blocks = (n + threads - 1) / threads;

@@ -33,9 +33,19 @@ struct Step {
 
 struct CostModel {
   double a = 1.0;  // per computed token (padding included)
-  double b = 0.0;  // per unit of sum(L^2) over pieces (attention)
+  double b = 0.0;  // per unit of sum(L^2) over pieces (attention); <= 0: default_attention_cost
   double operator()(const MicroBatch& mb) const;
 };
+
+// b for a = 1 from the model shape: forward FLOPs of attention per unit of L^2 (QK^T and A.V over
+// the full square: 4 n_layer n_embd) over forward FLOPs of the dense layers per token
+// (24 n_layer n_embd^2 + 2 n_embd vocab) = 2 n_layer / (12 n_layer n_embd + vocab).
+double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size);
+// b used when CostModel::b <= 0 and the model shape is unknown: 1 / (6 context), i.e. at full
+// context the attention term is 1/6 of the token term, as for GPT-2-like shapes.
+double default_attention_cost(uint32_t context);
+// The cost model a plan uses: opts.cost with b <= 0 replaced by default_attention_cost().
+CostModel resolve_cost_model(const CostModel& cost, uint32_t context);
 
 struct PlanOptions {
   std::string sampler = "balanced";  // balanced | naive
@@ -60,6 +70,19 @@ struct PlanStats {
   uint64_t dropped_pieces = 0;     // tail handling
   uint64_t dropped_tokens = 0;
   uint64_t empty_docs = 0;
+  // Beyond DESIGN.md's list:
+  uint64_t documents = 0;              // documents given to the plan (empty ones included)
+  uint64_t micro_batches = 0;          // in the epoch's steps
+  uint64_t target_tokens = 0;          // real target tokens in the epoch's steps
+  uint64_t tokens_computed = 0;        // rows x padded_len, summed
+  uint64_t tail_micro_batches = 0;     // micro-batches of the partial last step
+  uint64_t tail_tokens = 0;            // their target tokens
+  bool tail_redistributed = false;     // true: spread over earlier steps; false: dropped
+  uint64_t idle_rank_steps = 0;        // (step, rank) pairs where the rank has no micro-batch
+  uint64_t steps_with_idle_ranks = 0;  // steps with fewer micro-batches than ranks
+  double target_tokens_per_step_mean = 0;
+  double target_tokens_per_step_min = 0;
+  double target_tokens_per_step_max = 0;
 };
 
 struct EpochPlan {
@@ -67,6 +90,7 @@ struct EpochPlan {
   int world_size = 1;
   std::vector<Step> steps;
   PlanStats stats;
+  CostModel cost;  // the resolved cost model the micro-batch costs were computed with
 };
 
 // Documents of the training and the held-out split: deterministic from (seed, eval_fraction).
@@ -86,5 +110,38 @@ struct PlanPosition {
   uint64_t epoch = 0;
   uint64_t step_in_epoch = 0;
 };
+
+// ---- helpers beyond the core interface ------------------------------------------------------
+
+// Cuts documents into pieces of at most `context` tokens covering [0, n) in document order;
+// empty documents give no piece and are counted in *empty_docs (when given).
+std::vector<Piece> cut_documents(const std::vector<uint32_t>& doc_lengths,
+                                 const std::vector<uint64_t>& docs, uint32_t context,
+                                 uint64_t* empty_docs = nullptr);
+
+// All document ids 0..n-1 (the whole corpus as one split).
+std::vector<uint64_t> all_documents(size_t num_docs);
+
+// The position after `pos` in a plan whose epoch pos.epoch has `steps_in_epoch` steps: the
+// next step, or step 0 of the next epoch.
+PlanPosition next_position(PlanPosition pos, uint64_t steps_in_epoch);
+
+// Per-rank cost of one step (sum of its micro-batches' costs), world_size = rank_batches.size().
+std::vector<double> rank_costs(const Step& step);
+
+// Recomputes plan.stats' cost, padding, idle and token figures from plan.steps (the builders
+// call it; the counts of pieces, dropped, empty and tail figures are the builder's).
+void compute_plan_stats(EpochPlan& plan);
+
+// Per step: max node cost / mean node cost with `ranks_per_node` consecutive ranks per node;
+// returns the given quantile (0.5, 0.95, 1.0) over the steps. 1.0 for a single node.
+double node_cost_imbalance(const EpochPlan& plan, int ranks_per_node, double quantile);
+
+// A 64-bit fingerprint of the plan's content and assignment: ranks compare it (one allreduce
+// of min and max) to prove they planned the same epoch.
+uint64_t plan_fingerprint(const EpochPlan& plan);
+
+// Nearest-rank quantile of `values` (copied and sorted); 0 for an empty vector.
+double quantile_of(std::vector<double> values, double q);
 
 }  // namespace kilter::balance

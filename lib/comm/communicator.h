@@ -27,18 +27,24 @@ struct Topology {
 // Warns (rank 0) and marks the topology non-uniform when nodes differ in size; checks the world
 // size against SLURM_NTASKS when set.
 Topology make_topology(MPI_Comm world, int ranks_per_node);
+// Collective over `world`: ranks passing the same `node_id` form one node (make_topology uses
+// it; tests use it to build layouts no launcher gives, e.g. non-uniform nodes).
+Topology make_topology_from_node_ids(MPI_Comm world, int node_id);
 void free_topology(Topology& topo);
 
 enum class DType { f32, f64, i64 };
+size_t dtype_size(DType t);
 
 // An in-flight collective.
 class Request {
  public:
   virtual ~Request() = default;
   virtual void wait() = 0;
-  virtual bool test() = 0;
+  virtual bool test() = 0;  // true once complete (and from then on)
 };
 
+// Collectives over one group of ranks. Buffers are host memory for "mpi", device memory for
+// "nccl". Every rank of the group calls the same collectives in the same order.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -47,12 +53,28 @@ class Communicator {
   // Sum-allreduce in place.
   virtual std::unique_ptr<Request> iallreduce(void* buf, size_t count, DType t) = 0;
   // recv (count) = sum over ranks of send's rank-th block; send holds size()*count elements.
+  // In place when recv == send + rank()*count (elements): the result lands in this rank's own
+  // block and the other blocks of send are left unspecified (NCCL's in-place convention).
   virtual std::unique_ptr<Request> ireduce_scatter(const void* send, void* recv, size_t count, DType t) = 0;
   // recv (size()*count) = concatenation of every rank's send (count).
+  // In place when send == recv + rank()*count (elements).
   virtual std::unique_ptr<Request> iallgather(const void* send, void* recv, size_t count, DType t) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
-  void allreduce(void* buf, size_t count, DType t) { iallreduce(buf, count, t)->wait(); }
+
+  // Blocking forms. An implementation overrides them when its blocking collectives are faster
+  // than waiting on the nonblocking ones (Open MPI's tuned blocking algorithms are up to 2x
+  // faster than its libnbc nonblocking ones on shared memory).
+  virtual void allreduce(void* buf, size_t count, DType t) { iallreduce(buf, count, t)->wait(); }
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType t) {
+    ireduce_scatter(send, recv, count, t)->wait();
+  }
+  virtual void allgather(const void* send, void* recv, size_t count, DType t) {
+    iallgather(send, recv, count, t)->wait();
+  }
 };
+
+// The MPI implementation over `comm` (host buffers). It uses `comm` as given and does not free it.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 
 // kind: "mpi" (host buffers) or "nccl" (device buffers; needs KILTER_WITH_NCCL).
 std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm);
@@ -62,6 +84,9 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Com
 // as backward reports them ready. Call begin() before the last micro-batch's backward, ready()
 // from the model's GradReadyFn, finish() after backward: it completes the remaining buckets and
 // returns the seconds it blocked (comm_exposed).
+// ready() between finish() and the next begin() is ignored (earlier micro-batches of a step only
+// accumulate). Buckets are launched strictly from the highest offset down, so every rank issues
+// the same collectives in the same order whatever order its ranges arrive in.
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
@@ -69,7 +94,34 @@ class GradientReducer {
   virtual void ready(size_t offset, size_t count) = 0;
   virtual double finish() = 0;
 };
+
+// How bucket reductions make progress while backward computes.
+//   off:    nothing is sent before finish(); finish() runs every bucket with blocking collectives.
+//   poll:   ready() launches nonblocking collectives and advances them with test() (Open MPI
+//           only progresses nonblocking collectives inside MPI calls).
+//   thread: a communication thread runs each ready bucket with blocking collectives while the
+//           caller computes (needs MPI_THREAD_MULTIPLE; falls back to poll with a warning).
+//   automatic: thread for "mpi" when MPI_THREAD_MULTIPLE is provided, else poll (NCCL launches
+//           are asynchronous anyway).
+enum class OverlapMode { off, poll, thread, automatic };
+OverlapMode parse_overlap_mode(const std::string& name);  // off|poll|thread|auto; throws Error
+const char* overlap_mode_name(OverlapMode mode);
+
+struct ReducerOptions {
+  std::string kind = "mpi";             // communicator kind, see make_communicator
+  std::string algo = "hierarchical";    // flat | hierarchical
+  size_t bucket_bytes = 4u << 20;       // target bucket size; rounded to whole node shards
+  OverlapMode overlap = OverlapMode::automatic;
+  // Elements [0, reported_size) are reported through ready(); [reported_size, padded_size) is
+  // padding the model never reports and counts as ready from begin(). 0 means padded_size.
+  // Pass the model's num_params, or the highest bucket waits for finish() and nothing overlaps.
+  size_t reported_size = 0;
+};
+
 // buf: padded_size floats; padded_size must be a multiple of topo.local_size (the node shards).
+std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, float* buf,
+                                                       size_t padded_size, const ReducerOptions& opts);
+// The original form: overlap true = automatic, false = off; every element is reported.
 std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, const std::string& kind,
                                                        const std::string& algo, float* buf,
                                                        size_t padded_size, size_t bucket_bytes,

@@ -37,6 +37,7 @@ struct DiagOptions {
   double stall_factor = 2.0;
   int warn_window = 20;       // live warning: a rank last in most of this many steps
   std::string inject_delay;   // [train] inject_delay, parsed with parse_inject_delay
+  bool resume = false;        // `train --resume`: append to the existing metrics CSVs
 };
 
 // One per rank. Collective calls are marked; every rank makes them in the same order.

@@ -34,14 +34,30 @@ class Checkpointer {
   // Collective (every rank calls it at the same step): snapshots the model state and writes it
   // in the background. Returns quickly; a previous write still in flight is waited for first.
   void save(const model::Model& model, const TrainState& state);
-  // Waits for the write in flight; throws if it failed.
+  // Waits for the write in flight; throws if it failed. Call it before exiting (the destructor
+  // also waits, but can only print a failure).
   void wait();
 
-  // Newest complete checkpoint in run_dir ("" when none).
+  // What the last save() cost (rank 0; zeros elsewhere): the training thread's share
+  // (waiting for the previous write + copying the state) and the writer thread's.
+  struct SaveStats {
+    std::string path;             // file of the last completed write
+    double waited_seconds = 0;    // save() waiting for the previous write to finish
+    double snapshot_seconds = 0;  // save() copying params and moments to host buffers
+    double write_seconds = 0;     // writer thread: HDF5 metadata, data, fsync, rename, prune
+    size_t bytes = 0;             // tensor bytes of one checkpoint (params + 2 moments)
+  };
+  SaveStats last_save() const;
+
+  // Newest complete checkpoint in run_dir/checkpoints ("" when none). Also accepts the path of a
+  // checkpoint file (returned as is) or of the checkpoints folder itself.
   static std::string latest(const std::string& run_dir);
   // Loads path into model (params + AdamW moments) and returns the state; every rank reads it
-  // (or rank 0 reads and broadcasts). Checks the config hash against cfg unless allow_mismatch;
-  // errors name the file and the problem (truncated, missing tensor, shape mismatch).
+  // (or rank 0 reads and broadcasts). Checks the config hash against cfg (cfg.hash() must be the
+  // hash the run stores in TrainState::config_hash; keys Config::hash ignores may differ);
+  // errors name the file and the problem (truncated, missing tensor, shape mismatch) and, for a
+  // config mismatch, the keys that differ. Collective: rank 0 reads and checks the file and
+  // broadcasts; every rank throws the same error.
   static TrainState load(MPI_Comm world, const std::string& path, model::Model& model,
                          const Config& cfg);
 

@@ -66,6 +66,10 @@ slurm_cluster_start() {
   chmod 0755 "$dir"
   chown munge:munge "$dir/munge"
   chmod 0755 "$dir/munge"   # clients need to reach the socket
+  if ! runuser -u munge -- test -x "$dir/munge"; then
+    echo "slurm_cluster: the munge user cannot reach $dir (a parent directory is not world-executable)" >&2
+    return 1
+  fi
   local socket="$dir/munge/munge.socket"
 
   local node cpus mem_mb ports ctld_port slurmd_port

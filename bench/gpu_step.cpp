@@ -1,0 +1,162 @@
+// GPU training-step benchmark: tokens/s and model FLOP utilization (MFU) of the CUDA model on
+// one device, for a given shape and precision. A step is what the trainer does: zero grads,
+// forward+backward of one micro-batch, the global norm (clipping), AdamW. It checks what it times:
+// the same batch is trained on every step, so the loss must be finite and must fall.
+// FLOPs per token follow nanoGPT/PaLM: 6 * (params - wpe) + 12 * n_layer * n_embd * T.
+// Peak: --peak-tflops, else the H100/H200 datasheet (dense bf16 989.4 TFLOP/s, fp32 66.9).
+// Prints a human line and a `RESULT key=value ...` line; exit 1 if the check fails.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_model.h"
+#include "lib/model/model.h"
+
+namespace km = kilter::model;
+
+namespace {
+
+struct Options {
+  std::string name = "custom";
+  km::GPTConfig cfg{4, 4, 256, 256, 8192};
+  int B = 8, T = 256;
+  std::string precision = "bf16";
+  int steps = 10, warmup = 3;
+  double peak_tflops = 0.0;
+};
+
+void usage() {
+  std::printf("usage: kilter_bench_gpu_step [--name S] [--n-layer L] [--n-head H] [--n-embd C] [--vocab V]\n"
+              "         [--B rows] [--T tokens] [--precision fp32|bf16] [--steps N] [--warmup N] [--peak-tflops X]\n");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help") {
+      usage();
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      usage();
+      KILTER_FAIL("kilter_bench_gpu_step: " << flag << " needs a value");
+    }
+    const std::string value = argv[++i];
+    if (flag == "--name") o.name = value;
+    else if (flag == "--n-layer") o.cfg.n_layer = std::stoi(value);
+    else if (flag == "--n-head") o.cfg.n_head = std::stoi(value);
+    else if (flag == "--n-embd") o.cfg.n_embd = std::stoi(value);
+    else if (flag == "--vocab") o.cfg.vocab_size = std::stoi(value);
+    else if (flag == "--B") o.B = std::stoi(value);
+    else if (flag == "--T") o.T = std::stoi(value);
+    else if (flag == "--precision") o.precision = value;
+    else if (flag == "--steps") o.steps = std::stoi(value);
+    else if (flag == "--warmup") o.warmup = std::stoi(value);
+    else if (flag == "--peak-tflops") o.peak_tflops = std::stod(value);
+    else {
+      usage();
+      KILTER_FAIL("kilter_bench_gpu_step: unknown flag " << flag);
+    }
+  }
+  KILTER_CHECK(o.B > 0 && o.T > 0 && o.steps > 0 && o.warmup >= 0, "kilter_bench_gpu_step: B, T, steps must be positive");
+  o.cfg.block_size = o.T;
+  return o;
+}
+
+double datasheet_peak_tflops(const std::string& device_name, const std::string& precision) {
+  if (device_name.find("H100") != std::string::npos || device_name.find("H200") != std::string::npos)
+    return precision == "bf16" ? 989.4 : 66.9;
+  return 0.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    if (!kilter::backend::cuda_device_present()) {
+      std::printf("SKIPPED: no CUDA device (%s)\n", kilter::backend::cuda_device_absent_reason().c_str());
+      return 77;
+    }
+    const int device = kilter::backend::cuda_device_index();
+    cudaDeviceProp prop{};
+    KILTER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    const double peak = o.peak_tflops > 0 ? o.peak_tflops : datasheet_peak_tflops(prop.name, o.precision);
+
+    std::unique_ptr<km::Model> model = kilter::backend::make_cuda_model(o.cfg, 1, o.precision);
+    model->init_params(1337);
+    model->reserve(o.B, o.T);
+    km::Batch batch;
+    batch.B = o.B;
+    batch.T = o.T;
+    batch.inputs.resize(static_cast<size_t>(o.B) * o.T);
+    batch.targets.resize(batch.inputs.size());
+    batch.lengths.assign(o.B, o.T);
+    std::mt19937 gen(7);
+    std::uniform_int_distribution<int> token(0, o.cfg.vocab_size - 1);
+    for (size_t i = 0; i < batch.inputs.size(); ++i) {
+      batch.inputs[i] = token(gen);
+      batch.targets[i] = token(gen);
+    }
+    batch.num_targets = static_cast<int64_t>(batch.targets.size());
+    const float loss_scale = 1.0f / static_cast<float>(batch.num_targets);
+
+    double first_loss = 0.0, last_loss = 0.0;
+    auto step = [&](int64_t t) {
+      model->zero_grads();
+      const double loss = model->forward_backward(batch, loss_scale, {}) * loss_scale;
+      const double norm = std::sqrt(model->grad_norm_squared());
+      km::AdamWParams adam;
+      adam.lr = 1e-3f;
+      adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
+      adam.t = t;
+      model->adamw_step(adam);
+      return loss;
+    };
+    int64_t t = 1;
+    for (int i = 0; i < o.warmup; ++i) {
+      const double loss = step(t++);
+      if (i == 0) first_loss = loss;
+    }
+    model->synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.steps; ++i) {
+      const double loss = step(t++);
+      if (o.warmup == 0 && i == 0) first_loss = loss;
+      last_loss = loss;
+    }
+    model->synchronize();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    const km::ParamLayout& layout = model->layout();
+    const double wpe = static_cast<double>(layout.find("transformer.wpe.weight").size);
+    const double flops_per_token =
+        6.0 * (static_cast<double>(layout.num_params) - wpe) + 12.0 * o.cfg.n_layer * o.cfg.n_embd * o.T;
+    const double tokens_per_s = static_cast<double>(o.B) * o.T * o.steps / seconds;
+    const double achieved_tflops = flops_per_token * tokens_per_s / 1e12;
+    const double mfu = peak > 0 ? achieved_tflops / peak : NAN;
+    const bool ok = std::isfinite(first_loss) && std::isfinite(last_loss) && last_loss < first_loss;
+    std::printf("%-10s %-5s B=%-3d T=%-5d params=%.1fM  %.1f ms/step  %.0f tokens/s  %.1f TFLOP/s  MFU %s  "
+                "loss %.4f -> %.4f %s\n",
+                o.name.c_str(), o.precision.c_str(), o.B, o.T, layout.num_params / 1e6, 1e3 * seconds / o.steps,
+                tokens_per_s, achieved_tflops, peak > 0 ? (std::to_string(100.0 * mfu).substr(0, 5) + "%").c_str() : "n/a",
+                first_loss, last_loss, ok ? "(check ok)" : "(CHECK FAILED: loss must be finite and fall)");
+    std::printf("RESULT name=%s precision=%s B=%d T=%d device=\"%s\" tokens_per_s=%.1f ms_per_step=%.3f tflops=%.2f "
+                "peak_tflops=%.1f mfu=%.4f first_loss=%.5f last_loss=%.5f check=%s\n",
+                o.name.c_str(), o.precision.c_str(), o.B, o.T, prop.name, tokens_per_s, 1e3 * seconds / o.steps,
+                achieved_tflops, peak, peak > 0 ? mfu : -1.0, first_loss, last_loss, ok ? "ok" : "failed");
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kilter_bench_gpu_step: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,514 @@
+// The checkpoint file format (see checkpoint.h): writing with HDF5 metadata + pwrite()d tensor
+// data into a temp file that is fsync'ed and renamed, and reading with every check a resume needs.
+#include "io/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "io/error.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "checkpoint tensors are pwrite()n as float32 little-endian host bytes");
+
+namespace kilter::io {
+namespace {
+
+// ---- HDF5 plumbing ---------------------------------------------------------------------------
+
+// Owns an hid_t and closes it with the matching H5?close.
+class Hid {
+ public:
+  Hid() = default;
+  Hid(hid_t id, herr_t (*closer)(hid_t)) : id_(id), closer_(closer) {}
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  Hid(Hid&& other) noexcept : id_(other.id_), closer_(other.closer_) { other.id_ = -1; }
+  Hid& operator=(Hid&& other) noexcept {
+    std::swap(id_, other.id_);
+    std::swap(closer_, other.closer_);
+    return *this;
+  }
+  ~Hid() {
+    if (id_ >= 0 && closer_) closer_(id_);
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now and reports the result (H5Fclose flushes: its failure matters).
+  herr_t close() {
+    herr_t status = 0;
+    if (id_ >= 0 && closer_) status = closer_(id_);
+    id_ = -1;
+    return status;
+  }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*closer_)(hid_t) = nullptr;
+};
+
+// Silences HDF5's automatic error printing on this thread while alive (the messages go into our
+// kilter::Error instead); HDF5's threadsafe build keeps this setting per thread.
+class QuietHdf5 {
+ public:
+  QuietHdf5() {
+    H5Eget_auto2(H5E_DEFAULT, &old_func_, &old_data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, old_func_, old_data_); }
+
+ private:
+  H5E_auto2_t old_func_ = nullptr;
+  void* old_data_ = nullptr;
+};
+
+herr_t collect_hdf5_error(unsigned n, const H5E_error2_t* err, void* data) {
+  auto* out = static_cast<std::string*>(data);
+  if (err->desc && *err->desc) {
+    if (!out->empty()) *out += "; ";
+    *out += err->desc;
+  }
+  (void)n;
+  return 0;
+}
+
+// The messages of HDF5's current error stack, innermost first ("" when empty).
+std::string hdf5_error_text() {
+  std::string text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_hdf5_error, &text);
+  H5Eclear2(H5E_DEFAULT);
+  return text.empty() ? std::string("no HDF5 detail") : text;
+}
+
+bool has_link(hid_t loc, const std::string& name) {
+  htri_t exists = H5Lexists(loc, name.c_str(), H5P_DEFAULT);
+  return exists > 0;
+}
+
+void write_string_attribute(hid_t loc, const char* name, const std::string& value, const std::string& path) {
+  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), H5T_VARIABLE);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
+  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid attr(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  const char* ptr = value.c_str();
+  KILTER_CHECK(attr.valid() && H5Awrite(attr.get(), type.get(), &ptr) >= 0,
+               "checkpoint " << path << ": cannot write attribute " << name << ": " << hdf5_error_text());
+}
+
+template <typename T>
+void write_scalar_attribute(hid_t loc, const char* name, hid_t file_type, hid_t mem_type, T value,
+                            const std::string& path) {
+  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid attr(H5Acreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  KILTER_CHECK(attr.valid() && H5Awrite(attr.get(), mem_type, &value) >= 0,
+               "checkpoint " << path << ": cannot write attribute " << name << ": " << hdf5_error_text());
+}
+
+Hid open_attribute(hid_t loc, const char* name, const std::string& path, const std::string& where) {
+  KILTER_CHECK(H5Aexists(loc, name) > 0,
+               "checkpoint " << path << ": " << where << " has no attribute '" << name
+                             << "' (not a complete kilter checkpoint)");
+  Hid attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
+  KILTER_CHECK(attr.valid(), "checkpoint " << path << ": cannot open attribute " << name << ": "
+                                           << hdf5_error_text());
+  return attr;
+}
+
+std::string read_string_attribute(hid_t loc, const char* name, const std::string& path) {
+  Hid attr = open_attribute(loc, name, path, "the root group");
+  Hid file_type(H5Aget_type(attr.get()), H5Tclose);
+  KILTER_CHECK(H5Tget_class(file_type.get()) == H5T_STRING,
+               "checkpoint " << path << ": attribute '" << name << "' is not a string");
+  if (H5Tis_variable_str(file_type.get()) > 0) {
+    Hid mem_type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem_type.get(), H5T_VARIABLE);
+    H5Tset_cset(mem_type.get(), H5Tget_cset(file_type.get()));
+    char* value = nullptr;
+    KILTER_CHECK(H5Aread(attr.get(), mem_type.get(), &value) >= 0,
+                 "checkpoint " << path << ": cannot read attribute " << name << ": " << hdf5_error_text());
+    std::string out = value ? value : "";
+    Hid space(H5Aget_space(attr.get()), H5Sclose);
+    H5Dvlen_reclaim(mem_type.get(), space.get(), H5P_DEFAULT, &value);
+    return out;
+  }
+  size_t size = H5Tget_size(file_type.get());
+  std::string out(size, '\0');
+  KILTER_CHECK(H5Aread(attr.get(), file_type.get(), out.data()) >= 0,
+               "checkpoint " << path << ": cannot read attribute " << name << ": " << hdf5_error_text());
+  out.resize(std::strlen(out.c_str()));
+  return out;
+}
+
+template <typename T>
+T read_scalar_attribute(hid_t loc, const char* name, hid_t mem_type, const std::string& path,
+                        const std::string& where = "the root group") {
+  Hid attr = open_attribute(loc, name, path, where);
+  T value{};
+  KILTER_CHECK(H5Aread(attr.get(), mem_type, &value) >= 0,
+               "checkpoint " << path << ": cannot read attribute " << name << " of " << where << ": "
+                             << hdf5_error_text());
+  return value;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The three tensor groups, in file order, with the flat buffer each one reads from / into.
+const char* const kTensorGroups[3] = {"params", "adam/m", "adam/v"};
+
+// ---- POSIX plumbing --------------------------------------------------------------------------
+
+std::string parent_dir(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+void pwrite_all(int fd, const char* data, size_t bytes, off_t offset, const std::string& path) {
+  while (bytes > 0) {
+    ssize_t n = ::pwrite(fd, data, bytes, offset);
+    if (n < 0 && errno == EINTR) continue;
+    KILTER_CHECK(n > 0, "checkpoint " << path << ": write failed: " << std::strerror(errno));
+    data += n;
+    bytes -= size_t(n);
+    offset += n;
+  }
+}
+
+void fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  KILTER_CHECK(fd >= 0, "checkpoint folder " << dir << ": cannot open for fsync: " << std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some file systems (and /proc-like mounts) refuse fsync on a directory; the rename is still
+  // atomic there, only its durability across power loss is not promised.
+  KILTER_CHECK(rc == 0 || err == EINVAL || err == EROFS,
+               "checkpoint folder " << dir << ": fsync failed: " << std::strerror(err));
+}
+
+// Parses "step-NNNNNNNN.h5" (digits only between the dash and the suffix); -1 otherwise.
+int64_t step_of_file_name(const std::string& name) {
+  const std::string prefix = "step-", suffix = ".h5";
+  if (name.size() <= prefix.size() + suffix.size()) return -1;
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return -1;
+  std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.empty() || digits.size() > 18) return -1;
+  for (char c : digits)
+    if (c < '0' || c > '9') return -1;
+  return std::stoll(digits);
+}
+
+std::vector<std::string> directory_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return names;
+  while (dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+  ::closedir(d);
+  return names;
+}
+
+// Where each tensor's bytes go in the temp file, found after HDF5 allocated the space.
+struct PendingWrite {
+  const float* data;
+  size_t count;
+  haddr_t file_offset;
+};
+
+}  // namespace
+
+uint64_t checkpoint_checksum(const float* data, size_t count) {
+  // Word-wise multiply-rotate mix (murmur-style constants): fast enough to run over every
+  // checkpoint in the writer thread, and any flipped or zeroed region changes it.
+  const uint64_t k1 = 0x87c37b91114253d5ull, k2 = 0x4cf5ad432745937full;
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(count) * k2);
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(data);
+  size_t n_bytes = count * sizeof(float);
+  size_t i = 0;
+  for (; i + 8 <= n_bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes + i, 8);
+    w *= k1;
+    w = (w << 31) | (w >> 33);
+    w *= k2;
+    h ^= w;
+    h = ((h << 27) | (h >> 37)) * 5 + 0x52dce729;
+  }
+  if (i < n_bytes) {
+    uint64_t w = 0;
+    std::memcpy(&w, bytes + i, n_bytes - i);
+    w *= k1;
+    w = (w << 31) | (w >> 33);
+    h ^= w * k2;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+std::string checkpoint_file_name(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "step-%08lld.h5", static_cast<long long>(step));
+  return buf;
+}
+
+std::string checkpoint_temp_path(const std::string& final_path) {
+  auto slash = final_path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "" : final_path.substr(0, slash + 1);
+  std::string name = slash == std::string::npos ? final_path : final_path.substr(slash + 1);
+  return dir + "." + name + ".tmp";
+}
+
+void write_checkpoint_file(const std::string& final_path, const CheckpointContents& c,
+                           const CheckpointWriteOptions& opts) {
+  const std::string tmp = checkpoint_temp_path(final_path);
+  const float* buffers[3] = {c.params.data(), c.adam_m.data(), c.adam_v.data()};
+  const size_t buffer_sizes[3] = {c.params.size(), c.adam_m.size(), c.adam_v.size()};
+  for (const auto& t : c.tensors) {
+    int64_t elements = 1;
+    for (int64_t d : t.shape) elements *= d;
+    KILTER_CHECK(size_t(elements) == t.size && t.size > 0,
+                 "checkpoint " << final_path << ": tensor " << t.name << " has shape " << shape_text(t.shape)
+                               << " but size " << t.size);
+    for (int g = 0; g < 3; ++g)
+      KILTER_CHECK(t.offset + t.size <= buffer_sizes[g],
+                   "checkpoint " << final_path << ": tensor " << t.name << " lies outside the "
+                                 << kTensorGroups[g] << " buffer (" << buffer_sizes[g] << " floats)");
+  }
+  ::unlink(tmp.c_str());  // a leftover of a writer that died
+
+  QuietHdf5 quiet;
+  std::vector<PendingWrite> pending;
+  try {
+    // 1. Metadata with HDF5: every dataset contiguous and allocated now (no fill values written),
+    //    so its file offset is known and the bytes can be written without HDF5 afterwards.
+    Hid file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    KILTER_CHECK(file.valid(), "checkpoint " << final_path << ": cannot create temp file " << tmp << ": "
+                                             << hdf5_error_text());
+    Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+    H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+    H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+    Hid lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5Pset_create_intermediate_group(lcpl.get(), 1);
+    for (int g = 0; g < 3; ++g) {
+      Hid group(H5Gcreate2(file.get(), kTensorGroups[g], lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      KILTER_CHECK(group.valid(), "checkpoint " << final_path << ": cannot create group /" << kTensorGroups[g]
+                                                << ": " << hdf5_error_text());
+      for (const auto& t : c.tensors) {
+        std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+        Hid space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+        Hid dset(H5Dcreate2(group.get(), t.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                            dcpl.get(), H5P_DEFAULT),
+                 H5Dclose);
+        KILTER_CHECK(dset.valid(), "checkpoint " << final_path << ": cannot create dataset /" << kTensorGroups[g]
+                                                 << "/" << t.name << ": " << hdf5_error_text());
+        const float* data = buffers[g] + t.offset;
+        write_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                                         checkpoint_checksum(data, t.size), final_path);
+        haddr_t offset = H5Dget_offset(dset.get());
+        KILTER_CHECK(offset != HADDR_UNDEF, "checkpoint " << final_path << ": dataset /" << kTensorGroups[g]
+                                                          << "/" << t.name << " has no file offset");
+        pending.push_back({data, t.size, offset});
+      }
+    }
+    const CheckpointInfo& info = c.info;
+    hid_t root = file.get();
+    write_string_attribute(root, "format", kCheckpointFormatName, final_path);
+    write_scalar_attribute<int64_t>(root, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, info.format_version, final_path);
+    write_string_attribute(root, "kilter_version", info.kilter_version, final_path);
+    write_scalar_attribute<int64_t>(root, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, info.step, final_path);
+    write_scalar_attribute<int64_t>(root, "epoch", H5T_STD_I64LE, H5T_NATIVE_INT64, info.epoch, final_path);
+    write_scalar_attribute<int64_t>(root, "step_in_epoch", H5T_STD_I64LE, H5T_NATIVE_INT64, info.step_in_epoch, final_path);
+    write_scalar_attribute<uint64_t>(root, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, info.seed, final_path);
+    write_scalar_attribute<uint64_t>(root, "config_hash", H5T_STD_U64LE, H5T_NATIVE_UINT64, info.config_hash, final_path);
+    write_scalar_attribute<double>(root, "tokens_seen", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, info.tokens_seen, final_path);
+    write_scalar_attribute<int64_t>(root, "world_size", H5T_STD_I64LE, H5T_NATIVE_INT64, info.world_size, final_path);
+    write_string_attribute(root, "config", info.config, final_path);
+    write_scalar_attribute<int64_t>(root, "n_layer", H5T_STD_I64LE, H5T_NATIVE_INT64, info.n_layer, final_path);
+    write_scalar_attribute<int64_t>(root, "n_head", H5T_STD_I64LE, H5T_NATIVE_INT64, info.n_head, final_path);
+    write_scalar_attribute<int64_t>(root, "n_embd", H5T_STD_I64LE, H5T_NATIVE_INT64, info.n_embd, final_path);
+    write_scalar_attribute<int64_t>(root, "block_size", H5T_STD_I64LE, H5T_NATIVE_INT64, info.block_size, final_path);
+    write_scalar_attribute<int64_t>(root, "vocab_size", H5T_STD_I64LE, H5T_NATIVE_INT64, info.vocab_size, final_path);
+    KILTER_CHECK(file.close() >= 0, "checkpoint " << final_path << ": closing temp file " << tmp
+                                                  << " failed: " << hdf5_error_text());
+
+    // 2. The tensor bytes, straight into the allocated space, then fsync.
+    int fd = ::open(tmp.c_str(), O_WRONLY);
+    KILTER_CHECK(fd >= 0, "checkpoint " << final_path << ": cannot reopen temp file " << tmp << ": "
+                                        << std::strerror(errno));
+    try {
+      size_t total = 0, written = 0;
+      for (const auto& p : pending) total += p.count;
+      bool delayed = opts.delay_midway_s <= 0;
+      for (const auto& p : pending) {
+        pwrite_all(fd, reinterpret_cast<const char*>(p.data), p.count * sizeof(float), off_t(p.file_offset), tmp);
+        written += p.count;
+        if (!delayed && written * 2 >= total) {
+          delayed = true;
+          std::this_thread::sleep_for(std::chrono::duration<double>(opts.delay_midway_s));
+        }
+      }
+      KILTER_CHECK(::fsync(fd) == 0, "checkpoint " << final_path << ": fsync of " << tmp
+                                                   << " failed: " << std::strerror(errno));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    KILTER_CHECK(::close(fd) == 0, "checkpoint " << final_path << ": close of " << tmp
+                                                 << " failed: " << std::strerror(errno));
+    // 3. Publish atomically.
+    KILTER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0,
+                 "checkpoint " << final_path << ": rename from " << tmp << " failed: " << std::strerror(errno));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_directory(parent_dir(final_path));
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& path) {
+  struct stat st;
+  KILTER_CHECK(::stat(path.c_str(), &st) == 0, "checkpoint " << path << ": " << std::strerror(errno));
+  KILTER_CHECK(S_ISREG(st.st_mode), "checkpoint " << path << ": not a regular file");
+  QuietHdf5 quiet;
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  KILTER_CHECK(file.valid(), "checkpoint " << path << " (" << st.st_size
+                                           << " bytes) cannot be opened as HDF5 - truncated or corrupt file: "
+                                           << hdf5_error_text());
+  hid_t root = file.get();
+  CheckpointInfo info;
+  std::string format = read_string_attribute(root, "format", path);
+  KILTER_CHECK(format == kCheckpointFormatName,
+               "checkpoint " << path << ": format attribute is '" << format << "', expected '"
+                             << kCheckpointFormatName << "' (not a kilter checkpoint)");
+  info.format_version = int(read_scalar_attribute<int64_t>(root, "format_version", H5T_NATIVE_INT64, path));
+  KILTER_CHECK(info.format_version == kCheckpointFormatVersion,
+               "checkpoint " << path << ": format_version " << info.format_version << " is not supported (this kilter reads format_version "
+                             << kCheckpointFormatVersion << ")");
+  info.kilter_version = read_string_attribute(root, "kilter_version", path);
+  info.step = read_scalar_attribute<int64_t>(root, "step", H5T_NATIVE_INT64, path);
+  info.epoch = read_scalar_attribute<int64_t>(root, "epoch", H5T_NATIVE_INT64, path);
+  info.step_in_epoch = read_scalar_attribute<int64_t>(root, "step_in_epoch", H5T_NATIVE_INT64, path);
+  info.seed = read_scalar_attribute<uint64_t>(root, "seed", H5T_NATIVE_UINT64, path);
+  info.config_hash = read_scalar_attribute<uint64_t>(root, "config_hash", H5T_NATIVE_UINT64, path);
+  info.tokens_seen = read_scalar_attribute<double>(root, "tokens_seen", H5T_NATIVE_DOUBLE, path);
+  info.world_size = read_scalar_attribute<int64_t>(root, "world_size", H5T_NATIVE_INT64, path);
+  info.config = read_string_attribute(root, "config", path);
+  info.n_layer = read_scalar_attribute<int64_t>(root, "n_layer", H5T_NATIVE_INT64, path);
+  info.n_head = read_scalar_attribute<int64_t>(root, "n_head", H5T_NATIVE_INT64, path);
+  info.n_embd = read_scalar_attribute<int64_t>(root, "n_embd", H5T_NATIVE_INT64, path);
+  info.block_size = read_scalar_attribute<int64_t>(root, "block_size", H5T_NATIVE_INT64, path);
+  info.vocab_size = read_scalar_attribute<int64_t>(root, "vocab_size", H5T_NATIVE_INT64, path);
+  KILTER_CHECK(info.step >= 0 && info.epoch >= 0 && info.step_in_epoch >= 0,
+               "checkpoint " << path << ": negative step, epoch or step_in_epoch (corrupt attributes)");
+  return info;
+}
+
+namespace {
+herr_t collect_link_name(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<std::set<std::string>*>(data)->insert(name);
+  return 0;
+}
+}  // namespace
+
+void read_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& expected,
+                             float* params, float* adam_m, float* adam_v) {
+  QuietHdf5 quiet;
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file: "
+                                           << hdf5_error_text());
+  float* buffers[3] = {params, adam_m, adam_v};
+  for (int g = 0; g < 3; ++g) {
+    const std::string group_name = kTensorGroups[g];
+    KILTER_CHECK(has_link(file.get(), "adam") || g == 0,
+                 "checkpoint " << path << ": group /adam is missing (no optimizer state)");
+    KILTER_CHECK(has_link(file.get(), group_name), "checkpoint " << path << ": group /" << group_name << " is missing");
+    Hid group(H5Gopen2(file.get(), group_name.c_str(), H5P_DEFAULT), H5Gclose);
+    KILTER_CHECK(group.valid(), "checkpoint " << path << ": cannot open group /" << group_name << ": "
+                                              << hdf5_error_text());
+    std::set<std::string> present;
+    H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_link_name, &present);
+    for (const auto& t : expected) {
+      const std::string where = "/" + group_name + "/" + t.name;
+      KILTER_CHECK(present.count(t.name), "checkpoint " << path << ": tensor " << where
+                                                        << " is missing (the model has it; was the checkpoint written for another model?)");
+      present.erase(t.name);
+      Hid dset(H5Dopen2(group.get(), t.name.c_str(), H5P_DEFAULT), H5Dclose);
+      KILTER_CHECK(dset.valid(), "checkpoint " << path << ": cannot open " << where << ": " << hdf5_error_text());
+      Hid type(H5Dget_type(dset.get()), H5Tclose);
+      KILTER_CHECK(H5Tget_class(type.get()) == H5T_FLOAT && H5Tget_size(type.get()) == 4,
+                   "checkpoint " << path << ": " << where << " is not float32");
+      Hid space(H5Dget_space(dset.get()), H5Sclose);
+      int rank = H5Sget_simple_extent_ndims(space.get());
+      std::vector<hsize_t> dims(rank > 0 ? size_t(rank) : 0);
+      if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+      std::vector<int64_t> shape(dims.begin(), dims.end());
+      KILTER_CHECK(shape == t.shape, "checkpoint " << path << ": " << where << " has shape " << shape_text(shape)
+                                                   << " but the configured model needs " << shape_text(t.shape)
+                                                   << " (check the model.* keys)");
+      float* out = buffers[g] + t.offset;
+      KILTER_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) >= 0,
+                   "checkpoint " << path << ": reading " << where << " failed (truncated or corrupt file): "
+                                 << hdf5_error_text());
+      uint64_t stored = read_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_NATIVE_UINT64, path, where);
+      uint64_t actual = checkpoint_checksum(out, t.size);
+      KILTER_CHECK(stored == actual, "checkpoint " << path << ": " << where
+                                                   << " fails its checksum (the file was damaged after it was written)");
+    }
+    KILTER_CHECK(present.empty(), "checkpoint " << path << ": has tensor /" << group_name << "/" << *present.begin()
+                                                << " that the configured model does not have (check the model.* keys)");
+  }
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const auto& name : directory_entries(dir)) {
+    int64_t step = step_of_file_name(name);
+    if (step >= 0) found.emplace_back(step, dir + "/" + name);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int keep) {
+  std::vector<std::string> removed;
+  auto all = list_checkpoints(dir);
+  if (keep < 1) keep = 1;  // never delete the newest
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+    if (::unlink(all[i].second.c_str()) == 0) removed.push_back(all[i].second);
+  }
+  return removed;
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
+  std::vector<std::string> removed;
+  for (const auto& name : directory_entries(dir)) {
+    const std::string suffix = ".tmp";
+    if (name.size() > 1 + suffix.size() && name[0] == '.' &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        step_of_file_name(name.substr(1, name.size() - 1 - suffix.size())) >= 0) {
+      std::string path = dir + "/" + name;
+      if (::unlink(path.c_str()) == 0) removed.push_back(path);
+    }
+  }
+  return removed;
+}
+
+}  // namespace kilter::io

@@ -1,0 +1,50 @@
+// Input corpora for `kilter prep`: expands the user's paths into input files and streams their
+// documents (text: one file = one document; jsonl: the "text" field of each line; fortune: the
+// texts between lines holding only `%`). Documents are passed on as raw bytes in pieces, so a
+// document is never held whole; empty documents are counted and dropped here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kilter::io {
+
+enum class InputFormat { text, jsonl, fortune };
+// "text" | "jsonl" | "fortune"; throws naming the bad value otherwise.
+InputFormat parse_input_format(const std::string& name);
+
+struct InputFile {
+  std::string path;
+  uint64_t size = 0;
+};
+
+// Files as given; a directory contributes its regular files (not symlinks, not subdirectories)
+// in sorted order, and for the fortune format skips the `*.dat` index files. Throws naming a
+// path that does not exist or a directory without usable files.
+std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, InputFormat format);
+
+class DocumentSink {
+ public:
+  virtual ~DocumentSink() = default;
+  // More bytes of the current document (never called with size 0).
+  virtual void bytes(const unsigned char* data, size_t size) = 0;
+  // The current (non-empty) document is complete.
+  virtual void end_document() = 0;
+  // Input bytes consumed so far over all files, called every few hundred KiB and per file.
+  virtual void input_progress(uint64_t /*bytes_consumed*/) {}
+};
+
+struct CorpusCounts {
+  uint64_t documents = 0;        // non-empty documents passed to the sink
+  uint64_t empty_documents = 0;  // dropped
+  uint64_t document_bytes = 0;   // bytes in the documents passed on
+  uint64_t input_bytes = 0;      // bytes read from the input files
+};
+
+// Streams every document of `inputs` in order into `sink`. Throws naming the file (and line, for
+// jsonl) on unreadable files and malformed lines.
+CorpusCounts read_corpus(const std::vector<InputFile>& inputs, InputFormat format,
+                         DocumentSink& sink);
+
+}  // namespace kilter::io

@@ -1,0 +1,391 @@
+// `kilter prep` and `kilter prep synth` (see prep.h): first pass collects document lengths,
+// shards are cut by token count, second pass streams the tokens into the shard writers.
+#include "io/prep.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "io/dataset.h"
+#include "io/error.h"
+#include "io/progress.h"
+#include "io/shard_writer.h"
+
+namespace kilter::io {
+
+namespace fs = std::filesystem;
+
+std::vector<uint64_t> assign_shards(const std::vector<uint32_t>& lengths, uint32_t num_shards) {
+  const uint64_t num_docs = lengths.size();
+  KILTER_CHECK(num_shards >= 1, "--shards must be at least 1");
+  KILTER_CHECK(num_shards <= num_docs, "--shards " << num_shards << " exceeds the number of "
+                                                   << "non-empty documents (" << num_docs << ")");
+  uint64_t total = 0;
+  for (uint32_t length : lengths) total += length;
+  std::vector<uint64_t> first(num_shards + 1, 0);
+  first[num_shards] = num_docs;
+  uint64_t doc = 0, prefix = 0;  // prefix = tokens of documents [0, doc)
+  for (uint32_t s = 1; s < num_shards; ++s) {
+    // Shard s starts at the first document whose start reaches s/N of the tokens, keeping at
+    // least one document in every shard on both sides.
+    const long double target = (long double)total * s / num_shards;
+    while (doc < num_docs && (long double)prefix < target) prefix += lengths[doc++];
+    uint64_t start = std::max<uint64_t>(doc, first[s - 1] + 1);
+    start = std::min<uint64_t>(start, num_docs - (num_shards - s));
+    while (doc < start) prefix += lengths[doc++];
+    while (doc > start) prefix -= lengths[--doc];
+    first[s] = start;
+  }
+  return first;
+}
+
+namespace {
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  KILTER_CHECK(fd >= 0, path << ": cannot open for fsync");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  KILTER_CHECK(rc == 0, path << ": fsync failed");
+}
+
+// The output directory, built under a temporary sibling name and renamed when complete, so a
+// crash or an error never leaves a half-written dataset under the requested name.
+class AtomicDirectory {
+ public:
+  AtomicDirectory(const std::string& out, bool force) : out_(out), force_(force) {
+    KILTER_CHECK(!out.empty(), "--out: no output directory given");
+    fs::path target = fs::absolute(out).lexically_normal();
+    if (target.filename().empty()) target = target.parent_path();
+    std::error_code ec;
+    if (fs::exists(target, ec)) {
+      KILTER_CHECK(fs::is_directory(target), "--out " << out << " exists and is not a directory");
+      KILTER_CHECK(force || fs::is_empty(target),
+                   "--out " << out << " exists and is not empty (pass --force to replace it)");
+    }
+    fs::create_directories(target.parent_path());
+    target_ = target;
+    temp_ = target.parent_path() /
+            (target.filename().string() + ".tmp-" + std::to_string(::getpid()));
+    fs::remove_all(temp_);
+    fs::create_directory(temp_);
+  }
+  ~AtomicDirectory() {
+    std::error_code ec;
+    if (!committed_) fs::remove_all(temp_, ec);
+  }
+  std::string file(const std::string& name) const { return (temp_ / name).string(); }
+
+  void commit() {
+    for (const fs::directory_entry& entry : fs::directory_iterator(temp_))
+      fsync_path(entry.path().string());
+    fsync_path(temp_.string());
+    std::error_code ec;
+    fs::path old;
+    if (fs::exists(target_)) {
+      if (fs::is_empty(target_)) {
+        fs::remove(target_);
+      } else {
+        old = target_.parent_path() /
+              (target_.filename().string() + ".old-" + std::to_string(::getpid()));
+        fs::rename(target_, old);
+      }
+    }
+    fs::rename(temp_, target_);
+    committed_ = true;
+    if (!old.empty()) fs::remove_all(old, ec);
+    fsync_path(target_.parent_path().string());
+  }
+
+ private:
+  std::string out_;
+  bool force_;
+  fs::path target_;
+  fs::path temp_;
+  bool committed_ = false;
+};
+
+// Writes the shards of a dataset in document order and finally its index.
+class DatasetBuilder {
+ public:
+  DatasetBuilder(AtomicDirectory& out, const std::vector<uint32_t>& lengths, uint32_t num_shards,
+                 uint32_t vocab, uint32_t eos, const std::string& tokenizer)
+      : out_(out), lengths_(lengths), first_(assign_shards(lengths, num_shards)) {
+    index_.vocab_size = vocab;
+    index_.eos_id = eos;
+    index_.tokenizer = tokenizer;
+    index_.doc_lengths = lengths;
+    open_shard();
+  }
+
+  ShardWriter& writer() { return *writer_; }
+  uint32_t shard() const { return shard_; }
+  uint64_t shard_first_doc(uint32_t s) const { return first_[s]; }
+  uint64_t shard_end_doc(uint32_t s) const { return first_[s + 1]; }
+
+  void end_document() {
+    writer_->end_document();
+    ++doc_;
+    if (doc_ == first_[shard_ + 1]) {
+      ShardInfo& info = index_.shards.back();
+      info.hash = writer_->finish();
+      writer_.reset();
+      if (++shard_ + 1 < first_.size()) open_shard();
+    }
+  }
+
+  // Writes index.h5 once every shard is complete; returns the index.
+  const DatasetIndex& finish() {
+    KILTER_CHECK(doc_ == lengths_.size(),
+                 "the input yielded " << doc_ << " documents on the second pass, " << lengths_.size()
+                                      << " on the first (did the input change?)");
+    write_index(out_.file(kIndexFileName), index_);
+    return index_;
+  }
+
+ private:
+  void open_shard() {
+    std::vector<uint32_t> shard_lengths(lengths_.begin() + first_[shard_],
+                                        lengths_.begin() + first_[shard_ + 1]);
+    ShardInfo info;
+    info.file = shard_file_name(shard_);
+    info.num_docs = shard_lengths.size();
+    for (uint32_t length : shard_lengths) info.num_tokens += length;
+    info.first_doc = first_[shard_];
+    index_.shards.push_back(info);
+    ShardHeader header{index_.vocab_size, index_.eos_id, index_.tokenizer, shard_,
+                       uint32_t(first_.size() - 1)};
+    writer_ = std::make_unique<ShardWriter>(out_.file(info.file), header, shard_lengths);
+  }
+
+  AtomicDirectory& out_;
+  const std::vector<uint32_t>& lengths_;
+  std::vector<uint64_t> first_;
+  DatasetIndex index_;
+  std::unique_ptr<ShardWriter> writer_;
+  uint32_t shard_ = 0;
+  uint64_t doc_ = 0;
+};
+
+void fill_report(PrepReport& report, const DatasetIndex& index, const std::string& out) {
+  report.out = out;
+  report.documents = index.num_docs();
+  report.tokens = index.total_tokens();
+  report.shards = uint32_t(index.shards.size());
+  report.min_shard_tokens = UINT64_MAX;
+  for (const ShardInfo& shard : index.shards) {
+    report.min_shard_tokens = std::min(report.min_shard_tokens, shard.num_tokens);
+    report.max_shard_tokens = std::max(report.max_shard_tokens, shard.num_tokens);
+  }
+}
+
+uint64_t total_size(const std::vector<InputFile>& inputs) {
+  uint64_t total = 0;
+  for (const InputFile& input : inputs) total += input.size;
+  return total;
+}
+
+// Pass 1: only the lengths of the documents are kept.
+class LengthCollector : public DocumentSink {
+ public:
+  explicit LengthCollector(Progress& progress) : progress_(progress) {}
+  void bytes(const unsigned char*, size_t size) override { current_ += size; }
+  void end_document() override {
+    KILTER_CHECK(current_ <= UINT32_MAX, "document " << lengths.size() << " has " << current_
+                                                     << " bytes; the format stores lengths as uint32");
+    lengths.push_back(uint32_t(current_));
+    current_ = 0;
+  }
+  void input_progress(uint64_t consumed) override { progress_.update(lengths.size(), consumed); }
+  std::vector<uint32_t> lengths;
+
+ private:
+  Progress& progress_;
+  uint64_t current_ = 0;
+};
+
+// Pass 2: the bytes go to the shard writers.
+class ShardFiller : public DocumentSink {
+ public:
+  ShardFiller(DatasetBuilder& builder, Progress& progress) : builder_(builder), progress_(progress) {}
+  void bytes(const unsigned char* data, size_t size) override {
+    builder_.writer().append_bytes(data, size);
+  }
+  void end_document() override {
+    builder_.end_document();
+    ++documents_;
+  }
+  void input_progress(uint64_t consumed) override { progress_.update(documents_, consumed); }
+
+ private:
+  DatasetBuilder& builder_;
+  Progress& progress_;
+  uint64_t documents_ = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+PrepReport prepare_dataset(const PrepOptions& options) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<InputFile> inputs = expand_inputs(options.inputs, options.format);
+  const uint64_t input_bytes = total_size(inputs);
+
+  Progress scan_progress("prep: scan ", input_bytes, options.progress);
+  LengthCollector collector(scan_progress);
+  CorpusCounts first_pass = read_corpus(inputs, options.format, collector);
+  scan_progress.update(first_pass.documents, first_pass.input_bytes);
+  scan_progress.finish();
+  KILTER_CHECK(first_pass.documents > 0,
+               "the inputs hold no non-empty documents (" << first_pass.empty_documents
+                                                         << " empty ones were dropped)");
+
+  AtomicDirectory out(options.out, options.force);
+  DatasetBuilder builder(out, collector.lengths, options.shards, kByteVocabSize, kByteEosId, "byte");
+  Progress write_progress("prep: write", input_bytes, options.progress);
+  ShardFiller filler(builder, write_progress);
+  CorpusCounts second_pass = read_corpus(inputs, options.format, filler);
+  write_progress.update(second_pass.documents, second_pass.input_bytes);
+  write_progress.finish();
+  const DatasetIndex& index = builder.finish();
+  out.commit();
+
+  PrepReport report;
+  fill_report(report, index, options.out);
+  report.empty_documents = first_pass.empty_documents;
+  report.input_bytes = first_pass.input_bytes;
+  report.seconds = seconds_since(start);
+  return report;
+}
+
+LengthDistribution LengthDistribution::parse(const std::string& spec) {
+  auto colon = spec.find(':');
+  std::string kind = spec.substr(0, colon);
+  std::vector<double> values;
+  if (colon != std::string::npos) {
+    std::stringstream list(spec.substr(colon + 1));
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      char* end = nullptr;
+      double value = std::strtod(item.c_str(), &end);
+      KILTER_CHECK(!item.empty() && end && *end == '\0',
+                   "--lengths " << spec << ": '" << item << "' is not a number");
+      values.push_back(value);
+    }
+  }
+  LengthDistribution d;
+  if (kind == "lognormal") {
+    KILTER_CHECK(values.size() == 2 || values.size() == 3,
+                 "--lengths " << spec << ": expected lognormal:MU,SIGMA[,MAX]");
+    d.kind = Kind::lognormal;
+    d.mu = values[0];
+    d.sigma = values[1];
+    KILTER_CHECK(d.sigma >= 0, "--lengths " << spec << ": SIGMA must be >= 0");
+    if (values.size() == 3) {
+      KILTER_CHECK(values[2] >= 1 && values[2] <= UINT32_MAX,
+                   "--lengths " << spec << ": MAX must be in [1, 2^32-1]");
+      d.max = uint64_t(values[2]);
+    }
+  } else if (kind == "uniform") {
+    KILTER_CHECK(values.size() == 2, "--lengths " << spec << ": expected uniform:MIN,MAX");
+    KILTER_CHECK(values[0] >= 1 && values[1] >= values[0] && values[1] <= UINT32_MAX,
+                 "--lengths " << spec << ": need 1 <= MIN <= MAX < 2^32");
+    d.kind = Kind::uniform;
+    d.min = uint64_t(values[0]);
+    d.max = uint64_t(values[1]);
+  } else {
+    KILTER_FAIL("--lengths " << spec << ": expected lognormal:MU,SIGMA[,MAX] or uniform:MIN,MAX");
+  }
+  return d;
+}
+
+namespace {
+
+// Uniform double in (0, 1] from the top 53 bits: std::mt19937_64 is specified bit for bit by
+// the standard, the library's distributions are not, so the transforms are spelled out here.
+double unit_interval(std::mt19937_64& rng) { return double((rng() >> 11) + 1) * 0x1.0p-53; }
+
+uint32_t draw_length(const LengthDistribution& d, std::mt19937_64& rng) {
+  if (d.kind == LengthDistribution::Kind::uniform) {
+    uint64_t span = d.max - d.min + 1;
+    return uint32_t(d.min + uint64_t((unsigned __int128)rng() * span >> 64));
+  }
+  // Box-Muller: one standard normal from two uniforms.
+  double z = std::sqrt(-2.0 * std::log(unit_interval(rng))) *
+             std::cos(2.0 * M_PI * unit_interval(rng));
+  double length = std::round(std::exp(d.mu + d.sigma * z));
+  if (!(length >= 1)) length = 1;
+  if (length > double(d.max)) length = double(d.max);
+  return uint32_t(length);
+}
+
+uint64_t shard_seed(uint64_t seed, uint32_t shard) {
+  // splitmix64 of (seed, shard): independent token streams per shard, so shards can be written
+  // in any order and the first pass never needs to draw tokens.
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (uint64_t(shard) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+PrepReport synthesize_dataset(const SynthOptions& options) {
+  auto start = std::chrono::steady_clock::now();
+  KILTER_CHECK(options.docs >= 1, "--docs must be at least 1");
+  KILTER_CHECK(options.vocab >= 2, "--vocab must be at least 2 (one token plus EOS)");
+  LengthDistribution distribution = LengthDistribution::parse(options.lengths);
+
+  std::mt19937_64 length_rng(options.seed);
+  std::vector<uint32_t> lengths(options.docs);
+  uint64_t total_tokens = 0;
+  for (uint32_t& length : lengths) {
+    length = draw_length(distribution, length_rng);
+    total_tokens += length;
+  }
+
+  AtomicDirectory out(options.out, options.force);
+  const uint32_t eos = options.vocab - 1;
+  DatasetBuilder builder(out, lengths, options.shards, options.vocab, eos, "synthetic");
+  const uint32_t token_bytes = token_bytes_for_vocab(options.vocab);
+  Progress progress("synth", total_tokens * token_bytes, options.progress);
+  std::vector<uint32_t> tokens(size_t(1) << 16);
+  uint64_t written = 0;
+  for (uint32_t shard = 0; shard < options.shards; ++shard) {
+    std::mt19937_64 token_rng(shard_seed(options.seed, shard));
+    for (uint64_t doc = builder.shard_first_doc(shard); doc < builder.shard_end_doc(shard); ++doc) {
+      for (uint64_t left = lengths[doc]; left > 0;) {
+        size_t n = size_t(std::min<uint64_t>(left, tokens.size()));
+        for (size_t i = 0; i < n; i += 2) {
+          uint64_t bits = token_rng();  // two tokens per draw, multiply-shift into [0, vocab-1)
+          tokens[i] = uint32_t((uint64_t(uint32_t(bits)) * eos) >> 32);
+          if (i + 1 < n) tokens[i + 1] = uint32_t(((bits >> 32) * eos) >> 32);
+        }
+        builder.writer().append(tokens.data(), n);
+        left -= n;
+        written += n;
+      }
+      builder.end_document();
+      progress.update(doc + 1, written * token_bytes);
+    }
+  }
+  progress.finish();
+  const DatasetIndex& index = builder.finish();
+  out.commit();
+
+  PrepReport report;
+  fill_report(report, index, options.out);
+  report.seconds = seconds_since(start);
+  return report;
+}
+
+}  // namespace kilter::io

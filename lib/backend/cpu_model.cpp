@@ -1,0 +1,335 @@
+// CpuModel: GPT-2 forward/backward on the host, composed from the op files in lib/model
+// (encoder, layernorm, matmul, attention, gelu, crossentropy) in llm.c's order, and AdamW.
+// Padded positions flow through the position-wise ops (their results are never read) but are
+// masked out of attention and the loss, so their gradient contribution is exactly zero.
+#include "lib/backend/cpu_model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "io/error.h"
+#include "lib/model/attention.h"
+#include "lib/model/crossentropy.h"
+#include "lib/model/encoder.h"
+#include "lib/model/gelu.h"
+#include "lib/model/init.h"
+#include "lib/model/layernorm.h"
+#include "lib/model/matmul.h"
+#include "lib/optim/adamw.h"
+
+namespace kilter::backend {
+
+using model::Batch;
+using model::GPTConfig;
+
+namespace {
+// Rows of logits materialized at once: bounds the head's memory to kHeadChunk x vocab floats
+// while keeping its GEMMs large.
+constexpr int64_t kHeadChunk = 256;
+
+template <typename T>
+void grow(std::vector<T>& buffer, size_t size) {
+  if (buffer.size() < size) {
+    buffer.clear();
+    buffer.shrink_to_fit();  // release the old block before taking the larger one
+    buffer.resize(size);
+  }
+}
+}  // namespace
+
+void set_blas_threads(int threads) {
+  KILTER_CHECK(threads >= 1, "train.threads must be >= 1, got " << threads);
+  openblas_set_num_threads(threads);
+}
+
+int blas_threads() { return openblas_get_num_threads(); }
+
+CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple)
+    : cfg_(cfg), layout_(model::ParamLayout::build(cfg, pad_multiple)) {
+  params_.assign(layout_.padded_size, 0.0f);
+  grads_.assign(layout_.padded_size, 0.0f);
+  adam_m_.assign(layout_.num_params, 0.0f);
+  adam_v_.assign(layout_.num_params, 0.0f);
+  wte_offset_ = layout_.find("transformer.wte.weight").offset;
+  wpe_offset_ = layout_.find("transformer.wpe.weight").offset;
+  lnf_w_offset_ = layout_.find("transformer.ln_f.weight").offset;
+  lnf_b_offset_ = layout_.find("transformer.ln_f.bias").offset;
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    block_offset_.push_back(layout_.find("transformer.h." + std::to_string(l) + ".ln_1.weight").offset);
+  block_size_floats_ = (cfg_.n_layer > 1 ? block_offset_[1] : lnf_w_offset_) - block_offset_[0];
+  const size_t C = cfg_.n_embd;
+  // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics.
+  floats_per_token_block_ = C + 3 * C + C + C + C + 4 * C + 4 * C + C + 4;
+}
+
+CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
+  const size_t C = cfg_.n_embd;
+  float* p = base + block_offset_[layer];
+  BlockTensors t;
+  t.ln1_w = p;            p += C;
+  t.ln1_b = p;            p += C;
+  t.qkv_w = p;            p += 3 * C * C;
+  t.qkv_b = p;            p += 3 * C;
+  t.attproj_w = p;        p += C * C;
+  t.attproj_b = p;        p += C;
+  t.ln2_w = p;            p += C;
+  t.ln2_b = p;            p += C;
+  t.fc_w = p;             p += 4 * C * C;
+  t.fc_b = p;             p += 4 * C;
+  t.fcproj_w = p;         p += 4 * C * C;
+  t.fcproj_b = p;
+  return t;
+}
+
+CpuModel::BlockActivations CpuModel::block_activations(int layer, int B, int T) {
+  const size_t C = cfg_.n_embd;
+  const size_t BT = static_cast<size_t>(B) * T;
+  float* p = block_acts_.data() + static_cast<size_t>(layer) * capacity_tokens_ * floats_per_token_block_;
+  BlockActivations a;
+  a.ln1 = p;        p += BT * C;
+  a.ln1_mean = p;   p += BT;
+  a.ln1_rstd = p;   p += BT;
+  a.qkv = p;        p += BT * 3 * C;
+  a.atty = p;       p += BT * C;
+  a.residual2 = p;  p += BT * C;
+  a.ln2 = p;        p += BT * C;
+  a.ln2_mean = p;   p += BT;
+  a.ln2_rstd = p;   p += BT;
+  a.fch = p;        p += BT * 4 * C;
+  a.fch_gelu = p;   p += BT * 4 * C;
+  a.residual3 = p;
+  a.att = att_.data() + static_cast<size_t>(layer) * B * cfg_.n_head * T * T;
+  return a;
+}
+
+void CpuModel::reserve(int max_B, int max_T) {
+  KILTER_CHECK(max_B > 0 && max_T > 0, "CpuModel::reserve: B and T must be positive, got " << max_B << ", " << max_T);
+  const size_t tokens = static_cast<size_t>(max_B) * max_T;
+  const size_t att = static_cast<size_t>(max_B) * cfg_.n_head * max_T * max_T;
+  const size_t C = cfg_.n_embd;
+  const size_t L = cfg_.n_layer;
+  if (tokens > capacity_tokens_) {
+    capacity_tokens_ = tokens;
+    grow(encoded_, tokens * C);
+    grow(block_acts_, L * tokens * floats_per_token_block_);
+    grow(lnf_, tokens * C);
+    grow(lnf_mean_, tokens);
+    grow(lnf_rstd_, tokens);
+    grow(dresidual_, tokens * C);
+    grow(dln_, tokens * C);
+    grow(datty_, tokens * C);
+    grow(dqkv_, tokens * 3 * C);
+    grow(dfch_, tokens * 4 * C);
+    grow(target_rows_, tokens);
+    grow(target_ids_, tokens);
+    grow(head_inputs_, tokens * C);
+    grow(head_dinputs_, static_cast<size_t>(kHeadChunk) * C);
+    grow(logits_, static_cast<size_t>(kHeadChunk) * cfg_.vocab_size);
+  }
+  if (att > capacity_att_) {
+    capacity_att_ = att;
+    grow(att_, L * att);
+  }
+}
+
+void CpuModel::init_params(uint64_t seed) {
+  std::fill(params_.begin(), params_.end(), 0.0f);
+  model::init_gpt2_params(params_.data(), layout_, cfg_, seed);
+  std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
+  std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
+}
+
+void CpuModel::set_params(const float* host) { std::memcpy(params_.data(), host, sizeof(float) * layout_.num_params); }
+void CpuModel::get_params(float* host) const { std::memcpy(host, params_.data(), sizeof(float) * layout_.num_params); }
+
+void CpuModel::get_optimizer_state(float* m, float* v) const {
+  std::memcpy(m, adam_m_.data(), sizeof(float) * layout_.num_params);
+  std::memcpy(v, adam_v_.data(), sizeof(float) * layout_.num_params);
+}
+
+void CpuModel::set_optimizer_state(const float* m, const float* v) {
+  std::memcpy(adam_m_.data(), m, sizeof(float) * layout_.num_params);
+  std::memcpy(adam_v_.data(), v, sizeof(float) * layout_.num_params);
+}
+
+void CpuModel::validate(const Batch& batch) const {
+  const int B = batch.B, T = batch.T, V = cfg_.vocab_size;
+  KILTER_CHECK(B > 0 && T > 0, "model batch: B and T must be positive, got B=" << B << " T=" << T);
+  KILTER_CHECK(T <= cfg_.block_size,
+               "model batch: T=" << T << " exceeds model.block_size=" << cfg_.block_size);
+  const size_t BT = static_cast<size_t>(B) * T;
+  KILTER_CHECK(batch.inputs.size() == BT && batch.targets.size() == BT && batch.lengths.size() == static_cast<size_t>(B),
+               "model batch: expected " << BT << " inputs/targets and " << B << " lengths, got "
+                                        << batch.inputs.size() << "/" << batch.targets.size() << " and "
+                                        << batch.lengths.size());
+  for (int b = 0; b < B; ++b) {
+    const int length = batch.lengths[b];
+    KILTER_CHECK(length >= 0 && length <= T, "model batch: row " << b << " has length " << length << " outside [0, "
+                                                                 << T << "]");
+    for (int t = 0; t < T; ++t) {
+      const int32_t input = batch.inputs[static_cast<size_t>(b) * T + t];
+      const int32_t target = batch.targets[static_cast<size_t>(b) * T + t];
+      if (t < length) {
+        KILTER_CHECK(input >= 0 && input < V, "model batch: token id " << input << " at row " << b << " position "
+                                                                       << t << " is outside the vocabulary [0, " << V
+                                                                       << ")");
+        KILTER_CHECK(target >= -1 && target < V, "model batch: target " << target << " at row " << b << " position "
+                                                                        << t << " is outside [-1, " << V << ")");
+      } else {
+        KILTER_CHECK(input >= -1 && input < V, "model batch: padding id " << input << " at row " << b << " position "
+                                                                          << t << " is outside [-1, " << V << ")");
+        KILTER_CHECK(target == -1, "model batch: padded position " << t << " of row " << b << " (length " << length
+                                                                   << ") has target " << target << ", expected -1");
+      }
+    }
+  }
+}
+
+void CpuModel::forward(const Batch& batch) {
+  validate(batch);
+  reserve(batch.B, batch.T);
+  const int B = batch.B, T = batch.T, C = cfg_.n_embd, NH = cfg_.n_head;
+  const int BT = B * T;
+  model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + wte_offset_,
+                         params_.data() + wpe_offset_, B, T, C);
+  const float* residual = encoded_.data();
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const BlockTensors p = block_tensors(params_.data(), l);
+    const BlockActivations a = block_activations(l, B, T);
+    model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, BT, C);
+    model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
+    model::attention_forward(a.atty, a.att, a.qkv, batch.lengths.data(), B, T, C, NH);
+    model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, BT, C, C);
+    model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, BT, C);
+    model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
+    model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(BT) * 4 * C);
+    model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
+    residual = a.residual3;
+  }
+  model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + lnf_w_offset_,
+                           params_.data() + lnf_b_offset_, BT, C);
+}
+
+int64_t CpuModel::gather_target_rows(const Batch& batch) {
+  const size_t C = cfg_.n_embd;
+  const size_t BT = static_cast<size_t>(batch.B) * batch.T;
+  int64_t count = 0;
+  for (size_t row = 0; row < BT; ++row) {
+    if (batch.targets[row] < 0) continue;
+    target_rows_[count] = static_cast<int32_t>(row);
+    target_ids_[count] = batch.targets[row];
+    std::memcpy(head_inputs_.data() + count * C, lnf_.data() + row * C, sizeof(float) * C);
+    ++count;
+  }
+  return count;
+}
+
+double CpuModel::forward_loss(const Batch& batch) {
+  forward(batch);
+  const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t num_targets = gather_target_rows(batch);
+  double loss = 0.0;
+  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunk) {
+    const int n = static_cast<int>(std::min(kHeadChunk, num_targets - c0));
+    model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + wte_offset_, nullptr, n, C,
+                          V);
+    loss += model::crossentropy_forward(logits_.data(), target_ids_.data() + c0, n, V);
+  }
+  return loss;
+}
+
+double CpuModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
+  forward(batch);
+  const int B = batch.B, T = batch.T, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
+  const int BT = B * T;
+  const size_t BTC = static_cast<size_t>(BT) * C;
+  float* params = params_.data();
+  float* grads = grads_.data();
+
+  // LM head, one chunk of target rows at a time: logits, loss and dlogits (in place), then the
+  // gradients of the gathered ln_f rows and of wte (tied head). Rows without a target keep a
+  // zero gradient.
+  float* dlnf = dln_.data();
+  std::memset(dlnf, 0, sizeof(float) * BTC);
+  const int64_t num_targets = gather_target_rows(batch);
+  double loss = 0.0;
+  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunk) {
+    const int n = static_cast<int>(std::min(kHeadChunk, num_targets - c0));
+    const float* x = head_inputs_.data() + c0 * C;
+    model::matmul_forward(logits_.data(), x, params + wte_offset_, nullptr, n, C, V);
+    loss += model::crossentropy_forward_backward_inplace(logits_.data(), target_ids_.data() + c0, n, V, loss_scale);
+    model::matmul_backward_overwrite_dinp(head_dinputs_.data(), grads + wte_offset_, nullptr, logits_.data(), x,
+                                          params + wte_offset_, n, C, V);
+    for (int i = 0; i < n; ++i)
+      std::memcpy(dlnf + static_cast<size_t>(target_rows_[c0 + i]) * C, head_dinputs_.data() + static_cast<size_t>(i) * C,
+                  sizeof(float) * C);
+  }
+
+  // Final LayerNorm: its input is the last block's output.
+  float* dresidual = dresidual_.data();
+  std::memset(dresidual, 0, sizeof(float) * BTC);
+  const float* last_residual = block_activations(cfg_.n_layer - 1, B, T).residual3;
+  model::layernorm_backward(dresidual, grads + lnf_w_offset_, grads + lnf_b_offset_, dlnf, last_residual,
+                            params + lnf_w_offset_, lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+  // ln_f is the last tensor; the zero padding after it is final too.
+  if (on_ready) on_ready(lnf_w_offset_, layout_.padded_size - lnf_w_offset_);
+
+  // Blocks, last to first. dresidual carries the gradient of the residual stream; each
+  // LayerNorm backward adds its input gradient into it, which is the residual connection.
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    const BlockTensors p = block_tensors(params, l);
+    const BlockTensors g = block_tensors(grads, l);
+    const BlockActivations a = block_activations(l, B, T);
+    const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, B, T).residual3;
+    // MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
+    model::matmul_backward_overwrite_dinp(dfch_.data(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu, p.fcproj_w, BT,
+                                          4 * C, C);
+    model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(BT) * 4 * C);
+    model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, BT, C, 4 * C);
+    model::layernorm_backward(dresidual, g.ln2_w, g.ln2_b, dln_.data(), a.residual2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
+                              BT, C);
+    // Attention: residual2 = residual_in + c_proj(attn(c_attn(ln_1(residual_in))))
+    model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, BT,
+                                          C, C);
+    std::memset(dqkv_.data(), 0, sizeof(float) * BTC * 3);
+    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, batch.lengths.data(), B, T, C, NH);
+    model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, BT, C, 3 * C);
+    model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
+                              BT, C);
+    if (on_ready) on_ready(block_offset_[l], block_size_floats_);
+  }
+
+  model::encoder_backward(grads + wte_offset_, grads + wpe_offset_, dresidual, batch.inputs.data(),
+                          batch.lengths.data(), B, T, C);
+  // wte also holds the LM head's gradient, so it (with wpe next to it) is final only now.
+  if (on_ready) on_ready(wte_offset_, block_offset_[0] - wte_offset_);
+  return loss;
+}
+
+void CpuModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+double CpuModel::grad_norm_squared() {
+  // Fixed-order partial sums in double: deterministic and accurate for 10^8 elements.
+  double acc[8] = {0};
+  const float* g = grads_.data();
+  const size_t n = layout_.num_params;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(g[i + j]) * g[i + j];
+  double total = 0.0;
+  for (int j = 0; j < 8; ++j) total += acc[j];
+  for (; i < n; ++i) total += static_cast<double>(g[i]) * g[i];
+  return total;
+}
+
+void CpuModel::adamw_step(const model::AdamWParams& p) {
+  for (const model::ParamTensor& tensor : layout_.tensors) {
+    optim::adamw_update(params_.data() + tensor.offset, grads_.data() + tensor.offset, adam_m_.data() + tensor.offset,
+                        adam_v_.data() + tensor.offset, tensor.size, p.lr, p.beta1, p.beta2, p.eps,
+                        tensor.decay ? p.weight_decay : 0.0f, p.grad_scale, p.t);
+  }
+}
+
+}  // namespace kilter::backend

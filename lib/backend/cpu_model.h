@@ -1,0 +1,79 @@
+// The CPU backend of the GPT-2 model: the oracle every other backend is checked against.
+// Parameters, gradients, AdamW moments and activations live in host memory; GEMMs run on
+// OpenBLAS. Activations are allocated for the largest micro-batch seen and reused.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/model/model.h"
+
+namespace kilter::backend {
+
+// BLAS threads of this process (openblas_set_num_threads); the trainer passes train.threads.
+void set_blas_threads(int threads);
+int blas_threads();
+
+class CpuModel final : public model::Model {
+ public:
+  CpuModel(const model::GPTConfig& cfg, size_t pad_multiple);
+
+  std::string backend_name() const override { return "cpu"; }
+  const model::GPTConfig& config() const override { return cfg_; }
+  const model::ParamLayout& layout() const override { return layout_; }
+
+  void init_params(uint64_t seed) override;
+  void set_params(const float* host) override;
+  void get_params(float* host) const override;
+  void get_optimizer_state(float* m, float* v) const override;
+  void set_optimizer_state(const float* m, const float* v) override;
+
+  double forward_backward(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) override;
+  double forward_loss(const model::Batch& batch) override;
+
+  void zero_grads() override;
+  float* grads() override { return grads_.data(); }
+  float* params() override { return params_.data(); }
+  double grad_norm_squared() override;
+  void adamw_step(const model::AdamWParams& p) override;
+  void reserve(int max_B, int max_T) override;
+
+ private:
+  // Pointers into the flat buffer for one block's tensors (params or grads).
+  struct BlockTensors {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  };
+  // Saved activations of one block for a (B,T) micro-batch.
+  struct BlockActivations {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+  };
+
+  BlockTensors block_tensors(float* base, int layer) const;
+  BlockActivations block_activations(int layer, int B, int T);
+  void validate(const model::Batch& batch) const;
+  void forward(const model::Batch& batch);  // fills the activations up to ln_f
+  // Gathers the rows with a target; returns their count.
+  int64_t gather_target_rows(const model::Batch& batch);
+
+  model::GPTConfig cfg_;
+  model::ParamLayout layout_;
+  std::vector<float> params_, grads_, adam_m_, adam_v_;
+  size_t wte_offset_ = 0, wpe_offset_ = 0, lnf_w_offset_ = 0, lnf_b_offset_ = 0;
+  std::vector<size_t> block_offset_;  // offset of h.l's first tensor
+  size_t block_size_floats_ = 0;      // floats of one block
+
+  // Activations: sized for capacity_tokens_ (B*T) and capacity_att_ (B*NH*T*T).
+  size_t capacity_tokens_ = 0, capacity_att_ = 0;
+  std::vector<float> encoded_, block_acts_, att_, lnf_, lnf_mean_, lnf_rstd_;
+  // Backward scratch: residual-stream gradient and per-op input gradients.
+  std::vector<float> dresidual_, dln_, dqkv_, datty_, dfch_;
+  // LM head: rows that have a target, gathered; one chunk of logits at a time.
+  std::vector<int32_t> target_rows_, target_ids_;
+  std::vector<float> head_inputs_, head_dinputs_, logits_;
+  size_t floats_per_token_block_ = 0;  // per-token floats of one block's activations
+};
+
+}  // namespace kilter::backend

@@ -1,0 +1,34 @@
+// The CUDA backend of the GPT-2 model (DESIGN.md "Model"; issue 7): the same Model interface as
+// the CPU backend, with parameters, gradients, AdamW moments and activations in device memory.
+// Plain C++ on purpose: lib/backend/select.cpp includes it under #ifdef KILTER_WITH_CUDA without
+// the CUDA headers. Implementation: lib/backend/cuda_model.cu, cuda_device.cu.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "lib/model/model.h"
+
+namespace kilter::backend {
+
+// A CudaModel on this process's device (see cuda_device_index()). precision: "fp32" (IEEE fp32
+// GEMMs) or "bf16" (bf16 tensor-core GEMMs with fp32 accumulation; fp32 master weights,
+// moments and activations). Throws kilter::Error naming train.precision for anything else, and
+// naming the device when none is usable.
+std::unique_ptr<model::Model> make_cuda_model(const model::GPTConfig& cfg, size_t pad_multiple,
+                                              const std::string& precision);
+
+// cudaGetDeviceCount > 0. False (never an exception) when there is no driver, the driver is
+// older than the runtime ("driver insufficient"), or no device is visible.
+bool cuda_device_present();
+// Why no device is usable ("" when one is): cudaGetErrorString of the failed query, or
+// "no CUDA device visible".
+std::string cuda_device_absent_reason();
+
+// The device this process uses: local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID,
+// MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK, PMI_LOCAL_RANK, first one set; else 0) modulo
+// the number of visible devices. Selected once per process; every CUDA entry point of kilter
+// (the model, the NCCL communicator) makes it current on its calling thread.
+int cuda_device_index();
+
+}  // namespace kilter::backend

@@ -1,0 +1,104 @@
+// The CUDA twins of the CPU model ops (lib/model/<op>.h) in namespace kilter::model::cuda: same
+// arguments, on device pointers, plus the stream (and, for GEMM-based ops, the cuBLASLt engine
+// and a scratch workspace) that the GPU needs. Backward functions ACCUMULATE into d* outputs like
+// their CPU twins unless an `accumulate = false` argument asks them to overwrite (the model uses
+// that to skip zero-fills). Kernels: lib/model/{encoder,layernorm,matmul,attention,gelu,
+// crossentropy,adamw}.cu. Tests: tests/gpu/gpu_ops_test.cu compares each with its CPU twin.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace kilter::model::cuda {
+
+// GEMM math. fp32: CUBLAS_COMPUTE_32F (IEEE fp32, like the CPU). bf16: fp32 data in memory,
+// bf16 tensor-core products with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF).
+enum class GemmMath { fp32, bf16 };
+
+// cuBLASLt handle, workspace and a cache of matmul descriptors + chosen algorithms per shape, so
+// steady-state steps do no heuristic queries. One per stream; not thread-safe.
+class Gemm {
+ public:
+  Gemm(cudaStream_t stream, GemmMath math);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  cudaStream_t stream() const;
+  GemmMath math() const;
+  // Column-major D (m,n) = alpha * op(A) op(B) + beta * C [+ bias (m) added to every column].
+  // A is (m,k) after op, B (k,n) after op; lda/ldb are the stored leading dimensions implied by
+  // the transposes; C may be D or null (then beta must be 0). batch > 1: strided batches.
+  void run(float* D, const float* A, const float* B, const float* C, int m, int n, int k,
+           bool trans_a, bool trans_b, float alpha, float beta, const float* bias = nullptr,
+           int batch = 1, int64_t stride_a = 0, int64_t stride_b = 0, int64_t stride_d = 0);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- encoder.cu: out (B,T,C); inp (B,T) (negative id: padding, wpe only); lengths (B)
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                     int C, cudaStream_t stream);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
+                      const int32_t* lengths, int B, int T, int C, cudaStream_t stream);
+
+// ---- layernorm.cu: inp/out (N,C), mean/rstd (N); eps 1e-5
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, cudaStream_t stream);
+// scratch: column_sum_scratch_floats(C) * 2 floats (deterministic two-pass column sums).
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C,
+                        float* scratch, cudaStream_t stream);
+
+// ---- matmul.cu: out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be null
+void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight, const float* bias,
+                    int N, int C, int OC);
+// out = residual + inp @ weight^T + bias in one GEMM (residual may equal out).
+void matmul_forward_residual(Gemm& gemm, float* out, const float* inp, const float* weight,
+                             const float* bias, const float* residual, int N, int C, int OC);
+// dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout
+// (dbias may be null). scratch: column_sum_scratch_floats(OC). accumulate_dinp = false overwrites.
+void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC, float* scratch,
+                     bool accumulate_dinp = true);
+// out (C) += sum over rows of x (N,C), deterministic (fixed chunking, no atomics).
+size_t column_sum_scratch_floats(int C);
+void column_sums_accumulate(float* out, const float* x, int N, int C, float* scratch, cudaStream_t stream);
+
+// ---- attention.cu: qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) is the saved softmax (the same
+// as the CPU's); rows t >= lengths[b] give 0. Uses batched cuBLASLt GEMMs and masked softmax.
+size_t attention_workspace_floats(int B, int T, int C, int NH);
+void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, const int32_t* lengths,
+                       int B, int T, int C, int NH, float* workspace);
+void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float* qkv, const float* att,
+                        const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
+                        bool accumulate = true);
+
+// ---- gelu.cu: tanh approximation, elementwise over N
+void gelu_forward(float* out, const float* inp, size_t N, cudaStream_t stream);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream,
+                   bool accumulate = true);
+
+// ---- crossentropy.cu: logits (N,V); targets (N), -1 = no target.
+// Adds the sum of -log p[target] into *loss_sum (device double) and sets or adds
+// (softmax - onehot) * dloss_scale into dlogits on rows with a target (rows without: 0 when
+// overwriting, untouched when accumulating). dlogits may equal logits when accumulate = false.
+void crossentropy_forward_backward_async(float* dlogits, const float* logits, const int32_t* targets,
+                                         int N, int V, float dloss_scale, double* loss_sum,
+                                         bool accumulate, cudaStream_t stream);
+// The CPU twin's form: accumulates into dlogits, returns the loss sum (synchronizes the stream).
+double crossentropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                     int N, int V, float dloss_scale, cudaStream_t stream);
+
+// ---- adamw.cu: AdamW (decoupled weight decay) and the global-norm reduction
+void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float grad_scale, int64_t t,
+                  cudaStream_t stream);
+// *result (device double) = sum of x[i]^2, deterministic. scratch: sum_of_squares_scratch_doubles().
+size_t sum_of_squares_scratch_doubles();
+void sum_of_squares_async(double* result, const float* x, size_t n, double* scratch, cudaStream_t stream);
+
+}  // namespace kilter::model::cuda

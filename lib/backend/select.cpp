@@ -1,0 +1,41 @@
+// The one place that picks a model backend (model.h): "cpu" is always compiled in; "cuda" only
+// with KILTER_WITH_CUDA, through lib/backend/cuda_model.h.
+#include <memory>
+#include <string>
+
+#include "io/error.h"
+#include "lib/backend/cpu_model.h"
+#include "lib/model/model.h"
+#ifdef KILTER_WITH_CUDA
+#include "lib/backend/cuda_model.h"
+#endif
+
+namespace kilter::model {
+
+std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg, size_t pad_multiple,
+                                  const std::string& precision) {
+  if (backend == "cpu") {
+    KILTER_CHECK(precision == "fp32", "train.precision=" << precision
+                                                        << " is not supported by the cpu backend (use fp32; bf16 "
+                                                           "needs train.backend=cuda)");
+    return std::make_unique<backend::CpuModel>(cfg, pad_multiple);
+  }
+  if (backend == "cuda") {
+#ifdef KILTER_WITH_CUDA
+    return backend::make_cuda_model(cfg, pad_multiple, precision);
+#else
+    KILTER_FAIL("train.backend=cuda: this kilter was built without CUDA (rebuild with -DENABLE_CUDA=ON)");
+#endif
+  }
+  KILTER_FAIL("train.backend: unknown model backend '" << backend << "' (expected cpu or cuda)");
+}
+
+bool cuda_available() {
+#ifdef KILTER_WITH_CUDA
+  return backend::cuda_device_present();
+#else
+  return false;
+#endif
+}
+
+}  // namespace kilter::model

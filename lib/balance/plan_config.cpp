@@ -1,0 +1,39 @@
+// Config -> PlanOptions (see plan_config.h) and the plan's memory footprint.
+#include "lib/balance/plan_config.h"
+
+namespace kilter::balance {
+
+PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) {
+  PlanOptions opts;
+  opts.sampler = cfg.data.sampler;
+  opts.context = static_cast<uint32_t>(cfg.model.block_size);
+  opts.max_tokens = static_cast<uint64_t>(cfg.data.max_tokens);
+  opts.tokens_per_step = static_cast<uint64_t>(cfg.train.tokens_per_step);
+  opts.bucket_width = static_cast<uint32_t>(cfg.data.bucket_width);
+  opts.naive_batch_size = cfg.data.naive_batch_size;
+  opts.tail = cfg.data.tail;
+  opts.seed = cfg.train.seed;
+  opts.cost.a = cfg.data.cost_a;
+  if (cfg.data.cost_b >= 0) {
+    opts.cost.b = cfg.data.cost_b;
+  } else {
+    const int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size
+                      : dataset_vocab > 0      ? static_cast<int>(dataset_vocab)
+                                               : 256;
+    opts.cost.b = cfg.data.cost_a * attention_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd, vocab);
+  }
+  return opts;
+}
+
+uint64_t plan_heap_bytes(const EpochPlan& plan) {
+  uint64_t bytes = plan.steps.capacity() * sizeof(Step);
+  for (const Step& step : plan.steps) {
+    bytes += step.micro_batches.capacity() * sizeof(MicroBatch);
+    for (const MicroBatch& mb : step.micro_batches) bytes += mb.pieces.capacity() * sizeof(Piece);
+    bytes += step.rank_batches.capacity() * sizeof(std::vector<uint32_t>);
+    for (const auto& batches : step.rank_batches) bytes += batches.capacity() * sizeof(uint32_t);
+  }
+  return bytes;
+}
+
+}  // namespace kilter::balance

@@ -1,0 +1,20 @@
+// The one place where the run configuration becomes PlanOptions, so that `kilter plan` and
+// `kilter train` plan the same epochs from the same config.
+#pragma once
+#include <cstdint>
+
+#include "lib/balance/plan.h"
+#include "lib/core/config.h"
+
+namespace kilter::balance {
+
+// model.block_size -> context, data.max_tokens, train.tokens_per_step, data.bucket_width,
+// data.sampler, data.naive_batch_size, data.tail, train.seed, and the cost model: a =
+// data.cost_a; b = data.cost_b, or when that is < 0, a * attention_cost_coefficient(model shape,
+// vocab) with vocab = model.vocab_size, else `dataset_vocab`, else 256 (byte tokens).
+PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab);
+
+// Heap bytes the plan holds (vectors' capacities): what a rank keeps in memory for one epoch.
+uint64_t plan_heap_bytes(const EpochPlan& plan);
+
+}  // namespace kilter::balance

@@ -1,0 +1,103 @@
+// Statistics of an epoch plan (DESIGN.md's padding_efficiency, cost_imbalance_p50|p95|max,
+// steps_per_epoch, micro_batches_per_step, plus idle ranks and token figures) and the plan's
+// fingerprint that ranks compare to prove they planned the same epoch.
+#include <algorithm>
+#include <cmath>
+
+#include "io/error.h"
+#include "lib/balance/plan.h"
+#include "lib/balance/rng.h"
+
+namespace kilter::balance {
+
+double quantile_of(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  // Nearest rank: the smallest value with at least q of the values at or below it.
+  const double rank = std::ceil(q * double(values.size()));
+  const size_t index = static_cast<size_t>(std::clamp(rank, 1.0, double(values.size()))) - 1;
+  return values[index];
+}
+
+std::vector<double> rank_costs(const Step& step) {
+  std::vector<double> loads(step.rank_batches.size(), 0.0);
+  for (size_t r = 0; r < step.rank_batches.size(); ++r)
+    for (uint32_t m : step.rank_batches[r]) loads[r] += step.micro_batches.at(m).cost;
+  return loads;
+}
+
+static double max_over_mean(const std::vector<double>& loads) {
+  if (loads.empty()) return 1.0;
+  double total = 0, top = 0;
+  for (double l : loads) total += l, top = std::max(top, l);
+  const double mean = total / double(loads.size());
+  return mean > 0 ? top / mean : 1.0;
+}
+
+void compute_plan_stats(EpochPlan& plan) {
+  PlanStats& s = plan.stats;
+  s.steps_per_epoch = plan.steps.size();
+  s.micro_batches = s.target_tokens = s.tokens_computed = 0;
+  s.idle_rank_steps = s.steps_with_idle_ranks = 0;
+  std::vector<double> imbalance;
+  imbalance.reserve(plan.steps.size());
+  double step_tokens_min = 0, step_tokens_max = 0;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& step = plan.steps[i];
+    s.micro_batches += step.micro_batches.size();
+    for (const MicroBatch& mb : step.micro_batches) {
+      s.target_tokens += mb.target_tokens;
+      s.tokens_computed += mb.tokens_computed();
+    }
+    uint64_t idle = 0;
+    for (const auto& batches : step.rank_batches) idle += batches.empty();
+    s.idle_rank_steps += idle;
+    s.steps_with_idle_ranks += idle > 0;
+    imbalance.push_back(max_over_mean(rank_costs(step)));
+    const double t = double(step.target_tokens);
+    step_tokens_min = i == 0 ? t : std::min(step_tokens_min, t);
+    step_tokens_max = std::max(step_tokens_max, t);
+  }
+  s.padding_efficiency = s.tokens_computed ? double(s.target_tokens) / double(s.tokens_computed) : 0;
+  s.cost_imbalance_p50 = quantile_of(imbalance, 0.50);
+  s.cost_imbalance_p95 = quantile_of(imbalance, 0.95);
+  s.cost_imbalance_max = quantile_of(imbalance, 1.0);
+  s.micro_batches_per_step = s.steps_per_epoch ? double(s.micro_batches) / double(s.steps_per_epoch) : 0;
+  s.target_tokens_per_step_mean = s.steps_per_epoch ? double(s.target_tokens) / double(s.steps_per_epoch) : 0;
+  s.target_tokens_per_step_min = step_tokens_min;
+  s.target_tokens_per_step_max = step_tokens_max;
+}
+
+double node_cost_imbalance(const EpochPlan& plan, int ranks_per_node, double quantile) {
+  KILTER_CHECK(ranks_per_node >= 1, "ranks per node " << ranks_per_node << ": must be >= 1");
+  std::vector<double> imbalance;
+  for (const Step& step : plan.steps) {
+    const std::vector<double> loads = rank_costs(step);
+    std::vector<double> node_loads((loads.size() + ranks_per_node - 1) / ranks_per_node, 0.0);
+    for (size_t r = 0; r < loads.size(); ++r) node_loads[r / ranks_per_node] += loads[r];
+    imbalance.push_back(max_over_mean(node_loads));
+  }
+  return imbalance.empty() ? 1.0 : quantile_of(imbalance, quantile);
+}
+
+uint64_t plan_fingerprint(const EpochPlan& plan) {
+  uint64_t h = mix64(plan.epoch) ^ mix64(uint64_t(plan.world_size) + 0x51ED27ull);
+  auto add = [&h](uint64_t v) { h = mix64(h ^ v) + 0x9E3779B97F4A7C15ull; };
+  for (const Step& step : plan.steps) {
+    add(step.micro_batches.size());
+    for (const MicroBatch& mb : step.micro_batches) {
+      add(mb.padded_len);
+      for (const Piece& p : mb.pieces) {
+        add(p.doc);
+        add((uint64_t(p.start) << 32) | p.len);
+      }
+    }
+    for (const auto& batches : step.rank_batches) {
+      add(batches.size());
+      for (uint32_t m : batches) add(m);
+    }
+  }
+  return h;
+}
+
+}  // namespace kilter::balance

@@ -1,0 +1,396 @@
+// The gradient reducer: sums the flat gradient buffer over all ranks in buckets, flat (one
+// allreduce per bucket) or hierarchically (node reduce-scatter -> cross-node allreduce of the
+// 1/L shard -> node allgather), launching each bucket as soon as backward has finished it.
+//
+// Ordering is what keeps this correct across ranks: every stage has its own communicator (a dup
+// of the world, node or cross communicator) and launches buckets strictly in bucket order
+// (highest offset first), so each communicator sees the same sequence of collectives on every
+// rank even though stages of different buckets interleave differently on different ranks.
+//
+// Progress: Open MPI advances nonblocking collectives only inside MPI calls, so overlap needs
+// either MPI calls while backward computes (poll mode: ready() tests the requests in flight) or a
+// communication thread that runs the bucket collectives itself (thread mode). finish() returns
+// the seconds the caller blocked.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "io/error.h"
+#include "lib/comm/communicator.h"
+#include "lib/comm/mpi_check.h"
+
+namespace kilter::comm {
+
+OverlapMode parse_overlap_mode(const std::string& name) {
+  if (name == "off") return OverlapMode::off;
+  if (name == "poll") return OverlapMode::poll;
+  if (name == "thread") return OverlapMode::thread;
+  if (name == "auto") return OverlapMode::automatic;
+  KILTER_FAIL("overlap mode '" << name << "': expected off | poll | thread | auto");
+}
+
+const char* overlap_mode_name(OverlapMode mode) {
+  switch (mode) {
+    case OverlapMode::off: return "off";
+    case OverlapMode::poll: return "poll";
+    case OverlapMode::thread: return "thread";
+    case OverlapMode::automatic: return "auto";
+  }
+  return "?";
+}
+
+namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+enum class StageOp { node_reduce_scatter, cross_allreduce, node_allgather, world_allreduce };
+
+struct Stage {
+  StageOp op;
+  std::unique_ptr<Communicator> comm;
+};
+
+struct Bucket {
+  size_t offset = 0;
+  size_t count = 0;                   // a multiple of the node size
+  size_t missing = 0;                 // elements not yet reported ready this step
+  size_t completed = 0;               // stages finished this step
+  std::unique_ptr<Request> in_flight;  // the stage running now (poll mode)
+};
+
+// Everything a step touches; shared with the communication thread so that a thread stuck in a
+// collective on the error path (another rank died) can be detached without dangling.
+struct ReducerState {
+  float* buf = nullptr;
+  size_t padded_size = 0;
+  size_t reported_size = 0;
+  int local_rank = 0;
+  int local_size = 1;
+  std::vector<Stage> stages;
+  std::vector<MPI_Comm> owned_comms;  // dups made for the stages, freed with the state
+  std::vector<Bucket> buckets;        // launch order: highest offset first
+
+  // Step state, guarded by `mutex` in thread mode.
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool active = false;        // between begin() and the end of finish()
+  bool finishing = false;     // finish() called: everything is ready
+  size_t buckets_done = 0;
+  std::vector<size_t> next_launch;  // per stage: the next bucket it launches (poll mode)
+  std::map<size_t, size_t> reported;  // ranges reported this step: begin -> end
+  bool stop = false;
+  bool in_collective = false;
+  std::exception_ptr failure;
+
+  ~ReducerState() {
+    stages.clear();  // communicators first, then the MPI communicators under them
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      for (MPI_Comm& c : owned_comms) MPI_Comm_free(&c);
+  }
+
+  size_t shard(const Bucket& b) const { return b.count / size_t(local_size); }
+  float* own_shard(const Bucket& b) const { return buf + b.offset + size_t(local_rank) * shard(b); }
+
+  std::unique_ptr<Request> launch(const Stage& s, const Bucket& b) {
+    switch (s.op) {
+      case StageOp::node_reduce_scatter:
+        return s.comm->ireduce_scatter(buf + b.offset, own_shard(b), shard(b), DType::f32);
+      case StageOp::cross_allreduce: return s.comm->iallreduce(own_shard(b), shard(b), DType::f32);
+      case StageOp::node_allgather: return s.comm->iallgather(own_shard(b), buf + b.offset, shard(b), DType::f32);
+      case StageOp::world_allreduce: return s.comm->iallreduce(buf + b.offset, b.count, DType::f32);
+    }
+    KILTER_FAIL("unknown reduction stage");
+  }
+
+  void run_blocking(const Stage& s, const Bucket& b) {
+    switch (s.op) {
+      case StageOp::node_reduce_scatter:
+        s.comm->reduce_scatter(buf + b.offset, own_shard(b), shard(b), DType::f32);
+        return;
+      case StageOp::cross_allreduce: s.comm->allreduce(own_shard(b), shard(b), DType::f32); return;
+      case StageOp::node_allgather: s.comm->allgather(own_shard(b), buf + b.offset, shard(b), DType::f32); return;
+      case StageOp::world_allreduce: s.comm->allreduce(buf + b.offset, b.count, DType::f32); return;
+    }
+  }
+
+  void run_bucket_blocking(Bucket& b) {
+    for (const Stage& s : stages) run_blocking(s, b);
+    b.completed = stages.size();
+  }
+
+  // Marks [offset, offset+count) ready; ranges beyond reported_size (padding) were ready already.
+  void mark_ready(size_t offset, size_t count) {
+    const size_t end = std::min(offset + count, reported_size);
+    if (offset >= end) return;
+    // A range reported twice would let its bucket launch while another range is still missing.
+    auto next = reported.lower_bound(offset);
+    const bool overlaps_next = next != reported.end() && next->first < end;
+    const bool overlaps_prev = next != reported.begin() && std::prev(next)->second > offset;
+    KILTER_CHECK(!overlaps_next && !overlaps_prev,
+                 "gradient range [" << offset << ", " << end << ") reported twice in one step (it overlaps ["
+                                    << (overlaps_next ? next->first : std::prev(next)->first) << ", "
+                                    << (overlaps_next ? next->second : std::prev(next)->second) << "))");
+    reported.emplace_hint(next, offset, end);
+    for (Bucket& b : buckets) {
+      const size_t lo = std::max(offset, b.offset), hi = std::min(end, b.offset + b.count);
+      if (lo < hi) b.missing -= hi - lo;
+    }
+  }
+
+  void reset_step() {
+    for (Bucket& b : buckets) {
+      const size_t reported_end = std::min(b.offset + b.count, reported_size);
+      b.missing = reported_end > b.offset ? reported_end - b.offset : 0;
+      b.completed = 0;
+      b.in_flight.reset();
+    }
+    buckets_done = stages.empty() ? buckets.size() : 0;
+    next_launch.assign(stages.size(), 0);
+    reported.clear();
+    finishing = false;
+  }
+
+  // Poll mode: completes what MPI has finished and launches what has become launchable, stage by
+  // stage in bucket order. Returns whether anything changed.
+  bool progress() {
+    bool any = false;
+    for (Bucket& b : buckets) {
+      if (b.in_flight && b.in_flight->test()) {
+        b.in_flight.reset();
+        if (++b.completed == stages.size()) ++buckets_done;
+        any = true;
+      }
+    }
+    for (size_t s = 0; s < stages.size(); ++s) {
+      while (next_launch[s] < buckets.size()) {
+        Bucket& b = buckets[next_launch[s]];
+        const bool launchable = s == 0 ? b.missing == 0 : (b.completed == s && !b.in_flight);
+        if (!launchable) break;
+        b.in_flight = launch(stages[s], b);
+        ++next_launch[s];
+        any = true;
+      }
+    }
+    return any;
+  }
+};
+
+class BucketGradientReducer final : public GradientReducer {
+ public:
+  BucketGradientReducer(std::shared_ptr<ReducerState> state, OverlapMode mode) : state_(std::move(state)), mode_(mode) {
+    if (mode_ == OverlapMode::thread) thread_ = std::thread([s = state_] { communication_thread(*s); });
+  }
+
+  ~BucketGradientReducer() override {
+    if (!thread_.joinable()) return;
+    bool stuck = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->stop = true;
+      // A thread inside a collective that other ranks never joined (we are unwinding an error)
+      // would block join() forever; the job is about to be aborted, so let it go. It holds its
+      // own reference to the state.
+      stuck = state_->in_collective;
+    }
+    state_->changed.notify_all();
+    if (stuck)
+      thread_.detach();
+    else
+      thread_.join();
+  }
+
+  void begin() override {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    KILTER_CHECK(!state_->active, "gradient reducer: begin() called again before finish()");
+    state_->reset_step();
+    state_->active = true;
+    if (mode_ == OverlapMode::poll) state_->progress();  // buckets made only of padding
+    lock.unlock();
+    if (mode_ == OverlapMode::thread) state_->changed.notify_all();
+  }
+
+  void ready(size_t offset, size_t count) override {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    if (!state_->active) return;  // earlier micro-batches of the step only accumulate
+    state_->mark_ready(offset, count);
+    if (mode_ == OverlapMode::poll) {
+      while (state_->progress()) {
+      }
+    }
+    lock.unlock();
+    if (mode_ == OverlapMode::thread) state_->changed.notify_all();
+  }
+
+  double finish() override {
+    const double t0 = seconds_now();
+    ReducerState& s = *state_;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    KILTER_CHECK(s.active, "gradient reducer: finish() called without begin()");
+    // Backward is over: whatever was not reported is final too.
+    for (Bucket& b : s.buckets) b.missing = 0;
+    s.finishing = true;
+    try {
+      switch (mode_) {
+        case OverlapMode::off:
+          for (Bucket& b : s.buckets) s.run_bucket_blocking(b);
+          s.buckets_done = s.buckets.size();
+          break;
+        case OverlapMode::poll:
+          while (s.buckets_done < s.buckets.size()) s.progress();
+          break;
+        case OverlapMode::thread:
+          s.changed.notify_all();
+          s.changed.wait(lock, [&] { return s.buckets_done == s.buckets.size() || s.failure; });
+          if (s.failure) std::rethrow_exception(s.failure);
+          break;
+        case OverlapMode::automatic: KILTER_FAIL("gradient reducer: overlap mode was not resolved");
+      }
+    } catch (...) {
+      s.active = false;
+      throw;
+    }
+    s.active = false;
+    return seconds_now() - t0;
+  }
+
+ private:
+  // Runs each bucket, in order, once it is fully reported, with blocking collectives.
+  static void communication_thread(ReducerState& s) {
+    std::unique_lock<std::mutex> lock(s.mutex);
+    for (;;) {
+      s.changed.wait(lock, [&] {
+        return s.stop || (s.active && s.buckets_done < s.buckets.size() && s.buckets[s.buckets_done].missing == 0);
+      });
+      if (s.stop) return;
+      Bucket& b = s.buckets[s.buckets_done];
+      s.in_collective = true;
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        s.run_bucket_blocking(b);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      s.in_collective = false;
+      if (failure) {
+        s.failure = failure;
+        s.changed.notify_all();
+        return;
+      }
+      ++s.buckets_done;
+      if (s.buckets_done == s.buckets.size()) s.changed.notify_all();
+    }
+  }
+
+  std::shared_ptr<ReducerState> state_;
+  OverlapMode mode_;
+  std::thread thread_;
+};
+
+MPI_Comm dup_comm(MPI_Comm comm, const char* what) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  KILTER_MPI_CHECK(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup(" << what << ")");
+  return dup;
+}
+
+OverlapMode resolve_overlap(OverlapMode requested, const std::string& kind, int world_rank) {
+  int thread_level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&thread_level);
+  if (requested == OverlapMode::automatic) {
+    if (kind != "mpi") return OverlapMode::poll;
+    return thread_level == MPI_THREAD_MULTIPLE ? OverlapMode::thread : OverlapMode::poll;
+  }
+  if (requested == OverlapMode::thread && thread_level != MPI_THREAD_MULTIPLE) {
+    if (world_rank == 0)
+      std::fprintf(stderr,
+                   "kilter: warning: overlap mode 'thread' needs MPI_THREAD_MULTIPLE, which this MPI did not "
+                   "provide; polling from backward instead\n");
+    return OverlapMode::poll;
+  }
+  return requested;
+}
+
+}  // namespace
+
+std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, float* buf, size_t padded_size,
+                                                       const ReducerOptions& opts) {
+  KILTER_CHECK(opts.algo == "flat" || opts.algo == "hierarchical",
+               "config key comm.algo = '" << opts.algo << "': expected flat | hierarchical");
+  KILTER_CHECK(topo.world != MPI_COMM_NULL, "gradient reducer: topology has no world communicator");
+  KILTER_CHECK(topo.local_size >= 1 && padded_size % size_t(topo.local_size) == 0,
+               "gradient buffer of " << padded_size << " floats is not a multiple of the " << topo.local_size
+                                     << " ranks per node (pad it so node shards are contiguous)");
+  KILTER_CHECK(opts.reported_size <= padded_size,
+               "gradient reducer: reported_size " << opts.reported_size << " exceeds the buffer (" << padded_size << ")");
+  KILTER_CHECK(buf != nullptr || padded_size == 0, "gradient reducer: null gradient buffer");
+
+  bool hierarchical = opts.algo == "hierarchical";
+  if (hierarchical && !topo.uniform) hierarchical = false;  // make_topology has warned on rank 0
+
+  auto state = std::make_shared<ReducerState>();
+  state->buf = buf;
+  state->padded_size = padded_size;
+  state->reported_size = opts.reported_size ? opts.reported_size : padded_size;
+  state->local_rank = hierarchical ? topo.local_rank : 0;
+  state->local_size = hierarchical ? topo.local_size : 1;
+
+  // Stages a rank would run alone are skipped: one node needs no cross-node step, one rank per
+  // node needs no node steps.
+  auto add_stage = [&](StageOp op, MPI_Comm base, const char* what) {
+    MPI_Comm dup = dup_comm(base, what);
+    state->owned_comms.push_back(dup);
+    state->stages.push_back(Stage{op, make_communicator(opts.kind, dup)});
+  };
+  if (hierarchical) {
+    if (topo.local_size > 1) add_stage(StageOp::node_reduce_scatter, topo.node, "node");
+    if (topo.num_nodes > 1) add_stage(StageOp::cross_allreduce, topo.cross, "cross");
+    if (topo.local_size > 1) add_stage(StageOp::node_allgather, topo.node, "node");
+  } else if (topo.size > 1) {
+    add_stage(StageOp::world_allreduce, topo.world, "world");
+  }
+
+  // Buckets of whole node shards; 64-element shards keep every shard 256-byte aligned when the
+  // buffer itself is (the trainer pads to local_size * 64).
+  const size_t unit = size_t(state->local_size);
+  size_t bucket_elems = std::max<size_t>(opts.bucket_bytes / sizeof(float), 1);
+  const size_t aligned_unit = unit * 64;
+  bucket_elems = bucket_elems >= aligned_unit ? bucket_elems / aligned_unit * aligned_unit
+                                              : std::max(unit, bucket_elems / unit * unit);
+  for (size_t end = padded_size; end > 0;) {
+    const size_t begin = end > bucket_elems ? end - bucket_elems : 0;
+    Bucket b;
+    b.offset = begin;
+    b.count = end - begin;
+    state->buckets.push_back(std::move(b));
+    end = begin;
+  }
+  state->reset_step();
+
+  const OverlapMode mode = resolve_overlap(opts.overlap, opts.kind, topo.rank);
+  return std::make_unique<BucketGradientReducer>(std::move(state), mode);
+}
+
+std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, const std::string& kind,
+                                                       const std::string& algo, float* buf, size_t padded_size,
+                                                       size_t bucket_bytes, bool overlap) {
+  ReducerOptions opts;
+  opts.kind = kind;
+  opts.algo = algo;
+  opts.bucket_bytes = bucket_bytes;
+  opts.overlap = overlap ? OverlapMode::automatic : OverlapMode::off;
+  return make_gradient_reducer(topo, buf, padded_size, opts);
+}
+
+}  // namespace kilter::comm

@@ -1,0 +1,24 @@
+// The one place that picks a Communicator implementation: "mpi" (host buffers, always built)
+// or "nccl" (device buffers, built only with KILTER_WITH_NCCL).
+#include "io/error.h"
+#include "lib/comm/communicator.h"
+#ifdef KILTER_WITH_NCCL
+#include "lib/comm/nccl_communicator.h"
+#endif
+
+namespace kilter::comm {
+
+std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm) {
+  if (kind == "mpi") return make_mpi_communicator(comm);
+  if (kind == "nccl") {
+#ifdef KILTER_WITH_NCCL
+    return make_nccl_communicator(comm);
+#else
+    KILTER_FAIL("communicator 'nccl' is not compiled into this kilter (backends: see kilter --version); "
+                "rebuild with -DENABLE_CUDA=ON -DENABLE_NCCL=ON, or train on the cpu backend");
+#endif
+  }
+  KILTER_FAIL("unknown communicator kind '" << kind << "': expected mpi | nccl");
+}
+
+}  // namespace kilter::comm

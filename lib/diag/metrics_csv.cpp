@@ -1,0 +1,134 @@
+// Metrics CSV writing and reading (see metrics_csv.h).
+#include "lib/diag/metrics_csv.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "io/error.h"
+
+namespace kilter::diag {
+
+std::string metrics_path(const std::string& run_dir, int rank) {
+  return fmt::format("{}/metrics/rank-{:05d}.csv", run_dir, rank);
+}
+
+std::string trace_path(const std::string& run_dir, int rank) {
+  return fmt::format("{}/trace/rank-{:05d}.json", run_dir, rank);
+}
+
+std::string metrics_csv_header() {
+  return "step,tokens,loss,data_wait,h2d,forward,backward,comm_exposed,optimizer,step_total,"
+         "compute,outside,start,arrival,tokens_computed,attn_work,rss_bytes,peak_rss_bytes,"
+         "device_peak_bytes";
+}
+
+std::string metrics_csv_row(const StepRecord& r) {
+  return fmt::format("{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},"
+                     "{:.9f},{:.9f},{},{:.9g},{},{},{}",
+                     r.step, r.tokens, r.loss, r.phase[kDataWait], r.phase[kH2D], r.phase[kForward],
+                     r.phase[kBackward], r.phase[kCommExposed], r.phase[kOptimizer],
+                     r.phase[kStepTotal], compute_seconds(r), r.outside, r.start, r.arrival,
+                     r.tokens_computed, r.attn_work, r.rss_bytes, r.peak_rss_bytes,
+                     r.device_peak_bytes);
+}
+
+MetricsCsvWriter::MetricsCsvWriter(const std::string& path, bool append) : path_(path) {
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+  KILTER_CHECK(file_, "cannot create metrics file " << path << ": " << std::strerror(errno));
+  std::fseek(file_, 0, SEEK_END);
+  if (std::ftell(file_) == 0) {
+    std::fprintf(file_, "%s\n", metrics_csv_header().c_str());
+    std::fflush(file_);
+  }
+}
+
+MetricsCsvWriter::~MetricsCsvWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsCsvWriter::append(const StepRecord& r) {
+  std::string row = metrics_csv_row(r);
+  row += '\n';
+  if (std::fwrite(row.data(), 1, row.size(), file_) != row.size() || std::fflush(file_) != 0)
+    KILTER_FAIL("cannot write metrics file " << path_ << ": " << std::strerror(errno));
+}
+
+namespace {
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cell;
+  std::istringstream is(line);
+  while (std::getline(is, cell, ',')) out.push_back(cell);
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+}  // namespace
+
+std::vector<StepRecord> read_metrics_csv(const std::string& path, int rank) {
+  std::ifstream in(path);
+  KILTER_CHECK(in, "cannot open metrics file " << path << ": " << std::strerror(errno));
+  std::string line;
+  KILTER_CHECK(std::getline(in, line), "metrics file " << path << " is empty (no header)");
+  std::vector<std::string> header = split_csv_line(line);
+  std::map<std::string, size_t> col;
+  for (size_t i = 0; i < header.size(); ++i) col[header[i]] = i;
+  for (const char* required : {"step", "tokens", "loss", "data_wait", "h2d", "forward", "backward",
+                               "comm_exposed", "optimizer", "step_total", "arrival"})
+    KILTER_CHECK(col.count(required), "metrics file " << path << ": no column '" << required << "'");
+
+  std::vector<StepRecord> rows;
+  std::vector<std::string> lines;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(line);
+  for (size_t li = 0; li < lines.size(); ++li) {
+    std::vector<std::string> cells = split_csv_line(lines[li]);
+    if (cells.size() < header.size()) {
+      // A row cut short by a crash can only be the last one.
+      KILTER_CHECK(li + 1 == lines.size(), "metrics file " << path << " line " << li + 2 << ": "
+                                                            << cells.size() << " columns, expected "
+                                                            << header.size());
+      break;
+    }
+    auto num = [&](const char* name, double fallback) -> double {
+      auto it = col.find(name);
+      if (it == col.end()) return fallback;
+      const std::string& s = cells[it->second];
+      char* end = nullptr;
+      double v = std::strtod(s.c_str(), &end);
+      KILTER_CHECK(!s.empty() && end && *end == '\0',
+                   "metrics file " << path << " line " << li + 2 << ": column " << name << " = '"
+                                   << s << "' is not a number");
+      return v;
+    };
+    StepRecord r;
+    r.rank = rank;
+    r.step = int64_t(num("step", 0));
+    r.tokens = int64_t(num("tokens", 0));
+    r.loss = num("loss", 0);
+    for (int p = 0; p < kNumPhases; ++p) r.phase[p] = num(phase_name(p), 0);
+    r.outside = num("outside", 0);
+    r.start = num("start", 0);
+    r.arrival = num("arrival", 0);
+    r.tokens_computed = int64_t(num("tokens_computed", 0));
+    r.attn_work = num("attn_work", 0);
+    r.rss_bytes = uint64_t(num("rss_bytes", 0));
+    r.peak_rss_bytes = uint64_t(num("peak_rss_bytes", double(r.rss_bytes)));
+    r.device_peak_bytes = uint64_t(num("device_peak_bytes", 0));
+    rows.push_back(r);
+  }
+  // A resumed run appends the steps after its checkpoint again: the later row of a step wins.
+  std::map<int64_t, StepRecord> by_step;
+  for (const StepRecord& r : rows) by_step[r.step] = r;
+  if (by_step.size() != rows.size()) {
+    rows.clear();
+    for (const auto& kv : by_step) rows.push_back(kv.second);
+  }
+  return rows;
+}
+
+}  // namespace kilter::diag

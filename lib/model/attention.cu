@@ -1,0 +1,237 @@
+// CUDA twin of lib/model/attention.cpp: causal multi-head self-attention with per-row lengths.
+// qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) keeps the softmax for backward, exactly as the CPU
+// backend does, so the twin test compares att too. The products run as strided-batched cuBLASLt
+// GEMMs over the B*NH heads; a masked softmax kernel applies causality, the row lengths (rows
+// t >= lengths[b] are all zero, hence give zero output) and the 1/sqrt(head_dim) scale.
+// This is the path for every precision (cuDNN's fused SDPA takes fp16/bf16 tensors only; see
+// docs/gpu.md). Row-major (T,hd) per head is column-major (hd,T) to cuBLAS.
+#include <cmath>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_ops.h"
+
+namespace kilter::model::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 8;
+
+__device__ inline float warp_sum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// qkv (B,T,3,NH,hd) -> q, k, v (B,NH,T,hd).
+__global__ void split_heads_kernel(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd) {
+  const size_t total = static_cast<size_t>(B) * NH * T * hd;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % hd);
+    size_t rest = i / hd;
+    const int t = static_cast<int>(rest % T);
+    rest /= T;
+    const int h = static_cast<int>(rest % NH);
+    const int b = static_cast<int>(rest / NH);
+    const size_t C = static_cast<size_t>(NH) * hd;
+    const size_t src = (static_cast<size_t>(b) * T + t) * 3 * C + static_cast<size_t>(h) * hd + d;
+    q[i] = qkv[src];
+    k[i] = qkv[src + C];
+    v[i] = qkv[src + 2 * C];
+  }
+}
+
+// y (B,NH,T,hd) -> out (B,T,NH*hd).
+__global__ void merge_heads_kernel(float* out, const float* y, int B, int T, int NH, int hd) {
+  const size_t total = static_cast<size_t>(B) * NH * T * hd;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % hd);
+    size_t rest = i / hd;
+    const int t = static_cast<int>(rest % T);
+    rest /= T;
+    const int h = static_cast<int>(rest % NH);
+    const int b = static_cast<int>(rest / NH);
+    out[(static_cast<size_t>(b) * T + t) * NH * hd + static_cast<size_t>(h) * hd + d] = y[i];
+  }
+}
+
+// dout (B,T,NH*hd) -> dy (B,NH,T,hd).
+__global__ void split_grad_kernel(float* dy, const float* dout, int B, int T, int NH, int hd) {
+  const size_t total = static_cast<size_t>(B) * NH * T * hd;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % hd);
+    size_t rest = i / hd;
+    const int t = static_cast<int>(rest % T);
+    rest /= T;
+    const int h = static_cast<int>(rest % NH);
+    const int b = static_cast<int>(rest / NH);
+    dy[i] = dout[(static_cast<size_t>(b) * T + t) * NH * hd + static_cast<size_t>(h) * hd + d];
+  }
+}
+
+// dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,3,NH,hd), added or stored.
+__global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float* dk, const float* dv, int B,
+                                      int T, int NH, int hd, bool accumulate) {
+  const size_t total = static_cast<size_t>(B) * NH * T * hd;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % hd);
+    size_t rest = i / hd;
+    const int t = static_cast<int>(rest % T);
+    rest /= T;
+    const int h = static_cast<int>(rest % NH);
+    const int b = static_cast<int>(rest / NH);
+    const size_t C = static_cast<size_t>(NH) * hd;
+    const size_t dst = (static_cast<size_t>(b) * T + t) * 3 * C + static_cast<size_t>(h) * hd + d;
+    if (accumulate) {
+      dqkv[dst] += dq[i];
+      dqkv[dst + C] += dk[i];
+      dqkv[dst + 2 * C] += dv[i];
+    } else {
+      dqkv[dst] = dq[i];
+      dqkv[dst + C] = dk[i];
+      dqkv[dst + 2 * C] = dv[i];
+    }
+  }
+}
+
+// One warp per (b,h,t) row of preatt (already scaled): att = softmax over s <= t; zero elsewhere
+// and on rows t >= lengths[b]. preatt and att may alias.
+__global__ void masked_softmax_kernel(float* att, const float* preatt, const int32_t* lengths, int B, int NH,
+                                      int T) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
+  const size_t rows = static_cast<size_t>(B) * NH * T;
+  if (row >= rows) return;
+  const int lane = threadIdx.x;
+  const int t = static_cast<int>(row % T);
+  const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
+  const float* in = preatt + row * T;
+  float* out = att + row * T;
+  if (t >= lengths[b]) {
+    for (int s = lane; s < T; s += kWarp) out[s] = 0.0f;
+    return;
+  }
+  float row_max = -INFINITY;
+  for (int s = lane; s <= t; s += kWarp) row_max = fmaxf(row_max, in[s]);
+  row_max = warp_max(row_max);
+  float sum = 0.0f;
+  for (int s = lane; s <= t; s += kWarp) sum += expf(in[s] - row_max);
+  const float inv_sum = 1.0f / warp_sum(sum);
+  for (int s = lane; s < T; s += kWarp) out[s] = s <= t ? expf(in[s] - row_max) * inv_sum : 0.0f;
+}
+
+// One warp per row: dpreatt = att * (datt - sum(att * datt)) * scale on the causal, in-length
+// part; zero elsewhere. In place on datt.
+__global__ void masked_softmax_backward_kernel(float* datt, const float* att, const int32_t* lengths, int B,
+                                               int NH, int T, float scale) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
+  const size_t rows = static_cast<size_t>(B) * NH * T;
+  if (row >= rows) return;
+  const int lane = threadIdx.x;
+  const int t = static_cast<int>(row % T);
+  const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
+  float* d = datt + row * T;
+  const float* a = att + row * T;
+  if (t >= lengths[b]) {
+    for (int s = lane; s < T; s += kWarp) d[s] = 0.0f;
+    return;
+  }
+  float dot = 0.0f;
+  for (int s = lane; s <= t; s += kWarp) dot += a[s] * d[s];
+  dot = warp_sum(dot);
+  for (int s = lane; s < T; s += kWarp) d[s] = s <= t ? a[s] * (d[s] - dot) * scale : 0.0f;
+}
+
+unsigned row_blocks(int B, int NH, int T) {
+  const size_t rows = static_cast<size_t>(B) * NH * T;
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+size_t attention_workspace_floats(int B, int T, int C, int NH) {
+  // q, k, v, y/dy, dq, dk, dv (B*T*C each) + one (B,NH,T,T) score matrix.
+  return 7 * static_cast<size_t>(B) * T * C + static_cast<size_t>(B) * NH * T * T;
+}
+
+void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, const int32_t* lengths,
+                       int B, int T, int C, int NH, float* workspace) {
+  if (B == 0 || T == 0) return;
+  KILTER_CHECK(C % NH == 0, "attention_forward: n_embd " << C << " is not a multiple of n_head " << NH);
+  cudaStream_t stream = gemm.stream();
+  const int hd = C / NH;
+  const size_t btc = static_cast<size_t>(B) * T * C;
+  float* q = workspace;
+  float* k = q + btc;
+  float* v = k + btc;
+  float* y = v + btc;
+  const int heads = B * NH;
+  const int64_t head_stride = static_cast<int64_t>(T) * hd;
+  const int64_t score_stride = static_cast<int64_t>(T) * T;
+  split_heads_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
+  // preatt'(s,t) = K'^T Q' * scale, written straight into att (softmax runs in place).
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  gemm.run(att, k, q, nullptr, T, T, hd, true, false, scale, 0.0f, nullptr, heads, head_stride, head_stride,
+           score_stride);
+  masked_softmax_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(att, att, lengths, B,
+                                                                                       NH, T);
+  KILTER_CUDA_LAUNCH_CHECK();
+  // y'(d,t) = V' (hd,T) att' (T,T)
+  gemm.run(y, v, att, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
+           head_stride);
+  merge_heads_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(out, y, B, T, NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float* qkv, const float* att,
+                        const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
+                        bool accumulate) {
+  if (B == 0 || T == 0) return;
+  KILTER_CHECK(C % NH == 0, "attention_backward: n_embd " << C << " is not a multiple of n_head " << NH);
+  cudaStream_t stream = gemm.stream();
+  const int hd = C / NH;
+  const size_t btc = static_cast<size_t>(B) * T * C;
+  float* q = workspace;
+  float* k = q + btc;
+  float* v = k + btc;
+  float* dy = v + btc;
+  float* dq = dy + btc;
+  float* dk = dq + btc;
+  float* dv = dk + btc;
+  float* datt = dv + btc;
+  const int heads = B * NH;
+  const int64_t head_stride = static_cast<int64_t>(T) * hd;
+  const int64_t score_stride = static_cast<int64_t>(T) * T;
+  split_heads_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
+  split_grad_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(dy, dout, B, T, NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
+  // datt'(s,t) = V'^T dY'  (datt[t][s] = dy[t] . v[s])
+  gemm.run(datt, v, dy, nullptr, T, T, hd, true, false, 1.0f, 0.0f, nullptr, heads, head_stride, head_stride,
+           score_stride);
+  // dV'(d,s) = dY' (hd,T) att'^T  (dv[s] = sum_t att[t][s] dy[t])
+  gemm.run(dv, dy, att, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
+           head_stride);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  masked_softmax_backward_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(
+      datt, att, lengths, B, NH, T, scale);
+  KILTER_CUDA_LAUNCH_CHECK();
+  // dQ'(d,t) = K' (hd,T) dP' (T,T)   (dq[t] = sum_s dP[t][s] k[s])
+  gemm.run(dq, k, datt, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
+           head_stride);
+  // dK'(d,s) = Q' (hd,T) dP'^T   (dk[s] = sum_t dP[t][s] q[t])
+  gemm.run(dk, q, datt, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
+           head_stride);
+  merge_qkv_grad_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, B, T, NH, hd,
+                                                                         accumulate);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace kilter::model::cuda

@@ -1,0 +1,107 @@
+// CUDA twin of lib/model/crossentropy.cpp: fused softmax + cross-entropy forward and backward.
+// logits (N,V), targets (N) with -1 = no target. One block per row: max, sum of exponentials,
+// loss = logsumexp - logit[target], dlogits = (softmax - onehot) * dloss_scale. Per-row losses
+// are summed by one block in a fixed order into a double, so the loss is deterministic.
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_ops.h"
+
+namespace kilter::model::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float block_reduce(float v, bool use_max, float* shared) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = use_max ? fmaxf(v, other) : v + other;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // shared may still be read by a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float result = shared[0];
+  for (int w = 1; w < kThreads / 32; ++w) result = use_max ? fmaxf(result, shared[w]) : result + shared[w];
+  return result;
+}
+
+// No __restrict__: dlogits may alias logits (in-place overwrite). Each thread reads an element
+// before it writes the same element, and the target logit is read before any write.
+__global__ void crossentropy_kernel(float* dlogits, const float* logits, const int32_t* targets,
+                                    float* row_losses, int V, float dloss_scale, bool accumulate) {
+  __shared__ float shared[kThreads / 32];
+  const size_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  float* dx = dlogits + row * V;
+  const int target = targets[row];
+  if (target < 0 || target >= V) {
+    if (!accumulate) {
+      for (int i = threadIdx.x; i < V; i += kThreads) dx[i] = 0.0f;
+    }
+    if (threadIdx.x == 0) row_losses[row] = 0.0f;
+    return;
+  }
+  float local_max = -INFINITY;
+  for (int i = threadIdx.x; i < V; i += kThreads) local_max = fmaxf(local_max, x[i]);
+  const float row_max = block_reduce(local_max, true, shared);
+  float local_sum = 0.0f;
+  for (int i = threadIdx.x; i < V; i += kThreads) local_sum += expf(x[i] - row_max);
+  const float sum = block_reduce(local_sum, false, shared);
+  const float target_logit = x[target];
+  __syncthreads();  // every thread has read x[target] before anyone overwrites it
+  const float inv_sum = 1.0f / sum;
+  for (int i = threadIdx.x; i < V; i += kThreads) {
+    const float p = expf(x[i] - row_max) * inv_sum;
+    const float g = (p - (i == target ? 1.0f : 0.0f)) * dloss_scale;
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+  if (threadIdx.x == 0) row_losses[row] = logf(sum) + row_max - target_logit;
+}
+
+// One block: loss_sum += sum(row_losses) in doubles, fixed order.
+__global__ void sum_row_losses_kernel(double* loss_sum, const float* row_losses, int N) {
+  __shared__ double shared[kThreads];
+  double local = 0.0;
+  for (int i = threadIdx.x; i < N; i += kThreads) local += row_losses[i];
+  shared[threadIdx.x] = local;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *loss_sum += shared[0];
+}
+
+}  // namespace
+
+void crossentropy_forward_backward_async(float* dlogits, const float* logits, const int32_t* targets,
+                                         int N, int V, float dloss_scale, double* loss_sum,
+                                         bool accumulate, cudaStream_t stream) {
+  if (N == 0) return;
+  KILTER_CHECK(dlogits != logits || !accumulate,
+               "crossentropy_forward_backward: in-place dlogits needs accumulate = false");
+  // Row losses go to a small stream-ordered allocation: no arena bookkeeping for N floats.
+  float* row_losses = nullptr;
+  KILTER_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&row_losses), sizeof(float) * N, stream));
+  crossentropy_kernel<<<N, kThreads, 0, stream>>>(dlogits, logits, targets, row_losses, V, dloss_scale,
+                                                  accumulate);
+  KILTER_CUDA_LAUNCH_CHECK();
+  sum_row_losses_kernel<<<1, kThreads, 0, stream>>>(loss_sum, row_losses, N);
+  KILTER_CUDA_LAUNCH_CHECK();
+  KILTER_CUDA_CHECK(cudaFreeAsync(row_losses, stream));
+}
+
+double crossentropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
+                                     int V, float dloss_scale, cudaStream_t stream) {
+  double* loss_sum = nullptr;
+  KILTER_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&loss_sum), sizeof(double), stream));
+  KILTER_CUDA_CHECK(cudaMemsetAsync(loss_sum, 0, sizeof(double), stream));
+  crossentropy_forward_backward_async(dlogits, logits, targets, N, V, dloss_scale, loss_sum, true, stream);
+  double host_loss = 0.0;
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(&host_loss, loss_sum, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  KILTER_CUDA_CHECK(cudaFreeAsync(loss_sum, stream));
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host_loss;
+}
+
+}  // namespace kilter::model::cuda

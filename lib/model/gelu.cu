@@ -1,0 +1,51 @@
+// CUDA twin of lib/model/gelu.cpp: GELU, tanh approximation (GPT-2), elementwise.
+//   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_ops.h"
+
+namespace kilter::model::cuda {
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float x = inp[i];
+    const float inner = kSqrt2OverPi * (x + kCubic * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(inner));
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n, bool accumulate) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float x = inp[i];
+    const float inner = kSqrt2OverPi * (x + kCubic * x * x * x);
+    const float tanh_inner = tanhf(inner);
+    const float sech2 = 1.0f - tanh_inner * tanh_inner;
+    const float local_grad =
+        0.5f * (1.0f + tanh_inner) + 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+    const float grad = local_grad * dout[i];
+    dinp[i] = accumulate ? dinp[i] + grad : grad;
+  }
+}
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, size_t N, cudaStream_t stream) {
+  if (N == 0) return;
+  gelu_forward_kernel<<<backend::grid_for(N, 256), 256, 0, stream>>>(out, inp, N);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream,
+                   bool accumulate) {
+  if (N == 0) return;
+  gelu_backward_kernel<<<backend::grid_for(N, 256), 256, 0, stream>>>(dinp, inp, dout, N, accumulate);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace kilter::model::cuda

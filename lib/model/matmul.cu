@@ -1,0 +1,217 @@
+// CUDA twin of lib/model/matmul.cpp through cuBLASLt, plus the Gemm engine every GEMM of the
+// CUDA backend goes through (attention's batched products too) and deterministic column sums
+// (bias gradients). Row-major (N,C) data is column-major (C,N) to cuBLAS, so
+//   out (N,OC) = inp @ W^T   is  out' (OC,N) = W'^T (OC,C) inp' (C,N)     [W' = W as (C,OC)]
+//   dinp (N,C) = dout @ W    is  dinp' (C,N) = W' (C,OC) dout' (OC,N)
+//   dW (OC,C) = dout^T @ inp is  dW' (C,OC) = inp' (C,N) dout'^T (N,OC)
+#include <map>
+#include <tuple>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_ops.h"
+
+namespace kilter::model::cuda {
+
+namespace {
+constexpr int kColumnChunks = 64;        // same chunking as layernorm.cu
+constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt workspace (Hopper kernels like 32 MiB)
+
+// Largest power of two (<= 16) dividing the address: cuBLASLt must not assume more.
+uint32_t pointer_alignment(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 16;
+  while (alignment > 4 && (address % alignment) != 0) alignment /= 2;
+  return alignment;
+}
+}  // namespace
+
+// A cached matmul: descriptors and the algorithm the heuristic chose for one shape.
+struct CachedMatmul {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+using GemmKey = std::tuple<int, int, int, bool, bool, bool, int, int64_t, int64_t, int64_t, uint32_t, uint32_t,
+                           uint32_t, uint32_t>;
+
+struct Gemm::Impl {
+  cudaStream_t stream = nullptr;
+  GemmMath math = GemmMath::fp32;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<GemmKey, CachedMatmul> cache;
+};
+
+Gemm::Gemm(cudaStream_t stream, GemmMath math) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = stream;
+  impl_->math = math;
+  KILTER_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  KILTER_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
+}
+
+Gemm::~Gemm() {
+  for (auto& entry : impl_->cache) {
+    CachedMatmul& m = entry.second;
+    cublasLtMatrixLayoutDestroy(m.a);
+    cublasLtMatrixLayoutDestroy(m.b);
+    cublasLtMatrixLayoutDestroy(m.c);
+    cublasLtMatrixLayoutDestroy(m.d);
+    cublasLtMatmulDescDestroy(m.desc);
+  }
+  cudaFree(impl_->workspace);
+  cublasLtDestroy(impl_->handle);
+}
+
+cudaStream_t Gemm::stream() const { return impl_->stream; }
+GemmMath Gemm::math() const { return impl_->math; }
+
+static cublasLtMatrixLayout_t make_layout(int rows, int cols, int batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, rows));
+  if (batch > 1) {
+    KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &batch, sizeof batch));
+    KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return layout;
+}
+
+void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, int n, int k,
+               bool trans_a, bool trans_b, float alpha, float beta, const float* bias, int batch,
+               int64_t stride_a, int64_t stride_b, int64_t stride_d) {
+  if (m == 0 || n == 0) return;
+  if (C == nullptr) {
+    KILTER_CHECK(beta == 0.0f, "Gemm::run: beta != 0 needs a C matrix");
+    C = D;
+  }
+  const bool has_bias = bias != nullptr;
+  const GemmKey key{m, n, k, trans_a, trans_b, has_bias, batch, stride_a, stride_b, stride_d,
+                    pointer_alignment(A), pointer_alignment(B), pointer_alignment(C),
+                    pointer_alignment(D)};
+  auto found = impl_->cache.find(key);
+  if (found == impl_->cache.end()) {
+    CachedMatmul entry;
+    const cublasComputeType_t compute =
+        impl_->math == GemmMath::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+    KILTER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&entry.desc, compute, CUDA_R_32F));
+    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    const cublasLtEpilogue_t epilogue = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                       sizeof epilogue));
+    if (has_bias) {
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                         &bias_type, sizeof bias_type));
+    }
+    entry.a = trans_a ? make_layout(k, m, batch, stride_a) : make_layout(m, k, batch, stride_a);
+    entry.b = trans_b ? make_layout(n, k, batch, stride_b) : make_layout(k, n, batch, stride_b);
+    entry.c = make_layout(m, n, batch, stride_d);
+    entry.d = make_layout(m, n, batch, stride_d);
+
+    cublasLtMatmulPreference_t preference = nullptr;
+    KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const size_t workspace_bytes = kWorkspaceBytes;
+    KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof workspace_bytes));
+    const uint32_t alignments[4] = {std::get<10>(key), std::get<11>(key), std::get<12>(key), std::get<13>(key)};
+    const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i) {
+      KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i],
+                                                               sizeof alignments[i]));
+    }
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found_algorithms = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        impl_->handle, entry.desc, entry.a, entry.b, entry.c, entry.d, preference, 1, &heuristic,
+        &found_algorithms);
+    cublasLtMatmulPreferenceDestroy(preference);
+    if (status != CUBLAS_STATUS_SUCCESS || found_algorithms == 0) {
+      KILTER_FAIL("cuBLASLt has no algorithm for a GEMM m=" << m << " n=" << n << " k=" << k
+                  << " transA=" << trans_a << " transB=" << trans_b << " batch=" << batch
+                  << " bias=" << has_bias << ": " << backend::cublas_status_name(status));
+    }
+    entry.algo = heuristic.algo;
+    found = impl_->cache.emplace(key, entry).first;
+  }
+  CachedMatmul& cached = found->second;
+  if (has_bias) {
+    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(cached.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                       sizeof bias));
+  }
+  KILTER_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, cached.desc, &alpha, A, cached.a, B, cached.b, &beta, C,
+                                     cached.c, D, cached.d, &cached.algo, impl_->workspace, kWorkspaceBytes,
+                                     impl_->stream));
+}
+
+namespace {
+
+// grid (ceil(C/32), kColumnChunks), block (32, 8): partial column sums of one chunk of rows.
+__global__ void column_sums_partial(float* partial, const float* x, int N, int C) {
+  __shared__ float shared[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int rows_per_chunk = (N + kColumnChunks - 1) / kColumnChunks;
+  const int row_begin = blockIdx.y * rows_per_chunk;
+  const int row_end = min(N, row_begin + rows_per_chunk);
+  float sum = 0.0f;
+  if (c < C) {
+    for (int r = row_begin + threadIdx.y; r < row_end; r += 8) sum += x[static_cast<size_t>(r) * C + c];
+  }
+  shared[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float total = 0.0f;
+    for (int y = 0; y < 8; ++y) total += shared[y][threadIdx.x];
+    partial[static_cast<size_t>(blockIdx.y) * C + c] = total;
+  }
+}
+
+__global__ void column_sums_final(float* out, const float* partial, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float total = 0.0f;
+  for (int k = 0; k < kColumnChunks; ++k) total += partial[static_cast<size_t>(k) * C + c];
+  out[c] += total;
+}
+
+}  // namespace
+
+size_t column_sum_scratch_floats(int C) { return static_cast<size_t>(kColumnChunks) * C; }
+
+void column_sums_accumulate(float* out, const float* x, int N, int C, float* scratch, cudaStream_t stream) {
+  if (N == 0 || C == 0) return;
+  column_sums_partial<<<dim3((C + 31) / 32, kColumnChunks), dim3(32, 8), 0, stream>>>(scratch, x, N, C);
+  KILTER_CUDA_LAUNCH_CHECK();
+  column_sums_final<<<(C + 255) / 256, 256, 0, stream>>>(out, scratch, C);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight, const float* bias,
+                    int N, int C, int OC) {
+  gemm.run(out, weight, inp, nullptr, OC, N, C, /*trans_a=*/true, /*trans_b=*/false, 1.0f, 0.0f, bias);
+}
+
+void matmul_forward_residual(Gemm& gemm, float* out, const float* inp, const float* weight,
+                             const float* bias, const float* residual, int N, int C, int OC) {
+  gemm.run(out, weight, inp, residual, OC, N, C, true, false, 1.0f, 1.0f, bias);
+}
+
+void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC, float* scratch,
+                     bool accumulate_dinp) {
+  if (N == 0) return;
+  // dinp' (C,N) = W' (C,OC) dout' (OC,N)
+  gemm.run(dinp, weight, dout, accumulate_dinp ? dinp : nullptr, C, N, OC, false, false, 1.0f,
+           accumulate_dinp ? 1.0f : 0.0f);
+  // dW' (C,OC) += inp' (C,N) dout'^T (N,OC)
+  gemm.run(dweight, inp, dout, dweight, C, OC, N, false, true, 1.0f, 1.0f);
+  if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, scratch, gemm.stream());
+}
+
+}  // namespace kilter::model::cuda

@@ -1,0 +1,322 @@
+// Checkpoints of a training run (see checkpointer.h). Saving: rank 0 copies the model state into
+// host buffers at the step boundary (the only cost the step sees) and a writer thread turns them
+// into RUN_DIR/checkpoints/step-NNNNNNNN.h5 while training goes on; the other ranks do nothing,
+// since data-parallel ranks hold identical state. Loading: rank 0 reads and checks the file and
+// broadcasts the outcome first, so a bad file is the same clear error on every rank, never a hang.
+#include "lib/train/checkpointer.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "io/checkpoint.h"
+#include "io/error.h"
+#include "kilter/build_info.h"
+#include "lib/train/guards.h"
+
+namespace kilter::train {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// mkdir -p; returns "" or the problem.
+std::string make_directories(const std::string& path) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
+      return "cannot create folder " + partial + ": " + std::strerror(errno);
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path + " is not a folder";
+  return "";
+}
+
+// Rank `root`'s outcome ("" = success) reaches every rank; every rank throws the same error.
+void share_outcome(MPI_Comm world, int root, const std::string& local_error, const std::string& what) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  long long length = rank == root ? (long long)local_error.size() : 0;
+  MPI_Bcast(&length, 1, MPI_LONG_LONG, root, world);
+  if (length == 0) return;
+  std::string message = rank == root ? local_error : std::string(size_t(length), '\0');
+  MPI_Bcast(message.data(), int(length), MPI_CHAR, root, world);
+  if (rank == root) KILTER_FAIL(message);
+  KILTER_FAIL(what << " failed on rank " << root << ": " << message);
+}
+
+// MPI counts are int: large buffers go in slices.
+void broadcast_floats(MPI_Comm world, std::vector<float>& data, int root) {
+  const size_t slice = size_t(1) << 28;
+  for (size_t offset = 0; offset < data.size(); offset += slice) {
+    int count = int(std::min(slice, data.size() - offset));
+    MPI_Bcast(data.data() + offset, count, MPI_FLOAT, root, world);
+  }
+}
+
+void broadcast_string(MPI_Comm world, std::string& s, int root) {
+  long long length = (long long)s.size();
+  MPI_Bcast(&length, 1, MPI_LONG_LONG, root, world);
+  s.resize(size_t(length));
+  if (length > 0) MPI_Bcast(s.data(), int(length), MPI_CHAR, root, world);
+}
+
+std::vector<io::CheckpointTensor> checkpoint_tensors(const model::ParamLayout& layout) {
+  std::vector<io::CheckpointTensor> tensors;
+  tensors.reserve(layout.tensors.size());
+  for (const auto& t : layout.tensors) tensors.push_back({t.name, t.shape, t.offset, t.size});
+  return tensors;
+}
+
+std::string checkpoints_dir(const std::string& run_dir) { return run_dir + "/checkpoints"; }
+
+// The checks of a checkpoint's attributes against the run's config, before any tensor is read,
+// so the message names the cause (another model, another config) rather than a tensor shape.
+void check_info_against_config(const std::string& path, const io::CheckpointInfo& info, const Config& cfg,
+                               const model::GPTConfig& gpt) {
+  if (info.n_layer != gpt.n_layer || info.n_head != gpt.n_head || info.n_embd != gpt.n_embd ||
+      info.block_size != gpt.block_size || info.vocab_size != gpt.vocab_size) {
+    KILTER_FAIL("checkpoint " << path << " holds a model with n_layer=" << info.n_layer << " n_head=" << info.n_head
+                              << " n_embd=" << info.n_embd << " block_size=" << info.block_size
+                              << " vocab_size=" << info.vocab_size << ", but the config asks for n_layer="
+                              << gpt.n_layer << " n_head=" << gpt.n_head << " n_embd=" << gpt.n_embd
+                              << " block_size=" << gpt.block_size << " vocab_size=" << gpt.vocab_size);
+  }
+  const uint64_t now_hash = cfg.hash();
+  if (info.config_hash != now_hash) {
+    std::vector<std::string> diffs = config_differences(info.config, cfg.to_ini(), true);
+    std::string listed;
+    for (const auto& d : diffs) listed += "\n  " + d;
+    char hashes[96];
+    std::snprintf(hashes, sizeof(hashes), "config hash %016llx, now %016llx",
+                  (unsigned long long)info.config_hash, (unsigned long long)now_hash);
+    KILTER_FAIL("checkpoint " << path << " was written with a different config (" << hashes << ")"
+                              << (diffs.empty() ? std::string(" but no key differs: was it written by kilter ") +
+                                                      info.kilter_version + " (this is " + KILTER_VERSION + ")?"
+                                                : std::string("; keys that differ (checkpoint vs now):") + listed)
+                              << "\nOnly train.steps, train.threads, output.*, data.dir/stage_dir/prefetch/"
+                                 "reader_threads and comm.timeout_s may change on --resume.");
+  }
+}
+
+}  // namespace
+
+struct Checkpointer::Impl {
+  MPI_Comm world = MPI_COMM_NULL;
+  int rank = 0;
+  int world_size = 1;
+  std::string dir;
+  int keep = 3;
+  std::string config_text;
+  io::CheckpointWriteOptions write_opts;
+
+  // The writer thread (rank 0 only) and what it shares with save()/wait().
+  std::mutex mu;
+  std::condition_variable cv;
+  bool job_pending = false;   // a snapshot waits for / is being written
+  bool shutting_down = false;
+  std::exception_ptr error;   // the last failed write, rethrown by wait()
+  io::CheckpointContents contents;  // reused between saves: no page faults on every snapshot
+  std::string job_path;
+  SaveStats stats;
+  std::thread writer;
+
+  void writer_loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return job_pending || shutting_down; });
+      if (!job_pending) return;
+      const std::string path = job_path;
+      lock.unlock();
+      auto t0 = std::chrono::steady_clock::now();
+      std::exception_ptr failure;
+      try {
+        io::write_checkpoint_file(path, contents, write_opts);
+        io::prune_checkpoints(dir, keep);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      const double seconds = seconds_since(t0);
+      lock.lock();
+      if (failure) error = failure;
+      stats.write_seconds = seconds;
+      stats.path = path;
+      job_pending = false;
+      cv.notify_all();
+    }
+  }
+
+  void wait_for_writer(std::unique_lock<std::mutex>& lock) {
+    cv.wait(lock, [&] { return !job_pending; });
+  }
+};
+
+Checkpointer::Checkpointer(MPI_Comm world, const std::string& run_dir, int keep, const Config& cfg)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.world = world;
+  MPI_Comm_rank(world, &s.rank);
+  MPI_Comm_size(world, &s.world_size);
+  s.dir = checkpoints_dir(run_dir);
+  s.keep = keep;
+  s.config_text = cfg.to_ini();
+  std::string problem;
+  if (s.rank == 0) {
+    if (const char* delay = std::getenv("KILTER_TEST_CHECKPOINT_DELAY_S")) s.write_opts.delay_midway_s = std::atof(delay);
+    problem = make_directories(s.dir);
+    if (problem.empty()) {
+      for (const auto& removed : io::remove_stale_temp_files(s.dir))
+        std::fprintf(stderr, "kilter: removed %s, left by a checkpoint write that did not finish\n", removed.c_str());
+    }
+  }
+  share_outcome(world, 0, problem.empty() ? "" : "checkpoint folder: " + problem, "preparing the checkpoint folder");
+  if (s.rank == 0) s.writer = std::thread([&s] { s.writer_loop(); });
+}
+
+Checkpointer::~Checkpointer() {
+  Impl& s = *impl_;
+  if (!s.writer.joinable()) return;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.wait_for_writer(lock);
+    if (s.error) {
+      try {
+        std::rethrow_exception(s.error);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kilter: checkpoint write failed: %s\n", e.what());
+      }
+    }
+    s.shutting_down = true;
+    s.cv.notify_all();
+  }
+  s.writer.join();
+}
+
+void Checkpointer::save(const model::Model& model, const TrainState& state) {
+  Impl& s = *impl_;
+  if (s.rank != 0) return;
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.wait_for_writer(lock);
+  if (s.error) {
+    std::exception_ptr e = s.error;
+    s.error = nullptr;
+    std::rethrow_exception(e);
+  }
+  const double waited = seconds_since(t0);
+
+  io::CheckpointContents& c = s.contents;
+  const model::ParamLayout& layout = model.layout();
+  const model::GPTConfig& gpt = model.config();
+  if (c.tensors.empty()) c.tensors = checkpoint_tensors(layout);
+  c.params.resize(layout.num_params);
+  c.adam_m.resize(layout.num_params);
+  c.adam_v.resize(layout.num_params);
+  model.get_params(c.params.data());
+  model.get_optimizer_state(c.adam_m.data(), c.adam_v.data());
+
+  io::CheckpointInfo& info = c.info;
+  info.format_version = io::kCheckpointFormatVersion;
+  info.kilter_version = KILTER_VERSION;
+  info.step = state.step;
+  info.epoch = int64_t(state.position.epoch);
+  info.step_in_epoch = int64_t(state.position.step_in_epoch);
+  info.seed = state.seed;
+  info.config_hash = state.config_hash;
+  info.tokens_seen = state.tokens_seen;
+  info.world_size = s.world_size;
+  info.config = s.config_text;
+  info.n_layer = gpt.n_layer;
+  info.n_head = gpt.n_head;
+  info.n_embd = gpt.n_embd;
+  info.block_size = gpt.block_size;
+  info.vocab_size = gpt.vocab_size;
+
+  s.job_path = s.dir + "/" + io::checkpoint_file_name(state.step);
+  s.job_pending = true;
+  s.stats.waited_seconds = waited;
+  s.stats.snapshot_seconds = seconds_since(t0) - waited;
+  s.stats.bytes = 3 * layout.num_params * sizeof(float);
+  s.cv.notify_all();
+}
+
+void Checkpointer::wait() {
+  Impl& s = *impl_;
+  if (s.rank != 0) return;
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.wait_for_writer(lock);
+  if (s.error) {
+    std::exception_ptr e = s.error;
+    s.error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+Checkpointer::SaveStats Checkpointer::last_save() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+std::string Checkpointer::latest(const std::string& run_dir) {
+  struct stat st;
+  if (::stat(run_dir.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return run_dir;  // a file named directly
+  auto found = io::list_checkpoints(checkpoints_dir(run_dir));
+  if (found.empty()) found = io::list_checkpoints(run_dir);  // the checkpoints folder itself
+  return found.empty() ? std::string() : found.back().second;
+}
+
+TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Model& model, const Config& cfg) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  const model::ParamLayout& layout = model.layout();
+  io::CheckpointInfo info;
+  std::vector<float> params(layout.num_params), adam_m(layout.num_params), adam_v(layout.num_params);
+  std::string problem;
+  if (rank == 0) {
+    try {
+      info = io::read_checkpoint_info(path);
+      check_info_against_config(path, info, cfg, model.config());
+      io::read_checkpoint_tensors(path, checkpoint_tensors(layout), params.data(), adam_m.data(), adam_v.data());
+    } catch (const Error& e) {
+      problem = e.message();
+    }
+  }
+  share_outcome(world, 0, problem, "loading checkpoint " + path);
+
+  long long scalars[6] = {info.step, info.epoch, info.step_in_epoch, (long long)info.seed,
+                          (long long)info.config_hash, info.world_size};
+  MPI_Bcast(scalars, 6, MPI_LONG_LONG, 0, world);
+  MPI_Bcast(&info.tokens_seen, 1, MPI_DOUBLE, 0, world);
+  broadcast_string(world, info.kilter_version, 0);
+  broadcast_floats(world, params, 0);
+  broadcast_floats(world, adam_m, 0);
+  broadcast_floats(world, adam_v, 0);
+
+  model.set_params(params.data());
+  model.set_optimizer_state(adam_m.data(), adam_v.data());
+  TrainState state;
+  state.step = scalars[0];
+  state.position.epoch = uint64_t(scalars[1]);
+  state.position.step_in_epoch = uint64_t(scalars[2]);
+  state.seed = uint64_t(scalars[3]);
+  state.config_hash = uint64_t(scalars[4]);
+  state.world_size = int(scalars[5]);
+  state.tokens_seen = info.tokens_seen;
+  return state;
+}
+
+}  // namespace kilter::train

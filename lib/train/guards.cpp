@@ -1,0 +1,222 @@
+// Guards of a training run (see guards.h): cross-rank agreement on config and version, config
+// key differences, and the fault-injection test hook.
+#include "lib/train/guards.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "io/error.h"
+#include "lib/core/config.h"
+
+namespace kilter::train {
+namespace {
+
+// "section.key" -> value, in file order, from a resolved INI text.
+using IniEntries = std::vector<std::pair<std::string, std::string>>;
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  size_t e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+IniEntries parse_ini_entries(const std::string& text) {
+  IniEntries entries;
+  std::istringstream is(text);
+  std::string line, section;
+  while (std::getline(is, line)) {
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = trim(line.substr(1, line.size() - 2));
+      continue;
+    }
+    auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    entries.emplace_back(section + "." + trim(line.substr(0, eq)), trim(line.substr(eq + 1)));
+  }
+  return entries;
+}
+
+std::string render_ini(const IniEntries& entries) {
+  std::string text, section;
+  for (const auto& [key, value] : entries) {
+    auto dot = key.find('.');
+    std::string sec = key.substr(0, dot);
+    if (sec != section) {
+      text += "[" + sec + "]\n";
+      section = sec;
+    }
+    text += key.substr(dot + 1) + " = " + value + "\n";
+  }
+  return text;
+}
+
+const std::string* find_value(const IniEntries& entries, const std::string& key) {
+  for (const auto& e : entries)
+    if (e.first == key) return &e.second;
+  return nullptr;
+}
+
+struct RankIdentity {
+  uint64_t config_hash;
+  char version[56];
+};
+
+}  // namespace
+
+std::vector<std::string> config_differences(const std::string& ini_a, const std::string& ini_b, bool only_hashed) {
+  const IniEntries a = parse_ini_entries(ini_a), b = parse_ini_entries(ini_b);
+  bool can_hash = only_hashed;
+  uint64_t hash_a = 0;
+  if (can_hash) {
+    try {
+      hash_a = config_from_ini_text(ini_a).hash();
+    } catch (const Error&) {
+      can_hash = false;  // a text this kilter cannot parse (another version): list every difference
+    }
+  }
+  std::vector<std::string> lines;
+  auto consider = [&](const std::string& key, const std::string* va, const std::string* vb) {
+    if (va && vb && *va == *vb) return;
+    if (can_hash && va && vb) {
+      // The key matters when giving `a` b's value for it changes a's hash.
+      IniEntries changed = a;
+      for (auto& e : changed)
+        if (e.first == key) e.second = *vb;
+      try {
+        if (config_from_ini_text(render_ini(changed)).hash() == hash_a) return;
+      } catch (const Error&) {
+      }
+    }
+    lines.push_back(key + " = " + (va ? *va : "(absent)") + " vs " + (vb ? *vb : "(absent)"));
+  };
+  for (const auto& [key, value] : a) consider(key, &value, find_value(b, key));
+  for (const auto& [key, value] : b)
+    if (!find_value(a, key)) consider(key, nullptr, &value);
+  return lines;
+}
+
+std::string format_rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+void check_consistent_across_ranks(MPI_Comm world, uint64_t config_hash, const std::string& version,
+                                   const std::string& config_ini) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  RankIdentity mine{};
+  mine.config_hash = config_hash;
+  std::snprintf(mine.version, sizeof(mine.version), "%s", version.c_str());
+  std::vector<RankIdentity> all(size_t(size), RankIdentity{});
+  MPI_Allgather(&mine, sizeof(RankIdentity), MPI_BYTE, all.data(), sizeof(RankIdentity), MPI_BYTE, world);
+
+  // Which config texts to compare: gathered only when the caller passed one (every rank must
+  // make the same choice, which it does when all run the same trainer code).
+  std::vector<std::string> texts;
+  if (!config_ini.empty()) {
+    int length = int(config_ini.size());
+    std::vector<int> lengths(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+    MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, world);
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[size_t(r)] = total;
+      total += lengths[size_t(r)];
+    }
+    std::string joined(size_t(total), '\0');
+    MPI_Allgatherv(config_ini.data(), length, MPI_CHAR, joined.data(), lengths.data(), displs.data(), MPI_CHAR, world);
+    for (int r = 0; r < size; ++r) texts.push_back(joined.substr(size_t(displs[size_t(r)]), size_t(lengths[size_t(r)])));
+  }
+
+  std::map<uint64_t, std::vector<int>> by_hash;
+  std::map<std::string, std::vector<int>> by_version;
+  for (int r = 0; r < size; ++r) {
+    by_hash[all[size_t(r)].config_hash].push_back(r);
+    by_version[all[size_t(r)].version].push_back(r);
+  }
+  if (by_hash.size() == 1 && by_version.size() == 1) return;
+
+  std::ostringstream msg;
+  msg << "ranks disagree on " << (by_hash.size() > 1 ? "the configuration" : "")
+      << (by_hash.size() > 1 && by_version.size() > 1 ? " and " : "")
+      << (by_version.size() > 1 ? "the kilter version" : "")
+      << " (every rank must run the same kilter with the same config and overrides):";
+  if (by_hash.size() > 1) {
+    for (const auto& [hash, ranks] : by_hash) {
+      char hex[24];
+      std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)hash);
+      msg << "\n  config hash " << hex << ": ranks " << format_rank_list(ranks);
+    }
+    if (!texts.empty()) {
+      // Each group's first rank against rank 0's group.
+      const int reference = 0;
+      for (const auto& [hash, ranks] : by_hash) {
+        if (hash == all[size_t(reference)].config_hash) continue;
+        auto diffs = config_differences(texts[size_t(reference)], texts[size_t(ranks.front())], true);
+        msg << "\n  keys where rank " << ranks.front() << " differs from rank " << reference << " (rank " << reference
+            << "'s value vs rank " << ranks.front() << "'s):";
+        if (diffs.empty()) msg << " none (another kilter build?)";
+        for (const auto& d : diffs) msg << "\n    " << d;
+      }
+    }
+  }
+  if (by_version.size() > 1)
+    for (const auto& [v, ranks] : by_version) msg << "\n  kilter version " << v << ": ranks " << format_rank_list(ranks);
+  KILTER_FAIL(msg.str());
+}
+
+void maybe_fail_for_test(int rank, int64_t step) {
+  struct Hook {
+    bool active = false;
+    int rank = -1;
+    int64_t step = -1;
+    std::string mode = "error";
+  };
+  static const Hook hook = [] {
+    Hook h;
+    const char* r = std::getenv("KILTER_TEST_FAIL_RANK");
+    const char* s = std::getenv("KILTER_TEST_FAIL_STEP");
+    const char* m = std::getenv("KILTER_TEST_FAIL_MODE");
+    if (r && s && *r && *s) {
+      h.active = true;
+      h.rank = std::atoi(r);
+      h.step = std::atoll(s);
+      if (m && *m) h.mode = m;
+    }
+    return h;
+  }();
+  if (!hook.active || hook.rank != rank || hook.step != step) return;
+  if (hook.mode == "exit") {
+    std::fprintf(stderr, "kilter: rank %d: KILTER_TEST_FAIL_MODE=exit at step %lld: exiting with code 3 (test hook)\n",
+                 rank, (long long)step);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  if (hook.mode == "hang") {
+    std::fprintf(stderr, "kilter: rank %d: KILTER_TEST_FAIL_MODE=hang at step %lld: this rank stops (test hook)\n",
+                 rank, (long long)step);
+    std::fflush(stderr);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  KILTER_CHECK(hook.mode == "error", "KILTER_TEST_FAIL_MODE=" << hook.mode << " is not one of error, exit, hang");
+  KILTER_FAIL("injected failure at step " << step << " (test hook KILTER_TEST_FAIL_RANK=" << rank
+                                          << " KILTER_TEST_FAIL_STEP=" << step << ")");
+}
+
+}  // namespace kilter::train

@@ -1,0 +1,38 @@
+// Guards of a training run (issue 8): checks that must agree across ranks before any work starts,
+// the config comparison behind "which keys differ" messages, and the fault-injection hook the
+// e2e tests use to make one rank fail. Owner: checkpoints (issue 8).
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kilter::train {
+
+// Collective (one allgather, or three with config_ini): every rank learns every rank's config
+// hash and kilter version. On any mismatch EVERY rank throws kilter::Error with the same message,
+// naming the groups of ranks that differ (no rank is left waiting). When `config_ini` (the
+// resolved Config::to_ini() text) is given, the message also names the keys that differ.
+void check_consistent_across_ranks(MPI_Comm world, uint64_t config_hash, const std::string& version,
+                                   const std::string& config_ini = "");
+
+// Keys whose values differ between two resolved INI texts (Config::to_ini()), as lines
+// "section.key = A vs B". With only_hashed, keys that Config::hash ignores (output.*, train.steps,
+// ...) are left out, so the list explains a hash mismatch.
+std::vector<std::string> config_differences(const std::string& ini_a, const std::string& ini_b, bool only_hashed);
+
+// "0-3,5,7": ranks in ascending order, runs compressed.
+std::string format_rank_list(const std::vector<int>& ranks);
+
+// Test hook for the fault e2e tests: when env KILTER_TEST_FAIL_RANK equals `rank` and
+// KILTER_TEST_FAIL_STEP equals `step` (the optimizer steps completed, as the trainer passes it),
+// fails in the way KILTER_TEST_FAIL_MODE says:
+//   error (default)  throws kilter::Error ("injected failure"), as any error on a rank would;
+//   exit             the process exits at once with code 3 (no MPI_Abort, like a crash);
+//   hang             the rank stops taking part (sleeps forever, outside any collective), so the
+//                    other ranks' watchdogs must end the job after comm.timeout_s.
+// Without the variables it does nothing (one getenv on the first call).
+void maybe_fail_for_test(int rank, int64_t step);
+
+}  // namespace kilter::train

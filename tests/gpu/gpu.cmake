@@ -1,0 +1,28 @@
+# GPU tier (label gpu): kernels vs their CPU twins, the CUDA model vs the CPU model, and the GPU
+# step benchmark. Built only with CUDA. The binaries link the model sources, the kernels and the
+# CUDA libraries only (no MPI, HDF5, Boost), so the same targets build on a GPU machine through
+# tests/gpu/standalone/. Without a device each test prints "SKIPPED: no CUDA device (...)" and
+# exits 77, which ctest reports as skipped.
+if(KILTER_WITH_CUDA)
+  set(KILTER_GPU_ROOT ${CMAKE_SOURCE_DIR})
+  include(${CMAKE_SOURCE_DIR}/tests/gpu/standalone/sources.cmake)
+  add_library(kilter_gpu_core STATIC ${KILTER_GPU_CORE_SOURCES})
+  target_include_directories(kilter_gpu_core PUBLIC ${CMAKE_SOURCE_DIR})
+  target_link_libraries(kilter_gpu_core PUBLIC CUDA::cudart CUDA::cublasLt kilter::blas Threads::Threads)
+  if(KILTER_WITH_CUDNN)
+    target_compile_definitions(kilter_gpu_core PUBLIC KILTER_WITH_CUDNN=1)
+    target_include_directories(kilter_gpu_core PUBLIC ${CUDNN_INCLUDE_DIR})
+    target_link_libraries(kilter_gpu_core PUBLIC ${CUDNN_LIBRARY})
+  endif()
+
+  foreach(test_name gpu_ops gpu_model)
+    add_executable(kilter_${test_name}_test ${CMAKE_SOURCE_DIR}/tests/gpu/${test_name}_test.cpp)
+    target_link_libraries(kilter_${test_name}_test PRIVATE kilter_gpu_core)
+    add_test(NAME ${test_name} COMMAND kilter_${test_name}_test)
+    set_tests_properties(${test_name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
+  endforeach()
+
+  # Not a test: bench/gpu_step.sh and tests/gpu/device-check.sh run it.
+  add_executable(kilter_bench_gpu_step ${CMAKE_SOURCE_DIR}/bench/gpu_step.cpp)
+  target_link_libraries(kilter_bench_gpu_step PRIVATE kilter_gpu_core)
+endif()

@@ -1,0 +1,188 @@
+// The CUDA model against the CPU model (the oracle): identical host initialization, one full
+// training step (loss, every gradient tensor, the on_ready ranges, the global norm, the AdamW
+// update), forward_loss, and a 2-step run with two micro-batches per step and clipping, in fp32
+// and in bf16 GEMM math. Batches have ragged rows (padding) and untargeted positions.
+// Tolerances (relative to each tensor's max |value|): fp32 loss 1e-5, gradients 5e-4, AdamW from
+// identical gradients 1e-6; bf16 losses 2e-2. After the 2-step run parameters agree to 2.5e-3:
+// Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
+// zero up to rounding may take the opposite sign on the two backends (2*lr apart).
+// Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+#include <cstdio>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "lib/backend/cpu_model.h"
+#include "lib/backend/cuda_model.h"
+#include "lib/model/model.h"
+#include "tests/gpu/gpu_test_util.h"
+
+using kilter::gputest::Checker;
+using kilter::gputest::random_int;
+namespace km = kilter::model;
+
+namespace {
+
+km::Batch random_batch(const km::GPTConfig& cfg, int B, int T) {
+  km::Batch batch;
+  batch.B = B;
+  batch.T = T;
+  batch.inputs.assign(static_cast<size_t>(B) * T, -1);
+  batch.targets.assign(static_cast<size_t>(B) * T, -1);
+  batch.lengths.resize(B);
+  for (int b = 0; b < B; ++b) {
+    const int length = b == 0 ? T : random_int(1, T);
+    batch.lengths[b] = length;
+    for (int t = 0; t < length; ++t) {
+      batch.inputs[static_cast<size_t>(b) * T + t] = random_int(0, cfg.vocab_size - 1);
+      // The last real position of a row has no target (the document ends there).
+      if (t + 1 < length) batch.targets[static_cast<size_t>(b) * T + t] = random_int(0, cfg.vocab_size - 1);
+    }
+  }
+  batch.num_targets = 0;
+  for (int32_t target : batch.targets) batch.num_targets += target >= 0;
+  return batch;
+}
+
+std::vector<float> device_grads(km::Model& model) {
+  model.synchronize();
+  std::vector<float> host(model.layout().padded_size);
+  KILTER_CUDA_CHECK(cudaMemcpy(host.data(), model.grads(), sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+std::vector<float> params_of(const km::Model& model) {
+  std::vector<float> host(model.layout().num_params);
+  model.get_params(host.data());
+  return host;
+}
+
+using Ranges = std::vector<std::pair<size_t, size_t>>;
+
+void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T) {
+  const std::string tag = "L" + std::to_string(cfg.n_layer) + " C" + std::to_string(cfg.n_embd) + " V" +
+                          std::to_string(cfg.vocab_size) + " B" + std::to_string(B) + " T" + std::to_string(T) + ": ";
+  kilter::backend::CpuModel cpu(cfg, 8);
+  std::unique_ptr<km::Model> gpu = kilter::backend::make_cuda_model(cfg, 8, "fp32");
+  cpu.init_params(1234);
+  gpu->init_params(1234);
+  check.near(tag + "initial params identical", params_of(*gpu), params_of(cpu), 0.0);
+
+  const km::Batch batch = random_batch(cfg, B, T);
+  const float loss_scale = 1.0f / static_cast<float>(batch.num_targets);
+  Ranges cpu_ranges, gpu_ranges;
+  cpu.zero_grads();
+  gpu->zero_grads();
+  const double cpu_loss = cpu.forward_backward(batch, loss_scale, [&](size_t o, size_t c) { cpu_ranges.push_back({o, c}); });
+  const double gpu_loss = gpu->forward_backward(batch, loss_scale, [&](size_t o, size_t c) { gpu_ranges.push_back({o, c}); });
+  check.near_scalar(tag + "loss", gpu_loss, cpu_loss, 1e-5);
+  check.expect(tag + "on_ready ranges identical", cpu_ranges == gpu_ranges);
+
+  const std::vector<float> gpu_grads = device_grads(*gpu);
+  double worst = 0.0;
+  std::string worst_name;
+  bool all_ok = true;
+  for (const km::ParamTensor& tensor : cpu.layout().tensors) {
+    std::vector<float> g(gpu_grads.begin() + tensor.offset, gpu_grads.begin() + tensor.offset + tensor.size);
+    std::vector<float> c(cpu.grads() + tensor.offset, cpu.grads() + tensor.offset + tensor.size);
+    double max_diff = 0.0, scale = 0.0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(g[i]) - c[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(c[i])));
+      if (!std::isfinite(g[i])) all_ok = false;
+    }
+    const double error = max_diff / std::max(scale, 1e-12);
+    if (error > worst) {
+      worst = error;
+      worst_name = tensor.name;
+    }
+  }
+  check.expect(tag + "every gradient tensor within 5e-4", all_ok && worst <= 5e-4,
+               "worst " + worst_name + " rel.err " + std::to_string(worst));
+  check.near_scalar(tag + "grad_norm_squared", gpu->grad_norm_squared(), cpu.grad_norm_squared(), 1e-5);
+
+  // AdamW from identical gradients (the CPU's), with a large weight decay so that a tensor given
+  // the wrong decay flag or offset shows far above rounding.
+  KILTER_CUDA_CHECK(cudaMemcpy(gpu->grads(), cpu.grads(), sizeof(float) * cpu.layout().padded_size,
+                               cudaMemcpyHostToDevice));
+  KILTER_CUDA_CHECK(cudaDeviceSynchronize());  // the model's stream does not sync with the legacy one
+  km::AdamWParams adam;
+  adam.lr = 1e-2f;
+  adam.weight_decay = 0.5f;
+  adam.grad_scale = 0.5f;
+  adam.t = 1;
+  cpu.adamw_step(adam);
+  gpu->adamw_step(adam);
+  check.near(tag + "params after AdamW (same grads)", params_of(*gpu), params_of(cpu), 1e-6);
+  check.near_scalar(tag + "forward_loss", gpu->forward_loss(batch), cpu.forward_loss(batch), 1e-5);
+}
+
+// Two optimizer steps of two micro-batches each, with global-norm clipping at 1.0, the way the
+// trainer drives a model. Returns the per-step losses (token means).
+std::vector<double> run_two_steps(km::Model& model, const std::vector<km::Batch>& batches) {
+  std::vector<double> losses;
+  for (int step = 0; step < 2; ++step) {
+    const km::Batch& first = batches[2 * step];
+    const km::Batch& second = batches[2 * step + 1];
+    const float loss_scale = 1.0f / static_cast<float>(first.num_targets + second.num_targets);
+    model.zero_grads();
+    double loss = model.forward_backward(first, loss_scale, {});
+    loss += model.forward_backward(second, loss_scale, {});
+    losses.push_back(loss * loss_scale);
+    const double norm = std::sqrt(model.grad_norm_squared());
+    km::AdamWParams adam;
+    adam.lr = 1e-3f;
+    adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
+    adam.t = step + 1;
+    model.adamw_step(adam);
+  }
+  model.synchronize();
+  return losses;
+}
+
+void compare_two_steps(Checker& check, const km::GPTConfig& cfg, const std::string& precision, double loss_tol,
+                       double moment_tol) {
+  std::vector<km::Batch> batches;
+  for (int i = 0; i < 4; ++i) batches.push_back(random_batch(cfg, 3 + i % 2, cfg.block_size - 2 * (i % 2)));
+  kilter::backend::CpuModel cpu(cfg, 1);
+  std::unique_ptr<km::Model> gpu = kilter::backend::make_cuda_model(cfg, 1, precision);
+  cpu.init_params(99);
+  gpu->init_params(99);
+  const std::vector<double> cpu_losses = run_two_steps(cpu, batches);
+  const std::vector<double> gpu_losses = run_two_steps(*gpu, batches);
+  for (int step = 0; step < 2; ++step)
+    check.near_scalar("2-step run [" + precision + "] loss of step " + std::to_string(step + 1), gpu_losses[step],
+                      cpu_losses[step], loss_tol);
+  check.near("2-step run [" + precision + "] final params", params_of(*gpu), params_of(cpu), 2.5e-3);
+  std::vector<float> gm(cpu.layout().num_params), gv(gm.size()), cm(gm.size()), cv(gm.size());
+  gpu->get_optimizer_state(gm.data(), gv.data());
+  cpu.get_optimizer_state(cm.data(), cv.data());
+  check.near("2-step run [" + precision + "] AdamW m", gm, cm, moment_tol);
+}
+
+}  // namespace
+
+int main() {
+  kilter::gputest::skip_without_device();
+  try {
+    Checker check;
+    km::GPTConfig tiny{2, 4, 32, 16, 67};       // head_dim 8, odd vocab
+    km::GPTConfig small{2, 2, 128, 64, 515};
+    compare_step(check, tiny, 3, 16);
+    compare_step(check, small, 4, 64);
+    compare_two_steps(check, tiny, "fp32", 1e-5, 1e-3);
+    compare_two_steps(check, small, "bf16", 2e-2, 5e-2);
+    // Refusals name the key.
+    bool refused = false;
+    try {
+      kilter::backend::make_cuda_model(tiny, 1, "fp16");
+    } catch (const kilter::Error& e) {
+      refused = std::string(e.what()).find("train.precision") != std::string::npos;
+    }
+    check.expect("precision fp16 refused naming train.precision", refused);
+    return check.finish("kilter_gpu_model_test");
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+}

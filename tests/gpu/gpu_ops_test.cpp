@@ -1,0 +1,234 @@
+// Each CUDA kernel (lib/backend/cuda_ops.h) against its CPU twin (lib/model/<op>.h,
+// lib/optim/adamw.h) on fresh random inputs, with odd sizes that exercise tails and unaligned
+// GEMM operands. Tolerances (error relative to the CPU tensor's max |value|):
+//   elementwise and row ops (encoder, layernorm, gelu, softmax cross-entropy, AdamW): 1e-5
+//   fp32 GEMM ops (matmul, attention): 1e-4;  bf16 GEMM math: 3e-2 (8-bit mantissa products)
+// Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+#include <cstdio>
+#include <vector>
+
+#include "lib/backend/cuda_ops.h"
+#include "lib/model/attention.h"
+#include "lib/model/crossentropy.h"
+#include "lib/model/encoder.h"
+#include "lib/model/gelu.h"
+#include "lib/model/layernorm.h"
+#include "lib/model/matmul.h"
+#include "lib/optim/adamw.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kc = kilter::model::cuda;
+namespace km = kilter::model;
+using kilter::gputest::Checker;
+using kilter::gputest::DeviceBuffer;
+using kilter::gputest::random_floats;
+using kilter::gputest::random_int;
+
+namespace {
+
+constexpr double kRowTol = 1e-5;
+constexpr double kGemmTol = 1e-4;
+constexpr double kBf16Tol = 3e-2;
+
+std::vector<int32_t> random_lengths(int B, int T) {
+  std::vector<int32_t> lengths(B);
+  for (int b = 0; b < B; ++b) lengths[b] = b == 0 ? T : random_int(1, T);  // one full row, others ragged
+  return lengths;
+}
+
+void test_encoder(Checker& check, cudaStream_t stream) {
+  const int B = 3, T = 13, C = 37, V = 61;
+  std::vector<int32_t> lengths = random_lengths(B, T), inp(B * T);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) inp[b * T + t] = t < lengths[b] ? random_int(0, V - 1) : -1;
+  const auto wte = random_floats(static_cast<size_t>(V) * C), wpe = random_floats(static_cast<size_t>(T) * C);
+  std::vector<float> out_cpu(B * T * C);
+  km::encoder_forward(out_cpu.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+  DeviceBuffer<int32_t> d_inp(inp), d_lengths(lengths);
+  DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(out_cpu.size());
+  kc::encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), B, T, C, stream);
+  check.near("encoder_forward out", d_out.download(), out_cpu, kRowTol);
+
+  const auto dout = random_floats(out_cpu.size());
+  auto dwte = random_floats(wte.size()), dwpe = random_floats(wpe.size());  // accumulate onto these
+  DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
+  km::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), lengths.data(), B, T, C);
+  kc::encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_inp.get(), d_lengths.get(), B, T, C, stream);
+  check.near("encoder_backward dwte", d_dwte.download(), dwte, kRowTol);
+  check.near("encoder_backward dwpe", d_dwpe.download(), dwpe, kRowTol);
+}
+
+void test_layernorm(Checker& check, cudaStream_t stream) {
+  const int N = 150, C = 67;
+  const auto inp = random_floats(static_cast<size_t>(N) * C, 2.0f);
+  const auto weight = random_floats(C), bias = random_floats(C);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  km::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_out(out.size()), d_mean(N), d_rstd(N);
+  kc::layernorm_forward(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(), d_b.get(), N, C, stream);
+  check.near("layernorm_forward out", d_out.download(), out, kRowTol);
+  check.near("layernorm_forward mean", d_mean.download(), mean, kRowTol);
+  check.near("layernorm_forward rstd", d_rstd.download(), rstd, kRowTol);
+
+  const auto dout = random_floats(out.size());
+  auto dinp = random_floats(inp.size()), dw = random_floats(C), db = random_floats(C);
+  DeviceBuffer<float> d_dout(dout), d_dinp(dinp), d_dw(dw), d_db(db);
+  DeviceBuffer<float> scratch(2 * kc::column_sum_scratch_floats(C));
+  km::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), mean.data(),
+                         rstd.data(), N, C);
+  kc::layernorm_backward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(), d_mean.get(),
+                         d_rstd.get(), N, C, scratch.get(), stream);
+  check.near("layernorm_backward dinp", d_dinp.download(), dinp, kRowTol);
+  check.near("layernorm_backward dweight", d_dw.download(), dw, kRowTol);
+  check.near("layernorm_backward dbias", d_db.download(), db, kRowTol);
+}
+
+void test_matmul(Checker& check, kc::Gemm& gemm, int N, int C, int OC, double tol) {
+  const std::string tag = std::string(gemm.math() == kc::GemmMath::bf16 ? "[bf16] " : "") + "matmul " +
+                          std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC) + " ";
+  const auto inp = random_floats(static_cast<size_t>(N) * C), weight = random_floats(static_cast<size_t>(OC) * C);
+  const auto bias = random_floats(OC), residual = random_floats(static_cast<size_t>(N) * OC);
+  std::vector<float> out(static_cast<size_t>(N) * OC), out_res(out.size());
+  km::matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  km::matmul_forward_residual(out_res.data(), residual.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  DeviceBuffer<float> d_inp(inp), d_w(weight), d_b(bias), d_res(residual), d_out(out.size()), d_out_res(out.size());
+  kc::matmul_forward(gemm, d_out.get(), d_inp.get(), d_w.get(), d_b.get(), N, C, OC);
+  kc::matmul_forward_residual(gemm, d_out_res.get(), d_inp.get(), d_w.get(), d_b.get(), d_res.get(), N, C, OC);
+  check.near(tag + "forward", d_out.download(), out, tol);
+  check.near(tag + "forward_residual", d_out_res.download(), out_res, tol);
+
+  const auto dout = random_floats(out.size());
+  auto dinp = random_floats(inp.size()), dw = random_floats(weight.size()), db = random_floats(OC);
+  DeviceBuffer<float> d_dout(dout), d_dinp(dinp), d_dw(dw), d_db(db), scratch(kc::column_sum_scratch_floats(OC));
+  km::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+  kc::matmul_backward(gemm, d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(), N, C, OC,
+                      scratch.get());
+  check.near(tag + "backward dinp", d_dinp.download(), dinp, tol);
+  check.near(tag + "backward dweight", d_dw.download(), dw, tol);
+  check.near(tag + "backward dbias", d_db.download(), db, kRowTol);
+}
+
+void test_attention(Checker& check, kc::Gemm& gemm, int B, int T, int C, int NH, double tol) {
+  const std::string tag = std::string(gemm.math() == kc::GemmMath::bf16 ? "[bf16] " : "") + "attention B" +
+                          std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" +
+                          std::to_string(NH) + " ";
+  const std::vector<int32_t> lengths = random_lengths(B, T);
+  const auto qkv = random_floats(static_cast<size_t>(B) * T * 3 * C, 2.0f);
+  std::vector<float> out(static_cast<size_t>(B) * T * C), att(static_cast<size_t>(B) * NH * T * T);
+  km::attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), B, T, C, NH);
+  DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), d_att(att.size());
+  DeviceBuffer<float> workspace(kc::attention_workspace_floats(B, T, C, NH));
+  DeviceBuffer<int32_t> d_lengths(lengths);
+  kc::attention_forward(gemm, d_out.get(), d_att.get(), d_qkv.get(), d_lengths.get(), B, T, C, NH, workspace.get());
+  check.near(tag + "forward out", d_out.download(), out, tol);
+  // Only the causal, in-length part of att is defined on the CPU side.
+  std::vector<float> att_gpu = d_att.download(), att_cpu_defined, att_gpu_defined;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < lengths[b]; ++t)
+        for (int s = 0; s <= t; ++s) {
+          const size_t i = ((static_cast<size_t>(b) * NH + h) * T + t) * T + s;
+          att_cpu_defined.push_back(att[i]);
+          att_gpu_defined.push_back(att_gpu[i]);
+        }
+  check.near(tag + "forward att", att_gpu_defined, att_cpu_defined, tol);
+
+  const auto dout = random_floats(out.size());
+  auto dqkv = random_floats(qkv.size());
+  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv);
+  km::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), B, T, C, NH);
+  kc::attention_backward(gemm, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), d_lengths.get(), B, T, C, NH,
+                         workspace.get());
+  check.near(tag + "backward dqkv", d_dqkv.download(), dqkv, tol);
+}
+
+void test_gelu(Checker& check, cudaStream_t stream) {
+  const size_t N = 10007;
+  const auto inp = random_floats(N, 4.0f);
+  std::vector<float> out(N);
+  km::gelu_forward(out.data(), inp.data(), N);
+  DeviceBuffer<float> d_inp(inp), d_out(N);
+  kc::gelu_forward(d_out.get(), d_inp.get(), N, stream);
+  check.near("gelu_forward", d_out.download(), out, kRowTol);
+  const auto dout = random_floats(N);
+  auto dinp = random_floats(N);
+  DeviceBuffer<float> d_dout(dout), d_dinp(dinp);
+  km::gelu_backward(dinp.data(), inp.data(), dout.data(), N);
+  kc::gelu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), N, stream);
+  check.near("gelu_backward", d_dinp.download(), dinp, kRowTol);
+}
+
+void test_crossentropy(Checker& check, cudaStream_t stream) {
+  const int N = 37, V = 1031;
+  const auto logits = random_floats(static_cast<size_t>(N) * V, 5.0f);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[i] = i % 5 == 4 ? -1 : random_int(0, V - 1);
+  const float scale = 1.0f / 29.0f;
+  auto dlogits = random_floats(logits.size());
+  DeviceBuffer<float> d_logits(logits), d_dlogits(dlogits);
+  DeviceBuffer<int32_t> d_targets(targets);
+  const double loss_cpu = km::crossentropy_forward_backward(dlogits.data(), logits.data(), targets.data(), N, V, scale);
+  const double loss_gpu =
+      kc::crossentropy_forward_backward(d_dlogits.get(), d_logits.get(), d_targets.get(), N, V, scale, stream);
+  check.near_scalar("crossentropy loss", loss_gpu, loss_cpu, kRowTol);
+  check.near("crossentropy dlogits (accumulate)", d_dlogits.download(), dlogits, kRowTol);
+  // In-place overwrite, the form the model uses, against the CPU's in-place twin.
+  std::vector<float> inplace = logits;
+  const double loss_inplace = km::crossentropy_forward_backward_inplace(inplace.data(), targets.data(), N, V, scale);
+  DeviceBuffer<double> d_loss(std::vector<double>{0.0});
+  kc::crossentropy_forward_backward_async(d_logits.get(), d_logits.get(), d_targets.get(), N, V, scale, d_loss.get(),
+                                          false, stream);
+  // Rows without a target are zeroed on the GPU; the CPU's in-place form leaves them alone.
+  std::vector<float> gpu_inplace = d_logits.download();
+  for (int i = 0; i < N; ++i)
+    if (targets[i] < 0) std::fill(inplace.begin() + static_cast<size_t>(i) * V, inplace.begin() + static_cast<size_t>(i + 1) * V, 0.0f);
+  check.near_scalar("crossentropy in-place loss", d_loss.download()[0], loss_inplace, kRowTol);
+  check.near("crossentropy in-place dlogits", gpu_inplace, inplace, kRowTol);
+}
+
+void test_adamw_and_norm(Checker& check, cudaStream_t stream) {
+  const size_t n = 100003;
+  auto params = random_floats(n), m = random_floats(n, 0.01f), v = random_floats(n, 0.01f);
+  for (float& x : v) x = std::fabs(x);
+  const auto grads = random_floats(n);
+  DeviceBuffer<float> d_p(params), d_g(grads), d_m(m), d_v(v);
+  kilter::optim::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 3);
+  kc::adamw_update(d_p.get(), d_g.get(), d_m.get(), d_v.get(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 3, stream);
+  check.near("adamw params", d_p.download(), params, kRowTol);
+  check.near("adamw m", d_m.download(), m, kRowTol);
+  check.near("adamw v", d_v.download(), v, kRowTol);
+
+  double expected = 0.0;
+  for (float g : grads) expected += static_cast<double>(g) * g;
+  DeviceBuffer<double> result(1), scratch(kc::sum_of_squares_scratch_doubles());
+  kc::sum_of_squares_async(result.get(), d_g.get(), n, scratch.get(), stream);
+  check.near_scalar("sum_of_squares (global norm)", result.download()[0], expected, 1e-12);
+}
+
+}  // namespace
+
+int main() {
+  kilter::gputest::skip_without_device();
+  try {
+    kilter::backend::cuda_device_index();
+    cudaStream_t stream = kilter::backend::cuda_compute_stream();
+    Checker check;
+    kc::Gemm gemm(stream, kc::GemmMath::fp32);
+    kc::Gemm gemm_bf16(stream, kc::GemmMath::bf16);
+    test_encoder(check, stream);
+    test_layernorm(check, stream);
+    test_matmul(check, gemm, 45, 37, 29, kGemmTol);       // odd: unaligned operands
+    test_matmul(check, gemm, 256, 128, 384, kGemmTol);    // aligned: tensor-core friendly shapes
+    test_matmul(check, gemm_bf16, 256, 128, 384, kBf16Tol);
+    test_attention(check, gemm, 3, 17, 24, 4, kGemmTol);  // head_dim 6, ragged rows
+    test_attention(check, gemm, 2, 64, 128, 2, kGemmTol);
+    test_attention(check, gemm_bf16, 2, 64, 128, 2, kBf16Tol);
+    test_gelu(check, stream);
+    test_crossentropy(check, stream);
+    test_adamw_and_norm(check, stream);
+    return check.finish("kilter_gpu_ops_test");
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,134 @@
+// A tiny harness for the GPU tests (tests/gpu/*.cpp): device buffers, fresh random inputs, and
+// comparisons against the CPU twin with a stated tolerance. No GoogleTest on purpose: these
+// binaries must build and run on a GPU machine that has only the CUDA toolkit. A binary exits 0
+// when every check passes, 1 on a failure, and 77 (ctest SKIP_RETURN_CODE) with
+// "SKIPPED: no CUDA device (<reason>)" when there is no usable device.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_model.h"
+
+namespace kilter::gputest {
+
+constexpr int kSkipCode = 77;
+
+// Exits with the skip code when no device is usable (the reason from cudaGetDeviceCount).
+inline void skip_without_device() {
+  const std::string reason = backend::cuda_device_absent_reason();
+  if (!reason.empty()) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", reason.c_str());
+    std::fflush(stdout);
+    std::exit(kSkipCode);
+  }
+}
+
+// Fresh inputs every run; KILTER_TEST_SEED=<n> reproduces a failing run (the seed is printed).
+inline uint64_t test_seed() {
+  const char* fixed = std::getenv("KILTER_TEST_SEED");
+  const uint64_t seed = fixed ? std::strtoull(fixed, nullptr, 10)
+                              : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::printf("seed %llu (rerun with KILTER_TEST_SEED=%llu)\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 generator(test_seed());
+  return generator;
+}
+
+inline std::vector<float> random_floats(size_t n, float scale = 1.0f) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng());
+  return v;
+}
+
+inline int random_int(int lo, int hi) {  // inclusive
+  return std::uniform_int_distribution<int>(lo, hi)(rng());
+}
+
+// A device copy of a host vector that frees itself.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : size_(host.size()) {
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(T) * std::max<size_t>(size_, 1)));
+    if (size_ > 0) KILTER_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), sizeof(T) * size_, cudaMemcpyHostToDevice));
+    // Kernels run on a non-blocking stream, which does not wait for the legacy stream's copy.
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  explicit DeviceBuffer(size_t n) : DeviceBuffer(std::vector<T>(n)) {}
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() { return ptr_; }
+  std::vector<T> download() const {
+    std::vector<T> host(size_);
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    if (size_ > 0) KILTER_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, sizeof(T) * size_, cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t size_;
+};
+
+// Counts checks and failures; prints one line per comparison.
+class Checker {
+ public:
+  // max |gpu - cpu| / max(max |cpu|, 1e-12) <= tolerance (error relative to the tensor's scale,
+  // the measure the PyTorch parity test uses too). Non-finite values always fail.
+  bool near(const std::string& name, const std::vector<float>& gpu, const std::vector<float>& cpu, double tolerance) {
+    ++checks_;
+    double max_diff = 0.0, scale = 0.0;
+    bool finite = gpu.size() == cpu.size();
+    for (size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) {
+      if (!std::isfinite(gpu[i]) || !std::isfinite(cpu[i])) finite = false;
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(cpu[i])));
+    }
+    const double error = max_diff / std::max(scale, 1e-12);
+    const bool ok = finite && error <= tolerance;
+    report(name, ok, error, tolerance, finite ? "" : " (size mismatch or non-finite values)");
+    return ok;
+  }
+  bool near_scalar(const std::string& name, double gpu, double cpu, double tolerance) {
+    ++checks_;
+    const double error = std::fabs(gpu - cpu) / std::max(std::fabs(cpu), 1e-12);
+    const bool ok = std::isfinite(gpu) && error <= tolerance;
+    report(name, ok, error, tolerance, "");
+    return ok;
+  }
+  bool expect(const std::string& name, bool condition, const std::string& detail = "") {
+    ++checks_;
+    if (!condition) ++failures_;
+    std::printf("  %-4s %s%s%s\n", condition ? "ok" : "FAIL", name.c_str(), detail.empty() ? "" : ": ", detail.c_str());
+    return condition;
+  }
+  int finish(const char* binary) const {
+    std::printf("%s: %d checks, %d failed\n", binary, checks_, failures_);
+    return failures_ == 0 ? 0 : 1;
+  }
+
+ private:
+  void report(const std::string& name, bool ok, double error, double tolerance, const char* note) {
+    if (!ok) ++failures_;
+    std::printf("  %-4s %-48s rel.err %.3e (tol %.1e)%s\n", ok ? "ok" : "FAIL", name.c_str(), error, tolerance, note);
+  }
+  int checks_ = 0;
+  int failures_ = 0;
+};
+
+}  // namespace kilter::gputest

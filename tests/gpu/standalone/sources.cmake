@@ -1,0 +1,17 @@
+# The sources of the GPU test and benchmark binaries, shared by tests/gpu/gpu.cmake (the main
+# build) and tests/gpu/standalone/CMakeLists.txt (a GPU machine with only the CUDA toolkit):
+# the CPU model (the oracle) and the CUDA model with its kernels. No MPI, HDF5 or Boost.
+# KILTER_GPU_ROOT: the repository root.
+file(GLOB KILTER_GPU_CORE_SOURCES CONFIGURE_DEPENDS
+     ${KILTER_GPU_ROOT}/lib/model/*.cpp
+     ${KILTER_GPU_ROOT}/lib/model/*.cu)
+list(APPEND KILTER_GPU_CORE_SOURCES
+     ${KILTER_GPU_ROOT}/io/error.cpp
+     ${KILTER_GPU_ROOT}/lib/optim/adamw.cpp
+     ${KILTER_GPU_ROOT}/lib/backend/cpu_model.cpp
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_device.cu
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_model.cu)
+# cuDNN files (lib/model/*cudnn*) need KILTER_WITH_CUDNN, like in the main build.
+if(NOT KILTER_WITH_CUDNN)
+  list(FILTER KILTER_GPU_CORE_SOURCES EXCLUDE REGEX ".*cudnn.*")
+endif()

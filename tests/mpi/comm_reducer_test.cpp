@@ -1,0 +1,198 @@
+// The gradient reducer on 1, 2 and 4 ranks (and 4 as 2 nodes x 2 with --ranks-per-node 2):
+// flat == hierarchical == one plain MPI_Allreduce, exactly for integer-valued gradients and to
+// float tolerance for random ones; odd sizes, several buckets, padding the model never reports,
+// ranges arriving high-to-low, low-to-high or not at all, overlap off / poll / thread, and
+// several steps through one reducer.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "io/error.h"
+#include "lib/comm/communicator.h"
+#include "tests/mpi/comm_test_main.h"
+
+namespace kilter::comm {
+namespace {
+
+using testing::global_failures;
+
+enum class ReadyOrder { high_to_low, low_to_high, none };
+
+struct Case {
+  std::string algo;
+  OverlapMode mode;
+  size_t shards;        // padded_size = shards * local_size
+  size_t unreported;    // trailing padding elements the model never reports
+  size_t bucket_bytes;
+  ReadyOrder order;
+};
+
+std::string describe(const Case& c) {
+  return c.algo + "/" + overlap_mode_name(c.mode) + " shards=" + std::to_string(c.shards) +
+         " unreported=" + std::to_string(c.unreported) + " bucket_bytes=" + std::to_string(c.bucket_bytes) +
+         " order=" + std::to_string(int(c.order));
+}
+
+class ReducerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    topo_ = make_topology(MPI_COMM_WORLD, testing::ranks_per_node_arg());
+  }
+  void TearDown() override { free_topology(topo_); }
+
+  // Reports [0, reported) in irregular tensor-like pieces, as a model's backward would.
+  static void report(GradientReducer& reducer, size_t reported, ReadyOrder order, uint64_t seed) {
+    if (order == ReadyOrder::none) return;
+    std::mt19937_64 rng(seed);  // same on every rank: the model is the same everywhere
+    std::vector<std::pair<size_t, size_t>> pieces;
+    for (size_t begin = 0; begin < reported;) {
+      const size_t len = std::min<size_t>(reported - begin, 1 + rng() % 700);
+      pieces.emplace_back(begin, len);
+      begin += len;
+    }
+    if (order == ReadyOrder::high_to_low)
+      for (size_t k = pieces.size(); k-- > 0;) reducer.ready(pieces[k].first, pieces[k].second);
+    else
+      for (const auto& p : pieces) reducer.ready(p.first, p.second);
+  }
+
+  // Runs `steps` reductions of integer-valued gradients through one reducer, checks each
+  // against the exact sum and against MPI_Allreduce. Returns this rank's mismatches.
+  long run_integer_case(const Case& c, int steps) {
+    const size_t padded = c.shards * size_t(topo_.local_size);
+    const size_t reported = padded - std::min(padded, c.unreported);
+    std::vector<float> grads(padded), reference(padded);
+    ReducerOptions opts;
+    opts.algo = c.algo;
+    opts.overlap = c.mode;
+    opts.bucket_bytes = c.bucket_bytes;
+    opts.reported_size = reported;
+    auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
+    long bad = 0;
+    for (int step = 0; step < steps; ++step) {
+      for (size_t i = 0; i < padded; ++i)
+        grads[i] = i < reported ? float(int((i * 5 + size_t(topo_.rank) * 11 + size_t(step) * 3) % 19) - 9) : 0.f;
+      reference = grads;
+      MPI_Allreduce(MPI_IN_PLACE, reference.data(), int(padded), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      // Earlier micro-batches report too; the reducer ignores them until begin().
+      reducer->ready(0, padded);
+      reducer->begin();
+      report(*reducer, reported, c.order, 1000 + uint64_t(step));
+      const double exposed = reducer->finish();
+      bad += !(exposed >= 0);
+      for (size_t i = 0; i < padded; ++i) {
+        double exact = 0;
+        for (int r = 0; r < topo_.size; ++r)
+          exact += i < reported ? int((i * 5 + size_t(r) * 11 + size_t(step) * 3) % 19) - 9 : 0;
+        bad += grads[i] != float(exact) || grads[i] != reference[i];
+      }
+    }
+    if (bad) ADD_FAILURE() << "rank " << topo_.rank << ": " << bad << " mismatches in " << describe(c);
+    return bad;
+  }
+
+  Topology topo_;
+};
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const char* algo : {"flat", "hierarchical"})
+    for (OverlapMode mode : {OverlapMode::off, OverlapMode::poll, OverlapMode::thread}) {
+      // Several small buckets (sizes not multiples of 64 per shard), trailing padding.
+      cases.push_back({algo, mode, 1237, 3, 4 * 300, ReadyOrder::high_to_low});
+      // 64-aligned buckets with an odd remainder bucket at offset 0; ranges low-to-high.
+      cases.push_back({algo, mode, 64 * 9 + 17, 0, 4 * 64 * 2 * 4, ReadyOrder::low_to_high});
+      // One bucket; nothing reported (finish() must reduce everything).
+      cases.push_back({algo, mode, 4099, 1, size_t(1) << 24, ReadyOrder::none});
+      // Tiny buffer: one shard per rank, buckets of one shard.
+      cases.push_back({algo, mode, 1, 0, 4, ReadyOrder::high_to_low});
+    }
+  return cases;
+}
+
+TEST_F(ReducerTest, IntegerGradientsSumExactlyInEveryMode) {
+  for (const Case& c : all_cases()) {
+    EXPECT_EQ(global_failures(run_integer_case(c, 2)), 0) << describe(c);
+  }
+}
+
+TEST_F(ReducerTest, FlatAndHierarchicalAgreeOnRandomGradients) {
+  const size_t padded = 5003 * size_t(topo_.local_size);
+  std::mt19937 rng(17 + unsigned(topo_.rank));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> original(padded);
+  for (float& x : original) x = normal(rng) * 1e-3f;
+  std::vector<float> abs_sum(padded);
+  for (size_t i = 0; i < padded; ++i) abs_sum[i] = std::fabs(original[i]);
+  MPI_Allreduce(MPI_IN_PLACE, abs_sum.data(), int(padded), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+
+  std::vector<std::vector<float>> results;
+  for (const char* algo : {"flat", "hierarchical"}) {
+    std::vector<float> grads = original;
+    ReducerOptions opts;
+    opts.algo = algo;
+    opts.bucket_bytes = 4 * 1024;
+    opts.overlap = OverlapMode::poll;
+    auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
+    reducer->begin();
+    report(*reducer, padded, ReadyOrder::high_to_low, 5);
+    reducer->finish();
+    results.push_back(grads);
+  }
+  std::vector<float> reference = original;
+  MPI_Allreduce(MPI_IN_PLACE, reference.data(), int(padded), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  long bad = 0;
+  for (size_t i = 0; i < padded; ++i) {
+    const float tolerance = 1e-6f * abs_sum[i] + 1e-12f;
+    bad += std::fabs(results[0][i] - results[1][i]) > tolerance;
+    bad += std::fabs(results[1][i] - reference[i]) > tolerance;
+  }
+  EXPECT_EQ(global_failures(bad), 0);
+  // Every rank holds the same hierarchical result, bit for bit (the node allgather copies it).
+  std::vector<float> from_rank0 = results[1];
+  MPI_Bcast(from_rank0.data(), int(padded), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  long differs = 0;
+  for (size_t i = 0; i < padded; ++i) differs += from_rank0[i] != results[1][i];
+  EXPECT_EQ(global_failures(differs), 0);
+}
+
+TEST_F(ReducerTest, RangeReportedTwiceIsAnError) {
+  std::vector<float> grads(size_t(topo_.local_size) * 100);
+  auto reducer = make_gradient_reducer(topo_, "mpi", "flat", grads.data(), grads.size(), 1 << 20, false);
+  reducer->begin();
+  reducer->ready(10, 20);
+  long named = 0;
+  try {
+    reducer->ready(25, 10);
+  } catch (const Error& e) {
+    named = std::string(e.what()).find("reported twice") != std::string::npos;
+  }
+  EXPECT_EQ(global_failures(named), topo_.size);
+}
+
+TEST_F(ReducerTest, BufferMustHoldWholeNodeShards) {
+  if (topo_.local_size == 1) GTEST_SKIP() << "one rank per node: every size is whole shards";
+  std::vector<float> grads(size_t(topo_.local_size) * 10 + 1);
+  long named = 0;
+  try {
+    make_gradient_reducer(topo_, "mpi", "hierarchical", grads.data(), grads.size(), 1 << 20, true);
+  } catch (const Error& e) {
+    named = std::string(e.what()).find("not a multiple") != std::string::npos;
+  }
+  EXPECT_EQ(global_failures(named), topo_.size);
+}
+
+TEST_F(ReducerTest, OverlapModesParse) {
+  EXPECT_EQ(parse_overlap_mode("off"), OverlapMode::off);
+  EXPECT_EQ(parse_overlap_mode("poll"), OverlapMode::poll);
+  EXPECT_EQ(parse_overlap_mode("thread"), OverlapMode::thread);
+  EXPECT_EQ(parse_overlap_mode("auto"), OverlapMode::automatic);
+  EXPECT_THROW(parse_overlap_mode("sometimes"), Error);
+}
+
+}  // namespace
+}  // namespace kilter::comm

@@ -1,0 +1,187 @@
+// MPI test of RankDiagnostics on 4 ranks without a trainer: a fake step loop (sleeps stand in
+// for the phases, a real MPI_Allreduce for the gradient collective) where rank 2 sleeps longer
+// in backward must name rank 2 and backward; the inject_delay drill on rank 1 must name rank 1
+// and forward; a balanced loop must name nobody. Also checks the files every rank writes.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/error.h"
+#include "lib/diag/diagnostics.h"
+#include "lib/diag/metrics_csv.h"
+
+using kilter::diag::DiagOptions;
+using kilter::diag::RankDiagnostics;
+
+namespace {
+
+int g_failures = 0;
+int g_rank = 0;
+std::vector<std::string> g_temp_dirs;  // rank 0: removed at the end
+
+#define EXPECT(cond, what)                                                              \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "rank %d: FAILED %s (%s:%d)\n", g_rank, what, __FILE__, __LINE__); \
+      ++g_failures;                                                                     \
+    }                                                                                   \
+  } while (0)
+
+void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+// One run of `steps` fake steps; `slow_rank` sleeps `extra` more seconds in backward.
+nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double extra,
+                        const std::string& inject_delay) {
+  DiagOptions opts;
+  opts.run_dir = dir;
+  opts.trace_steps = 5;
+  opts.warn_window = 8;
+  opts.inject_delay = inject_delay;
+  RankDiagnostics diag(MPI_COMM_WORLD, opts);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::vector<float> grads(4096, 1.0f);
+  for (int step = 0; step < steps; ++step) {
+    diag.begin_step(step);
+    diag.phase_begin(kilter::diag::kDataWait);
+    diag.phase_end(kilter::diag::kDataWait);
+    for (int micro = 0; micro < 2; ++micro) {  // gradient accumulation: phases entered twice
+      diag.phase_begin(kilter::diag::kForward);
+      sleep_seconds(0.004);
+      diag.phase_end(kilter::diag::kForward);
+      diag.phase_begin(kilter::diag::kBackward);
+      sleep_seconds(0.006 + (rank == slow_rank && micro == 1 ? extra : 0));
+      diag.phase_end(kilter::diag::kBackward);
+    }
+    diag.set_step_work(1024 * (rank + 1), 1e5);
+    diag.mark_arrival();
+    auto t0 = std::chrono::steady_clock::now();
+    MPI_Allreduce(MPI_IN_PLACE, grads.data(), int(grads.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    diag.add_phase_seconds(kilter::diag::kCommExposed,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    diag.phase_begin(kilter::diag::kOptimizer);
+    sleep_seconds(0.002);
+    diag.phase_end(kilter::diag::kOptimizer);
+    diag.end_step(step, 4096, 5.0 - 0.01 * step);
+  }
+  nlohmann::json plan_stats = {{"padding_efficiency", 0.9}, {"cost_imbalance_p95", 1.01}};
+  return diag.finish(plan_stats);
+}
+
+std::string make_run_dir(const char* name) {
+  char buf[4096] = {};
+  if (g_rank == 0) {
+    std::string base = (std::filesystem::temp_directory_path() / "kilter-diag-mpi-XXXXXX").string();
+    std::snprintf(buf, sizeof buf, "%s", base.c_str());
+    if (!mkdtemp(buf)) std::abort();
+    g_temp_dirs.push_back(buf);
+    std::snprintf(buf + std::strlen(buf), sizeof buf - std::strlen(buf), "/%s", name);
+  }
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return buf;
+}
+
+void check_files(const std::string& dir, int world, int steps) {
+  // Every rank checks its own CSV and trace.
+  auto rows = kilter::diag::read_metrics_csv(kilter::diag::metrics_path(dir, g_rank), g_rank);
+  EXPECT(int(rows.size()) == steps, "one CSV row per step");
+  if (!rows.empty()) {
+    EXPECT(rows[0].tokens_computed == 1024 * (g_rank + 1), "tokens_computed recorded");
+    EXPECT(rows[0].phase[kilter::diag::kForward] >= 0.008, "forward accumulates both micro-batches");
+    EXPECT(rows.back().peak_rss_bytes > 0, "peak RSS recorded");
+    EXPECT(rows.back().arrival > rows.front().arrival, "arrival grows with the steps");
+  }
+  std::ifstream trace(kilter::diag::trace_path(dir, g_rank));
+  nlohmann::json events = nlohmann::json::parse(trace, nullptr, false);
+  EXPECT(events.is_array(), "trace is a JSON array");
+  int phases = 0;
+  for (const auto& e : events)
+    if (e.value("ph", "") == "X" && e.value("name", "") == "forward") {
+      ++phases;
+      EXPECT(e["pid"] == g_rank && e["tid"] == 0, "pid = rank, tid = 0");
+    }
+  EXPECT(phases == 2 * 5, "forward events of the first trace_steps steps only");
+  (void)world;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  kilter::set_error_rank(g_rank);
+  try {
+    const int steps = 24;
+    // 1. Rank 2 sleeps 30 ms more in backward (steps are ~25 ms otherwise).
+    std::string dir = make_run_dir("slow-backward");
+    nlohmann::json s = fake_run(dir, steps, 2, 0.03, "");
+    check_files(dir, world, steps);
+    if (g_rank == 0) {
+      std::printf("slow backward: straggler %s sync_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
+                  s["sync_wait_fraction"].get<double>());
+      EXPECT(s["straggler_rank"] == 2, "rank 2 named straggler");
+      EXPECT(s["straggler"]["phase"] == "backward", "its phase is backward");
+      EXPECT(s["world_size"] == world, "world_size");
+      EXPECT(s["steps"] == steps, "steps");
+      EXPECT(s["padding_efficiency"] == 0.9, "extra fields kept");
+      EXPECT(s["sync_wait_fraction"].get<double>() > 0.2, "others wait for rank 2");
+      EXPECT(s["step_time_imbalance_p95"].get<double>() > 1.3, "compute-time imbalance seen");
+      EXPECT(std::filesystem::exists(dir + "/summary.json"), "summary.json written");
+    } else {
+      EXPECT(s.is_null(), "finish returns {} on ranks other than 0");
+    }
+
+    // 2. The drill: rank 1 sleeps 30 ms inside forward once per step.
+    dir = make_run_dir("inject");
+    s = fake_run(dir, steps, -1, 0, "1:0.03:forward");
+    if (g_rank == 0) {
+      std::printf("inject 1:0.03:forward: straggler %s\n", s["straggler"].dump().c_str());
+      EXPECT(s["straggler_rank"] == 1, "rank 1 named straggler");
+      EXPECT(s["straggler"]["phase"] == "forward", "its phase is forward");
+    }
+
+    // 3. Balanced: nobody beyond noise.
+    dir = make_run_dir("balanced");
+    s = fake_run(dir, steps, -1, 0, "");
+    if (g_rank == 0) {
+      std::printf("balanced: straggler %s sync_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
+                  s["sync_wait_fraction"].get<double>());
+      EXPECT(s["straggler_rank"] == -1, "no straggler when balanced");
+    }
+
+    // 4. A drill naming a rank that does not exist is refused, naming the key.
+    bool refused = false;
+    try {
+      DiagOptions opts;
+      opts.run_dir = make_run_dir("bad");
+      opts.inject_delay = std::to_string(world) + ":0.1";
+      RankDiagnostics bad(MPI_COMM_WORLD, opts);
+    } catch (const kilter::Error& e) {
+      refused = std::string(e.what()).find("train.inject_delay") != std::string::npos;
+    }
+    EXPECT(refused, "inject_delay with rank >= world size refused");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", g_rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int total = 0;
+  MPI_Allreduce(&g_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0) {
+    std::printf("%s: %d failed checks\n", total ? "FAIL" : "PASS", total);
+    for (const auto& d : g_temp_dirs) std::filesystem::remove_all(d);
+  }
+  MPI_Finalize();
+  return total ? 1 : 0;
+}

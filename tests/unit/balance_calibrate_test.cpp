@@ -1,0 +1,119 @@
+// Unit tests of the cost-model calibration (lib/balance/calibrate.h) and of the synthetic
+// length generator used by `kilter plan --lengths`.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "io/error.h"
+#include "lib/balance/calibrate.h"
+#include "lib/balance/rng.h"
+#include "lib/balance/synthetic_lengths.h"
+
+namespace kilter::balance {
+namespace {
+
+std::vector<CostSample> synthetic_samples(double a, double b, double c, double noise, int n) {
+  Xoshiro256 rng(3);
+  std::vector<CostSample> out;
+  for (int i = 0; i < n; ++i) {
+    CostSample s;
+    const double rows = 1 + double(rng.below(16));
+    const double len = 16 + double(rng.below(1008));
+    s.tokens_computed = rows * len;
+    s.attn_work = rows * len * len * (0.7 + 0.3 * rng.uniform_open0());
+    const double jitter = noise * (2 * rng.uniform_open0() - 1);
+    s.seconds = (c + a * s.tokens_computed + b * s.attn_work) * (1 + jitter);
+    out.push_back(s);
+  }
+  return out;
+}
+
+TEST(BalanceCalibrate, RecoversKnownCoefficients) {
+  const double a = 2e-6, b = 3e-9, c = 1e-3;
+  const CostFit exact = fit_cost_model(synthetic_samples(a, b, c, 0.0, 200));
+  EXPECT_NEAR(exact.a / a, 1.0, 1e-6);
+  EXPECT_NEAR(exact.b / b, 1.0, 1e-6);
+  EXPECT_NEAR(exact.intercept / c, 1.0, 1e-4);
+  EXPECT_NEAR(exact.r2, 1.0, 1e-9);
+  const CostFit noisy = fit_cost_model(synthetic_samples(a, b, c, 0.02, 2000));
+  EXPECT_NEAR(noisy.a / a, 1.0, 0.05);
+  EXPECT_NEAR(noisy.b / b, 1.0, 0.05);
+  EXPECT_NEAR(noisy.b_over_a(), b / a, 0.05 * b / a);
+  EXPECT_GT(noisy.r2, 0.99);
+}
+
+TEST(BalanceCalibrate, RefusesCollinearOrTooFewSamples) {
+  std::vector<CostSample> same_length;
+  for (int rows = 1; rows <= 10; ++rows)
+    same_length.push_back({rows * 100.0, rows * 100.0 * 100.0, rows * 1e-3});
+  EXPECT_THROW(fit_cost_model(same_length), Error);
+  EXPECT_THROW(fit_cost_model(synthetic_samples(1, 1, 0, 0, 2)), Error);
+}
+
+TEST(BalanceCalibrate, ReadsRunMetricsAndSkipsWarmupAndIdleRows) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kilter-calibrate-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "metrics");
+  const double a = 1e-6, b = 2e-9;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ofstream f(dir / "metrics" / ("rank-0000" + std::to_string(rank) + ".csv"));
+    f << "step,tokens,loss,data_wait,forward,backward,tokens_computed,attn_work\n";
+    for (int step = 0; step < 20; ++step) {
+      const double len = 32.0 * (1 + (step * 7 + rank * 3) % 17), rows = 1 + (step + rank) % 5;
+      const double tokens = rows * len, work = rows * len * len;
+      const double total = step == 0 ? 5.0 : a * tokens + b * work;  // step 0: slow warm-up
+      f << step << "," << tokens << ",3.2,0.001," << total / 3 << "," << 2 * total / 3 << "," << tokens << ","
+        << work << "\n";
+    }
+    f << 20 << ",0,3.1,0.0,0.0,0.0,0,0\n";  // an idle rank-step
+  }
+  const auto samples = read_cost_samples(dir.string(), 1);
+  EXPECT_EQ(samples.size(), 2u * 19u);
+  const CostFit fit = fit_cost_model(samples);
+  EXPECT_NEAR(fit.a / a, 1.0, 1e-3);
+  EXPECT_NEAR(fit.b / b, 1.0, 1e-3);
+
+  std::ofstream(dir / "metrics" / "rank-00002.csv") << "step,forward,backward\n1,0.1,0.2\n";
+  try {
+    read_cost_samples(dir.string(), 1);
+    ADD_FAILURE() << "a file without tokens_computed must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens_computed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank-00002.csv"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+  EXPECT_THROW(read_cost_samples(dir.string(), 0), Error);
+}
+
+TEST(BalanceSynthetic, LengthSpecsParseAndGenerateDeterministically) {
+  const LengthSpec u = parse_length_spec("uniform:5,9");
+  const auto lengths = synthetic_lengths(u, 1000, 1);
+  for (uint32_t l : lengths) {
+    EXPECT_GE(l, 5u);
+    EXPECT_LE(l, 9u);
+  }
+  EXPECT_EQ(lengths, synthetic_lengths(u, 1000, 1));
+  EXPECT_NE(lengths, synthetic_lengths(u, 1000, 2));
+  const auto logn = synthetic_lengths(parse_length_spec("lognormal:5,1,300"), 20000, 1);
+  int capped = 0;
+  for (uint32_t l : logn) {
+    EXPECT_LE(l, 300u);
+    capped += l == 300;
+  }
+  EXPECT_GT(capped, 0);
+  std::vector<uint32_t> sorted = logn;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_NEAR(double(sorted[sorted.size() / 2]), std::exp(5.0), 10.0) << "median of lognormal(5, 1)";
+  EXPECT_THROW(parse_length_spec("gamma:1,2"), Error);
+  EXPECT_THROW(parse_length_spec("uniform:9,5"), Error);
+  EXPECT_THROW(parse_length_spec("lognormal:5"), Error);
+  EXPECT_THROW(parse_length_spec("lognormal:5,x"), Error);
+}
+
+}  // namespace
+}  // namespace kilter::balance

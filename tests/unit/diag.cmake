@@ -1,0 +1,2 @@
+# Unit tests of the diagnostics statistics, live straggler watch, metrics CSV and trace files.
+kilter_add_unit_test(diag_statistics_test ${CMAKE_CURRENT_LIST_DIR}/diag_statistics_test.cpp)

@@ -1,0 +1,9 @@
+# Model, optimizer and CPU backend tests (issue 2), plus the CPU step benchmark executable
+# (a build target only; bench/cpu_step.sh runs it next to PyTorch).
+kilter_add_unit_test(model_ops_test ${CMAKE_CURRENT_LIST_DIR}/model_ops_test.cpp)
+kilter_add_unit_test(model_gradcheck_test ${CMAKE_CURRENT_LIST_DIR}/model_gradcheck_test.cpp)
+kilter_add_unit_test(model_optim_test ${CMAKE_CURRENT_LIST_DIR}/model_optim_test.cpp)
+
+add_executable(kilter_bench_step ${CMAKE_SOURCE_DIR}/bench/cpu_step.cpp)
+target_link_libraries(kilter_bench_step PRIVATE kilter_lib)
+

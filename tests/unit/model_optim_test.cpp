@@ -1,0 +1,93 @@
+// AdamW against hand-computed steps, the decay mask, the learning-rate schedule and the
+// clipping factor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "lib/backend/cpu_model.h"
+#include "lib/optim/adamw.h"
+#include "lib/optim/schedule.h"
+#include "tests/unit/model_testing.h"
+
+namespace kilter::optim {
+namespace {
+
+// One AdamW step of one element, straight from the paper's formula, in double.
+struct Reference {
+  double param, m, v;
+  void step(double grad, double lr, double b1, double b2, double eps, double wd, double grad_scale, int t) {
+    const double g = grad * grad_scale;
+    param -= lr * wd * param;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const double m_hat = m / (1 - std::pow(b1, t));
+    const double v_hat = v / (1 - std::pow(b2, t));
+    param -= lr * m_hat / (std::sqrt(v_hat) + eps);
+  }
+};
+
+TEST(AdamW, StepsMatchTheHandComputedFormula) {
+  std::vector<float> params = {0.5f, -1.25f, 3.0f, 0.0f, 1e-3f};
+  std::vector<float> m(5, 0.0f), v(5, 0.0f);
+  std::vector<Reference> ref;
+  for (float p : params) ref.push_back({p, 0.0, 0.0});
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, scale = 0.5;
+  for (int t = 1; t <= 5; ++t) {
+    const std::vector<float> grads = {0.1f * t, -2.0f, 0.0f, 1e-4f, static_cast<float>(t % 2 ? 3.0 : -3.0)};
+    adamw_update(params.data(), grads.data(), m.data(), v.data(), params.size(), lr, b1, b2, eps, wd, scale, t);
+    for (size_t i = 0; i < params.size(); ++i) ref[i].step(grads[i], lr, b1, b2, eps, wd, scale, t);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_NEAR(params[i], ref[i].param, 2e-6 * (1.0 + std::fabs(ref[i].param))) << "t=" << t << " i=" << i;
+      EXPECT_NEAR(m[i], ref[i].m, 1e-6 * (1.0 + std::fabs(ref[i].m)));
+      EXPECT_NEAR(v[i], ref[i].v, 1e-6 * (1.0 + std::fabs(ref[i].v)));
+    }
+  }
+  // First step of a fresh element moves it by about lr * sign(g) (Adam's normalized step).
+  std::vector<float> p = {1.0f}, g = {0.3f}, m1 = {0.0f}, v1 = {0.0f};
+  adamw_update(p.data(), g.data(), m1.data(), v1.data(), 1, 0.01f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1);
+  EXPECT_NEAR(p[0], 0.99f, 1e-6);
+}
+
+TEST(AdamW, ModelDecaysTwoDimensionalWeightsOnly) {
+  model::GPTConfig cfg = model::testing::tiny_config();
+  backend::CpuModel model(cfg, 1);
+  model.init_params(3);
+  std::vector<float> before(model.layout().num_params);
+  model.get_params(before.data());
+  model.zero_grads();  // zero gradients: only the decay moves anything
+  model::AdamWParams p;
+  p.lr = 0.1f;
+  p.weight_decay = 0.5f;
+  model.adamw_step(p);
+  for (const model::ParamTensor& tensor : model.layout().tensors) {
+    const size_t i = tensor.offset + tensor.size / 2;
+    const float expected = tensor.decay ? before[i] * (1.0f - 0.05f) : before[i];
+    EXPECT_FLOAT_EQ(model.params()[i], expected) << tensor.name;
+  }
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  const double lr = 6e-4;
+  EXPECT_DOUBLE_EQ(learning_rate(0, 10, 100, lr, 0.1), lr / 10);
+  EXPECT_DOUBLE_EQ(learning_rate(4, 10, 100, lr, 0.1), lr * 5 / 10);
+  EXPECT_DOUBLE_EQ(learning_rate(9, 10, 100, lr, 0.1), lr);
+  EXPECT_DOUBLE_EQ(learning_rate(10, 10, 100, lr, 0.1), lr);
+  EXPECT_NEAR(learning_rate(55, 10, 100, lr, 0.1), lr * 0.1 + 0.5 * (lr - lr * 0.1), 1e-15);  // halfway
+  EXPECT_NEAR(learning_rate(100, 10, 100, lr, 0.1), lr * 0.1, 1e-15);
+  EXPECT_NEAR(learning_rate(500, 10, 100, lr, 0.1), lr * 0.1, 1e-15);
+  EXPECT_DOUBLE_EQ(learning_rate(0, 0, 100, lr, 0.0), lr);  // no warmup: cosine from the start
+  for (int64_t s = 11; s < 100; ++s)
+    EXPECT_LE(learning_rate(s, 10, 100, lr, 0.1), learning_rate(s - 1, 10, 100, lr, 0.1));
+}
+
+TEST(Schedule, ClipScaleFollowsTorch) {
+  EXPECT_EQ(clip_scale(0.5, 1.0), 1.0f);
+  EXPECT_NEAR(clip_scale(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-7);
+  EXPECT_EQ(clip_scale(100.0, 0.0), 1.0f);  // clipping off
+  EXPECT_TRUE(std::isnan(clip_scale(NAN, 1.0)));
+  EXPECT_EQ(clip_scale(INFINITY, 1.0), 0.0f);
+}
+
+}  // namespace
+}  // namespace kilter::optim
