@@ -240,7 +240,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   std::vector<InputFile> inputs = expand_inputs(options.inputs, options.format);
   const uint64_t input_bytes = total_size(inputs);
 
-  Progress scan_progress("prep: scan ", input_bytes, options.progress);
+  Progress scan_progress("prep scan", input_bytes, options.progress);
   LengthCollector collector(scan_progress);
   CorpusCounts first_pass = read_corpus(inputs, options.format, collector);
   scan_progress.update(first_pass.documents, first_pass.input_bytes);
@@ -251,7 +251,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
 
   AtomicDirectory out(options.out, options.force);
   DatasetBuilder builder(out, collector.lengths, options.shards, kByteVocabSize, kByteEosId, "byte");
-  Progress write_progress("prep: write", input_bytes, options.progress);
+  Progress write_progress("prep write", input_bytes, options.progress);
   ShardFiller filler(builder, write_progress);
   CorpusCounts second_pass = read_corpus(inputs, options.format, filler);
   write_progress.update(second_pass.documents, second_pass.input_bytes);

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <tuple>
 
 namespace kilter::model::cuda {
 
@@ -19,6 +20,8 @@ enum class GemmMath { fp32, bf16 };
 
 // cuBLASLt handle, workspace and a cache of matmul descriptors + chosen algorithms per shape, so
 // steady-state steps do no heuristic queries. One per stream; not thread-safe.
+struct CachedMatmul;
+
 class Gemm {
  public:
   Gemm(cudaStream_t stream, GemmMath math);
@@ -36,6 +39,9 @@ class Gemm {
 
  private:
   struct Impl;
+  using Key = std::tuple<int, int, int, bool, bool, bool, int, int64_t, int64_t, int64_t, uint32_t, uint32_t,
+                         uint32_t, uint32_t>;
+  bool plan(CachedMatmul& entry, int compute_type, const Key& key);
   std::unique_ptr<Impl> impl_;
 };
 

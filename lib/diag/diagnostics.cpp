@@ -323,7 +323,8 @@ nlohmann::json RankDiagnostics::finish(const nlohmann::json& extra) {
     double seconds = double(d.previous_end_ns - d.first_begin_ns) * 1e-9;
     summary["tokens_per_second"] = seconds > 0 ? double(d.tokens_total) / seconds : 0.0;
   }
-  for (const auto& item : d.stats->to_json().items()) summary[item.key()] = item.value();
+  const nlohmann::json statistics = d.stats->to_json();
+  for (const auto& item : statistics.items()) summary[item.key()] = item.value();
   summary["clock_alignment_max_rtt_us"] = double(d.max_rtt_ns) * 1e-3;
   if (d.delay.active)
     summary["inject_delay"] = {{"rank", d.delay.rank}, {"seconds", d.delay.seconds},

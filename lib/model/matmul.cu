@@ -33,7 +33,7 @@ struct CachedMatmul {
 };
 
 using GemmKey = std::tuple<int, int, int, bool, bool, bool, int, int64_t, int64_t, int64_t, uint32_t, uint32_t,
-                           uint32_t, uint32_t>;
+                           uint32_t, uint32_t>;  // Gemm::Key: shape, transposes, bias, batching, alignments
 
 struct Gemm::Impl {
   cudaStream_t stream = nullptr;
@@ -78,6 +78,61 @@ static cublasLtMatrixLayout_t make_layout(int rows, int cols, int batch, int64_t
   return layout;
 }
 
+// Builds the descriptors of `key`'s shape for one compute type and asks the heuristic for the
+// best algorithm; false (descriptors released) when it has none.
+bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
+  const auto [m, n, k, trans_a, trans_b, has_bias, batch, stride_a, stride_b, stride_d, align_a, align_b, align_c,
+              align_d] = key;
+  const cublasComputeType_t compute = static_cast<cublasComputeType_t>(compute_type);
+  KILTER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&entry.desc, compute, CUDA_R_32F));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const cublasLtEpilogue_t epilogue = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  KILTER_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  if (has_bias) {
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                       sizeof bias_type));
+  }
+  entry.a = trans_a ? make_layout(k, m, batch, stride_a) : make_layout(m, k, batch, stride_a);
+  entry.b = trans_b ? make_layout(n, k, batch, stride_b) : make_layout(k, n, batch, stride_b);
+  entry.c = make_layout(m, n, batch, stride_d);
+  entry.d = make_layout(m, n, batch, stride_d);
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = kWorkspaceBytes;
+  KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace_bytes, sizeof workspace_bytes));
+  const uint32_t alignments[4] = {align_a, align_b, align_c, align_d};
+  const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    KILTER_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
+  }
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found_algorithms = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(impl_->handle, entry.desc, entry.a, entry.b, entry.c,
+                                                               entry.d, preference, 1, &heuristic, &found_algorithms);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status == CUBLAS_STATUS_SUCCESS && found_algorithms > 0) {
+    entry.algo = heuristic.algo;
+    return true;
+  }
+  cublasLtMatrixLayoutDestroy(entry.a);
+  cublasLtMatrixLayoutDestroy(entry.b);
+  cublasLtMatrixLayoutDestroy(entry.c);
+  cublasLtMatrixLayoutDestroy(entry.d);
+  cublasLtMatmulDescDestroy(entry.desc);
+  entry = CachedMatmul{};
+  return false;
+}
+
 void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, int n, int k,
                bool trans_a, bool trans_b, float alpha, float beta, const float* bias, int batch,
                int64_t stride_a, int64_t stride_b, int64_t stride_d) {
@@ -93,51 +148,13 @@ void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, 
   auto found = impl_->cache.find(key);
   if (found == impl_->cache.end()) {
     CachedMatmul entry;
-    const cublasComputeType_t compute =
-        impl_->math == GemmMath::bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-    KILTER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&entry.desc, compute, CUDA_R_32F));
-    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    const cublasLtEpilogue_t epilogue = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                       sizeof epilogue));
-    if (has_bias) {
-      const cudaDataType_t bias_type = CUDA_R_32F;
-      KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                         &bias_type, sizeof bias_type));
+    // bf16 math first when asked; shapes or alignments with no bf16 kernel fall back to fp32
+    // math (still correct, only slower) rather than failing.
+    const bool want_bf16 = impl_->math == GemmMath::bf16;
+    if (!(want_bf16 && plan(entry, CUBLAS_COMPUTE_32F_FAST_16BF, key)) && !plan(entry, CUBLAS_COMPUTE_32F, key)) {
+      KILTER_FAIL("cuBLASLt has no algorithm for a GEMM m=" << m << " n=" << n << " k=" << k << " transA=" << trans_a
+                  << " transB=" << trans_b << " batch=" << batch << " bias=" << has_bias);
     }
-    entry.a = trans_a ? make_layout(k, m, batch, stride_a) : make_layout(m, k, batch, stride_a);
-    entry.b = trans_b ? make_layout(n, k, batch, stride_b) : make_layout(k, n, batch, stride_b);
-    entry.c = make_layout(m, n, batch, stride_d);
-    entry.d = make_layout(m, n, batch, stride_d);
-
-    cublasLtMatmulPreference_t preference = nullptr;
-    KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    const size_t workspace_bytes = kWorkspaceBytes;
-    KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof workspace_bytes));
-    const uint32_t alignments[4] = {std::get<10>(key), std::get<11>(key), std::get<12>(key), std::get<13>(key)};
-    const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; ++i) {
-      KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i],
-                                                               sizeof alignments[i]));
-    }
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found_algorithms = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        impl_->handle, entry.desc, entry.a, entry.b, entry.c, entry.d, preference, 1, &heuristic,
-        &found_algorithms);
-    cublasLtMatmulPreferenceDestroy(preference);
-    if (status != CUBLAS_STATUS_SUCCESS || found_algorithms == 0) {
-      KILTER_FAIL("cuBLASLt has no algorithm for a GEMM m=" << m << " n=" << n << " k=" << k
-                  << " transA=" << trans_a << " transB=" << trans_b << " batch=" << batch
-                  << " bias=" << has_bias << ": " << backend::cublas_status_name(status));
-    }
-    entry.algo = heuristic.algo;
     found = impl_->cache.emplace(key, entry).first;
   }
   CachedMatmul& cached = found->second;

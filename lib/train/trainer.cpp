@@ -197,8 +197,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   const double t_start = now_seconds();
 
   // ---- topology and the checks that must agree across ranks ---------------------------------
-  comm::Topology topo = make_topology(world, cfg.comm.ranks_per_node);
-  check_consistent_across_ranks(world, cfg.hash(), KILTER_VERSION);
+  comm::Topology topo = comm::make_topology(world, cfg.comm.ranks_per_node);
+  check_consistent_across_ranks(world, cfg.hash(), KILTER_VERSION, cfg.to_ini());
   openblas_set_num_threads(cfg.train.threads);
 
   const std::string run_dir = resolve_run_dir(cfg, opts);

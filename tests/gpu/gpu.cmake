@@ -22,6 +22,16 @@ if(KILTER_WITH_CUDA)
     set_tests_properties(${test_name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
   endforeach()
 
+  # The NCCL communicator needs MPI (kilter_lib) and one GPU per rank: 1 rank here, more on a
+  # multi-GPU node by hand (mpirun -np <gpus> kilter_gpu_nccl_test).
+  if(KILTER_WITH_NCCL)
+    add_executable(kilter_gpu_nccl_test ${CMAKE_SOURCE_DIR}/tests/gpu/gpu_nccl_test.cpp)
+    target_link_libraries(kilter_gpu_nccl_test PRIVATE kilter_lib)
+    add_test(NAME gpu_nccl COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${KILTER_MPIRUN_FLAGS}
+                                   $<TARGET_FILE:kilter_gpu_nccl_test>)
+    set_tests_properties(gpu_nccl PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
+  endif()
+
   # Not a test: bench/gpu_step.sh and tests/gpu/device-check.sh run it.
   add_executable(kilter_bench_gpu_step ${CMAKE_SOURCE_DIR}/bench/gpu_step.cpp)
   target_link_libraries(kilter_bench_gpu_step PRIVATE kilter_gpu_core)

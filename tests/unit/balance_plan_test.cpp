@@ -95,8 +95,12 @@ TEST(BalancePlan, EveryPieceUsedOnceOrReportedDropped) {
       uint64_t total = 0;
       for (const Piece& p : expected_pieces) total += p.len;
       EXPECT_EQ(used_tokens + plan.stats.dropped_tokens, total);
-      if (sampler == "balanced" && tail == "redistribute") EXPECT_EQ(plan.stats.dropped_pieces, 0u);
-      if (sampler == "balanced" && tail == "drop") EXPECT_EQ(plan.stats.dropped_tokens, plan.stats.tail_tokens);
+      if (sampler == "balanced" && tail == "redistribute") {
+        EXPECT_EQ(plan.stats.dropped_pieces, 0u);
+      }
+      if (sampler == "balanced" && tail == "drop") {
+        EXPECT_EQ(plan.stats.dropped_tokens, plan.stats.tail_tokens);
+      }
     }
   }
 }

@@ -1,0 +1,235 @@
+// Loading a run directory and the text report of `kilter report` (see report.h); the HTML
+// rendering lives in report_html.cpp.
+#include "lib/diag/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "io/error.h"
+#include "lib/diag/metrics_csv.h"
+#include "lib/diag/run_statistics.h"
+
+namespace kilter::diag {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  size_t e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// The resolved config.ini: "[section]" headers and "key = value" lines; comments skipped.
+std::map<std::string, std::string> parse_ini(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream is(text);
+  std::string line, section;
+  while (std::getline(is, line)) {
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = trim(line.substr(1, line.size() - 2));
+      continue;
+    }
+    size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    std::string key = trim(line.substr(0, eq));
+    out[section.empty() ? key : section + "." + key] = trim(line.substr(eq + 1));
+  }
+  return out;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+std::string json_number(const nlohmann::json& j, const char* key, const char* format = "{:.4g}") {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return "n/a";
+  if (j[key].is_number()) return fmt::format(fmt::runtime(format), j[key].get<double>());
+  if (j[key].is_string()) return j[key].get<std::string>();
+  return j[key].dump();
+}
+
+}  // namespace
+
+RunData load_run(const std::string& run_dir) {
+  RunData run;
+  run.run_dir = run_dir;
+  KILTER_CHECK(fs::is_directory(run_dir), "kilter report: " << run_dir << " is not a directory");
+  const std::string summary_path = run_dir + "/summary.json";
+  if (fs::exists(summary_path)) {
+    std::ifstream in(summary_path);
+    run.summary = nlohmann::json::parse(in, nullptr, false);
+    KILTER_CHECK(!run.summary.is_discarded(), "kilter report: " << summary_path << " is not valid JSON");
+  }
+  const std::string config_path = run_dir + "/config.ini";
+  if (fs::exists(config_path)) {
+    run.config_text = read_text_file(config_path);
+    run.config = parse_ini(run.config_text);
+    auto it = run.config.find("output.stall_factor");
+    if (it != run.config.end()) run.stall_factor = std::atof(it->second.c_str());
+    if (!(run.stall_factor > 1)) run.stall_factor = 2.0;
+  }
+
+  // The ranks: from summary.json, else the CSV files present.
+  const std::string metrics_dir = run_dir + "/metrics";
+  KILTER_CHECK(fs::is_directory(metrics_dir), "kilter report: no metrics directory " << metrics_dir);
+  int files = 0;
+  const std::regex name_re("rank-([0-9]{5})\\.csv");
+  for (const auto& entry : fs::directory_iterator(metrics_dir)) {
+    std::smatch m;
+    std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, name_re)) files = std::max(files, std::stoi(m[1]) + 1);
+  }
+  run.world_size = run.summary.is_object() && run.summary.contains("world_size")
+                       ? run.summary["world_size"].get<int>()
+                       : files;
+  KILTER_CHECK(run.world_size > 0, "kilter report: no metrics/rank-NNNNN.csv in " << metrics_dir);
+  run.rows.resize(run.world_size);
+  std::set<int64_t> common;
+  for (int r = 0; r < run.world_size; ++r) {
+    run.rows[r] = read_metrics_csv(metrics_path(run_dir, r), r);
+    std::set<int64_t> mine;
+    for (const auto& rec : run.rows[r]) mine.insert(rec.step);
+    if (r == 0) {
+      common = mine;
+    } else {
+      std::set<int64_t> both;
+      std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(),
+                            std::inserter(both, both.begin()));
+      common.swap(both);
+    }
+  }
+  run.steps.assign(common.begin(), common.end());
+  return run;
+}
+
+nlohmann::json recompute_statistics(const RunData& run) {
+  RunStatistics stats(run.world_size, run.stall_factor);
+  std::vector<size_t> cursor(run.world_size, 0);
+  std::vector<StepRecord> step_records(run.world_size);
+  for (int64_t step : run.steps) {
+    for (int r = 0; r < run.world_size; ++r) {
+      const auto& rows = run.rows[r];
+      while (rows[cursor[r]].step < step) ++cursor[r];  // the step is present: rows are sorted
+      step_records[r] = rows[cursor[r]];
+    }
+    stats.add_step(step_records.data());
+  }
+  nlohmann::json j = stats.to_json();
+  j["steps_recorded"] = run.steps.size();
+  return j;
+}
+
+std::string report_text(const RunData& run, const nlohmann::json& st) {
+  std::ostringstream os;
+  const nlohmann::json& sum = run.summary;
+  os << "kilter report: " << run.run_dir << "\n";
+  os << fmt::format("  world size {}, steps recorded by every rank {}", run.world_size, run.steps.size());
+  if (!run.steps.empty()) os << fmt::format(" ({}..{})", run.steps.front(), run.steps.back());
+  os << "\n";
+  if (sum.is_object()) {
+    os << "  final loss " << json_number(sum, "final_loss") << ", tokens/s "
+       << json_number(sum, "tokens_per_second", "{:.0f}") << ", backend " << json_number(sum, "backend")
+       << ", sampler " << json_number(sum, "sampler") << "\n";
+    os << "  plan: padding_efficiency " << json_number(sum, "padding_efficiency") << ", cost_imbalance p50 "
+       << json_number(sum, "cost_imbalance_p50") << " p95 " << json_number(sum, "cost_imbalance_p95")
+       << " max " << json_number(sum, "cost_imbalance_max") << ", steps_per_epoch "
+       << json_number(sum, "steps_per_epoch") << ", micro_batches_per_step "
+       << json_number(sum, "micro_batches_per_step") << "\n";
+  } else {
+    os << "  (no summary.json: the run did not finish; figures below come from the metrics CSVs)\n";
+  }
+  os << "  step time: median " << json_number(st, "median_step_seconds") << " s, imbalance p50 "
+     << json_number(st, "step_time_imbalance_p50") << " p95 " << json_number(st, "step_time_imbalance_p95")
+     << " (max/mean of per-rank compute time), sync_wait_fraction " << json_number(st, "sync_wait_fraction")
+     << "\n";
+
+  const nlohmann::json& sg = st["straggler"];
+  if (st["straggler_rank"].get<int>() >= 0) {
+    os << fmt::format("  straggler: rank {}, last to arrive in {:.0f}% of steps (named at >= {:.0f}%), "
+                      "mean lag {:.4f} s, slowest phase {} (+{:.4f} s per step over the other ranks' median)\n",
+                      sg["candidate"].get<int>(), 100 * sg["share"].get<double>(),
+                      100 * sg["threshold"].get<double>(), sg["mean_lag_seconds"].get<double>(),
+                      sg["phase"].get<std::string>(), sg["phase_excess_seconds"].get<double>());
+  } else if (sg["candidate"].get<int>() >= 0) {
+    os << fmt::format("  straggler: none beyond noise (rank {} was last in {:.0f}% of steps; naming needs "
+                      ">= {:.0f}%)\n",
+                      sg["candidate"].get<int>(), 100 * sg["share"].get<double>(),
+                      100 * sg["threshold"].get<double>());
+  } else {
+    os << "  straggler: none beyond noise\n";
+  }
+
+  const nlohmann::json& stalls = st["stalls"];
+  os << fmt::format("  stalls: {} step(s) slower than {:.1f}x the median", stalls["count"].get<int>(),
+                    stalls["factor"].get<double>());
+  if (stalls["period"].get<int64_t>() > 0) os << fmt::format(", recurring every {} steps", stalls["period"].get<int64_t>());
+  os << "\n";
+  int shown = 0;
+  for (const auto& s : stalls["steps"]) {
+    if (++shown > 10) {
+      os << "    ...\n";
+      break;
+    }
+    os << fmt::format("    step {}: {:.4f} s, {} +{:.4f} s\n", s["step"].get<int64_t>(), s["seconds"].get<double>(),
+                      s["phase"].get<std::string>(), s["excess_seconds"].get<double>());
+  }
+
+  const nlohmann::json& mem = st["memory"];
+  std::vector<double> rss;
+  for (const auto& v : mem["peak_rss_bytes"]) rss.push_back(v.get<double>());
+  if (!rss.empty())
+    os << fmt::format("  memory: peak RSS per rank {} .. {} (max/min {:.3f})", human_bytes(*std::min_element(rss.begin(), rss.end())),
+                      human_bytes(*std::max_element(rss.begin(), rss.end())), mem["rss_max_min_ratio"].get<double>());
+  if (mem.contains("device_max_min_ratio"))
+    os << fmt::format(", device max/min {:.3f}", mem["device_max_min_ratio"].get<double>());
+  os << "\n\n";
+
+  // The per-rank phase table; with many ranks, the slowest ones by compute time.
+  const nlohmann::json& means = st["phase_means_seconds"];
+  std::vector<int> ranks(run.world_size);
+  for (int r = 0; r < run.world_size; ++r) ranks[r] = r;
+  const int kMaxRows = 32;
+  if (run.world_size > kMaxRows) {
+    std::sort(ranks.begin(), ranks.end(), [&](int a, int b) {
+      return means["compute"][a].get<double>() > means["compute"][b].get<double>();
+    });
+    ranks.resize(kMaxRows);
+    os << fmt::format("mean seconds per step, the {} ranks with the longest compute time:\n", kMaxRows);
+  } else {
+    os << "mean seconds per step per rank:\n";
+  }
+  const std::vector<std::string> cols = {"data_wait", "h2d",     "forward", "backward", "comm_exposed",
+                                         "optimizer", "other",   "outside", "compute",  "step_total"};
+  os << fmt::format("{:>6}", "rank");
+  for (const auto& c : cols) os << fmt::format(" {:>12}", c);
+  os << fmt::format(" {:>7}\n", "last%");
+  for (int r : ranks) {
+    os << fmt::format("{:>6}", r);
+    for (const auto& c : cols) os << fmt::format(" {:>12.6f}", means[c][r].get<double>());
+    os << fmt::format(" {:>7.1f}\n", 100 * st["last_arrival_share"][r].get<double>());
+  }
+  return os.str();
+}
+
+}  // namespace kilter::diag

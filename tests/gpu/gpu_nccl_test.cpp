@@ -1,0 +1,133 @@
+// The NCCL communicator on device buffers, bootstrapped through MPI: allreduce, reduce-scatter
+// (out of place and in place), allgather and broadcast of rank-dependent integer-valued data
+// (sums are exact), f32/f64/i64, and the error path of a collective on an aborted communicator.
+// Run under mpirun with one rank per GPU. Exit 77 (skipped) without a device, or when ranks
+// would share a device (NCCL refuses that); the MPI-free GPU machine does not build it.
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_model.h"
+#include "lib/comm/nccl_communicator.h"
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what, int rank) {
+  if (!ok) ++failures;
+  if (!ok || rank == 0) std::printf("  %-4s rank %d: %s\n", ok ? "ok" : "FAIL", rank, what.c_str());
+}
+
+template <typename T>
+T* to_device(const std::vector<T>& host) {
+  T* ptr = nullptr;
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr), sizeof(T) * host.size()));
+  KILTER_CUDA_CHECK(cudaMemcpy(ptr, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice));
+  KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+  return ptr;
+}
+
+template <typename T>
+std::vector<T> to_host(const T* ptr, size_t n) {
+  std::vector<T> host(n);
+  KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+  KILTER_CUDA_CHECK(cudaMemcpy(host.data(), ptr, sizeof(T) * n, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+template <typename T>
+void check_collectives(kilter::comm::Communicator& comm, kilter::comm::DType dtype, const char* name) {
+  const int rank = comm.rank(), size = comm.size();
+  const size_t count = 1000003;  // odd: no alignment luck
+  std::vector<T> data(count * size);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<T>((rank + 1) * static_cast<int>(i % 97));
+  T* buf = to_device(data);
+  comm.iallreduce(buf, data.size(), dtype)->wait();
+  std::vector<T> reduced = to_host(buf, data.size());
+  bool ok = true;
+  const int rank_sum = size * (size + 1) / 2;
+  for (size_t i = 0; i < reduced.size(); ++i) ok &= reduced[i] == static_cast<T>(rank_sum * static_cast<int>(i % 97));
+  expect(ok, std::string("allreduce ") + name, rank);
+
+  T* send = to_device(data);
+  T* recv = nullptr;
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&recv), sizeof(T) * count));
+  auto request = comm.ireduce_scatter(send, recv, count, dtype);
+  while (!request->test()) {
+  }
+  std::vector<T> shard = to_host(recv, count);
+  ok = true;
+  for (size_t i = 0; i < count; ++i)
+    ok &= shard[i] == static_cast<T>(rank_sum * static_cast<int>((rank * count + i) % 97));
+  expect(ok, std::string("reduce_scatter (test() polling) ") + name, rank);
+
+  // In place: the result lands in this rank's own block.
+  comm.ireduce_scatter(send, send + rank * count, count, dtype)->wait();
+  std::vector<T> in_place = to_host(send + rank * count, count);
+  expect(in_place == shard, std::string("reduce_scatter in place ") + name, rank);
+
+  std::vector<T> gathered_expected(count * size);
+  for (int r = 0; r < size; ++r)
+    for (size_t i = 0; i < count; ++i) gathered_expected[r * count + i] = static_cast<T>(r * 1000 + static_cast<int>(i % 89));
+  std::vector<T> mine(gathered_expected.begin() + rank * count, gathered_expected.begin() + (rank + 1) * count);
+  T* mine_device = to_device(mine);
+  comm.iallgather(mine_device, buf, count, dtype)->wait();
+  expect(to_host(buf, count * size) == gathered_expected, std::string("allgather ") + name, rank);
+  cudaFree(buf);
+  cudaFree(send);
+  cudaFree(recv);
+  cudaFree(mine_device);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  kilter::set_error_rank(rank);
+  const std::string reason = kilter::backend::cuda_device_absent_reason();
+  int devices = 0;
+  if (reason.empty()) cudaGetDeviceCount(&devices);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_size = 1;
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  if (!reason.empty() || local_size > devices) {
+    if (rank == 0)
+      std::printf("SKIPPED: no CUDA device (%s)\n",
+                  reason.empty() ? (std::to_string(local_size) + " ranks per node share " + std::to_string(devices) +
+                                    " device(s); NCCL needs one device per rank").c_str()
+                                 : reason.c_str());
+    MPI_Finalize();
+    return 77;
+  }
+  try {
+    auto comm = kilter::comm::make_nccl_communicator(MPI_COMM_WORLD, 60.0);
+    if (rank == 0) std::printf("%s, %d rank(s)\n", kilter::comm::nccl_version_string().c_str(), size);
+    check_collectives<float>(*comm, kilter::comm::DType::f32, "f32");
+    check_collectives<double>(*comm, kilter::comm::DType::f64, "f64");
+    check_collectives<int64_t>(*comm, kilter::comm::DType::i64, "i64");
+    std::vector<float> value(17, rank == size - 1 ? 42.0f : 0.0f);
+    float* device_value = to_device(value);
+    comm->broadcast(device_value, sizeof(float) * value.size(), size - 1);
+    expect(to_host(device_value, value.size()) == std::vector<float>(17, 42.0f), "broadcast from the last rank", rank);
+    cudaFree(device_value);
+  } catch (const std::exception& e) {
+    std::printf("FAIL rank %d: %s\n", rank, e.what());
+    ++failures;
+  }
+  int total_failures = 0;
+  MPI_Allreduce(&failures, &total_failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) std::printf("kilter_gpu_nccl_test: %d failure(s)\n", total_failures);
+  MPI_Finalize();
+  return total_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,131 @@
+// Helpers shared by the io unit tests: scratch directories, small synthetic datasets, and
+// surgical edits of shard files (attributes, offsets, dtype) to build bad inputs.
+#pragma once
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "io/dataset.h"
+#include "io/error.h"
+#include "io/hdf5_util.h"
+#include "io/prep.h"
+
+namespace kilter::io::testing {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under /tmp, removed when the test ends.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("kilter-io-" + std::string(info->test_suite_name()) + "-" + info->name() + "-" +
+             std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+inline std::string make_synth(const std::string& out, uint64_t docs, uint32_t shards,
+                              uint32_t vocab = 1000, const std::string& lengths = "uniform:1,300",
+                              uint64_t seed = 11) {
+  SynthOptions options;
+  options.docs = docs;
+  options.lengths = lengths;
+  options.vocab = vocab;
+  options.shards = shards;
+  options.seed = seed;
+  options.out = out;
+  options.progress = false;
+  synthesize_dataset(options);
+  return out;
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// Runs `f`, expecting a kilter::Error whose message contains every one of `needles`.
+template <typename F>
+void expect_error(F&& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning '" << needles.front() << "'";
+  } catch (const Error& e) {
+    for (const std::string& needle : needles)
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+          << "message lacks '" << needle << "': " << e.what();
+  }
+}
+
+inline bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {
+  for (const std::string& line : lines)
+    if (line.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+inline std::string join(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  return text;
+}
+
+// Edits of an existing shard or index file.
+inline void set_uint_attribute(const std::string& file, const std::string& name, uint64_t value) {
+  h5::Handle f = h5::open_file(file, true);
+  h5::write_attribute(f, name, value);
+}
+
+inline void set_offset(const std::string& file, uint64_t entry, uint64_t value) {
+  h5::Handle f = h5::open_file(file, true);
+  h5::Handle ds = h5::open_dataset(f, "offsets", file);
+  h5::write_range(ds, H5T_NATIVE_UINT64, entry, 1, &value, file, "offsets");
+}
+
+inline uint64_t get_offset(const std::string& file, uint64_t entry) {
+  h5::Handle f = h5::open_file(file);
+  h5::Handle ds = h5::open_dataset(f, "offsets", file);
+  uint64_t value = 0;
+  h5::read_range(ds, H5T_NATIVE_UINT64, entry, 1, &value, file, "offsets");
+  return value;
+}
+
+// Every token of a shard, read through HDF5 (the reference the reader is compared with).
+inline std::vector<uint32_t> shard_tokens(const std::string& file) {
+  h5::Handle f = h5::open_file(file);
+  h5::Handle ds = h5::open_dataset(f, "tokens", file);
+  std::vector<uint32_t> tokens(h5::dataset_length(ds, file, "tokens"));
+  h5::read_range(ds, H5T_NATIVE_UINT32, 0, tokens.size(), tokens.data(), file, "tokens");
+  return tokens;
+}
+
+inline void set_token(const std::string& file, uint64_t position, uint32_t value) {
+  h5::Handle f = h5::open_file(file, true);
+  h5::Handle ds = h5::open_dataset(f, "tokens", file);
+  h5::write_range(ds, H5T_NATIVE_UINT32, position, 1, &value, file, "tokens");
+}
+
+// Replaces /tokens by a dataset of the same length and another element type.
+inline void retype_tokens(const std::string& file, hid_t file_type) {
+  std::vector<uint32_t> tokens = shard_tokens(file);
+  h5::Handle f = h5::open_file(file, true);
+  H5Ldelete(f, "tokens", H5P_DEFAULT);
+  h5::Handle ds = h5::create_contiguous_1d(f, "tokens", file_type, tokens.size(), file);
+  h5::write_range(ds, H5T_NATIVE_UINT32, 0, tokens.size(), tokens.data(), file, "tokens");
+}
+
+}  // namespace kilter::io::testing
