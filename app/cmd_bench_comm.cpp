@@ -80,10 +80,8 @@ Parsed parse(int argc, char** argv) {
   KILTER_CHECK(p.bench.backward_ms >= 0, "--backward-ms " << p.bench.backward_ms << ": must be >= 0");
   KILTER_CHECK(p.bench.ready_per_bucket >= 1, "--ready-per-bucket " << p.bench.ready_per_bucket << ": must be >= 1");
   p.bench.bucket_bytes = size_t(bucket_mb * 1024 * 1024);
-  if (engine == "blocking")
-    p.bench.engine = comm::OverlapMode::off;
-  else if (engine == "nonblocking")
-    p.bench.engine = comm::OverlapMode::poll;
+  if (engine == "blocking" || engine == "nonblocking")
+    p.bench.blocking = engine == "blocking";
   else
     KILTER_FAIL("--engine '" << engine << "': expected blocking | nonblocking");
   return p;

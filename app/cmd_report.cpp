@@ -1,6 +1,73 @@
-// Placeholder while the subcommand is being written (replaced by its owner).
+// `kilter report RUN_DIR`: the text summary of a run on stdout and RUN_DIR/report.html (or
+// --html PATH). Thin: lib/diag/report does the work. Needs no MPI and runs on a login node.
+#include <boost/program_options.hpp>
+
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+
 #include "app/commands.h"
+#include "io/error.h"
+#include "lib/diag/report.h"
+
+namespace po = boost::program_options;
+
 namespace kilter::app {
-int cmd_report(int, char**) { std::fprintf(stderr, "kilter: report is not built yet\n"); return 3; }
+
+int cmd_report(int argc, char** argv) {
+  const char* usage =
+      "usage: kilter report RUN_DIR [--html PATH] [--json]\n\n"
+      "Reads RUN_DIR/metrics/rank-*.csv, summary.json and config.ini of a kilter train run (finished or\n"
+      "not), prints per-rank phase times, the straggler verdict, stalls and the plan statistics, and\n"
+      "writes a self-contained report.html (charts: rank x step heatmap, phases per rank, loss,\n"
+      "tokens/s). See docs/diagnostics.md.";
+  std::string run_dir, html_path;
+  bool json = false;
+  po::options_description desc("options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("run-dir", po::value(&run_dir), "run directory (the positional argument)")
+      ("html", po::value(&html_path), "where to write the HTML report (default RUN_DIR/report.html)")
+      ("json", po::bool_switch(&json), "print the recomputed statistics as JSON instead of text");
+  po::positional_options_description positional;
+  positional.add("run-dir", 1);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n\n" << desc << "\n";
+      return 0;
+    }
+    po::notify(vm);
+    if (run_dir.empty()) {
+      std::cerr << "kilter report: RUN_DIR is required\n" << usage << "\n";
+      return 2;
+    }
+    diag::RunData run = diag::load_run(run_dir);
+    nlohmann::json stats = diag::recompute_statistics(run);
+    if (html_path.empty()) html_path = run_dir + "/report.html";
+    {
+      std::ofstream out(html_path);
+      KILTER_CHECK(out, "kilter report: cannot create " << html_path);
+      out << diag::report_html(run, stats);
+      out.close();
+      KILTER_CHECK(out, "kilter report: cannot write " << html_path);
+    }
+    if (json) {
+      std::cout << stats.dump(2) << "\n";
+    } else {
+      std::cout << diag::report_text(run, stats);
+      std::cout << "\nreport: " << html_path << "\n";
+    }
+    return 0;
+  } catch (const po::error& e) {
+    std::cerr << "kilter report: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kilter report: " << e.what() << "\n";
+    return 1;
+  }
+}
+
 }  // namespace kilter::app

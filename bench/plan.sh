@@ -61,7 +61,7 @@ rows() {
          ($b.padding_efficiency|f|tostring), ($n.padding_efficiency|f|tostring),
          ($b.padding_efficiency/$n.padding_efficiency*100|round/100|tostring),
          ($b.cost_imbalance_p95|f|tostring), ($n.cost_imbalance_p95|f|tostring),
-         (($n.cost_imbalance_p95-1)/([$b.cost_imbalance_p95-1, 0.0001]|max)|round|tostring),
+         ($n.cost_imbalance_p95/$b.cost_imbalance_p95*100|round/100|tostring),
          (if $ok then "pass" else "FAIL" end)] | @tsv')
     IFS=$'\t' read -r c1 c2 c3 c4 c5 c6 c7 c8 c9 c10 c11 c12 <<<"$line"
     printf '%-26s %5s %3s %6s %7s | %8s %8s %6s | %8s %8s %6s | %s\n' \
@@ -72,7 +72,8 @@ rows() {
 
 echo "kilter plan: balanced vs naive; max_tokens = 4 x ctx, naive $NAIVE_BATCH sequences/rank/micro-batch,"
 echo "tokens_per_step = $MB_PER_RANK x P x max_tokens; $DOCS synthetic documents per corpus"
-echo "(ratio columns: padding efficiency balanced/naive; excess imbalance (naive-1)/(balanced-1))"
+echo "(ratios: padding efficiency balanced/naive; cost imbalance p95 naive/balanced, i.e. how much longer"
+echo " the slowest rank's compute takes under naive than under balanced at the same mean)"
 print_header
 rows "lognormal:4,1.5 (short)" 512 --lengths lognormal:4,1.5 --docs "$DOCS" --seed 1
 rows "lognormal:5,1" 1024 --lengths lognormal:5,1 --docs "$DOCS" --seed 2

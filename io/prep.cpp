@@ -240,6 +240,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   std::vector<InputFile> inputs = expand_inputs(options.inputs, options.format);
   const uint64_t input_bytes = total_size(inputs);
 
+  AtomicDirectory out(options.out, options.force);  // refuses an existing --out before the scan
   Progress scan_progress("prep scan", input_bytes, options.progress);
   LengthCollector collector(scan_progress);
   CorpusCounts first_pass = read_corpus(inputs, options.format, collector);
@@ -249,7 +250,6 @@ PrepReport prepare_dataset(const PrepOptions& options) {
                "the inputs hold no non-empty documents (" << first_pass.empty_documents
                                                          << " empty ones were dropped)");
 
-  AtomicDirectory out(options.out, options.force);
   DatasetBuilder builder(out, collector.lengths, options.shards, kByteVocabSize, kByteEosId, "byte");
   Progress write_progress("prep write", input_bytes, options.progress);
   ShardFiller filler(builder, write_progress);

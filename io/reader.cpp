@@ -28,7 +28,8 @@ namespace {
 
 constexpr uint64_t kBatchTokens = uint64_t(1) << 18;  // tokens a worker claims at once
 constexpr uint64_t kMergeGapBytes = 4096;              // read through gaps up to a page
-constexpr uint64_t kSpanBytes = uint64_t(1) << 20;     // largest merged pread (bar one piece)
+constexpr uint64_t kSpanBytes = uint64_t(256) << 10;   // largest merged pread (bar one piece):
+                                                       // small enough to convert from L2 cache
 constexpr size_t kAlignment = 4096;
 
 struct ShardFile {
@@ -61,6 +62,17 @@ struct ReadOp {
   uint64_t count;
   int32_t* destination;
 };
+
+// Stored tokens -> int32, returning the largest id seen (plain loops the compiler vectorizes).
+template <typename Stored>
+uint32_t widen(const Stored* __restrict in, int32_t* __restrict out, uint64_t count) {
+  Stored largest = 0;
+  for (uint64_t t = 0; t < count; ++t) {
+    out[t] = int32_t(in[t]);
+    largest = in[t] > largest ? in[t] : largest;
+  }
+  return uint32_t(largest);
+}
 
 }  // namespace
 
@@ -239,7 +251,7 @@ size_t PrefetchReader::queued() const {
 void PrefetchReader::Impl::worker_loop() {
   std::vector<unsigned char> scratch;
   std::unique_lock<std::mutex> lock(mutex);
-  while (true) {
+  while (!stopping) {  // on shutdown, groups still queued are abandoned, not read
     std::shared_ptr<Group> group;
     for (const std::shared_ptr<Group>& candidate : groups) {
       if (candidate->slot < 0) break;  // later groups have no slot either
@@ -249,7 +261,6 @@ void PrefetchReader::Impl::worker_loop() {
       }
     }
     if (!group) {
-      if (stopping) return;
       work_available.wait(lock);
       continue;
     }
@@ -331,20 +342,10 @@ void PrefetchReader::Impl::read_batch(const Group& group, size_t first, size_t e
     uint32_t largest = 0;
     for (size_t k = a; k < b; ++k) {
       const unsigned char* source = scratch.data() + (ops[k].file_pos - span_begin);
-      int32_t* destination = ops[k].destination;
-      if (width == 2) {
-        const auto* values = reinterpret_cast<const uint16_t*>(source);
-        for (uint64_t t = 0; t < ops[k].count; ++t) {
-          destination[t] = values[t];
-          largest = std::max<uint32_t>(largest, values[t]);
-        }
-      } else {
-        const auto* values = reinterpret_cast<const uint32_t*>(source);
-        for (uint64_t t = 0; t < ops[k].count; ++t) {
-          destination[t] = int32_t(values[t]);
-          largest = std::max<uint32_t>(largest, values[t]);
-        }
-      }
+      uint32_t seen = width == 2
+          ? widen(reinterpret_cast<const uint16_t*>(source), ops[k].destination, ops[k].count)
+          : widen(reinterpret_cast<const uint32_t*>(source), ops[k].destination, ops[k].count);
+      largest = std::max(largest, seen);
     }
     // Out-of-vocabulary ids would index past the embedding table: refuse them here.
     KILTER_CHECK(largest < index.vocab_size, shard.layout.path << ": token id " << largest

@@ -3,8 +3,10 @@
 // (tests/gpu/). fp32 master weights, gradients, AdamW moments and activations; precision "bf16"
 // switches the GEMMs to bf16 tensor-core math with fp32 accumulation. Device memory: one
 // persistent state allocation (params, grads, m, v) and one activation arena sized by reserve()
-// (grown, with the stream drained first, if a larger micro-batch arrives). Every kernel runs on
-// cuda_compute_stream(); inputs go up on a separate copy stream, ordered by events.
+// (grown, with the stream drained first, if a larger micro-batch arrives). Capacity is kept as
+// tokens (B*T) and attention floats (B*NH*T*T), so reserve(max_tokens / block_size, block_size)
+// covers every micro-batch of at most max_tokens padded tokens, whatever its row count. Every
+// kernel runs on cuda_compute_stream(); inputs go up on a separate copy stream, ordered by events.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -90,7 +92,7 @@ class CudaModel final : public model::Model {
   };
 
   BlockTensors block_tensors(float* base, int layer) const;
-  size_t carve(ArenaCarver& carver, Activations* acts, size_t tokens, size_t att_floats, int rows) const;
+  size_t carve(ArenaCarver& carver, Activations* acts, size_t tokens, size_t att_floats) const;
   void validate(const Batch& batch) const;
   void upload_batch(const Batch& batch);
   void forward(const Batch& batch);
@@ -117,7 +119,6 @@ class CudaModel final : public model::Model {
 
   float* arena_ = nullptr;
   size_t capacity_tokens_ = 0, capacity_att_ = 0;
-  int capacity_rows_ = 0;
   Activations acts_{};
   int acts_B_ = -1, acts_T_ = -1;
 
@@ -198,7 +199,7 @@ CudaModel::BlockTensors CudaModel::block_tensors(float* base, int layer) const {
 
 // Lays out every activation for `tokens` = B*T rows and `att_floats` = B*NH*T*T; returns the
 // floats used. The same function measures (null base) and assigns, so they cannot disagree.
-size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, size_t tokens, size_t att_floats, int rows) const {
+size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, size_t tokens, size_t att_floats) const {
   const size_t C = cfg_.n_embd, V = cfg_.vocab_size;
   Activations a;
   a.encoded = carver.take(tokens * C);
@@ -231,7 +232,7 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, size_t tokens, s
   a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(static_cast<int>(4 * C)));
   a.inputs = carver.take_ints(tokens);
   a.targets = carver.take_ints(tokens);
-  a.lengths = carver.take_ints(static_cast<size_t>(rows));
+  a.lengths = carver.take_ints(tokens);  // B <= B*T: any batch that fits in tokens fits here
   if (acts != nullptr) *acts = std::move(a);
   return carver.used();
 }
@@ -240,12 +241,11 @@ void CudaModel::reserve(int max_B, int max_T) {
   KILTER_CHECK(max_B > 0 && max_T > 0, "CudaModel::reserve: B and T must be positive, got " << max_B << ", " << max_T);
   const size_t tokens = static_cast<size_t>(max_B) * max_T;
   const size_t att = static_cast<size_t>(max_B) * cfg_.n_head * max_T * max_T;
-  if (tokens <= capacity_tokens_ && att <= capacity_att_ && max_B <= capacity_rows_) return;
+  if (tokens <= capacity_tokens_ && att <= capacity_att_) return;
   const size_t new_tokens = std::max(tokens, capacity_tokens_);
   const size_t new_att = std::max(att, capacity_att_);
-  const int new_rows = std::max(max_B, capacity_rows_);
   ArenaCarver measure(nullptr);
-  const size_t floats = carve(measure, nullptr, new_tokens, new_att, new_rows);
+  const size_t floats = carve(measure, nullptr, new_tokens, new_att);
   // The old arena may still be read by queued kernels.
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
@@ -255,14 +255,12 @@ void CudaModel::reserve(int max_B, int max_T) {
   if (status != cudaSuccess) {
     cudaGetLastError();
     capacity_tokens_ = capacity_att_ = 0;
-    capacity_rows_ = 0;
     KILTER_FAIL("cuda backend: cannot allocate the activation arena of " << (sizeof(float) * floats >> 20)
                 << " MiB for micro-batches up to B=" << max_B << " T=" << max_T << " on device " << device_
                 << " (" << cudaGetErrorString(status) << "); lower data.max_tokens or model.block_size");
   }
   capacity_tokens_ = new_tokens;
   capacity_att_ = new_att;
-  capacity_rows_ = new_rows;
   acts_B_ = acts_T_ = -1;  // slices are re-carved for the next batch shape
 }
 
@@ -299,7 +297,7 @@ void CudaModel::upload_batch(const Batch& batch) {
   const size_t BT = static_cast<size_t>(B) * T;
   if (B != acts_B_ || T != acts_T_) {
     ArenaCarver carver(arena_);
-    carve(carver, &acts_, BT, static_cast<size_t>(B) * cfg_.n_head * T * T, B);
+    carve(carver, &acts_, BT, static_cast<size_t>(B) * cfg_.n_head * T * T);
     acts_B_ = B;
     acts_T_ = T;
   }

@@ -18,8 +18,8 @@ namespace kilter::balance {
 
 namespace {
 
-// Automatic buckets: exact lengths up to this, then widths of ~1/kAutoBucketShare of the length,
-// which bounds padding inside a bucket to ~1.6% of a row.
+// Automatic buckets: exact lengths below 2 x kAutoBucketShare, then widths of ~1/kAutoBucketShare
+// of the bucket's first length, which bounds padding inside a bucket to ~1.6% of a row.
 constexpr uint32_t kAutoBucketShare = 64;
 // A micro-batch takes a piece from the next bucket only while its padding stays under this
 // share of its computed tokens; otherwise it is closed, under-filled but not padded.
@@ -140,7 +140,7 @@ double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size) {
   KILTER_CHECK(n_layer >= 1 && n_embd >= 1 && vocab_size >= 0,
                "attention_cost_coefficient: bad model shape n_layer=" << n_layer << " n_embd=" << n_embd
                << " vocab=" << vocab_size);
-  return 2.0 * n_layer / (12.0 * n_layer * n_embd + vocab_size);
+  return double(n_layer) / (12.0 * n_layer * n_embd + vocab_size);
 }
 
 double default_attention_cost(uint32_t context) { return 1.0 / (6.0 * std::max<uint32_t>(context, 1)); }

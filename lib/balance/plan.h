@@ -37,9 +37,10 @@ struct CostModel {
   double operator()(const MicroBatch& mb) const;
 };
 
-// b for a = 1 from the model shape: forward FLOPs of attention per unit of L^2 (QK^T and A.V over
-// the full square: 4 n_layer n_embd) over forward FLOPs of the dense layers per token
-// (24 n_layer n_embd^2 + 2 n_embd vocab) = 2 n_layer / (12 n_layer n_embd + vocab).
+// b from the model shape, the same derivation as the trainer's: FLOPs (forward + backward) per
+// (query, key) pair of causal attention, 6 n_layer n_embd, over FLOPs per computed token of the
+// dense layers and the LM head, 6 (12 n_layer n_embd^2 + n_embd vocab):
+// b = n_layer / (12 n_layer n_embd + vocab), for a = 1.
 double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size);
 // b used when CostModel::b <= 0 and the model shape is unknown: 1 / (6 context), i.e. at full
 // context the attention term is 1/6 of the token term, as for GPT-2-like shapes.

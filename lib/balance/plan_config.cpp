@@ -20,7 +20,7 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
     const int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size
                       : dataset_vocab > 0      ? static_cast<int>(dataset_vocab)
                                                : 256;
-    opts.cost.b = cfg.data.cost_a * attention_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd, vocab);
+    opts.cost.b = attention_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd, vocab);
   }
   return opts;
 }

@@ -141,7 +141,8 @@ std::vector<BenchRow> run_collective_bench(MPI_Comm world, const BenchOptions& o
       ReducerOptions ro;
       ro.algo = algo;
       ro.bucket_bytes = bucket_bytes;
-      ro.overlap = opts.engine;
+      ro.overlap = OverlapMode::off;
+      ro.blocking_collectives = opts.blocking;
       c.reducer = make_gradient_reducer(topo, c.buf.data(), count, ro);
       candidates.push_back(std::move(c));
     }
@@ -216,7 +217,7 @@ std::string bench_rows_to_text(const std::vector<BenchRow>& rows, const BenchOpt
     os << "# kilter bench-comm: " << f.ranks << " ranks = " << f.nodes << " nodes x " << f.ranks_per_node
        << ", allreduce (sum, float32), " << opts.iters << " iterations x " << opts.rounds
        << " interleaved rounds (fastest round), "
-       << (opts.engine == OverlapMode::off ? "blocking" : "nonblocking") << " collectives\n"
+       << (opts.blocking ? "blocking" : "nonblocking") << " collectives\n"
        << "# busbw = algbw * 2(n-1)/n; ratio = MPI_Allreduce time / algo time (>1: faster than MPI_Allreduce)\n";
   }
   char line[256];
@@ -262,8 +263,17 @@ std::vector<OverlapRow> run_overlap_bench(MPI_Comm world, const BenchOptions& op
   Topology topo = make_topology(world, opts.ranks_per_node);
   int thread_level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&thread_level);
-  std::vector<OverlapMode> modes = {OverlapMode::off, OverlapMode::poll};
-  if (thread_level == MPI_THREAD_MULTIPLE) modes.push_back(OverlapMode::thread);
+  struct Engine {
+    const char* name;
+    OverlapMode mode;
+    bool blocking;
+  };
+  // The first is also the "reduction alone" reference.
+  std::vector<Engine> modes = {{"off", OverlapMode::off, true}, {"poll", OverlapMode::poll, false}};
+  if (thread_level == MPI_THREAD_MULTIPLE) {
+    modes.push_back({"thread", OverlapMode::thread, true});
+    modes.push_back({"thread-nb", OverlapMode::thread, false});
+  }
 
   // Calibrate the compute with every rank computing at once, as during backward.
   SyntheticCompute compute;
@@ -314,7 +324,8 @@ std::vector<OverlapRow> run_overlap_bench(MPI_Comm world, const BenchOptions& op
         ReducerOptions ro;
         ro.algo = algo;
         ro.bucket_bytes = bucket_bytes;
-        ro.overlap = modes[m];
+        ro.overlap = modes[m].mode;
+        ro.blocking_collectives = modes[m].blocking;
         per_mode[m].reducer = make_gradient_reducer(topo, buf.data(), count, ro);
       }
       const int reps = std::max(1, opts.iters) + 1;  // the first is a warm-up
@@ -357,7 +368,7 @@ std::vector<OverlapRow> run_overlap_bench(MPI_Comm world, const BenchOptions& op
         OverlapRow row;
         row.bytes = count * sizeof(float);
         row.algo = algo;
-        row.mode = overlap_mode_name(modes[m]);
+        row.mode = modes[m].name;
         row.buckets = buckets;
         row.backward_ms_per_bucket = opts.backward_ms;
         row.compute_s = compute_med;
@@ -402,12 +413,12 @@ std::string overlap_rows_to_text(const std::vector<OverlapRow>& rows, const Benc
      << "# hidden = 1 - exposed/reduce_alone; net_hidden = (compute + reduce_alone - step)/reduce_alone "
         "(also charges compute slowed by communication)\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%11s %-13s %-7s %7s %10s %10s %10s %10s %7s %10s %6s\n", "bytes", "algo",
+  std::snprintf(line, sizeof line, "%11s %-13s %-9s %7s %10s %10s %10s %10s %7s %10s %6s\n", "bytes", "algo",
                 "overlap", "buckets", "compute_ms", "reduce_ms", "step_ms", "exposed_ms", "hidden", "net_hidden",
                 "check");
   os << line;
   for (const OverlapRow& r : rows) {
-    std::snprintf(line, sizeof line, "%11zu %-13s %-7s %7zu %10.2f %10.2f %10.2f %10.2f %6.0f%% %9.0f%% %6s\n",
+    std::snprintf(line, sizeof line, "%11zu %-13s %-9s %7zu %10.2f %10.2f %10.2f %10.2f %6.0f%% %9.0f%% %6s\n",
                   r.bytes, r.algo.c_str(), r.mode.c_str(), r.buckets, r.compute_s * 1e3, r.reduce_alone_s * 1e3,
                   r.step_s * 1e3, r.exposed_s * 1e3, 100 * r.hidden_fraction, 100 * r.net_hidden_fraction,
                   r.verified ? "ok" : "WRONG");

@@ -27,7 +27,7 @@ struct BenchOptions {
   int warmup = 3;                        // untimed reductions before the first round
   int rounds = 3;                        // interleaved rounds; the fastest one is reported
   size_t bucket_bytes = 0;               // 0: each message is one bucket
-  OverlapMode engine = OverlapMode::off; // off: blocking collectives; poll: nonblocking ones
+  bool blocking = true;                  // stages with blocking (else nonblocking) collectives
   // Overlap study (when backward_ms > 0): compute per bucket and ready() calls per bucket.
   double backward_ms = 0;
   int ready_per_bucket = 4;
@@ -50,7 +50,8 @@ std::vector<BenchRow> run_collective_bench(MPI_Comm world, const BenchOptions& o
 nlohmann::json bench_rows_to_json(const std::vector<BenchRow>& rows);
 std::string bench_rows_to_text(const std::vector<BenchRow>& rows, const BenchOptions& opts);
 
-// Overlap study, per message size, algo and overlap mode (off, poll, thread).
+// Overlap study, per message size, algo and overlap engine: off, poll, thread (blocking
+// collectives in the thread), thread-nb (nonblocking ones tested by the thread).
 struct OverlapRow {
   size_t bytes = 0;
   std::string algo, mode;

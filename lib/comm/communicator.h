@@ -93,6 +93,10 @@ class GradientReducer {
   virtual void begin() = 0;
   virtual void ready(size_t offset, size_t count) = 0;
   virtual double finish() = 0;
+  // Buckets of the buffer, and how many of them the last step started before finish() (the
+  // ones whose reduction could overlap backward).
+  virtual size_t num_buckets() const { return 0; }
+  virtual size_t buckets_started_early() const { return 0; }
 };
 
 // How bucket reductions make progress while backward computes.
@@ -116,6 +120,10 @@ struct ReducerOptions {
   // padding the model never reports and counts as ready from begin(). 0 means padded_size.
   // Pass the model's num_params, or the highest bucket waits for finish() and nothing overlaps.
   size_t reported_size = 0;
+  // How the off and thread modes run a bucket's stages: blocking collectives (Open MPI's tuned
+  // algorithms; a thread inside them spins on its core) or nonblocking ones tested every 50 us
+  // (pipelined stages, little CPU). Poll mode is always nonblocking.
+  bool blocking_collectives = true;
 };
 
 // buf: padded_size floats; padded_size must be a multiple of topo.local_size (the node shards).

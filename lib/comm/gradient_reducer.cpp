@@ -52,6 +52,7 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// world_allreduce reduces the whole bucket over its communicator (the world, or the only node).
 enum class StageOp { node_reduce_scatter, cross_allreduce, node_allgather, world_allreduce };
 
 struct Stage {
@@ -84,6 +85,7 @@ struct ReducerState {
   std::condition_variable changed;
   bool active = false;        // between begin() and the end of finish()
   bool finishing = false;     // finish() called: everything is ready
+  size_t started_early = 0;   // buckets whose first stage began before finish()
   size_t buckets_done = 0;
   std::vector<size_t> next_launch;  // per stage: the next bucket it launches (poll mode)
   std::map<size_t, size_t> reported;  // ranges reported this step: begin -> end
@@ -158,7 +160,14 @@ struct ReducerState {
     buckets_done = stages.empty() ? buckets.size() : 0;
     next_launch.assign(stages.size(), 0);
     reported.clear();
+    started_early = 0;
     finishing = false;
+  }
+
+  size_t in_flight_count() const {
+    size_t n = 0;
+    for (const Bucket& b : buckets) n += b.in_flight != nullptr;
+    return n;
   }
 
   // Poll mode: completes what MPI has finished and launches what has become launchable, stage by
@@ -179,6 +188,7 @@ struct ReducerState {
         if (!launchable) break;
         b.in_flight = launch(stages[s], b);
         ++next_launch[s];
+        if (s == 0 && !finishing) ++started_early;
         any = true;
       }
     }
@@ -188,8 +198,14 @@ struct ReducerState {
 
 class BucketGradientReducer final : public GradientReducer {
  public:
-  BucketGradientReducer(std::shared_ptr<ReducerState> state, OverlapMode mode) : state_(std::move(state)), mode_(mode) {
-    if (mode_ == OverlapMode::thread) thread_ = std::thread([s = state_] { communication_thread(*s); });
+  BucketGradientReducer(std::shared_ptr<ReducerState> state, OverlapMode mode, bool blocking)
+      : state_(std::move(state)), mode_(mode), blocking_(blocking) {
+    if (mode_ == OverlapMode::thread) {
+      if (blocking_)
+        thread_ = std::thread([s = state_] { blocking_communication_thread(*s); });
+      else
+        thread_ = std::thread([s = state_] { polling_communication_thread(*s); });
+    }
   }
 
   ~BucketGradientReducer() override {
@@ -208,6 +224,12 @@ class BucketGradientReducer final : public GradientReducer {
       thread_.detach();
     else
       thread_.join();
+  }
+
+  size_t num_buckets() const override { return state_->buckets.size(); }
+  size_t buckets_started_early() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->started_early;
   }
 
   void begin() override {
@@ -243,8 +265,12 @@ class BucketGradientReducer final : public GradientReducer {
     try {
       switch (mode_) {
         case OverlapMode::off:
-          for (Bucket& b : s.buckets) s.run_bucket_blocking(b);
-          s.buckets_done = s.buckets.size();
+          if (blocking_) {
+            for (Bucket& b : s.buckets) s.run_bucket_blocking(b);
+            s.buckets_done = s.buckets.size();
+          } else {
+            while (s.buckets_done < s.buckets.size()) s.progress();
+          }
           break;
         case OverlapMode::poll:
           while (s.buckets_done < s.buckets.size()) s.progress();
@@ -266,7 +292,7 @@ class BucketGradientReducer final : public GradientReducer {
 
  private:
   // Runs each bucket, in order, once it is fully reported, with blocking collectives.
-  static void communication_thread(ReducerState& s) {
+  static void blocking_communication_thread(ReducerState& s) {
     std::unique_lock<std::mutex> lock(s.mutex);
     for (;;) {
       s.changed.wait(lock, [&] {
@@ -274,6 +300,7 @@ class BucketGradientReducer final : public GradientReducer {
       });
       if (s.stop) return;
       Bucket& b = s.buckets[s.buckets_done];
+      if (!s.finishing) ++s.started_early;
       s.in_collective = true;
       lock.unlock();
       std::exception_ptr failure;
@@ -294,8 +321,42 @@ class BucketGradientReducer final : public GradientReducer {
     }
   }
 
+  // Drives the nonblocking stage pipeline (as poll mode does from ready()), testing the requests
+  // in flight every kPollInterval: timely progress without a core spent spinning in MPI.
+  static void polling_communication_thread(ReducerState& s) {
+    constexpr auto kPollInterval = std::chrono::microseconds(50);
+    std::unique_lock<std::mutex> lock(s.mutex);
+    for (;;) {
+      if (s.stop) return;
+      if (!s.active || s.buckets_done == s.buckets.size()) {
+        s.changed.wait(lock);
+        continue;
+      }
+      bool any = false;
+      try {
+        while (s.progress()) any = true;
+      } catch (...) {
+        s.failure = std::current_exception();
+        s.changed.notify_all();
+        return;
+      }
+      if (s.buckets_done == s.buckets.size()) {
+        s.changed.notify_all();
+        continue;
+      }
+      if (!any && s.in_flight_count() == 0) {
+        s.changed.wait(lock);  // waiting for backward to report the next bucket
+        continue;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(kPollInterval);
+      lock.lock();
+    }
+  }
+
   std::shared_ptr<ReducerState> state_;
   OverlapMode mode_;
+  bool blocking_;
   std::thread thread_;
 };
 
@@ -346,16 +407,20 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
   state->local_rank = hierarchical ? topo.local_rank : 0;
   state->local_size = hierarchical ? topo.local_size : 1;
 
-  // Stages a rank would run alone are skipped: one node needs no cross-node step, one rank per
-  // node needs no node steps.
+  // Stages a rank would run alone are skipped: one rank per node needs no node steps; a world
+  // of one rank needs nothing.
   auto add_stage = [&](StageOp op, MPI_Comm base, const char* what) {
     MPI_Comm dup = dup_comm(base, what);
     state->owned_comms.push_back(dup);
     state->stages.push_back(Stage{op, make_communicator(opts.kind, dup)});
   };
-  if (hierarchical) {
+  if (hierarchical && topo.num_nodes == 1) {
+    // One node: reduce-scatter + allgather inside it is an allreduce done in two calls; one
+    // call lets MPI pick its best single-node algorithm.
+    if (topo.size > 1) add_stage(StageOp::world_allreduce, topo.node, "node");
+  } else if (hierarchical) {
     if (topo.local_size > 1) add_stage(StageOp::node_reduce_scatter, topo.node, "node");
-    if (topo.num_nodes > 1) add_stage(StageOp::cross_allreduce, topo.cross, "cross");
+    add_stage(StageOp::cross_allreduce, topo.cross, "cross");
     if (topo.local_size > 1) add_stage(StageOp::node_allgather, topo.node, "node");
   } else if (topo.size > 1) {
     add_stage(StageOp::world_allreduce, topo.world, "world");
@@ -379,7 +444,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
   state->reset_step();
 
   const OverlapMode mode = resolve_overlap(opts.overlap, opts.kind, topo.rank);
-  return std::make_unique<BucketGradientReducer>(std::move(state), mode);
+  return std::make_unique<BucketGradientReducer>(std::move(state), mode, opts.blocking_collectives);
 }
 
 std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, const std::string& kind,

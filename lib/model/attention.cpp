@@ -13,6 +13,8 @@
 #include "lib/model/gemm.h"
 #include "lib/model/vecmath.h"
 
+#pragma GCC diagnostic ignored "-Wpsabi"  // 8-lane helpers are inlined; no ABI crosses them
+
 namespace kilter::model {
 namespace {
 
@@ -24,10 +26,12 @@ KILTER_SIMD_CLONES
 void causal_softmax_row(float* scores, int i, int end) {
   const int n = i + 1;
   const float max_score = lane_max(scores, n);
-  for (int j = 0; j < n; ++j) scores[j] = fast_expf(scores[j] - max_score);
+  int j = 0;
+  for (; j + kVec <= n; j += kVec) store8(scores + j, fast_exp8(load8(scores + j) - splat8(max_score)));
+  for (; j < n; ++j) scores[j] = fast_expf(scores[j] - max_score);
   const float inv_sum = 1.0f / lane_sum(scores, n);
   for (int j = 0; j < n; ++j) scores[j] *= inv_sum;
-  for (int j = n; j < end; ++j) scores[j] = 0.0f;
+  for (j = n; j < end; ++j) scores[j] = 0.0f;
 }
 
 // d_scores = att * (d_att - sum(att * d_att)) * scale over [0..=i]; (i, end) set to 0.

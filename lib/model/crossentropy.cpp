@@ -9,30 +9,42 @@
 
 #include "lib/model/vecmath.h"
 
+#pragma GCC diagnostic ignored "-Wpsabi"  // 8-lane helpers are inlined; no ABI crosses them
+
 namespace kilter::model {
 namespace {
 
 // Sum of exp(x[j] - shift) over the row, with partial sums so it vectorizes.
 KILTER_SIMD_CLONES
 float sum_exp_shifted(const float* x, int V, float shift) {
-  float acc[kSimdLanes] = {0};
+  f32x8 acc0 = splat8(0.0f), acc1 = splat8(0.0f);
+  const f32x8 shift8 = splat8(shift);
   int j = 0;
-  for (; j + kSimdLanes <= V; j += kSimdLanes)
-    for (int l = 0; l < kSimdLanes; ++l) acc[l] += fast_expf(x[j + l] - shift);
+  for (; j + 2 * kVec <= V; j += 2 * kVec) {
+    acc0 += fast_exp8(load8(x + j) - shift8);
+    acc1 += fast_exp8(load8(x + j + kVec) - shift8);
+  }
+  float lanes[kVec];
+  store8(lanes, acc0 + acc1);
   float total = 0.0f;
-  for (int l = 0; l < kSimdLanes; ++l) total += acc[l];
+  for (int l = 0; l < kVec; ++l) total += lanes[l];
   for (; j < V; ++j) total += fast_expf(x[j] - shift);
   return total;
 }
 
 KILTER_SIMD_CLONES
 void accumulate_softmax_grad(float* dlogits, const float* x, int V, float shift, float factor) {
-  for (int j = 0; j < V; ++j) dlogits[j] += fast_expf(x[j] - shift) * factor;
+  int j = 0;
+  for (; j + kVec <= V; j += kVec)
+    store8(dlogits + j, load8(dlogits + j) + fast_exp8(load8(x + j) - splat8(shift)) * factor);
+  for (; j < V; ++j) dlogits[j] += fast_expf(x[j] - shift) * factor;
 }
 
 KILTER_SIMD_CLONES
 void exp_shifted_inplace(float* x, int V, float shift) {
-  for (int j = 0; j < V; ++j) x[j] = fast_expf(x[j] - shift);
+  int j = 0;
+  for (; j + kVec <= V; j += kVec) store8(x + j, fast_exp8(load8(x + j) - splat8(shift)));
+  for (; j < V; ++j) x[j] = fast_expf(x[j] - shift);
 }
 
 KILTER_SIMD_CLONES

@@ -3,6 +3,7 @@
 #include "lib/train/guards.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -208,13 +209,21 @@ void maybe_fail_for_test(int rank, int64_t step) {
     std::fflush(stderr);
     std::_Exit(3);
   }
+  if (hook.mode == "sigusr1") {
+    // A deterministic preemption: the signal handler's flag is seen in this step's allreduce.
+    std::fprintf(stderr, "kilter: rank %d: KILTER_TEST_FAIL_MODE=sigusr1 at step %lld: raising SIGUSR1 (test hook)\n",
+                 rank, (long long)step);
+    std::fflush(stderr);
+    std::raise(SIGUSR1);
+    return;
+  }
   if (hook.mode == "hang") {
     std::fprintf(stderr, "kilter: rank %d: KILTER_TEST_FAIL_MODE=hang at step %lld: this rank stops (test hook)\n",
                  rank, (long long)step);
     std::fflush(stderr);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  KILTER_CHECK(hook.mode == "error", "KILTER_TEST_FAIL_MODE=" << hook.mode << " is not one of error, exit, hang");
+  KILTER_CHECK(hook.mode == "error", "KILTER_TEST_FAIL_MODE=" << hook.mode << " is not one of error, exit, hang, sigusr1");
   KILTER_FAIL("injected failure at step " << step << " (test hook KILTER_TEST_FAIL_RANK=" << rank
                                           << " KILTER_TEST_FAIL_STEP=" << step << ")");
 }

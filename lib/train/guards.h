@@ -31,7 +31,10 @@ std::string format_rank_list(const std::vector<int>& ranks);
 //   error (default)  throws kilter::Error ("injected failure"), as any error on a rank would;
 //   exit             the process exits at once with code 3 (no MPI_Abort, like a crash);
 //   hang             the rank stops taking part (sleeps forever, outside any collective), so the
-//                    other ranks' watchdogs must end the job after comm.timeout_s.
+//                    other ranks' watchdogs must end the job after comm.timeout_s;
+//   sigusr1          the rank raises SIGUSR1 (a preemption at an exact step: the run checkpoints
+//                    after this step and exits with kExitPreempted; resume tests use it to stop
+//                    a run of train.steps = N early without changing its learning-rate schedule).
 // Without the variables it does nothing (one getenv on the first call).
 void maybe_fail_for_test(int rank, int64_t step);
 

@@ -252,7 +252,9 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   const size_t pad_multiple = size_t(topo.local_size) * 64;
   std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, cfg.train.precision);
   model->init_params(cfg.train.seed);
-  model->reserve(int(cfg.data.max_tokens), cfg.model.block_size);
+  // A micro-batch holds at most max_tokens padded tokens, so B*T <= max_tokens and the attention
+  // scores B*T*T <= max_tokens*block_size: one (max_tokens/block_size, block_size) batch bounds both.
+  model->reserve(int(std::max<int64_t>(1, cfg.data.max_tokens / cfg.model.block_size)), cfg.model.block_size);
 
   TrainState state;
   state.seed = cfg.train.seed;

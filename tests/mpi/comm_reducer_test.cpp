@@ -25,6 +25,7 @@ enum class ReadyOrder { high_to_low, low_to_high, none };
 struct Case {
   std::string algo;
   OverlapMode mode;
+  bool blocking;        // stages with blocking collectives (off and thread modes)
   size_t shards;        // padded_size = shards * local_size
   size_t unreported;    // trailing padding elements the model never reports
   size_t bucket_bytes;
@@ -32,7 +33,7 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  return c.algo + "/" + overlap_mode_name(c.mode) + " shards=" + std::to_string(c.shards) +
+  return c.algo + "/" + overlap_mode_name(c.mode) + (c.blocking ? "/blocking" : "/nonblocking") + " shards=" + std::to_string(c.shards) +
          " unreported=" + std::to_string(c.unreported) + " bucket_bytes=" + std::to_string(c.bucket_bytes) +
          " order=" + std::to_string(int(c.order));
 }
@@ -69,6 +70,7 @@ class ReducerTest : public ::testing::Test {
     ReducerOptions opts;
     opts.algo = c.algo;
     opts.overlap = c.mode;
+    opts.blocking_collectives = c.blocking;
     opts.bucket_bytes = c.bucket_bytes;
     opts.reported_size = reported;
     auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
@@ -100,16 +102,19 @@ class ReducerTest : public ::testing::Test {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
+  const std::pair<OverlapMode, bool> engines[] = {{OverlapMode::off, true},     {OverlapMode::off, false},
+                                                  {OverlapMode::poll, false},   {OverlapMode::thread, true},
+                                                  {OverlapMode::thread, false}};
   for (const char* algo : {"flat", "hierarchical"})
-    for (OverlapMode mode : {OverlapMode::off, OverlapMode::poll, OverlapMode::thread}) {
+    for (const auto& [mode, blocking] : engines) {
       // Several small buckets (sizes not multiples of 64 per shard), trailing padding.
-      cases.push_back({algo, mode, 1237, 3, 4 * 300, ReadyOrder::high_to_low});
+      cases.push_back({algo, mode, blocking, 1237, 3, 4 * 300, ReadyOrder::high_to_low});
       // 64-aligned buckets with an odd remainder bucket at offset 0; ranges low-to-high.
-      cases.push_back({algo, mode, 64 * 9 + 17, 0, 4 * 64 * 2 * 4, ReadyOrder::low_to_high});
+      cases.push_back({algo, mode, blocking, 64 * 9 + 17, 0, 4 * 64 * 2 * 4, ReadyOrder::low_to_high});
       // One bucket; nothing reported (finish() must reduce everything).
-      cases.push_back({algo, mode, 4099, 1, size_t(1) << 24, ReadyOrder::none});
+      cases.push_back({algo, mode, blocking, 4099, 1, size_t(1) << 24, ReadyOrder::none});
       // Tiny buffer: one shard per rank, buckets of one shard.
-      cases.push_back({algo, mode, 1, 0, 4, ReadyOrder::high_to_low});
+      cases.push_back({algo, mode, blocking, 1, 0, 4, ReadyOrder::high_to_low});
     }
   return cases;
 }
@@ -158,6 +163,32 @@ TEST_F(ReducerTest, FlatAndHierarchicalAgreeOnRandomGradients) {
   long differs = 0;
   for (size_t i = 0; i < padded; ++i) differs += from_rank0[i] != results[1][i];
   EXPECT_EQ(global_failures(differs), 0);
+}
+
+// Not a timing: which buckets were launched before finish(). Polling launches a bucket the
+// moment its last range is reported; with overlap off nothing leaves before finish().
+TEST_F(ReducerTest, BucketsStartAsSoonAsTheyAreReported) {
+  const size_t padded = 1000 * size_t(topo_.local_size);
+  std::vector<float> grads(padded, 1.f);
+  long bad = 0;
+  for (OverlapMode mode : {OverlapMode::poll, OverlapMode::off}) {
+    ReducerOptions opts;
+    opts.overlap = mode;
+    opts.bucket_bytes = 4 * 64 * size_t(topo_.local_size);  // 64 floats per shard
+    opts.reported_size = padded - 5;                          // the model never reports padding
+    auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
+    reducer->begin();
+    report(*reducer, padded - 5, ReadyOrder::high_to_low, 9);
+    const bool reduces = topo_.size > 1;
+    const size_t expected_early = mode == OverlapMode::poll && reduces ? reducer->num_buckets() : 0;
+    bad += reducer->num_buckets() != (padded + 64 * size_t(topo_.local_size) - 1) / (64 * size_t(topo_.local_size));
+    // Before finish(): a report low-to-high launches nothing until offset 0 arrives, but
+    // high-to-low launched every bucket already.
+    bad += reducer->buckets_started_early() != expected_early;
+    reducer->finish();
+    bad += reducer->buckets_started_early() != expected_early;
+  }
+  EXPECT_EQ(global_failures(bad), 0);
 }
 
 TEST_F(ReducerTest, RangeReportedTwiceIsAnError) {

@@ -2,6 +2,7 @@
 // for the phases, a real MPI_Allreduce for the gradient collective) where rank 2 sleeps longer
 // in backward must name rank 2 and backward; the inject_delay drill on rank 1 must name rank 1
 // and forward; a balanced loop must name nobody. Also checks the files every rank writes.
+// With an argument DIR the run directories are written under DIR and kept (for report tests).
 #include <mpi.h>
 
 #include <chrono>
@@ -57,10 +58,10 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
     diag.phase_end(kilter::diag::kDataWait);
     for (int micro = 0; micro < 2; ++micro) {  // gradient accumulation: phases entered twice
       diag.phase_begin(kilter::diag::kForward);
-      sleep_seconds(0.004);
+      sleep_seconds(0.010);
       diag.phase_end(kilter::diag::kForward);
       diag.phase_begin(kilter::diag::kBackward);
-      sleep_seconds(0.006 + (rank == slow_rank && micro == 1 ? extra : 0));
+      sleep_seconds(0.015 + (rank == slow_rank && micro == 1 ? extra : 0));
       diag.phase_end(kilter::diag::kBackward);
     }
     diag.set_step_work(1024 * (rank + 1), 1e5);
@@ -70,7 +71,7 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
     diag.add_phase_seconds(kilter::diag::kCommExposed,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     diag.phase_begin(kilter::diag::kOptimizer);
-    sleep_seconds(0.002);
+    sleep_seconds(0.005);
     diag.phase_end(kilter::diag::kOptimizer);
     diag.end_step(step, 4096, 5.0 - 0.01 * step);
   }
@@ -78,9 +79,13 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
   return diag.finish(plan_stats);
 }
 
+std::string g_keep_dir;  // argv[1]: write the runs there and keep them (tests/e2e/report.sh)
+
 std::string make_run_dir(const char* name) {
   char buf[4096] = {};
-  if (g_rank == 0) {
+  if (g_rank == 0 && !g_keep_dir.empty()) {
+    std::snprintf(buf, sizeof buf, "%s/%s", g_keep_dir.c_str(), name);
+  } else if (g_rank == 0) {
     std::string base = (std::filesystem::temp_directory_path() / "kilter-diag-mpi-XXXXXX").string();
     std::snprintf(buf, sizeof buf, "%s", base.c_str());
     if (!mkdtemp(buf)) std::abort();
@@ -97,7 +102,7 @@ void check_files(const std::string& dir, int world, int steps) {
   EXPECT(int(rows.size()) == steps, "one CSV row per step");
   if (!rows.empty()) {
     EXPECT(rows[0].tokens_computed == 1024 * (g_rank + 1), "tokens_computed recorded");
-    EXPECT(rows[0].phase[kilter::diag::kForward] >= 0.008, "forward accumulates both micro-batches");
+    EXPECT(rows[0].phase[kilter::diag::kForward] >= 0.02, "forward accumulates both micro-batches");
     EXPECT(rows.back().peak_rss_bytes > 0, "peak RSS recorded");
     EXPECT(rows.back().arrival > rows.front().arrival, "arrival grows with the steps");
   }
@@ -117,16 +122,20 @@ void check_files(const std::string& dir, int world, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ranks waiting in a collective yield the core: with more ranks than cores (CI machines), a
+  // spinning rank would otherwise delay the sleeping ones' wake-up and fake a straggler.
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
   MPI_Init(&argc, &argv);
   int world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   kilter::set_error_rank(g_rank);
+  if (argc > 1) g_keep_dir = argv[1];
   try {
     const int steps = 24;
-    // 1. Rank 2 sleeps 30 ms more in backward (steps are ~25 ms otherwise).
+    // 1. Rank 2 sleeps 40 ms more in backward (steps are ~60 ms otherwise).
     std::string dir = make_run_dir("slow-backward");
-    nlohmann::json s = fake_run(dir, steps, 2, 0.03, "");
+    nlohmann::json s = fake_run(dir, steps, 2, 0.04, "");
     check_files(dir, world, steps);
     if (g_rank == 0) {
       std::printf("slow backward: straggler %s sync_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
@@ -137,17 +146,17 @@ int main(int argc, char** argv) {
       EXPECT(s["steps"] == steps, "steps");
       EXPECT(s["padding_efficiency"] == 0.9, "extra fields kept");
       EXPECT(s["sync_wait_fraction"].get<double>() > 0.2, "others wait for rank 2");
-      EXPECT(s["step_time_imbalance_p95"].get<double>() > 1.3, "compute-time imbalance seen");
+      EXPECT(s["step_time_imbalance_p95"].get<double>() > 1.2, "compute-time imbalance seen");
       EXPECT(std::filesystem::exists(dir + "/summary.json"), "summary.json written");
     } else {
       EXPECT(s.is_null(), "finish returns {} on ranks other than 0");
     }
 
-    // 2. The drill: rank 1 sleeps 30 ms inside forward once per step.
+    // 2. The drill: rank 1 sleeps 40 ms inside forward once per step.
     dir = make_run_dir("inject");
-    s = fake_run(dir, steps, -1, 0, "1:0.03:forward");
+    s = fake_run(dir, steps, -1, 0, "1:0.04:forward");
     if (g_rank == 0) {
-      std::printf("inject 1:0.03:forward: straggler %s\n", s["straggler"].dump().c_str());
+      std::printf("inject 1:0.04:forward: straggler %s\n", s["straggler"].dump().c_str());
       EXPECT(s["straggler_rank"] == 1, "rank 1 named straggler");
       EXPECT(s["straggler"]["phase"] == "forward", "its phase is forward");
     }

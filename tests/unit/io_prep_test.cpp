@@ -159,6 +159,19 @@ TEST(IoPrep, FailureLeavesNoPartialDataset) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
 }
 
+TEST(IoPrep, DocumentsLargerThanTheBuffersStreamThrough) {
+  ScratchDir tmp;
+  // 2.5 MiB in one document: crosses the 1 MiB read blocks and the 1 M-token write buffer.
+  std::string big(size_t(5) << 19, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = char((i * 2654435761u) >> 13);
+  write_file(tmp.path("big.txt"), big);
+  write_file(tmp.path("small.txt"), "tail");
+  PrepReport report = prep({tmp.path("big.txt"), tmp.path("small.txt")}, InputFormat::text, 2, tmp.path("out"));
+  EXPECT_EQ(report.tokens, big.size() + 4);
+  EXPECT_EQ(documents(tmp.path("out")), (std::vector<std::string>{big, "tail"}));
+  EXPECT_TRUE(validate_dataset(tmp.path("out")).empty());
+}
+
 TEST(IoPrep, UnknownFormatIsNamed) {
   expect_error([] { parse_input_format("csv"); }, {"--format", "csv"});
 }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One rank failing ends every rank within comm.timeout_s plus a few seconds, with a message that
+# names the rank and the cause (issue 8; DESIGN.md invariant 4). Three failures of rank 1 at step
+# 3, injected by the test hook in lib/train/guards.cpp (KILTER_TEST_FAIL_RANK/STEP/MODE):
+#   error  an exception (kilter::Error) -> the app's MPI_Abort names rank 1 and the cause
+#   exit   the process dies without MPI_Abort (like a crash) -> the launcher ends the job
+#   hang   the rank stops taking part -> the other ranks' watchdogs fire after comm.timeout_s and
+#          name rank 1 as not arrived
+# The time bound below is a coarse no-hang check (timeout_s + 40 s), not a performance assertion.
+source "$(dirname "$0")/lib.sh"
+
+"$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
+TIMEOUT_S=5
+COMMON=(--data.dir=data --model.n_layer=1 --model.n_head=2 --model.n_embd=16 --model.block_size=64
+        --data.max_tokens=256 --train.tokens_per_step=1024 --train.steps=40 --output.trace_steps=0
+        --comm.timeout_s=$TIMEOUT_S)
+
+inject() {  # inject MODE PATTERN
+  local mode=$1 pattern=$2 rc=0 start end
+  start=$(date +%s)
+  KILTER_TEST_FAIL_RANK=1 KILTER_TEST_FAIL_STEP=3 KILTER_TEST_FAIL_MODE=$mode \
+    timeout $((TIMEOUT_S + 40)) "${MPIRUN[@]}" -np 3 \
+    -x KILTER_TEST_FAIL_RANK -x KILTER_TEST_FAIL_STEP -x KILTER_TEST_FAIL_MODE \
+    "$KILTER" train "${COMMON[@]}" --output.dir=runs/$mode > $mode.log 2>&1 || rc=$?
+  end=$(date +%s)
+  [ $rc -ne 0 ] || { cat $mode.log; fail "$mode: the job exited 0"; }
+  [ $rc -ne 124 ] || { cat $mode.log; fail "$mode: ranks still running after timeout_s + 40 s"; }
+  grep -q -- "$pattern" $mode.log || { cat $mode.log; fail "$mode: message lacks '$pattern'"; }
+  pgrep -f "runs/$mode" >/dev/null && fail "$mode: kilter processes left behind"
+  echo "$mode: every rank ended $((end - start)) s after start (exit $rc): $(grep -m1 -o -- "$pattern.*" $mode.log | cut -c1-150)"
+}
+inject error "rank 1: injected failure at step 3"
+inject exit "KILTER_TEST_FAIL_MODE=exit at step 3"
+inject hang "ranks not arrived: 1 ("
+echo "fault_rank_error: 1 passed, 0 failed"
