@@ -100,13 +100,14 @@ class GradientReducer {
 };
 
 // How bucket reductions make progress while backward computes.
-//   off:    nothing is sent before finish(); finish() runs every bucket with blocking collectives.
+//   off:    nothing is sent before finish(); finish() runs every bucket.
 //   poll:   ready() launches nonblocking collectives and advances them with test() (Open MPI
 //           only progresses nonblocking collectives inside MPI calls).
-//   thread: a communication thread runs each ready bucket with blocking collectives while the
-//           caller computes (needs MPI_THREAD_MULTIPLE; falls back to poll with a warning).
-//   automatic: thread for "mpi" when MPI_THREAD_MULTIPLE is provided, else poll (NCCL launches
-//           are asynchronous anyway).
+//   thread: a communication thread runs each bucket as soon as it is ready, with blocking
+//           collectives or with nonblocking ones it tests every 50 us (blocking_collectives).
+//           Needs MPI_THREAD_MULTIPLE; falls back to poll with a warning.
+//   automatic: for "mpi", thread with nonblocking collectives when MPI_THREAD_MULTIPLE is
+//           provided, else poll; for "nccl", poll (NCCL launches are asynchronous anyway).
 enum class OverlapMode { off, poll, thread, automatic };
 OverlapMode parse_overlap_mode(const std::string& name);  // off|poll|thread|auto; throws Error
 const char* overlap_mode_name(OverlapMode mode);

@@ -444,7 +444,11 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
   state->reset_step();
 
   const OverlapMode mode = resolve_overlap(opts.overlap, opts.kind, topo.rank);
-  return std::make_unique<BucketGradientReducer>(std::move(state), mode, opts.blocking_collectives);
+  // Automatic overlap runs nonblocking collectives from the thread: blocking ones spin on the
+  // core backward needs, and on a busy or oversubscribed node a spinning rank also starves its
+  // peers (docs/comm.md has the measurements).
+  const bool blocking = opts.overlap == OverlapMode::automatic ? false : opts.blocking_collectives;
+  return std::make_unique<BucketGradientReducer>(std::move(state), mode, blocking);
 }
 
 std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, const std::string& kind,

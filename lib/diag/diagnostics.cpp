@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -283,7 +284,8 @@ void RankDiagnostics::end_step(int64_t step, int64_t tokens, double loss) {
   int64_t arrival = d.arrival_ns >= 0 ? d.arrival_ns : now - int64_t(r.phase[kCommExposed] * 1e9);
   r.arrival = d.aligned_seconds(arrival);
   r.rss_bytes = current_rss_bytes(d.statm_fd);
-  r.peak_rss_bytes = peak_rss_bytes();
+  // getrusage and statm count slightly differently; the peak is never below a sample.
+  r.peak_rss_bytes = std::max(peak_rss_bytes(), r.rss_bytes);
   d.csv->append(r);
   d.tokens_total += tokens;
   d.last_loss = loss;

@@ -4,3 +4,5 @@
 #                   without the drill nobody is named.
 kilter_add_e2e_test(diag_report ${CMAKE_CURRENT_LIST_DIR}/report.sh)
 set_tests_properties(diag_report PROPERTIES PROCESSORS 2)
+kilter_add_e2e_test(diag_straggler ${CMAKE_CURRENT_LIST_DIR}/straggler.sh)
+set_tests_properties(diag_straggler PROPERTIES PROCESSORS 2)

@@ -6,10 +6,11 @@
 source "$(dirname "$0")/lib.sh"
 
 "$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
-COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --model.block_size=64
-        --data.max_tokens=256 --train.tokens_per_step=1024 --train.warmup=2 --train.lr=3e-3
+COMMON=(--data.dir=data --model.n_layer=2 --model.block_size=64
+        --data.max_tokens=256 --train.tokens_per_step=1024 --train.warmup=2
         --output.log_every=1 --output.trace_steps=0 --comm.timeout_s=30)
-timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" --train.steps=3 --output.dir=runs/b > first.log 2>&1 \
+SAME=(--model.n_head=2 --model.n_embd=32 --train.lr=3e-3)  # what the first run used
+timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" "${SAME[@]}" --train.steps=3 --output.dir=runs/b > first.log 2>&1 \
   || { cat first.log; fail "first run failed"; }
 CKPT=runs/b/checkpoints/step-00000003.h5
 cp $CKPT good.h5
@@ -24,9 +25,9 @@ expect_error() {  # expect_error NAME PATTERN [train args]: non-zero exit (not a
   echo "$name: $(grep -m1 -o -- "$pattern.*" "$name.log" | cut -c1-160)"
 }
 
-expect_error lr_changed "train.lr = " --train.lr=0.01
+expect_error lr_changed "train.lr = " --model.n_head=2 --model.n_embd=32 --train.lr=0.01
 grep -q "was written with a different config" lr_changed.log || fail "lr_changed: no config message"
-expect_error model_changed "holds a model with n_layer=2 n_head=2 n_embd=32" --model.n_embd=64 --model.n_head=4
+expect_error model_changed "holds a model with n_layer=2 n_head=2 n_embd=32" --model.n_embd=64 --model.n_head=4 --train.lr=3e-3
 
 "$PY" - $CKPT <<'PY'
 import sys, h5py
@@ -39,17 +40,17 @@ with open(path, "r+b") as f:
     f.seek(offset + 100)
     f.write(bytes([b[0] ^ 0xFF]))
 PY
-expect_error damaged "fails its checksum"
+expect_error damaged "fails its checksum" "${SAME[@]}"
 grep -q "/adam/m/transformer.h.1.mlp.c_fc.weight" damaged.log || fail "damaged: tensor not named"
 
 cp good.h5 $CKPT
 truncate -s $(( $(stat -c %s $CKPT) / 2 )) $CKPT
-expect_error truncated "truncated or corrupt"
+expect_error truncated "truncated or corrupt" "${SAME[@]}"
 grep -q "$CKPT" truncated.log || fail "truncated: file not named"
 
 # An allowed change resumes: more steps, another output setting.
 cp good.h5 $CKPT
-timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" --train.steps=5 --output.log_every=2 \
+timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" "${SAME[@]}" --train.steps=5 --output.keep_checkpoints=5 \
   --resume runs/b > ok.log 2>&1 || { cat ok.log; fail "resume with allowed changes failed"; }
 [ -f runs/b/checkpoints/step-00000005.h5 ] || fail "no step-5 checkpoint after the allowed resume"
 echo "fault_bad_checkpoint: 1 passed, 0 failed"

@@ -6,15 +6,15 @@
 source "$(dirname "$0")/lib.sh"
 
 "$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
-STEPS=120
+STEPS=300
 COMMON=(--data.dir=data --model.n_layer=1 --model.n_head=2 --model.n_embd=16 --model.block_size=64
         --data.max_tokens=256 --train.tokens_per_step=1024 --train.warmup=2 --train.lr=3e-3
         --train.steps=$STEPS --output.log_every=10 --output.trace_steps=0 --comm.timeout_s=60)
 
-rows() { [ -f "$1" ] && tail -n +2 "$1" | wc -l || echo 0; }
-wait_rows() {  # wait_rows CSV N: until the run has logged N more steps (bounded)
-  for _ in $(seq 600); do [ "$(rows "$1")" -ge "$2" ] && return 0; sleep 0.2; done
-  fail "the run did not reach $2 logged steps"
+last_step() { [ -f "$1" ] && tail -n +2 "$1" | cut -d, -f1 | sort -n | tail -1 || echo -1; }
+wait_step() {  # wait_step CSV N: until the metrics hold step N (bounded)
+  for _ in $(seq 600); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
+  fail "the run did not reach step $2"
 }
 rank_pid() {  # rank_pid MPIRUN_PID RANK
   for p in $(pgrep -P "$1"); do
@@ -22,13 +22,12 @@ rank_pid() {  # rank_pid MPIRUN_PID RANK
   done
   fail "no process of rank $2 under mpirun $1"
 }
-preempt() {  # preempt LOG HOW [train args]: start, wait for 3 more steps, signal, expect 85
-  local log=$1 how=$2; shift 2
-  local csv=runs/sig/metrics/rank-00000.csv before
-  before=$(rows $csv)
+preempt() {  # preempt LOG HOW FROM [train args]: start, wait until step FROM+3, signal, expect 85
+  local log=$1 how=$2 from=$3; shift 3
+  local csv=runs/sig/metrics/rank-00000.csv
   timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 &
   local pid=$! mpid=""
-  wait_rows $csv $((before + 3))
+  wait_step $csv $((from + 3))
   mpid=$(pgrep -P $pid | head -1)
   [ -n "$mpid" ] || fail "no mpirun under timeout $pid"
   if [ "$how" = usr1-mpirun ]; then kill -USR1 "$mpid"; else kill -TERM "$(rank_pid "$mpid" 1)"; fi
@@ -38,10 +37,10 @@ preempt() {  # preempt LOG HOW [train args]: start, wait for 3 more steps, signa
   grep -q "stop signal received: checkpoint of step" "$log" || { cat "$log"; fail "$log: no checkpoint message"; }
 }
 
-preempt sig1.log usr1-mpirun --output.dir=runs/sig
+preempt sig1.log usr1-mpirun 0 --output.dir=runs/sig
 S1=$(ls runs/sig/checkpoints | sed -n 's/^step-0*\([0-9][0-9]*\)\.h5$/\1/p' | sort -n | tail -1)
 [ -n "$S1" ] && [ "$S1" -ge 3 ] && [ "$S1" -lt $STEPS ] || fail "checkpoint after SIGUSR1 at step '$S1'"
-preempt sig2.log term-rank1 --resume runs/sig
+preempt sig2.log term-rank1 "$S1" --resume runs/sig
 S2=$(ls runs/sig/checkpoints | sed -n 's/^step-0*\([0-9][0-9]*\)\.h5$/\1/p' | sort -n | tail -1)
 [ "$S2" -gt "$S1" ] && [ "$S2" -lt $STEPS ] || fail "checkpoint after SIGTERM at step $S2 (first at $S1)"
 echo "preempted at steps $S1 and $S2 of $STEPS"

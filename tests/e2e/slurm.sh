@@ -32,7 +32,7 @@ fail() {
 cleanup() {
   local rc=$?
   if [[ -n ${SLURM_CONF:-} ]]; then
-    scancel --full --quiet --partition=debug 2>/dev/null || true
+    scancel --quiet --partition=debug 2>/dev/null || true
     # Bounded: jobs get KillWait (10 s) to end before the daemons go.
     slurm_wait_for 30 "jobs to leave the queue" test -z "$(squeue -h 2>/dev/null)" || true
   fi

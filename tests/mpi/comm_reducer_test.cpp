@@ -182,8 +182,7 @@ TEST_F(ReducerTest, BucketsStartAsSoonAsTheyAreReported) {
     const bool reduces = topo_.size > 1;
     const size_t expected_early = mode == OverlapMode::poll && reduces ? reducer->num_buckets() : 0;
     bad += reducer->num_buckets() != (padded + 64 * size_t(topo_.local_size) - 1) / (64 * size_t(topo_.local_size));
-    // Before finish(): a report low-to-high launches nothing until offset 0 arrives, but
-    // high-to-low launched every bucket already.
+    // Reported high-to-low, every bucket was complete, and so launched, before finish().
     bad += reducer->buckets_started_early() != expected_early;
     reducer->finish();
     bad += reducer->buckets_started_early() != expected_early;

@@ -24,12 +24,12 @@ from gpt2_torch import GPT  # noqa: E402  (the torch reference of tests/python)
 def load_kilter_checkpoint(path):
     """The docs/checkpoints.md snippet: a torch GPT with the checkpoint's weights."""
     with h5py.File(path, "r") as f:
-        a = f.attrs
-        model = GPT(int(a["n_layer"]), int(a["n_head"]), int(a["n_embd"]), int(a["block_size"]),
-                    int(a["vocab_size"]))
+        shape = [int(f.attrs[k]) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")]
+        step = int(f.attrs["step"])
         state = {name: torch.from_numpy(f["params"][name][...]) for name in f["params"]}
+    model = GPT(*shape)
     model.load_state_dict(state, strict=True)  # every tensor present, every shape right
-    return model, int(a["step"])
+    return model, step
 
 
 def the_document(data_dir):

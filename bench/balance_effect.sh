@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# bench/balance_effect.sh — what the balanced batch plan buys in a real training run (issue 6):
+# the same model trained on a skewed synthetic corpus with the balanced and with the naive sampler,
+# side by side: sync_wait_fraction (the share of rank-time spent waiting for the last rank at the
+# gradient collective), step_time_imbalance_p95, padding efficiency and tokens/s, plus the ratios.
+#
+#   bench/balance_effect.sh [KILTER]      KILTER: the kilter binary (default: build/kilter)
+#   env: RANKS (default "2 4"), STEPS (default 40), DOCS (default 3000), MB_PER_RANK (micro-batches
+#        per rank per step: train.tokens_per_step = RANKS x MB_PER_RANK x data.max_tokens, default 4),
+#        LENGTHS (default lognormal:4.5,1.1,1024: many short documents, a long tail cut at the context)
+#
+# Both runs see the same corpus, model, token budget per micro-batch (data.max_tokens = 4 x
+# context, naive: 4 sequences per micro-batch) and tokens per step. Checks what it times: both
+# runs must finish every step with a finite loss, and their summaries must come from the
+# diagnostics of the same world size. Never run as a test (minutes on a busy 2-core machine).
+set -euo pipefail
+
+KILTER=$(readlink -f "${1:-build/kilter}")
+RANKS=${RANKS:-"2 4"}
+STEPS=${STEPS:-40}
+MB_PER_RANK=${MB_PER_RANK:-4}
+DOCS=${DOCS:-3000}
+LENGTHS=${LENGTHS:-lognormal:4.5,1.1,1024}
+PY=${PY:-/usr/bin/python3}
+CONTEXT=256
+[[ -x "$KILTER" ]] || { echo "bench/balance_effect.sh: no kilter binary at $KILTER (pass its path)" >&2; exit 2; }
+work=$(mktemp -d /tmp/kilter-balance.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
+
+"$KILTER" prep synth --docs "$DOCS" --lengths "$LENGTHS" --vocab 256 --shards 2 --seed 11 --out data > /dev/null 2>&1
+echo "corpus: $DOCS documents, lengths $LENGTHS, context $CONTEXT; model 2 x 64; $STEPS steps"
+printf '%-5s %-9s %9s %9s %9s %9s %11s\n' ranks sampler sync_wait imb_p95 pad_eff cost_p95 tokens/s
+
+for P in $RANKS; do
+  for sampler in balanced naive; do
+    tokens_per_step=$((P * MB_PER_RANK * 4 * CONTEXT))
+    timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$P" "$KILTER" train \
+      --data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=64 --model.block_size=$CONTEXT \
+      --data.max_tokens=$((4 * CONTEXT)) --data.naive_batch_size=4 --data.sampler=$sampler \
+      --train.tokens_per_step=$tokens_per_step --train.steps="$STEPS" --train.warmup=5 \
+      --output.log_every=1000 --output.trace_steps=0 --comm.timeout_s=120 \
+      --output.dir="runs/$P-$sampler" > "$P-$sampler.log" 2>&1 \
+      || { cat "$P-$sampler.log"; echo "bench/balance_effect.sh: $sampler run on $P ranks failed" >&2; exit 1; }
+  done
+  "$PY" - "$P" "$STEPS" <<'PY'
+import json, math, sys
+P, steps = int(sys.argv[1]), int(sys.argv[2])
+s = {k: json.load(open(f"runs/{P}-{k}/summary.json")) for k in ("balanced", "naive")}
+for k, v in s.items():
+    assert v["world_size"] == P and v["steps"] == steps, f"{k}: {v['world_size']} ranks, {v['steps']} steps"
+    assert math.isfinite(v["final_loss"]), f"{k}: final loss {v['final_loss']}"
+    print(f"{P:<5} {k:<9} {v['sync_wait_fraction']:9.3f} {v['step_time_imbalance_p95']:9.3f} "
+          f"{v['padding_efficiency']:9.3f} {v['cost_imbalance_p95']:9.3f} {v['tokens_per_second']:11.0f}")
+b, n = s["balanced"], s["naive"]
+wait_cut = n["sync_wait_fraction"] / b["sync_wait_fraction"] if b["sync_wait_fraction"] > 0 else float("inf")
+print(f"{P:<5} {'ratio':<9} naive/balanced sync_wait {wait_cut:.2f}x, "
+      f"balanced/naive tokens/s {b['tokens_per_second'] / n['tokens_per_second']:.2f}x")
+PY
+done
