@@ -35,8 +35,10 @@ struct Parsed {
 
 Parsed parse(int argc, char** argv) {
   Parsed p;
-  std::string bytes = "1K,64K,1M,16M,64M", algo = "both", engine = "blocking";
-  double bucket_mb = 0;
+  // Defaults are what training runs: 4 MiB buckets (comm.bucket_mb) whose stages are
+  // nonblocking collectives (the engine of comm.overlap = true).
+  std::string bytes = "1K,64K,1M,16M,64M", algo = "both", engine = "nonblocking";
+  double bucket_mb = 4;
   po::options_description desc("bench-comm options");
   // clang-format off
   desc.add_options()
@@ -47,7 +49,7 @@ Parsed parse(int argc, char** argv) {
     ("iters", po::value(&p.bench.iters)->default_value(p.bench.iters), "timed reductions per round (overlap study: steps)")
     ("warmup", po::value(&p.bench.warmup)->default_value(p.bench.warmup), "untimed reductions first")
     ("rounds", po::value(&p.bench.rounds)->default_value(p.bench.rounds), "interleaved rounds of algo and MPI_Allreduce; the fastest is reported")
-    ("bucket-mb", po::value(&bucket_mb)->default_value(bucket_mb), "reduce in buckets of this many MiB (0: the whole message; overlap study: 1/8 of it)")
+    ("bucket-mb", po::value(&bucket_mb)->default_value(bucket_mb), "reduce in buckets of this many MiB, as comm.bucket_mb (0: the whole message at once; overlap study: 0 = 1/8 of it)")
     ("engine", po::value(&engine)->default_value(engine), "blocking | nonblocking collectives for each bucket stage")
     ("backward-ms", po::value(&p.bench.backward_ms)->default_value(0.0), "overlap study: synthetic backward compute per bucket (ms); 0: off")
     ("ready-per-bucket", po::value(&p.bench.ready_per_bucket)->default_value(p.bench.ready_per_bucket), "overlap study: ready() calls per bucket")

@@ -74,6 +74,9 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
     std::printf("config lines (only the ratio b/a matters to the plan):\n[data]\ncost_a = 1\ncost_b = %.6g\n",
                 b_over_a);
   }
+  if (fit.r2 < 0.5)
+    std::fprintf(stderr, "kilter plan: warning: R^2 = %.3f: the measured times hardly follow the cost model (a shared or "
+                         "noisy machine, or too little variation in lengths); do not use these values\n", fit.r2);
   if (fit.a <= 0) std::fprintf(stderr, "kilter plan: warning: the fitted per-token cost a = %g is not positive; "
                                        "the samples do not follow the cost model\n", fit.a);
   else if (fit.b < 0) std::fprintf(stderr, "kilter plan: warning: the fitted b = %g is negative; use cost_b = 0+ "

@@ -269,11 +269,11 @@ class BucketGradientReducer final : public GradientReducer {
             for (Bucket& b : s.buckets) s.run_bucket_blocking(b);
             s.buckets_done = s.buckets.size();
           } else {
-            while (s.buckets_done < s.buckets.size()) s.progress();
+            drive_to_completion(s);
           }
           break;
         case OverlapMode::poll:
-          while (s.buckets_done < s.buckets.size()) s.progress();
+          drive_to_completion(s);
           break;
         case OverlapMode::thread:
           s.changed.notify_all();
@@ -291,6 +291,13 @@ class BucketGradientReducer final : public GradientReducer {
   }
 
  private:
+  // Tests and launches until every bucket is done. Yielding when nothing moved lets the peer
+  // ranks run on a node with more ranks than free cores (it costs nothing on an idle core).
+  static void drive_to_completion(ReducerState& s) {
+    while (s.buckets_done < s.buckets.size())
+      if (!s.progress()) std::this_thread::yield();
+  }
+
   // Runs each bucket, in order, once it is fully reported, with blocking collectives.
   static void blocking_communication_thread(ReducerState& s) {
     std::unique_lock<std::mutex> lock(s.mutex);

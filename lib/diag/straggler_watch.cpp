@@ -41,9 +41,6 @@ std::string StragglerWatch::add_step(const StepRecord* ranks) {
     if (last_rank_[s] >= 0) counts[last_rank_[s]] += 1;
   int rank = int(std::max_element(counts.begin(), counts.end()) - counts.begin());
   if (counts[rank] < int(std::ceil(share_ * window_))) return "";
-  if (rank == warned_rank_ && seen_ - warned_at_ < window_) return "";
-  warned_rank_ = rank;
-  warned_at_ = seen_;
 
   double lag_sum = 0, step_sum = 0;
   std::vector<double> sums(size_t(world_size_) * kNumComponents, 0.0);
@@ -56,6 +53,15 @@ std::string StragglerWatch::add_step(const StepRecord* ranks) {
   double mean_step = step_sum / window_;
   double excess = 0;
   int comp = slowest_component(sums, world_size_, rank, &excess);
+  if (rank == warned_rank_ && comp == warned_component_) {
+    if (seen_ - warned_at_ < repeat_after_) return "";
+    repeat_after_ *= 2;
+  } else {
+    repeat_after_ = window_;
+  }
+  warned_rank_ = rank;
+  warned_component_ = comp;
+  warned_at_ = seen_;
   char line[512];
   std::snprintf(line, sizeof line,
                 "kilter: warning: rank %d arrived last at the gradient collective in %d of the last "

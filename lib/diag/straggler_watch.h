@@ -14,7 +14,9 @@ class StragglerWatch {
   // A rank is named when it was last beyond noise in at least `share` of `window` steps.
   StragglerWatch(int world_size, int window, double share = 0.6);
   // Feeds one step (world_size records indexed by rank). Returns the warning line to print, or
-  // "" when there is nothing (new) to say. A rank is named again only after a full window.
+  // "" when there is nothing (new) to say. A persisting verdict (same rank and phase) is repeated
+  // after 1, 2, 4, ... windows, so a long run with a permanent straggler logs O(log steps) lines;
+  // a new rank or phase is reported at once.
   std::string add_step(const StepRecord* ranks);
 
  private:
@@ -27,7 +29,9 @@ class StragglerWatch {
   std::vector<double> step_seconds_;     // ring: median step_total of the step
   std::vector<double> components_;       // ring: [slot][rank][component] seconds
   int warned_rank_ = -1;
+  int warned_component_ = -1;
   int64_t warned_at_ = -1;
+  int64_t repeat_after_ = 0;             // steps until the same verdict is repeated
 };
 
 }  // namespace kilter::diag

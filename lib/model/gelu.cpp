@@ -12,12 +12,12 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-inline f32x8 gelu8(f32x8 x) {
+inline f32x8 gelu8(const f32x8& x) {
   const f32x8 u = kSqrt2OverPi * (x + kCubic * x * x * x);
   return 0.5f * x * (1.0f + fast_tanh8(u));
 }
 
-inline f32x8 gelu_derivative8(f32x8 x) {
+inline f32x8 gelu_derivative8(const f32x8& x) {
   const f32x8 u = kSqrt2OverPi * (x + kCubic * x * x * x);
   const f32x8 t = fast_tanh8(u);
   const f32x8 du_dx = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);

@@ -1,5 +1,5 @@
-// Small vectorizable math helpers shared by the CPU kernels: a branch-free expf that GCC turns
-// into SIMD code (libm's expf/tanhf are scalar calls and would dominate GELU and softmax), and
+// Small vectorizable math helpers shared by the CPU kernels: a polynomial exp/tanh in scalar and
+// 8-lane form (libm's expf/tanhf are scalar calls and would dominate GELU and softmax), and
 // the KILTER_SIMD_CLONES attribute that compiles a hot loop for AVX2+FMA as well as the
 // baseline ISA and picks one at load time, so the default (non -march=native) build still uses
 // the machine's vector width. Reductions keep 16 partial sums because the compiler may not
@@ -58,9 +58,11 @@ constexpr int kVec = 8;
 
 static inline f32x8 splat8(float s) { return f32x8{s, s, s, s, s, s, s, s}; }
 static inline f32x8 load8(const float* p) { return *reinterpret_cast<const f32x8_memory*>(p); }
-static inline void store8(float* p, f32x8 v) { *reinterpret_cast<f32x8_memory*>(p) = v; }
+static inline void store8(float* p, const f32x8& v) { *reinterpret_cast<f32x8_memory*>(p) = v; }
 
-static inline f32x8 fast_exp8(f32x8 x) {
+// Vector arguments go by reference: by value, GCC prints an ABI note for every includer.
+static inline f32x8 fast_exp8(const f32x8& x_in) {
+  f32x8 x = x_in;
   x = x < splat8(88.0f) ? x : splat8(88.0f);
   x = x > splat8(-87.0f) ? x : splat8(-87.0f);
   const f32x8 shifter = splat8(12582912.0f);
@@ -78,7 +80,7 @@ static inline f32x8 fast_exp8(f32x8 x) {
   return p * (f32x8)bits;  // a vector cast reinterprets the bits
 }
 
-static inline f32x8 fast_tanh8(f32x8 x) { return 1.0f - 2.0f / (fast_exp8(2.0f * x) + 1.0f); }
+static inline f32x8 fast_tanh8(const f32x8& x) { return 1.0f - 2.0f / (fast_exp8(2.0f * x) + 1.0f); }
 #pragma GCC diagnostic pop
 
 }  // namespace kilter::model

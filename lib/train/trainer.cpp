@@ -21,6 +21,7 @@
 #include "io/reader.h"
 #include "kilter/build_info.h"
 #include "lib/balance/plan.h"
+#include "lib/balance/plan_config.h"
 #include "lib/comm/communicator.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
@@ -34,16 +35,6 @@
 namespace fs = std::filesystem;
 
 namespace kilter::train {
-
-double default_attention_cost(const Config& cfg, int vocab_size) {
-  // Per token (forward + backward): 6 FLOPs per dense weight: 12*L*C^2 in the blocks, C*V in the
-  // head. Per (query, key) pair with the causal half: QK^T and AV, forward + backward, all layers:
-  // about 6 * L * C (the L^2/2 of causal attention times 2 GEMMs times 2 FLOPs times 3 passes).
-  const double L = cfg.model.n_layer, C = cfg.model.n_embd, V = vocab_size;
-  const double per_token = 6.0 * (12.0 * L * C * C + C * V);
-  const double per_pair = 6.0 * L * C;
-  return per_pair / per_token;
-}
 
 namespace {
 
@@ -230,17 +221,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   if (!cfg.data.stage_dir.empty()) data_dir = stage_dataset(index, cfg.data.stage_dir, topo.node, topo.local_rank);
 
   balance::Split split = balance::split_documents(index.doc_lengths, cfg.data.eval_fraction, cfg.train.seed);
-  balance::PlanOptions plan_opts;
-  plan_opts.sampler = cfg.data.sampler;
-  plan_opts.context = uint32_t(cfg.model.block_size);
-  plan_opts.max_tokens = uint64_t(cfg.data.max_tokens);
-  plan_opts.tokens_per_step = uint64_t(cfg.train.tokens_per_step);
-  plan_opts.bucket_width = uint32_t(cfg.data.bucket_width);
-  plan_opts.naive_batch_size = cfg.data.naive_batch_size;
-  plan_opts.tail = cfg.data.tail;
-  plan_opts.seed = cfg.train.seed;
-  plan_opts.cost.a = cfg.data.cost_a;
-  plan_opts.cost.b = cfg.data.cost_b >= 0 ? cfg.data.cost_b : default_attention_cost(cfg, cfg.model.vocab_size);
+  const balance::PlanOptions plan_opts = balance::plan_options_from_config(cfg, index.vocab_size);
   PlanCache plans(index, split.train_docs, plan_opts, world_size);
 
   // ---- model, reduction, diagnostics, checkpoints --------------------------------------------

@@ -18,8 +18,4 @@ struct RunOptions {
 // signalled checkpoint). Throws kilter::Error on failure (the caller aborts every rank).
 int run_training(MPI_Comm world, const Config& cfg, const RunOptions& opts);
 
-// The cost-model weight of sum(L^2) relative to one computed token, from the model shape:
-// attention FLOPs per (query, key) pair over the per-token FLOPs of the dense layers.
-double default_attention_cost(const Config& cfg, int vocab_size);
-
 }  // namespace kilter::train

@@ -4,6 +4,8 @@
 # both shapes; a truncated file and a file with damaged tensor bytes name the file and the
 # problem. Allowed changes (train.steps, output.*) resume fine.
 source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 
 "$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
 COMMON=(--data.dir=data --model.n_layer=2 --model.block_size=64

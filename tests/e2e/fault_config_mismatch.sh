@@ -2,6 +2,8 @@
 # A config mismatch between ranks (issue 8) — here rank 1 gets another --train.lr through an MPMD
 # command line — is a clear error naming the ranks, on every rank, and the job ends (no hang).
 source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 
 "$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
 COMMON=(--data.dir=data --model.n_layer=1 --model.n_head=2 --model.n_embd=16 --model.block_size=64

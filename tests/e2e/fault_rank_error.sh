@@ -8,6 +8,8 @@
 #          name rank 1 as not arrived
 # The time bound below is a coarse no-hang check (timeout_s + 40 s), not a performance assertion.
 source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 
 "$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
 TIMEOUT_S=5

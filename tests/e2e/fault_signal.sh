@@ -4,6 +4,8 @@
 # a checkpoint and exit with code 85 (kExitPreempted). Resuming then completes the run, and the
 # preempted-twice-and-resumed run equals a straight run bit for bit: nothing was lost.
 source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 
 "$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
 STEPS=300

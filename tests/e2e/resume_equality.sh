@@ -6,6 +6,8 @@
 # (SIGUSR1 at an exact step, via the test hook), so the learning-rate schedule, which depends on
 # train.steps, is the straight run's.
 source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 
 "$KILTER" prep synth --docs 60 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
 COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --model.block_size=64

@@ -3,6 +3,8 @@
 # and gives kilter's loss on the same batch to 1e-4 relative (issue 8). The dataset repeats one
 # document, so the batch of every step is known without replaying the plan.
 source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 
 for i in $(seq 48); do
   echo "Checkpoints keep every completed step; a preempted job resumes where it stopped."

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # A throw-away single-node Slurm cluster for tests: munged, slurmctld and slurmd on localhost,
 # configured in a temporary directory, started by hand (test machines have no systemd) and
 # stopped by PID. Sourced by tests/e2e/slurm.sh; see /work/shared/notes/local-slurm.md for why
@@ -23,7 +24,7 @@ slurm_cluster_available() {
   done
   [[ -r /etc/munge/munge.key ]] || missing+=("/etc/munge/munge.key")
   if (( ${#missing[@]} )); then
-    SLURM_CLUSTER_MISSING="${missing[*]}"
+    export SLURM_CLUSTER_MISSING="${missing[*]}"   # read by the sourcing test
     return 1
   fi
 }

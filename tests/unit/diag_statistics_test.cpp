@@ -202,16 +202,30 @@ TEST(DiagStragglerWatch, WarnsOnceNamingRankAndPhase) {
   const int world = 4, window = 10;
   StragglerWatch watch(world, window);
   std::vector<std::string> warnings;
-  for (int s = 0; s < 25; ++s) {
+  std::vector<int> warned_at;
+  for (int s = 0; s < 100; ++s) {
     auto recs = make_step(world, s, s * 0.3, s >= 5 ? 1 : -1, kDataWait, 0.05);
     std::string w = watch.add_step(recs.data());
-    if (!w.empty()) warnings.push_back(w);
+    if (!w.empty()) warnings.push_back(w), warned_at.push_back(s);
   }
-  // Rank 1 is last from step 5 on: 6 of 10 at step 10, warned then and again a window later.
-  ASSERT_EQ(warnings.size(), 2u);
+  // Rank 1 is last from step 5 on: 6 of 10 at step 10, warned then, and repeated after 1, 2, 4
+  // windows (steps 20, 40, 80).
+  ASSERT_EQ(warned_at, (std::vector<int>{10, 20, 40, 80}));
   EXPECT_NE(warnings[0].find("rank 1 "), std::string::npos) << warnings[0];
   EXPECT_NE(warnings[0].find("data_wait"), std::string::npos) << warnings[0];
   EXPECT_EQ(warnings[0].find('\n'), std::string::npos);
+}
+
+TEST(DiagStragglerWatch, NewRankIsReportedAtOnce) {
+  StragglerWatch watch(4, 10);
+  std::vector<int> warned_at;
+  for (int s = 0; s < 40; ++s) {
+    auto recs = make_step(4, s, s * 0.3, s < 20 ? 1 : 3, kForward, 0.05);
+    if (!watch.add_step(recs.data()).empty()) warned_at.push_back(s);
+  }
+  // Rank 1 at step 9 (window full), again at 19; rank 3 once it is last in 6 of 10 (step 25),
+  // repeated a window later.
+  EXPECT_EQ(warned_at, (std::vector<int>{9, 19, 25, 35}));
 }
 
 TEST(DiagStragglerWatch, SilentWhenBalanced) {
