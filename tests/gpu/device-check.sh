@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU machine's check for the CUDA backend (issue 7), all within 8 minutes:
-#   1. binaries: prebuilt ones in $KILTER_GPU_BUILD (default build-gpu-standalone/, built on a
-#      build machine by `tests/gpu/device-check.sh --build-only` and brought along), else a fresh
-#      standalone build (tests/gpu/standalone: needs nvcc, cmake and OpenBLAS only);
+#   1. binaries: prebuilt ones in $KILTER_GPU_CARRY (default build-gpu-carry/: stripped, with
+#      OpenBLAS and libstdc++ linked in, made on a build machine by
+#      `tests/gpu/device-check.sh --build-only` and brought along), else a fresh standalone build
+#      in build-gpu-standalone/ (tests/gpu/standalone: needs nvcc, cmake and OpenBLAS only);
 #   2. kilter_gpu_ops_test (every kernel vs its CPU twin) and kilter_gpu_model_test (a full
 #      training step and a 2-step run, GPU vs CPU, fp32 and bf16);
 #   3. bench/gpu_step.sh: tokens/s and MFU, small config and GPT-2 124M, fp32 and bf16;
@@ -11,6 +12,9 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${KILTER_GPU_BUILD:-$root/build-gpu-standalone}
+carry=${KILTER_GPU_CARRY:-$root/build-gpu-carry}
+# The carried binaries link cuBLASLt dynamically: find it in the toolkit wherever it lives.
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 build_only=0 quick=""
 for arg in "$@"; do
   case "$arg" in
@@ -28,28 +32,29 @@ build_standalone() {
   local static=OFF
   [[ $build_only -eq 1 ]] && static=ON   # binaries meant to travel carry their BLAS
   say "building $build (KILTER_STATIC_BLAS=$static)"
+  mkdir -p "$build"
   cmake -S "$root/tests/gpu/standalone" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DKILTER_STATIC_BLAS=$static >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log"; exit 1; }
+        -DKILTER_STATIC_BLAS=$static >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" 2>&1 | tail -3
   [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "device-check: build failed" >&2; exit 1; }
 }
 
+binaries=(kilter_gpu_ops_test kilter_gpu_model_test kilter_bench_gpu_step)
 if [[ $build_only -eq 1 ]]; then
   build_standalone
-  ldd "$build/kilter_gpu_ops_test" | grep -v -E 'cuda|cublas|linux-vdso|libc\.so|libm\.so|ld-linux|libpthread|libdl|librt'
+  mkdir -p "$carry"
+  for b in "${binaries[@]}"; do strip -o "$carry/$b" "$build/$b"; done
+  say "portable binaries in $carry ($(du -sh "$carry" | cut -f1)); they need from the system:"
+  ldd "$carry/kilter_gpu_ops_test" | awk '{print "  " $1}'
   exit 0
 fi
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-if [[ -x "$build/kilter_gpu_ops_test" ]]; then
-  say "using prebuilt binaries in $build"
-  if ldd "$build/kilter_gpu_ops_test" | grep -q "not found"; then
-    ldd "$build/kilter_gpu_ops_test" | grep "not found"
-    say "prebuilt binaries miss libraries here; rebuilding"
-    build=$build-local
-    build_standalone
-  fi
+if [[ -x "$carry/kilter_gpu_ops_test" ]] && ! ldd "$carry/kilter_gpu_ops_test" | grep -q "not found"; then
+  say "using prebuilt binaries in $carry"
+  build=$carry
 else
+  [[ -x "$carry/kilter_gpu_ops_test" ]] && { ldd "$carry/kilter_gpu_ops_test" | grep "not found"; say "prebuilt binaries miss libraries here"; }
   build_standalone
 fi
 
