@@ -242,6 +242,9 @@ double CpuModel::forward_loss(const Batch& batch) {
 
 double CpuModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
   forward(batch);
+  // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
+  // chunk, so it is counted with backward.
+  if (backward_start_hook_) backward_start_hook_();
   const int B = batch.B, T = batch.T, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
   const int BT = B * T;
   const size_t BTC = static_cast<size_t>(BT) * C;

@@ -255,9 +255,11 @@ constexpr const char* kScript = R"JS(
                     fill: 'none', stroke: color, 'stroke-width': 1.5, 'class': 'series'}, s);
     el('line', {x1: left, x2: left, y1: top, y2: top + plotH, stroke: '#333'}, s);
     el('line', {x1: left, x2: left + plotW, y1: top + plotH, y2: top + plotH, stroke: '#333'}, s);
+    // Enough decimals that the five tick labels differ (a loss curve may span 4.571..4.579).
+    const tick = (y1 - y0) / 4, decimals = tick >= 1 ? 0 : Math.min(8, Math.ceil(-Math.log10(tick)) + 1);
     for (let i = 0; i <= 4; ++i) {
       const v = y0 + (y1 - y0) * i / 4;
-      el('text', {x: left - 6, y: Y(v) + 4, 'text-anchor': 'end'}, s, fmt(v));
+      el('text', {x: left - 6, y: Y(v) + 4, 'text-anchor': 'end'}, s, tick >= 1 && Math.abs(v) < 100 ? fmt(v) : v.toFixed(decimals));
       const xv = x0 + (x1 - x0) * i / 4;
       el('text', {x: X(xv), y: top + plotH + 14, 'text-anchor': 'middle'}, s, Math.round(xv));
     }
