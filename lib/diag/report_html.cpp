@@ -160,7 +160,8 @@ constexpr const char* kScript = R"JS(
     return e;
   }
   function svg(id, w, h) {
-    const s = el('svg', {id: id + '-svg', width: w, height: h, viewBox: '0 0 ' + w + ' ' + h});
+    // Scales with the window (viewBox), never wider than drawn.
+    const s = el('svg', {id: id + '-svg', width: '100%', viewBox: '0 0 ' + w + ' ' + h, style: 'max-width:' + w + 'px'});
     document.getElementById(id).appendChild(s);
     return s;
   }

@@ -262,6 +262,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   dopts.trace_steps = cfg.output.trace_steps;
   dopts.stall_factor = cfg.output.stall_factor;
   dopts.inject_delay = cfg.train.inject_delay;
+  dopts.resume = resuming;
   diag::RankDiagnostics diagnostics(world, dopts);
   Checkpointer checkpointer(world, run_dir, cfg.output.keep_checkpoints, cfg);
   Watchdog watchdog(world, cfg.comm.timeout_s);
