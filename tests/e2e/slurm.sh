@@ -1,11 +1,12 @@
 #!/bin/bash
 # e2e (issue 9): slurm/train.sbatch on a real single-node Slurm started by this test (munged,
 # slurmctld, slurmd on localhost; tests/e2e/slurm_cluster.sh).
-#   1. A tiny 2-rank job (10 steps) runs to completion: stage-in verified, summary.json says 10 steps.
-#   2. A second job is sent USR1 mid-run (scancel --signal=USR1 --batch): kilter checkpoints and
-#      exits 85, the script requeues the job, which runs again (SLURM_RESTART_COUNT=1), resumes from
-#      the checkpoint and finishes: the total is train.steps, the second run started where the
-#      first stopped.
+#   1. A tiny 2-rank job (10 steps, KILTER_LAUNCHER=mpirun) runs to completion: stage-in verified,
+#      summary.json says 10 steps.
+#   2. A second job (srun --mpi=pmix) is sent USR1 mid-run (scancel --signal=USR1 --batch): kilter
+#      checkpoints and exits 85, the script requeues the job, which runs again
+#      (SLURM_RESTART_COUNT=1), resumes from the checkpoint and finishes: the total is train.steps,
+#      the second run started where the first stopped.
 # Every wait is bounded and fails with what it waited for; the daemons are stopped on any exit.
 # Usage: slurm.sh KILTER_BINARY. Exit 77 (skipped) without root, slurm-wlm or munge.
 set -euo pipefail
@@ -77,8 +78,9 @@ job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$
 job_is() { [[ $(job_state "$1") == "$2" ]]; }
 json_field() { "$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
 
-# ---- 1. a job that runs to completion ---------------------------------------------------------------
-job1=$(sbatch "${sbatch_args[@]}" --output="$work/job1.out" "$source_dir/slurm/train.sbatch" "$work/tiny.ini") ||
+# ---- 1. a job that runs to completion (launched with mpirun; job 2 uses srun) --------------------------
+job1=$(KILTER_LAUNCHER=mpirun KILTER_MPIRUN_FLAGS="--allow-run-as-root --oversubscribe" \
+       sbatch "${sbatch_args[@]}" --output="$work/job1.out" "$source_dir/slurm/train.sbatch" "$work/tiny.ini") ||
   fail "sbatch slurm/train.sbatch was refused"
 echo "job 1: $job1"
 slurm_wait_for 240 "job $job1 to finish" bash -c "[[ \$(scontrol show job -o $job1 | grep -o 'JobState=[A-Z_]*') =~ COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY ]]" ||
@@ -92,7 +94,8 @@ grep -q "stage-in\[.*verified" "$work/job1.out" || fail "job $job1: no verified 
 grep -q -- "--data.dir=$work/node-local/kilter-$job1/data" "$work/job1.out" ||
   fail "job $job1: kilter was not pointed at the node-local copy"
 [[ ! -e $work/node-local/kilter-$job1 ]] || fail "job $job1: the node-local copy was not removed at the end"
-echo "ok: job $job1 completed: 10 steps on 2 ranks, staged and verified, summary.json written"
+grep -q "launch: mpirun --map-by ppr:2:node:PE=1 --bind-to core" "$work/job1.out" || fail "job $job1 was not launched with mpirun"
+echo "ok: job $job1 completed (mpirun): 10 steps on 2 ranks, staged and verified, summary.json written"
 
 # ---- 2. USR1 mid-run: checkpoint, exit 85, requeue, resume, finish -----------------------------------
 # rank 1 sleeps 0.3 s per step (a diagnostics drill) so that the signal lands mid-run.
