@@ -52,8 +52,20 @@ with_lmod() {
 }
 
 # ---- 2. module load kilter (Lua and Tcl) ---------------------------------------------------------
+# The installed modulefile loads the site's prerequisite modules (e.g. "cuda" when the CUDA
+# backend is built); this machine has none, so empty stand-ins with those names are provided.
+stubs="$work/site-modules"
+mkdir -p "$stubs"
+cuda_module=$(sed -n 's/^KILTER_CUDA_MODULE:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+prereqs=$(sed -n 's/^KILTER_MODULE_PREREQS:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+if grep -q "cuda" <<<"$("$prefix/bin/kilter" --version)"; then prereqs="$prereqs $cuda_module"; fi
+for m in $prereqs; do
+  mkdir -p "$stubs/$(dirname "$m")"
+  echo "-- stand-in for the site's $m module (test only)" > "$stubs/$m.lua"
+done
 for tree in modulefiles modulefiles-tcl; do
   out=$(with_lmod "
+    module use $stubs
     module use $prefix/$tree
     module load kilter
     echo \"which=\$(command -v kilter)\"
