@@ -18,8 +18,14 @@ export OPENBLAS_NUM_THREADS=1
 mpirun --allow-run-as-root --oversubscribe --bind-to core -np "$RANKS" "$KILTER" train --config inputs/small.ini \
   --data.dir="$WORK/data" --train.steps="$STEPS" --train.warmup=2 --output.dir="$WORK/run" \
   --output.log_every=5 --json > "$WORK/kilter.out" 2> "$WORK/kilter.err" || { cat "$WORK/kilter.err"; exit 1; }
-K=$("$PY" -c "import json;print(json.load(open('$WORK/run/summary.json'))['tokens_per_second'])")
-T=$("$PY" bench/torch_ddp_gpt.py --ranks "$RANKS" --threads 1 --steps "$STEPS" | tail -1 | "$PY" -c "import json,sys;print(json.load(sys.stdin)['tokens_per_second'])")
+# Steady state on both sides: the first WARMUP steps are left out, as the torch peer does.
+K=$("$PY" - "$WORK/run/metrics/rank-00000.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))[2:]
+print(sum(float(r["tokens"]) for r in rows) / sum(float(r["step_total"]) for r in rows))
+PY
+)
+T=$("$PY" bench/torch_ddp_gpt.py --ranks "$RANKS" --threads 1 --steps "$((STEPS - 2))" --warmup 2 | tail -1 | "$PY" -c "import json,sys;print(json.load(sys.stdin)['tokens_per_second'])")
 "$PY" - "$K" "$T" "$RANKS" <<'PY'
 import sys
 k, t, r = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
