@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace boost { namespace program_options { class options_description; class variables_map; } }
@@ -101,6 +102,10 @@ bool parse_command_line(int argc, char** argv, const std::string& usage,
 
 // Parses an INI file into cfg (keys absent from the file keep their defaults).
 Config parse_config_file(const std::string& path);
+
+// "section.key" -> value pairs of an INI text in file order ("[section]" headers, "key = value"
+// lines; blank lines and #/; comments skipped). For reading run directories' config.ini as text.
+std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& text);
 
 // Parse an INI text (the resolved config of a run directory) into a Config.
 Config config_from_ini_text(const std::string& text);

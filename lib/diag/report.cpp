@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "io/error.h"
+#include "lib/core/config.h"
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/run_statistics.h"
 
@@ -29,29 +30,10 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  size_t e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-// The resolved config.ini: "[section]" headers and "key = value" lines; comments skipped.
+// The resolved config.ini as "section.key" -> value.
 std::map<std::string, std::string> parse_ini(const std::string& text) {
   std::map<std::string, std::string> out;
-  std::istringstream is(text);
-  std::string line, section;
-  while (std::getline(is, line)) {
-    line = trim(line);
-    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
-    if (line.front() == '[' && line.back() == ']') {
-      section = trim(line.substr(1, line.size() - 2));
-      continue;
-    }
-    size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    std::string key = trim(line.substr(0, eq));
-    out[section.empty() ? key : section + "." + key] = trim(line.substr(eq + 1));
-  }
+  for (auto& [key, value] : ini_entries(text)) out[key] = value;
   return out;
 }
 

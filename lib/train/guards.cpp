@@ -21,29 +21,7 @@ namespace {
 // "section.key" -> value, in file order, from a resolved INI text.
 using IniEntries = std::vector<std::pair<std::string, std::string>>;
 
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  size_t e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
-
-IniEntries parse_ini_entries(const std::string& text) {
-  IniEntries entries;
-  std::istringstream is(text);
-  std::string line, section;
-  while (std::getline(is, line)) {
-    line = trim(line);
-    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
-    if (line.front() == '[' && line.back() == ']') {
-      section = trim(line.substr(1, line.size() - 2));
-      continue;
-    }
-    auto eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    entries.emplace_back(section + "." + trim(line.substr(0, eq)), trim(line.substr(eq + 1)));
-  }
-  return entries;
-}
+IniEntries parse_ini_entries(const std::string& text) { return ini_entries(text); }
 
 std::string render_ini(const IniEntries& entries) {
   std::string text, section;
