@@ -77,7 +77,9 @@ class Communicator {
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 
 // kind: "mpi" (host buffers) or "nccl" (device buffers; needs KILTER_WITH_NCCL).
-std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm);
+// timeout_s bounds how long a device collective may wait before the communicator is aborted
+// with a message ([comm] timeout_s); the MPI implementation relies on the watchdog instead.
+std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm, double timeout_s = 300.0);
 
 // Reduces the flat gradient buffer (sum) over the world, flat or hierarchically (node
 // reduce-scatter -> cross-node allreduce of the 1/L shard -> node allgather), in buckets started
@@ -114,6 +116,7 @@ const char* overlap_mode_name(OverlapMode mode);
 
 struct ReducerOptions {
   std::string kind = "mpi";             // communicator kind, see make_communicator
+  double timeout_s = 300.0;             // [comm] timeout_s, for device communicators
   std::string algo = "hierarchical";    // flat | hierarchical
   size_t bucket_bytes = 4u << 20;       // target bucket size; rounded to whole node shards
   OverlapMode overlap = OverlapMode::automatic;

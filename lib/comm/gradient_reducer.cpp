@@ -419,7 +419,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
   auto add_stage = [&](StageOp op, MPI_Comm base, const char* what) {
     MPI_Comm dup = dup_comm(base, what);
     state->owned_comms.push_back(dup);
-    state->stages.push_back(Stage{op, make_communicator(opts.kind, dup)});
+    state->stages.push_back(Stage{op, make_communicator(opts.kind, dup, opts.timeout_s)});
   };
   if (hierarchical && topo.num_nodes == 1) {
     // One node: reduce-scatter + allgather inside it is an allreduce done in two calls; one

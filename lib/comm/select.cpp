@@ -8,12 +8,13 @@
 
 namespace kilter::comm {
 
-std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm) {
+std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm, double timeout_s) {
   if (kind == "mpi") return make_mpi_communicator(comm);
   if (kind == "nccl") {
 #ifdef KILTER_WITH_NCCL
-    return make_nccl_communicator(comm);
+    return make_nccl_communicator(comm, timeout_s);
 #else
+    (void)timeout_s;
     KILTER_FAIL("communicator 'nccl' is not compiled into this kilter (backends: see kilter --version); "
                 "rebuild with -DENABLE_CUDA=ON -DENABLE_NCCL=ON, or train on the cpu backend");
 #endif

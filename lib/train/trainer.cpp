@@ -253,9 +253,15 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   const std::string comm_kind = backend == "cuda" ? "nccl" : "mpi";
   std::string algo = cfg.comm.algo;
   if (algo == "hierarchical" && !topo.uniform) algo = "flat";  // make_topology has warned
-  auto reducer = comm::make_gradient_reducer(topo, comm_kind, algo, model->grads(),
-                                             model->layout().padded_size,
-                                             size_t(cfg.comm.bucket_mb * 1024 * 1024), cfg.comm.overlap);
+  comm::ReducerOptions reducer_opts;
+  reducer_opts.kind = comm_kind;
+  reducer_opts.algo = algo;
+  reducer_opts.bucket_bytes = size_t(cfg.comm.bucket_mb * 1024 * 1024);
+  reducer_opts.overlap = cfg.comm.overlap ? comm::OverlapMode::automatic : comm::OverlapMode::off;
+  reducer_opts.timeout_s = cfg.comm.timeout_s;
+  // The model reports every float of the padded buffer (the padding together with ln_f).
+  reducer_opts.reported_size = model->layout().padded_size;
+  auto reducer = comm::make_gradient_reducer(topo, model->grads(), model->layout().padded_size, reducer_opts);
 
   diag::DiagOptions dopts;
   dopts.run_dir = run_dir;
