@@ -40,7 +40,12 @@ std::string StragglerWatch::add_step(const StepRecord* ranks) {
   for (int s = 0; s < window_; ++s)
     if (last_rank_[s] >= 0) counts[last_rank_[s]] += 1;
   int rank = int(std::max_element(counts.begin(), counts.end()) - counts.begin());
-  if (counts[rank] < int(std::ceil(share_ * window_))) return "";
+  // The same test as the run summary's rule, over the window: being last by chance has
+  // probability 1/P per step, so the share must also clear 1/P + 3 sigma (with 2 ranks and a
+  // 20-step window: 17 of 20).
+  const double p0 = 1.0 / world_size_;
+  const double needed = std::max(share_, p0 + 3.0 * std::sqrt(p0 * (1 - p0) / double(window_)));
+  if (counts[rank] < int(std::ceil(needed * window_ - 1e-9))) return "";
 
   double lag_sum = 0, step_sum = 0;
   std::vector<double> sums(size_t(world_size_) * kNumComponents, 0.0);

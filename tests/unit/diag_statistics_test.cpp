@@ -208,9 +208,10 @@ TEST(DiagStragglerWatch, WarnsOnceNamingRankAndPhase) {
     std::string w = watch.add_step(recs.data());
     if (!w.empty()) warnings.push_back(w), warned_at.push_back(s);
   }
-  // Rank 1 is last from step 5 on: 6 of 10 at step 10, warned then, and repeated after 1, 2, 4
-  // windows (steps 20, 40, 80).
-  ASSERT_EQ(warned_at, (std::vector<int>{10, 20, 40, 80}));
+  // Rank 1 is last from step 5 on. With 4 ranks and a 10-step window the share must clear
+  // max(0.6, 1/4 + 3 sigma) = 0.66: 7 of 10 at step 11, warned then, and repeated after 1, 2, 4
+  // windows (steps 21, 41, 81).
+  ASSERT_EQ(warned_at, (std::vector<int>{11, 21, 41, 81}));
   EXPECT_NE(warnings[0].find("rank 1 "), std::string::npos) << warnings[0];
   EXPECT_NE(warnings[0].find("data_wait"), std::string::npos) << warnings[0];
   EXPECT_EQ(warnings[0].find('\n'), std::string::npos);
@@ -223,9 +224,9 @@ TEST(DiagStragglerWatch, NewRankIsReportedAtOnce) {
     auto recs = make_step(4, s, s * 0.3, s < 20 ? 1 : 3, kForward, 0.05);
     if (!watch.add_step(recs.data()).empty()) warned_at.push_back(s);
   }
-  // Rank 1 at step 9 (window full), again at 19; rank 3 once it is last in 6 of 10 (step 25),
+  // Rank 1 at step 9 (window full), again at 19; rank 3 once it is last in 7 of 10 (step 26),
   // repeated a window later.
-  EXPECT_EQ(warned_at, (std::vector<int>{9, 19, 25, 35}));
+  EXPECT_EQ(warned_at, (std::vector<int>{9, 19, 26, 36}));
 }
 
 TEST(DiagStragglerWatch, SilentWhenBalanced) {
