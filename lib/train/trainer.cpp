@@ -127,9 +127,9 @@ class PrefetchCursor {
   size_t mb_ = 0;
 };
 
-// Rows padded to the micro-batch's longest piece; targets -1 on padding.
-void assemble_batch(const io::ReadyGroup& group, uint32_t padded_len, uint32_t vocab,
-                    const std::string& data_dir, model::Batch& batch) {
+// Rows padded to the micro-batch's longest piece; targets -1 on padding. Token ids were checked
+// against the dataset's vocabulary by the reader (and model.vocab_size >= it at start-up).
+void assemble_batch(const io::ReadyGroup& group, uint32_t padded_len, model::Batch& batch) {
   const int B = int(group.pieces.size());
   const int T = int(padded_len);
   batch.B = B;
@@ -145,14 +145,8 @@ void assemble_batch(const io::ReadyGroup& group, uint32_t padded_len, uint32_t v
     const int32_t* tok = group.tokens + group.offsets[b];
     int32_t* in = &batch.inputs[size_t(b) * T];
     int32_t* tg = &batch.targets[size_t(b) * T];
-    for (uint32_t t = 0; t < len; ++t) {
-      KILTER_CHECK(uint32_t(tok[t]) < vocab && uint32_t(tok[t + 1]) < vocab,
-                   "dataset " << data_dir << ": document " << group.pieces[b].doc
-                              << " holds token " << std::max(tok[t], tok[t + 1])
-                              << ", outside the vocabulary of " << vocab);
-      in[t] = tok[t];
-      tg[t] = tok[t + 1];
-    }
+    std::copy(tok, tok + len, in);
+    std::copy(tok + 1, tok + len + 1, tg);
     batch.lengths[b] = int32_t(len);
     batch.num_targets += len;
   }
@@ -288,8 +282,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     eval_plans = std::make_unique<PlanCache>(index, split.eval_docs, plan_opts, world_size);
   }
 
+  // The statistics of the epoch the run starts in: logged now and reported in the summary (a
+  // copy, since the plan itself is dropped once its epoch is done).
+  const balance::PlanStats st = plans.get(state.position.epoch).stats;
   if (rank == 0) {
-    const balance::PlanStats& st = plans.get(state.position.epoch).stats;
     std::fprintf(stderr,
                  "kilter %s: %d ranks (%d nodes x %d), backend %s, comm %s/%s, model %d layers x %d "
                  "(%zu params), %s\n"
@@ -322,7 +318,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
         for (const auto& p : mb.pieces) pieces.push_back({p.doc, p.start, p.len});
         ereader.enqueue(std::move(pieces));
         const io::ReadyGroup& g = ereader.next();
-        assemble_batch(g, mb.padded_len, uint32_t(cfg.model.vocab_size), data_dir, batch);
+        assemble_batch(g, mb.padded_len, batch);
         sums[0] += model->forward_loss(batch);
         sums[1] += double(batch.num_targets);
       }
@@ -347,12 +343,6 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
 
   while (state.step < total_steps) {
     const balance::EpochPlan& plan = plans.get(state.position.epoch);
-    if (state.position.step_in_epoch >= plan.steps.size()) {
-      ++state.position.epoch;
-      state.position.step_in_epoch = 0;
-      plans.drop_before(state.position.epoch);
-      continue;
-    }
     const balance::Step& step = plan.steps[state.position.step_in_epoch];
     const auto& mine = step.rank_batches[rank];
     const float loss_scale = 1.0f / float(step.target_tokens);
@@ -377,7 +367,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
       const io::ReadyGroup& group = reader.next();
       diagnostics.phase_end(diag::kDataWait);
       diagnostics.phase_begin(diag::kH2D);
-      assemble_batch(group, mb.padded_len, uint32_t(cfg.model.vocab_size), data_dir, batch);
+      assemble_batch(group, mb.padded_len, batch);
       diagnostics.phase_end(diag::kH2D);
       fill_prefetch();
       tokens_computed += mb.tokens_computed();
@@ -457,8 +447,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     tokens_this_run += double(step.target_tokens);
     tokens_since_log += double(step.target_tokens);
     ++state.step;
-    ++state.position.step_in_epoch;
     state.tokens_seen += double(step.target_tokens);
+    // `plan` and `step` are not used past this point: a finished epoch's plan can go.
+    state.position = balance::next_position(state.position, plan.steps.size());
+    if (state.position.step_in_epoch == 0) plans.drop_before(state.position.epoch);
 
     if (cfg.train.eval_every > 0 && state.step % cfg.train.eval_every == 0) {
       eval_loss = evaluate();
@@ -491,7 +483,6 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   const double elapsed = now_seconds() - t_loop;
 
   // ---- summary -------------------------------------------------------------------------------
-  const balance::PlanStats& st = plans.get(state.position.epoch).stats;
   nlohmann::json extra;
   extra["world_size"] = world_size;
   extra["steps"] = state.step;
