@@ -14,15 +14,6 @@ COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --m
         --train.steps=6 --output.log_every=1 --output.trace_steps=0 --comm.timeout_s=60
         --output.checkpoint_every=2)
 
-stop_after() {  # stop_after LOG NP N [args]: a preemption drill (test hook: rank 1 raises SIGUSR1
-  # at step N-1) stops the run after N steps with exit code 85, whatever its train.steps.
-  local log=$1 np=$2 n=$3; shift 3
-  local rc=0
-  KILTER_TEST_FAIL_RANK=1 KILTER_TEST_FAIL_STEP=$((n - 1)) KILTER_TEST_FAIL_MODE=sigusr1 \
-    timeout 300 "${MPIRUN[@]}" -np "$np" -x KILTER_TEST_FAIL_RANK -x KILTER_TEST_FAIL_STEP -x KILTER_TEST_FAIL_MODE \
-    "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 || rc=$?
-  [ $rc -eq 85 ] || { cat "$log"; fail "$log: exit code $rc, expected 85 (kExitPreempted)"; }
-}
 stop_after first.log 2 2 --output.dir=runs/k
 [ -f runs/k/checkpoints/step-00000002.h5 ] || fail "no checkpoint of step 2"
 

@@ -13,3 +13,19 @@ trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Runs and drills over the array COMMON (defined by the calling script before the first call).
+train() {  # train LOG NP [args]: a run that must succeed (bounded: a hang fails the test)
+  local log=$1 np=$2; shift 2
+  timeout 300 "${MPIRUN[@]}" -np "$np" "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 \
+    || { cat "$log"; fail "$log: kilter train failed"; }
+}
+stop_after() {  # stop_after LOG NP N [args]: a preemption drill (test hook: rank 1 raises SIGUSR1
+  # at step N-1) stops the run after N steps with exit code 85, whatever its train.steps.
+  local log=$1 np=$2 n=$3; shift 3
+  local rc=0
+  KILTER_TEST_FAIL_RANK=1 KILTER_TEST_FAIL_STEP=$((n - 1)) KILTER_TEST_FAIL_MODE=sigusr1 \
+    timeout 300 "${MPIRUN[@]}" -np "$np" -x KILTER_TEST_FAIL_RANK -x KILTER_TEST_FAIL_STEP -x KILTER_TEST_FAIL_MODE \
+    "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 || rc=$?
+  [ $rc -eq 85 ] || { cat "$log"; fail "$log: exit code $rc, expected 85 (kExitPreempted)"; }
+}

@@ -14,20 +14,6 @@ COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --m
         --data.max_tokens=256 --train.tokens_per_step=1024 --train.warmup=2 --train.lr=3e-3
         --train.steps=8 --output.log_every=1 --output.trace_steps=0 --comm.timeout_s=60)
 
-train() {  # train LOG NP [args]: a run that must succeed (bounded: a hang fails the test)
-  local log=$1 np=$2; shift 2
-  timeout 300 "${MPIRUN[@]}" -np "$np" "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 \
-    || { cat "$log"; fail "$log: kilter train failed"; }
-}
-stop_after() {  # stop_after LOG NP N [args]: a preemption drill (test hook: rank 1 raises SIGUSR1
-  # at step N-1) stops the run after N steps with exit code 85, whatever its train.steps.
-  local log=$1 np=$2 n=$3; shift 3
-  local rc=0
-  KILTER_TEST_FAIL_RANK=1 KILTER_TEST_FAIL_STEP=$((n - 1)) KILTER_TEST_FAIL_MODE=sigusr1 \
-    timeout 300 "${MPIRUN[@]}" -np "$np" -x KILTER_TEST_FAIL_RANK -x KILTER_TEST_FAIL_STEP -x KILTER_TEST_FAIL_MODE \
-    "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 || rc=$?
-  [ $rc -eq 85 ] || { cat "$log"; fail "$log: exit code $rc, expected 85 (kExitPreempted)"; }
-}
 train straight.log 2 --output.dir=runs/straight
 # Each part's metrics are kept aside: the losses are compared whether or not a resumed run
 # appends to metrics/rank-00000.csv.
