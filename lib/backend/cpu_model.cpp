@@ -65,22 +65,7 @@ CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple)
 }
 
 CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
-  const size_t C = cfg_.n_embd;
-  float* p = base + block_offset_[layer];
-  BlockTensors t;
-  t.ln1_w = p;            p += C;
-  t.ln1_b = p;            p += C;
-  t.qkv_w = p;            p += 3 * C * C;
-  t.qkv_b = p;            p += 3 * C;
-  t.attproj_w = p;        p += C * C;
-  t.attproj_b = p;        p += C;
-  t.ln2_w = p;            p += C;
-  t.ln2_b = p;            p += C;
-  t.fc_w = p;             p += 4 * C * C;
-  t.fc_b = p;             p += 4 * C;
-  t.fcproj_w = p;         p += 4 * C * C;
-  t.fcproj_b = p;
-  return t;
+  return model::block_tensors_at(base + block_offset_[layer], size_t(cfg_.n_embd));
 }
 
 CpuModel::BlockActivations CpuModel::block_activations(int layer, int B, int T) {

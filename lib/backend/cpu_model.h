@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/model/block_tensors.h"
 #include "lib/model/model.h"
 
 namespace kilter::backend {
@@ -40,11 +41,7 @@ class CpuModel final : public model::Model {
   void reserve(int max_B, int max_T) override;
 
  private:
-  // Pointers into the flat buffer for one block's tensors (params or grads).
-  struct BlockTensors {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
-    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
-  };
+  using BlockTensors = model::BlockTensors;
   // Saved activations of one block for a (B,T) micro-batch.
   struct BlockActivations {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;

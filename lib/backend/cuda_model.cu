@@ -13,6 +13,7 @@
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_model.h"
+#include "lib/model/block_tensors.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/init.h"
 
@@ -72,10 +73,7 @@ class CudaModel final : public model::Model {
   void reserve(int max_B, int max_T) override;
 
  private:
-  struct BlockTensors {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
-    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
-  };
+  using BlockTensors = model::BlockTensors;
   struct BlockActivations {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
@@ -179,22 +177,7 @@ CudaModel::~CudaModel() {
 }
 
 CudaModel::BlockTensors CudaModel::block_tensors(float* base, int layer) const {
-  const size_t C = cfg_.n_embd;
-  float* p = base + block_offset_[layer];
-  BlockTensors t;
-  t.ln1_w = p;      p += C;
-  t.ln1_b = p;      p += C;
-  t.qkv_w = p;      p += 3 * C * C;
-  t.qkv_b = p;      p += 3 * C;
-  t.attproj_w = p;  p += C * C;
-  t.attproj_b = p;  p += C;
-  t.ln2_w = p;      p += C;
-  t.ln2_b = p;      p += C;
-  t.fc_w = p;       p += 4 * C * C;
-  t.fc_b = p;       p += 4 * C;
-  t.fcproj_w = p;   p += 4 * C * C;
-  t.fcproj_b = p;
-  return t;
+  return model::block_tensors_at(base + block_offset_[layer], size_t(cfg_.n_embd));
 }
 
 // Lays out every activation for `tokens` = B*T rows and `att_floats` = B*NH*T*T; returns the
