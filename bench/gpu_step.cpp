@@ -1,5 +1,5 @@
 // GPU training-step benchmark: tokens/s and model FLOP utilization (MFU) of the CUDA model on
-// one device, for a given shape and precision. A step is what the trainer does: zero grads,
+// one device, for a given shape, precision, attention engine and CUDA graphs on/off. A step is what the trainer does: zero grads,
 // forward+backward of one micro-batch, the global norm (clipping), AdamW. It checks what it times:
 // the same batch is trained on every step, so the loss must be finite and must fall.
 // FLOPs per token follow nanoGPT/PaLM: 6 * (params - wpe) + 12 * n_layer * n_embd * T.
@@ -29,13 +29,16 @@ struct Options {
   km::GPTConfig cfg{4, 4, 256, 256, 8192};
   int B = 8, T = 256;
   std::string precision = "bf16";
+  std::string attention = "auto";
+  bool graphs = false;
   int steps = 10, warmup = 3;
   double peak_tflops = 0.0;
 };
 
 void usage() {
   std::printf("usage: kilter_bench_gpu_step [--name S] [--n-layer L] [--n-head H] [--n-embd C] [--vocab V]\n"
-              "         [--B rows] [--T tokens] [--precision fp32|bf16] [--steps N] [--warmup N] [--peak-tflops X]\n");
+              "         [--B rows] [--T tokens] [--precision fp32|bf16] [--attention auto|cudnn|cublaslt]\n"
+              "         [--graphs 0|1] [--steps N] [--warmup N] [--peak-tflops X]\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -59,6 +62,8 @@ Options parse(int argc, char** argv) {
     else if (flag == "--B") o.B = std::stoi(value);
     else if (flag == "--T") o.T = std::stoi(value);
     else if (flag == "--precision") o.precision = value;
+    else if (flag == "--attention") o.attention = value;
+    else if (flag == "--graphs") o.graphs = value == "1" || value == "on" || value == "true";
     else if (flag == "--steps") o.steps = std::stoi(value);
     else if (flag == "--warmup") o.warmup = std::stoi(value);
     else if (flag == "--peak-tflops") o.peak_tflops = std::stod(value);
@@ -92,7 +97,23 @@ int main(int argc, char** argv) {
     KILTER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     const double peak = o.peak_tflops > 0 ? o.peak_tflops : datasheet_peak_tflops(prop.name, o.precision);
 
-    std::unique_ptr<km::Model> model = kilter::backend::make_cuda_model(o.cfg, 1, o.precision);
+    km::BackendOptions backend;
+    backend.precision = o.precision;
+    backend.attention = o.attention;
+    backend.cuda_graphs = o.graphs;
+    std::unique_ptr<km::Model> model;
+    try {
+      model = kilter::backend::make_cuda_model(o.cfg, 1, backend);
+    } catch (const kilter::Error& e) {
+      // No usable cuDNN on this machine: measure cuBLASLt attention and say so (attention= in RESULT).
+      if (o.attention != "cudnn" || std::string(e.what()).find("cuDNN cannot be used") == std::string::npos) throw;
+      std::printf("NOTE: %s\n", e.what());
+      backend.attention = "cublaslt";
+      model = kilter::backend::make_cuda_model(o.cfg, 1, backend);
+    }
+    std::printf("%s\n", model->describe().c_str());
+    const bool cudnn_attention = model->describe().find("cuDNN") != std::string::npos &&
+                                 model->describe().find("(cuDNN:") == std::string::npos;
     model->init_params(1337);
     model->reserve(o.B, o.T);
     km::Batch batch;
@@ -150,9 +171,10 @@ int main(int argc, char** argv) {
                 o.name.c_str(), o.precision.c_str(), o.B, o.T, layout.num_params / 1e6, 1e3 * seconds / o.steps,
                 tokens_per_s, achieved_tflops, peak > 0 ? (std::to_string(100.0 * mfu).substr(0, 5) + "%").c_str() : "n/a",
                 first_loss, last_loss, ok ? "(check ok)" : "(CHECK FAILED: loss must be finite and fall)");
-    std::printf("RESULT name=%s precision=%s B=%d T=%d device=\"%s\" tokens_per_s=%.1f ms_per_step=%.3f tflops=%.2f "
-                "peak_tflops=%.1f mfu=%.4f first_loss=%.5f last_loss=%.5f check=%s\n",
-                o.name.c_str(), o.precision.c_str(), o.B, o.T, prop.name, tokens_per_s, 1e3 * seconds / o.steps,
+    std::printf("RESULT name=%s precision=%s attention=%s graphs=%d B=%d T=%d device=\"%s\" tokens_per_s=%.1f "
+                "ms_per_step=%.3f tflops=%.2f peak_tflops=%.1f mfu=%.4f first_loss=%.5f last_loss=%.5f check=%s\n",
+                o.name.c_str(), o.precision.c_str(), cudnn_attention ? "cudnn" : "cublaslt", o.graphs ? 1 : 0, o.B, o.T,
+                prop.name, tokens_per_s, 1e3 * seconds / o.steps,
                 achieved_tflops, peak, peak > 0 ? mfu : -1.0, first_loss, last_loss, ok ? "ok" : "failed");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU step throughput of the CUDA model on one device: the small config (4 layers, 256 wide,
 # 4 heads, vocab 8192, T=256) and the GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab
-# 50257, T=1024), each in fp32 and bf16 GEMM math. Prints tokens/s and MFU per run, then a table.
+# 50257, T=1024): fp32 and bf16 GEMM math with cuBLASLt attention, bf16 with CUDA graphs, and bf16
+# with cuDNN attention ("attn" in the table says which engine ran: cublaslt where cuDNN is not
+# usable). Prints tokens/s and MFU per run, then a table.
 # usage: bench/gpu_step.sh [path/to/kilter_bench_gpu_step] [--quick]
 # MFU = (6 * (params - wpe) + 12 * n_layer * n_embd * T) * tokens/s / peak; peak is the H100/H200
 # datasheet (dense bf16 989.4 TFLOP/s; fp32 66.9) unless KILTER_PEAK_TFLOPS_BF16/_FP32 are set.
@@ -14,13 +16,13 @@ steps=10
 
 results=()
 status=0
-run() {  # name precision B T n_layer n_head n_embd vocab
+run() {  # name precision attention graphs B T n_layer n_head n_embd vocab
   local peak_var="KILTER_PEAK_TFLOPS_${2^^}"
   local peak_flag=()
   [[ -n "${!peak_var:-}" ]] && peak_flag=(--peak-tflops "${!peak_var}")
   local out
-  out=$(timeout 240 "$bench" --name "$1" --precision "$2" --B "$3" --T "$4" --n-layer "$5" --n-head "$6" \
-        --n-embd "$7" --vocab "$8" --steps "$steps" --warmup 3 "${peak_flag[@]}" 2>&1)
+  out=$(timeout 240 "$bench" --name "$1" --precision "$2" --attention "$3" --graphs "$4" --B "$5" --T "$6" \
+        --n-layer "$7" --n-head "$8" --n-embd "$9" --vocab "${10}" --steps "$steps" --warmup 3 "${peak_flag[@]}" 2>&1)
   local rc=$?
   echo "$out" | grep -v '^RESULT'
   if [[ $rc -eq 77 ]]; then status=77; return; fi
@@ -28,18 +30,25 @@ run() {  # name precision B T n_layer n_head n_embd vocab
   results+=("$(echo "$out" | grep '^RESULT' || echo "RESULT name=$1 precision=$2 check=failed(rc=$rc)")")
 }
 
-run small fp32 32 256 4 4 256 8192
-run small bf16 32 256 4 4 256 8192
-run gpt2-124m fp32 16 1024 12 12 768 50257
-run gpt2-124m bf16 16 1024 12 12 768 50257
+small=(32 256 4 4 256 8192)
+gpt2=(16 1024 12 12 768 50257)
+run small fp32 cublaslt 0 "${small[@]}"
+run small bf16 cublaslt 0 "${small[@]}"
+run small bf16 cublaslt 1 "${small[@]}"
+run small bf16 cudnn 0 "${small[@]}"
+run gpt2-124m fp32 cublaslt 0 "${gpt2[@]}"
+run gpt2-124m bf16 cublaslt 0 "${gpt2[@]}"
+run gpt2-124m bf16 cublaslt 1 "${gpt2[@]}"
+run gpt2-124m bf16 cudnn 0 "${gpt2[@]}"
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 echo
-printf '%-10s %-5s %4s %5s %12s %10s %8s %7s %s\n' config prec B T tokens/s ms/step TFLOP/s MFU check
+printf '%-10s %-5s %-8s %6s %4s %5s %12s %10s %8s %7s %s\n' config prec attn graphs B T tokens/s ms/step TFLOP/s MFU check
 for r in "${results[@]}"; do
   mfu=$(field mfu "$r")
   [[ -n "$mfu" && "$mfu" != "-1.0000" ]] && mfu=$(awk -v m="$mfu" 'BEGIN{printf "%.1f%%", 100*m}') || mfu=n/a
-  printf '%-10s %-5s %4s %5s %12s %10s %8s %7s %s\n' "$(field name "$r")" "$(field precision "$r")" \
+  printf '%-10s %-5s %-8s %6s %4s %5s %12s %10s %8s %7s %s\n' "$(field name "$r")" "$(field precision "$r")" \
+    "$(field attention "$r")" "$(field graphs "$r")" \
     "$(field B "$r")" "$(field T "$r")" "$(field tokens_per_s "$r")" "$(field ms_per_step "$r")" \
     "$(field tflops "$r")" "$mfu" "$(field check "$r")"
 done

@@ -3,12 +3,27 @@
 // (tests/gpu/). fp32 master weights, gradients, AdamW moments and activations; precision "bf16"
 // switches the GEMMs to bf16 tensor-core math with fp32 accumulation. Device memory: one
 // persistent state allocation (params, grads, m, v) and one activation arena sized by reserve()
-// (grown, with the stream drained first, if a larger micro-batch arrives). Capacity is kept as
-// tokens (B*T) and attention floats (B*NH*T*T), so reserve(max_tokens / block_size, block_size)
-// covers every micro-batch of at most max_tokens padded tokens, whatever its row count. Every
-// kernel runs on cuda_compute_stream(); inputs go up on a separate copy stream, ordered by events.
+// (grown, with the stream drained first, if a larger micro-batch arrives). The arena's size grows
+// with the tokens (B*T) and the attention floats (B*NH*T*T), so reserve(max_tokens / block_size,
+// block_size) covers every micro-batch of at most max_tokens padded tokens, whatever its row
+// count (with cuDNN attention a shape whose reserve space is larger grows it once). Every kernel
+// runs on cuda_compute_stream(); inputs go up on a separate copy stream, ordered by events.
+//
+// Attention engine (train.attention): cuDNN's multi-head attention API (attention_cudnn.cu) or
+// cuBLASLt + a masked softmax (attention.cu), chosen per micro-batch shape.
+// CUDA graphs (train.cuda_graphs): forward+loss, the LM-head backward, each block's backward and
+// the embedding backward are captured once per (B,T) shape (on its second occurrence; the first
+// runs eagerly and fills cuBLASLt's algorithm cache) and replayed; the on_ready calls between
+// the segments keep the gradient reduction overlapping backward. Capture happens on a private
+// stream so that the NCCL communicator, which orders itself after the compute stream from its
+// own thread, can never join a capture.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "lib/backend/cuda_common.h"
@@ -46,12 +61,16 @@ class ArenaCarver {
   size_t used_ = 0;
 };
 
+// Graph replays read the loss scale from the device (kernel arguments are frozen at capture).
+__global__ void store_scalar_kernel(float* dst, float value) { *dst = value; }
+
 class CudaModel final : public model::Model {
  public:
-  CudaModel(const GPTConfig& cfg, size_t pad_multiple, const std::string& precision);
+  CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::BackendOptions& options);
   ~CudaModel() override;
 
   std::string backend_name() const override { return "cuda"; }
+  std::string describe() const override;
   const GPTConfig& config() const override { return cfg_; }
   const model::ParamLayout& layout() const override { return layout_; }
 
@@ -90,33 +109,71 @@ class CudaModel final : public model::Model {
   };
 
   BlockTensors block_tensors(float* base, int layer) const;
-  size_t carve(ArenaCarver& carver, Activations* acts, size_t tokens, size_t att_floats) const;
+  // Lays out every activation for a (B,T) micro-batch; returns the floats used. The same
+  // function measures (null base) and assigns, so they cannot disagree.
+  size_t carve(ArenaCarver& carver, Activations* acts, int B, int T) const;
+  void ensure_arena(size_t floats, int B, int T);
+  bool cudnn_for_shape(int B, int T);
   void validate(const Batch& batch) const;
-  void upload_batch(const Batch& batch);
-  void forward(const Batch& batch);
-  // Logits, loss (added into loss_device_) and dlogits in place; the loss is copied to the host
-  // asynchronously (loss_ready_ marks it).
-  void head_forward(const Batch& batch, float dloss_scale);
+  // Uploads the batch and sets the loss scale read by the cross-entropy kernel.
+  void upload_batch(const Batch& batch, float dloss_scale);
+  // Kernels of the forward pass and the head: logits, loss (into loss_device_, copied to the
+  // host asynchronously) and dlogits in place.
+  void forward_kernels(int B, int T);
+  void backward_block_kernels(int layer, int B, int T);
+  // Runs one segment's kernels eagerly, or as a CUDA graph of this shape (see top of file).
+  template <class Body>
+  void run_segment(int segment, const Body& body);
+  void finish_forward();  // records loss_ready_ after the forward segment
   double read_loss();
 
   GPTConfig cfg_;
   model::ParamLayout layout_;
-  std::string precision_;
+  model::BackendOptions options_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t upload_done_ = nullptr, compute_done_ = nullptr, loss_ready_ = nullptr;
+  cudaEvent_t loss_ready_ = nullptr;
   std::unique_ptr<kc::Gemm> gemm_;
+  std::unique_ptr<kc::CudnnAttention> cudnn_;  // null: cuBLASLt attention only
+  std::string cudnn_note_;                     // why cuDNN attention is off, for describe()
+  std::set<std::pair<int, int>> cudnn_refused_shapes_;
+  bool batch_cudnn_ = false;                   // the current micro-batch's attention engine
+  std::vector<int32_t> lengths_host_;          // the current micro-batch's row lengths
+  // The stream and GEMM engine the segment kernels go to: stream_/gemm_, or the capture pair
+  // while a graph is being captured.
+  cudaStream_t s_ = nullptr;
+  kc::Gemm* g_ = nullptr;
+  cudaStream_t capture_stream_ = nullptr;
+  std::unique_ptr<kc::Gemm> gemm_capture_;
+  struct GraphEntry {
+    bool warmed = false;
+    cudaGraphExec_t exec = nullptr;
+  };
+  std::map<std::tuple<int, int, int>, GraphEntry> graphs_;  // (B, T, segment)
+  void drop_graphs();
+  float* scale_device_ = nullptr;
 
   float* state_ = nullptr;  // params, grads, m, v: padded_size floats each
   float *params_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   double* loss_device_ = nullptr;   // [0] loss sum, [1] squared norm, then norm scratch
   double* host_scalars_ = nullptr;  // pinned: [0] loss, [1] squared norm
-  int32_t* host_batch_ = nullptr;   // pinned staging for inputs, targets, lengths
-  size_t host_batch_capacity_ = 0;
+  // Two upload slots used in turn, each a pinned host buffer and a device buffer for inputs,
+  // targets and lengths: micro-batch k+1 goes up on the copy stream while micro-batch k computes;
+  // the compute stream then copies it (device to device, a few hundred KB) into the arena.
+  struct UploadSlot {
+    int32_t* host = nullptr;
+    int32_t* device = nullptr;
+    size_t capacity = 0;                // ints
+    cudaEvent_t copied = nullptr;       // copy stream: host -> device done
+    cudaEvent_t consumed = nullptr;     // compute stream: device slot -> arena done
+    bool used = false;
+  };
+  UploadSlot slots_[2];
+  int next_slot_ = 0;
 
   float* arena_ = nullptr;
-  size_t capacity_tokens_ = 0, capacity_att_ = 0;
+  size_t capacity_floats_ = 0;
   Activations acts_{};
   int acts_B_ = -1, acts_T_ = -1;
 
@@ -125,19 +182,49 @@ class CudaModel final : public model::Model {
   size_t block_size_floats_ = 0;
 };
 
-CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const std::string& precision)
-    : cfg_(cfg), layout_(model::ParamLayout::build(cfg, pad_multiple)), precision_(precision) {
+CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::BackendOptions& options)
+    : cfg_(cfg), layout_(model::ParamLayout::build(cfg, pad_multiple)), options_(options) {
+  const std::string& precision = options_.precision;
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
+  KILTER_CHECK(options_.attention == "auto" || options_.attention == "cudnn" || options_.attention == "cublaslt",
+               "train.attention=" << options_.attention << " is not one of auto, cudnn, cublaslt");
   KILTER_CHECK(cfg_.n_embd % cfg_.n_head == 0,
                "model.n_embd=" << cfg_.n_embd << " is not a multiple of model.n_head=" << cfg_.n_head);
   device_ = cuda_device_index();
   stream_ = cuda_compute_stream();
   KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-  KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming));
-  KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+  for (UploadSlot& slot : slots_) {
+    KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+    KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&slot.consumed, cudaEventDisableTiming));
+  }
   KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&loss_ready_, cudaEventDisableTiming));
-  gemm_ = std::make_unique<kc::Gemm>(stream_, precision == "bf16" ? kc::GemmMath::bf16 : kc::GemmMath::fp32);
+  const kc::GemmMath math = precision == "bf16" ? kc::GemmMath::bf16 : kc::GemmMath::fp32;
+  gemm_ = std::make_unique<kc::Gemm>(stream_, math);
+  s_ = stream_;
+  g_ = gemm_.get();
+  if (options_.cuda_graphs) {
+    KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+    gemm_capture_ = std::make_unique<kc::Gemm>(capture_stream_, math);
+  }
+  if (options_.attention != "cublaslt") {
+#ifdef KILTER_WITH_CUDNN
+    try {
+      cudnn_ = std::make_unique<kc::CudnnAttention>(stream_, math, cfg_.n_embd, cfg_.n_head);
+    } catch (const Error& e) {
+      KILTER_CHECK(options_.attention != "cudnn", "train.attention=cudnn: cuDNN cannot be used on device "
+                                                      << device_ << ": " << e.what()
+                                                      << " (use train.attention=auto or cublaslt)");
+      cudnn_note_ = e.what();
+      std::fprintf(stderr, "kilter: cuda backend: cuDNN attention unavailable (%s); using cuBLASLt attention\n",
+                   cudnn_note_.c_str());
+    }
+#else
+    KILTER_CHECK(options_.attention != "cudnn",
+                 "train.attention=cudnn: this kilter was built without cuDNN (rebuild with -DENABLE_CUDNN=ON)");
+    cudnn_note_ = "built without cuDNN";
+#endif
+  }
 
   const size_t padded = align_up(layout_.padded_size);
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(float) * padded * 4));
@@ -149,6 +236,7 @@ CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const std::strin
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_),
                                sizeof(double) * (2 + kc::sum_of_squares_scratch_doubles())));
   KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), sizeof(double) * 2));
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scale_device_), sizeof(float)));
 
   wte_offset_ = layout_.find("transformer.wte.weight").offset;
   wpe_offset_ = layout_.find("transformer.wpe.weight").offset;
@@ -164,14 +252,22 @@ CudaModel::~CudaModel() {
   // Destructors must not throw: drain and release, ignoring errors of a dying context.
   cudaStreamSynchronize(stream_);
   cudaStreamSynchronize(copy_stream_);
+  drop_graphs();
+  cudnn_.reset();
   gemm_.reset();
+  gemm_capture_.reset();
+  if (capture_stream_ != nullptr) cudaStreamDestroy(capture_stream_);
+  cudaFree(scale_device_);
   cudaFree(arena_);
   cudaFree(state_);
   cudaFree(loss_device_);
   cudaFreeHost(host_scalars_);
-  cudaFreeHost(host_batch_);
-  cudaEventDestroy(upload_done_);
-  cudaEventDestroy(compute_done_);
+  for (UploadSlot& slot : slots_) {
+    cudaFreeHost(slot.host);
+    cudaFree(slot.device);
+    cudaEventDestroy(slot.copied);
+    cudaEventDestroy(slot.consumed);
+  }
   cudaEventDestroy(loss_ready_);
   cudaStreamDestroy(copy_stream_);
 }
@@ -180,10 +276,17 @@ CudaModel::BlockTensors CudaModel::block_tensors(float* base, int layer) const {
   return model::block_tensors_at(base + block_offset_[layer], size_t(cfg_.n_embd));
 }
 
-// Lays out every activation for `tokens` = B*T rows and `att_floats` = B*NH*T*T; returns the
-// floats used. The same function measures (null base) and assigns, so they cannot disagree.
-size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, size_t tokens, size_t att_floats) const {
+size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, int B, int T) const {
   const size_t C = cfg_.n_embd, V = cfg_.vocab_size;
+  const size_t tokens = static_cast<size_t>(B) * T;
+  const size_t att_floats = static_cast<size_t>(B) * cfg_.n_head * T * T;
+  // Per layer: att (cuBLASLt) or cuDNN's reserve space, whichever is larger, so either engine
+  // can run any micro-batch of this shape; the scratch likewise.
+  size_t att_slice = att_floats, workspace = 7 * tokens * C + att_floats;
+  if (cudnn_) {
+    att_slice = std::max(att_slice, cudnn_->reserve_floats(B, T));
+    workspace = std::max(workspace, cudnn_->workspace_floats(B, T));
+  }
   Activations a;
   a.encoded = carver.take(tokens * C);
   a.blocks.resize(cfg_.n_layer);
@@ -193,7 +296,7 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, size_t tokens, s
     b.ln1_rstd = carver.take(tokens);
     b.qkv = carver.take(tokens * 3 * C);
     b.atty = carver.take(tokens * C);
-    b.att = carver.take(att_floats);
+    b.att = carver.take(att_slice);
     b.residual2 = carver.take(tokens * C);
     b.ln2 = carver.take(tokens * C);
     b.ln2_mean = carver.take(tokens);
@@ -211,40 +314,72 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, size_t tokens, s
   a.datty = carver.take(tokens * C);
   a.dqkv = carver.take(tokens * 3 * C);
   a.dfch = carver.take(tokens * 4 * C);
-  a.attention_workspace = carver.take(7 * tokens * C + att_floats);
+  a.attention_workspace = carver.take(workspace);
   a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(static_cast<int>(4 * C)));
   a.inputs = carver.take_ints(tokens);
   a.targets = carver.take_ints(tokens);
-  a.lengths = carver.take_ints(tokens);  // B <= B*T: any batch that fits in tokens fits here
+  a.lengths = carver.take_ints(B);
   if (acts != nullptr) *acts = std::move(a);
   return carver.used();
 }
 
-void CudaModel::reserve(int max_B, int max_T) {
-  KILTER_CHECK(max_B > 0 && max_T > 0, "CudaModel::reserve: B and T must be positive, got " << max_B << ", " << max_T);
-  const size_t tokens = static_cast<size_t>(max_B) * max_T;
-  const size_t att = static_cast<size_t>(max_B) * cfg_.n_head * max_T * max_T;
-  if (tokens <= capacity_tokens_ && att <= capacity_att_) return;
-  const size_t new_tokens = std::max(tokens, capacity_tokens_);
-  const size_t new_att = std::max(att, capacity_att_);
-  ArenaCarver measure(nullptr);
-  const size_t floats = carve(measure, nullptr, new_tokens, new_att);
-  // The old arena may still be read by queued kernels.
+void CudaModel::ensure_arena(size_t floats, int B, int T) {
+  if (floats <= capacity_floats_) return;
+  // The old arena may still be read by queued kernels, and graphs point into it.
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  drop_graphs();
   cudaFree(arena_);
   arena_ = nullptr;
+  capacity_floats_ = 0;
+  acts_B_ = acts_T_ = -1;  // slices are re-carved for the next batch shape
   const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&arena_), sizeof(float) * floats);
   if (status != cudaSuccess) {
     cudaGetLastError();
-    capacity_tokens_ = capacity_att_ = 0;
     KILTER_FAIL("cuda backend: cannot allocate the activation arena of " << (sizeof(float) * floats >> 20)
-                << " MiB for micro-batches up to B=" << max_B << " T=" << max_T << " on device " << device_
+                << " MiB for micro-batches up to B=" << B << " T=" << T << " on device " << device_
                 << " (" << cudaGetErrorString(status) << "); lower data.max_tokens or model.block_size");
   }
-  capacity_tokens_ = new_tokens;
-  capacity_att_ = new_att;
-  acts_B_ = acts_T_ = -1;  // slices are re-carved for the next batch shape
+  capacity_floats_ = floats;
+}
+
+void CudaModel::reserve(int max_B, int max_T) {
+  KILTER_CHECK(max_B > 0 && max_T > 0, "CudaModel::reserve: B and T must be positive, got " << max_B << ", " << max_T);
+  ArenaCarver measure(nullptr);
+  ensure_arena(carve(measure, nullptr, max_B, max_T), max_B, max_T);
+}
+
+bool CudaModel::cudnn_for_shape(int B, int T) {
+  if (!cudnn_) return false;
+  std::string why;
+  if (cudnn_->supports(B, T, &why)) return true;
+  KILTER_CHECK(options_.attention != "cudnn", "train.attention=cudnn: cuDNN cannot run micro-batches of B="
+                                                  << B << " T=" << T << ": " << why
+                                                  << " (use train.attention=auto or cublaslt)");
+  if (cudnn_refused_shapes_.insert({B, T}).second)
+    std::fprintf(stderr, "kilter: cuda backend: cuDNN attention cannot run B=%d T=%d (%s); this shape uses cuBLASLt attention\n",
+                 B, T, why.c_str());
+  return false;
+}
+
+void CudaModel::drop_graphs() {
+  for (auto& entry : graphs_)
+    if (entry.second.exec != nullptr) cudaGraphExecDestroy(entry.second.exec);
+  graphs_.clear();
+}
+
+std::string CudaModel::describe() const {
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, device_);
+  std::string text = "cuda device " + std::to_string(device_) + " (" + prop.name + "), GEMMs " +
+                     (options_.precision == "bf16" ? "bf16 tensor cores, fp32 accumulation" : "fp32") +
+                     " on cuBLASLt, attention ";
+#ifdef KILTER_WITH_CUDNN
+  if (cudnn_) text += cudnn_->description();
+#endif
+  if (!cudnn_) text += "cuBLASLt + masked softmax" + (cudnn_note_.empty() ? "" : " (cuDNN: " + cudnn_note_ + ")");
+  text += options_.cuda_graphs ? ", CUDA graphs on" : ", CUDA graphs off";
+  return text;
 }
 
 void CudaModel::validate(const Batch& batch) const {
@@ -273,76 +408,135 @@ void CudaModel::validate(const Batch& batch) const {
   }
 }
 
-void CudaModel::upload_batch(const Batch& batch) {
+void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
+  cuda_device_index();  // current device on this thread
   validate(batch);
-  reserve(batch.B, batch.T);
   const int B = batch.B, T = batch.T;
   const size_t BT = static_cast<size_t>(B) * T;
   if (B != acts_B_ || T != acts_T_) {
+    ArenaCarver measure(nullptr);
+    ensure_arena(carve(measure, nullptr, B, T), B, T);
     ArenaCarver carver(arena_);
-    carve(carver, &acts_, BT, static_cast<size_t>(B) * cfg_.n_head * T * T);
+    carve(carver, &acts_, B, T);
     acts_B_ = B;
     acts_T_ = T;
   }
+  lengths_host_.assign(batch.lengths.begin(), batch.lengths.end());
+  // cuDNN takes sequences of length >= 1; a batch with an empty row runs on cuBLASLt.
+  batch_cudnn_ = cudnn_for_shape(B, T) &&
+                 std::all_of(lengths_host_.begin(), lengths_host_.end(), [](int32_t n) { return n > 0; });
   const size_t ints = 2 * BT + B;
-  // The staging buffer and the device batch slots are reused: the previous upload must have
-  // left the staging buffer, and the previous step's kernels must be done with the slots.
-  KILTER_CUDA_CHECK(cudaEventSynchronize(upload_done_));
-  if (ints > host_batch_capacity_) {
-    cudaFreeHost(host_batch_);
-    host_batch_ = nullptr;
-    KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_batch_), sizeof(int32_t) * ints));
-    host_batch_capacity_ = ints;
+  UploadSlot& slot = slots_[next_slot_];
+  next_slot_ ^= 1;
+  // This slot's previous copy must have left the host buffer (it did long ago, normally).
+  if (slot.used) KILTER_CUDA_CHECK(cudaEventSynchronize(slot.copied));
+  if (ints > slot.capacity) {
+    if (slot.used) KILTER_CUDA_CHECK(cudaEventSynchronize(slot.consumed));
+    cudaFreeHost(slot.host);
+    cudaFree(slot.device);
+    slot.host = nullptr;
+    slot.device = nullptr;
+    slot.capacity = 0;
+    KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot.host), sizeof(int32_t) * ints));
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slot.device), sizeof(int32_t) * ints));
+    slot.capacity = ints;
   }
-  std::memcpy(host_batch_, batch.inputs.data(), sizeof(int32_t) * BT);
-  std::memcpy(host_batch_ + BT, batch.targets.data(), sizeof(int32_t) * BT);
-  std::memcpy(host_batch_ + 2 * BT, batch.lengths.data(), sizeof(int32_t) * B);
-  KILTER_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
-  KILTER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.inputs, host_batch_, sizeof(int32_t) * BT, cudaMemcpyHostToDevice, copy_stream_));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.targets, host_batch_ + BT, sizeof(int32_t) * BT, cudaMemcpyHostToDevice,
+  std::memcpy(slot.host, batch.inputs.data(), sizeof(int32_t) * BT);
+  std::memcpy(slot.host + BT, batch.targets.data(), sizeof(int32_t) * BT);
+  std::memcpy(slot.host + 2 * BT, batch.lengths.data(), sizeof(int32_t) * B);
+  // The copy waits only until the compute stream has taken this slot's previous contents, not
+  // for the micro-batch in flight: the upload overlaps its compute.
+  if (slot.used) KILTER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, slot.consumed, 0));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(slot.device, slot.host, sizeof(int32_t) * ints, cudaMemcpyHostToDevice,
                                     copy_stream_));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.lengths, host_batch_ + 2 * BT, sizeof(int32_t) * B, cudaMemcpyHostToDevice,
-                                    copy_stream_));
-  KILTER_CUDA_CHECK(cudaEventRecord(upload_done_, copy_stream_));
-  KILTER_CUDA_CHECK(cudaStreamWaitEvent(stream_, upload_done_, 0));
+  KILTER_CUDA_CHECK(cudaEventRecord(slot.copied, copy_stream_));
+  KILTER_CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.copied, 0));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.inputs, slot.device, sizeof(int32_t) * BT, cudaMemcpyDeviceToDevice, stream_));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.targets, slot.device + BT, sizeof(int32_t) * BT, cudaMemcpyDeviceToDevice,
+                                    stream_));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.lengths, slot.device + 2 * BT, sizeof(int32_t) * B, cudaMemcpyDeviceToDevice,
+                                    stream_));
+  KILTER_CUDA_CHECK(cudaEventRecord(slot.consumed, stream_));
+  slot.used = true;
+  store_scalar_kernel<<<1, 1, 0, stream_>>>(scale_device_, dloss_scale);
+  KILTER_CUDA_LAUNCH_CHECK();
 }
 
-void CudaModel::forward(const Batch& batch) {
-  cuda_device_index();  // current device on this thread
-  upload_batch(batch);
-  const int B = batch.B, T = batch.T, C = cfg_.n_embd, NH = cfg_.n_head;
+template <class Body>
+void CudaModel::run_segment(int segment, const Body& body) {
+  if (!options_.cuda_graphs || batch_cudnn_) {
+    body();
+    return;
+  }
+  GraphEntry& entry = graphs_[std::make_tuple(acts_B_, acts_T_, segment)];
+  if (entry.exec != nullptr) {
+    KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
+    return;
+  }
+  if (!entry.warmed) {  // first occurrence: eager, which also fills the GEMM algorithm caches
+    entry.warmed = true;
+    body();
+    return;
+  }
+  s_ = capture_stream_;
+  g_ = gemm_capture_.get();
+  cudaGraph_t graph = nullptr;
+  KILTER_CUDA_CHECK(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    body();
+  } catch (...) {
+    cudaStreamEndCapture(capture_stream_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    s_ = stream_;
+    g_ = gemm_.get();
+    throw;
+  }
+  s_ = stream_;
+  g_ = gemm_.get();
+  KILTER_CUDA_CHECK(cudaStreamEndCapture(capture_stream_, &graph));
+  const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  KILTER_CUDA_CHECK(status);
+  KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
+}
+
+void CudaModel::forward_kernels(int B, int T) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head, V = cfg_.vocab_size;
   const int BT = B * T;
-  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + wte_offset_, params_ + wpe_offset_, B, T, C, stream_);
+  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + wte_offset_, params_ + wpe_offset_, B, T, C, s_);
   const float* residual = acts_.encoded;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_, l);
     const BlockActivations& a = acts_.blocks[l];
-    kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, BT, C, stream_);
-    kc::matmul_forward(*gemm_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
-    kc::attention_forward(*gemm_, a.atty, a.att, a.qkv, acts_.lengths, B, T, C, NH, acts_.attention_workspace);
-    kc::matmul_forward_residual(*gemm_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, BT, C, C);
-    kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, BT, C, stream_);
-    kc::matmul_forward(*gemm_, a.fch, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
-    kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(BT) * 4 * C, stream_);
-    kc::matmul_forward_residual(*gemm_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, BT, 4 * C, C);
+    kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, BT, C, s_);
+    kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
+#ifdef KILTER_WITH_CUDNN
+    if (batch_cudnn_)
+      cudnn_->forward(a.atty, a.att, a.qkv, lengths_host_.data(), acts_.lengths, B, T, acts_.attention_workspace);
+    else
+#endif
+      kc::attention_forward(*g_, a.atty, a.att, a.qkv, acts_.lengths, B, T, C, NH, acts_.attention_workspace);
+    kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, BT, C, C);
+    kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, BT, C, s_);
+    kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
+    kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(BT) * 4 * C, s_);
+    kc::matmul_forward_residual(*g_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, BT, 4 * C, C);
     residual = a.residual3;
   }
   kc::layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, params_ + lnf_w_offset_,
-                        params_ + lnf_b_offset_, BT, C, stream_);
+                        params_ + lnf_b_offset_, BT, C, s_);
+  // Head: every row's logits (padding rows too: they have no target and get a zero gradient;
+  // the CPU gathers target rows instead, which gives the same loss and gradients), then the loss
+  // and dlogits in place, scaled by the device-side loss scale.
+  kc::matmul_forward(*g_, acts_.logits, acts_.lnf, params_ + wte_offset_, nullptr, BT, C, V);
+  KILTER_CUDA_CHECK(cudaMemsetAsync(loss_device_, 0, sizeof(double), s_));
+  kc::crossentropy_forward_backward_async(acts_.logits, acts_.logits, acts_.targets, BT, V, 0.0f, loss_device_,
+                                          /*accumulate=*/false, s_, scale_device_);
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(host_scalars_, loss_device_, sizeof(double), cudaMemcpyDeviceToHost, s_));
 }
 
-void CudaModel::head_forward(const Batch& batch, float dloss_scale) {
-  const int BT = batch.B * batch.T, C = cfg_.n_embd, V = cfg_.vocab_size;
-  // Every row's logits (padding rows too: they have no target and get a zero gradient); the
-  // CPU gathers target rows instead, which gives the same loss and gradients.
-  kc::matmul_forward(*gemm_, acts_.logits, acts_.lnf, params_ + wte_offset_, nullptr, BT, C, V);
-  KILTER_CUDA_CHECK(cudaMemsetAsync(loss_device_, 0, sizeof(double), stream_));
-  kc::crossentropy_forward_backward_async(acts_.logits, acts_.logits, acts_.targets, BT, V, dloss_scale, loss_device_,
-                                          /*accumulate=*/false, stream_);
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(host_scalars_, loss_device_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  KILTER_CUDA_CHECK(cudaEventRecord(loss_ready_, stream_));
-}
+void CudaModel::finish_forward() { KILTER_CUDA_CHECK(cudaEventRecord(loss_ready_, stream_)); }
 
 double CudaModel::read_loss() {
   KILTER_CUDA_CHECK(cudaEventSynchronize(loss_ready_));
@@ -350,54 +544,73 @@ double CudaModel::read_loss() {
 }
 
 double CudaModel::forward_loss(const Batch& batch) {
-  forward(batch);
-  head_forward(batch, 0.0f);
+  upload_batch(batch, 0.0f);
+  run_segment(0, [&] { forward_kernels(batch.B, batch.T); });
+  finish_forward();
   return read_loss();
 }
 
-double CudaModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
-  forward(batch);
-  head_forward(batch, loss_scale);
-  const int B = batch.B, T = batch.T, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
+void CudaModel::backward_block_kernels(int l, int B, int T) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head;
   const int BT = B * T;
-  const size_t BTC = static_cast<size_t>(BT) * C;
   float* scratch = acts_.column_scratch;
   const Activations& a = acts_;
+  const BlockTensors p = block_tensors(params_, l);
+  const BlockTensors g = block_tensors(grads_, l);
+  const BlockActivations& act = a.blocks[l];
+  const float* residual_in = l == 0 ? a.encoded : a.blocks[l - 1].residual3;
+  kc::matmul_backward(*g_, a.dfch, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, BT, 4 * C, C,
+                      scratch, false);
+  kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(BT) * 4 * C, s_, /*accumulate=*/false);
+  kc::matmul_backward(*g_, a.dln, g.fc_w, g.fc_b, a.dfch, act.ln2, p.fc_w, BT, C, 4 * C, scratch, false);
+  kc::layernorm_backward(a.dresidual, g.ln2_w, g.ln2_b, a.dln, act.residual2, p.ln2_w, act.ln2_mean, act.ln2_rstd,
+                         BT, C, scratch, s_);
+  kc::matmul_backward(*g_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, BT, C, C, scratch,
+                      false);
+#ifdef KILTER_WITH_CUDNN
+  if (batch_cudnn_)
+    cudnn_->backward(a.dqkv, a.datty, act.qkv, act.att, lengths_host_.data(), a.lengths, B, T, a.attention_workspace,
+                     /*accumulate=*/false);
+  else
+#endif
+    kc::attention_backward(*g_, a.dqkv, a.datty, act.qkv, act.att, a.lengths, B, T, C, NH, a.attention_workspace,
+                           /*accumulate=*/false);
+  kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, BT, C, 3 * C, scratch, false);
+  kc::layernorm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, BT,
+                         C, scratch, s_);
+}
 
-  // LM head (tied to wte): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf.
-  kc::matmul_backward(*gemm_, a.dln, grads_ + wte_offset_, nullptr, a.logits, a.lnf, params_ + wte_offset_, BT, C, V,
-                      scratch, /*accumulate_dinp=*/false);
-  KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * BTC, stream_));
-  kc::layernorm_backward(a.dresidual, grads_ + lnf_w_offset_, grads_ + lnf_b_offset_, a.dln,
-                         a.blocks[cfg_.n_layer - 1].residual3, params_ + lnf_w_offset_, a.lnf_mean, a.lnf_rstd, BT, C,
-                         scratch, stream_);
+double CudaModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
+  upload_batch(batch, loss_scale);
+  const int B = batch.B, T = batch.T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int BT = B * T;
+  const size_t BTC = static_cast<size_t>(BT) * C;
+  const Activations& a = acts_;
+  run_segment(0, [&] { forward_kernels(B, T); });
+  finish_forward();
+  if (backward_start_hook_) backward_start_hook_();
+
+  // LM head (tied to wte): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf; then ln_f.
+  run_segment(1, [&] {
+    kc::matmul_backward(*g_, a.dln, grads_ + wte_offset_, nullptr, a.logits, a.lnf, params_ + wte_offset_, BT, C, V,
+                        a.column_scratch, /*accumulate_dinp=*/false);
+    KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * BTC, s_));
+    kc::layernorm_backward(a.dresidual, grads_ + lnf_w_offset_, grads_ + lnf_b_offset_, a.dln,
+                           a.blocks[cfg_.n_layer - 1].residual3, params_ + lnf_w_offset_, a.lnf_mean, a.lnf_rstd, BT,
+                           C, a.column_scratch, s_);
+  });
   // Reported ranges are final in stream order: the NCCL communicator waits on this stream.
   if (on_ready) on_ready(lnf_w_offset_, layout_.padded_size - lnf_w_offset_);
 
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    const BlockTensors p = block_tensors(params_, l);
-    const BlockTensors g = block_tensors(grads_, l);
-    const BlockActivations& act = a.blocks[l];
-    const float* residual_in = l == 0 ? a.encoded : a.blocks[l - 1].residual3;
-    kc::matmul_backward(*gemm_, a.dfch, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, BT, 4 * C, C,
-                        scratch, false);
-    kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(BT) * 4 * C, stream_, /*accumulate=*/false);
-    kc::matmul_backward(*gemm_, a.dln, g.fc_w, g.fc_b, a.dfch, act.ln2, p.fc_w, BT, C, 4 * C, scratch, false);
-    kc::layernorm_backward(a.dresidual, g.ln2_w, g.ln2_b, a.dln, act.residual2, p.ln2_w, act.ln2_mean, act.ln2_rstd,
-                           BT, C, scratch, stream_);
-    kc::matmul_backward(*gemm_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, BT, C, C,
-                        scratch, false);
-    kc::attention_backward(*gemm_, a.dqkv, a.datty, act.qkv, act.att, a.lengths, B, T, C, NH, a.attention_workspace,
-                           /*accumulate=*/false);
-    kc::matmul_backward(*gemm_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, BT, C, 3 * C, scratch, false);
-    kc::layernorm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, BT,
-                           C, scratch, stream_);
+    run_segment(2 + (cfg_.n_layer - 1 - l), [&] { backward_block_kernels(l, B, T); });
     if (on_ready) on_ready(block_offset_[l], block_size_floats_);
   }
 
-  kc::encoder_backward(grads_ + wte_offset_, grads_ + wpe_offset_, a.dresidual, a.inputs, a.lengths, B, T, C, stream_);
+  run_segment(cfg_.n_layer + 2, [&] {
+    kc::encoder_backward(grads_ + wte_offset_, grads_ + wpe_offset_, a.dresidual, a.inputs, a.lengths, B, T, C, s_);
+  });
   if (on_ready) on_ready(wte_offset_, block_offset_[0] - wte_offset_);
-  (void)V;
   return read_loss();
 }
 
@@ -471,8 +684,15 @@ void CudaModel::adamw_step(const model::AdamWParams& p) {
 
 }  // namespace
 
+std::unique_ptr<model::Model> make_cuda_model(const GPTConfig& cfg, size_t pad_multiple,
+                                              const model::BackendOptions& options) {
+  return std::make_unique<CudaModel>(cfg, pad_multiple, options);
+}
+
 std::unique_ptr<model::Model> make_cuda_model(const GPTConfig& cfg, size_t pad_multiple, const std::string& precision) {
-  return std::make_unique<CudaModel>(cfg, pad_multiple, precision);
+  model::BackendOptions options;
+  options.precision = precision;
+  return make_cuda_model(cfg, pad_multiple, options);
 }
 
 }  // namespace kilter::backend

@@ -17,6 +17,12 @@ namespace kilter::backend {
 // naming the device when none is usable.
 std::unique_ptr<model::Model> make_cuda_model(const model::GPTConfig& cfg, size_t pad_multiple,
                                               const std::string& precision);
+// With every option: attention "auto" (cuDNN when built with it and usable here, else cuBLASLt,
+// with a note on stderr), "cudnn" (an error naming train.attention when cuDNN cannot run) or
+// "cublaslt"; cuda_graphs replays each micro-batch shape as CUDA graphs (cuBLASLt attention
+// shapes only; the cuDNN API takes host-side lengths, which a graph would freeze).
+std::unique_ptr<model::Model> make_cuda_model(const model::GPTConfig& cfg, size_t pad_multiple,
+                                              const model::BackendOptions& options);
 
 // cudaGetDeviceCount > 0. False (never an exception) when there is no driver, the driver is
 // older than the runtime ("driver insufficient"), or no device is visible.

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <tuple>
 
 namespace kilter::model::cuda {
@@ -83,6 +84,48 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
                         const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
                         bool accumulate = true);
 
+// Head layout helpers shared by both attention engines (attention.cu), on `stream`:
+// qkv (B,T,3,NH,hd) -> q, k, v (B,NH,T,hd); y (B,NH,T,hd) -> out (B,T,NH*hd);
+// dout (B,T,NH*hd) -> dy (B,NH,T,hd); dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,3,NH,hd), added or stored.
+void attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd,
+                           cudaStream_t stream);
+void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream);
+void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, int hd, cudaStream_t stream);
+void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
+                              int hd, bool accumulate, cudaStream_t stream);
+
+// ---- attention_cudnn.cu (built only with cuDNN, KILTER_WITH_CUDNN): the same contract as
+// attention_forward/backward through cuDNN's multi-head attention API (cudnnMultiHeadAttnForward
+// / BackwardData) with projections off: every (row, head) pair is one cuDNN sequence of length
+// lengths[b], head_dim-wide vectors, one cuDNN head, and the causal mask is the per-query
+// attention window [0, t+1). Instead of att, each layer keeps cuDNN's reserve space
+// (reserve_floats(B,T) floats) from forward to backward. One descriptor set per (B,T) shape.
+class CudnnAttention {
+ public:
+  // Creates the cuDNN handle on `stream`. Throws kilter::Error (with cuDNN's message) when cuDNN
+  // cannot be used here (library or sub-library missing, no device).
+  CudnnAttention(cudaStream_t stream, GemmMath math, int C, int NH);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+  // Whether cuDNN runs micro-batches of shape (B,T); when not, *why says cuDNN's reason.
+  bool supports(int B, int T, std::string* why);
+  size_t reserve_floats(int B, int T);    // per layer, kept from forward to backward
+  size_t workspace_floats(int B, int T);  // scratch, shared by all layers
+  // lengths_host: the B row lengths on the host (cuDNN's descriptors take them there);
+  // lengths_device: the same on the device.
+  void forward(float* out, float* reserve, const float* qkv, const int32_t* lengths_host,
+               const int32_t* lengths_device, int B, int T, float* workspace);
+  void backward(float* dqkv, const float* dout, const float* qkv, float* reserve, const int32_t* lengths_host,
+                const int32_t* lengths_device, int B, int T, float* workspace, bool accumulate = true);
+  // "cuDNN <version> multi-head attention, <math>" for logs and the benchmark.
+  std::string description() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // ---- gelu.cu: tanh approximation, elementwise over N
 void gelu_forward(float* out, const float* inp, size_t N, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream,
@@ -92,9 +135,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N, c
 // Adds the sum of -log p[target] into *loss_sum (device double) and sets or adds
 // (softmax - onehot) * dloss_scale into dlogits on rows with a target (rows without: 0 when
 // overwriting, untouched when accumulating). dlogits may equal logits when accumulate = false.
+// dloss_scale_device (optional): read the scale from device memory instead (CUDA graphs replay
+// kernels with their captured arguments, so a per-step scale must live on the device).
 void crossentropy_forward_backward_async(float* dlogits, const float* logits, const int32_t* targets,
                                          int N, int V, float dloss_scale, double* loss_sum,
-                                         bool accumulate, cudaStream_t stream);
+                                         bool accumulate, cudaStream_t stream,
+                                         const float* dloss_scale_device = nullptr);
 // The CPU twin's form: accumulates into dlogits, returns the loss sum (synchronizes the stream).
 double crossentropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
                                      int N, int V, float dloss_scale, cudaStream_t stream);

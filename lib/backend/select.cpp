@@ -13,21 +13,32 @@
 namespace kilter::model {
 
 std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg, size_t pad_multiple,
-                                  const std::string& precision) {
+                                  const BackendOptions& options) {
   if (backend == "cpu") {
-    KILTER_CHECK(precision == "fp32", "train.precision=" << precision
-                                                        << " is not supported by the cpu backend (use fp32; bf16 "
-                                                           "needs train.backend=cuda)");
+    KILTER_CHECK(options.precision == "fp32", "train.precision=" << options.precision
+                                                                << " is not supported by the cpu backend (use fp32; bf16 "
+                                                                   "needs train.backend=cuda)");
+    KILTER_CHECK(options.attention == "auto", "train.attention=" << options.attention
+                                                                << " needs train.backend=cuda (the cpu backend has one "
+                                                                   "attention; use auto)");
+    KILTER_CHECK(!options.cuda_graphs, "train.cuda_graphs=true needs train.backend=cuda");
     return std::make_unique<backend::CpuModel>(cfg, pad_multiple);
   }
   if (backend == "cuda") {
 #ifdef KILTER_WITH_CUDA
-    return backend::make_cuda_model(cfg, pad_multiple, precision);
+    return backend::make_cuda_model(cfg, pad_multiple, options);
 #else
     KILTER_FAIL("train.backend=cuda: this kilter was built without CUDA (rebuild with -DENABLE_CUDA=ON)");
 #endif
   }
   KILTER_FAIL("train.backend: unknown model backend '" << backend << "' (expected cpu or cuda)");
+}
+
+std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg, size_t pad_multiple,
+                                  const std::string& precision) {
+  BackendOptions options;
+  options.precision = precision;
+  return make_model(backend, cfg, pad_multiple, options);
 }
 
 bool cuda_available() {

@@ -50,6 +50,8 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.seed", po::value(&t.seed)->default_value(t.seed), "seed of initialization and data order")
     ("train.precision", po::value(&t.precision)->default_value(t.precision), "fp32 | bf16 (bf16 needs the CUDA backend)")
     ("train.backend", po::value(&t.backend)->default_value(t.backend), "auto | cpu | cuda")
+    ("train.attention", po::value(&t.attention)->default_value(t.attention), "CUDA attention engine: auto (cuDNN when usable, else cuBLASLt) | cudnn | cublaslt")
+    ("train.cuda_graphs", po::value(&t.cuda_graphs)->default_value(t.cuda_graphs), "replay each micro-batch shape as CUDA graphs (cuda backend, cuBLASLt attention shapes)")
     ("train.threads", po::value(&t.threads)->default_value(t.threads), "BLAS threads per rank")
     ("train.eval_every", po::value(&t.eval_every)->default_value(t.eval_every), "evaluate on the held-out split every N steps (0: off)")
     ("train.eval_batches", po::value(&t.eval_batches)->default_value(t.eval_batches), "micro-batches per rank in one evaluation")
@@ -113,6 +115,7 @@ void Config::validate() const {
   KILTER_CHECK_KEY(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, "must be >= 0");
   check_one_of("train.precision", train.precision, {"fp32", "bf16"});
   check_one_of("train.backend", train.backend, {"auto", "cpu", "cuda"});
+  check_one_of("train.attention", train.attention, {"auto", "cudnn", "cublaslt"});
   KILTER_CHECK_KEY(train.threads >= 1, "train.threads", train.threads, "must be >= 1");
   KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");
   KILTER_CHECK_KEY(train.eval_batches >= 1, "train.eval_batches", train.eval_batches, "must be >= 1");
@@ -166,6 +169,10 @@ uint64_t Config::hash() const {
   c.train.steps = 0;
   c.train.threads = 0;
   c.train.inject_delay.clear();
+  // How the CUDA backend computes, not what: a run may resume with the other attention engine
+  // (cuDNN missing on another cluster) or with graphs toggled, like with other BLAS threads.
+  c.train.attention.clear();
+  c.train.cuda_graphs = false;
   c.comm.timeout_s = 0;
   std::string text = c.to_ini();
   uint64_t h = 1469598103934665603ull;

@@ -49,6 +49,8 @@ struct TrainConfig {
   uint64_t seed = 1337;
   std::string precision = "fp32";  // fp32 | bf16 (bf16: CUDA backend)
   std::string backend = "auto";    // auto | cpu | cuda
+  std::string attention = "auto";  // auto | cudnn | cublaslt (CUDA backend's attention engine)
+  bool cuda_graphs = false;        // CUDA backend: replay micro-batch shapes as CUDA graphs
   int threads = 1;                 // BLAS threads per rank
   int64_t eval_every = 0;          // evaluate every N steps (0: off)
   int64_t eval_batches = 8;        // micro-batches per rank in one evaluation

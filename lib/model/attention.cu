@@ -3,8 +3,7 @@
 // backend does, so the twin test compares att too. The products run as strided-batched cuBLASLt
 // GEMMs over the B*NH heads; a masked softmax kernel applies causality, the row lengths (rows
 // t >= lengths[b] are all zero, hence give zero output) and the 1/sqrt(head_dim) scale.
-// This is the path for every precision (cuDNN's fused SDPA takes fp16/bf16 tensors only; see
-// docs/gpu.md). Row-major (T,hd) per head is column-major (hd,T) to cuBLAS.
+// The cuBLASLt engine; attention_cudnn.cu is the cuDNN one (train.attention, docs/gpu.md). Row-major (T,hd) per head is column-major (hd,T) to cuBLAS.
 #include <cmath>
 
 #include "lib/backend/cuda_common.h"
@@ -155,6 +154,32 @@ unsigned row_blocks(int B, int NH, int T) {
 
 }  // namespace
 
+void attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd,
+                           cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(B) * T * NH * hd;
+  split_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(B) * T * NH * hd;
+  merge_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(out, y, B, T, NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, int hd, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(B) * T * NH * hd;
+  split_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dy, dout, B, T, NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
+                              int hd, bool accumulate, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(B) * T * NH * hd;
+  merge_qkv_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, B, T, NH, hd, accumulate);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
 size_t attention_workspace_floats(int B, int T, int C, int NH) {
   // q, k, v, y/dy, dq, dk, dv (B*T*C each) + one (B,NH,T,T) score matrix.
   return 7 * static_cast<size_t>(B) * T * C + static_cast<size_t>(B) * NH * T * T;
@@ -174,8 +199,7 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
   const int heads = B * NH;
   const int64_t head_stride = static_cast<int64_t>(T) * hd;
   const int64_t score_stride = static_cast<int64_t>(T) * T;
-  split_heads_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream);
   // preatt'(s,t) = K'^T Q' * scale, written straight into att (softmax runs in place).
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   gemm.run(att, k, q, nullptr, T, T, hd, true, false, scale, 0.0f, nullptr, heads, head_stride, head_stride,
@@ -186,8 +210,7 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
   // y'(d,t) = V' (hd,T) att' (T,T)
   gemm.run(y, v, att, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
-  merge_heads_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(out, y, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  attention_merge_heads(out, y, B, T, NH, hd, stream);
 }
 
 void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float* qkv, const float* att,
@@ -209,10 +232,8 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
   const int heads = B * NH;
   const int64_t head_stride = static_cast<int64_t>(T) * hd;
   const int64_t score_stride = static_cast<int64_t>(T) * T;
-  split_heads_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
-  split_grad_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(dy, dout, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream);
+  attention_split_grad(dy, dout, B, T, NH, hd, stream);
   // datt'(s,t) = V'^T dY'  (datt[t][s] = dy[t] . v[s])
   gemm.run(datt, v, dy, nullptr, T, T, hd, true, false, 1.0f, 0.0f, nullptr, heads, head_stride, head_stride,
            score_stride);
@@ -229,9 +250,7 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
   // dK'(d,s) = Q' (hd,T) dP'^T   (dk[s] = sum_t dP[t][s] q[t])
   gemm.run(dk, q, datt, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
-  merge_qkv_grad_kernel<<<backend::grid_for(btc, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, B, T, NH, hd,
-                                                                         accumulate);
-  KILTER_CUDA_LAUNCH_CHECK();
+  attention_merge_qkv_grad(dqkv, dq, dk, dv, B, T, NH, hd, accumulate, stream);
 }
 
 }  // namespace kilter::model::cuda

@@ -28,8 +28,10 @@ __device__ float block_reduce(float v, bool use_max, float* shared) {
 // No __restrict__: dlogits may alias logits (in-place overwrite). Each thread reads an element
 // before it writes the same element, and the target logit is read before any write.
 __global__ void crossentropy_kernel(float* dlogits, const float* logits, const int32_t* targets,
-                                    float* row_losses, int V, float dloss_scale, bool accumulate) {
+                                    float* row_losses, int V, float dloss_scale, const float* dloss_scale_device,
+                                    bool accumulate) {
   __shared__ float shared[kThreads / 32];
+  if (dloss_scale_device != nullptr) dloss_scale = *dloss_scale_device;
   const size_t row = blockIdx.x;
   const float* x = logits + row * V;
   float* dx = dlogits + row * V;
@@ -76,7 +78,7 @@ __global__ void sum_row_losses_kernel(double* loss_sum, const float* row_losses,
 
 void crossentropy_forward_backward_async(float* dlogits, const float* logits, const int32_t* targets,
                                          int N, int V, float dloss_scale, double* loss_sum,
-                                         bool accumulate, cudaStream_t stream) {
+                                         bool accumulate, cudaStream_t stream, const float* dloss_scale_device) {
   if (N == 0) return;
   KILTER_CHECK(dlogits != logits || !accumulate,
                "crossentropy_forward_backward: in-place dlogits needs accumulate = false");
@@ -84,7 +86,7 @@ void crossentropy_forward_backward_async(float* dlogits, const float* logits, co
   float* row_losses = nullptr;
   KILTER_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&row_losses), sizeof(float) * N, stream));
   crossentropy_kernel<<<N, kThreads, 0, stream>>>(dlogits, logits, targets, row_losses, V, dloss_scale,
-                                                  accumulate);
+                                                  dloss_scale_device, accumulate);
   KILTER_CUDA_LAUNCH_CHECK();
   sum_row_losses_kernel<<<1, kThreads, 0, stream>>>(loss_sum, row_losses, N);
   KILTER_CUDA_LAUNCH_CHECK();

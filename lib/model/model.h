@@ -62,10 +62,20 @@ struct AdamWParams {
 // Called during backward when grads[offset, offset+count) are final for this micro-batch.
 using GradReadyFn = std::function<void(size_t offset, size_t count)>;
 
+// How a backend runs the model ([train] keys precision, attention, cuda_graphs). The CPU backend
+// takes only the defaults; anything else is refused naming the key.
+struct BackendOptions {
+  std::string precision = "fp32";  // fp32 | bf16
+  std::string attention = "auto";  // auto | cudnn | cublaslt (CUDA backend)
+  bool cuda_graphs = false;        // replay each micro-batch shape's kernels as CUDA graphs
+};
+
 class Model {
  public:
   virtual ~Model() = default;
   virtual std::string backend_name() const = 0;
+  // One line for logs: the backend and how it computes (engines, precision).
+  virtual std::string describe() const { return backend_name(); }
   virtual const GPTConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 
@@ -105,6 +115,8 @@ class Model {
 };
 
 // The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.
+std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg,
+                                  size_t pad_multiple, const BackendOptions& options);
 std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg,
                                   size_t pad_multiple, const std::string& precision);
 // Backends compiled in and usable on this machine ("cuda" only when a device is present).

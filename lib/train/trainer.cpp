@@ -225,7 +225,11 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                        cfg.model.vocab_size};
   // Node shards of the flat gradient buffer are contiguous and 64-float aligned.
   const size_t pad_multiple = size_t(topo.local_size) * 64;
-  std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, cfg.train.precision);
+  model::BackendOptions backend_options;
+  backend_options.precision = cfg.train.precision;
+  backend_options.attention = cfg.train.attention;
+  backend_options.cuda_graphs = cfg.train.cuda_graphs;
+  std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, backend_options);
   model->init_params(cfg.train.seed);
   // A micro-batch holds at most max_tokens padded tokens, so B*T <= max_tokens and the attention
   // scores B*T*T <= max_tokens*block_size: one (max_tokens/block_size, block_size) batch bounds both.
@@ -295,6 +299,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                  comm_kind.c_str(), algo.c_str(), gpt.n_layer, gpt.n_embd, model->layout().num_params,
                  data_dir.c_str(), cfg.data.sampler.c_str(), (unsigned long long)st.steps_per_epoch,
                  st.micro_batches_per_step, st.padding_efficiency, st.cost_imbalance_p95, run_dir.c_str());
+    if (backend != "cpu") std::fprintf(stderr, "kilter: model on %s\n", model->describe().c_str());
   }
 
   auto fill_prefetch = [&]() {
@@ -498,6 +503,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["micro_batches_per_step"] = st.micro_batches_per_step;
   extra["sampler"] = cfg.data.sampler;
   extra["backend"] = backend;
+  extra["backend_detail"] = model->describe();
   extra["comm_algo"] = algo;
   extra["num_nodes"] = topo.num_nodes;
   extra["ranks_per_node"] = topo.local_size;

@@ -13,8 +13,11 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${KILTER_GPU_BUILD:-$root/build-gpu-standalone}
 carry=${KILTER_GPU_CARRY:-$root/build-gpu-carry}
-# The carried binaries link cuBLASLt dynamically: find it in the toolkit wherever it lives.
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The carried binaries link cuBLASLt (and cuDNN's small front library) dynamically: the toolkit's
+# first; the copy of libcudnn.so.9 carried in $carry/lib only when the machine has no cuDNN (its
+# sub-libraries are too large to carry: the cuDNN tests then report cuDNN unusable and the model
+# falls back to cuBLASLt attention).
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$carry/lib
 build_only=0 quick=""
 for arg in "$@"; do
   case "$arg" in
@@ -44,6 +47,9 @@ if [[ $build_only -eq 1 ]]; then
   build_standalone
   mkdir -p "$carry"
   for b in "${binaries[@]}"; do strip -o "$carry/$b" "$build/$b"; done
+  mkdir -p "$carry/lib"
+  cudnn_front=$(ldd "$carry/kilter_gpu_ops_test" | awk '/libcudnn\.so/ {print $3}')
+  [[ -n "$cudnn_front" ]] && cp -L "$cudnn_front" "$carry/lib/"
   say "portable binaries in $carry ($(du -sh "$carry" | cut -f1)); they need from the system:"
   ldd "$carry/kilter_gpu_ops_test" | awk '{print "  " $1}'
   exit 0

@@ -1,14 +1,17 @@
 // The CUDA model against the CPU model (the oracle): identical host initialization, one full
 // training step (loss, every gradient tensor, the on_ready ranges, the global norm, the AdamW
-// update), forward_loss, and a 2-step run with two micro-batches per step and clipping, in fp32
-// and in bf16 GEMM math. Batches have ragged rows (padding) and untargeted positions.
+// update), forward_loss, and 2-step runs with two micro-batches per step and clipping, in fp32
+// and in bf16 GEMM math, with each attention engine (cuBLASLt; cuDNN where usable), and 3-step
+// runs with CUDA graphs (eager, captured, replayed). Batches have ragged rows (padding) and untargeted positions.
 // Tolerances (relative to each tensor's max |value|): fp32 loss 1e-5, gradients 5e-4, AdamW from
 // identical gradients 1e-6; bf16 losses 2e-2. After the 2-step run parameters agree to 2.5e-3:
 // Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
 // zero up to rounding may take the opposite sign on the two backends (2*lr apart).
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -59,11 +62,39 @@ std::vector<float> params_of(const km::Model& model) {
 
 using Ranges = std::vector<std::pair<size_t, size_t>>;
 
-void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T) {
-  const std::string tag = "L" + std::to_string(cfg.n_layer) + " C" + std::to_string(cfg.n_embd) + " V" +
-                          std::to_string(cfg.vocab_size) + " B" + std::to_string(B) + " T" + std::to_string(T) + ": ";
+// A CUDA model with these options, or null (with a note) when they ask for cuDNN attention and
+// cuDNN is not usable on this machine (library missing): that is reported, not failed.
+std::unique_ptr<km::Model> make_gpu(const km::GPTConfig& cfg, size_t pad, const km::BackendOptions& options) {
+  try {
+    return kilter::backend::make_cuda_model(cfg, pad, options);
+  } catch (const kilter::Error& e) {
+    const std::string what = e.what();
+    if (options.attention == "cudnn" && what.find("cuDNN cannot be used") != std::string::npos) {
+      std::printf("NOTE: cuDNN attention not tested here: %s\n", what.c_str());
+      return nullptr;
+    }
+    throw;
+  }
+}
+
+std::string options_tag(const km::BackendOptions& options) {
+  return "[" + options.precision + ", attention " + options.attention + (options.cuda_graphs ? ", graphs" : "") + "] ";
+}
+
+// cuDNN may run fp32 attention with TF32 products (describe() says so): looser tolerances then.
+double tf32_factor(const km::Model& gpu) {
+  return gpu.describe().find("TF32") != std::string::npos ? 20.0 : 1.0;
+}
+
+void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const km::BackendOptions& options) {
+  const std::string tag = options_tag(options) + "L" + std::to_string(cfg.n_layer) + " C" +
+                          std::to_string(cfg.n_embd) + " V" + std::to_string(cfg.vocab_size) + " B" +
+                          std::to_string(B) + " T" + std::to_string(T) + ": ";
   kilter::backend::CpuModel cpu(cfg, 8);
-  std::unique_ptr<km::Model> gpu = kilter::backend::make_cuda_model(cfg, 8, "fp32");
+  std::unique_ptr<km::Model> gpu = make_gpu(cfg, 8, options);
+  if (!gpu) return;
+  std::printf("  %s\n", gpu->describe().c_str());
+  const double f = tf32_factor(*gpu);
   cpu.init_params(1234);
   gpu->init_params(1234);
   check.near(tag + "initial params identical", params_of(*gpu), params_of(cpu), 0.0);
@@ -75,7 +106,7 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T) {
   gpu->zero_grads();
   const double cpu_loss = cpu.forward_backward(batch, loss_scale, [&](size_t o, size_t c) { cpu_ranges.push_back({o, c}); });
   const double gpu_loss = gpu->forward_backward(batch, loss_scale, [&](size_t o, size_t c) { gpu_ranges.push_back({o, c}); });
-  check.near_scalar(tag + "loss", gpu_loss, cpu_loss, 1e-5);
+  check.near_scalar(tag + "loss", gpu_loss, cpu_loss, 1e-5 * f);
   check.expect(tag + "on_ready ranges identical", cpu_ranges == gpu_ranges);
 
   const std::vector<float> gpu_grads = device_grads(*gpu);
@@ -97,9 +128,9 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T) {
       worst_name = tensor.name;
     }
   }
-  check.expect(tag + "every gradient tensor within 5e-4", all_ok && worst <= 5e-4,
+  check.expect(tag + "every gradient tensor within " + std::to_string(5e-4 * f), all_ok && worst <= 5e-4 * f,
                "worst " + worst_name + " rel.err " + std::to_string(worst));
-  check.near_scalar(tag + "grad_norm_squared", gpu->grad_norm_squared(), cpu.grad_norm_squared(), 1e-5);
+  check.near_scalar(tag + "grad_norm_squared", gpu->grad_norm_squared(), cpu.grad_norm_squared(), 1e-5 * f);
 
   // AdamW from identical gradients (the CPU's), with a large weight decay so that a tensor given
   // the wrong decay flag or offset shows far above rounding.
@@ -114,14 +145,14 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T) {
   cpu.adamw_step(adam);
   gpu->adamw_step(adam);
   check.near(tag + "params after AdamW (same grads)", params_of(*gpu), params_of(cpu), 1e-6);
-  check.near_scalar(tag + "forward_loss", gpu->forward_loss(batch), cpu.forward_loss(batch), 1e-5);
+  check.near_scalar(tag + "forward_loss", gpu->forward_loss(batch), cpu.forward_loss(batch), 1e-5 * f);
 }
 
-// Two optimizer steps of two micro-batches each, with global-norm clipping at 1.0, the way the
+// Optimizer steps of two micro-batches each, with global-norm clipping at 1.0, the way the
 // trainer drives a model. Returns the per-step losses (token means).
-std::vector<double> run_two_steps(km::Model& model, const std::vector<km::Batch>& batches) {
+std::vector<double> run_steps(km::Model& model, const std::vector<km::Batch>& batches, int steps) {
   std::vector<double> losses;
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const km::Batch& first = batches[2 * step];
     const km::Batch& second = batches[2 * step + 1];
     const float loss_scale = 1.0f / static_cast<float>(first.num_targets + second.num_targets);
@@ -140,24 +171,37 @@ std::vector<double> run_two_steps(km::Model& model, const std::vector<km::Batch>
   return losses;
 }
 
-void compare_two_steps(Checker& check, const km::GPTConfig& cfg, const std::string& precision, double loss_tol,
-                       double moment_tol) {
+// `steps` steps; micro-batch shapes alternate between two, so with 3 steps each shape runs
+// three times: with CUDA graphs that is eager, captured, then replayed.
+void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options, int steps,
+                   double loss_tol, double moment_tol) {
   std::vector<km::Batch> batches;
-  for (int i = 0; i < 4; ++i) batches.push_back(random_batch(cfg, 3 + i % 2, cfg.block_size - 2 * (i % 2)));
+  for (int i = 0; i < 2 * steps; ++i) batches.push_back(random_batch(cfg, 3 + i % 2, cfg.block_size - 2 * (i % 2)));
   kilter::backend::CpuModel cpu(cfg, 1);
-  std::unique_ptr<km::Model> gpu = kilter::backend::make_cuda_model(cfg, 1, precision);
+  std::unique_ptr<km::Model> gpu = make_gpu(cfg, 1, options);
+  if (!gpu) return;
+  const double f = tf32_factor(*gpu);
+  const std::string tag = std::to_string(steps) + "-step run " + options_tag(options);
   cpu.init_params(99);
   gpu->init_params(99);
-  const std::vector<double> cpu_losses = run_two_steps(cpu, batches);
-  const std::vector<double> gpu_losses = run_two_steps(*gpu, batches);
-  for (int step = 0; step < 2; ++step)
-    check.near_scalar("2-step run [" + precision + "] loss of step " + std::to_string(step + 1), gpu_losses[step],
-                      cpu_losses[step], loss_tol);
-  check.near("2-step run [" + precision + "] final params", params_of(*gpu), params_of(cpu), 2.5e-3);
+  const std::vector<double> cpu_losses = run_steps(cpu, batches, steps);
+  const std::vector<double> gpu_losses = run_steps(*gpu, batches, steps);
+  for (int step = 0; step < steps; ++step)
+    check.near_scalar(tag + "loss of step " + std::to_string(step + 1), gpu_losses[step], cpu_losses[step],
+                      loss_tol * f);
+  check.near(tag + "final params", params_of(*gpu), params_of(cpu), 2.5e-3);
   std::vector<float> gm(cpu.layout().num_params), gv(gm.size()), cm(gm.size()), cv(gm.size());
   gpu->get_optimizer_state(gm.data(), gv.data());
   cpu.get_optimizer_state(cm.data(), cv.data());
-  check.near("2-step run [" + precision + "] AdamW m", gm, cm, moment_tol);
+  check.near(tag + "AdamW m", gm, cm, moment_tol * f);
+}
+
+km::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false) {
+  km::BackendOptions options;
+  options.precision = precision;
+  options.attention = attention;
+  options.cuda_graphs = graphs;
+  return options;
 }
 
 }  // namespace
@@ -168,10 +212,15 @@ int main() {
     Checker check;
     km::GPTConfig tiny{2, 4, 32, 16, 67};       // head_dim 8, odd vocab
     km::GPTConfig small{2, 2, 128, 64, 515};
-    compare_step(check, tiny, 3, 16);
-    compare_step(check, small, 4, 64);
-    compare_two_steps(check, tiny, "fp32", 1e-5, 1e-3);
-    compare_two_steps(check, small, "bf16", 2e-2, 5e-2);
+    for (const char* attention : {"cublaslt", "cudnn"}) {
+      compare_step(check, tiny, 3, 16, with("fp32", attention));
+      compare_step(check, small, 4, 64, with("fp32", attention));
+      compare_steps(check, tiny, with("fp32", attention), 2, 1e-5, 1e-3);
+      compare_steps(check, small, with("bf16", attention), 2, 2e-2, 5e-2);
+    }
+    // CUDA graphs (cuBLASLt attention): eager, captured and replayed shapes give the eager numbers.
+    compare_steps(check, tiny, with("fp32", "cublaslt", true), 3, 1e-5, 1e-3);
+    compare_steps(check, small, with("bf16", "cublaslt", true), 3, 2e-2, 5e-2);
     // Refusals name the key.
     bool refused = false;
     try {
@@ -180,6 +229,13 @@ int main() {
       refused = std::string(e.what()).find("train.precision") != std::string::npos;
     }
     check.expect("precision fp16 refused naming train.precision", refused);
+    refused = false;
+    try {
+      kilter::backend::make_cuda_model(tiny, 1, with("fp32", "flash"));
+    } catch (const kilter::Error& e) {
+      refused = std::string(e.what()).find("train.attention") != std::string::npos;
+    }
+    check.expect("attention 'flash' refused naming train.attention", refused);
     return check.finish("kilter_gpu_model_test");
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

@@ -2,9 +2,12 @@
 // lib/optim/adamw.h) on fresh random inputs, with odd sizes that exercise tails and unaligned
 // GEMM operands. Tolerances (error relative to the CPU tensor's max |value|):
 //   elementwise and row ops (encoder, layernorm, gelu, softmax cross-entropy, AdamW): 1e-5
-//   fp32 GEMM ops (matmul, attention): 1e-4;  bf16 GEMM math: 3e-2 (8-bit mantissa products)
+//   fp32 GEMM ops (matmul, attention, cuDNN attention with FMA math): 1e-4;
+//   cuDNN attention when cuDNN picks TF32 products for fp32: 2e-3;  bf16 GEMM math: 3e-2
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "lib/backend/cuda_ops.h"
@@ -142,6 +145,50 @@ void test_attention(Checker& check, kc::Gemm& gemm, int B, int T, int C, int NH,
   check.near(tag + "backward dqkv", d_dqkv.download(), dqkv, tol);
 }
 
+#ifdef KILTER_WITH_CUDNN
+// The cuDNN engine against the same CPU twin: out and dqkv (it keeps cuDNN's reserve space, not
+// att). fp32 math is FMA-only when cuDNN accepts it (tolerance 1e-4), else it may use TF32
+// products (2e-3); bf16 mode allows TF32 (3e-2). Returns false when cuDNN is not usable here.
+bool test_attention_cudnn(Checker& check, cudaStream_t stream, kc::GemmMath math, int B, int T, int C, int NH) {
+  std::unique_ptr<kc::CudnnAttention> engine;
+  try {
+    engine = std::make_unique<kc::CudnnAttention>(stream, math, C, NH);
+  } catch (const kilter::Error& e) {
+    std::printf("NOTE: cuDNN attention not usable here: %s\n", e.what());
+    return false;
+  }
+  std::string why;
+  const bool supported = engine->supports(B, T, &why);
+  const std::string tag = std::string(math == kc::GemmMath::bf16 ? "[bf16] " : "") + "cuDNN attention B" +
+                          std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" +
+                          std::to_string(NH) + " ";
+  check.expect(tag + "shape supported", supported, why);
+  if (!supported) return true;
+  const std::string description = engine->description();
+  std::printf("  %s\n", description.c_str());
+  const double tol = math == kc::GemmMath::bf16 ? kBf16Tol
+                     : description.find("TF32") != std::string::npos ? 2e-3 : kGemmTol;
+  const std::vector<int32_t> lengths = random_lengths(B, T);
+  const auto qkv = random_floats(static_cast<size_t>(B) * T * 3 * C, 2.0f);
+  std::vector<float> out(static_cast<size_t>(B) * T * C), att(static_cast<size_t>(B) * NH * T * T);
+  km::attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), B, T, C, NH);
+  DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), reserve(engine->reserve_floats(B, T));
+  DeviceBuffer<float> workspace(engine->workspace_floats(B, T));
+  DeviceBuffer<int32_t> d_lengths(lengths);
+  engine->forward(d_out.get(), reserve.get(), d_qkv.get(), lengths.data(), d_lengths.get(), B, T, workspace.get());
+  check.near(tag + "forward out", d_out.download(), out, tol);
+
+  const auto dout = random_floats(out.size());
+  auto dqkv = random_floats(qkv.size());
+  DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv);
+  km::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), B, T, C, NH);
+  engine->backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), reserve.get(), lengths.data(), d_lengths.get(), B, T,
+                   workspace.get(), /*accumulate=*/true);
+  check.near(tag + "backward dqkv (accumulated)", d_dqkv.download(), dqkv, tol);
+  return true;
+}
+#endif
+
 void test_gelu(Checker& check, cudaStream_t stream) {
   const size_t N = 10007;
   const auto inp = random_floats(N, 4.0f);
@@ -223,6 +270,15 @@ int main() {
     test_attention(check, gemm, 3, 17, 24, 4, kGemmTol);  // head_dim 6, ragged rows
     test_attention(check, gemm, 2, 64, 128, 2, kGemmTol);
     test_attention(check, gemm_bf16, 2, 64, 128, 2, kBf16Tol);
+#ifdef KILTER_WITH_CUDNN
+    if (test_attention_cudnn(check, stream, kc::GemmMath::fp32, 3, 17, 24, 4)) {  // head_dim 6, ragged rows
+      test_attention_cudnn(check, stream, kc::GemmMath::fp32, 2, 64, 128, 2);
+      test_attention_cudnn(check, stream, kc::GemmMath::fp32, 2, 256, 128, 2);
+      test_attention_cudnn(check, stream, kc::GemmMath::bf16, 2, 64, 128, 2);
+    }
+#else
+    std::printf("NOTE: built without cuDNN: the cuDNN attention engine is not tested\n");
+#endif
     test_gelu(check, stream);
     test_crossentropy(check, stream);
     test_adamw_and_norm(check, stream);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "io/error.h"
 #include "lib/core/config.h"
 #include "lib/train/guards.h"
 #include "lib/train/signals.h"
@@ -48,8 +49,28 @@ TEST(ConfigDifferences, OnlyAllowedKeysDifferMeansSameHash) {
   b.train.steps = 1000;
   b.output.keep_checkpoints = 9;
   b.comm.timeout_s = 5;
+  b.train.attention = "cublaslt";
+  b.train.cuda_graphs = true;
   EXPECT_EQ(a.hash(), b.hash());
   EXPECT_TRUE(kilter::train::config_differences(a.to_ini(), b.to_ini(), true).empty());
+}
+
+TEST(ConfigValidate, CudaEngineKeysAreChecked) {
+  Config c;
+  c.train.attention = "flash";
+  try {
+    c.validate();
+    ADD_FAILURE() << "train.attention=flash accepted";
+  } catch (const kilter::Error& e) {
+    EXPECT_NE(e.message().find("train.attention"), std::string::npos) << e.message();
+  }
+  for (const char* engine : {"auto", "cudnn", "cublaslt"}) {
+    c.train.attention = engine;
+    EXPECT_NO_THROW(c.validate()) << engine;
+  }
+  const std::string ini = c.to_ini();
+  EXPECT_NE(ini.find("attention = cublaslt"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("cuda_graphs = 0"), std::string::npos) << ini;
 }
 
 TEST(RankList, CompressesRuns) {

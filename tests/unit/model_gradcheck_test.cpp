@@ -222,6 +222,31 @@ TEST(ModelSelect, BackendsAndPrecisionAreChecked) {
     EXPECT_NE(e.message().find("train.precision"), std::string::npos) << e.message();
   }
   EXPECT_THROW(make_model("tpu", cfg, 1, "fp32"), kilter::Error);
+  // The CUDA backend's engine options are refused on the CPU, naming the key.
+  kilter::model::BackendOptions cudnn;
+  cudnn.attention = "cudnn";
+  kilter::model::BackendOptions graphs;
+  graphs.cuda_graphs = true;
+  for (const auto& [options, key] : {std::make_pair(cudnn, "train.attention"), std::make_pair(graphs, "train.cuda_graphs")}) {
+    try {
+      make_model("cpu", cfg, 1, options);
+      ADD_FAILURE() << key << " accepted by the cpu backend";
+    } catch (const kilter::Error& e) {
+      EXPECT_NE(e.message().find(key), std::string::npos) << e.message();
+    }
+  }
+  EXPECT_EQ(make_model("cpu", cfg, 1, kilter::model::BackendOptions())->backend_name(), "cpu");
+#ifdef KILTER_WITH_CUDA
+  // An unknown engine is refused before any device is touched (so also on a machine without one).
+  kilter::model::BackendOptions flash;
+  flash.attention = "flash";
+  try {
+    make_model("cuda", cfg, 1, flash);
+    ADD_FAILURE() << "train.attention=flash accepted";
+  } catch (const kilter::Error& e) {
+    EXPECT_NE(e.message().find("train.attention"), std::string::npos) << e.message();
+  }
+#endif
 #ifndef KILTER_WITH_CUDA
   EXPECT_FALSE(cuda_available());
   try {

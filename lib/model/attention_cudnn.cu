@@ -1,0 +1,267 @@
+// The cuDNN attention engine (train.attention = cudnn | auto; docs/gpu.md "Attention"): causal
+// multi-head self-attention with per-row lengths through cuDNN's multi-head attention API, the
+// same contract as attention.cu's cuBLASLt engine and checked against the same CPU twin
+// (tests/gpu/gpu_ops_test.cpp).
+//
+// Mapping. cuDNN's API projects Q, K and V itself; kilter's qkv is already projected (the c_attn
+// GEMM), so every projection is off (q/k/v/oProjSize = 0). With projections off cuDNN hands each
+// of its heads the whole vector, so kilter's NH heads become NH separate cuDNN sequences with ONE
+// cuDNN head each: the data is (B*NH, T, head_dim), sequence (b,h) has length lengths[b], and
+// the causal mask is the per-query window [0, t+1) (loWinIdx/hiWinIdx). Positions past a
+// sequence's length are padding: cuDNN fills their outputs and gradients with 0 (paddingFill),
+// and the buffers are cleared first as well, so padded rows give 0 like the CPU twin's.
+//
+// Why this API and not cuDNN's fused flash attention (SDPA): see docs/gpu.md. In short, SDPA
+// takes fp16/bf16 tensors only while kilter's activations are fp32 in both precisions, and in
+// cuDNN 9.19 it is reached only through a backend graph whose exact node pattern must match an
+// engine; the multi-head attention API takes fp32, ragged lengths and windows directly.
+#include <cudnn.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_ops.h"
+
+// The multi-head attention API is marked deprecated in cuDNN 9 (it stays in libcudnn_adv); kilter
+// uses it on purpose (see above), so the warnings are silenced here only.
+#if defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+#if defined(__NVCC__)
+#pragma nv_diag_suppress 1444
+#endif
+
+namespace kilter::model::cuda {
+
+namespace {
+
+std::string cudnn_message(cudnnStatus_t status) {
+  std::string text = cudnnGetErrorString(status);
+  char detail[512] = {0};
+  cudnnGetLastErrorString(detail, sizeof(detail));
+  if (detail[0] != '\0') text += std::string(" (") + detail + ")";
+  return text;
+}
+
+#define KILTER_CUDNN_CHECK(call)                                                                \
+  do {                                                                                          \
+    cudnnStatus_t kilter_cudnn_status_ = (call);                                                \
+    if (kilter_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                           \
+      KILTER_FAIL("cuDNN call " << #call << " failed: " << cudnn_message(kilter_cudnn_status_)); \
+  } while (0)
+
+// dst[b*NH + h] = lengths[b]: cuDNN's device-side sequence lengths, one per (row, head).
+__global__ void expand_lengths_kernel(int* dst, const int32_t* lengths, int B, int NH) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < B * NH) dst[i] = lengths[i / NH];
+}
+
+size_t floats_for_bytes(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
+size_t align64(size_t floats) { return (floats + 63) / 64 * 64; }
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  struct Shape {
+    cudnnAttnDescriptor_t attn = nullptr;
+    size_t work_bytes = 0, reserve_bytes = 0;
+    bool ok = false;
+    std::string why;
+  };
+
+  cudaStream_t stream = nullptr;
+  GemmMath math = GemmMath::fp32;
+  int C = 0, NH = 0, hd = 0;
+  cudnnHandle_t handle = nullptr;
+  cudnnSeqDataDescriptor_t q_desc = nullptr, k_desc = nullptr, v_desc = nullptr, o_desc = nullptr;
+  cudnnMathType_t math_type = CUDNN_DEFAULT_MATH;
+  std::string math_name;
+  std::map<std::pair<int, int>, Shape> shapes;
+  std::vector<int> low, high, seq_lengths;  // host arrays the API reads
+
+  Shape& shape(int B, int T) {
+    auto [it, inserted] = shapes.try_emplace({B, T});
+    Shape& s = it->second;
+    if (!inserted) return s;
+    cudnnStatus_t status = cudnnCreateAttnDescriptor(&s.attn);
+    if (status == CUDNN_STATUS_SUCCESS) status = set_descriptor(s.attn, B, T);
+    size_t weight_bytes = 0;
+    if (status == CUDNN_STATUS_SUCCESS)
+      status = cudnnGetMultiHeadAttnBuffers(handle, s.attn, &weight_bytes, &s.work_bytes, &s.reserve_bytes);
+    if (status == CUDNN_STATUS_SUCCESS && weight_bytes != 0) {
+      s.why = "cuDNN asks for " + std::to_string(weight_bytes) + " bytes of projection weights with projections off";
+      return s;
+    }
+    s.ok = status == CUDNN_STATUS_SUCCESS;
+    if (!s.ok) s.why = cudnn_message(status);
+    return s;
+  }
+
+  cudnnStatus_t set_descriptor(cudnnAttnDescriptor_t attn, int B, int T) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    auto set = [&](cudnnMathType_t type) {
+      return cudnnSetAttnDescriptor(attn, CUDNN_ATTN_QUERYMAP_ALL_TO_ONE | CUDNN_ATTN_DISABLE_PROJ_BIASES,
+                                    /*nHeads=*/1, scale, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, type, nullptr, nullptr,
+                                    hd, hd, hd, 0, 0, 0, 0, T, T, B * NH, /*maxBeamSize=*/1);
+    };
+    cudnnStatus_t status = set(math_type);
+    if (status != CUDNN_STATUS_SUCCESS && math_type == CUDNN_FMA_MATH) {
+      // Not every cuDNN accepts FMA-only math here; default math is fp32 data with fp32
+      // accumulation, possibly TF32 products on Ampere and later.
+      math_type = CUDNN_DEFAULT_MATH;
+      math_name = "fp32 data, default math (TF32 products allowed)";
+      status = set(math_type);
+    }
+    return status;
+  }
+
+  // (B*NH, T, hd) sequences, batch-major: axes from outermost to innermost.
+  void set_sequences(int B, int T, const int32_t* lengths_host) {
+    seq_lengths.resize(static_cast<size_t>(B) * NH);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < NH; ++h) seq_lengths[static_cast<size_t>(b) * NH + h] = lengths_host[b];
+    int dims[CUDNN_SEQDATA_DIM_COUNT];
+    dims[CUDNN_SEQDATA_TIME_DIM] = T;
+    dims[CUDNN_SEQDATA_BATCH_DIM] = B * NH;
+    dims[CUDNN_SEQDATA_BEAM_DIM] = 1;
+    dims[CUDNN_SEQDATA_VECT_DIM] = hd;
+    const cudnnSeqDataAxis_t axes[CUDNN_SEQDATA_DIM_COUNT] = {CUDNN_SEQDATA_BATCH_DIM, CUDNN_SEQDATA_BEAM_DIM,
+                                                              CUDNN_SEQDATA_TIME_DIM, CUDNN_SEQDATA_VECT_DIM};
+    float zero = 0.0f;
+    for (cudnnSeqDataDescriptor_t desc : {q_desc, k_desc, v_desc, o_desc})
+      KILTER_CUDNN_CHECK(cudnnSetSeqDataDescriptor(desc, CUDNN_DATA_FLOAT, CUDNN_SEQDATA_DIM_COUNT, dims, axes,
+                                                   seq_lengths.size(), seq_lengths.data(), &zero));
+    low.assign(T, 0);
+    high.resize(T);
+    for (int t = 0; t < T; ++t) high[t] = t + 1;  // causal: keys [0, t]
+  }
+
+  struct Slices {
+    float *q, *k, *v, *y, *dq, *dk, *dv;
+    int* lengths;
+    void* work;
+  };
+  Slices slices(float* workspace, int B, int T) const {
+    const size_t btc = static_cast<size_t>(B) * T * C;
+    Slices s;
+    s.q = workspace;
+    s.k = s.q + btc;
+    s.v = s.k + btc;
+    s.y = s.v + btc;
+    s.dq = s.y + btc;
+    s.dk = s.dq + btc;
+    s.dv = s.dk + btc;
+    s.lengths = reinterpret_cast<int*>(workspace + align64(7 * btc));
+    s.work = workspace + align64(7 * btc) + align64(static_cast<size_t>(B) * NH);
+    return s;
+  }
+
+  void upload_lengths(int* dst, const int32_t* lengths_device, int B) {
+    const int n = B * NH;
+    expand_lengths_kernel<<<(n + 255) / 256, 256, 0, stream>>>(dst, lengths_device, B, NH);
+    KILTER_CUDA_LAUNCH_CHECK();
+  }
+};
+
+CudnnAttention::CudnnAttention(cudaStream_t stream, GemmMath math, int C, int NH) : impl_(std::make_unique<Impl>()) {
+  KILTER_CHECK(NH > 0 && C % NH == 0, "cuDNN attention: n_embd " << C << " is not a multiple of n_head " << NH);
+  Impl& m = *impl_;
+  m.stream = stream;
+  m.math = math;
+  m.C = C;
+  m.NH = NH;
+  m.hd = C / NH;
+  // fp32: FMA math keeps the products IEEE fp32 like the CPU twin; bf16 mode lets cuDNN use
+  // tensor cores on fp32 data (TF32), the closest this API comes to the GEMMs' bf16 math.
+  m.math_type = math == GemmMath::fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  m.math_name = math == GemmMath::fp32 ? "fp32 data, FMA math" : "fp32 data, default math (TF32 products allowed)";
+  KILTER_CUDNN_CHECK(cudnnCreate(&m.handle));
+  KILTER_CUDNN_CHECK(cudnnSetStream(m.handle, stream));
+  for (cudnnSeqDataDescriptor_t* desc : {&m.q_desc, &m.k_desc, &m.v_desc, &m.o_desc})
+    KILTER_CUDNN_CHECK(cudnnCreateSeqDataDescriptor(desc));
+  // The multi-head attention API lives in libcudnn_adv: fail here, not at the first step, when
+  // that sub-library is missing or does not match.
+  KILTER_CUDNN_CHECK(cudnnAdvVersionCheck());
+}
+
+CudnnAttention::~CudnnAttention() {
+  Impl& m = *impl_;
+  for (auto& entry : m.shapes)
+    if (entry.second.attn != nullptr) cudnnDestroyAttnDescriptor(entry.second.attn);
+  for (cudnnSeqDataDescriptor_t desc : {m.q_desc, m.k_desc, m.v_desc, m.o_desc})
+    if (desc != nullptr) cudnnDestroySeqDataDescriptor(desc);
+  if (m.handle != nullptr) cudnnDestroy(m.handle);
+}
+
+bool CudnnAttention::supports(int B, int T, std::string* why) {
+  const Impl::Shape& s = impl_->shape(B, T);
+  if (!s.ok && why != nullptr) *why = s.why;
+  return s.ok;
+}
+
+size_t CudnnAttention::reserve_floats(int B, int T) {
+  const Impl::Shape& s = impl_->shape(B, T);
+  return s.ok ? floats_for_bytes(s.reserve_bytes) : 0;
+}
+
+size_t CudnnAttention::workspace_floats(int B, int T) {
+  const Impl::Shape& s = impl_->shape(B, T);
+  if (!s.ok) return 0;
+  const size_t btc = static_cast<size_t>(B) * T * impl_->C;
+  return align64(7 * btc) + align64(static_cast<size_t>(B) * impl_->NH) + floats_for_bytes(s.work_bytes);
+}
+
+void CudnnAttention::forward(float* out, float* reserve, const float* qkv, const int32_t* lengths_host,
+                             const int32_t* lengths_device, int B, int T, float* workspace) {
+  if (B == 0 || T == 0) return;
+  Impl& m = *impl_;
+  Impl::Shape& s = m.shape(B, T);
+  KILTER_CHECK(s.ok, "cuDNN attention cannot run B=" << B << " T=" << T << ": " << s.why);
+  const Impl::Slices w = m.slices(workspace, B, T);
+  const size_t btc = static_cast<size_t>(B) * T * m.C;
+  m.upload_lengths(w.lengths, lengths_device, B);
+  attention_split_heads(w.q, w.k, w.v, qkv, B, T, m.NH, m.hd, m.stream);
+  KILTER_CUDA_CHECK(cudaMemsetAsync(w.y, 0, sizeof(float) * btc, m.stream));
+  m.set_sequences(B, T, lengths_host);
+  KILTER_CUDNN_CHECK(cudnnMultiHeadAttnForward(m.handle, s.attn, /*currIdx=*/-1, m.low.data(), m.high.data(),
+                                               w.lengths, w.lengths, m.q_desc, w.q, /*residuals=*/nullptr, m.k_desc,
+                                               w.k, m.v_desc, w.v, m.o_desc, w.y, 0, nullptr, s.work_bytes, w.work,
+                                               s.reserve_bytes, reserve));
+  attention_merge_heads(out, w.y, B, T, m.NH, m.hd, m.stream);
+}
+
+void CudnnAttention::backward(float* dqkv, const float* dout, const float* qkv, float* reserve,
+                              const int32_t* lengths_host, const int32_t* lengths_device, int B, int T,
+                              float* workspace, bool accumulate) {
+  if (B == 0 || T == 0) return;
+  Impl& m = *impl_;
+  Impl::Shape& s = m.shape(B, T);
+  KILTER_CHECK(s.ok, "cuDNN attention cannot run B=" << B << " T=" << T << ": " << s.why);
+  const Impl::Slices w = m.slices(workspace, B, T);
+  const size_t btc = static_cast<size_t>(B) * T * m.C;
+  m.upload_lengths(w.lengths, lengths_device, B);
+  attention_split_heads(w.q, w.k, w.v, qkv, B, T, m.NH, m.hd, m.stream);
+  attention_split_grad(w.y, dout, B, T, m.NH, m.hd, m.stream);
+  KILTER_CUDA_CHECK(cudaMemsetAsync(w.dq, 0, sizeof(float) * 3 * btc, m.stream));  // dq, dk, dv
+  m.set_sequences(B, T, lengths_host);
+  KILTER_CUDNN_CHECK(cudnnMultiHeadAttnBackwardData(m.handle, s.attn, m.low.data(), m.high.data(), w.lengths,
+                                                    w.lengths, m.o_desc, w.y, m.q_desc, w.dq, w.q, m.k_desc, w.dk, w.k,
+                                                    m.v_desc, w.dv, w.v, 0, nullptr, s.work_bytes, w.work,
+                                                    s.reserve_bytes, reserve));
+  attention_merge_qkv_grad(dqkv, w.dq, w.dk, w.dv, B, T, m.NH, m.hd, accumulate, m.stream);
+}
+
+std::string CudnnAttention::description() const {
+  std::ostringstream text;
+  const size_t version = cudnnGetVersion();
+  text << "cuDNN " << version / 10000 << "." << (version / 100) % 100 << " multi-head attention API ("
+       << impl_->math_name << ")";
+  return text.str();
+}
+
+}  // namespace kilter::model::cuda
