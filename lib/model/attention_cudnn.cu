@@ -161,10 +161,19 @@ struct CudnnAttention::Impl {
     return s;
   }
 
-  void upload_lengths(int* dst, const int32_t* lengths_device, int B) {
+  // What forward and backward both do first: the shape's descriptor, the workspace slices, the
+  // per-sequence lengths on the device and in the descriptors, and q, k, v split per head.
+  std::pair<Shape*, Slices> prepare(int B, int T, const float* qkv, const int32_t* lengths_host,
+                                    const int32_t* lengths_device, float* workspace) {
+    Shape& s = shape(B, T);
+    KILTER_CHECK(s.ok, "cuDNN attention cannot run B=" << B << " T=" << T << ": " << s.why);
+    const Slices w = slices(workspace, B, T);
     const int n = B * NH;
-    expand_lengths_kernel<<<(n + 255) / 256, 256, 0, stream>>>(dst, lengths_device, B, NH);
+    expand_lengths_kernel<<<(n + 255) / 256, 256, 0, stream>>>(w.lengths, lengths_device, B, NH);
     KILTER_CUDA_LAUNCH_CHECK();
+    attention_split_heads(w.q, w.k, w.v, qkv, B, T, NH, hd, stream);
+    set_sequences(B, T, lengths_host);
+    return {&s, w};
   }
 };
 
@@ -220,14 +229,10 @@ void CudnnAttention::forward(float* out, float* reserve, const float* qkv, const
                              const int32_t* lengths_device, int B, int T, float* workspace) {
   if (B == 0 || T == 0) return;
   Impl& m = *impl_;
-  Impl::Shape& s = m.shape(B, T);
-  KILTER_CHECK(s.ok, "cuDNN attention cannot run B=" << B << " T=" << T << ": " << s.why);
-  const Impl::Slices w = m.slices(workspace, B, T);
+  const auto [shape, w] = m.prepare(B, T, qkv, lengths_host, lengths_device, workspace);
+  const Impl::Shape& s = *shape;
   const size_t btc = static_cast<size_t>(B) * T * m.C;
-  m.upload_lengths(w.lengths, lengths_device, B);
-  attention_split_heads(w.q, w.k, w.v, qkv, B, T, m.NH, m.hd, m.stream);
   KILTER_CUDA_CHECK(cudaMemsetAsync(w.y, 0, sizeof(float) * btc, m.stream));
-  m.set_sequences(B, T, lengths_host);
   KILTER_CUDNN_CHECK(cudnnMultiHeadAttnForward(m.handle, s.attn, /*currIdx=*/-1, m.low.data(), m.high.data(),
                                                w.lengths, w.lengths, m.q_desc, w.q, /*residuals=*/nullptr, m.k_desc,
                                                w.k, m.v_desc, w.v, m.o_desc, w.y, 0, nullptr, s.work_bytes, w.work,
@@ -240,15 +245,11 @@ void CudnnAttention::backward(float* dqkv, const float* dout, const float* qkv, 
                               float* workspace, bool accumulate) {
   if (B == 0 || T == 0) return;
   Impl& m = *impl_;
-  Impl::Shape& s = m.shape(B, T);
-  KILTER_CHECK(s.ok, "cuDNN attention cannot run B=" << B << " T=" << T << ": " << s.why);
-  const Impl::Slices w = m.slices(workspace, B, T);
+  const auto [shape, w] = m.prepare(B, T, qkv, lengths_host, lengths_device, workspace);
+  const Impl::Shape& s = *shape;
   const size_t btc = static_cast<size_t>(B) * T * m.C;
-  m.upload_lengths(w.lengths, lengths_device, B);
-  attention_split_heads(w.q, w.k, w.v, qkv, B, T, m.NH, m.hd, m.stream);
   attention_split_grad(w.y, dout, B, T, m.NH, m.hd, m.stream);
   KILTER_CUDA_CHECK(cudaMemsetAsync(w.dq, 0, sizeof(float) * 3 * btc, m.stream));  // dq, dk, dv
-  m.set_sequences(B, T, lengths_host);
   KILTER_CUDNN_CHECK(cudnnMultiHeadAttnBackwardData(m.handle, s.attn, m.low.data(), m.high.data(), w.lengths,
                                                     w.lengths, m.o_desc, w.y, m.q_desc, w.dq, w.q, m.k_desc, w.dk, w.k,
                                                     m.v_desc, w.dv, w.v, 0, nullptr, s.work_bytes, w.work,
