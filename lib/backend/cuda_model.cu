@@ -13,7 +13,7 @@
 // cuBLASLt + a masked softmax (attention.cu), chosen per micro-batch shape.
 // CUDA graphs (train.cuda_graphs): forward+loss, the LM-head backward, each block's backward and
 // the embedding backward are captured once per (B,T) shape (on its second occurrence; the first
-// runs eagerly and fills cuBLASLt's algorithm cache) and replayed; the on_ready calls between
+// runs eagerly through the capture engine, which fills its cuBLASLt algorithm cache) and replayed; the on_ready calls between
 // the segments keep the gradient reduction overlapping backward. Capture happens on a private
 // stream so that the NCCL communicator, which orders itself after the compute stream from its
 // own thread, can never join a capture.
@@ -147,9 +147,11 @@ class CudaModel final : public model::Model {
   cudaStream_t capture_stream_ = nullptr;
   std::unique_ptr<kc::Gemm> gemm_capture_;
   struct GraphEntry {
-    bool warmed = false;
+    bool warmed = false;      // ran once through the capture engine
+    bool eager_only = false;  // capture failed: always eager
     cudaGraphExec_t exec = nullptr;
   };
+  cudaEvent_t to_capture_stream_ = nullptr, from_capture_stream_ = nullptr;
   std::map<std::tuple<int, int, int>, GraphEntry> graphs_;  // (B, T, segment)
   void drop_graphs();
   float* scale_device_ = nullptr;
@@ -205,6 +207,8 @@ CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::Bac
   g_ = gemm_.get();
   if (options_.cuda_graphs) {
     KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+    KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&to_capture_stream_, cudaEventDisableTiming));
+    KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&from_capture_stream_, cudaEventDisableTiming));
     gemm_capture_ = std::make_unique<kc::Gemm>(capture_stream_, math);
   }
   if (options_.attention != "cublaslt") {
@@ -256,7 +260,12 @@ CudaModel::~CudaModel() {
   cudnn_.reset();
   gemm_.reset();
   gemm_capture_.reset();
-  if (capture_stream_ != nullptr) cudaStreamDestroy(capture_stream_);
+  if (capture_stream_ != nullptr) {
+    cudaStreamSynchronize(capture_stream_);
+    cudaStreamDestroy(capture_stream_);
+    cudaEventDestroy(to_capture_stream_);
+    cudaEventDestroy(from_capture_stream_);
+  }
   cudaFree(scale_device_);
   cudaFree(arena_);
   cudaFree(state_);
@@ -473,31 +482,68 @@ void CudaModel::run_segment(int segment, const Body& body) {
     KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
     return;
   }
-  if (!entry.warmed) {  // first occurrence: eager, which also fills the GEMM algorithm caches
-    entry.warmed = true;
+  if (entry.eager_only) {
     body();
     return;
   }
-  s_ = capture_stream_;
-  g_ = gemm_capture_.get();
-  cudaGraph_t graph = nullptr;
-  KILTER_CUDA_CHECK(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal));
-  try {
-    body();
-  } catch (...) {
-    cudaStreamEndCapture(capture_stream_, &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    cudaGetLastError();
+  // Work for the capture engine, on its stream, ordered after the compute stream and before
+  // whatever the compute stream does next.
+  auto on_capture_engine = [&](const auto& work) {
+    s_ = capture_stream_;
+    g_ = gemm_capture_.get();
+    try {
+      work();
+    } catch (...) {
+      s_ = stream_;
+      g_ = gemm_.get();
+      throw;
+    }
     s_ = stream_;
     g_ = gemm_.get();
-    throw;
+  };
+  if (!entry.warmed) {
+    // First occurrence: run eagerly through the capture engine, so that its cuBLASLt descriptors
+    // and algorithms are chosen now and not inside the capture, and the graph uses the same ones.
+    entry.warmed = true;
+    KILTER_CUDA_CHECK(cudaEventRecord(to_capture_stream_, stream_));
+    KILTER_CUDA_CHECK(cudaStreamWaitEvent(capture_stream_, to_capture_stream_, 0));
+    on_capture_engine(body);
+    KILTER_CUDA_CHECK(cudaEventRecord(from_capture_stream_, capture_stream_));
+    KILTER_CUDA_CHECK(cudaStreamWaitEvent(stream_, from_capture_stream_, 0));
+    return;
   }
-  s_ = stream_;
-  g_ = gemm_.get();
-  KILTER_CUDA_CHECK(cudaStreamEndCapture(capture_stream_, &graph));
-  const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
-  cudaGraphDestroy(graph);
-  KILTER_CUDA_CHECK(status);
+  // Second occurrence: capture, instantiate, launch. A failure leaves this segment of this shape
+  // eager from then on (said once) and runs it eagerly now: the captured work never ran.
+  cudaGraph_t graph = nullptr;
+  std::string failure;
+  cudaError_t status = cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal);
+  if (status == cudaSuccess) {
+    try {
+      on_capture_engine(body);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    status = cudaStreamEndCapture(capture_stream_, &graph);
+    if (failure.empty() && status != cudaSuccess) failure = cudaGetErrorString(status);
+    if (failure.empty()) {
+      status = cudaGraphInstantiate(&entry.exec, graph, 0);
+      if (status != cudaSuccess) {
+        failure = cudaGetErrorString(status);
+        entry.exec = nullptr;
+      }
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  } else {
+    failure = cudaGetErrorString(status);
+  }
+  if (!failure.empty()) {
+    cudaGetLastError();
+    entry.eager_only = true;
+    std::fprintf(stderr, "kilter: cuda backend: CUDA graph capture of segment %d for B=%d T=%d failed (%s); it runs eagerly\n",
+                 segment, acts_B_, acts_T_, failure.c_str());
+    body();
+    return;
+  }
   KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
 }
 

@@ -87,12 +87,14 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
 // Head layout helpers shared by both attention engines (attention.cu), on `stream`:
 // qkv (B,T,3,NH,hd) -> q, k, v (B,NH,T,hd); y (B,NH,T,hd) -> out (B,T,NH*hd);
 // dout (B,T,NH*hd) -> dy (B,NH,T,hd); dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,3,NH,hd), added or stored.
+// The merges take optional device row lengths (B): rows t >= lengths[b] then give exactly 0.
 void attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd,
                            cudaStream_t stream);
-void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream);
+void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream,
+                           const int32_t* lengths = nullptr);
 void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, int hd, cudaStream_t stream);
 void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
-                              int hd, bool accumulate, cudaStream_t stream);
+                              int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths = nullptr);
 
 // ---- attention_cudnn.cu (built only with cuDNN, KILTER_WITH_CUDNN): the same contract as
 // attention_forward/backward through cuDNN's multi-head attention API (cudnnMultiHeadAttnForward

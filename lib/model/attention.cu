@@ -44,8 +44,10 @@ __global__ void split_heads_kernel(float* q, float* k, float* v, const float* qk
   }
 }
 
-// y (B,NH,T,hd) -> out (B,T,NH*hd).
-__global__ void merge_heads_kernel(float* out, const float* y, int B, int T, int NH, int hd) {
+// y (B,NH,T,hd) -> out (B,T,NH*hd); with lengths, rows t >= lengths[b] are written as 0
+// whatever y holds there.
+__global__ void merge_heads_kernel(float* out, const float* y, const int32_t* lengths, int B, int T, int NH,
+                                   int hd) {
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -55,7 +57,8 @@ __global__ void merge_heads_kernel(float* out, const float* y, int B, int T, int
     rest /= T;
     const int h = static_cast<int>(rest % NH);
     const int b = static_cast<int>(rest / NH);
-    out[(static_cast<size_t>(b) * T + t) * NH * hd + static_cast<size_t>(h) * hd + d] = y[i];
+    const bool padded = lengths != nullptr && t >= lengths[b];
+    out[(static_cast<size_t>(b) * T + t) * NH * hd + static_cast<size_t>(h) * hd + d] = padded ? 0.0f : y[i];
   }
 }
 
@@ -74,9 +77,10 @@ __global__ void split_grad_kernel(float* dy, const float* dout, int B, int T, in
   }
 }
 
-// dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,3,NH,hd), added or stored.
-__global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float* dk, const float* dv, int B,
-                                      int T, int NH, int hd, bool accumulate) {
+// dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,3,NH,hd), added or stored; with lengths, rows t >= lengths[b]
+// count as 0.
+__global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float* dk, const float* dv,
+                                      const int32_t* lengths, int B, int T, int NH, int hd, bool accumulate) {
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -88,14 +92,16 @@ __global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float*
     const int b = static_cast<int>(rest / NH);
     const size_t C = static_cast<size_t>(NH) * hd;
     const size_t dst = (static_cast<size_t>(b) * T + t) * 3 * C + static_cast<size_t>(h) * hd + d;
+    const bool padded = lengths != nullptr && t >= lengths[b];
+    const float gq = padded ? 0.0f : dq[i], gk = padded ? 0.0f : dk[i], gv = padded ? 0.0f : dv[i];
     if (accumulate) {
-      dqkv[dst] += dq[i];
-      dqkv[dst + C] += dk[i];
-      dqkv[dst + 2 * C] += dv[i];
+      dqkv[dst] += gq;
+      dqkv[dst + C] += gk;
+      dqkv[dst + 2 * C] += gv;
     } else {
-      dqkv[dst] = dq[i];
-      dqkv[dst + C] = dk[i];
-      dqkv[dst + 2 * C] = dv[i];
+      dqkv[dst] = gq;
+      dqkv[dst + C] = gk;
+      dqkv[dst + 2 * C] = gv;
     }
   }
 }
@@ -161,9 +167,10 @@ void attention_split_heads(float* q, float* k, float* v, const float* qkv, int B
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
-void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream) {
+void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream,
+                           const int32_t* lengths) {
   const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  merge_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(out, y, B, T, NH, hd);
+  merge_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(out, y, lengths, B, T, NH, hd);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
@@ -174,9 +181,10 @@ void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, in
 }
 
 void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
-                              int hd, bool accumulate, cudaStream_t stream) {
+                              int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths) {
   const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  merge_qkv_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, B, T, NH, hd, accumulate);
+  merge_qkv_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, lengths, B, T, NH, hd,
+                                                                       accumulate);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 

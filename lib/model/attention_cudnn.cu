@@ -8,8 +8,13 @@
 // of its heads the whole vector, so kilter's NH heads become NH separate cuDNN sequences with ONE
 // cuDNN head each: the data is (B*NH, T, head_dim), sequence (b,h) has length lengths[b], and
 // the causal mask is the per-query window [0, t+1) (loWinIdx/hiWinIdx). Positions past a
-// sequence's length are padding: cuDNN fills their outputs and gradients with 0 (paddingFill),
-// and the buffers are cleared first as well, so padded rows give 0 like the CPU twin's.
+// sequence's length are padding, which cuDNN does not promise to write (its paddingFill option
+// must be NULL): the head-merge kernels write those rows of out and dqkv as exactly 0, like the
+// CPU twin's, whatever cuDNN left there.
+//
+// Support is decided once per (B,T) shape: the descriptor, cuDNN's buffer sizes, and a trial
+// forward + backward on zeros at that shape. fp32 needs FMA math (IEEE products); a cuDNN that
+// refuses it for fp32 counts as unsupported rather than silently running TF32.
 //
 // Why this API and not cuDNN's fused flash attention (SDPA): see docs/gpu.md. In short, SDPA
 // takes fp16/bf16 tensors only while kilter's activations are fp32 in both precisions, and in
@@ -97,27 +102,19 @@ struct CudnnAttention::Impl {
       s.why = "cuDNN asks for " + std::to_string(weight_bytes) + " bytes of projection weights with projections off";
       return s;
     }
-    s.ok = status == CUDNN_STATUS_SUCCESS;
-    if (!s.ok) s.why = cudnn_message(status);
+    if (status != CUDNN_STATUS_SUCCESS) {
+      s.why = cudnn_message(status);
+      return s;
+    }
+    s.ok = trial(s, B, T, &s.why);
     return s;
   }
 
   cudnnStatus_t set_descriptor(cudnnAttnDescriptor_t attn, int B, int T) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    auto set = [&](cudnnMathType_t type) {
-      return cudnnSetAttnDescriptor(attn, CUDNN_ATTN_QUERYMAP_ALL_TO_ONE | CUDNN_ATTN_DISABLE_PROJ_BIASES,
-                                    /*nHeads=*/1, scale, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, type, nullptr, nullptr,
-                                    hd, hd, hd, 0, 0, 0, 0, T, T, B * NH, /*maxBeamSize=*/1);
-    };
-    cudnnStatus_t status = set(math_type);
-    if (status != CUDNN_STATUS_SUCCESS && math_type == CUDNN_FMA_MATH) {
-      // Not every cuDNN accepts FMA-only math here; default math is fp32 data with fp32
-      // accumulation, possibly TF32 products on Ampere and later.
-      math_type = CUDNN_DEFAULT_MATH;
-      math_name = "fp32 data, default math (TF32 products allowed)";
-      status = set(math_type);
-    }
-    return status;
+    return cudnnSetAttnDescriptor(attn, CUDNN_ATTN_QUERYMAP_ALL_TO_ONE | CUDNN_ATTN_DISABLE_PROJ_BIASES,
+                                  /*nHeads=*/1, scale, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, math_type, nullptr, nullptr,
+                                  hd, hd, hd, 0, 0, 0, 0, T, T, B * NH, /*maxBeamSize=*/1);
   }
 
   // (B*NH, T, hd) sequences, batch-major: axes from outermost to innermost.
@@ -132,10 +129,9 @@ struct CudnnAttention::Impl {
     dims[CUDNN_SEQDATA_VECT_DIM] = hd;
     const cudnnSeqDataAxis_t axes[CUDNN_SEQDATA_DIM_COUNT] = {CUDNN_SEQDATA_BATCH_DIM, CUDNN_SEQDATA_BEAM_DIM,
                                                               CUDNN_SEQDATA_TIME_DIM, CUDNN_SEQDATA_VECT_DIM};
-    float zero = 0.0f;
     for (cudnnSeqDataDescriptor_t desc : {q_desc, k_desc, v_desc, o_desc})
       KILTER_CUDNN_CHECK(cudnnSetSeqDataDescriptor(desc, CUDNN_DATA_FLOAT, CUDNN_SEQDATA_DIM_COUNT, dims, axes,
-                                                   seq_lengths.size(), seq_lengths.data(), &zero));
+                                                   seq_lengths.size(), seq_lengths.data(), /*paddingFill=*/nullptr));
     low.assign(T, 0);
     high.resize(T);
     for (int t = 0; t < T; ++t) high[t] = t + 1;  // causal: keys [0, t]
@@ -161,6 +157,10 @@ struct CudnnAttention::Impl {
     return s;
   }
 
+  cudnnStatus_t call_forward(const Shape& s, const Slices& w, void* reserve);
+  cudnnStatus_t call_backward(const Shape& s, const Slices& w, void* reserve);
+  bool trial(const Shape& s, int B, int T, std::string* why);
+
   // What forward and backward both do first: the shape's descriptor, the workspace slices, the
   // per-sequence lengths on the device and in the descriptors, and q, k, v split per head.
   std::pair<Shape*, Slices> prepare(int B, int T, const float* qkv, const int32_t* lengths_host,
@@ -177,6 +177,60 @@ struct CudnnAttention::Impl {
   }
 };
 
+cudnnStatus_t CudnnAttention::Impl::call_forward(const Shape& s, const Slices& w, void* reserve) {
+  return cudnnMultiHeadAttnForward(handle, s.attn, /*currIdx=*/-1, low.data(), high.data(), w.lengths, w.lengths,
+                                   q_desc, w.q, /*residuals=*/nullptr, k_desc, w.k, v_desc, w.v, o_desc, w.y, 0,
+                                   nullptr, s.work_bytes, w.work, s.reserve_bytes, reserve);
+}
+
+// w.y holds dy here.
+cudnnStatus_t CudnnAttention::Impl::call_backward(const Shape& s, const Slices& w, void* reserve) {
+  return cudnnMultiHeadAttnBackwardData(handle, s.attn, low.data(), high.data(), w.lengths, w.lengths, o_desc, w.y,
+                                        q_desc, w.dq, w.q, k_desc, w.dk, w.k, v_desc, w.dv, w.v, 0, nullptr,
+                                        s.work_bytes, w.work, s.reserve_bytes, reserve);
+}
+
+// One forward + backward on zeros with every sequence full, in a scratch allocation: a shape
+// cuDNN accepts on paper but cannot run is refused here (and, with train.attention=auto, runs on
+// cuBLASLt) instead of failing in the middle of a step.
+bool CudnnAttention::Impl::trial(const Shape& s, int B, int T, std::string* why) {
+  const size_t btc = static_cast<size_t>(B) * T * C;
+  const size_t workspace = align64(7 * btc) + align64(static_cast<size_t>(B) * NH) + align64(floats_for_bytes(s.work_bytes));
+  float* scratch = nullptr;
+  cudaError_t cuda_status = cudaMalloc(reinterpret_cast<void**>(&scratch),
+                                       sizeof(float) * (workspace + floats_for_bytes(s.reserve_bytes)));
+  if (cuda_status != cudaSuccess) {
+    cudaGetLastError();
+    *why = std::string("no device memory for a trial run (") + cudaGetErrorString(cuda_status) + ")";
+    return false;
+  }
+  const Slices w = slices(scratch, B, T);
+  float* reserve = scratch + workspace;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  cuda_status = cudaMemsetAsync(scratch, 0, sizeof(float) * 7 * btc, stream);
+  const std::vector<int> full(static_cast<size_t>(B) * NH, T);
+  if (cuda_status == cudaSuccess)
+    cuda_status = cudaMemcpyAsync(w.lengths, full.data(), sizeof(int) * full.size(), cudaMemcpyHostToDevice, stream);
+  if (cuda_status == cudaSuccess) {
+    const std::vector<int32_t> rows(B, T);
+    set_sequences(B, T, rows.data());
+    status = call_forward(s, w, reserve);
+    if (status == CUDNN_STATUS_SUCCESS) status = call_backward(s, w, reserve);
+    cuda_status = cudaStreamSynchronize(stream);  // also keeps `full` alive until the copy is done
+  }
+  cudaFree(scratch);
+  if (status != CUDNN_STATUS_SUCCESS) {
+    *why = "trial run: " + cudnn_message(status);
+    return false;
+  }
+  if (cuda_status != cudaSuccess) {
+    cudaGetLastError();
+    *why = std::string("trial run: ") + cudaGetErrorString(cuda_status);
+    return false;
+  }
+  return true;
+}
+
 CudnnAttention::CudnnAttention(cudaStream_t stream, GemmMath math, int C, int NH) : impl_(std::make_unique<Impl>()) {
   KILTER_CHECK(NH > 0 && C % NH == 0, "cuDNN attention: n_embd " << C << " is not a multiple of n_head " << NH);
   Impl& m = *impl_;
@@ -185,8 +239,9 @@ CudnnAttention::CudnnAttention(cudaStream_t stream, GemmMath math, int C, int NH
   m.C = C;
   m.NH = NH;
   m.hd = C / NH;
-  // fp32: FMA math keeps the products IEEE fp32 like the CPU twin; bf16 mode lets cuDNN use
-  // tensor cores on fp32 data (TF32), the closest this API comes to the GEMMs' bf16 math.
+  // fp32: FMA math keeps the products IEEE fp32 like the CPU twin (a cuDNN that refuses it makes
+  // every shape unsupported); bf16 mode lets cuDNN use tensor cores on fp32 data (TF32), the
+  // closest this API comes to the GEMMs' bf16 math.
   m.math_type = math == GemmMath::fp32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
   m.math_name = math == GemmMath::fp32 ? "fp32 data, FMA math" : "fp32 data, default math (TF32 products allowed)";
   KILTER_CUDNN_CHECK(cudnnCreate(&m.handle));
@@ -231,13 +286,8 @@ void CudnnAttention::forward(float* out, float* reserve, const float* qkv, const
   Impl& m = *impl_;
   const auto [shape, w] = m.prepare(B, T, qkv, lengths_host, lengths_device, workspace);
   const Impl::Shape& s = *shape;
-  const size_t btc = static_cast<size_t>(B) * T * m.C;
-  KILTER_CUDA_CHECK(cudaMemsetAsync(w.y, 0, sizeof(float) * btc, m.stream));
-  KILTER_CUDNN_CHECK(cudnnMultiHeadAttnForward(m.handle, s.attn, /*currIdx=*/-1, m.low.data(), m.high.data(),
-                                               w.lengths, w.lengths, m.q_desc, w.q, /*residuals=*/nullptr, m.k_desc,
-                                               w.k, m.v_desc, w.v, m.o_desc, w.y, 0, nullptr, s.work_bytes, w.work,
-                                               s.reserve_bytes, reserve));
-  attention_merge_heads(out, w.y, B, T, m.NH, m.hd, m.stream);
+  KILTER_CUDNN_CHECK(m.call_forward(s, w, reserve));
+  attention_merge_heads(out, w.y, B, T, m.NH, m.hd, m.stream, lengths_device);
 }
 
 void CudnnAttention::backward(float* dqkv, const float* dout, const float* qkv, float* reserve,
@@ -247,14 +297,9 @@ void CudnnAttention::backward(float* dqkv, const float* dout, const float* qkv, 
   Impl& m = *impl_;
   const auto [shape, w] = m.prepare(B, T, qkv, lengths_host, lengths_device, workspace);
   const Impl::Shape& s = *shape;
-  const size_t btc = static_cast<size_t>(B) * T * m.C;
   attention_split_grad(w.y, dout, B, T, m.NH, m.hd, m.stream);
-  KILTER_CUDA_CHECK(cudaMemsetAsync(w.dq, 0, sizeof(float) * 3 * btc, m.stream));  // dq, dk, dv
-  KILTER_CUDNN_CHECK(cudnnMultiHeadAttnBackwardData(m.handle, s.attn, m.low.data(), m.high.data(), w.lengths,
-                                                    w.lengths, m.o_desc, w.y, m.q_desc, w.dq, w.q, m.k_desc, w.dk, w.k,
-                                                    m.v_desc, w.dv, w.v, 0, nullptr, s.work_bytes, w.work,
-                                                    s.reserve_bytes, reserve));
-  attention_merge_qkv_grad(dqkv, w.dq, w.dk, w.dv, B, T, m.NH, m.hd, accumulate, m.stream);
+  KILTER_CUDNN_CHECK(m.call_backward(s, w, reserve));
+  attention_merge_qkv_grad(dqkv, w.dq, w.dk, w.dv, B, T, m.NH, m.hd, accumulate, m.stream, lengths_device);
 }
 
 std::string CudnnAttention::description() const {

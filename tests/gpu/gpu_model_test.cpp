@@ -81,11 +81,6 @@ std::string options_tag(const km::BackendOptions& options) {
   return "[" + options.precision + ", attention " + options.attention + (options.cuda_graphs ? ", graphs" : "") + "] ";
 }
 
-// cuDNN may run fp32 attention with TF32 products (describe() says so): looser tolerances then.
-double tf32_factor(const km::Model& gpu) {
-  return gpu.describe().find("TF32") != std::string::npos ? 20.0 : 1.0;
-}
-
 void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const km::BackendOptions& options) {
   const std::string tag = options_tag(options) + "L" + std::to_string(cfg.n_layer) + " C" +
                           std::to_string(cfg.n_embd) + " V" + std::to_string(cfg.vocab_size) + " B" +
@@ -94,7 +89,6 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const 
   std::unique_ptr<km::Model> gpu = make_gpu(cfg, 8, options);
   if (!gpu) return;
   std::printf("  %s\n", gpu->describe().c_str());
-  const double f = tf32_factor(*gpu);
   cpu.init_params(1234);
   gpu->init_params(1234);
   check.near(tag + "initial params identical", params_of(*gpu), params_of(cpu), 0.0);
@@ -106,7 +100,7 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const 
   gpu->zero_grads();
   const double cpu_loss = cpu.forward_backward(batch, loss_scale, [&](size_t o, size_t c) { cpu_ranges.push_back({o, c}); });
   const double gpu_loss = gpu->forward_backward(batch, loss_scale, [&](size_t o, size_t c) { gpu_ranges.push_back({o, c}); });
-  check.near_scalar(tag + "loss", gpu_loss, cpu_loss, 1e-5 * f);
+  check.near_scalar(tag + "loss", gpu_loss, cpu_loss, 1e-5);
   check.expect(tag + "on_ready ranges identical", cpu_ranges == gpu_ranges);
 
   const std::vector<float> gpu_grads = device_grads(*gpu);
@@ -128,9 +122,9 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const 
       worst_name = tensor.name;
     }
   }
-  check.expect(tag + "every gradient tensor within " + std::to_string(5e-4 * f), all_ok && worst <= 5e-4 * f,
+  check.expect(tag + "every gradient tensor within 5e-4", all_ok && worst <= 5e-4,
                "worst " + worst_name + " rel.err " + std::to_string(worst));
-  check.near_scalar(tag + "grad_norm_squared", gpu->grad_norm_squared(), cpu.grad_norm_squared(), 1e-5 * f);
+  check.near_scalar(tag + "grad_norm_squared", gpu->grad_norm_squared(), cpu.grad_norm_squared(), 1e-5);
 
   // AdamW from identical gradients (the CPU's), with a large weight decay so that a tensor given
   // the wrong decay flag or offset shows far above rounding.
@@ -145,7 +139,7 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const 
   cpu.adamw_step(adam);
   gpu->adamw_step(adam);
   check.near(tag + "params after AdamW (same grads)", params_of(*gpu), params_of(cpu), 1e-6);
-  check.near_scalar(tag + "forward_loss", gpu->forward_loss(batch), cpu.forward_loss(batch), 1e-5 * f);
+  check.near_scalar(tag + "forward_loss", gpu->forward_loss(batch), cpu.forward_loss(batch), 1e-5);
 }
 
 // Optimizer steps of two micro-batches each, with global-norm clipping at 1.0, the way the
@@ -180,7 +174,6 @@ void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
   kilter::backend::CpuModel cpu(cfg, 1);
   std::unique_ptr<km::Model> gpu = make_gpu(cfg, 1, options);
   if (!gpu) return;
-  const double f = tf32_factor(*gpu);
   const std::string tag = std::to_string(steps) + "-step run " + options_tag(options);
   cpu.init_params(99);
   gpu->init_params(99);
@@ -188,12 +181,12 @@ void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
   const std::vector<double> gpu_losses = run_steps(*gpu, batches, steps);
   for (int step = 0; step < steps; ++step)
     check.near_scalar(tag + "loss of step " + std::to_string(step + 1), gpu_losses[step], cpu_losses[step],
-                      loss_tol * f);
+                      loss_tol);
   check.near(tag + "final params", params_of(*gpu), params_of(cpu), 2.5e-3);
   std::vector<float> gm(cpu.layout().num_params), gv(gm.size()), cm(gm.size()), cv(gm.size());
   gpu->get_optimizer_state(gm.data(), gv.data());
   cpu.get_optimizer_state(cm.data(), cv.data());
-  check.near(tag + "AdamW m", gm, cm, moment_tol * f);
+  check.near(tag + "AdamW m", gm, cm, moment_tol);
 }
 
 km::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false) {
