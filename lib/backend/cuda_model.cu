@@ -12,8 +12,8 @@
 // Attention engine (train.attention): cuDNN's multi-head attention API (attention_cudnn.cu) or
 // cuBLASLt + a masked softmax (attention.cu), chosen per micro-batch shape.
 // CUDA graphs (train.cuda_graphs): forward+loss, the LM-head backward, each block's backward and
-// the embedding backward are captured once per (B,T) shape (on its second occurrence; the first
-// runs eagerly through the capture engine, which fills its cuBLASLt algorithm cache) and replayed; the on_ready calls between
+// the embedding backward are captured once per (B,T) shape and replayed where the replay is
+// measured to beat the eager run (see GraphEntry); the on_ready calls between
 // the segments keep the gradient reduction overlapping backward. Capture happens on a private
 // stream so that the NCCL communicator, which orders itself after the compute stream from its
 // own thread, can never join a capture.
@@ -173,11 +173,17 @@ class CudaModel final : public model::Model {
   kc::Gemm* g_ = nullptr;
   cudaStream_t capture_stream_ = nullptr;
   std::unique_ptr<kc::Gemm> gemm_capture_;
+  // One segment of one (B,T) shape. Occurrences: 1 eager (warms the capture engine), 2 eager
+  // and timed, 3 captured and launched, 4 replayed and timed, 5 decided: the graph is kept only
+  // if its replay took less GPU time than the eager run, else the segment stays eager.
   struct GraphEntry {
-    bool warmed = false;      // ran once through the capture engine
-    bool eager_only = false;  // capture failed: always eager
+    int seen = 0;
+    bool eager_only = false;  // capture failed, or the graph did not pay off
     cudaGraphExec_t exec = nullptr;
+    cudaEvent_t timing[4] = {nullptr, nullptr, nullptr, nullptr};  // eager start/end, replay start/end
   };
+  int graphs_kept_ = 0, graphs_dropped_ = 0;  // segment decisions, for describe()
+  void decide_graph(GraphEntry& entry);
   cudaEvent_t to_capture_stream_ = nullptr, from_capture_stream_ = nullptr;
   std::map<std::tuple<int, int, int>, GraphEntry> graphs_;  // (B, T, segment)
   void drop_graphs();
@@ -481,8 +487,11 @@ bool CudaModel::cudnn_agrees(int B, int T, std::string* why) {
 }
 
 void CudaModel::drop_graphs() {
-  for (auto& entry : graphs_)
+  for (auto& entry : graphs_) {
     if (entry.second.exec != nullptr) cudaGraphExecDestroy(entry.second.exec);
+    for (cudaEvent_t event : entry.second.timing)
+      if (event != nullptr) cudaEventDestroy(event);
+  }
   graphs_.clear();
 }
 
@@ -496,7 +505,11 @@ std::string CudaModel::describe() const {
   if (cudnn_) text += cudnn_->description();
 #endif
   if (!cudnn_) text += "cuBLASLt + masked softmax" + (cudnn_note_.empty() ? "" : " (cuDNN: " + cudnn_note_ + ")");
-  text += options_.cuda_graphs ? ", CUDA graphs on" : ", CUDA graphs off";
+  if (options_.cuda_graphs)
+    text += ", CUDA graphs on (" + std::to_string(graphs_kept_) + " segment graphs kept where the replay beat eager, " +
+            std::to_string(graphs_dropped_) + " left eager)";
+  else
+    text += ", CUDA graphs off";
   return text;
 }
 
@@ -587,12 +600,16 @@ void CudaModel::run_segment(int segment, const Body& body) {
     return;
   }
   GraphEntry& entry = graphs_[std::make_tuple(acts_B_, acts_T_, segment)];
-  if (entry.exec != nullptr) {
-    KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
-    return;
-  }
+  const int occurrence = entry.seen < 5 ? ++entry.seen : entry.seen;
+  if (occurrence == 5) decide_graph(entry);
   if (entry.eager_only) {
     body();
+    return;
+  }
+  if (entry.exec != nullptr) {
+    if (occurrence == 4) KILTER_CUDA_CHECK(cudaEventRecord(entry.timing[2], stream_));
+    KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
+    if (occurrence == 4) KILTER_CUDA_CHECK(cudaEventRecord(entry.timing[3], stream_));
     return;
   }
   // Work for the capture engine, on its stream, ordered after the compute stream and before
@@ -610,18 +627,23 @@ void CudaModel::run_segment(int segment, const Body& body) {
     s_ = stream_;
     g_ = gemm_.get();
   };
-  if (!entry.warmed) {
-    // First occurrence: run eagerly through the capture engine, so that its cuBLASLt descriptors
-    // and algorithms are chosen now and not inside the capture, and the graph uses the same ones.
-    entry.warmed = true;
+  if (occurrence <= 2) {
+    // Eager through the capture engine, so that its cuBLASLt descriptors and algorithms are
+    // chosen now and not inside the capture, and the graph uses the same ones. The second run,
+    // warm, is timed against the graph's replay.
     KILTER_CUDA_CHECK(cudaEventRecord(to_capture_stream_, stream_));
     KILTER_CUDA_CHECK(cudaStreamWaitEvent(capture_stream_, to_capture_stream_, 0));
+    if (occurrence == 2) {
+      for (cudaEvent_t& event : entry.timing) KILTER_CUDA_CHECK(cudaEventCreate(&event));
+      KILTER_CUDA_CHECK(cudaEventRecord(entry.timing[0], capture_stream_));
+    }
     on_capture_engine(body);
+    if (occurrence == 2) KILTER_CUDA_CHECK(cudaEventRecord(entry.timing[1], capture_stream_));
     KILTER_CUDA_CHECK(cudaEventRecord(from_capture_stream_, capture_stream_));
     KILTER_CUDA_CHECK(cudaStreamWaitEvent(stream_, from_capture_stream_, 0));
     return;
   }
-  // Second occurrence: capture, instantiate, launch. A failure leaves this segment of this shape
+  // Third occurrence: capture, instantiate, launch. A failure leaves this segment of this shape
   // eager from then on (said once) and runs it eagerly now: the captured work never ran.
   cudaGraph_t graph = nullptr;
   std::string failure;
@@ -648,12 +670,32 @@ void CudaModel::run_segment(int segment, const Body& body) {
   if (!failure.empty()) {
     cudaGetLastError();
     entry.eager_only = true;
+    ++graphs_dropped_;
     std::fprintf(stderr, "kilter: cuda backend: CUDA graph capture of segment %d for B=%d T=%d failed (%s); it runs eagerly\n",
                  segment, acts_B_, acts_T_, failure.c_str());
     body();
     return;
   }
   KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
+}
+
+// Keeps the graph if its replay (occurrence 4) took less GPU time than the warm eager run
+// (occurrence 2); both were recorded long ago, so waiting on them costs nothing.
+void CudaModel::decide_graph(GraphEntry& entry) {
+  if (entry.eager_only || entry.exec == nullptr) return;
+  float eager_ms = 0.0f, graph_ms = 0.0f;
+  KILTER_CUDA_CHECK(cudaEventSynchronize(entry.timing[3]));
+  KILTER_CUDA_CHECK(cudaEventElapsedTime(&eager_ms, entry.timing[0], entry.timing[1]));
+  KILTER_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, entry.timing[2], entry.timing[3]));
+  if (graph_ms < eager_ms) {
+    ++graphs_kept_;
+    return;
+  }
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the graph may still be queued
+  cudaGraphExecDestroy(entry.exec);
+  entry.exec = nullptr;
+  entry.eager_only = true;
+  ++graphs_dropped_;
 }
 
 void CudaModel::forward_kernels(int B, int T) {
