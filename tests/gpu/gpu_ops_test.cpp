@@ -284,10 +284,14 @@ int main() {
     test_attention(check, gemm, 2, 64, 128, 2, kGemmTol);
     test_attention(check, gemm_bf16, 2, 64, 128, 2, kBf16Tol);
 #ifdef KILTER_WITH_CUDNN
-    if (test_attention_cudnn(check, stream, kc::GemmMath::fp32, 3, 17, 24, 4)) {  // head_dim 6, ragged rows
-      test_attention_cudnn(check, stream, kc::GemmMath::fp32, 2, 64, 128, 2);
-      test_attention_cudnn(check, stream, kc::GemmMath::fp32, 2, 256, 128, 2);
-      test_attention_cudnn(check, stream, kc::GemmMath::bf16, 2, 64, 128, 2);
+    try {
+      if (test_attention_cudnn(check, stream, kc::GemmMath::fp32, 3, 17, 24, 4)) {  // head_dim 6, ragged rows
+        test_attention_cudnn(check, stream, kc::GemmMath::fp32, 2, 64, 128, 2);
+        test_attention_cudnn(check, stream, kc::GemmMath::fp32, 2, 256, 128, 2);
+        test_attention_cudnn(check, stream, kc::GemmMath::bf16, 2, 64, 128, 2);
+      }
+    } catch (const kilter::Error& e) {  // one failed check; the other kernels still get tested
+      check.expect("cuDNN attention ran", false, e.what());
     }
 #else
     std::printf("NOTE: built without cuDNN: the cuDNN attention engine is not tested\n");
