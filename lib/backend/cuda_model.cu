@@ -9,6 +9,12 @@
 // count (with cuDNN attention a shape whose reserve space is larger grows it once). Every kernel
 // runs on cuda_compute_stream(); inputs go up on a separate copy stream, ordered by events.
 //
+// Device allocations after construction (arena growth, upload slots, cuDNN's per-shape trial and
+// self-check) happen only in upload_batch(), at the start of a micro-batch. The trainer starts
+// gradient reductions inside the last micro-batch's backward and waits for them before the next
+// step, so no NCCL collective is in flight there: a cudaMalloc/cudaFree (which synchronize the
+// device) cannot deadlock against a peer's collective.
+//
 // Attention engine (train.attention): cuDNN's multi-head attention API (attention_cudnn.cu) or
 // cuBLASLt + a masked softmax (attention.cu), chosen per micro-batch shape.
 // CUDA graphs (train.cuda_graphs): forward+loss, the LM-head backward, each block's backward and
@@ -79,11 +85,22 @@ __global__ void fill_hash_kernel(float* x, size_t n, uint32_t seed) {
 
 // result[0] = max |a - b|, result[1] = max |b|, as float bits (non-negative floats order like
 // their bits; a NaN difference shows as a value above every finite one).
+// Each thread takes its maximum, each warp combines them, and one lane per warp does the atomics
+// (blockDim.x is a multiple of 32).
 __global__ void max_difference_kernel(unsigned* result, const float* a, const float* b, size_t n) {
+  unsigned diff = 0, ref = 0;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    atomicMax(&result[0], __float_as_uint(fabsf(a[i] - b[i])));
-    atomicMax(&result[1], __float_as_uint(fabsf(b[i])));
+    diff = max(diff, __float_as_uint(fabsf(a[i] - b[i])));
+    ref = max(ref, __float_as_uint(fabsf(b[i])));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    diff = max(diff, __shfl_xor_sync(0xffffffffu, diff, offset));
+    ref = max(ref, __shfl_xor_sync(0xffffffffu, ref, offset));
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicMax(&result[0], diff);
+    atomicMax(&result[1], ref);
   }
 }
 
@@ -140,7 +157,7 @@ class CudaModel final : public model::Model {
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
   // forward and backward) and compares them: code that has never met a device must prove
   // itself before a run trusts it.
-  bool cudnn_agrees(int B, int T, std::string* why);
+  bool cudnn_agrees(int B, int T, std::string* why, bool* retry);
   void validate(const Batch& batch) const;
   // Uploads the batch and sets the loss scale read by the cross-entropy kernel.
   void upload_batch(const Batch& batch, float dloss_scale);
@@ -177,13 +194,15 @@ class CudaModel final : public model::Model {
   // and timed, 3 captured and launched, 4 replayed and timed, 5 decided: the graph is kept only
   // if its replay took less GPU time than the eager run, else the segment stays eager.
   struct GraphEntry {
-    int seen = 0;
+    int seen = 0;             // occurrences, counted up to 5
+    bool decided = false;
     bool eager_only = false;  // capture failed, or the graph did not pay off
     cudaGraphExec_t exec = nullptr;
     cudaEvent_t timing[4] = {nullptr, nullptr, nullptr, nullptr};  // eager start/end, replay start/end
   };
   int graphs_kept_ = 0, graphs_dropped_ = 0;  // segment decisions, for describe()
-  void decide_graph(GraphEntry& entry);
+  // Decides once the replay's timing is in (false while it is still running: try next time).
+  bool decide_graph(GraphEntry& entry);
   cudaEvent_t to_capture_stream_ = nullptr, from_capture_stream_ = nullptr;
   std::map<std::tuple<int, int, int>, GraphEntry> graphs_;  // (B, T, segment)
   void drop_graphs();
@@ -325,7 +344,8 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, int B, int T) co
   // Per layer: att (cuBLASLt) or cuDNN's reserve space, whichever is larger, so either engine
   // can run any micro-batch of this shape; the scratch likewise.
   size_t att_slice = att_floats, workspace = 7 * tokens * C + att_floats;
-  if (cudnn_) {
+  const auto decided = cudnn_shapes_.find({B, T});
+  if (cudnn_ && (decided == cudnn_shapes_.end() || decided->second)) {
     att_slice = std::max(att_slice, cudnn_->reserve_floats(B, T));
     workspace = std::max(workspace, cudnn_->workspace_floats(B, T));
   }
@@ -396,7 +416,10 @@ bool CudaModel::cudnn_for_shape(int B, int T) {
   const auto decided = cudnn_shapes_.find({B, T});
   if (decided != cudnn_shapes_.end()) return decided->second;
   std::string why;
-  const bool usable = cudnn_->supports(B, T, &why) && cudnn_agrees(B, T, &why);
+  bool retry = false;
+  const bool usable = cudnn_->supports(B, T, &why, &retry) && cudnn_agrees(B, T, &why, &retry);
+  // Short of memory for the trial or the self-check: cuBLASLt this time, ask again next time.
+  if (!usable && retry && options_.attention == "auto") return false;
   cudnn_shapes_[{B, T}] = usable;
   if (!usable) {
     KILTER_CHECK(options_.attention != "cudnn", "train.attention=cudnn: cuDNN attention cannot be used for micro-batches of B="
@@ -408,7 +431,8 @@ bool CudaModel::cudnn_for_shape(int B, int T) {
   return usable;
 }
 
-bool CudaModel::cudnn_agrees(int B, int T, std::string* why) {
+bool CudaModel::cudnn_agrees(int B, int T, std::string* why, bool* retry) {
+  *retry = false;
 #ifdef KILTER_WITH_CUDNN
   const int C = cfg_.n_embd, NH = cfg_.n_head;
   const size_t btc = static_cast<size_t>(B) * T * C, att = static_cast<size_t>(B) * NH * T * T;
@@ -417,12 +441,21 @@ bool CudaModel::cudnn_agrees(int B, int T, std::string* why) {
   // qkv (3), dout (1), out x2 (2), dqkv x2 (6) tokens*C each, then each engine's saved state,
   // one workspace, the lengths and the comparison result.
   const size_t floats = 12 * align_up(btc) + 2 * saved + workspace + align_up(B) + kAlignFloats;
+  // The activation arena holds nothing between micro-batches, and this runs in stream order
+  // after the previous one and before the next upload lands: borrow it when it is large enough
+  // (it normally is: it holds a whole model's activations for this shape).
   float* scratch = nullptr;
-  const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * floats);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    *why = std::string("no device memory for the self-check (") + cudaGetErrorString(status) + ")";
-    return false;
+  const bool borrowed = arena_ != nullptr && floats <= capacity_floats_;
+  if (borrowed) {
+    scratch = arena_;
+  } else {
+    const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * floats);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      *why = std::string("no device memory for the self-check (") + cudaGetErrorString(status) + ")";
+      *retry = true;
+      return false;
+    }
   }
   ArenaCarver carver(scratch);
   float* qkv = carver.take(3 * btc);
@@ -458,8 +491,10 @@ bool CudaModel::cudnn_agrees(int B, int T, std::string* why) {
     agree = true;
   } catch (const Error& e) {
     *why = std::string("self-check failed to run: ") + e.what();
+    cudaStreamSynchronize(stream_);  // queued kernels may still use the scratch
+    cudaGetLastError();
   }
-  cudaFree(scratch);
+  if (!borrowed) cudaFree(scratch);
   if (!agree) return false;
   // fp32: both engines run IEEE fp32 products; bf16: bf16 GEMMs against TF32 products.
   const float tolerance = options_.precision == "bf16" ? 5e-2f : 1e-3f;
@@ -481,6 +516,7 @@ bool CudaModel::cudnn_agrees(int B, int T, std::string* why) {
 #else
   (void)B;
   (void)T;
+  *retry = false;
   *why = "built without cuDNN";
   return false;
 #endif
@@ -493,6 +529,7 @@ void CudaModel::drop_graphs() {
       if (event != nullptr) cudaEventDestroy(event);
   }
   graphs_.clear();
+  graphs_kept_ = graphs_dropped_ = 0;
 }
 
 std::string CudaModel::describe() const {
@@ -601,7 +638,7 @@ void CudaModel::run_segment(int segment, const Body& body) {
   }
   GraphEntry& entry = graphs_[std::make_tuple(acts_B_, acts_T_, segment)];
   const int occurrence = entry.seen < 5 ? ++entry.seen : entry.seen;
-  if (occurrence == 5) decide_graph(entry);
+  if (occurrence == 5 && !entry.decided) entry.decided = decide_graph(entry);
   if (entry.eager_only) {
     body();
     return;
@@ -679,23 +716,30 @@ void CudaModel::run_segment(int segment, const Body& body) {
   KILTER_CUDA_CHECK(cudaGraphLaunch(entry.exec, stream_));
 }
 
-// Keeps the graph if its replay (occurrence 4) took less GPU time than the warm eager run
-// (occurrence 2); both were recorded long ago, so waiting on them costs nothing.
-void CudaModel::decide_graph(GraphEntry& entry) {
-  if (entry.eager_only || entry.exec == nullptr) return;
+// Keeps the graph if its replay (occurrence 4) took at least 3% less GPU time than the warm
+// eager run (occurrence 2); a tie stays eager, the simpler path. Never blocks on the timing.
+bool CudaModel::decide_graph(GraphEntry& entry) {
+  if (entry.eager_only || entry.exec == nullptr) return true;
+  const cudaError_t ready = cudaEventQuery(entry.timing[3]);
+  if (ready == cudaErrorNotReady) return false;
+  KILTER_CUDA_CHECK(ready);
   float eager_ms = 0.0f, graph_ms = 0.0f;
-  KILTER_CUDA_CHECK(cudaEventSynchronize(entry.timing[3]));
   KILTER_CUDA_CHECK(cudaEventElapsedTime(&eager_ms, entry.timing[0], entry.timing[1]));
   KILTER_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, entry.timing[2], entry.timing[3]));
-  if (graph_ms < eager_ms) {
+  for (cudaEvent_t& event : entry.timing) {
+    cudaEventDestroy(event);
+    event = nullptr;
+  }
+  if (graph_ms < 0.97f * eager_ms) {
     ++graphs_kept_;
-    return;
+    return true;
   }
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the graph may still be queued
   cudaGraphExecDestroy(entry.exec);
   entry.exec = nullptr;
   entry.eager_only = true;
   ++graphs_dropped_;
+  return true;
 }
 
 void CudaModel::forward_kernels(int B, int T) {

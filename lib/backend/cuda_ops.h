@@ -110,8 +110,9 @@ class CudnnAttention {
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
-  // Whether cuDNN runs micro-batches of shape (B,T); when not, *why says cuDNN's reason.
-  bool supports(int B, int T, std::string* why);
+  // Whether cuDNN runs micro-batches of shape (B,T); when not, *why says cuDNN's reason and
+  // *retry (optional) whether asking again later may succeed (the trial found no free memory).
+  bool supports(int B, int T, std::string* why, bool* retry = nullptr);
   size_t reserve_floats(int B, int T);    // per layer, kept from forward to backward
   size_t workspace_floats(int B, int T);  // scratch, shared by all layers
   // lengths_host: the B row lengths on the host (cuDNN's descriptors take them there);

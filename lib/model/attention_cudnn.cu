@@ -75,7 +75,9 @@ struct CudnnAttention::Impl {
   struct Shape {
     cudnnAttnDescriptor_t attn = nullptr;
     size_t work_bytes = 0, reserve_bytes = 0;
+    bool described = false;  // descriptor set and buffer sizes known
     bool ok = false;
+    bool retry = false;      // the trial found no memory: try it again next time
     std::string why;
   };
 
@@ -92,7 +94,10 @@ struct CudnnAttention::Impl {
   Shape& shape(int B, int T) {
     auto [it, inserted] = shapes.try_emplace({B, T});
     Shape& s = it->second;
-    if (!inserted) return s;
+    if (!inserted) {
+      if (s.retry) s.ok = trial(s, B, T, &s.why, &s.retry);
+      return s;
+    }
     cudnnStatus_t status = cudnnCreateAttnDescriptor(&s.attn);
     if (status == CUDNN_STATUS_SUCCESS) status = set_descriptor(s.attn, B, T);
     size_t weight_bytes = 0;
@@ -106,7 +111,8 @@ struct CudnnAttention::Impl {
       s.why = cudnn_message(status);
       return s;
     }
-    s.ok = trial(s, B, T, &s.why);
+    s.described = true;
+    s.ok = trial(s, B, T, &s.why, &s.retry);
     return s;
   }
 
@@ -159,7 +165,7 @@ struct CudnnAttention::Impl {
 
   cudnnStatus_t call_forward(const Shape& s, const Slices& w, void* reserve);
   cudnnStatus_t call_backward(const Shape& s, const Slices& w, void* reserve);
-  bool trial(const Shape& s, int B, int T, std::string* why);
+  bool trial(const Shape& s, int B, int T, std::string* why, bool* retry);
 
   // What forward and backward both do first: the shape's descriptor, the workspace slices, the
   // per-sequence lengths on the device and in the descriptors, and q, k, v split per head.
@@ -193,7 +199,9 @@ cudnnStatus_t CudnnAttention::Impl::call_backward(const Shape& s, const Slices& 
 // One forward + backward on zeros with every sequence full, in a scratch allocation: a shape
 // cuDNN accepts on paper but cannot run is refused here (and, with train.attention=auto, runs on
 // cuBLASLt) instead of failing in the middle of a step.
-bool CudnnAttention::Impl::trial(const Shape& s, int B, int T, std::string* why) {
+// *retry is set when the scratch could not be allocated (memory may be free later).
+bool CudnnAttention::Impl::trial(const Shape& s, int B, int T, std::string* why, bool* retry) {
+  *retry = false;
   const size_t btc = static_cast<size_t>(B) * T * C;
   const size_t workspace = align64(7 * btc) + align64(static_cast<size_t>(B) * NH) + align64(floats_for_bytes(s.work_bytes));
   float* scratch = nullptr;
@@ -202,6 +210,7 @@ bool CudnnAttention::Impl::trial(const Shape& s, int B, int T, std::string* why)
   if (cuda_status != cudaSuccess) {
     cudaGetLastError();
     *why = std::string("no device memory for a trial run (") + cudaGetErrorString(cuda_status) + ")";
+    *retry = true;
     return false;
   }
   const Slices w = slices(scratch, B, T);
@@ -262,9 +271,10 @@ CudnnAttention::~CudnnAttention() {
   if (m.handle != nullptr) cudnnDestroy(m.handle);
 }
 
-bool CudnnAttention::supports(int B, int T, std::string* why) {
+bool CudnnAttention::supports(int B, int T, std::string* why, bool* retry) {
   const Impl::Shape& s = impl_->shape(B, T);
   if (!s.ok && why != nullptr) *why = s.why;
+  if (retry != nullptr) *retry = s.retry;
   return s.ok;
 }
 
