@@ -25,19 +25,30 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// Element i of a head-major (B,NH,T,hd) tensor: its row b, head h, position t and lane d, and
+// its index in the token-major layout (B,T,k,NH,hd) with k = 1 (out, dout) or 3 (qkv, dqkv).
+struct HeadElement {
+  int b, h, t, d;
+  __device__ HeadElement(size_t i, int T, int NH, int hd) {
+    d = static_cast<int>(i % hd);
+    size_t rest = i / hd;
+    t = static_cast<int>(rest % T);
+    rest /= T;
+    h = static_cast<int>(rest % NH);
+    b = static_cast<int>(rest / NH);
+  }
+  __device__ size_t token_major(int T, int NH, int hd, int k) const {
+    return (static_cast<size_t>(b) * T + t) * k * NH * hd + static_cast<size_t>(h) * hd + d;
+  }
+};
+
 // qkv (B,T,3,NH,hd) -> q, k, v (B,NH,T,hd).
 __global__ void split_heads_kernel(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd) {
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hd);
-    size_t rest = i / hd;
-    const int t = static_cast<int>(rest % T);
-    rest /= T;
-    const int h = static_cast<int>(rest % NH);
-    const int b = static_cast<int>(rest / NH);
     const size_t C = static_cast<size_t>(NH) * hd;
-    const size_t src = (static_cast<size_t>(b) * T + t) * 3 * C + static_cast<size_t>(h) * hd + d;
+    const size_t src = HeadElement(i, T, NH, hd).token_major(T, NH, hd, 3);
     q[i] = qkv[src];
     k[i] = qkv[src + C];
     v[i] = qkv[src + 2 * C];
@@ -51,14 +62,9 @@ __global__ void merge_heads_kernel(float* out, const float* y, const int32_t* le
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hd);
-    size_t rest = i / hd;
-    const int t = static_cast<int>(rest % T);
-    rest /= T;
-    const int h = static_cast<int>(rest % NH);
-    const int b = static_cast<int>(rest / NH);
-    const bool padded = lengths != nullptr && t >= lengths[b];
-    out[(static_cast<size_t>(b) * T + t) * NH * hd + static_cast<size_t>(h) * hd + d] = padded ? 0.0f : y[i];
+    const HeadElement e(i, T, NH, hd);
+    const bool padded = lengths != nullptr && e.t >= lengths[e.b];
+    out[e.token_major(T, NH, hd, 1)] = padded ? 0.0f : y[i];
   }
 }
 
@@ -67,13 +73,7 @@ __global__ void split_grad_kernel(float* dy, const float* dout, int B, int T, in
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hd);
-    size_t rest = i / hd;
-    const int t = static_cast<int>(rest % T);
-    rest /= T;
-    const int h = static_cast<int>(rest % NH);
-    const int b = static_cast<int>(rest / NH);
-    dy[i] = dout[(static_cast<size_t>(b) * T + t) * NH * hd + static_cast<size_t>(h) * hd + d];
+    dy[i] = dout[HeadElement(i, T, NH, hd).token_major(T, NH, hd, 1)];
   }
 }
 
@@ -84,15 +84,10 @@ __global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float*
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hd);
-    size_t rest = i / hd;
-    const int t = static_cast<int>(rest % T);
-    rest /= T;
-    const int h = static_cast<int>(rest % NH);
-    const int b = static_cast<int>(rest / NH);
+    const HeadElement e(i, T, NH, hd);
     const size_t C = static_cast<size_t>(NH) * hd;
-    const size_t dst = (static_cast<size_t>(b) * T + t) * 3 * C + static_cast<size_t>(h) * hd + d;
-    const bool padded = lengths != nullptr && t >= lengths[b];
+    const size_t dst = e.token_major(T, NH, hd, 3);
+    const bool padded = lengths != nullptr && e.t >= lengths[e.b];
     const float gq = padded ? 0.0f : dq[i], gk = padded ? 0.0f : dk[i], gv = padded ? 0.0f : dv[i];
     if (accumulate) {
       dqkv[dst] += gq;
