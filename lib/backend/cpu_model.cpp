@@ -52,20 +52,14 @@ CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple)
   grads_.assign(layout_.padded_size, 0.0f);
   adam_m_.assign(layout_.num_params, 0.0f);
   adam_v_.assign(layout_.num_params, 0.0f);
-  wte_offset_ = layout_.find("transformer.wte.weight").offset;
-  wpe_offset_ = layout_.find("transformer.wpe.weight").offset;
-  lnf_w_offset_ = layout_.find("transformer.ln_f.weight").offset;
-  lnf_b_offset_ = layout_.find("transformer.ln_f.bias").offset;
-  for (int l = 0; l < cfg_.n_layer; ++l)
-    block_offset_.push_back(layout_.find("transformer.h." + std::to_string(l) + ".ln_1.weight").offset);
-  block_size_floats_ = (cfg_.n_layer > 1 ? block_offset_[1] : lnf_w_offset_) - block_offset_[0];
+  offsets_ = model::LayoutOffsets::of(layout_, cfg_.n_layer);
   const size_t C = cfg_.n_embd;
   // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics.
   floats_per_token_block_ = C + 3 * C + C + C + C + 4 * C + 4 * C + C + 4;
 }
 
 CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
-  return model::block_tensors_at(base + block_offset_[layer], size_t(cfg_.n_embd));
+  return model::block_tensors_at(base + offsets_.block[layer], size_t(cfg_.n_embd));
 }
 
 CpuModel::BlockActivations CpuModel::block_activations(int layer, int B, int T) {
@@ -177,8 +171,8 @@ void CpuModel::forward(const Batch& batch) {
   reserve(batch.B, batch.T);
   const int B = batch.B, T = batch.T, C = cfg_.n_embd, NH = cfg_.n_head;
   const int BT = B * T;
-  model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + wte_offset_,
-                         params_.data() + wpe_offset_, B, T, C);
+  model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
+                         params_.data() + offsets_.wpe, B, T, C);
   const float* residual = encoded_.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_.data(), l);
@@ -193,8 +187,8 @@ void CpuModel::forward(const Batch& batch) {
     model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
     residual = a.residual3;
   }
-  model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + lnf_w_offset_,
-                           params_.data() + lnf_b_offset_, BT, C);
+  model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
+                           params_.data() + offsets_.lnf_b, BT, C);
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
@@ -218,7 +212,7 @@ double CpuModel::forward_loss(const Batch& batch) {
   double loss = 0.0;
   for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunk) {
     const int n = static_cast<int>(std::min(kHeadChunk, num_targets - c0));
-    model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + wte_offset_, nullptr, n, C,
+    model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + offsets_.wte, nullptr, n, C,
                           V);
     loss += model::crossentropy_forward(logits_.data(), target_ids_.data() + c0, n, V);
   }
@@ -246,10 +240,10 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunk) {
     const int n = static_cast<int>(std::min(kHeadChunk, num_targets - c0));
     const float* x = head_inputs_.data() + c0 * C;
-    model::matmul_forward(logits_.data(), x, params + wte_offset_, nullptr, n, C, V);
+    model::matmul_forward(logits_.data(), x, params + offsets_.wte, nullptr, n, C, V);
     loss += model::crossentropy_forward_backward_inplace(logits_.data(), target_ids_.data() + c0, n, V, loss_scale);
-    model::matmul_backward_overwrite_dinp(head_dinputs_.data(), grads + wte_offset_, nullptr, logits_.data(), x,
-                                          params + wte_offset_, n, C, V);
+    model::matmul_backward_overwrite_dinp(head_dinputs_.data(), grads + offsets_.wte, nullptr, logits_.data(), x,
+                                          params + offsets_.wte, n, C, V);
     for (int i = 0; i < n; ++i)
       std::memcpy(dlnf + static_cast<size_t>(target_rows_[c0 + i]) * C, head_dinputs_.data() + static_cast<size_t>(i) * C,
                   sizeof(float) * C);
@@ -259,10 +253,10 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   float* dresidual = dresidual_.data();
   std::memset(dresidual, 0, sizeof(float) * BTC);
   const float* last_residual = block_activations(cfg_.n_layer - 1, B, T).residual3;
-  model::layernorm_backward(dresidual, grads + lnf_w_offset_, grads + lnf_b_offset_, dlnf, last_residual,
-                            params + lnf_w_offset_, lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+  model::layernorm_backward(dresidual, grads + offsets_.lnf_w, grads + offsets_.lnf_b, dlnf, last_residual,
+                            params + offsets_.lnf_w, lnf_mean_.data(), lnf_rstd_.data(), BT, C);
   // ln_f is the last tensor; the zero padding after it is final too.
-  if (on_ready) on_ready(lnf_w_offset_, layout_.padded_size - lnf_w_offset_);
+  if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
 
   // Blocks, last to first. dresidual carries the gradient of the residual stream; each
   // LayerNorm backward adds its input gradient into it, which is the residual connection.
@@ -286,13 +280,13 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, BT, C, 3 * C);
     model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
                               BT, C);
-    if (on_ready) on_ready(block_offset_[l], block_size_floats_);
+    if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
   }
 
-  model::encoder_backward(grads + wte_offset_, grads + wpe_offset_, dresidual, batch.inputs.data(),
+  model::encoder_backward(grads + offsets_.wte, grads + offsets_.wpe, dresidual, batch.inputs.data(),
                           batch.lengths.data(), B, T, C);
   // wte also holds the LM head's gradient, so it (with wpe next to it) is final only now.
-  if (on_ready) on_ready(wte_offset_, block_offset_[0] - wte_offset_);
+  if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
   return loss;
 }
 

@@ -42,11 +42,7 @@ class CpuModel final : public model::Model {
 
  private:
   using BlockTensors = model::BlockTensors;
-  // Saved activations of one block for a (B,T) micro-batch.
-  struct BlockActivations {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
-  };
+  using BlockActivations = model::BlockActivations;
 
   BlockTensors block_tensors(float* base, int layer) const;
   BlockActivations block_activations(int layer, int B, int T);
@@ -58,9 +54,7 @@ class CpuModel final : public model::Model {
   model::GPTConfig cfg_;
   model::ParamLayout layout_;
   std::vector<float> params_, grads_, adam_m_, adam_v_;
-  size_t wte_offset_ = 0, wpe_offset_ = 0, lnf_w_offset_ = 0, lnf_b_offset_ = 0;
-  std::vector<size_t> block_offset_;  // offset of h.l's first tensor
-  size_t block_size_floats_ = 0;      // floats of one block
+  model::LayoutOffsets offsets_;
 
   // Activations: sized for capacity_tokens_ (B*T) and capacity_att_ (B*NH*T*T).
   size_t capacity_tokens_ = 0, capacity_att_ = 0;

@@ -133,10 +133,7 @@ class CudaModel final : public model::Model {
 
  private:
   using BlockTensors = model::BlockTensors;
-  struct BlockActivations {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
-  };
+  using BlockActivations = model::BlockActivations;
   // Slices of the activation arena for one (B,T) micro-batch.
   struct Activations {
     float* encoded;
@@ -231,9 +228,7 @@ class CudaModel final : public model::Model {
   Activations acts_{};
   int acts_B_ = -1, acts_T_ = -1;
 
-  size_t wte_offset_ = 0, wpe_offset_ = 0, lnf_w_offset_ = 0, lnf_b_offset_ = 0;
-  std::vector<size_t> block_offset_;
-  size_t block_size_floats_ = 0;
+  model::LayoutOffsets offsets_;
 };
 
 CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::BackendOptions& options)
@@ -294,13 +289,7 @@ CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::Bac
   KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), sizeof(double) * 2));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scale_device_), sizeof(float)));
 
-  wte_offset_ = layout_.find("transformer.wte.weight").offset;
-  wpe_offset_ = layout_.find("transformer.wpe.weight").offset;
-  lnf_w_offset_ = layout_.find("transformer.ln_f.weight").offset;
-  lnf_b_offset_ = layout_.find("transformer.ln_f.bias").offset;
-  for (int l = 0; l < cfg_.n_layer; ++l)
-    block_offset_.push_back(layout_.find("transformer.h." + std::to_string(l) + ".ln_1.weight").offset);
-  block_size_floats_ = (cfg_.n_layer > 1 ? block_offset_[1] : lnf_w_offset_) - block_offset_[0];
+  offsets_ = model::LayoutOffsets::of(layout_, cfg_.n_layer);
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -334,7 +323,7 @@ CudaModel::~CudaModel() {
 }
 
 CudaModel::BlockTensors CudaModel::block_tensors(float* base, int layer) const {
-  return model::block_tensors_at(base + block_offset_[layer], size_t(cfg_.n_embd));
+  return model::block_tensors_at(base + offsets_.block[layer], size_t(cfg_.n_embd));
 }
 
 size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, int B, int T) const {
@@ -745,7 +734,7 @@ bool CudaModel::decide_graph(GraphEntry& entry) {
 void CudaModel::forward_kernels(int B, int T) {
   const int C = cfg_.n_embd, NH = cfg_.n_head, V = cfg_.vocab_size;
   const int BT = B * T;
-  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + wte_offset_, params_ + wpe_offset_, B, T, C, s_);
+  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, params_ + offsets_.wpe, B, T, C, s_);
   const float* residual = acts_.encoded;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_, l);
@@ -765,12 +754,12 @@ void CudaModel::forward_kernels(int B, int T) {
     kc::matmul_forward_residual(*g_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, BT, 4 * C, C);
     residual = a.residual3;
   }
-  kc::layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, params_ + lnf_w_offset_,
-                        params_ + lnf_b_offset_, BT, C, s_);
+  kc::layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, params_ + offsets_.lnf_w,
+                        params_ + offsets_.lnf_b, BT, C, s_);
   // Head: every row's logits (padding rows too: they have no target and get a zero gradient;
   // the CPU gathers target rows instead, which gives the same loss and gradients), then the loss
   // and dlogits in place, scaled by the device-side loss scale.
-  kc::matmul_forward(*g_, acts_.logits, acts_.lnf, params_ + wte_offset_, nullptr, BT, C, V);
+  kc::matmul_forward(*g_, acts_.logits, acts_.lnf, params_ + offsets_.wte, nullptr, BT, C, V);
   KILTER_CUDA_CHECK(cudaMemsetAsync(loss_device_, 0, sizeof(double), s_));
   kc::crossentropy_forward_backward_async(acts_.logits, acts_.logits, acts_.targets, BT, V, 0.0f, loss_device_,
                                           /*accumulate=*/false, s_, scale_device_);
@@ -833,25 +822,25 @@ double CudaModel::forward_backward(const Batch& batch, float loss_scale, const m
 
   // LM head (tied to wte): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf; then ln_f.
   run_segment(1, [&] {
-    kc::matmul_backward(*g_, a.dln, grads_ + wte_offset_, nullptr, a.logits, a.lnf, params_ + wte_offset_, BT, C, V,
+    kc::matmul_backward(*g_, a.dln, grads_ + offsets_.wte, nullptr, a.logits, a.lnf, params_ + offsets_.wte, BT, C, V,
                         a.column_scratch, /*accumulate_dinp=*/false);
     KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * BTC, s_));
-    kc::layernorm_backward(a.dresidual, grads_ + lnf_w_offset_, grads_ + lnf_b_offset_, a.dln,
-                           a.blocks[cfg_.n_layer - 1].residual3, params_ + lnf_w_offset_, a.lnf_mean, a.lnf_rstd, BT,
+    kc::layernorm_backward(a.dresidual, grads_ + offsets_.lnf_w, grads_ + offsets_.lnf_b, a.dln,
+                           a.blocks[cfg_.n_layer - 1].residual3, params_ + offsets_.lnf_w, a.lnf_mean, a.lnf_rstd, BT,
                            C, a.column_scratch, s_);
   });
   // Reported ranges are final in stream order: the NCCL communicator waits on this stream.
-  if (on_ready) on_ready(lnf_w_offset_, layout_.padded_size - lnf_w_offset_);
+  if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
 
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     run_segment(2 + (cfg_.n_layer - 1 - l), [&] { backward_block_kernels(l, B, T); });
-    if (on_ready) on_ready(block_offset_[l], block_size_floats_);
+    if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
   }
 
   run_segment(cfg_.n_layer + 2, [&] {
-    kc::encoder_backward(grads_ + wte_offset_, grads_ + wpe_offset_, a.dresidual, a.inputs, a.lengths, B, T, C, s_);
+    kc::encoder_backward(grads_ + offsets_.wte, grads_ + offsets_.wpe, a.dresidual, a.inputs, a.lengths, B, T, C, s_);
   });
-  if (on_ready) on_ready(wte_offset_, block_offset_[0] - wte_offset_);
+  if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
   return read_loss();
 }
 

@@ -53,6 +53,18 @@ ParamLayout ParamLayout::build(const GPTConfig& cfg, size_t pad_multiple) {
   return layout;
 }
 
+LayoutOffsets LayoutOffsets::of(const ParamLayout& layout, int n_layer) {
+  LayoutOffsets o;
+  o.wte = layout.find("transformer.wte.weight").offset;
+  o.wpe = layout.find("transformer.wpe.weight").offset;
+  o.lnf_w = layout.find("transformer.ln_f.weight").offset;
+  o.lnf_b = layout.find("transformer.ln_f.bias").offset;
+  for (int l = 0; l < n_layer; ++l)
+    o.block.push_back(layout.find("transformer.h." + std::to_string(l) + ".ln_1.weight").offset);
+  o.block_floats = (n_layer > 1 ? o.block[1] : o.lnf_w) - o.block[0];
+  return o;
+}
+
 const ParamTensor& ParamLayout::find(const std::string& name) const {
   for (const ParamTensor& tensor : tensors)
     if (tensor.name == name) return tensor;

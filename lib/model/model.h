@@ -38,6 +38,15 @@ struct ParamLayout {
   const ParamTensor& find(const std::string& name) const;  // throws kilter::Error if absent
 };
 
+// Where the model's tensor groups start in a flat buffer laid out by ParamLayout: what every
+// backend's forward and backward (and its on_ready ranges) are written against.
+struct LayoutOffsets {
+  size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;
+  std::vector<size_t> block;  // transformer.h.l's first tensor (ln_1.weight)
+  size_t block_floats = 0;    // floats of one block
+  static LayoutOffsets of(const ParamLayout& layout, int n_layer);
+};
+
 // One micro-batch as the model sees it: B rows padded to T. Row b holds lengths[b] real inputs
 // (positions restart at 0 in every row); targets are -1 where there is no target (padding).
 struct Batch {
