@@ -10,12 +10,8 @@ namespace kilter::balance {
 
 EpochPlan build_naive_plan(const std::vector<uint32_t>& doc_lengths, const std::vector<uint64_t>& docs,
                            const PlanOptions& opts, const CostModel& cost, int world_size, uint64_t epoch) {
-  EpochPlan plan;
-  plan.epoch = epoch;
-  plan.world_size = world_size;
-  plan.cost = cost;
+  EpochPlan plan = start_plan(docs, cost, world_size, epoch);
   PlanStats& stats = plan.stats;
-  stats.documents = docs.size();
 
   std::vector<Piece> pieces = cut_documents(doc_lengths, docs, opts.context, &stats.empty_docs);
   stats.pieces = pieces.size();

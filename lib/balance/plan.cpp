@@ -153,6 +153,15 @@ CostModel resolve_cost_model(const CostModel& cost, uint32_t context) {
 
 // ---- documents --------------------------------------------------------------------------------
 
+EpochPlan start_plan(const std::vector<uint64_t>& docs, const CostModel& cost, int world_size, uint64_t epoch) {
+  EpochPlan plan;
+  plan.epoch = epoch;
+  plan.world_size = world_size;
+  plan.cost = cost;
+  plan.stats.documents = docs.size();
+  return plan;
+}
+
 std::vector<Piece> cut_documents(const std::vector<uint32_t>& doc_lengths, const std::vector<uint64_t>& docs,
                                  uint32_t context, uint64_t* empty_docs) {
   KILTER_CHECK(context >= 1, "cut_documents: context must be >= 1");
@@ -214,12 +223,8 @@ namespace {
 
 EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const std::vector<uint64_t>& docs,
                               const PlanOptions& opts, const CostModel& cost, int world_size, uint64_t epoch) {
-  EpochPlan plan;
-  plan.epoch = epoch;
-  plan.world_size = world_size;
-  plan.cost = cost;
+  EpochPlan plan = start_plan(docs, cost, world_size, epoch);
   PlanStats& stats = plan.stats;
-  stats.documents = docs.size();
   const uint32_t context = opts.context;
 
   // Counting sort of the pieces by bucket, straight from the lengths (no unsorted copy).

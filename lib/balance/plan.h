@@ -120,6 +120,10 @@ std::vector<Piece> cut_documents(const std::vector<uint32_t>& doc_lengths,
                                  const std::vector<uint64_t>& docs, uint32_t context,
                                  uint64_t* empty_docs = nullptr);
 
+// A plan with no steps yet: epoch, world size, cost model and stats.documents filled in (the
+// common start of every planner).
+EpochPlan start_plan(const std::vector<uint64_t>& docs, const CostModel& cost, int world_size, uint64_t epoch);
+
 // All document ids 0..n-1 (the whole corpus as one split).
 std::vector<uint64_t> all_documents(size_t num_docs);
 
