@@ -169,6 +169,16 @@ struct Checkpointer::Impl {
   void wait_for_writer(std::unique_lock<std::mutex>& lock) {
     cv.wait(lock, [&] { return !job_pending; });
   }
+
+  // Waits for the writer and rethrows (once) the error of the write it finished last.
+  void wait_for_writer_and_rethrow(std::unique_lock<std::mutex>& lock) {
+    wait_for_writer(lock);
+    if (error) {
+      std::exception_ptr e = error;
+      error = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
 };
 
 Checkpointer::Checkpointer(MPI_Comm world, const std::string& run_dir, int keep, const Config& cfg)
@@ -217,12 +227,7 @@ void Checkpointer::save(const model::Model& model, const TrainState& state) {
   if (s.rank != 0) return;
   auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(s.mu);
-  s.wait_for_writer(lock);
-  if (s.error) {
-    std::exception_ptr e = s.error;
-    s.error = nullptr;
-    std::rethrow_exception(e);
-  }
+  s.wait_for_writer_and_rethrow(lock);
   const double waited = seconds_since(t0);
 
   io::CheckpointContents& c = s.contents;
@@ -264,12 +269,7 @@ void Checkpointer::wait() {
   Impl& s = *impl_;
   if (s.rank != 0) return;
   std::unique_lock<std::mutex> lock(s.mu);
-  s.wait_for_writer(lock);
-  if (s.error) {
-    std::exception_ptr e = s.error;
-    s.error = nullptr;
-    std::rethrow_exception(e);
-  }
+  s.wait_for_writer_and_rethrow(lock);
 }
 
 Checkpointer::SaveStats Checkpointer::last_save() const {
