@@ -133,41 +133,9 @@ void CpuModel::set_optimizer_state(const float* m, const float* v) {
   std::memcpy(adam_v_.data(), v, sizeof(float) * layout_.num_params);
 }
 
-void CpuModel::validate(const Batch& batch) const {
-  const int B = batch.B, T = batch.T, V = cfg_.vocab_size;
-  KILTER_CHECK(B > 0 && T > 0, "model batch: B and T must be positive, got B=" << B << " T=" << T);
-  KILTER_CHECK(T <= cfg_.block_size,
-               "model batch: T=" << T << " exceeds model.block_size=" << cfg_.block_size);
-  const size_t BT = static_cast<size_t>(B) * T;
-  KILTER_CHECK(batch.inputs.size() == BT && batch.targets.size() == BT && batch.lengths.size() == static_cast<size_t>(B),
-               "model batch: expected " << BT << " inputs/targets and " << B << " lengths, got "
-                                        << batch.inputs.size() << "/" << batch.targets.size() << " and "
-                                        << batch.lengths.size());
-  for (int b = 0; b < B; ++b) {
-    const int length = batch.lengths[b];
-    KILTER_CHECK(length >= 0 && length <= T, "model batch: row " << b << " has length " << length << " outside [0, "
-                                                                 << T << "]");
-    for (int t = 0; t < T; ++t) {
-      const int32_t input = batch.inputs[static_cast<size_t>(b) * T + t];
-      const int32_t target = batch.targets[static_cast<size_t>(b) * T + t];
-      if (t < length) {
-        KILTER_CHECK(input >= 0 && input < V, "model batch: token id " << input << " at row " << b << " position "
-                                                                       << t << " is outside the vocabulary [0, " << V
-                                                                       << ")");
-        KILTER_CHECK(target >= -1 && target < V, "model batch: target " << target << " at row " << b << " position "
-                                                                        << t << " is outside [-1, " << V << ")");
-      } else {
-        KILTER_CHECK(input >= -1 && input < V, "model batch: padding id " << input << " at row " << b << " position "
-                                                                          << t << " is outside [-1, " << V << ")");
-        KILTER_CHECK(target == -1, "model batch: padded position " << t << " of row " << b << " (length " << length
-                                                                   << ") has target " << target << ", expected -1");
-      }
-    }
-  }
-}
 
 void CpuModel::forward(const Batch& batch) {
-  validate(batch);
+  model::validate_batch(batch, cfg_);
   reserve(batch.B, batch.T);
   const int B = batch.B, T = batch.T, C = cfg_.n_embd, NH = cfg_.n_head;
   const int BT = B * T;

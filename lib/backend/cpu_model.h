@@ -46,7 +46,6 @@ class CpuModel final : public model::Model {
 
   BlockTensors block_tensors(float* base, int layer) const;
   BlockActivations block_activations(int layer, int B, int T);
-  void validate(const model::Batch& batch) const;
   void forward(const model::Batch& batch);  // fills the activations up to ln_f
   // Gathers the rows with a target; returns their count.
   int64_t gather_target_rows(const model::Batch& batch);

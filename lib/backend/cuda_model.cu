@@ -155,7 +155,6 @@ class CudaModel final : public model::Model {
   // forward and backward) and compares them: code that has never met a device must prove
   // itself before a run trusts it.
   bool cudnn_agrees(int B, int T, std::string* why, bool* retry);
-  void validate(const Batch& batch) const;
   // Uploads the batch and sets the loss scale read by the cross-entropy kernel.
   void upload_batch(const Batch& batch, float dloss_scale);
   // Kernels of the forward pass and the head: logits, loss (into loss_device_, copied to the
@@ -539,35 +538,9 @@ std::string CudaModel::describe() const {
   return text;
 }
 
-void CudaModel::validate(const Batch& batch) const {
-  const int B = batch.B, T = batch.T, V = cfg_.vocab_size;
-  KILTER_CHECK(B > 0 && T > 0, "model batch: B and T must be positive, got B=" << B << " T=" << T);
-  KILTER_CHECK(T <= cfg_.block_size, "model batch: T=" << T << " exceeds model.block_size=" << cfg_.block_size);
-  const size_t BT = static_cast<size_t>(B) * T;
-  KILTER_CHECK(batch.inputs.size() == BT && batch.targets.size() == BT && batch.lengths.size() == static_cast<size_t>(B),
-               "model batch: expected " << BT << " inputs/targets and " << B << " lengths, got "
-                                        << batch.inputs.size() << "/" << batch.targets.size() << " and "
-                                        << batch.lengths.size());
-  // Ids index device tables: an out-of-range one would read out of bounds there, so refuse it here.
-  for (int b = 0; b < B; ++b) {
-    const int length = batch.lengths[b];
-    KILTER_CHECK(length >= 0 && length <= T,
-                 "model batch: row " << b << " has length " << length << " outside [0, " << T << "]");
-    for (int t = 0; t < T; ++t) {
-      const size_t i = static_cast<size_t>(b) * T + t;
-      const int32_t input = batch.inputs[i], target = batch.targets[i];
-      KILTER_CHECK(input >= (t < length ? 0 : -1) && input < V,
-                   "model batch: token id " << input << " at row " << b << " position " << t << " is outside the vocabulary [0, " << V << ")");
-      KILTER_CHECK(target >= -1 && target < V && (t < length || target == -1),
-                   "model batch: target " << target << " at row " << b << " position " << t << " (length " << length
-                                          << ") is invalid");
-    }
-  }
-}
-
 void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
   cuda_device_index();  // current device on this thread
-  validate(batch);
+  model::validate_batch(batch, cfg_);
   const int B = batch.B, T = batch.T;
   const size_t BT = static_cast<size_t>(B) * T;
   if (B != acts_B_ || T != acts_T_) {

@@ -123,6 +123,11 @@ class Model {
   virtual void reserve(int max_B, int max_T) { (void)max_B; (void)max_T; }
 };
 
+// Checks a micro-batch against the model: B, T within model.block_size, sizes, row lengths in
+// [0, T], ids in the vocabulary (padding -1 allowed), targets only inside the row. Throws
+// kilter::Error naming the row and position. Every backend calls it before using a batch.
+void validate_batch(const Batch& batch, const GPTConfig& cfg);
+
 // The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.
 std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg,
                                   size_t pad_multiple, const BackendOptions& options);
