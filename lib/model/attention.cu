@@ -188,21 +188,39 @@ size_t attention_workspace_floats(int B, int T, int C, int NH) {
   return 7 * static_cast<size_t>(B) * T * C + static_cast<size_t>(B) * NH * T * T;
 }
 
+namespace {
+
+// What forward and backward share: the workspace slices (q, k, v, y or dy, dq, dk, dv, then the
+// scores), the batched-GEMM strides over the B*NH heads, and q, k, v split per head from qkv.
+struct HeadProblem {
+  int hd, heads;
+  int64_t head_stride, score_stride;
+  float *q, *k, *v, *y, *dq, *dk, *dv, *scores;
+  HeadProblem(const char* op, const float* qkv, int B, int T, int C, int NH, float* workspace, cudaStream_t stream) {
+    KILTER_CHECK(C % NH == 0, op << ": n_embd " << C << " is not a multiple of n_head " << NH);
+    hd = C / NH;
+    heads = B * NH;
+    head_stride = static_cast<int64_t>(T) * hd;
+    score_stride = static_cast<int64_t>(T) * T;
+    const size_t btc = static_cast<size_t>(B) * T * C;
+    float* slices[8];
+    for (int i = 0; i < 8; ++i) slices[i] = workspace + i * btc;
+    q = slices[0], k = slices[1], v = slices[2], y = slices[3];
+    dq = slices[4], dk = slices[5], dv = slices[6], scores = slices[7];
+    attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream);
+  }
+};
+
+}  // namespace
+
 void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, const int32_t* lengths,
                        int B, int T, int C, int NH, float* workspace) {
   if (B == 0 || T == 0) return;
-  KILTER_CHECK(C % NH == 0, "attention_forward: n_embd " << C << " is not a multiple of n_head " << NH);
   cudaStream_t stream = gemm.stream();
-  const int hd = C / NH;
-  const size_t btc = static_cast<size_t>(B) * T * C;
-  float* q = workspace;
-  float* k = q + btc;
-  float* v = k + btc;
-  float* y = v + btc;
-  const int heads = B * NH;
-  const int64_t head_stride = static_cast<int64_t>(T) * hd;
-  const int64_t score_stride = static_cast<int64_t>(T) * T;
-  attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream);
+  const HeadProblem p("attention_forward", qkv, B, T, C, NH, workspace, stream);
+  const int hd = p.hd, heads = p.heads;
+  const int64_t head_stride = p.head_stride, score_stride = p.score_stride;
+  float *q = p.q, *k = p.k, *v = p.v, *y = p.y;
   // preatt'(s,t) = K'^T Q' * scale, written straight into att (softmax runs in place).
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   gemm.run(att, k, q, nullptr, T, T, hd, true, false, scale, 0.0f, nullptr, heads, head_stride, head_stride,
@@ -220,22 +238,11 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
                         const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
                         bool accumulate) {
   if (B == 0 || T == 0) return;
-  KILTER_CHECK(C % NH == 0, "attention_backward: n_embd " << C << " is not a multiple of n_head " << NH);
   cudaStream_t stream = gemm.stream();
-  const int hd = C / NH;
-  const size_t btc = static_cast<size_t>(B) * T * C;
-  float* q = workspace;
-  float* k = q + btc;
-  float* v = k + btc;
-  float* dy = v + btc;
-  float* dq = dy + btc;
-  float* dk = dq + btc;
-  float* dv = dk + btc;
-  float* datt = dv + btc;
-  const int heads = B * NH;
-  const int64_t head_stride = static_cast<int64_t>(T) * hd;
-  const int64_t score_stride = static_cast<int64_t>(T) * T;
-  attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream);
+  const HeadProblem p("attention_backward", qkv, B, T, C, NH, workspace, stream);
+  const int hd = p.hd, heads = p.heads;
+  const int64_t head_stride = p.head_stride, score_stride = p.score_stride;
+  float *q = p.q, *k = p.k, *v = p.v, *dy = p.y, *dq = p.dq, *dk = p.dk, *dv = p.dv, *datt = p.scores;
   attention_split_grad(dy, dout, B, T, NH, hd, stream);
   // datt'(s,t) = V'^T dY'  (datt[t][s] = dy[t] . v[s])
   gemm.run(datt, v, dy, nullptr, T, T, hd, true, false, 1.0f, 0.0f, nullptr, heads, head_stride, head_stride,
