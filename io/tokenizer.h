@@ -1,0 +1,40 @@
+// Tokenizers as the dataset records them (DESIGN.md, "Dataset format": index.h5 holds the kind
+// and the tokenizer file's bytes): one interface for prep (encode), `kilter sample` and the
+// training samples (decode). The byte tokenizer is built in; "sentencepiece" and "hf-bpe" load
+// from the recorded file bytes; "imported" corpora may carry either, or none (ids only).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kilter::io {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // "byte" | "sentencepiece" | "hf-bpe" | "imported" (as index.h5's `tokenizer` attribute).
+  virtual std::string kind() const = 0;
+  virtual uint32_t vocab_size() const = 0;
+  // The id that ends every document (the reader supplies it after a document's last token).
+  virtual uint32_t eos_id() const = 0;
+  // Appends the ids of `text` to `out` (no EOS is added).
+  virtual void encode(std::string_view text, std::vector<uint32_t>& out) const = 0;
+  // The text of `ids`; ids that have no text (EOS, ids out of range) decode to "".
+  virtual std::string decode(const uint32_t* ids, size_t count) const = 0;
+  // The bytes index.h5 and checkpoints record to rebuild this tokenizer (empty for "byte").
+  virtual const std::string& file_bytes() const = 0;
+};
+
+// The built-in byte tokenizer: id = byte value, vocab 257, EOS 256.
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+
+// Rebuilds a recorded tokenizer from its kind and file bytes, as index.h5 and checkpoints store
+// them. Throws kilter::Error naming `where` (a file and key) when the kind is unknown or the
+// bytes do not parse.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& kind, const std::string& file_bytes,
+                                          const std::string& where);
+
+}  // namespace kilter::io
