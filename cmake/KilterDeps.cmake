@@ -15,14 +15,43 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(GTest)
 
-# OpenBLAS: prefer the pthreads build (openblas_set_num_threads works); BLA_VENDOR pins it.
-set(BLA_VENDOR OpenBLAS)
-find_package(BLAS REQUIRED)
-find_path(KILTER_CBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread
-          /usr/include/openblas /usr/include/x86_64-linux-gnu /usr/include)
-add_library(kilter::blas INTERFACE IMPORTED)
-target_link_libraries(kilter::blas INTERFACE ${BLAS_LIBRARIES})
-target_include_directories(kilter::blas INTERFACE ${KILTER_CBLAS_INCLUDE})
+# The CPU GEMM engine behind kilter::blas (lib/model/gemm.cpp). oneDNN (Debian libdnnl-dev) picks
+# its AVX-512 / AVX512_BF16 / AMX kernels at run time and gives bf16 GEMMs (train.precision=bf16 on
+# the CPU backend); its OpenMP runtime takes the thread count (train.threads). Without oneDNN the
+# build falls back to OpenBLAS (fp32 only; Debian pins it to AVX2 kernels on some CPUs, about half
+# the fp32 rate). ENABLE_ONEDNN: AUTO (default) | ON (missing oneDNN is an error) | OFF.
+set(ENABLE_ONEDNN AUTO CACHE STRING "CPU GEMMs through oneDNN (AUTO|ON|OFF)")
+set(KILTER_CPU_GEMM "")
+if(NOT ENABLE_ONEDNN STREQUAL "OFF")
+  find_path(KILTER_DNNL_INCLUDE oneapi/dnnl/dnnl.h)
+  find_library(KILTER_DNNL_LIBRARY dnnl)
+  find_package(OpenMP COMPONENTS CXX)
+  if(KILTER_DNNL_INCLUDE AND KILTER_DNNL_LIBRARY AND OpenMP_CXX_FOUND)
+    file(STRINGS ${KILTER_DNNL_INCLUDE}/oneapi/dnnl/dnnl_version.h _dnnl_version REGEX "define DNNL_VERSION_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE "[^0-9;]" "" _dnnl_version "${_dnnl_version}")
+    string(REPLACE ";" "." _dnnl_version "${_dnnl_version}")
+    add_library(kilter::blas INTERFACE IMPORTED)
+    target_include_directories(kilter::blas INTERFACE ${KILTER_DNNL_INCLUDE})
+    target_link_libraries(kilter::blas INTERFACE ${KILTER_DNNL_LIBRARY} OpenMP::OpenMP_CXX)
+    target_compile_definitions(kilter::blas INTERFACE KILTER_WITH_ONEDNN=1)
+    set(KILTER_CPU_GEMM "oneDNN ${_dnnl_version} (fp32 + bf16, OpenMP threads)")
+  elseif(ENABLE_ONEDNN STREQUAL "ON")
+    message(FATAL_ERROR "ENABLE_ONEDNN=ON but oneDNN (oneapi/dnnl/dnnl.h, libdnnl) or OpenMP was not found "
+                        "(apt-get install libdnnl-dev, or scripts/install-deps.sh)")
+  endif()
+endif()
+if(KILTER_CPU_GEMM STREQUAL "")
+  # OpenBLAS: prefer the pthreads build (openblas_set_num_threads works); BLA_VENDOR pins it.
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS REQUIRED)
+  find_path(KILTER_CBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread
+            /usr/include/openblas /usr/include/x86_64-linux-gnu /usr/include)
+  add_library(kilter::blas INTERFACE IMPORTED)
+  target_link_libraries(kilter::blas INTERFACE ${BLAS_LIBRARIES})
+  target_include_directories(kilter::blas INTERFACE ${KILTER_CBLAS_INCLUDE})
+  set(KILTER_CPU_GEMM "OpenBLAS (fp32 only; oneDNN not found: apt-get install libdnnl-dev)")
+endif()
+message(STATUS "kilter: CPU GEMM engine: ${KILTER_CPU_GEMM}")
 
 set(KILTER_BACKENDS "cpu mpi")
 set(ENABLE_CUDA AUTO CACHE STRING "Build the CUDA backend (AUTO|ON|OFF)")

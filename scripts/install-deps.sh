@@ -8,7 +8,7 @@ BUILD_PKGS=(build-essential cmake pkg-config git
   openmpi-bin libopenmpi-dev
   libhdf5-dev hdf5-tools
   libboost-program-options-dev
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libgtest-dev googletest
   nlohmann-json3-dev libfmt-dev
   fortunes fortunes-min)

@@ -4,10 +4,9 @@
 // masked out of attention and the loss, so their gradient contribution is exactly zero.
 #include "lib/backend/cpu_model.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "io/error.h"
 #include "lib/model/attention.h"
@@ -15,6 +14,7 @@
 #include "lib/model/encoder.h"
 #include "lib/model/gelu.h"
 #include "lib/model/init.h"
+#include "lib/model/gemm.h"
 #include "lib/model/layernorm.h"
 #include "lib/model/matmul.h"
 #include "lib/optim/adamw.h"
@@ -39,16 +39,20 @@ void grow(std::vector<T>& buffer, size_t size) {
 }
 }  // namespace
 
-void set_blas_threads(int threads) {
-  KILTER_CHECK(threads >= 1, "train.threads must be >= 1, got " << threads);
-  openblas_set_num_threads(threads);
-}
+void set_blas_threads(int threads) { model::set_gemm_threads(threads); }
 
-int blas_threads() { return openblas_get_num_threads(); }
+int blas_threads() { return model::gemm_threads(); }
 
-CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple)
+CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple, const std::string& precision)
     : cfg_(cfg), layout_(model::ParamLayout::build(cfg, pad_multiple)) {
+  KILTER_CHECK(precision == "fp32" || precision == "bf16",
+               "train.precision=" << precision << " is not supported by the cpu backend (fp32 | bf16)");
+  bf16_ = precision == "bf16";
+  KILTER_CHECK(!bf16_ || model::gemm_has_bf16(),
+               "train.precision=bf16 needs bf16 GEMM instructions (AVX512_BF16 or AMX) on the cpu backend; this CPU "
+               "and build give " << model::gemm_engine() << " (use train.precision=fp32)");
   params_.assign(layout_.padded_size, 0.0f);
+  if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
   grads_.assign(layout_.padded_size, 0.0f);
   adam_m_.assign(layout_.num_params, 0.0f);
   adam_v_.assign(layout_.num_params, 0.0f);
@@ -56,6 +60,15 @@ CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple)
   const size_t C = cfg_.n_embd;
   // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics.
   floats_per_token_block_ = C + 3 * C + C + C + C + 4 * C + 4 * C + C + 4;
+}
+
+std::string CpuModel::describe() const {
+  return "cpu (" + model::gemm_engine() + ", " + (bf16_ ? "bf16 GEMM inputs, fp32 accumulation and weights" : "fp32") +
+         ", " + std::to_string(model::gemm_threads()) + " threads)";
+}
+
+void CpuModel::refresh_bf16_params() {
+  if (bf16_) model::to_bf16(params_bf16_.data(), params_.data(), params_.size());
 }
 
 CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
@@ -116,11 +129,15 @@ void CpuModel::reserve(int max_B, int max_T) {
 void CpuModel::init_params(uint64_t seed) {
   std::fill(params_.begin(), params_.end(), 0.0f);
   model::init_gpt2_params(params_.data(), layout_, cfg_, seed);
+  refresh_bf16_params();
   std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
   std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
 }
 
-void CpuModel::set_params(const float* host) { std::memcpy(params_.data(), host, sizeof(float) * layout_.num_params); }
+void CpuModel::set_params(const float* host) {
+  std::memcpy(params_.data(), host, sizeof(float) * layout_.num_params);
+  refresh_bf16_params();
+}
 void CpuModel::get_params(float* host) const { std::memcpy(host, params_.data(), sizeof(float) * layout_.num_params); }
 
 void CpuModel::get_optimizer_state(float* m, float* v) const {
@@ -133,6 +150,11 @@ void CpuModel::set_optimizer_state(const float* m, const float* v) {
   std::memcpy(adam_v_.data(), v, sizeof(float) * layout_.num_params);
 }
 
+
+std::optional<model::Bf16MatmulScope> CpuModel::gemm_precision_scope() const {
+  if (!bf16_) return std::nullopt;
+  return std::make_optional<model::Bf16MatmulScope>(params_.data(), params_bf16_.data(), params_.size());
+}
 
 void CpuModel::forward(const Batch& batch) {
   model::validate_batch(batch, cfg_);
@@ -174,6 +196,7 @@ int64_t CpuModel::gather_target_rows(const Batch& batch) {
 }
 
 double CpuModel::forward_loss(const Batch& batch) {
+  const auto precision = gemm_precision_scope();
   forward(batch);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t num_targets = gather_target_rows(batch);
@@ -188,6 +211,7 @@ double CpuModel::forward_loss(const Batch& batch) {
 }
 
 double CpuModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
+  const auto precision = gemm_precision_scope();
   forward(batch);
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
   // chunk, so it is counted with backward.
@@ -279,6 +303,7 @@ void CpuModel::adamw_step(const model::AdamWParams& p) {
     optim::adamw_update(params_.data() + tensor.offset, grads_.data() + tensor.offset, adam_m_.data() + tensor.offset,
                         adam_v_.data() + tensor.offset, tensor.size, p.lr, p.beta1, p.beta2, p.eps,
                         tensor.decay ? p.weight_decay : 0.0f, p.grad_scale, p.t);
+    if (bf16_) model::to_bf16(params_bf16_.data() + tensor.offset, params_.data() + tensor.offset, tensor.size);
   }
 }
 

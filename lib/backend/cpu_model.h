@@ -1,26 +1,34 @@
 // The CPU backend of the GPT-2 model: the oracle every other backend is checked against.
 // Parameters, gradients, AdamW moments and activations live in host memory; GEMMs run on
-// OpenBLAS. Activations are allocated for the largest micro-batch seen and reused.
+// oneDNN (lib/model/gemm.h). Activations are allocated for the largest micro-batch seen and reused.
+// precision "bf16": the Linear layers' GEMMs take bf16 inputs (a bf16 copy of the weights made
+// after init/set_params/adamw_step, activations rounded per GEMM) and accumulate in fp32; master
+// weights, AdamW moments, gradients and every other op stay fp32. It needs bf16 instructions
+// (AVX512_BF16 or AMX); elsewhere the constructor throws, naming train.precision.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lib/model/block_tensors.h"
+#include "lib/model/gemm.h"
+#include "lib/model/matmul.h"
 #include "lib/model/model.h"
 
 namespace kilter::backend {
 
-// BLAS threads of this process (openblas_set_num_threads); the trainer passes train.threads.
+// GEMM threads of this process (model::set_gemm_threads); the trainer passes train.threads.
 void set_blas_threads(int threads);
 int blas_threads();
 
 class CpuModel final : public model::Model {
  public:
-  CpuModel(const model::GPTConfig& cfg, size_t pad_multiple);
+  CpuModel(const model::GPTConfig& cfg, size_t pad_multiple, const std::string& precision = "fp32");
 
   std::string backend_name() const override { return "cpu"; }
+  std::string describe() const override;
   const model::GPTConfig& config() const override { return cfg_; }
   const model::ParamLayout& layout() const override { return layout_; }
 
@@ -47,6 +55,9 @@ class CpuModel final : public model::Model {
   BlockTensors block_tensors(float* base, int layer) const;
   BlockActivations block_activations(int layer, int B, int T);
   void forward(const model::Batch& batch);  // fills the activations up to ln_f
+  // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32).
+  std::optional<model::Bf16MatmulScope> gemm_precision_scope() const;
+  void refresh_bf16_params();  // params_bf16_ = bf16(params_)
   // Gathers the rows with a target; returns their count.
   int64_t gather_target_rows(const model::Batch& batch);
 
@@ -54,6 +65,9 @@ class CpuModel final : public model::Model {
   model::ParamLayout layout_;
   std::vector<float> params_, grads_, adam_m_, adam_v_;
   model::LayoutOffsets offsets_;
+  // precision=bf16: the bf16 copy of params_ the GEMMs read (empty in fp32).
+  bool bf16_ = false;
+  std::vector<model::bf16> params_bf16_;
 
   // Activations: sized for capacity_tokens_ (B*T) and capacity_att_ (B*NH*T*T).
   size_t capacity_tokens_ = 0, capacity_att_ = 0;

@@ -15,14 +15,11 @@ namespace kilter::model {
 std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg, size_t pad_multiple,
                                   const BackendOptions& options) {
   if (backend == "cpu") {
-    KILTER_CHECK(options.precision == "fp32", "train.precision=" << options.precision
-                                                                << " is not supported by the cpu backend (use fp32; bf16 "
-                                                                   "needs train.backend=cuda)");
     KILTER_CHECK(options.attention == "auto", "train.attention=" << options.attention
                                                                 << " needs train.backend=cuda (the cpu backend has one "
                                                                    "attention; use auto)");
     KILTER_CHECK(!options.cuda_graphs, "train.cuda_graphs=true needs train.backend=cuda");
-    return std::make_unique<backend::CpuModel>(cfg, pad_multiple);
+    return std::make_unique<backend::CpuModel>(cfg, pad_multiple, options.precision);  // checks the precision
   }
   if (backend == "cuda") {
 #ifdef KILTER_WITH_CUDA

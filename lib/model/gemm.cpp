@@ -1,29 +1,185 @@
-// sgemm wrapper and its optional profile (see gemm.h).
+// GEMM engine wrapper and its optional profile (see gemm.h). With oneDNN, fp32 GEMMs go through
+// dnnl_sgemm (measured as fast as a cached matmul primitive on kilter's shapes and stateless) and
+// bf16 GEMMs through matmul primitives, created once per shape/stride/transposition/scale and
+// cached per thread. Both are deterministic for a fixed thread count.
 #include "lib/model/gemm.h"
 
-#include <cblas.h>
-
 #include <chrono>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "io/error.h"
+#include "lib/model/vecmath.h"
+
+#ifdef KILTER_WITH_ONEDNN
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#else
+#include <cblas.h>
+#endif
 
 namespace kilter::model {
 namespace {
+
 bool profile_on = false;
 GemmProfile profile;
+
+// Adds one call to the profile when it is on; `run` does the GEMM.
+template <typename Run>
+void profiled(int M, int N, int K, Run&& run) {
+  if (!profile_on) {
+    run();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  profile.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  profile.flops += 2.0 * M * N * K;
+  profile.calls += 1;
+}
+
+#ifdef KILTER_WITH_ONEDNN
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// One bf16 matmul problem: shapes, strides, transpositions and the scalars baked into the primitive.
+using Bf16Key = std::tuple<bool, bool, int, int, int, int, int, int, float, float>;
+
+struct Bf16Primitive {
+  dnnl::matmul matmul;
+  dnnl::memory::desc a, b, c;
+};
+
+Bf16Primitive make_bf16_primitive(const Bf16Key& key) {
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  using dims = dnnl::memory::dims;
+  using dt = dnnl::memory::data_type;
+  // Row-major op(A) (M,K): A stored (M,K) with row stride lda, or (K,M) transposed.
+  const dnnl::memory::desc a({M, K}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc b({K, N}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  return Bf16Primitive{dnnl::matmul(pd), a, b, c};
+}
+
+// Per thread: a packed-batch run sees a handful of token counts per step, so the cache stays
+// small; it is cleared if a long run ever accumulates many shapes.
+constexpr size_t kMaxCachedPrimitives = 512;
+#endif
+
 }  // namespace
 
 void sgemm_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) {
-  const CBLAS_TRANSPOSE op_a = transpose_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE op_b = transpose_b ? CblasTrans : CblasNoTrans;
-  if (!profile_on) {
-    cblas_sgemm(CblasRowMajor, op_a, op_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
+  profiled(M, N, K, [&] {
+#ifdef KILTER_WITH_ONEDNN
+    // oneDNN's sgemm takes row-major matrices (since v1.0).
+    const dnnl_status_t status = dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K, alpha, A, lda,
+                                            B, ldb, beta, C, ldc);
+    KILTER_CHECK(status == dnnl_success, "oneDNN sgemm failed (status " << static_cast<int>(status) << ") on "
+                                             << M << "x" << N << "x" << K);
+#else
+    cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+  });
+}
+
+void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const bf16* A,
+                        int lda, const bf16* B, int ldb, float beta, float* C, int ldc) {
+#ifdef KILTER_WITH_ONEDNN
+  thread_local std::map<Bf16Key, Bf16Primitive> cache;
+  thread_local dnnl::stream stream(cpu_engine());
+  const Bf16Key key{transpose_a, transpose_b, M, N, K, lda, ldb, ldc, alpha, beta};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxCachedPrimitives) cache.clear();
+    it = cache.emplace(key, make_bf16_primitive(key)).first;
   }
-  const auto start = std::chrono::steady_clock::now();
-  cblas_sgemm(CblasRowMajor, op_a, op_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  profile.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  profile.flops += 2.0 * M * N * K;
-  profile.calls += 1;
+  const Bf16Primitive& p = it->second;
+  dnnl::engine& engine = cpu_engine();
+  dnnl::memory a(p.a, engine, const_cast<bf16*>(A));
+  dnnl::memory b(p.b, engine, const_cast<bf16*>(B));
+  dnnl::memory c(p.c, engine, C);
+  profiled(M, N, K, [&] {
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  });
+#else
+  (void)transpose_a, (void)transpose_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B,
+      (void)ldb, (void)beta, (void)C, (void)ldc;
+  KILTER_FAIL("bf16 GEMMs need oneDNN; this kilter was built with " << gemm_engine()
+                                                                    << " (install libdnnl-dev and rebuild)");
+#endif
+}
+
+KILTER_SIMD_CLONES
+void to_bf16(bf16* out, const float* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, sizeof u);
+    const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    out[i] = static_cast<bf16>(nan ? (u >> 16) | 0x40u : rounded >> 16);
+  }
+}
+
+bool gemm_has_bf16() {
+#ifdef KILTER_WITH_ONEDNN
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned bf16_isa = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  return (isa & bf16_isa) == bf16_isa;
+#else
+  return false;
+#endif
+}
+
+std::string gemm_engine() {
+#ifdef KILTER_WITH_ONEDNN
+  const dnnl_version_t* v = dnnl_version();
+  std::string isa;
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
+    case dnnl_cpu_isa_avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
+    default: isa = "isa " + std::to_string(static_cast<int>(dnnl_get_effective_cpu_isa())); break;
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) + " " +
+         isa;
+#else
+  return "OpenBLAS";
+#endif
+}
+
+void set_gemm_threads(int threads) {
+  KILTER_CHECK(threads >= 1, "train.threads must be >= 1, got " << threads);
+#ifdef KILTER_WITH_ONEDNN
+  omp_set_num_threads(threads);
+#else
+  openblas_set_num_threads(threads);
+#endif
+}
+
+int gemm_threads() {
+#ifdef KILTER_WITH_ONEDNN
+  return omp_get_max_threads();
+#else
+  return openblas_get_num_threads();
+#endif
 }
 
 void gemm_profile_enable(bool on) { profile_on = on; }

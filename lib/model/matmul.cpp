@@ -1,15 +1,45 @@
-// Linear layer forward/backward on OpenBLAS sgemm (shapes in matmul.h). All matrices are
-// row-major; the weight's [out, in] layout means the forward multiplies by its transpose.
+// Linear layer forward/backward on gemm.h (shapes in matmul.h): fp32 sgemm, or bf16 inputs with
+// fp32 accumulation under a Bf16MatmulScope. All matrices are row-major; the weight's [out, in]
+// layout means the forward multiplies by its transpose.
 #include "lib/model/matmul.h"
 
 #include <cstddef>
 #include <cstring>
+#include <vector>
 
 #include "lib/model/gemm.h"
 #include "lib/model/vecmath.h"
 
 namespace kilter::model {
 namespace {
+
+// The calling thread's bf16 mode (Bf16MatmulScope).
+struct Bf16State {
+  bool on = false;
+  const float* weights = nullptr;
+  const bf16* shadow = nullptr;
+  size_t count = 0;
+};
+thread_local Bf16State bf16_state;
+
+// Per-thread bf16 staging buffers, grown to the largest operand seen.
+struct Bf16Scratch {
+  std::vector<bf16> a, b, w;
+};
+thread_local Bf16Scratch scratch;
+
+const bf16* rounded(std::vector<bf16>& buffer, const float* x, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  to_bf16(buffer.data(), x, n);
+  return buffer.data();
+}
+
+// The bf16 copy of weight (rows x cols): the scope's shadow when the weight lies in its range.
+const bf16* bf16_weight(const float* weight, size_t n) {
+  const Bf16State& s = bf16_state;
+  if (weight >= s.weights && weight + n <= s.weights + s.count) return s.shadow + (weight - s.weights);
+  return rounded(scratch.w, weight, n);
+}
 
 KILTER_SIMD_CLONES
 void fill_rows_with_bias(float* out, const float* bias, int N, int OC) {
@@ -36,11 +66,31 @@ void column_sums_accumulate(float* dbias, const float* dout, int N, int OC) {
   }
 }
 
+// out (N,OC) = inp (N,C) @ weight^T + beta * out.
+void linear_gemm(float* out, float beta, const float* inp, const float* weight, int N, int C, int OC) {
+  if (bf16_state.on) {
+    const bf16* a = rounded(scratch.a, inp, static_cast<size_t>(N) * C);
+    const bf16* w = bf16_weight(weight, static_cast<size_t>(OC) * C);
+    gemm_bf16_rowmajor(false, true, N, OC, C, 1.0f, a, C, w, C, beta, out, OC);
+    return;
+  }
+  sgemm_rowmajor(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
 void matmul_backward_impl(float* dinp, float dinp_beta, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, int N, int C, int OC) {
+  if (bf16_state.on) {
+    const bf16* d = rounded(scratch.a, dout, static_cast<size_t>(N) * OC);
+    if (dinp)
+      gemm_bf16_rowmajor(false, false, N, C, OC, 1.0f, d, OC, bf16_weight(weight, static_cast<size_t>(OC) * C), C,
+                         dinp_beta, dinp, C);
+    const bf16* x = rounded(scratch.b, inp, static_cast<size_t>(N) * C);
+    gemm_bf16_rowmajor(true, false, OC, C, N, 1.0f, d, OC, x, C, 1.0f, dweight, C);
+    if (dbias) column_sums_accumulate(dbias, dout, N, OC);
+    return;
+  }
   if (dinp)  // dinp (N,C) (+)= dout (N,OC) @ weight (OC,C)
-    sgemm_rowmajor(false, false, N, C, OC, 1.0f, dout, OC, weight, C, dinp_beta,
-                dinp, C);
+    sgemm_rowmajor(false, false, N, C, OC, 1.0f, dout, OC, weight, C, dinp_beta, dinp, C);
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
   sgemm_rowmajor(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias) column_sums_accumulate(dbias, dout, N, OC);
@@ -54,13 +104,13 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     fill_rows_with_bias(out, bias, N, OC);
     beta = 1.0f;
   }
-  sgemm_rowmajor(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+  linear_gemm(out, beta, inp, weight, N, C, OC);
 }
 
 void matmul_forward_residual(float* out, const float* residual, const float* inp, const float* weight,
                              const float* bias, int N, int C, int OC) {
   if (out != residual || bias) add_rows(out, residual, bias, N, OC);
-  sgemm_rowmajor(false, true, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+  linear_gemm(out, 1.0f, inp, weight, N, C, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -72,5 +122,15 @@ void matmul_backward_overwrite_dinp(float* dinp, float* dweight, float* dbias, c
                                     const float* inp, const float* weight, int N, int C, int OC) {
   matmul_backward_impl(dinp, 0.0f, dweight, dbias, dout, inp, weight, N, C, OC);
 }
+
+Bf16MatmulScope::Bf16MatmulScope(const float* weights, const bf16* shadow, size_t count)
+    : prev_on_(bf16_state.on),
+      prev_weights_(bf16_state.weights),
+      prev_shadow_(bf16_state.shadow),
+      prev_count_(bf16_state.count) {
+  bf16_state = Bf16State{true, weights, shadow, count};
+}
+
+Bf16MatmulScope::~Bf16MatmulScope() { bf16_state = Bf16State{prev_on_, prev_weights_, prev_shadow_, prev_count_}; }
 
 }  // namespace kilter::model

@@ -1,5 +1,9 @@
-// Linear layer as in torch.nn.Linear: weights are [out, in]. GEMMs go through OpenBLAS sgemm.
+// Linear layer as in torch.nn.Linear: weights are [out, in]. GEMMs go through gemm.h (oneDNN),
+// in fp32, or with bf16 inputs and fp32 accumulation while a Bf16MatmulScope is alive.
 #pragma once
+#include <cstddef>
+
+#include "lib/model/gemm.h"
 
 namespace kilter::model {
 
@@ -20,5 +24,24 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // accumulate into once); dinp may be null when the input needs no gradient.
 void matmul_backward_overwrite_dinp(float* dinp, float* dweight, float* dbias, const float* dout,
                                     const float* inp, const float* weight, int N, int C, int OC);
+
+// train.precision=bf16 on the CPU: while alive, the matmul_* calls of THIS thread multiply bf16
+// inputs with fp32 accumulation; outputs and gradients stay fp32 (as torch autocast does).
+// Activations and output gradients are rounded to bf16 per call. Weights inside
+// [weights, weights + count) are read from `shadow`, their bf16 copy, which the owner refreshes
+// after each optimizer step (to_bf16); any other weight is rounded per call. Scopes nest.
+class Bf16MatmulScope {
+ public:
+  Bf16MatmulScope(const float* weights, const bf16* shadow, size_t count);
+  ~Bf16MatmulScope();
+  Bf16MatmulScope(const Bf16MatmulScope&) = delete;
+  Bf16MatmulScope& operator=(const Bf16MatmulScope&) = delete;
+
+ private:
+  bool prev_on_;
+  const float* prev_weights_;
+  const bf16* prev_shadow_;
+  size_t prev_count_;
+};
 
 }  // namespace kilter::model

@@ -14,8 +14,6 @@
 #include <memory>
 #include <sstream>
 
-#include <cblas.h>
-
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/reader.h"
@@ -24,6 +22,7 @@
 #include "lib/balance/plan_config.h"
 #include "lib/comm/communicator.h"
 #include "lib/diag/diagnostics.h"
+#include "lib/model/gemm.h"
 #include "lib/model/model.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/checkpointer.h"
@@ -184,7 +183,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   // ---- topology and the checks that must agree across ranks ---------------------------------
   comm::Topology topo = comm::make_topology(world, cfg.comm.ranks_per_node);
   check_consistent_across_ranks(world, cfg.hash(), KILTER_VERSION, cfg.to_ini());
-  openblas_set_num_threads(cfg.train.threads);
+  model::set_gemm_threads(cfg.train.threads);  // oneDNN (OpenMP) threads of this rank
 
   const std::string run_dir = resolve_run_dir(cfg, opts);
   cfg.output.dir = run_dir;

@@ -52,6 +52,10 @@ for run in ["p2", "p4", "p4h", "p4f"]:
     for k in ref_p:
         d = np.max(np.abs(p[k] - ref_p[k]))
         scale = max(1e-3, np.max(np.abs(ref_p[k])))
-        assert d / scale < 1e-4, f"{run}: {k} differs by {d} (scale {scale})"
+        # The key third of c_attn.bias has an exactly zero gradient (softmax ignores a constant
+        # added to a row of scores): AdamW moves it on rounding noise, which the reduction order
+        # changes, so it gets a looser bound than the weights with real gradients.
+        tol = 1e-3 if k.endswith("attn.c_attn.bias") else 1e-4
+        assert d / scale < tol, f"{run}: {k} differs by {d} (scale {scale})"
 print("invariance: 1 passed, 0 failed")
 PY
