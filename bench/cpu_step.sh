@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# CPU training-step benchmark (issue 2): kilter's CPU step next to the same model in PyTorch CPU,
-# same machine, same run, same threads. For each configuration and thread count it runs
-# kilter_bench_step and bench/torch_step.py alternately REPEATS times and prints tokens/s of each
-# (best of the repeats' median steps), the ratio of the bests, the ratio of each back-to-back
-# pair (the spread shows how much a busy machine moved the figures), and kilter's in-step GEMM
-# rate next to a plain SGEMM rate measured in the same process.
+# CPU training-step benchmark (issues 2, 16): kilter's CPU step in fp32 and bf16 next to the same
+# model in PyTorch CPU fp32 and with torch.cpu.amp.autocast(bfloat16), same machine, same run, same
+# threads. For each configuration and thread count it runs the four alternately REPEATS times and
+# prints tokens/s of each (best of the repeats' median steps), the kilter/torch ratio per precision
+# (issue-16 target for bf16: >= 1.5x), and kilter's in-step GEMM rate next to the rate of the same
+# GEMM shapes run standalone in the same process (target: >= 75%).
 #
 # usage: bench/cpu_step.sh [BUILD_DIR]          (default: build; needs target kilter_bench_step)
-# env:   THREADS="1"       thread counts to run (e.g. "1 2"); OpenBLAS and torch get the same
+# env:   THREADS="1"       thread counts to run (e.g. "1 2"); oneDNN and torch get the same
 #        CONFIGS="small gpt2-124m"
 #        REPEATS=2 STEPS=3  GPT2_ROWS=1 (rows of T=1024 for the 124M shape)
 #        PYTHON=/usr/bin/python3
@@ -32,31 +32,53 @@ shape_args() {
   esac
 }
 
-json_field() { "$python" -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
-
+results=$(mktemp /tmp/kilter-cpu-step.XXXXXX)
+trap 'rm -f "$results"' EXIT
 echo "# cpu_step: $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-printf "%-10s %7s %12s %12s %7s %11s %11s %8s  %s\n" config threads kilter_tok/s torch_tok/s ratio gemm_GF/s plain_GF/s gemm_frac pair_ratios
 status=0
 for config in $configs; do
   args=$(shape_args "$config")
   for threads in $threads_list; do
-    best_k=0 best_t=0 gemm=0 plain=0 frac=0 pairs=""
     for ((r = 0; r < repeats; ++r)); do
-      k=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "$bench" $args --threads="$threads" --steps="$steps") || status=1
-      t=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "$python" "$here/torch_step.py" $args --threads="$threads" --steps="$steps") || status=1
-      echo "$k" >&2
-      echo "$t" >&2
-      [[ $(json_field "$k" check) == ok && $(json_field "$t" check) == ok ]] || { echo "cpu_step: result check failed" >&2; status=1; }
-      kt=$(json_field "$k" tokens_per_s)
-      tt=$(json_field "$t" tokens_per_s)
-      pairs="$pairs $("$python" -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$kt" "$tt")"
-      if "$python" -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" "$kt" "$best_k"; then
-        best_k=$kt gemm=$(json_field "$k" gemm_gflops) plain=$(json_field "$k" plain_sgemm_gflops) frac=$(json_field "$k" gemm_fraction_of_step)
-      fi
-      "$python" -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" "$tt" "$best_t" && best_t=$tt
+      for precision in fp32 bf16; do
+        for impl in kilter torch; do
+          if [[ $impl == kilter ]]; then
+            line=$(OMP_NUM_THREADS=$threads "$bench" $args --threads="$threads" --steps="$steps" --precision=$precision) || status=1
+          else
+            line=$(OMP_NUM_THREADS=$threads "$python" "$here/torch_step.py" $args --threads="$threads" --steps="$steps" \
+                     --precision=$precision) || status=1
+          fi
+          echo "$line" >&2
+          echo "$config $threads $impl $precision $line" >> "$results"
+        done
+      done
     done
-    ratio=$("$python" -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$best_k" "$best_t")
-    printf "%-10s %7s %12s %12s %7s %11s %11s %8s %s\n" "$config" "$threads" "$best_k" "$best_t" "$ratio" "$gemm" "$plain" "$frac" "$pairs"
   done
 done
+"$python" - "$results" <<'PY' || status=1
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    config, threads, impl, precision, js = line.split(" ", 4)
+    r = json.loads(js)
+    if r["check"] != "ok":
+        print(f"cpu_step: result check failed: {line.strip()}", file=sys.stderr)
+        sys.exit(1)
+    key = (config, threads, impl, precision)
+    if key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]:
+        best[key] = r
+print(f"{'config':10s} {'thr':>3s} {'kilter fp32':>11s} {'torch fp32':>10s} {'ratio':>6s} {'kilter bf16':>11s} "
+      f"{'torch bf16':>10s} {'ratio':>6s}  {'GEMM GF/s in step / standalone (fraction)':s}")
+for (config, threads) in dict.fromkeys((k[0], k[1]) for k in best):
+    g = lambda impl, p: best[(config, threads, impl, p)]
+    kf, tf, kb, tb = g("kilter", "fp32"), g("torch", "fp32"), g("kilter", "bf16"), g("torch", "bf16")
+    gemm = "  ".join(f"{p} {r['gemm_gflops']:.0f}/{r['standalone_gflops']:.0f} ({r['gemm_vs_standalone']:.2f})"
+                     for p, r in (("fp32", kf), ("bf16", kb)))
+    print(f"{config:10s} {threads:>3s} {kf['tokens_per_s']:11.0f} {tf['tokens_per_s']:10.0f} "
+          f"{kf['tokens_per_s'] / tf['tokens_per_s']:5.2f}x {kb['tokens_per_s']:11.0f} {tb['tokens_per_s']:10.0f} "
+          f"{kb['tokens_per_s'] / tb['tokens_per_s']:5.2f}x  {gemm}")
+engine = next(r["engine"] for k, r in best.items() if k[2] == "kilter")
+print(f"(tokens/s: best of the repeats' median steps; kilter GEMMs: {engine}; GEMM share of kilter's step: "
+      + ", ".join(f"{k[0]} {k[3]} {r['gemm_fraction_of_step']:.2f}" for k, r in best.items() if k[2] == "kilter") + ")")
+PY
 exit $status

@@ -1,6 +1,8 @@
 """PyTorch DDP peer of `kilter train` for bench/train_vs_torch.sh: the same GPT-2 shape, the same
 tokens per step (micro-batches of B x T, gradient accumulation with no_sync), gloo backend, one
-process per rank with one thread each. Prints one JSON line with tokens/s measured after warmup."""
+process per rank with one thread each. --precision bf16 runs forward and loss under
+torch.cpu.amp.autocast(dtype=torch.bfloat16) (fp32 weights, gradients and AdamW). Prints one JSON
+line with tokens/s measured after warmup."""
 import argparse, json, math, os, time
 
 import torch
@@ -66,14 +68,18 @@ def worker(rank, a):
             x, y = data[m, :, :-1], data[m, :, 1:]
             ctx = model.no_sync() if m + 1 < micro else torch.enable_grad()
             with ctx:
-                loss = model(x, y) / tokens_per_step
+                if a.precision == "bf16":
+                    with torch.cpu.amp.autocast(dtype=torch.bfloat16):
+                        loss = model(x, y).float() / tokens_per_step
+                else:
+                    loss = model(x, y) / tokens_per_step
                 loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
-        print(json.dumps({"peer": "torch_ddp_gloo", "ranks": a.ranks, "threads": a.threads,
+        print(json.dumps({"peer": "torch_ddp_gloo", "precision": a.precision, "ranks": a.ranks, "threads": a.threads,
                           "tokens_per_second": a.steps * tokens_per_step / dt, "micro_batches_per_rank": micro}))
     dist.destroy_process_group()
 
@@ -81,7 +87,7 @@ def worker(rank, a):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     for k, v in dict(ranks=2, threads=1, n_layer=4, n_head=4, n_embd=256, block_size=256, vocab=8192,
-                     batch=8, tokens_per_step=16384, steps=5, warmup=2, port=29531).items():
+                     batch=8, tokens_per_step=16384, steps=5, warmup=2, port=29531, precision="fp32").items():
         p.add_argument(f"--{k}", type=type(v), default=v)
     a = p.parse_args()
     mp.spawn(worker, args=(a,), nprocs=a.ranks, join=True)

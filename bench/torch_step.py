@@ -1,6 +1,8 @@
 """The PyTorch CPU baseline for bench/cpu_step.sh: the same GPT-2 (tests/python/gpt2_torch.py),
 the same batch shape and the same step (zero grads, forward, backward of the token-mean loss,
-AdamW), timed with torch.set_num_threads(--threads). Prints one JSON object; tokens/s come from
+AdamW), timed with torch.set_num_threads(--threads). --precision=bf16 runs forward and loss under
+torch.cpu.amp.autocast(dtype=torch.bfloat16) (bf16 matmuls on oneDNN, fp32 weights and AdamW), the
+mixed precision a PyTorch CPU user would pick. Prints one JSON object; tokens/s come from
 the median step. It checks what it times: the first loss must be about ln(vocab) and the loss
 must fall on the repeated batch.
 """
@@ -28,6 +30,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
@@ -49,7 +52,11 @@ def main():
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, targets) / n_targets
+        if a.precision == "bf16":
+            with torch.cpu.amp.autocast(dtype=torch.bfloat16):
+                loss = model(idx, targets).float() / n_targets
+        else:
+            loss = model(idx, targets) / n_targets
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0
@@ -59,7 +66,8 @@ def main():
     times.sort()
     median = times[len(times) // 2]
     ok = abs(losses[0] - math.log(a.vocab)) < 0.5 and losses[-1] < losses[0]
-    print(json.dumps({"impl": "torch", "torch_version": torch.__version__, "threads": a.threads,
+    print(json.dumps({"impl": "torch", "torch_version": torch.__version__, "precision": a.precision,
+                      "threads": a.threads,
                       "n_layer": a.layers, "n_embd": a.embd, "n_head": a.heads, "vocab": a.vocab,
                       "B": a.B, "T": a.T, "steps": a.steps, "tokens_per_s": round(a.B * a.T / median, 1),
                       "median_step_s": round(median, 4), "first_loss": round(losses[0], 4),

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # kilter train on 2 CPU ranks vs PyTorch DDP (gloo, 2 processes, 1 thread each) on the same small
 # GPT (4 layers, 256 wide, 4 heads, vocab 8192, micro-batches of 8 x 256, 16384 tokens per step),
-# in one run, printing both tokens/s and the ratio. Documents are exactly 256 tokens so neither
-# side pads. Usage: bench/train_vs_torch.sh [build-dir]   (STEPS=10 RANKS=2)
+# in one run, in fp32 and in bf16 (kilter train.precision=bf16; torch.cpu.amp.autocast(bfloat16)),
+# printing tokens/s of each and the ratios against the issue-16 targets (fp32 >= 2.5x, bf16 >= 1.5x).
+# Documents are exactly 256 tokens so neither side pads. The first 2 steps are left out on both
+# sides. Usage: bench/train_vs_torch.sh [build-dir]   (STEPS=10 RANKS=2 PRECISIONS="fp32 bf16")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -10,27 +12,35 @@ KILTER=$(readlink -f "$BUILD/kilter")
 PY=/usr/bin/python3
 RANKS=${RANKS:-2}
 STEPS=${STEPS:-10}
+PRECISIONS=${PRECISIONS:-fp32 bf16}
 WORK=$(mktemp -d /tmp/kilter-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-export OPENBLAS_NUM_THREADS=1
 
+echo "# train_vs_torch: $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $RANKS ranks x 1 thread, $STEPS steps"
 "$KILTER" prep synth --docs 4000 --lengths uniform:256,256 --vocab 8192 --shards 2 --seed 1 --out "$WORK/data" >/dev/null
-mpirun --allow-run-as-root --oversubscribe --bind-to core -np "$RANKS" "$KILTER" train --config inputs/small.ini \
-  --data.dir="$WORK/data" --train.steps="$STEPS" --train.warmup=2 --output.dir="$WORK/run" \
-  --output.log_every=5 --json > "$WORK/kilter.out" 2> "$WORK/kilter.err" || { cat "$WORK/kilter.err"; exit 1; }
-# Steady state on both sides: the first WARMUP steps are left out, as the torch peer does.
-K=$("$PY" - "$WORK/run/metrics/rank-00000.csv" <<'PY'
+results=()
+for precision in $PRECISIONS; do
+  mpirun --allow-run-as-root --oversubscribe --bind-to core -np "$RANKS" "$KILTER" train --config inputs/small.ini \
+    --data.dir="$WORK/data" --train.steps="$STEPS" --train.warmup=2 --train.precision="$precision" \
+    --output.dir="$WORK/run-$precision" --output.log_every=5 --json > "$WORK/kilter-$precision.out" \
+    2> "$WORK/kilter-$precision.err" || { cat "$WORK/kilter-$precision.err"; exit 1; }
+  k=$("$PY" - "$WORK/run-$precision/metrics/rank-00000.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))[2:]
 print(sum(float(r["tokens"]) for r in rows) / sum(float(r["step_total"]) for r in rows))
 PY
 )
-T=$("$PY" bench/torch_ddp_gpt.py --ranks "$RANKS" --threads 1 --steps "$((STEPS - 2))" --warmup 2 | tail -1 | "$PY" -c "import json,sys;print(json.load(sys.stdin)['tokens_per_second'])")
-"$PY" - "$K" "$T" "$RANKS" <<'PY'
+  t=$("$PY" bench/torch_ddp_gpt.py --ranks "$RANKS" --threads 1 --steps "$((STEPS - 2))" --warmup 2 \
+      --precision "$precision" | tail -1 | "$PY" -c "import json,sys;print(json.load(sys.stdin)['tokens_per_second'])")
+  results+=("$precision" "$k" "$t")
+done
+"$PY" - "$RANKS" "${results[@]}" <<'PY'
 import sys
-k, t, r = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-print(f"{'peer':28s} {'tokens/s':>10s}")
-print(f"{'kilter (' + r + ' MPI ranks)':28s} {k:10.0f}")
-print(f"{'PyTorch DDP gloo (' + r + ' procs)':28s} {t:10.0f}")
-print(f"ratio kilter / PyTorch: {k / t:.2f}x")
+ranks, rest = sys.argv[1], sys.argv[2:]
+target = {"fp32": 2.5, "bf16": 1.5}
+print(f"{'precision':10s} {'kilter tok/s':>13s} {'DDP tok/s':>10s} {'ratio':>7s} {'target':>7s}")
+for i in range(0, len(rest), 3):
+    p, k, t = rest[i], float(rest[i + 1]), float(rest[i + 2])
+    print(f"{p:10s} {k:13.0f} {t:10.0f} {k / t:6.2f}x {target[p]:6.1f}x")
+print(f"(kilter: {ranks} MPI ranks; PyTorch DDP gloo: {ranks} processes; bf16 peer: torch.cpu.amp.autocast)")
 PY

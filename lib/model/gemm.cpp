@@ -28,16 +28,20 @@ GemmProfile profile;
 
 // Adds one call to the profile when it is on; `run` does the GEMM.
 template <typename Run>
-void profiled(int M, int N, int K, Run&& run) {
+void profiled(bool bf16_inputs, bool ta, bool tb, int M, int N, int K, Run&& run) {
   if (!profile_on) {
     run();
     return;
   }
   const auto start = std::chrono::steady_clock::now();
   run();
-  profile.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  profile.seconds += seconds;
   profile.flops += 2.0 * M * N * K;
   profile.calls += 1;
+  auto& shape = profile.shapes[GemmShape{bf16_inputs, ta, tb, M, N, K}];
+  shape.first += 1;
+  shape.second += seconds;
 }
 
 #ifdef KILTER_WITH_ONEDNN
@@ -82,7 +86,7 @@ constexpr size_t kMaxCachedPrimitives = 512;
 
 void sgemm_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) {
-  profiled(M, N, K, [&] {
+  profiled(false, transpose_a, transpose_b, M, N, K, [&] {
 #ifdef KILTER_WITH_ONEDNN
     // oneDNN's sgemm takes row-major matrices (since v1.0).
     const dnnl_status_t status = dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K, alpha, A, lda,
@@ -112,7 +116,7 @@ void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K,
   dnnl::memory a(p.a, engine, const_cast<bf16*>(A));
   dnnl::memory b(p.b, engine, const_cast<bf16*>(B));
   dnnl::memory c(p.c, engine, C);
-  profiled(M, N, K, [&] {
+  profiled(true, transpose_a, transpose_b, M, N, K, [&] {
     p.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
     stream.wait();
   });
@@ -124,8 +128,9 @@ void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K,
 #endif
 }
 
+namespace {
 KILTER_SIMD_CLONES
-void to_bf16(bf16* out, const float* in, size_t n) {
+void round_to_bf16(bf16* out, const float* in, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, in + i, sizeof u);
@@ -133,6 +138,17 @@ void to_bf16(bf16* out, const float* in, size_t n) {
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
     out[i] = static_cast<bf16>(nan ? (u >> 16) | 0x40u : rounded >> 16);
   }
+}
+}  // namespace
+
+void to_bf16(bf16* out, const float* in, size_t n) {
+  if (!profile_on) {
+    round_to_bf16(out, in, n);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  round_to_bf16(out, in, n);
+  profile.convert_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 bool gemm_has_bf16() {

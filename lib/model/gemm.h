@@ -7,7 +7,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 
 namespace kilter::model {
 
@@ -43,10 +45,16 @@ std::string gemm_engine();
 void set_gemm_threads(int threads);
 int gemm_threads();
 
+// One GEMM problem as profiled: (bf16 inputs, transpose A, transpose B, M, N, K).
+using GemmShape = std::tuple<bool, bool, bool, int, int, int>;
+
 struct GemmProfile {
   int64_t calls = 0;
   double flops = 0.0;    // 2*M*N*K per call
   double seconds = 0.0;  // wall time inside the GEMM engine
+  double convert_seconds = 0.0;  // inside to_bf16 (activations per GEMM, weights per step)
+  // Per shape: calls and seconds, so a benchmark can time the same shapes standalone.
+  std::map<GemmShape, std::pair<int64_t, double>> shapes;
 };
 
 // Profiling is off by default (no clock reads). Not thread-safe: for single-threaded callers
