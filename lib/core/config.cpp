@@ -48,7 +48,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.eps", po::value(&t.eps)->default_value(t.eps), "AdamW epsilon")
     ("train.grad_clip", po::value(&t.grad_clip)->default_value(t.grad_clip), "global gradient-norm clip (0: off)")
     ("train.seed", po::value(&t.seed)->default_value(t.seed), "seed of initialization and data order")
-    ("train.precision", po::value(&t.precision)->default_value(t.precision), "fp32 | bf16 (bf16 needs the CUDA backend)")
+    ("train.precision", po::value(&t.precision)->default_value(t.precision), "fp32 | bf16 (bf16 GEMM inputs, fp32 accumulation and weights; on the cpu backend it needs AVX512_BF16 or AMX)")
     ("train.backend", po::value(&t.backend)->default_value(t.backend), "auto | cpu | cuda")
     ("train.attention", po::value(&t.attention)->default_value(t.attention), "CUDA attention engine: auto (cuDNN when usable, else cuBLASLt) | cudnn | cublaslt")
     ("train.cuda_graphs", po::value(&t.cuda_graphs)->default_value(t.cuda_graphs), "replay each micro-batch shape as CUDA graphs (cuda backend, cuBLASLt attention shapes)")
