@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 
 #include "io/error.h"
 #include "lib/model/vecmath.h"
@@ -50,22 +51,24 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// One bf16 matmul problem: shapes, strides, transpositions and the scalars baked into the primitive.
-using Bf16Key = std::tuple<bool, bool, int, int, int, int, int, int, float, float>;
+// One bf16 matmul problem: shapes, strides, transpositions, the scalars baked into the primitive
+// and whether it adds a bias.
+using Bf16Key = std::tuple<bool, bool, int, int, int, int, int, int, float, float, bool>;
 
 struct Bf16Primitive {
   dnnl::matmul matmul;
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, bias;
 };
 
 Bf16Primitive make_bf16_primitive(const Bf16Key& key) {
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, with_bias] = key;
   using dims = dnnl::memory::dims;
   using dt = dnnl::memory::data_type;
   // Row-major op(A) (M,K): A stored (M,K) with row stride lda, or (K,M) transposed.
   const dnnl::memory::desc a({M, K}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
   const dnnl::memory::desc b({K, N}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc c({M, N}, dt::f32, dims{ldc, 1});
+  const dnnl::memory::desc bias = with_bias ? dnnl::memory::desc({1, N}, dt::f32, dims{N, 1}) : dnnl::memory::desc();
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -73,8 +76,9 @@ Bf16Primitive make_bf16_primitive(const Bf16Key& key) {
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  return Bf16Primitive{dnnl::matmul(pd), a, b, c};
+  const dnnl::matmul::desc desc = with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
+  const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+  return Bf16Primitive{dnnl::matmul(pd), a, b, c, bias};
 }
 
 // Per thread: a packed-batch run sees a handful of token counts per step, so the cache stays
@@ -101,11 +105,11 @@ void sgemm_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K, flo
 }
 
 void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const bf16* A,
-                        int lda, const bf16* B, int ldb, float beta, float* C, int ldc) {
+                        int lda, const bf16* B, int ldb, float beta, float* C, int ldc, const float* bias) {
 #ifdef KILTER_WITH_ONEDNN
   thread_local std::map<Bf16Key, Bf16Primitive> cache;
   thread_local dnnl::stream stream(cpu_engine());
-  const Bf16Key key{transpose_a, transpose_b, M, N, K, lda, ldb, ldc, alpha, beta};
+  const Bf16Key key{transpose_a, transpose_b, M, N, K, lda, ldb, ldc, alpha, beta, bias != nullptr};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= kMaxCachedPrimitives) cache.clear();
@@ -116,13 +120,15 @@ void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K,
   dnnl::memory a(p.a, engine, const_cast<bf16*>(A));
   dnnl::memory b(p.b, engine, const_cast<bf16*>(B));
   dnnl::memory c(p.c, engine, C);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, engine, const_cast<float*>(bias)));
   profiled(true, transpose_a, transpose_b, M, N, K, [&] {
-    p.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    p.matmul.execute(stream, args);
     stream.wait();
   });
 #else
   (void)transpose_a, (void)transpose_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B,
-      (void)ldb, (void)beta, (void)C, (void)ldc;
+      (void)ldb, (void)beta, (void)C, (void)ldc, (void)bias;
   KILTER_FAIL("bf16 GEMMs need oneDNN; this kilter was built with " << gemm_engine()
                                                                     << " (install libdnnl-dev and rebuild)");
 #endif

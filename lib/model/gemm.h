@@ -21,10 +21,12 @@ using bf16 = uint16_t;
 void sgemm_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc);
 
-// The same with bf16 A and B, products accumulated in fp32, C fp32. Needs gemm_has_bf16();
-// throws kilter::Error otherwise.
+// The same with bf16 A and B, products accumulated in fp32, C fp32; bias (N floats, may be null)
+// is added to every row of alpha * op(A) @ op(B) before beta * C. Needs gemm_has_bf16(); throws
+// kilter::Error otherwise.
 void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K, float alpha, const bf16* A,
-                        int lda, const bf16* B, int ldb, float beta, float* C, int ldc);
+                        int lda, const bf16* B, int ldb, float beta, float* C, int ldc,
+                        const float* bias = nullptr);
 
 // out[i] = in[i] rounded to the nearest bf16 (ties to even; NaN stays NaN).
 void to_bf16(bf16* out, const float* in, size_t n);

@@ -66,15 +66,12 @@ void column_sums_accumulate(float* dbias, const float* dout, int N, int OC) {
   }
 }
 
-// out (N,OC) = inp (N,C) @ weight^T + beta * out.
-void linear_gemm(float* out, float beta, const float* inp, const float* weight, int N, int C, int OC) {
-  if (bf16_state.on) {
-    const bf16* a = rounded(scratch.a, inp, static_cast<size_t>(N) * C);
-    const bf16* w = bf16_weight(weight, static_cast<size_t>(OC) * C);
-    gemm_bf16_rowmajor(false, true, N, OC, C, 1.0f, a, C, w, C, beta, out, OC);
-    return;
-  }
-  sgemm_rowmajor(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+// bf16 mode: out (N,OC) = inp (N,C) @ weight^T + bias + beta * out, the bias added by the GEMM.
+void linear_gemm_bf16(float* out, float beta, const float* inp, const float* weight, const float* bias, int N, int C,
+                      int OC) {
+  const bf16* a = rounded(scratch.a, inp, static_cast<size_t>(N) * C);
+  const bf16* w = bf16_weight(weight, static_cast<size_t>(OC) * C);
+  gemm_bf16_rowmajor(false, true, N, OC, C, 1.0f, a, C, w, C, beta, out, OC, bias);
 }
 
 void matmul_backward_impl(float* dinp, float dinp_beta, float* dweight, float* dbias, const float* dout,
@@ -99,18 +96,27 @@ void matmul_backward_impl(float* dinp, float dinp_beta, float* dweight, float* d
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  if (bf16_state.on) {
+    linear_gemm_bf16(out, 0.0f, inp, weight, bias, N, C, OC);
+    return;
+  }
   float beta = 0.0f;
   if (bias) {
     fill_rows_with_bias(out, bias, N, OC);
     beta = 1.0f;
   }
-  linear_gemm(out, beta, inp, weight, N, C, OC);
+  sgemm_rowmajor(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 void matmul_forward_residual(float* out, const float* residual, const float* inp, const float* weight,
                              const float* bias, int N, int C, int OC) {
+  if (bf16_state.on) {
+    if (out != residual) add_rows(out, residual, nullptr, N, OC);
+    linear_gemm_bf16(out, 1.0f, inp, weight, bias, N, C, OC);
+    return;
+  }
   if (out != residual || bias) add_rows(out, residual, bias, N, OC);
-  linear_gemm(out, 1.0f, inp, weight, N, C, OC);
+  sgemm_rowmajor(false, true, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -110,6 +110,13 @@ TEST(Bf16, LinearLayerMatchesFp32WithinTolerance) {
     std::optional<kilter::model::Bf16MatmulScope> scope;
     if (bf16_inputs) scope.emplace(weight.data(), shadow.data(), weight.size());
     kilter::model::matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    // The fused residual form equals residual + the plain form in the same precision.
+    const std::vector<float> residual = random_vector(out.size(), 15);
+    std::vector<float> fused(out.size());
+    kilter::model::matmul_forward_residual(fused.data(), residual.data(), inp.data(), weight.data(), bias.data(), N,
+                                           C, OC);
+    for (size_t i = 0; i < out.size(); ++i)
+      EXPECT_NEAR(fused[i], residual[i] + out[i], 1e-5 * (1.0 + std::fabs(residual[i] + out[i]))) << i;
     kilter::model::matmul_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
                                    N, C, OC);
     return std::vector<std::vector<float>>{out, dinp, dweight, dbias};
