@@ -17,7 +17,7 @@ expect_clean() {  # expect_clean WHAT: nothing of vcluster is left
   left=$(vcluster_leftovers)
   [[ -z $left ]] || { echo "$left"; fail "$1: left behind (above)"; }
   vc status | grep -q "^vcluster: down" || fail "$1: vcluster status does not say down"
-  echo "ok: $1: nothing left"
+  echo "ok: $1: nothing left (${SECONDS} s into the test)"
 }
 # A cluster with everything that can be up: nodes, Slurm, an MPI job spanning both nodes.
 # Sourced by child shells; signals "busy" once the MPI job runs.
@@ -27,9 +27,10 @@ vc up --nodes 2 >/dev/null 2>&1
 (( have_slurm )) && { vc slurm up >/dev/null 2>&1 || fail "vcluster slurm up failed"; }
 vc_mpirun -np 4 --npernode 2 sleep 600 >/dev/null 2>&1 &
 for (( i = 0; i < 100; i++ )); do
-  (( $(ip netns pids vcluster-node2 | xargs -r ps -o comm= -p | grep -c '^sleep$') == 2 )) && break
+  (( $(ip netns pids vcluster-node2 | xargs -r ps -o args= -p | grep -c '^sleep 600$') == 2 )) && break
   sleep 0.2
 done
+(( i < 100 )) || fail "the MPI job's 2 ranks on node2 did not start"
 echo busy > "$BUSY_MARK"
 BUSY
 export TEST_LIB=$SRC/tests/cluster/lib.sh KILTER
