@@ -2,8 +2,8 @@
 # cluster (issue 15): losing a node mid-run ends the whole job (DESIGN.md invariant 4, across
 # real nodes). A 2 nodes x 2 run is started on scripts/vcluster and, once it trains, node2 is lost:
 #   1. its link goes down (`ip link set eth0 down` in node2): the ranks of node1 wait in the
-#      gradient reduction, their watchdog fires after comm.timeout_s and names ranks 2 and 3
-#      (node2's) as not arrived; mpirun ends with a non-zero exit;
+#      gradient reduction, their watchdog fires after comm.timeout_s and names ranks 2 and 3 as
+#      not arrived, on host node2; mpirun ends with a non-zero exit;
 #   2. its kilter processes are killed (SIGKILL): mpirun ends the job, non-zero, naming node2 and
 #      the rank it lost.
 # Each must end within comm.timeout_s plus a margin (the bound tells an ended job from a hung one;
@@ -54,9 +54,9 @@ start link
 t0=$(date +%s.%N)
 ip -n vcluster-node2 link set eth0 down
 finish link "$t0"
-grep -E "kilter: rank [01]: .* has not completed after [0-9]+ s; ranks not arrived: 2 \(no answer\), 3 \(no answer\)" link.log ||
-  { cat link.log; fail "link: no watchdog message from node1's ranks naming ranks 2 and 3"; }
-echo "ok: link down: the watchdog on node1 named node2's ranks 2 and 3"
+grep -E "kilter: rank [01]: .* has not completed after [0-9]+ s; ranks not arrived: 2 \(no answer\), 3 \(no answer\) \[by host: node2: 2,3\]" link.log ||
+  { cat link.log; fail "link: no watchdog message from node1's ranks naming node2's ranks 2 and 3"; }
+echo "ok: link down: the watchdog on node1 named node2 and its ranks 2 and 3"
 
 # ---- 2. node2's kilter processes are killed ------------------------------------------------------------
 vc down >/dev/null 2>&1   # a fresh cluster: node2's orted from the first part is stranded
