@@ -7,6 +7,8 @@
 #     it must move 2(N-1)/N * S bytes per node and direction across the link (N nodes; L cross-node
 #     allreduces of S/L each), so share = that / time / link rate (time includes the in-node
 #     stages: a lower bound of the cross-node stage's own share);
+#   - the in-node part alone (an allreduce over one node's 2 ranks) and the link's own time for
+#     the cross-node bytes, which together bound what the hierarchical reduction can reach here;
 #   - training on the shaped link: comm_exposed (seconds per step, mean over ranks and steps
 #     after the first) flat vs hierarchical, overlap on vs off.
 # Targets (issue 15; at LINK_GBIT = 1 and >= 16 MB): hierarchical busbw >= 1.4x flat; the link
@@ -73,6 +75,10 @@ echo "# 2 nodes x 2 ranks on scripts/vcluster; the machine's cores are shared by
 "$vcluster" up --nodes 2 --link-gbit "$link_gbit" 2>/dev/null
 tcp_probe shaped
 bench shaped --algo both
+# The in-node part alone: an allreduce of S over node1's 2 ranks (shared memory), what the
+# hierarchical reduction's reduce-scatter + allgather cost together on this machine.
+"$vcluster" exec node1 mpirun --allow-run-as-root --oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS -np 2 \
+  "$kilter" bench-comm --bytes "$sizes" --iters "$iters" --rounds "$rounds" --algo flat --json > innode.json 2>>mpirun.log
 
 "$kilter" prep synth --docs 2000 --lengths lognormal:5,0.6,128 --vocab 4096 --shards 2 --seed 1 --out data >/dev/null 2>&1
 for algo in flat hierarchical; do
@@ -127,6 +133,18 @@ for name, label, rate in [("shaped", f"{link_gbit:g} Gbit/s", link_bytes_s), ("u
               f"{(f'{share:.0%}' if share is not None else '-'):>10} {target:>18}")
 
 print()
+innode = {r["bytes"]: r for r in json.load(open("innode.json")) if r["verified"]}
+shaped = rows("shaped")
+print()
+print("## where the hierarchical time goes on the shaped link: in-node part alone (2 ranks of node1, measured),")
+print("## cross-node bytes at the link rate (computed), their sum, and the measured hierarchical time (ms)")
+print(f"{'bytes':>9} {'in-node':>9} {'link':>9} {'sum':>9} {'hier':>9}")
+for size in sorted(innode):
+    if (size, "hierarchical") not in shaped: continue
+    t_in = innode[size]["time_us"] / 1e3
+    t_link = size / link_bytes_s * 1e3
+    t_h = shaped[(size, "hierarchical")]["time_us"] / 1e3
+    print(f"{size >> 20:>7}MB {t_in:>9.1f} {t_link:>9.1f} {t_in + t_link:>9.1f} {t_h:>9.1f}")
 print(f"## load after the runs: {open('/proc/loadavg').read().split()[:3]} on {__import__('os').cpu_count()} cores")
 print(f"## training on the {link_gbit:g} Gbit/s link, 2 nodes x 2 (steps after the first; mean over ranks):")
 print(f"{'algo':>13} {'overlap':>8} {'step s':>8} {'comm_exposed s':>15} {'exposed frac':>13}")
