@@ -4,7 +4,8 @@
 # exit, passing or failing; the teardown itself is checked (nothing of vcluster may be left).
 # Without root or network namespaces the test is skipped (exit 77) with the reason.
 set -euo pipefail
-KILTER=$(readlink -f "$1")
+KILTER=$(readlink -f "$1")   # the kilter under test, for the sourcing test
+export KILTER
 SRC=${KILTER_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 VCLUSTER=$SRC/scripts/vcluster
 PY=${KILTER_PYTHON:-/usr/bin/python3}

@@ -16,7 +16,7 @@ vc up --nodes 2
 "$KILTER" prep synth --docs 400 --lengths lognormal:4,0.9,300 --vocab 97 --shards 2 --seed 3 --out data >/dev/null
 COMMON=(--data.dir="$WORK/data" --model.n_layer=1 --model.n_head=2 --model.n_embd=32 --model.block_size=64
         --data.max_tokens=256 --train.tokens_per_step=1024 --train.steps=100000 --train.warmup=1
-        --output.log_every=1 --output.checkpoint_every=0 --comm.timeout_s=$timeout_s)
+        --output.log_every=1 --output.checkpoint_every=0 "--comm.timeout_s=$timeout_s")
 
 # start NAME: the job in the background (its pid in $job_pid), waiting until it logged step 3.
 start() {

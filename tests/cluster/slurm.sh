@@ -20,7 +20,7 @@ wait_for() {  # wait_for SECONDS WHAT CMD...
   shift 2
   deadline=$(( SECONDS + limit ))
   until "$@" >/dev/null 2>&1; do
-    (( SECONDS < deadline )) || return 1
+    (( SECONDS < deadline )) || { echo "timed out after $limit s waiting for $what" >&2; return 1; }
     sleep 0.5
   done
 }
