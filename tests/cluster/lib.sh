@@ -19,6 +19,11 @@ for tool in ip tc nsenter unshare; do
 done
 unshare --net --mount --uts true 2>/dev/null ||
   skip "this machine does not allow network/mount/UTS namespaces ($(unshare --net true 2>&1 | head -n 1))"
+probe_ns=kilter-probe-$$
+if ! ip netns add "$probe_ns" 2>/dev/null; then
+  skip "'ip netns add' fails here (no /run/netns or no CAP_SYS_ADMIN): $(ip netns add "$probe_ns" 2>&1 | head -n 1)"
+fi
+ip netns del "$probe_ns"
 if ip netns list 2>/dev/null | grep -q '^vcluster-' || [[ -e /run/vcluster/nodes ]]; then
   skip "a vcluster is already up on this machine and the cluster tests need their own (scripts/vcluster down)"
 fi
