@@ -3,7 +3,7 @@
 # bridge, /etc/hosts entry, mount, state directory or daemon), also when
 #   1. a cluster test fails with the cluster, Slurm and an MPI job up (its trap tears down);
 #   2. the test is killed outright (SIGKILL: no trap runs) and down runs afterwards;
-#   3. `vcluster up` itself is killed half-way;
+#   3. `vcluster up` itself is killed half-way, or fails half-way (it removes what it made);
 #   4. vcluster's own bookkeeping (pid files, the "up" mark) is lost: down finds the leftovers
 #      by name (vcluster-* namespaces, "# vcluster" host lines, munged's socket path).
 source "$(dirname "$0")/lib.sh"
@@ -66,6 +66,10 @@ kill -KILL "$up_pid" 2>/dev/null || true
 wait "$up_pid" 2>/dev/null || true
 vc down > down3.log 2>&1 || { cat down3.log; fail "3: vcluster down failed"; }
 expect_clean "3 (up killed half-way)"
+# An address the kernel refuses fails `up` after the namespaces and links exist.
+if VCLUSTER_NET=10.213.300 vc up --nodes 2 > up3b.log 2>&1; then fail "3b: up with a bad subnet succeeded"; fi
+grep -q "up failed; removing what was made" up3b.log || { cat up3b.log; fail "3b: the failed up did not clean up"; }
+expect_clean "3b (up failed half-way)"
 
 # ---- 4. bookkeeping lost --------------------------------------------------------------------------------
 BUSY_MARK=$WORK/busy4 bash -c 'source busy.sh; trap - EXIT' > child4.log 2>&1 || { cat child4.log; fail "4: setup failed"; }
