@@ -74,6 +74,15 @@ DatasetIndex read_index_file(const std::string& dir) {
   index.vocab_size = uint32_t(vocab);
   index.eos_id = uint32_t(eos);
   index.tokenizer = h5::read_string_attribute(file, "tokenizer", path);
+  if (h5::has_link(file, "tokenizer_data")) {
+    h5::Handle ds = h5::open_dataset(file, "tokenizer_data", path);
+    KILTER_CHECK(h5::is_unsigned_le(ds, 1), path << ": dataset tokenizer_data has type "
+                                                 << h5::describe_type(ds) << ", expected uint8");
+    uint64_t length = h5::dataset_length(ds, path, "tokenizer_data");
+    index.tokenizer_data.resize(length);
+    h5::read_range(ds, H5T_NATIVE_UINT8, 0, length, index.tokenizer_data.data(), path,
+                   "tokenizer_data");
+  }
   uint64_t num_shards = h5::read_uint_attribute(file, "num_shards", path);
   uint64_t num_docs = h5::read_uint_attribute(file, "num_docs", path);
   if (h5::has_attribute(file, "hash_algorithm")) {
@@ -158,6 +167,11 @@ void write_index(const std::string& path, const DatasetIndex& index) {
   write("shard_hash", H5T_STD_U64LE, H5T_NATIVE_UINT64, hashes.size(), hashes.data());
   write("doc_lengths", H5T_STD_U32LE, H5T_NATIVE_UINT32, index.doc_lengths.size(),
         index.doc_lengths.data());
+  // The tokenizer file itself, so that training, checkpoints and `kilter sample` decode with
+  // exactly what encoded the data (absent for the built-in byte tokenizer).
+  if (!index.tokenizer_data.empty())
+    write("tokenizer_data", H5T_STD_U8LE, H5T_NATIVE_UINT8, index.tokenizer_data.size(),
+          index.tokenizer_data.data());
   KILTER_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, path << ": flush failed (disk full?)");
 }
 
