@@ -369,13 +369,13 @@ class SpillFile {
   std::vector<uint16_t> narrow_;
 };
 
-// Pass 1 with a tokenizer: documents are gathered into batches of a few MiB, encoded on the
-// worker threads, and their ids appended to the spill file in order. At most 2 batches per
+// Pass 1 with a tokenizer: documents are gathered into batches of about 512 KiB, encoded on the
+// worker threads, and their ids appended to the spill file in order. At most 4 batches per
 // thread are in flight, which bounds memory whatever the corpus size.
 class TokenizingSink : public DocumentSink {
  public:
   TokenizingSink(const Tokenizer& tokenizer, unsigned threads, SpillFile& spill, Progress& progress)
-      : encoder_(tokenizer, threads), max_in_flight_(2 * threads), spill_(spill),
+      : encoder_(tokenizer, threads), max_in_flight_(4 * threads), spill_(spill),
         progress_(progress), vocab_(tokenizer.vocab_size()) {}
 
   void bytes(const unsigned char* data, size_t size) override {
@@ -399,7 +399,7 @@ class TokenizingSink : public DocumentSink {
   uint64_t empty_documents = 0;  // documents with text but no ids
 
  private:
-  static constexpr size_t kBatchBytes = size_t(4) << 20;
+  static constexpr size_t kBatchBytes = size_t(512) << 10;
   static constexpr size_t kBatchDocuments = 8192;
 
   void submit() {
