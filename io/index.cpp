@@ -9,6 +9,7 @@
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/hdf5_util.h"
+#include "io/tokenizer.h"
 
 namespace kilter::io {
 
@@ -195,6 +196,32 @@ DatasetIndex load_index(const std::string& dir) {
   return index;
 }
 
+// The recorded tokenizer rebuilds and agrees with the index's vocab_size and eos_id.
+static std::vector<std::string> tokenizer_problems(const DatasetIndex& index) {
+  const std::string path = index_path(index.dir);
+  const bool needs_file = index.tokenizer == "sentencepiece" || index.tokenizer == "hf-bpe";
+  if (index.tokenizer_data.empty()) {
+    if (needs_file) return {path + ": tokenizer is '" + index.tokenizer + "' but tokenizer_data is missing"};
+    return {};
+  }
+  if (!needs_file && index.tokenizer != "imported")
+    return {path + ": tokenizer is '" + index.tokenizer + "' but tokenizer_data holds a file"};
+  try {
+    std::unique_ptr<Tokenizer> tokenizer =
+        load_tokenizer(index.tokenizer, index.tokenizer_data, path + " tokenizer_data");
+    std::vector<std::string> problems;
+    if (index.tokenizer != "imported" && tokenizer->vocab_size() != index.vocab_size)
+      problems.push_back(path + ": vocab_size is " + std::to_string(index.vocab_size) +
+                         " but the recorded tokenizer has " + std::to_string(tokenizer->vocab_size()));
+    if (index.tokenizer != "imported" && tokenizer->eos_id() != index.eos_id)
+      problems.push_back(path + ": eos_id is " + std::to_string(index.eos_id) +
+                         " but the recorded tokenizer's is " + std::to_string(tokenizer->eos_id()));
+    return problems;
+  } catch (const Error& e) {
+    return {e.message()};
+  }
+}
+
 std::vector<std::string> validate_dataset(const std::string& dir) {
   DatasetIndex index;
   try {
@@ -204,6 +231,7 @@ std::vector<std::string> validate_dataset(const std::string& dir) {
   }
   std::vector<std::string> problems = index_problems(index);
   if (!problems.empty()) return problems;
+  problems = tokenizer_problems(index);
   for (uint32_t s = 0; s < index.shards.size(); ++s) {
     std::vector<std::string> shard_problems = check_shard_content(index, dir, s);
     problems.insert(problems.end(), shard_problems.begin(), shard_problems.end());

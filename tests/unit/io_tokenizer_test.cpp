@@ -216,5 +216,36 @@ TEST(IoTokenizer, PrepRecordsTheTokenizerAndIgnoresTheThreadCount) {
   EXPECT_EQ(hashes[0], hashes[1]);
 }
 
+TEST(IoTokenizer, ValidateChecksTheRecordedTokenizer) {
+  ScratchDir tmp;
+  write_file(tmp.path("tok.json"), tiny_tokenizer().dump());
+  write_file(tmp.path("in.jsonl"), "{\"text\": \"hello\"}\n{\"text\": \"world\"}\n");
+  PrepOptions options;
+  options.inputs = {tmp.path("in.jsonl")};
+  options.format = InputFormat::jsonl;
+  options.tokenizer = tmp.path("tok.json");
+  options.out = tmp.path("out");
+  options.progress = false;
+  prepare_dataset(options);
+  auto has = [](const std::vector<std::string>& problems, const std::string& needle) {
+    for (const std::string& problem : problems)
+      if (problem.find(needle) != std::string::npos) return true;
+    return false;
+  };
+  DatasetIndex index = read_index_file(options.out);
+  index.tokenizer_data.resize(index.tokenizer_data.size() / 2);  // a truncated file
+  write_index(options.out + "/index.h5", index);
+  EXPECT_TRUE(has(validate_dataset(options.out), "tokenizer_data: not valid JSON"));
+  index = read_index_file(options.out);
+  index.tokenizer_data = tiny_tokenizer().dump();
+  index.eos_id = 5;
+  write_index(options.out + "/index.h5", index);
+  EXPECT_TRUE(has(validate_dataset(options.out), "eos_id is 5 but the recorded tokenizer's is 261"));
+  index.eos_id = 261;
+  index.tokenizer_data.clear();
+  write_index(options.out + "/index.h5", index);
+  EXPECT_TRUE(has(validate_dataset(options.out), "tokenizer is 'hf-bpe' but tokenizer_data is missing"));
+}
+
 }  // namespace
 }  // namespace kilter::io
