@@ -35,7 +35,7 @@ print("python3-sentencepiece loads kilter's unigram model:", sp.encode("Hello, w
 PYEOF
 
 # The kilter-trained BPE model against the library's encode, through the tool and through prep.
-"$PY" "$ORACLE" corpus corpus.jsonl > /dev/null
+"$PY" "$ORACLE" corpus corpus.jsonl 4096 > /dev/null
 timeout 120 "$TOOL" tok/bpe.model < corpus.jsonl > kilter.jsonl || fail "tokenizer_tool failed"
 timeout 120 "$KILTER" prep --input corpus.jsonl --format jsonl --tokenizer tok/bpe.model --shards 2 \
   --out ds > prep.out 2> prep.err || { cat prep.err; fail "prep --tokenizer failed"; }

@@ -5,8 +5,8 @@
                                         split: Llama-3's Split regex + ByteLevel without regex,
                                         behind an NFC normalizer (Qwen2-style)
   train-sp bpe|unigram OUT.model DIR    SentencePiece (Debian python3-sentencepiece)
-  corpus OUT.jsonl                      the check corpus: every /usr/share/doc/*/copyright that is
-                                        UTF-8 (its first 16 KiB, cut at a line end), plus crafted
+  corpus OUT.jsonl [MAX_BYTES=16384]    the check corpus: every /usr/share/doc/*/copyright that is
+                                        UTF-8 (its first MAX_BYTES, cut at a line end), plus crafted
                                         documents (non-ASCII, emoji, CRLF, whitespace runs, digits)
   check KIND TOKENIZER CORPUS.jsonl KILTER.jsonl DATASET
                                         KIND hf|sp: the oracle's ids for every document equal
@@ -102,15 +102,16 @@ CRAFTED = [
 ]
 
 
-def corpus(out):
+def corpus(out, max_bytes="16384"):
+    max_bytes = int(max_bytes)
     docs, skipped = [], 0
     for path in sorted(glob.glob("/usr/share/doc/*/copyright")):
         try:
             with open(path, "rb") as f:
-                raw = f.read(16384)
+                raw = f.read(max_bytes)
         except OSError:
             continue
-        if len(raw) == 16384 and b"\n" in raw:
+        if len(raw) == max_bytes and b"\n" in raw:
             raw = raw[: raw.rindex(b"\n") + 1]
         try:
             text = raw.decode("utf-8")
