@@ -197,7 +197,41 @@ struct AddedToken {
   bool lstrip = false, rstrip = false;
 };
 
+// Added tokens matched together: leftmost, then longest.
+struct AddedSet {
+  std::vector<AddedToken> tokens;
+  bool first_byte[256] = {};
+
+  void finish() {
+    std::sort(tokens.begin(), tokens.end(), [](const AddedToken& a, const AddedToken& b) {
+      return a.content.size() > b.content.size();
+    });
+    for (const AddedToken& token : tokens) first_byte[(unsigned char)token.content[0]] = true;
+  }
+  // The leftmost (then longest) token in text[from..); fills [start, end) including the
+  // whitespace that lstrip/rstrip take in.
+  const AddedToken* find(std::string_view text, size_t from, size_t& start, size_t& end) const;
+};
+
 bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+const AddedToken* AddedSet::find(std::string_view text, size_t from, size_t& start, size_t& end) const {
+  if (tokens.empty()) return nullptr;
+  for (size_t i = from; i < text.size(); ++i) {
+    if (!first_byte[(unsigned char)text[i]]) continue;
+    for (const AddedToken& token : tokens) {
+      if (text.compare(i, token.content.size(), token.content) != 0) continue;
+      start = i;
+      end = i + token.content.size();
+      if (token.lstrip)
+        while (start > from && is_space((unsigned char)text[start - 1])) --start;
+      if (token.rstrip)
+        while (end < text.size() && is_space((unsigned char)text[end])) ++end;
+      return &token;
+    }
+  }
+  return nullptr;
+}
 
 class HfBpeTokenizer final : public Tokenizer {
  public:
@@ -213,8 +247,8 @@ class HfBpeTokenizer final : public Tokenizer {
     KILTER_CHECK(root.is_object(), where << ": a tokenizer.json must be a JSON object");
     try {
       load_model(root.value("model", json()));
-      load_added_tokens(root.value("added_tokens", json::array()));
       load_normalizer(root.value("normalizer", json()), "normalizer");
+      load_added_tokens(root.value("added_tokens", json::array()));
       load_pre_tokenizer(root.value("pre_tokenizer", json()), "pre_tokenizer");
       load_decoder(root.value("decoder", json()));
     } catch (const json::exception& e) {
@@ -231,19 +265,14 @@ class HfBpeTokenizer final : public Tokenizer {
   uint32_t eos_id() const override { return eos_; }
   const std::string& file_bytes() const override { return bytes_; }
 
+  // As `tokenizers`: tokens with normalized = false are split out of the raw text, the text
+  // between them is normalized, then tokens with normalized = true are split out of that.
   void encode(std::string_view text, std::vector<uint32_t>& out) const override {
-    size_t at = 0;
-    while (at < text.size()) {
-      size_t start = 0, end = 0;
-      const AddedToken* token = find_added(text, at, start, end);
-      if (!token) {
-        encode_segment(text.substr(at), out);
-        return;
-      }
-      if (start > at) encode_segment(text.substr(at, start - at), out);
-      out.push_back(token->id);
-      at = end;
-    }
+    split_added(raw_added_, text, out, [&](std::string_view segment) {
+      const std::string normalized = normalize(segment);
+      split_added(normalized_added_, normalized, out,
+                  [&](std::string_view piece) { encode_normalized(piece, out); });
+    });
   }
 
   std::string decode(const uint32_t* ids, size_t count) const override {
@@ -349,17 +378,18 @@ class HfBpeTokenizer final : public Tokenizer {
       KILTER_CHECK(!entry.value("single_word", false),
                    where_ << ": added token '" << token.content << "' has single_word = true, "
                           << "which is not supported");
+      // A normalized token is matched, and decodes, in its normalized form.
+      const bool normalized = entry.value("normalized", !token.special) && !normalizers_.empty();
+      if (normalized) token.content = normalize(token.content);
       if (token.content.empty()) continue;
       vocab_size_ = std::max(vocab_size_, token.id + 1);
       if (token.id >= id_text_.size()) id_text_.resize(token.id + 1);
       id_text_[token.id] = token.content;
-      added_.push_back(token);
+      all_added_.push_back(token);
+      (normalized ? normalized_added_ : raw_added_).tokens.push_back(token);
     }
-    // Longest first, so the first candidate that matches at a position is the longest.
-    std::sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) {
-      return a.content.size() > b.content.size();
-    });
-    for (const AddedToken& token : added_) added_first_byte_[(unsigned char)token.content[0]] = true;
+    raw_added_.finish();
+    normalized_added_.finish();
   }
 
   void load_normalizer(const json& node, const std::string& path) {
@@ -459,7 +489,7 @@ class HfBpeTokenizer final : public Tokenizer {
   void choose_eos() {
     // The rule (docs/data.md): the first of these names the tokenizer knows, else an extra id.
     for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
-      for (const AddedToken& token : added_)
+      for (const AddedToken& token : all_added_)
         if (token.content == name) { eos_ = token.id; return; }
       auto it = token_ids_.find(name);
       if (it != token_ids_.end()) { eos_ = it->second; return; }
@@ -469,27 +499,25 @@ class HfBpeTokenizer final : public Tokenizer {
 
   // -- encoding --
 
-  // The leftmost (then longest) added token in text[from..); fills [start, end) including the
-  // whitespace that lstrip/rstrip take in.
-  const AddedToken* find_added(std::string_view text, size_t from, size_t& start, size_t& end) const {
-    if (added_.empty()) return nullptr;
-    for (size_t i = from; i < text.size(); ++i) {
-      if (!added_first_byte_[(unsigned char)text[i]]) continue;
-      for (const AddedToken& token : added_) {
-        if (text.compare(i, token.content.size(), token.content) != 0) continue;
-        start = i;
-        end = i + token.content.size();
-        if (token.lstrip)
-          while (start > from && is_space((unsigned char)text[start - 1])) --start;
-        if (token.rstrip)
-          while (end < text.size() && is_space((unsigned char)text[end])) ++end;
-        return &token;
+  // Calls segment() for the text between the set's tokens and appends the tokens' ids.
+  template <typename Segment>
+  static void split_added(const AddedSet& set, std::string_view text, std::vector<uint32_t>& out,
+                          Segment segment) {
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t start = 0, end = 0;
+      const AddedToken* token = set.find(text, at, start, end);
+      if (!token) {
+        segment(text.substr(at));
+        return;
       }
+      if (start > at) segment(text.substr(at, start - at));
+      out.push_back(token->id);
+      at = end;
     }
-    return nullptr;
   }
 
-  void encode_segment(std::string_view raw, std::vector<uint32_t>& out) const {
+  std::string normalize(std::string_view raw) const {
     std::string normalized(raw);
     for (const NormalizerStep& step : normalizers_) {
       switch (step.kind) {
@@ -501,9 +529,13 @@ class HfBpeTokenizer final : public Tokenizer {
         case NormalizerStep::Kind::replace: replace_all(normalized, step.text, step.replacement); break;
       }
     }
-    // Pre-tokenization: each step refines the list of pieces (kept as strings since ByteLevel's
-    // add_prefix_space can insert text).
-    std::vector<std::string> pieces{std::move(normalized)}, next;
+    return normalized;
+  }
+
+  // Pre-tokenization and BPE of normalized text: each pre-tokenizer step refines the list of
+  // pieces (kept as strings since ByteLevel's add_prefix_space can insert text).
+  void encode_normalized(std::string_view normalized, std::vector<uint32_t>& out) const {
+    std::vector<std::string> pieces{std::string(normalized)}, next;
     for (const PreTokenizerStep& step : pre_tokenizers_) {
       next.clear();
       for (std::string& piece : pieces) split_piece(step, piece, next);
@@ -652,8 +684,9 @@ class HfBpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, uint32_t> word_ids_;        // token bytes -> id
   uint32_t byte_id_[256];
   std::unordered_map<uint64_t, Merge> merges_;                // (left, right) -> rank, result
-  std::vector<AddedToken> added_;
-  bool added_first_byte_[256] = {};
+  std::vector<AddedToken> all_added_;
+  AddedSet raw_added_;         // normalized = false (or no normalizer): matched on the raw text
+  AddedSet normalized_added_;  // normalized = true: matched on the normalized text
   std::vector<NormalizerStep> normalizers_;
   std::vector<PreTokenizerStep> pre_tokenizers_;
 };

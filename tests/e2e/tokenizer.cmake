@@ -2,7 +2,7 @@
 # corpus the tokenizers were not trained on (HF `tokenizers` byte-level BPE; SentencePiece BPE
 # and unigram), through tokenizer_tool and through `kilter prep`. Exit 77 (skipped) only when the
 # oracle Python package is missing.
-foreach(kind hf hf-split sp-bpe sp-unigram)
+foreach(kind hf hf-split hf-extras sp-bpe sp-unigram)
   add_test(NAME tokenizer_exact_${kind}
            COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/tokenizer_exact.sh $<TARGET_FILE:kilter> ${kind}
                    $<TARGET_FILE:tokenizer_tool>)

@@ -4,8 +4,9 @@
 # sp-unigram: python3-sentencepiece, vocab 4000); kilter then encodes a different real corpus
 # (/usr/share/doc/*/copyright) plus crafted documents, through tokenizer_tool and `kilter prep
 # --tokenizer`, and every document's ids (and kilter's decode) must equal the library's.
-# (hf-split: Llama-3's Split regex and ByteLevel without regex, behind an NFC normalizer).
-# Usage: tokenizer_exact.sh /path/to/kilter hf|hf-split|sp-bpe|sp-unigram /path/to/tokenizer_tool
+# (hf-split: Llama-3's Split regex and ByteLevel without regex, behind an NFC normalizer;
+# hf-extras: NFKC + Lowercase + Replace, add_prefix_space, added tokens with lstrip/rstrip).
+# Usage: tokenizer_exact.sh /path/to/kilter hf|hf-split|hf-extras|sp-bpe|sp-unigram /path/to/tokenizer_tool
 set -euo pipefail
 KILTER=$(readlink -f "$1")
 KIND=$2
@@ -23,8 +24,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 case $KIND in
   hf) TOK=tokenizer.json; ORACLE_KIND=hf; MAX_BYTES=16384
       "$PY" "$ORACLE" train-hf "$TOK" "$FORTUNES" ;;
-  hf-split) TOK=tokenizer.json; ORACLE_KIND=hf; MAX_BYTES=16384
-      "$PY" "$ORACLE" train-hf "$TOK" "$FORTUNES" split ;;
+  hf-split|hf-extras) TOK=tokenizer.json; ORACLE_KIND=hf; MAX_BYTES=16384
+      "$PY" "$ORACLE" train-hf "$TOK" "$FORTUNES" "${KIND#hf-}" ;;
   # libsentencepiece encodes at ~1 MB/s per core: a shorter cut of each document keeps the test short.
   sp-bpe|sp-unigram) TOK=$KIND.model; ORACLE_KIND=sp; MAX_BYTES=6144
       "$PY" "$ORACLE" train-sp "${KIND#sp-}" "$TOK" "$FORTUNES" ;;

@@ -3,7 +3,9 @@
 
   train-hf OUT.json CORPUS_DIR [split]  byte-level BPE (vocab 4096) with HF `tokenizers` (PyPI);
                                         split: Llama-3's Split regex + ByteLevel without regex,
-                                        behind an NFC normalizer (Qwen2-style)
+                                        behind an NFC normalizer (Qwen2-style); extras: NFKC +
+                                        Lowercase + Replace, add_prefix_space, added tokens with
+                                        lstrip (special) and rstrip (normal)
   train-sp bpe|unigram OUT.model DIR    SentencePiece (Debian python3-sentencepiece)
   corpus OUT.jsonl [MAX_BYTES=16384]    the check corpus: every /usr/share/doc/*/copyright that is
                                         UTF-8 (its first MAX_BYTES, cut at a line end), plus crafted
@@ -42,9 +44,14 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
 
 def train_hf(out, directory, variant="gpt2"):
     tokenizers = need("tokenizers")
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, trainers)
     tok = Tokenizer(models.BPE())
-    if variant == "split":
+    if variant == "extras":
+        tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(),
+                                               normalizers.Replace("``", '"')])
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    elif variant == "split":
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
@@ -56,6 +63,9 @@ def train_hf(out, directory, variant="gpt2"):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train(corpus_files(directory), trainer)
+    if variant == "extras":
+        tok.add_special_tokens([AddedToken("<mask>", lstrip=True, normalized=False)])
+        tok.add_tokens([AddedToken("[SEP]", rstrip=True)])
     tok.save(out)
     print(f"trained HF byte-level BPE ({tokenizers.__version__}, {variant}): vocab {tok.get_vocab_size()}")
 
@@ -99,6 +109,8 @@ CRAFTED = [
     "CJK without spaces: 这是一个没有空格的中文句子，用于测试。",
     "Unicode spaces: a\u0085\u0085 b x\u2028y \u2029 z v\x0bw  \x0b x f\x1cg \x1d h\x1e\x1fi end \u0085",
     "CASE 'S 'LL 'Ve HELLO'RE and numbers 1234567 12 3",
+    "added tokens: Hello<mask>world, Hello <mask> world, a  <mask>b, x[SEP]  y, x [SEP]\n\ny, [SEP], lower [sep] too",
+    "compatibility forms: ÉCOLE ǅ ﬁ ① ㎏ ``quoted`` İstanbul ΣΑΣ ß ﬀ",
 ]
 
 
