@@ -16,7 +16,7 @@ TOOL=$(dirname "$KILTER")/tokenizer_tool
 # Train with kilter's trainer (bpe and unigram) on the fortunes.
 for kind in bpe unigram; do
   timeout 120 "$KILTER" prep tokenizer train --input "$FORTUNES" --format fortune --vocab 2000 \
-    --kind $kind --sample 20000 --out tok/$kind.model --quiet > train-$kind.out \
+    --kind $kind --sample 10000 --out tok/$kind.model --quiet > train-$kind.out \
     || fail "kilter prep tokenizer train --kind $kind failed"
   cat train-$kind.out
   grep -q "vocab_size 2000" train-$kind.out || fail "train report lacks the vocabulary size"
