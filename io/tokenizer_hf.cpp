@@ -535,28 +535,30 @@ class HfBpeTokenizer final : public Tokenizer {
   // Pre-tokenization and BPE of normalized text: each pre-tokenizer step refines the list of
   // pieces (kept as strings since ByteLevel's add_prefix_space can insert text).
   void encode_normalized(std::string_view normalized, std::vector<uint32_t>& out) const {
-    std::vector<std::string> pieces{std::string(normalized)}, next;
-    for (const PreTokenizerStep& step : pre_tokenizers_) {
-      next.clear();
-      for (std::string& piece : pieces) split_piece(step, piece, next);
-      pieces.swap(next);
-    }
-    for (const std::string& piece : pieces)
-      if (!piece.empty()) encode_word(piece, out);
+    pre_tokenize(0, normalized, out);
   }
 
-  static void split_piece(const PreTokenizerStep& step, std::string& piece, std::vector<std::string>& out) {
+  // Step `step` of the pre-tokenizer splits `piece`; each part goes through the next steps and
+  // finally BPE, depth first (the order `tokenizers` gives, without materialising the parts).
+  void pre_tokenize(size_t step_index, std::string_view piece, std::vector<uint32_t>& out) const {
+    if (piece.empty()) return;
+    if (step_index == pre_tokenizers_.size()) {
+      encode_word(piece, out);
+      return;
+    }
+    const PreTokenizerStep& step = pre_tokenizers_[step_index];
+    auto next = [&](std::string_view part) { pre_tokenize(step_index + 1, part, out); };
     switch (step.kind) {
       case PreTokenizerStep::Kind::byte_level:
-        if (step.add_prefix_space && !piece.empty() && piece[0] != ' ') piece.insert(0, 1, ' ');
-        if (!step.regex) {
-          out.push_back(std::move(piece));
-          return;
+        if (step.add_prefix_space && piece[0] != ' ') {
+          const std::string prefixed = " " + std::string(piece);
+          split_byte_level(step, prefixed, next);
+        } else {
+          split_byte_level(step, piece, next);
         }
-        split_regex(*step.regex, PreTokenizerStep::Behavior::isolated, false, piece, out);
         return;
       case PreTokenizerStep::Kind::split:
-        split_regex(*step.regex, step.behavior, step.invert, piece, out);
+        split_regex(*step.regex, step.behavior, step.invert, piece, next);
         return;
       case PreTokenizerStep::Kind::digits: {
         size_t at = 0;
@@ -568,7 +570,7 @@ class HfBpeTokenizer final : public Tokenizer {
           } else if (!step.individual_digits) {
             while (end < piece.size() && piece[end] >= '0' && piece[end] <= '9') ++end;
           }
-          out.push_back(piece.substr(at, end - at));
+          next(piece.substr(at, end - at));
           at = end;
         }
         return;
@@ -576,19 +578,29 @@ class HfBpeTokenizer final : public Tokenizer {
     }
   }
 
-  // Isolated: matches and the text between them are pieces; Removed: only the text between.
+  template <typename Next>
+  static void split_byte_level(const PreTokenizerStep& step, std::string_view piece, Next& next) {
+    if (step.regex) {
+      split_regex(*step.regex, PreTokenizerStep::Behavior::isolated, false, piece, next);
+    } else {
+      next(piece);
+    }
+  }
+
+  // Isolated: matches and the text between them are parts; Removed: only the text between.
   // invert swaps the roles of matches and gaps.
+  template <typename Next>
   static void split_regex(const Regex& regex, PreTokenizerStep::Behavior behavior, bool invert,
-                          const std::string& piece, std::vector<std::string>& out) {
+                          std::string_view piece, Next& next) {
     const bool keep_matches = invert || behavior == PreTokenizerStep::Behavior::isolated;
     const bool keep_gaps = !invert || behavior == PreTokenizerStep::Behavior::isolated;
     size_t last = 0;
     regex.for_each_match(piece, [&](size_t start, size_t end) {
-      if (start > last && keep_gaps) out.push_back(piece.substr(last, start - last));
-      if (keep_matches) out.push_back(piece.substr(start, end - start));
+      if (start > last && keep_gaps) next(piece.substr(last, start - last));
+      if (keep_matches) next(piece.substr(start, end - start));
       last = end;
     });
-    if (last < piece.size() && keep_gaps) out.push_back(piece.substr(last));
+    if (last < piece.size() && keep_gaps) next(piece.substr(last));
   }
 
   struct Merge {
@@ -599,7 +611,7 @@ class HfBpeTokenizer final : public Tokenizer {
   static constexpr uint32_t kNone = UINT32_MAX;
 
   // One word's ids by BPE over its bytes, through a per-thread cache.
-  void encode_word(const std::string& word, std::vector<uint32_t>& out) const {
+  void encode_word(std::string_view word_view, std::vector<uint32_t>& out) const {
     struct Cache {
       uint64_t owner = 0;
       std::unordered_map<std::string, std::vector<uint32_t>> words;
@@ -609,6 +621,7 @@ class HfBpeTokenizer final : public Tokenizer {
       cache.words.clear();
       cache.owner = serial_;
     }
+    const std::string word(word_view);
     const bool cacheable = word.size() <= 64;
     if (cacheable) {
       auto hit = cache.words.find(word);
