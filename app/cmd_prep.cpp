@@ -168,9 +168,10 @@ int prep_validate(int argc, char** argv) {
   std::vector<std::string> problems = io::validate_dataset(dir);
   if (problems.empty()) {
     io::DatasetIndex index = io::read_index_file(dir);
-    std::printf("OK: %s: %zu shards, %llu documents, %llu tokens, vocab_size %u, eos_id %u\n",
+    std::printf("OK: %s: %zu shards, %llu documents, %llu tokens, vocab_size %u, eos_id %u, tokenizer %s\n",
                 dir.c_str(), index.shards.size(), (unsigned long long)index.num_docs(),
-                (unsigned long long)index.total_tokens(), index.vocab_size, index.eos_id);
+                (unsigned long long)index.total_tokens(), index.vocab_size, index.eos_id,
+                index.tokenizer.c_str());
     return 0;
   }
   std::printf("%zu problem%s in %s:\n", problems.size(), problems.size() == 1 ? "" : "s", dir.c_str());
