@@ -42,6 +42,53 @@ void StepDivider::insert_sorted(std::vector<uint32_t>& items, uint32_t item) con
   items.insert(std::upper_bound(items.begin(), items.end(), item, before), item);
 }
 
+void StepDivider::reset_shares() {
+  for (Share& share : shares_) {
+    share.items.clear();
+    share.piece_cost = 0;
+    share.tokens = 0;
+  }
+}
+
+double StepDivider::busiest_load() const {
+  double top = 0;
+  for (int r = 0; r < world_size_; ++r) top = std::max(top, load(r));
+  return top;
+}
+
+// Best fit decreasing against the mean load: each piece, longest first, goes to the busiest rank
+// it still fits under `capacity`, else to the least-loaded one. Where shares hold only a few
+// pieces it fills ranks to the mean with a long piece plus the right shorter ones, which LPT (a
+// long piece to every rank first, then the rest) often misses.
+void StepDivider::best_fit(double capacity) {
+  by_load_.clear();
+  for (int r = 0; r < world_size_; ++r) by_load_.insert({0.0, r});
+  for (uint64_t key : order_) {
+    const uint32_t item = uint32_t(key);
+    const uint32_t len = pieces_[item].len;
+    const double w = piece_cost_[item];
+    // The busiest rank whose load stays <= capacity with this piece (the c term can add one
+    // micro-batch: look back over a few candidates for the exact check).
+    auto it = by_load_.upper_bound({capacity - w, world_size_});
+    int rank = -1;
+    for (int tries = 0; tries < 4 && it != by_load_.begin(); ++tries) {
+      --it;
+      const Share& s = shares_[it->second];
+      if (load_of(s.piece_cost + w, s.tokens + len) <= capacity) {
+        rank = it->second;
+        break;
+      }
+    }
+    if (rank < 0) it = by_load_.begin(), rank = it->second;
+    by_load_.erase(it);
+    Share& share = shares_[rank];
+    share.items.push_back(item);
+    share.piece_cost += w;
+    share.tokens += len;
+    by_load_.insert({load(rank), rank});
+  }
+}
+
 void StepDivider::longest_first() {
   heap_.clear();
   for (int r = 0; r < world_size_; ++r) heap_.push_back({0.0, r});
@@ -185,6 +232,29 @@ void StepDivider::pack(int rank, Step& step) {
   }
 }
 
+// Moves and swaps until the busiest rank is at the best any division can reach (the longest
+// piece alone on a rank) or close enough to the mean; each round lowers the busiest load without
+// raising another above it, so they end; the cap bounds planning time on adversarial inputs.
+// Returns the busiest load.
+double StepDivider::refine() {
+  const size_t n = order_.size();
+  if (world_size_ <= 1 || n <= 1) return busiest_load();
+  double total_load = 0;
+  by_load_.clear();
+  for (int r = 0; r < world_size_; ++r) {
+    total_load += load(r);
+    by_load_.insert({load(r), r});
+  }
+  const double longest_alone = piece_cost_[uint32_t(order_[0])] + cost_.c;
+  const double good_enough = std::max(longest_alone, total_load / world_size_ * (1 + kGoodEnoughImbalance));
+  tolerance_ = std::prev(by_load_.end())->first * 1e-12;
+  const size_t max_rounds = 2 * size_t(world_size_) + n;
+  for (size_t round = 0; round < max_rounds; ++round) {
+    if (std::prev(by_load_.end())->first <= good_enough || !improve_busiest()) break;
+  }
+  return std::prev(by_load_.end())->first;
+}
+
 void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
   KILTER_CHECK(n < (uint64_t(1) << 32), "plan: a step of " << n << " pieces is too large");
   pieces_ = pieces;
@@ -199,30 +269,20 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
     step.target_tokens += pieces[i].len;
   }
   std::sort(order_.begin(), order_.end());
-  for (Share& share : shares_) {
-    share.items.clear();
-    share.piece_cost = 0;
-    share.tokens = 0;
-  }
+  reset_shares();
   longest_first();
-
-  if (world_size_ > 1 && n > 1) {
-    // The rounds stop at the best any division can reach (the longest piece alone on a rank)
-    // or close enough to the mean; each lowers the busiest load without raising another above
-    // it, so they end; the cap bounds planning time on adversarial inputs.
-    double total_load = 0;
-    by_load_.clear();
-    for (int r = 0; r < world_size_; ++r) {
-      total_load += load(r);
-      by_load_.insert({load(r), r});
-    }
-    const double longest_alone = piece_cost_[uint32_t(order_[0])] + cost_.c;
-    const double good_enough = std::max(longest_alone, total_load / world_size_ * (1 + kGoodEnoughImbalance));
-    tolerance_ = std::prev(by_load_.end())->first * 1e-12;
-    const size_t max_rounds = 2 * size_t(world_size_) + n;
-    for (size_t round = 0; round < max_rounds; ++round) {
-      if (std::prev(by_load_.end())->first <= good_enough || !improve_busiest()) break;
-    }
+  const double lpt_top = refine();
+  if (world_size_ > 1 && n > size_t(world_size_)) {
+    // Best fit against the mean as well; the division whose busiest rank ends lower goes on.
+    double total_piece_cost = 0;
+    for (size_t i = 0; i < n; ++i) total_piece_cost += piece_cost_[i];
+    const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(step.target_tokens), uint64_t(world_size_));
+    const double mean = (total_piece_cost + cost_.c * double(micro_batches)) / world_size_;
+    shares_.swap(other_shares_);
+    if (shares_.size() != size_t(world_size_)) shares_.resize(world_size_);
+    reset_shares();
+    best_fit(mean);
+    if (!(refine() < lpt_top)) shares_.swap(other_shares_);
   }
 
   // One allocation for the micro-batches unless first fit needs more than the fewest.

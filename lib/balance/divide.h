@@ -38,7 +38,11 @@ class StepDivider {
     return piece_cost + cost_.c * double(min_micro_batches(tokens));
   }
   double load(int rank) const { return load_of(shares_[rank].piece_cost, shares_[rank].tokens); }
+  void reset_shares();
+  double busiest_load() const;
   void longest_first();
+  void best_fit(double capacity);
+  double refine();
   bool improve_busiest();
   void insert_sorted(std::vector<uint32_t>& items, uint32_t item) const;
   void pack(int rank, Step& step);
@@ -52,6 +56,7 @@ class StepDivider {
   std::vector<uint64_t> order_;       // (context - len) << 32 | index: longest first, then by index
   std::vector<double> piece_cost_;    // per step piece
   std::vector<Share> shares_;         // per rank
+  std::vector<Share> other_shares_;   // the other initial division, while the two are compared
   std::set<std::pair<double, int>> by_load_;  // (load, rank), ascending
   std::vector<std::pair<double, int>> heap_;  // LPT min-heap of (load, rank)
   std::vector<uint32_t> bin_of_;      // packing: micro-batch of each of a rank's items
