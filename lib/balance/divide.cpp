@@ -26,7 +26,8 @@ constexpr double kGoodEnoughImbalance = 1e-3;
 }  // namespace
 
 StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size)
-    : cost_(cost), max_tokens_(max_tokens), world_size_(world_size) {
+    : cost_(cost), max_tokens_(max_tokens), packable_(std::max<uint64_t>(1, max_tokens - max_tokens / 64)),
+      world_size_(world_size) {
   KILTER_CHECK(world_size >= 1, "StepDivider: world size " << world_size << " must be >= 1");
   KILTER_CHECK(max_tokens >= 1, "StepDivider: max_tokens must be >= 1");
   KILTER_CHECK(cost.a >= 0 && cost.b >= 0 && cost.c >= 0,
@@ -179,14 +180,12 @@ bool StepDivider::improve_busiest() {
   return true;
 }
 
-void StepDivider::pack(int rank, Step& step) {
+size_t StepDivider::assign_bins(int rank) {
   const Share& share = shares_[rank];
-  std::vector<uint32_t>& mine = step.rank_batches[rank];
-  mine.clear();
-  if (share.items.empty()) return;
   const size_t n = share.items.size();
   bin_of_.assign(n, 0);
   bin_tokens_.clear();
+  if (n == 0) return 0;
   const uint64_t fewest = min_micro_batches(share.tokens);
   if (fewest <= 1) {
     bin_tokens_.push_back(share.tokens);
@@ -211,6 +210,23 @@ void StepDivider::pack(int rank, Step& step) {
       }
     }
   }
+  return bin_tokens_.size();
+}
+
+double StepDivider::packed_busiest_load() {
+  double top = 0;
+  for (int r = 0; r < world_size_; ++r)
+    top = std::max(top, shares_[r].piece_cost + cost_.c * double(assign_bins(r)));
+  return top;
+}
+
+void StepDivider::pack(int rank, Step& step) {
+  const Share& share = shares_[rank];
+  std::vector<uint32_t>& mine = step.rank_batches[rank];
+  mine.clear();
+  if (share.items.empty()) return;
+  const size_t n = share.items.size();
+  assign_bins(rank);
   const size_t first = step.micro_batches.size();
   step.micro_batches.resize(first + bin_tokens_.size());
   mine.reserve(bin_tokens_.size());
@@ -271,9 +287,11 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
   std::sort(order_.begin(), order_.end());
   reset_shares();
   longest_first();
-  const double lpt_top = refine();
+  refine();
   if (world_size_ > 1 && n > size_t(world_size_)) {
-    // Best fit against the mean as well; the division whose busiest rank ends lower goes on.
+    // Best fit against the mean as well; the division whose busiest rank ends lower, once
+    // packed, goes on.
+    const double lpt_top = packed_busiest_load();
     double total_piece_cost = 0;
     for (size_t i = 0; i < n; ++i) total_piece_cost += piece_cost_[i];
     const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(step.target_tokens), uint64_t(world_size_));
@@ -282,7 +300,8 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
     if (shares_.size() != size_t(world_size_)) shares_.resize(world_size_);
     reset_shares();
     best_fit(mean);
-    if (!(refine() < lpt_top)) shares_.swap(other_shares_);
+    refine();
+    if (!(packed_busiest_load() < lpt_top)) shares_.swap(other_shares_);
   }
 
   // One allocation for the micro-batches unless first fit needs more than the fewest.

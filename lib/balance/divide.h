@@ -34,8 +34,12 @@ class StepDivider {
     double piece_cost = 0;
     uint64_t tokens = 0;
   };
+  // While dividing, a share is charged the micro-batches it will surely pack into: ceil(tokens /
+  // (max_tokens - slack)). Packing a share to exactly k x max_tokens is a hard bin-packing case
+  // that first fit can miss (one more micro-batch, c more than planned); the slack keeps shares off
+  // that edge unless nothing else balances.
   double load_of(double piece_cost, uint64_t tokens) const {
-    return piece_cost + cost_.c * double(min_micro_batches(tokens));
+    return piece_cost + cost_.c * double((tokens + packable_ - 1) / packable_);
   }
   double load(int rank) const { return load_of(shares_[rank].piece_cost, shares_[rank].tokens); }
   void reset_shares();
@@ -45,10 +49,13 @@ class StepDivider {
   double refine();
   bool improve_busiest();
   void insert_sorted(std::vector<uint32_t>& items, uint32_t item) const;
+  size_t assign_bins(int rank);  // fills bin_of_, bin_tokens_; returns the micro-batches
+  double packed_busiest_load();
   void pack(int rank, Step& step);
 
   CostModel cost_;
   uint64_t max_tokens_;
+  uint64_t packable_;  // max_tokens - slack (see load_of)
   int world_size_;
   double tolerance_ = 0;
   // Scratch of the current step.
