@@ -26,8 +26,7 @@ constexpr double kGoodEnoughImbalance = 1e-3;
 }  // namespace
 
 StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size)
-    : cost_(cost), max_tokens_(max_tokens), packable_(std::max<uint64_t>(1, max_tokens - max_tokens / 64)),
-      world_size_(world_size) {
+    : cost_(cost), max_tokens_(max_tokens), world_size_(world_size) {
   KILTER_CHECK(world_size >= 1, "StepDivider: world size " << world_size << " must be >= 1");
   KILTER_CHECK(max_tokens >= 1, "StepDivider: max_tokens must be >= 1");
   KILTER_CHECK(cost.a >= 0 && cost.b >= 0 && cost.c >= 0,

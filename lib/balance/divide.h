@@ -34,12 +34,10 @@ class StepDivider {
     double piece_cost = 0;
     uint64_t tokens = 0;
   };
-  // While dividing, a share is charged the micro-batches it will surely pack into: ceil(tokens /
-  // (max_tokens - slack)). Packing a share to exactly k x max_tokens is a hard bin-packing case
-  // that first fit can miss (one more micro-batch, c more than planned); the slack keeps shares off
-  // that edge unless nothing else balances.
+  // While dividing, a share is charged the fewest micro-batches it can pack into; the packed
+  // result decides between the initial divisions (packed_busiest_load).
   double load_of(double piece_cost, uint64_t tokens) const {
-    return piece_cost + cost_.c * double((tokens + packable_ - 1) / packable_);
+    return piece_cost + cost_.c * double(min_micro_batches(tokens));
   }
   double load(int rank) const { return load_of(shares_[rank].piece_cost, shares_[rank].tokens); }
   void reset_shares();
@@ -55,7 +53,6 @@ class StepDivider {
 
   CostModel cost_;
   uint64_t max_tokens_;
-  uint64_t packable_;  // max_tokens - slack (see load_of)
   int world_size_;
   double tolerance_ = 0;
   // Scratch of the current step.
