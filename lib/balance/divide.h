@@ -4,6 +4,7 @@
 // computes the same division. Internal to lib/balance; build_epoch_plan() runs it step by step.
 #pragma once
 #include <cstdint>
+#include <memory_resource>
 #include <set>
 #include <utility>
 #include <vector>
@@ -61,7 +62,9 @@ class StepDivider {
   std::vector<double> piece_cost_;    // per step piece
   std::vector<Share> shares_;         // per rank
   std::vector<Share> other_shares_;   // the other initial division, while the two are compared
-  std::set<std::pair<double, int>> by_load_;  // (load, rank), ascending
+  // (load, rank), ascending; its nodes come from a pool kept across steps (no malloc per update).
+  std::pmr::unsynchronized_pool_resource node_pool_;
+  std::pmr::set<std::pair<double, int>> by_load_{&node_pool_};
   std::vector<std::pair<double, int>> heap_;  // LPT min-heap of (load, rank)
   std::vector<uint32_t> bin_of_;      // packing: micro-batch of each of a rank's items
   std::vector<uint64_t> bin_tokens_;  // packing: tokens per micro-batch
