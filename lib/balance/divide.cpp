@@ -16,6 +16,12 @@ namespace kilter::balance {
 
 namespace {
 
+// Capacities (x the mean share) best fit runs with, after LPT: the first always, the others
+// only while the best division so far leaves the busiest rank more than kRetryImbalance above
+// the mean (each costs about as much as LPT, and where the first two got that close the others
+// rarely gain).
+constexpr double kBestFitCapacities[] = {1.0, 1.003, 1.01, 1.03};
+constexpr double kRetryImbalance = 5e-3;
 // Ranks compared with the busiest one in each improvement round: the least-loaded few are where
 // a move or swap helps most.
 constexpr int kSwapPartners = 8;
@@ -288,19 +294,33 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
   longest_first();
   refine();
   if (world_size_ > 1 && n > size_t(world_size_)) {
-    // Best fit against the mean as well; the division whose busiest rank ends lower, once
-    // packed, goes on.
-    const double lpt_top = packed_busiest_load();
+    // Best fit against the mean share and a little above it as well (just above the mean,
+    // a rank can take two long pieces that leave another rank free for the shorter ones); the
+    // division whose busiest rank ends lowest, once refined and packed, goes on (ties: the
+    // earlier one).
     double total_piece_cost = 0;
     for (size_t i = 0; i < n; ++i) total_piece_cost += piece_cost_[i];
     const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(step.target_tokens), uint64_t(world_size_));
     const double mean = (total_piece_cost + cost_.c * double(micro_batches)) / world_size_;
-    shares_.swap(other_shares_);
-    if (shares_.size() != size_t(world_size_)) shares_.resize(world_size_);
-    reset_shares();
-    best_fit(mean);
-    refine();
-    if (!(packed_busiest_load() < lpt_top)) shares_.swap(other_shares_);
+    double best_top = packed_busiest_load();
+    // Nothing to gain once the busiest rank is within kGoodEnoughImbalance of the mean or holds
+    // the longest piece alone.
+    const double good_enough = std::max(mean * (1 + kGoodEnoughImbalance),
+                                        piece_cost_[uint32_t(order_[0])] + cost_.c);
+    if (best_shares_.size() != size_t(world_size_)) best_shares_.resize(world_size_);
+    shares_.swap(best_shares_);
+    for (double above : kBestFitCapacities) {
+      if (best_top <= good_enough || (above > 1.0 && best_top <= mean * (1 + kRetryImbalance))) break;
+      reset_shares();
+      best_fit(mean * above);
+      refine();
+      const double top = packed_busiest_load();
+      if (top < best_top) {
+        best_top = top;
+        shares_.swap(best_shares_);
+      }
+    }
+    shares_.swap(best_shares_);
   }
 
   // One allocation for the micro-batches unless first fit needs more than the fewest.

@@ -61,7 +61,7 @@ class StepDivider {
   std::vector<uint64_t> order_;       // (context - len) << 32 | index: longest first, then by index
   std::vector<double> piece_cost_;    // per step piece
   std::vector<Share> shares_;         // per rank
-  std::vector<Share> other_shares_;   // the other initial division, while the two are compared
+  std::vector<Share> best_shares_;    // the best division so far, while candidates are compared
   // (load, rank), ascending; its nodes come from a pool kept across steps (no malloc per update).
   std::pmr::unsynchronized_pool_resource node_pool_;
   std::pmr::set<std::pair<double, int>> by_load_{&node_pool_};
