@@ -253,8 +253,8 @@ void StepDivider::pack(int rank, Step& step) {
   }
 }
 
-// Moves and swaps until the busiest rank is at the best any division can reach (the longest
-// piece alone on a rank) or close enough to the mean; each round lowers the busiest load without
+// Moves and swaps until the busiest rank is at the best any division can reach
+// (least_busiest_) or close enough to the mean; each round lowers the busiest load without
 // raising another above it, so they end; the cap bounds planning time on adversarial inputs.
 // Returns the busiest load.
 double StepDivider::refine() {
@@ -266,8 +266,7 @@ double StepDivider::refine() {
     total_load += load(r);
     by_load_.insert({load(r), r});
   }
-  const double longest_alone = piece_cost_[uint32_t(order_[0])] + cost_.c;
-  const double good_enough = std::max(longest_alone, total_load / world_size_ * (1 + kGoodEnoughImbalance));
+  const double good_enough = std::max(least_busiest_, total_load / world_size_ * (1 + kGoodEnoughImbalance));
   tolerance_ = std::prev(by_load_.end())->first * 1e-12;
   const size_t max_rounds = 2 * size_t(world_size_) + n;
   for (size_t round = 0; round < max_rounds; ++round) {
@@ -290,6 +289,15 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
     step.target_tokens += pieces[i].len;
   }
   std::sort(order_.begin(), order_.end());
+  // What no division beats (as in stats.cpp): for every k with kP < n, some rank holds k+1 of
+  // the kP+1 longest pieces, and it runs a micro-batch.
+  least_busiest_ = 0;
+  for (size_t k = 0; k * size_t(world_size_) < n; ++k) {
+    double sum = 0;
+    for (size_t i = k * size_t(world_size_) - k; i <= k * size_t(world_size_); ++i) sum += piece_cost_[uint32_t(order_[i])];
+    least_busiest_ = std::max(least_busiest_, sum);
+  }
+  least_busiest_ += cost_.c;
   reset_shares();
   longest_first();
   refine();
@@ -303,10 +311,9 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
     const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(step.target_tokens), uint64_t(world_size_));
     const double mean = (total_piece_cost + cost_.c * double(micro_batches)) / world_size_;
     double best_top = packed_busiest_load();
-    // Nothing to gain once the busiest rank is within kGoodEnoughImbalance of the mean or holds
-    // the longest piece alone.
-    const double good_enough = std::max(mean * (1 + kGoodEnoughImbalance),
-                                        piece_cost_[uint32_t(order_[0])] + cost_.c);
+    // Nothing to gain once the busiest rank is within kGoodEnoughImbalance of the mean or at the
+    // step's lower bound.
+    const double good_enough = std::max(mean * (1 + kGoodEnoughImbalance), least_busiest_);
     if (best_shares_.size() != size_t(world_size_)) best_shares_.resize(world_size_);
     shares_.swap(best_shares_);
     for (double above : kBestFitCapacities) {

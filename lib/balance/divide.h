@@ -56,6 +56,7 @@ class StepDivider {
   uint64_t max_tokens_;
   int world_size_;
   double tolerance_ = 0;
+  double least_busiest_ = 0;  // the current step's lower bound on the busiest rank's load
   // Scratch of the current step.
   const Piece* pieces_ = nullptr;
   std::vector<uint64_t> order_;       // (context - len) << 32 | index: longest first, then by index
