@@ -1,9 +1,11 @@
 // Division of a step's pieces among ranks (see divide.h). Longest-first to the least-loaded rank
 // (LPT) leaves the busiest rank at most one piece above the mean, which is tight when a rank's
-// share holds many pieces; when it holds only a few (64-1024 ranks), moves and swaps of single
-// pieces between the busiest rank and the least-loaded ones close most of what LPT leaves. The
-// c-per-micro-batch term enters every load as c x ceil(tokens / max_tokens), so a rank whose
-// share needs one more micro-batch is charged for it while dividing.
+// share holds many pieces; when it holds only a few (64-1024 ranks), best fit against the mean
+// share does better, and moves and swaps of single pieces between the busiest rank and the
+// least-loaded ones close most of what either leaves. The candidates are compared once packed;
+// the search stops at the step's lower bound. The c-per-micro-batch term enters every load as
+// c x ceil(tokens / max_tokens), so a rank whose share needs one more micro-batch is charged
+// for it while dividing.
 #include "lib/balance/divide.h"
 
 #include <algorithm>
