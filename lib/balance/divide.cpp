@@ -293,12 +293,12 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
   std::sort(order_.begin(), order_.end());
   // What no division beats (as in stats.cpp): for every k with kP < n, some rank holds k+1 of
   // the kP+1 longest pieces, and it runs a micro-batch.
+  prefix_cost_.resize(n + 1);
+  prefix_cost_[0] = 0;
+  for (size_t i = 0; i < n; ++i) prefix_cost_[i + 1] = prefix_cost_[i] + piece_cost_[uint32_t(order_[i])];
   least_busiest_ = 0;
-  for (size_t k = 0; k * size_t(world_size_) < n; ++k) {
-    double sum = 0;
-    for (size_t i = k * size_t(world_size_) - k; i <= k * size_t(world_size_); ++i) sum += piece_cost_[uint32_t(order_[i])];
-    least_busiest_ = std::max(least_busiest_, sum);
-  }
+  for (size_t k = 0, P = size_t(world_size_); k * P < n; ++k)
+    least_busiest_ = std::max(least_busiest_, prefix_cost_[k * P + 1] - prefix_cost_[k * P - k]);
   least_busiest_ += cost_.c;
   reset_shares();
   longest_first();

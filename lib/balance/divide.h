@@ -61,6 +61,7 @@ class StepDivider {
   const Piece* pieces_ = nullptr;
   std::vector<uint64_t> order_;       // (context - len) << 32 | index: longest first, then by index
   std::vector<double> piece_cost_;    // per step piece
+  std::vector<double> prefix_cost_;   // prefix sums of piece costs, longest first
   std::vector<Share> shares_;         // per rank
   std::vector<Share> best_shares_;    // the best division so far, while candidates are compared
   // (load, rank), ascending; its nodes come from a pool kept across steps (no malloc per update).

@@ -51,11 +51,12 @@ static double step_bound(const Step& step, const CostModel& cost, const std::vec
     for (const Piece& p : mb.pieces) piece_costs.push_back(cost.piece(p.len));
   if (piece_costs.empty()) return 1.0;
   std::sort(piece_costs.begin(), piece_costs.end(), std::greater<double>());
+  // Prefix sums in place: piece_costs[i] becomes the sum of the i+1 largest.
+  for (size_t i = 1; i < piece_costs.size(); ++i) piece_costs[i] += piece_costs[i - 1];
   double least_top = 0;
   for (size_t k = 0; k * world < piece_costs.size(); ++k) {
-    double sum = 0;
-    for (size_t i = k * world - k; i <= k * world; ++i) sum += piece_costs[i];
-    least_top = std::max(least_top, sum);
+    const size_t last = k * world, first = last - k;  // the window [first, last]
+    least_top = std::max(least_top, piece_costs[last] - (first > 0 ? piece_costs[first - 1] : 0.0));
   }
   return std::max(1.0, (least_top + std::max(cost.c, 0.0)) / mean);
 }
