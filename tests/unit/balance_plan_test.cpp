@@ -366,6 +366,17 @@ TEST(BalancePlan, ImbalanceNeverBeatsTheBoundAndMeetsItWhenStepsAreCoarse) {
   EXPECT_LE(fine.stats.cost_imbalance_p95, 1.01);
   o.sampler = "naive";
   EXPECT_EQ(build_epoch_plan(lengths, all_documents(lengths.size()), o, 4, 0).stats.cost_imbalance_bound_p95, 0.0);
+
+  // Three equal pieces on two ranks: one rank holds two of them, 2/1.5 of the mean.
+  PlanOptions three = small_options();
+  three.context = 16;
+  three.max_tokens = 64;
+  three.tokens_per_step = 30;
+  three.cost = CostModel{1.0, 1e-12, 0.0};
+  const EpochPlan plan = build_epoch_plan({10, 10, 10}, all_documents(3), three, 2, 0);
+  ASSERT_EQ(plan.steps.size(), 1u);
+  EXPECT_NEAR(plan.stats.cost_imbalance_bound_p95, 20.0 / 15.0, 1e-9);
+  EXPECT_NEAR(plan.stats.cost_imbalance_p95, 20.0 / 15.0, 1e-9);
 }
 
 TEST(BalancePlan, SplitIsDeterministicDisjointAndExact) {
