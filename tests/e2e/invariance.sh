@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # World-size invariance (DESIGN.md invariant 1) and flat == hierarchical: the same config on 1, 2
 # and 4 ranks, and on 4 ranks as 2 nodes x 2 with both algorithms, gives the same losses (1e-5
-# relative) and the same final weights (float tolerance). Determinism (invariant 2): two runs of
+# relative) and the same final weights (float tolerance; the key bias, whose exact gradient is 0,
+# only for staying small). Determinism (invariant 2): two runs of
 # the same config are bit-identical.
 source "$(dirname "$0")/lib.sh"
 
@@ -50,8 +51,18 @@ for run in ["p2", "p4", "p4h", "p4f"]:
     print(f"{run}: max relative loss difference {rel:.2e}")
     assert rel < 1e-5, f"{run}: losses differ from 1 rank by {rel}"
     for k in ref_p:
-        d = np.max(np.abs(p[k] - ref_p[k]))
-        scale = max(1e-3, np.max(np.abs(ref_p[k])))
+        got, ref = p[k], ref_p[k]
+        if k.endswith("attn.c_attn.bias"):
+            # The key bias's exact gradient is 0 (softmax ignores a constant added to every score),
+            # so its computed gradient is rounding noise that depends on the summation order, and
+            # Adam turns that noise into small steps of either sign: checked only for staying
+            # small (1e-4 absolute, lr/30), the query and value biases as every other tensor.
+            C = ref.size // 3
+            d_key = np.max(np.abs(got[C:2 * C] - ref[C:2 * C]))
+            assert d_key < 1e-4, f"{run}: {k} key part differs by {d_key}"
+            got, ref = np.concatenate([got[:C], got[2 * C:]]), np.concatenate([ref[:C], ref[2 * C:]])
+        d = np.max(np.abs(got - ref))
+        scale = max(1e-3, np.max(np.abs(ref)))
         assert d / scale < 1e-4, f"{run}: {k} differs by {d} (scale {scale})"
 print("invariance: 1 passed, 0 failed")
 PY
