@@ -442,6 +442,7 @@ void CudaModel::reserve(int max_tokens, int context) {
   KILTER_CHECK(max_tokens > 0 && context > 0, "CudaModel::reserve: max_tokens and context must be positive, got "
                                                   << max_tokens << ", " << context);
   // Full-context pieces (the remainder as one shorter piece): the most attention per token.
+  context = std::min(context, cfg_.block_size);
   Layout layout;
   layout.N = max_tokens;
   std::vector<int32_t> cu_seqlens = {0};

@@ -22,6 +22,12 @@ run p2 2
 run p4 4
 run p4h 4 --comm.ranks_per_node=2 --comm.algo=hierarchical
 run p4f 4 --comm.ranks_per_node=2 --comm.algo=flat
+# A step too small for 4 ranks (128 tokens, context 64): some ranks idle in some steps, still join
+# every collective, and the losses are those of 1 rank; the run says so.
+COMMON=("${COMMON[@]/--train.tokens_per_step=1024/--train.tokens_per_step=128}")
+run idle1 1
+run idle4 4
+grep -q "leave ranks idle" idle4.log || { cat idle4.log; fail "no idle-rank warning with 4 ranks and 128-token steps"; }
 
 "$PY" - <<'PY'
 import csv, glob, sys
@@ -64,5 +70,12 @@ for run in ["p2", "p4", "p4h", "p4f"]:
         d = np.max(np.abs(got - ref))
         scale = max(1e-3, np.max(np.abs(ref)))
         assert d / scale < 1e-4, f"{run}: {k} differs by {d} (scale {scale})"
+l1, l4 = losses("idle1"), losses("idle4")
+rel = np.max(np.abs(l4 - l1) / np.abs(l1))
+print(f"idle ranks: max relative loss difference {rel:.2e}")
+assert len(l4) == 6 and rel < 1e-5, f"idle4: losses differ from 1 rank by {rel}"
+idle = [r for f in glob.glob("runs/idle4/metrics/rank-*.csv") for r in csv.DictReader(open(f))
+        if int(r["micro_batches"]) == 0]
+assert idle and all(float(r["tokens_computed"]) == 0 for r in idle), "no idle rank-step recorded"
 print("invariance: 1 passed, 0 failed")
 PY
