@@ -9,10 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <sstream>
 
@@ -27,7 +25,6 @@
 #include "lib/comm/communicator.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
-#include "lib/optim/schedule.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"

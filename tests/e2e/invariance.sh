@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # World-size invariance (DESIGN.md invariant 1) and flat == hierarchical: the same config on 1, 2
 # and 4 ranks, and on 4 ranks as 2 nodes x 2 with both algorithms, gives the same losses (1e-5
-# relative) and the same final weights (float tolerance; the key bias, whose exact gradient is 0,
-# only for staying small). Determinism (invariant 2): two runs of
-# the same config are bit-identical.
+# relative) and the same final weights (to 1% of the most Adam can move a weight, see below).
+# Determinism (invariant 2): two runs of the same config are bit-identical.
 source "$(dirname "$0")/lib.sh"
 
 "$KILTER" prep synth --docs 600 --lengths lognormal:4,0.9,300 --vocab 97 --shards 3 --seed 7 --out data >/dev/null
@@ -44,6 +43,7 @@ def params(run):
         return {k: f["params"][k][...] for k in f["params"]}
 
 ref_l, ref_p = losses("p1"), params("p1")
+LR_SUM = 6 * 3e-3  # train.steps x train.lr bounds the sum of the schedule's learning rates
 assert len(ref_l) == 6, ref_l
 assert np.isfinite(ref_l).all()
 # determinism: bit-identical
@@ -56,20 +56,16 @@ for run in ["p2", "p4", "p4h", "p4f"]:
     rel = np.max(np.abs(l - ref_l) / np.abs(ref_l))
     print(f"{run}: max relative loss difference {rel:.2e}")
     assert rel < 1e-5, f"{run}: losses differ from 1 rank by {rel}"
-    for k in ref_p:
-        got, ref = p[k], ref_p[k]
-        if k.endswith("attn.c_attn.bias"):
-            # The key bias's exact gradient is 0 (softmax ignores a constant added to every score),
-            # so its computed gradient is rounding noise that depends on the summation order, and
-            # Adam turns that noise into small steps of either sign: checked only for staying
-            # small (1e-4 absolute, lr/30), the query and value biases as every other tensor.
-            C = ref.size // 3
-            d_key = np.max(np.abs(got[C:2 * C] - ref[C:2 * C]))
-            assert d_key < 1e-4, f"{run}: {k} key part differs by {d_key}"
-            got, ref = np.concatenate([got[:C], got[2 * C:]]), np.concatenate([ref[:C], ref[2 * C:]])
-        d = np.max(np.abs(got - ref))
-        scale = max(1e-3, np.max(np.abs(ref)))
-        assert d / scale < 1e-4, f"{run}: {k} differs by {d} (scale {scale})"
+    # Weights: Adam moves a coordinate by lr * m / (sqrt(v) + eps), about lr per step whatever the
+    # gradient's size, so a coordinate whose gradient is near eps or cancels to rounding level (the
+    # key bias's is exactly 0) moves by a fraction of lr that rounding decides; and packing per rank
+    # changes the summation order. The bound is therefore 1% of the most Adam can move a weight in
+    # the run (sum of the schedule's lr), while the losses, which such coordinates do not affect,
+    # stay within 1e-5.
+    worst = max((np.max(np.abs(p[k] - ref_p[k])), k) for k in ref_p)
+    print(f"{run}: largest weight difference {worst[0]:.2e} ({worst[1]}), bound {1e-2 * LR_SUM:.2e}")
+    assert worst[0] < 1e-2 * LR_SUM, f"{run}: {worst[1]} differs by {worst[0]}"
+
 l1, l4 = losses("idle1"), losses("idle4")
 rel = np.max(np.abs(l4 - l1) / np.abs(l1))
 print(f"idle ranks: max relative loss difference {rel:.2e}")
