@@ -206,14 +206,16 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                  data_dir.c_str(), cfg.data.sampler.c_str(), (unsigned long long)st.steps_per_epoch,
                  st.micro_batches_per_step, st.padding_efficiency, st.cost_imbalance_p95, run_dir.c_str());
     if (backend != "cpu") std::fprintf(stderr, "kilter: model on %s\n", model->describe().c_str());
+    // The same warnings as `kilter plan`: a step too small for the world size, and idle ranks.
+    const std::string too_small = balance::idle_rank_warning(plan_opts, world_size);
+    if (!too_small.empty()) std::fprintf(stderr, "kilter: warning: %s\n", too_small.c_str());
     if (st.steps_with_idle_ranks > 0)
       std::fprintf(stderr,
-                   "kilter: warning: %llu of %llu steps of this epoch leave ranks idle: train.tokens_per_step = %lld "
-                   "is too small to give %d ranks work at context %d; idle ranks still join every collective, "
-                   "but set train.tokens_per_step >= %lld to use them\n",
+                   "kilter: warning: %llu of %llu steps of this epoch leave ranks idle (at most %llu in one step); "
+                   "idle ranks still join every collective; raise train.tokens_per_step to >= %lld (world size x "
+                   "model.block_size)\n",
                    (unsigned long long)st.steps_with_idle_ranks, (unsigned long long)st.steps_per_epoch,
-                   (long long)cfg.train.tokens_per_step, world_size, cfg.model.block_size,
-                   (long long)world_size * cfg.model.block_size);
+                   (unsigned long long)st.idle_ranks_max, (long long)world_size * cfg.model.block_size);
   }
 
   auto fill_prefetch = [&]() {
