@@ -133,6 +133,7 @@ int cmd_prep(int argc, char** argv) {
   try {
     if (argc >= 2 && !std::strcmp(argv[1], "synth")) return prep_synth(argc - 1, argv + 1);
     if (argc >= 2 && !std::strcmp(argv[1], "validate")) return prep_validate(argc - 1, argv + 1);
+    if (prep_is_import(argc, argv)) return prep_import(argc, argv);
     return prep_corpus(argc, argv);
   } catch (const po::error& e) {
     std::fprintf(stderr, "kilter prep: %s (see kilter prep --help)\n", e.what());

@@ -32,6 +32,7 @@ struct DatasetIndex {
   uint32_t vocab_size = 0;
   uint32_t eos_id = 0;
   std::string tokenizer;               // "byte"
+  std::string tokenizer_data;  // the tokenizer file's bytes ("" for byte)
   std::vector<ShardInfo> shards;
   std::vector<uint32_t> doc_lengths;   // every document's token count, by global id
   uint64_t total_tokens() const;
