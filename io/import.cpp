@@ -115,9 +115,14 @@ class OutputDirectory {
     for (const fs::directory_entry& entry : fs::directory_iterator(temp_)) fsync_path(entry.path().string());
     fsync_path(temp_.string());
     std::error_code ec;
-    if (fs::exists(target_)) fs::remove_all(target_);  // empty, or --force
+    fs::path old;  // an existing dataset (--force) is moved aside first, removed once replaced
+    if (fs::exists(target_)) {
+      old = target_.parent_path() / (target_.filename().string() + ".old-" + std::to_string(::getpid()));
+      fs::rename(target_, old);
+    }
     fs::rename(temp_, target_);
     committed_ = true;
+    if (!old.empty()) fs::remove_all(old, ec);
     fsync_path(target_.parent_path().string());
   }
 
@@ -135,12 +140,9 @@ class Splitter {
 
   template <typename Sink>
   void run(const std::vector<std::unique_ptr<TokenSource>>& sources, Sink& sink, Progress& progress) {
-    uint64_t consumed = 0;
     for (const auto& source : sources) {
       source->for_each_segment([&](const Segment& segment) {
-        run_segment(segment, sink);
-        consumed += segment.count * import_detail::dtype_bytes(segment.dtype);
-        progress.update(sink.documents(), consumed);
+        run_segment(segment, sink, progress);
         if (segment.ends_document) sink.boundary();
       });
     }
@@ -155,7 +157,7 @@ class Splitter {
   static constexpr uint64_t kReleaseBytes = uint64_t(64) << 20;
 
   template <typename Sink>
-  void run_segment(const Segment& segment, Sink& sink) {
+  void run_segment(const Segment& segment, Sink& sink, Progress& progress) {
     const size_t item = import_detail::dtype_bytes(segment.dtype);
     uint64_t released = segment.offset;
     for (uint64_t first = 0; first < segment.count; first += kChunk) {
@@ -172,6 +174,8 @@ class Splitter {
       }
       if (n > run_start) sink.tokens(buffer_.data() + run_start, n - run_start);
       const uint64_t done = offset + n * item;
+      consumed_ += n * item;
+      progress.update(sink.documents(), consumed_);
       if (done - released >= kReleaseBytes) {
         segment.file->release(released, done - released);
         released = done;
@@ -222,6 +226,7 @@ class Splitter {
   std::vector<uint32_t> buffer_;
   uint64_t max_id_ = 0;
   uint64_t eot_count_ = 0;
+  uint64_t consumed_ = 0;  // token bytes read so far (progress)
 };
 
 // Pass 1: document lengths only.

@@ -283,12 +283,34 @@ def part2():
     expect_refused("megatron document index out of order", "megatron", f"{WORK}/mdoc.idx", 34 + 36 + 8, "doc_idx[1]")
 
 
+def option_errors():
+    """Tokenizers that cannot be attached are refused by name, before anything is written."""
+    good = f"{WORK}/fw_000.bin"
+    with open(f"{WORK}/vocab.txt", "w") as f:
+        f.write("not a tokenizer")
+    cases = [
+        (("--tokenizer", f"{WORK}/vocab.txt"), "not a tokenizer kilter knows by name"),
+        (("--tokenizer", f"{WORK}/missing.model"), "missing.model"),
+        (("--tokenizer", "byte", "--vocab", "100"), "smaller than the vocabulary of --tokenizer byte"),
+        (("--eot", "70000", "--vocab", "60000"), "--eot 70000 is not below the vocabulary size 60000"),
+    ]
+    for extra, needle in cases:
+        out = os.path.join(WORK, "bad-option")
+        r = run("--format", "llmc", "--input", good, "--out", out, *extra)
+        assert r.returncode == 1 and needle in r.stderr, f"{extra}: exit {r.returncode}: {r.stderr}"
+        assert not os.path.exists(out), f"{extra}: a dataset was written"
+        checked.append(("refused option: " + " ".join(extra), 0, 0))
+        print(f"  {' '.join(extra)}: {r.stderr.strip().splitlines()[-1][:150]}")
+
+
 if __name__ == "__main__":
     part1()
     print("import_check: imports equal numpy's documents:")
     for name, n_docs, n_tokens in checked:
         print(f"  {name}: {n_docs} documents, {n_tokens} tokens")
     part2()
-    refused = sum(1 for c in checked if c[0].startswith("refused"))
-    print(f"import_check: {len(checked) - refused} layouts imported exactly, {refused} malformed files refused "
-          f"with file and byte offset")
+    option_errors()
+    refused = sum(1 for c in checked if c[0].startswith("refused: "))
+    options = sum(1 for c in checked if c[0].startswith("refused option"))
+    print(f"import_check: {len(checked) - refused - options} layouts imported exactly, {refused} malformed files "
+          f"refused with file and byte offset, {options} bad options refused")
