@@ -23,14 +23,14 @@ with open("corpus.txt", "w") as f:
         f.write("\n%\n")
 PY
 "$KILTER" prep --input corpus.txt --format fortune --shards 1 --out data --quiet >/dev/null
-timeout 300 "${MPIRUN[@]}" -np 1 "$KILTER" train --data.dir=data --model.n_layer=2 --model.n_head=2 \
+timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train --data.dir=data --model.n_layer=2 --model.n_head=2 \
   --model.n_embd=64 --model.block_size=128 --data.max_tokens=1024 --train.tokens_per_step=1024 \
   --train.steps=80 --train.warmup=5 --train.lr=3e-3 --output.trace_steps=0 --output.log_every=40 \
   --output.sample_every=40 --output.sample_tokens=40 --output.sample_prompt="The " --output.dir=runs/t \
   > train.log 2>&1 || { cat train.log; fail "kilter train failed"; }
 grep -q "^sample at step 40: The " train.log || { cat train.log; fail "no training sample at step 40"; }
 grep -q "^sample at step 80: The " train.log || { cat train.log; fail "no training sample at step 80"; }
-[ "$(grep -c '^sample at step' train.log)" -eq 2 ] || fail "expected exactly 2 training samples"
+[ "$(grep -c "^sample at step" train.log)" -eq 2 ] || fail "expected exactly 2 training samples (rank 0 only)"
 ckpt=runs/t/checkpoints/step-00000080.h5
 "$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1]); t=f.attrs['tokenizer']; t=t.decode() if isinstance(t,bytes) else t
 assert t=='byte' and int(f.attrs['eos_id'])==256, (t, f.attrs['eos_id'])" "$ckpt"
