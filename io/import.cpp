@@ -331,7 +331,7 @@ ImportReport import_dataset(const ImportOptions& options) {
     index.tokenizer = tokenizer->kind();
     index.tokenizer_data = tokenizer->file_bytes();
   } else {
-    index.tokenizer = "imported";
+    index.tokenizer = "imported";  // ids only
   }
 
   uint32_t eot = sources.front()->conventional_eot();
@@ -370,6 +370,12 @@ ImportReport import_dataset(const ImportOptions& options) {
   index.vocab_size = uint32_t(vocab);
   index.eos_id = eot;
   index.doc_lengths = lengths.lengths;
+  // A tokenizer file whose vocabulary or EOS the dataset does not share (a model vocabulary padded
+  // beyond it, another EOT) is recorded as "imported" with its bytes: it still decodes, but
+  // `prep validate` does not hold the dataset to the tokenizer's vocab_size and eos_id.
+  if (tokenizer && !index.tokenizer_data.empty() &&
+      (tokenizer->vocab_size() != index.vocab_size || tokenizer->eos_id() != index.eos_id))
+    index.tokenizer = "imported";
 
   // Pass 2: the tokens into the shards.
   OutputDirectory out(options.out, options.force);

@@ -26,7 +26,10 @@ struct ImportOptions {
   std::vector<std::string> inputs;
   int64_t eot = -1;          // end-of-text id; -1: the tokenizer's EOS, else the format's convention
   int64_t vocab = 0;         // 0: the tokenizer's, else max id + 1 (with a warning)
-  std::string tokenizer;     // "" (none: kind "imported") | "byte" | a tokenizer file to attach
+  // "" (none: kind "imported", ids only) | "byte" | a tokenizer file to attach: the dataset records
+  // its kind and bytes, or kind "imported" with its bytes when --vocab / --eot differ from the
+  // tokenizer's vocabulary and EOS.
+  std::string tokenizer;
   uint32_t shards = 1;
   std::string out;
   bool force = false;        // replace an existing non-empty output directory
