@@ -83,7 +83,7 @@ int run_sample(int argc, char** argv) {
   options.eos_id = ignore_eos ? -1 : m.codec.eos_id;
   model::Generator generator(m.gpt, std::move(m.params));
   const model::Generation g = model::generate(generator, prompt_ids, options);
-  const std::string completion = m.codec.decode(g.tokens);
+  const std::string completion = m.codec.continuation(prompt_ids, g.tokens);
   const std::string prompt_text = prompt_tokens.empty() ? prompt : m.codec.decode(prompt_ids);
   const double rate = g.decode_seconds > 0 ? double(g.tokens.size()) / g.decode_seconds : 0.0;
 

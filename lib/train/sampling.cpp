@@ -54,6 +54,15 @@ std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
   return os.str();
 }
 
+std::string TextCodec::continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) const {
+  if (!tokenizer) return decode(completion);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), completion.begin(), completion.end());
+  const std::string whole = decode(all), head = decode(prompt);
+  if (whole.compare(0, head.size(), head) == 0) return whole.substr(head.size());
+  return decode(completion);  // the prompt's text changed with what followed: no common prefix
+}
+
 SamplingModel load_sampling_model(const std::string& source) {
   SamplingModel m;
   m.checkpoint = Checkpointer::latest(source);
@@ -133,7 +142,7 @@ void TrainingSampler::maybe_sample(model::Model& model, int64_t step) {
   options.eos_id = codec_.eos_id;
   const model::Generation g = model::generate(generator, prompt_ids_, options);
   std::printf("sample at step %lld: %s%s\n", (long long)step, one_line(prompt_).c_str(),
-              one_line(codec_.decode(g.tokens)).c_str());
+              one_line(codec_.continuation(prompt_ids_, g.tokens)).c_str());
   std::fflush(stdout);
 }
 

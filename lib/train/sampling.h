@@ -28,6 +28,9 @@ struct TextCodec {
                                const std::string& where);
   // "<text>" when there is a tokenizer, else the ids as "[12 7 99]".
   std::string decode(const std::vector<int32_t>& ids) const;
+  // The text `completion` adds after `prompt`: decode(prompt + completion) past decode(prompt),
+  // since tokenizers such as SentencePiece drop a leading space when ids are decoded on their own.
+  std::string continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) const;
 };
 
 // A checkpoint loaded for sampling: weights (no optimizer state) and what decodes them.

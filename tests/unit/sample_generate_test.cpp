@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -170,6 +172,37 @@ TEST(TextCodec, ByteTextIdsOnlyKindsAndEmptyPrompts) {
   } catch (const kilter::Error& e) {
     EXPECT_NE(std::string(e.what()).find("checkpoint x.h5"), std::string::npos) << e.what();
   }
+}
+
+// Words joined by spaces, without a leading one: how SentencePiece decodes "▁word" pieces.
+class WordTokenizer final : public kilter::io::Tokenizer {
+ public:
+  std::string kind() const override { return "words"; }
+  uint32_t vocab_size() const override { return 3; }
+  uint32_t eos_id() const override { return 2; }
+  void encode(std::string_view, std::vector<uint32_t>&) const override {}
+  std::string decode(const uint32_t* ids, size_t count) const override {
+    static const char* const words[2] = {"hello", "world"};
+    std::string text;
+    for (size_t i = 0; i < count; ++i)
+      if (ids[i] < 2) text += (text.empty() ? "" : " ") + std::string(words[ids[i]]);
+    return text;
+  }
+  const std::string& file_bytes() const override { return empty_; }
+
+ private:
+  std::string empty_;
+};
+
+TEST(TextCodec, ContinuationKeepsTheSpaceATokenizerDropsAtTheStart) {
+  kilter::train::TextCodec codec;
+  codec.kind = "words";
+  codec.tokenizer = std::make_unique<WordTokenizer>();
+  EXPECT_EQ(codec.decode({1}), "world");
+  EXPECT_EQ(codec.continuation({0}, {1, 0}), " world hello");
+  EXPECT_EQ(codec.continuation({2}, {0, 1}), "hello world");  // after an EOS start: nothing to skip
+  kilter::train::TextCodec ids = kilter::train::TextCodec::from_record("imported", "", 5, "test");
+  EXPECT_EQ(ids.continuation({1}, {2, 3}), "[2 3]");
 }
 
 // ---- checkpoints carry the tokenizer ----------------------------------------------------------
