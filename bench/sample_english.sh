@@ -7,7 +7,7 @@
 #   bench/sample_english.sh [KILTER]        KILTER: the kilter binary (default: build/kilter)
 #   env: TOKENIZER  byte (default) | sentencepiece (trains a SentencePiece BPE model of VOCAB ids
 #                   with `kilter prep tokenizer train` and prepares the corpus with it)
-#        VOCAB (default 2000), STEPS (default 600), RANKS (default 2), MIN_SCORE (default 0.8),
+#        VOCAB (default 2000), STEPS (default 1500), RANKS (default 2), MIN_SCORE (default 0.8),
 #        FORTUNES (default /usr/share/games/fortunes)
 #
 # Prints the samples and the score, and exits 1 when the score is below MIN_SCORE: the check of
@@ -17,7 +17,7 @@ set -euo pipefail
 KILTER=$(readlink -f "${1:-build/kilter}")
 TOKENIZER=${TOKENIZER:-byte}
 VOCAB=${VOCAB:-2000}
-STEPS=${STEPS:-600}
+STEPS=${STEPS:-1500}
 RANKS=${RANKS:-2}
 MIN_SCORE=${MIN_SCORE:-0.8}
 FORTUNES=${FORTUNES:-/usr/share/games/fortunes}
