@@ -11,6 +11,7 @@
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/prep.h"
+#include "io/tokenizer_train.h"
 
 namespace po = boost::program_options;
 
@@ -27,6 +28,9 @@ void print_report(const io::PrepReport& report, const char* what) {
     std::printf(", %llu empty documents dropped, %.1f MB read",
                 (unsigned long long)report.empty_documents, report.input_bytes / 1e6);
   std::printf(", %.2f s\n", report.seconds);
+  if (report.tokenizer != "byte" && report.tokenizer != "synthetic")
+    std::printf("tokenizer: %s, vocab_size %u, eos_id %u (recorded in index.h5)\n",
+                report.tokenizer.c_str(), report.vocab_size, report.eos_id);
 }
 
 // Parses argv with `desc` (+ positional), printing help for --help. Returns false on --help.
@@ -56,15 +60,27 @@ int prep_corpus(int argc, char** argv) {
       ("format", po::value(&format)->default_value("text"),
        "text (a file is one document) | jsonl ({\"text\": ...} per line) | fortune (documents between '%' lines)")
       ("shards", po::value(&options.shards)->default_value(1), "number of shards (roughly equal token counts)")
+      ("tokenizer", po::value(&options.tokenizer),
+       "a SentencePiece *.model or a Hugging Face tokenizer.json (byte-level BPE); default: bytes")
+      ("threads", po::value(&options.threads)->default_value(0),
+       "tokenizer threads (0: every core); the output does not depend on it")
       ("out", po::value(&options.out)->required(), "output dataset directory (written atomically)")
       ("force", po::bool_switch(&options.force), "replace an existing non-empty output directory")
       ("quiet", po::bool_switch(&quiet), "no progress on stderr");
   po::variables_map vm;
   if (!parse(argc, argv, desc, vm,
-             "usage: kilter prep --input PATH... --format text|jsonl|fortune --shards N --out DIR\n"
+             "usage: kilter prep --input PATH... --format text|jsonl|fortune [--tokenizer FILE] --shards N --out DIR\n"
+             "       kilter prep tokenizer train --help\n"
+             "       kilter prep --format llmc|nanogpt|megatron|npy --help   (import an already tokenized corpus)\n"
              "       kilter prep synth --help | kilter prep validate DIR\n\n"
-             "Byte-level tokenizer: token = byte value (0..255), eos_id = 256, vocab_size = 257.\n"
-             "Empty documents are dropped and counted; non-UTF-8 bytes are kept as bytes."))
+             "Without --tokenizer: token = byte value (0..255), eos_id = 256, vocab_size = 257;\n"
+             "non-UTF-8 bytes are kept as bytes.\n"
+             "With --tokenizer FILE: a SentencePiece model (*.model) or a Hugging Face tokenizer.json\n"
+             "with a byte-level BPE model (GPT-2, RoBERTa, Llama-3 style). vocab_size and eos_id come\n"
+             "from the tokenizer (its </s>, <|endoftext|>, <|end_of_text|> or <eos>; a tokenizer with\n"
+             "none gets one extra id, eos_id = its vocabulary size). No BOS or other special token is\n"
+             "added. The file is recorded in index.h5, so training and sampling decode with it.\n"
+             "Empty documents (and documents that encode to no ids) are dropped and counted."))
     return 0;
   options.format = io::parse_input_format(format);
   options.progress = !quiet;
@@ -99,6 +115,42 @@ int prep_synth(int argc, char** argv) {
   return 0;
 }
 
+int prep_tokenizer_train(int argc, char** argv) {
+  io::TokenizerTrainOptions options;
+  std::string format = "text";
+  bool quiet = false;
+  po::options_description desc("options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("input", po::value(&options.inputs)->multitoken()->required(), "input files or directories, as for kilter prep")
+      ("format", po::value(&format)->default_value("text"), "text | jsonl | fortune, as for kilter prep")
+      ("vocab", po::value(&options.vocab)->required(), "vocabulary size (pieces, including <unk> <s> </s>)")
+      ("kind", po::value(&options.kind)->default_value(options.kind), "bpe | unigram")
+      ("sample", po::value(&options.sample)->default_value(options.sample),
+       "lines (sentences) drawn uniformly from the corpus to train on")
+      ("character-coverage", po::value(&options.character_coverage)->default_value(options.character_coverage),
+       "share of characters the vocabulary covers (the rest become <unk>, or bytes with --byte-fallback)")
+      ("byte-fallback", po::bool_switch(&options.byte_fallback), "encode uncovered characters as <0xNN> byte pieces")
+      ("seed", po::value(&options.seed)->default_value(options.seed), "seed of the line sample")
+      ("out", po::value(&options.out)->required(), "the model file to write (FILE.model)")
+      ("quiet", po::bool_switch(&quiet), "no progress and no trainer log on stderr");
+  po::variables_map vm;
+  if (!parse(argc, argv, desc, vm,
+             "usage: kilter prep tokenizer train --input PATH... --vocab N [--kind bpe|unigram] --out FILE.model\n\n"
+             "Trains a SentencePiece model with the library's trainer on the lines of the corpus\n"
+             "(read as kilter prep reads it); use it with kilter prep --tokenizer FILE.model."))
+    return 0;
+  options.format = io::parse_input_format(format);
+  options.progress = !quiet;
+  io::TokenizerTrainReport report = io::train_sentencepiece(options);
+  std::printf("prep tokenizer train: wrote %s: %s, vocab_size %u, trained on %llu of %llu lines "
+              "(%llu documents), %.2f s\n",
+              report.out.c_str(), options.kind.c_str(), report.vocab,
+              (unsigned long long)report.sampled_sentences, (unsigned long long)report.sentences,
+              (unsigned long long)report.documents, report.seconds);
+  return 0;
+}
+
 int prep_validate(int argc, char** argv) {
   std::string dir;
   po::options_description desc("options");
@@ -117,9 +169,10 @@ int prep_validate(int argc, char** argv) {
   std::vector<std::string> problems = io::validate_dataset(dir);
   if (problems.empty()) {
     io::DatasetIndex index = io::read_index_file(dir);
-    std::printf("OK: %s: %zu shards, %llu documents, %llu tokens, vocab_size %u, eos_id %u\n",
+    std::printf("OK: %s: %zu shards, %llu documents, %llu tokens, vocab_size %u, eos_id %u, tokenizer %s\n",
                 dir.c_str(), index.shards.size(), (unsigned long long)index.num_docs(),
-                (unsigned long long)index.total_tokens(), index.vocab_size, index.eos_id);
+                (unsigned long long)index.total_tokens(), index.vocab_size, index.eos_id,
+                index.tokenizer.c_str());
     return 0;
   }
   std::printf("%zu problem%s in %s:\n", problems.size(), problems.size() == 1 ? "" : "s", dir.c_str());
@@ -133,6 +186,12 @@ int cmd_prep(int argc, char** argv) {
   try {
     if (argc >= 2 && !std::strcmp(argv[1], "synth")) return prep_synth(argc - 1, argv + 1);
     if (argc >= 2 && !std::strcmp(argv[1], "validate")) return prep_validate(argc - 1, argv + 1);
+    if (argc >= 3 && !std::strcmp(argv[1], "tokenizer") && !std::strcmp(argv[2], "train"))
+      return prep_tokenizer_train(argc - 2, argv + 2);
+    if (argc >= 2 && !std::strcmp(argv[1], "tokenizer")) {
+      std::fprintf(stderr, "kilter prep tokenizer: expected `train` (see kilter prep tokenizer train --help)\n");
+      return 2;
+    }
     if (prep_is_import(argc, argv)) return prep_import(argc, argv);
     return prep_corpus(argc, argv);
   } catch (const po::error& e) {

@@ -15,6 +15,17 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(GTest)
 
+# Tokenizers (io/tokenizer_*.cpp): SentencePiece (libsentencepiece-dev, no CMake package: found
+# by pkg-config), PCRE2 for tokenizer.json split regexes, ICU for its Unicode normalizers.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+find_package(ICU REQUIRED COMPONENTS uc)
+find_library(SENTENCEPIECE_TRAIN_LIBRARY sentencepiece_train HINTS ${SENTENCEPIECE_LIBRARY_DIRS} REQUIRED)
+add_library(kilter::text INTERFACE IMPORTED)
+target_link_libraries(kilter::text INTERFACE PkgConfig::SENTENCEPIECE ${SENTENCEPIECE_TRAIN_LIBRARY}
+                      PkgConfig::PCRE2 ICU::uc nlohmann_json::nlohmann_json)
+
 # OpenBLAS: prefer the pthreads build (openblas_set_num_threads works); BLA_VENDOR pins it.
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 
@@ -53,30 +52,10 @@ const char* import_format_name(ImportFormat format) {
   return "?";
 }
 
-std::string tokenizer_kind_for_file(const std::string& path) {
-  if (path == "byte") return "byte";
-  auto ends_with = [&](const char* suffix) {
-    const size_t n = std::strlen(suffix);
-    return path.size() >= n && path.compare(path.size() - n, n, suffix) == 0;
-  };
-  if (ends_with(".model")) return "sentencepiece";
-  if (ends_with(".json")) return "hf-bpe";
-  KILTER_FAIL("--tokenizer " << path << ": not a tokenizer kilter knows by name (a SentencePiece *.model, a "
-                             << "Hugging Face tokenizer.json, or 'byte')");
-}
-
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-std::string read_whole_file(const std::string& path, const char* option) {
-  std::ifstream is(path, std::ios::binary);
-  KILTER_CHECK(is, option << " " << path << ": cannot open");
-  std::ostringstream os;
-  os << is.rdbuf();
-  return os.str();
 }
 
 void fsync_path(const std::string& path) {
@@ -325,9 +304,8 @@ ImportReport import_dataset(const ImportOptions& options) {
   DatasetIndex index;
   std::unique_ptr<Tokenizer> tokenizer;
   if (!options.tokenizer.empty()) {
-    const std::string kind = tokenizer_kind_for_file(options.tokenizer);
-    const std::string bytes = kind == "byte" ? std::string() : read_whole_file(options.tokenizer, "--tokenizer");
-    tokenizer = load_tokenizer(kind, bytes, "--tokenizer " + options.tokenizer);
+    // The file's content decides its kind (a tokenizer.json or a SentencePiece model), as for prep.
+    tokenizer = options.tokenizer == "byte" ? make_byte_tokenizer() : load_tokenizer_file(options.tokenizer);
     index.tokenizer = tokenizer->kind();
     index.tokenizer_data = tokenizer->file_bytes();
   } else {

@@ -57,8 +57,4 @@ struct ImportReport {
 // offset of the first structural fault, or the option at fault.
 ImportReport import_dataset(const ImportOptions& options);
 
-// The tokenizer kind a tokenizer file holds, from its name: "*.model" -> "sentencepiece",
-// "*.json" -> "hf-bpe"; "byte" names the built-in byte tokenizer. Throws naming --tokenizer.
-std::string tokenizer_kind_for_file(const std::string& path);
-
 }  // namespace kilter::io

@@ -9,6 +9,7 @@
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/hdf5_util.h"
+#include "io/tokenizer.h"
 
 namespace kilter::io {
 
@@ -74,6 +75,15 @@ DatasetIndex read_index_file(const std::string& dir) {
   index.vocab_size = uint32_t(vocab);
   index.eos_id = uint32_t(eos);
   index.tokenizer = h5::read_string_attribute(file, "tokenizer", path);
+  if (h5::has_link(file, "tokenizer_data")) {
+    h5::Handle ds = h5::open_dataset(file, "tokenizer_data", path);
+    KILTER_CHECK(h5::is_unsigned_le(ds, 1), path << ": dataset tokenizer_data has type "
+                                                 << h5::describe_type(ds) << ", expected uint8");
+    uint64_t length = h5::dataset_length(ds, path, "tokenizer_data");
+    index.tokenizer_data.resize(length);
+    h5::read_range(ds, H5T_NATIVE_UINT8, 0, length, index.tokenizer_data.data(), path,
+                   "tokenizer_data");
+  }
   uint64_t num_shards = h5::read_uint_attribute(file, "num_shards", path);
   uint64_t num_docs = h5::read_uint_attribute(file, "num_docs", path);
   if (h5::has_attribute(file, "hash_algorithm")) {
@@ -158,6 +168,11 @@ void write_index(const std::string& path, const DatasetIndex& index) {
   write("shard_hash", H5T_STD_U64LE, H5T_NATIVE_UINT64, hashes.size(), hashes.data());
   write("doc_lengths", H5T_STD_U32LE, H5T_NATIVE_UINT32, index.doc_lengths.size(),
         index.doc_lengths.data());
+  // The tokenizer file itself, so that training, checkpoints and `kilter sample` decode with
+  // exactly what encoded the data (absent for the built-in byte tokenizer).
+  if (!index.tokenizer_data.empty())
+    write("tokenizer_data", H5T_STD_U8LE, H5T_NATIVE_UINT8, index.tokenizer_data.size(),
+          index.tokenizer_data.data());
   KILTER_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, path << ": flush failed (disk full?)");
 }
 
@@ -181,6 +196,32 @@ DatasetIndex load_index(const std::string& dir) {
   return index;
 }
 
+// The recorded tokenizer rebuilds and agrees with the index's vocab_size and eos_id.
+static std::vector<std::string> tokenizer_problems(const DatasetIndex& index) {
+  const std::string path = index_path(index.dir);
+  const bool needs_file = index.tokenizer == "sentencepiece" || index.tokenizer == "hf-bpe";
+  if (index.tokenizer_data.empty()) {
+    if (needs_file) return {path + ": tokenizer is '" + index.tokenizer + "' but tokenizer_data is missing"};
+    return {};
+  }
+  if (!needs_file && index.tokenizer != "imported")
+    return {path + ": tokenizer is '" + index.tokenizer + "' but tokenizer_data holds a file"};
+  try {
+    std::unique_ptr<Tokenizer> tokenizer =
+        load_tokenizer(index.tokenizer, index.tokenizer_data, path + " tokenizer_data");
+    std::vector<std::string> problems;
+    if (index.tokenizer != "imported" && tokenizer->vocab_size() != index.vocab_size)
+      problems.push_back(path + ": vocab_size is " + std::to_string(index.vocab_size) +
+                         " but the recorded tokenizer has " + std::to_string(tokenizer->vocab_size()));
+    if (index.tokenizer != "imported" && tokenizer->eos_id() != index.eos_id)
+      problems.push_back(path + ": eos_id is " + std::to_string(index.eos_id) +
+                         " but the recorded tokenizer's is " + std::to_string(tokenizer->eos_id()));
+    return problems;
+  } catch (const Error& e) {
+    return {e.message()};
+  }
+}
+
 std::vector<std::string> validate_dataset(const std::string& dir) {
   DatasetIndex index;
   try {
@@ -190,6 +231,7 @@ std::vector<std::string> validate_dataset(const std::string& dir) {
   }
   std::vector<std::string> problems = index_problems(index);
   if (!problems.empty()) return problems;
+  problems = tokenizer_problems(index);
   for (uint32_t s = 0; s < index.shards.size(); ++s) {
     std::vector<std::string> shard_problems = check_shard_content(index, dir, s);
     problems.insert(problems.end(), shard_problems.begin(), shard_problems.end());

@@ -7,15 +7,23 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/progress.h"
 #include "io/shard_writer.h"
+#include "io/tokenizer.h"
 
 namespace kilter::io {
 
@@ -81,6 +89,10 @@ class AtomicDirectory {
     if (!committed_) fs::remove_all(temp_, ec);
   }
   std::string file(const std::string& name) const { return (temp_ / name).string(); }
+  // A scratch file beside the temporary directory (same file system, never committed).
+  std::string scratch(const std::string& name) const {
+    return (temp_.parent_path() / (temp_.filename().string() + "." + name)).string();
+  }
 
   void commit() {
     for (const fs::directory_entry& entry : fs::directory_iterator(temp_))
@@ -115,11 +127,13 @@ class AtomicDirectory {
 class DatasetBuilder {
  public:
   DatasetBuilder(AtomicDirectory& out, const std::vector<uint32_t>& lengths, uint32_t num_shards,
-                 uint32_t vocab, uint32_t eos, const std::string& tokenizer)
+                 uint32_t vocab, uint32_t eos, const std::string& tokenizer,
+                 const std::string& tokenizer_data = std::string())
       : out_(out), lengths_(lengths), first_(assign_shards(lengths, num_shards)) {
     index_.vocab_size = vocab;
     index_.eos_id = eos;
     index_.tokenizer = tokenizer;
+    index_.tokenizer_data = tokenizer_data;
     index_.doc_lengths = lengths;
     open_shard();
   }
@@ -175,6 +189,9 @@ class DatasetBuilder {
 
 void fill_report(PrepReport& report, const DatasetIndex& index, const std::string& out) {
   report.out = out;
+  report.tokenizer = index.tokenizer;
+  report.vocab_size = index.vocab_size;
+  report.eos_id = index.eos_id;
   report.documents = index.num_docs();
   report.tokens = index.total_tokens();
   report.shards = uint32_t(index.shards.size());
@@ -233,12 +250,255 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// ---- prep with a tokenizer ----------------------------------------------------------------
+
+// Encodes batches of documents on worker threads; futures hand the results back, and the caller
+// consumes them in submission order, so the output does not depend on the thread count.
+class BatchEncoder {
+ public:
+  struct Result {
+    std::vector<uint32_t> tokens;   // every document's ids, concatenated
+    std::vector<uint64_t> lengths;  // per document (0: the document encodes to nothing)
+  };
+
+  BatchEncoder(const Tokenizer& tokenizer, unsigned threads) : tokenizer_(tokenizer) {
+    for (unsigned t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
+  }
+  ~BatchEncoder() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+  }
+
+  std::future<Result> submit(std::vector<std::string> docs) {
+    auto task = std::make_shared<std::packaged_task<Result()>>(
+        [this, docs = std::move(docs)] { return encode(docs); });
+    std::future<Result> result = task->get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back([task] { (*task)(); });
+    }
+    ready_.notify_one();
+    return result;
+  }
+
+ private:
+  Result encode(const std::vector<std::string>& docs) const {
+    Result result;
+    for (const std::string& doc : docs) {
+      size_t before = result.tokens.size();
+      tokenizer_.encode(doc, result.tokens);
+      result.lengths.push_back(result.tokens.size() - before);
+    }
+    return result;
+  }
+
+  void work() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job();  // a packaged_task: exceptions travel to the future
+    }
+  }
+
+  const Tokenizer& tokenizer_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+};
+
+// The token spill file: ids in their on-disk width, in document order; removed when done.
+class SpillFile {
+ public:
+  SpillFile(std::string path, uint32_t token_bytes) : path_(std::move(path)), token_bytes_(token_bytes) {
+    file_ = std::fopen(path_.c_str(), "w+b");
+    KILTER_CHECK(file_, path_ << ": cannot create the token spill file (" << std::strerror(errno) << ")");
+  }
+  ~SpillFile() {
+    if (file_) std::fclose(file_);
+    std::remove(path_.c_str());
+  }
+  SpillFile(const SpillFile&) = delete;
+  SpillFile& operator=(const SpillFile&) = delete;
+
+  void write(const std::vector<uint32_t>& tokens) {
+    if (tokens.empty()) return;
+    size_t written;
+    if (token_bytes_ == 2) {
+      narrow_.resize(tokens.size());
+      for (size_t i = 0; i < tokens.size(); ++i) narrow_[i] = uint16_t(tokens[i]);
+      written = std::fwrite(narrow_.data(), 2, narrow_.size(), file_);
+    } else {
+      written = std::fwrite(tokens.data(), 4, tokens.size(), file_);
+    }
+    KILTER_CHECK(written == tokens.size(), path_ << ": write failed (disk full?)");
+  }
+  void rewind() {
+    KILTER_CHECK(std::fflush(file_) == 0, path_ << ": write failed (disk full?)");
+    std::rewind(file_);
+  }
+  // Reads the next `count` ids into `out`.
+  void read(size_t count, std::vector<uint32_t>& out) {
+    out.resize(count);
+    size_t got;
+    if (token_bytes_ == 2) {
+      narrow_.resize(count);
+      got = std::fread(narrow_.data(), 2, count, file_);
+      for (size_t i = 0; i < got; ++i) out[i] = narrow_[i];
+    } else {
+      got = std::fread(out.data(), 4, count, file_);
+    }
+    KILTER_CHECK(got == count, path_ << ": short read of the token spill file");
+  }
+
+ private:
+  std::string path_;
+  uint32_t token_bytes_;
+  FILE* file_ = nullptr;
+  std::vector<uint16_t> narrow_;
+};
+
+// Pass 1 with a tokenizer: documents are gathered into batches of about 512 KiB, encoded on the
+// worker threads, and their ids appended to the spill file in order. At most 4 batches per
+// thread are in flight, which bounds memory whatever the corpus size.
+class TokenizingSink : public DocumentSink {
+ public:
+  TokenizingSink(const Tokenizer& tokenizer, unsigned threads, SpillFile& spill, Progress& progress)
+      : encoder_(tokenizer, threads), max_in_flight_(4 * threads), spill_(spill),
+        progress_(progress), vocab_(tokenizer.vocab_size()) {}
+
+  void bytes(const unsigned char* data, size_t size) override {
+    current_.append(reinterpret_cast<const char*>(data), size);
+  }
+  void end_document() override {
+    batch_bytes_ += current_.size();
+    batch_.push_back(std::move(current_));
+    current_.clear();
+    if (batch_bytes_ >= kBatchBytes || batch_.size() >= kBatchDocuments) submit();
+  }
+  void input_progress(uint64_t consumed) override { progress_.update(lengths.size(), consumed); }
+
+  // Encodes what is left and waits for every batch.
+  void finish() {
+    submit();
+    while (!in_flight_.empty()) drain_one();
+  }
+
+  std::vector<uint32_t> lengths;
+  uint64_t empty_documents = 0;  // documents with text but no ids
+
+ private:
+  static constexpr size_t kBatchBytes = size_t(512) << 10;
+  static constexpr size_t kBatchDocuments = 8192;
+
+  void submit() {
+    if (batch_.empty()) return;
+    in_flight_.push_back(encoder_.submit(std::move(batch_)));
+    batch_.clear();
+    batch_bytes_ = 0;
+    while (in_flight_.size() > max_in_flight_) drain_one();
+  }
+
+  void drain_one() {
+    BatchEncoder::Result result = in_flight_.front().get();
+    in_flight_.pop_front();
+    for (uint64_t length : result.lengths) {
+      if (length == 0) {
+        ++empty_documents;
+        continue;
+      }
+      KILTER_CHECK(length <= UINT32_MAX, "document " << lengths.size() << " has " << length
+                                                     << " tokens; the format stores lengths as uint32");
+      lengths.push_back(uint32_t(length));
+    }
+    for (uint32_t id : result.tokens)
+      KILTER_CHECK(id < vocab_, "the tokenizer produced id " << id << ", not below its vocab_size "
+                                                             << vocab_);
+    spill_.write(result.tokens);
+  }
+
+  BatchEncoder encoder_;
+  size_t max_in_flight_;
+  SpillFile& spill_;
+  Progress& progress_;
+  uint32_t vocab_;
+  std::string current_;
+  std::vector<std::string> batch_;
+  size_t batch_bytes_ = 0;
+  std::deque<std::future<BatchEncoder::Result>> in_flight_;
+};
+
+PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vector<InputFile>& inputs,
+                                     uint64_t input_bytes, std::chrono::steady_clock::time_point start) {
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_file(options.tokenizer);
+  const uint32_t token_bytes = token_bytes_for_vocab(tokenizer->vocab_size());
+  unsigned threads = options.threads ? options.threads : std::thread::hardware_concurrency();
+  threads = std::max(1u, threads);
+
+  AtomicDirectory out(options.out, options.force);
+  SpillFile spill(out.scratch("tokens"), token_bytes);
+  Progress tokenize_progress("prep tokenize", input_bytes, options.progress);
+  TokenizingSink sink(*tokenizer, threads, spill, tokenize_progress);
+  CorpusCounts first_pass = read_corpus(inputs, options.format, sink);
+  sink.finish();
+  tokenize_progress.update(sink.lengths.size(), first_pass.input_bytes);
+  tokenize_progress.finish();
+  KILTER_CHECK(!sink.lengths.empty(),
+               "the inputs hold no documents with tokens (" << first_pass.empty_documents
+                   << " empty ones and " << sink.empty_documents
+                   << " that encode to nothing were dropped)");
+
+  DatasetBuilder builder(out, sink.lengths, options.shards, tokenizer->vocab_size(),
+                         tokenizer->eos_id(), tokenizer->kind(), tokenizer->file_bytes());
+  uint64_t total_tokens = 0;
+  for (uint32_t length : sink.lengths) total_tokens += length;
+  Progress write_progress("prep write", total_tokens * token_bytes, options.progress);
+  spill.rewind();
+  std::vector<uint32_t> chunk;
+  constexpr uint64_t kChunkTokens = uint64_t(1) << 20;
+  uint64_t copied = 0;
+  for (size_t doc = 0; doc < sink.lengths.size(); ++doc) {
+    for (uint64_t left = sink.lengths[doc]; left > 0;) {
+      size_t n = size_t(std::min(left, kChunkTokens));
+      spill.read(n, chunk);
+      builder.writer().append(chunk.data(), n);
+      left -= n;
+      copied += n;
+    }
+    builder.end_document();
+    if (doc % 4096 == 0) write_progress.update(doc + 1, copied * token_bytes);
+  }
+  write_progress.update(sink.lengths.size(), copied * token_bytes);
+  write_progress.finish();
+  const DatasetIndex& index = builder.finish();
+  out.commit();
+
+  PrepReport report;
+  fill_report(report, index, options.out);
+  report.empty_documents = first_pass.empty_documents + sink.empty_documents;
+  report.input_bytes = first_pass.input_bytes;
+  report.seconds = seconds_since(start);
+  return report;
+}
+
 }  // namespace
 
 PrepReport prepare_dataset(const PrepOptions& options) {
   auto start = std::chrono::steady_clock::now();
   std::vector<InputFile> inputs = expand_inputs(options.inputs, options.format);
   const uint64_t input_bytes = total_size(inputs);
+  if (!options.tokenizer.empty()) return prepare_tokenized_dataset(options, inputs, input_bytes, start);
 
   AtomicDirectory out(options.out, options.force);  // refuses an existing --out before the scan
   Progress scan_progress("prep scan", input_bytes, options.progress);

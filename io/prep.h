@@ -1,6 +1,9 @@
-// `kilter prep` and `kilter prep synth` as library calls: corpus -> byte tokens -> N shards of
+// `kilter prep` and `kilter prep synth` as library calls: corpus -> tokens -> N shards of
 // roughly equal token count + index.h5, written into a temporary directory that is renamed into
-// place only when complete. Memory holds the document lengths only (two passes over the input).
+// place only when complete. Memory holds the document lengths only: the byte tokenizer reads the
+// input twice (lengths, then tokens); a real tokenizer (--tokenizer) encodes batches of documents
+// on every core in one pass, spilling the tokens in order to a temporary file that the second
+// pass copies into the shards.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,10 +24,15 @@ struct PrepOptions {
   std::string out;
   bool force = false;     // replace an existing non-empty output directory
   bool progress = true;   // progress on stderr
+  std::string tokenizer;  // a SentencePiece *.model or a tokenizer.json; empty: bytes
+  unsigned threads = 0;   // tokenizer threads (0: every core)
 };
 
 struct PrepReport {
   std::string out;
+  std::string tokenizer = "byte";  // the kind recorded in index.h5
+  uint32_t vocab_size = 0;
+  uint32_t eos_id = 0;
   uint64_t documents = 0;
   uint64_t empty_documents = 0;  // dropped (prep only)
   uint64_t tokens = 0;

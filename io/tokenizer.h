@@ -31,6 +31,23 @@ class Tokenizer {
 // The built-in byte tokenizer: id = byte value, vocab 257, EOS 256.
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 
+// The EOS rule for tokenizers that name none (a SentencePiece model trained with eos_id=-1, a
+// tokenizer.json without <|endoftext|>, <|end_of_text|>, </s> or <eos>): kilter appends one id
+// past the tokenizer's own, so eos_id = the tokenizer's vocabulary size and vocab_size is one
+// larger. The extra id decodes to "" like every EOS.
+
+// A SentencePiece model (the bytes of a `*.model` file, a serialized ModelProto).
+std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& model_bytes,
+                                                        const std::string& where);
+// A Hugging Face tokenizer.json whose model is a byte-level BPE (see io/tokenizer_hf.cpp for
+// the components it reads); anything else is refused naming the unsupported component.
+std::unique_ptr<Tokenizer> make_hf_bpe_tokenizer(const std::string& json_bytes,
+                                                 const std::string& where);
+
+// Reads a tokenizer file and recognises its kind by content: a JSON object is a tokenizer.json,
+// anything else must parse as a SentencePiece model. Throws naming `path`.
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path);
+
 // Rebuilds a recorded tokenizer from its kind and file bytes, as index.h5 and checkpoints store
 // them. Throws kilter::Error naming `where` (a file and key) when the kind is unknown or the
 // bytes do not parse.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kilter needs to build, test and run its demo.
 # Idempotent: packages already present are skipped; apt-get runs only when something is missing.
-# Usage: scripts/install-deps.sh [--with-test-extras]   (torch/h5py/chromium/slurm/lmod for tests)
+# Usage: scripts/install-deps.sh [--with-test-extras]   (torch/h5py/chromium/slurm/lmod, the
+# tokenizer oracles python3-sentencepiece and HF `tokenizers` from PyPI, for tests)
 set -euo pipefail
 
 BUILD_PKGS=(build-essential cmake pkg-config git
@@ -11,10 +12,12 @@ BUILD_PKGS=(build-essential cmake pkg-config git
   libopenblas-dev
   libgtest-dev googletest
   nlohmann-json3-dev libfmt-dev
+  libsentencepiece-dev libpcre2-dev libicu-dev
   fortunes fortunes-min)
-TEST_PKGS=(python3 python3-numpy python3-h5py python3-torch
+TEST_PKGS=(python3 python3-numpy python3-h5py python3-torch python3-sentencepiece python3-pip
   chromium
   slurm-wlm munge lmod
+  iproute2 util-linux mount
   procps)
 
 want=("${BUILD_PKGS[@]}")
@@ -27,15 +30,28 @@ for p in "${want[@]}"; do
   fi
 done
 
-if (( ${#missing[@]} == 0 )); then
-  echo "install-deps: all ${#want[@]} packages present"
-  exit 0
-fi
-
-echo "install-deps: installing ${missing[*]}"
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "install-deps: done"
+if (( ${#missing[@]} == 0 )); then
+  echo "install-deps: all ${#want[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "install-deps: done"
+fi
+
+# HF `tokenizers` (the exact-match oracle of tests/e2e/tokenizer_exact.sh) is not packaged by
+# Debian: pip installs it for the Debian python the tests use, only when it is missing.
+if [[ "${1:-}" == "--with-test-extras" ]]; then
+  PY=${KILTER_PYTHON:-/usr/bin/python3}
+  TOKENIZERS_VERSION=${KILTER_TOKENIZERS_VERSION:-0.23.3}
+  if "$PY" -c "import tokenizers" 2>/dev/null; then
+    echo "install-deps: python tokenizers present"
+  else
+    echo "install-deps: pip installing tokenizers==$TOKENIZERS_VERSION for $PY"
+    $SUDO "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+      --break-system-packages "tokenizers==$TOKENIZERS_VERSION"
+  fi
+fi

@@ -289,7 +289,7 @@ def option_errors():
     with open(f"{WORK}/vocab.txt", "w") as f:
         f.write("not a tokenizer")
     cases = [
-        (("--tokenizer", f"{WORK}/vocab.txt"), "not a tokenizer kilter knows by name"),
+        (("--tokenizer", f"{WORK}/vocab.txt"), "vocab.txt"),
         (("--tokenizer", f"{WORK}/missing.model"), "missing.model"),
         (("--tokenizer", "byte", "--vocab", "100"), "smaller than the vocabulary of --tokenizer byte"),
         (("--eot", "70000", "--vocab", "60000"), "--eot 70000 is not below the vocabulary size 60000"),

@@ -1,0 +1,251 @@
+// Tokenizers (io/tokenizer*.cpp): a small hand-made byte-level BPE tokenizer.json encodes as
+// its merges say; added tokens, normalizers and pre-tokenizer steps; unsupported components are
+// refused by name; the EOS rule; `prep --tokenizer` records the tokenizer and does not depend on
+// the thread count. Exact agreement with the reference libraries: tests/e2e/tokenizer_exact.sh.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "io/tokenizer.h"
+#include "io_testing.h"
+
+namespace kilter::io {
+namespace {
+
+using namespace kilter::io::testing;
+using json = nlohmann::json;
+
+// Vocabulary: the 256 byte symbols (GPT-2's map: 'Ġ' is the space byte) at ids 0..255 in byte
+// order, then merges "h e" -> 256, "l l" -> 257, "he ll" -> 258, "Ġ w" -> 259, "o r" -> 260.
+json tiny_tokenizer() {
+  std::vector<uint32_t> cp(256);
+  std::vector<bool> direct(256, false);
+  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) cp[b] = direct[b] ? b : next++;
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    uint32_t c = cp[b];
+    if (c < 0x80) {
+      s.push_back(char(c));
+    } else {
+      s.push_back(char(0xC0 | (c >> 6)));
+      s.push_back(char(0x80 | (c & 0x3F)));
+    }
+    vocab[s] = b;
+  }
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  vocab["\xC4\xA0w"] = 259;  // "Ġw"
+  vocab["or"] = 260;
+  json root;
+  root["version"] = "1.0";
+  root["added_tokens"] = json::array({{{"id", 261}, {"content", "<|endoftext|>"}, {"special", true},
+                                       {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                                       {"normalized", false}}});
+  root["normalizer"] = nullptr;
+  root["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  root["post_processor"] = nullptr;
+  root["decoder"] = {{"type", "ByteLevel"}};
+  root["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                   {"vocab", vocab},
+                   {"merges", json::array({"h e", "l l", json::array({"he", "ll"}), "\xC4\xA0 w", "o r"})}};
+  return root;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+}
+
+std::vector<uint32_t> encode(const Tokenizer& tokenizer, const std::string& text) {
+  std::vector<uint32_t> ids;
+  tokenizer.encode(text, ids);
+  return ids;
+}
+
+std::string refusal(const json& root) {
+  try {
+    make_hf_bpe_tokenizer(root.dump(), "tok.json");
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "(accepted)";
+}
+
+TEST(IoTokenizer, ByteTokenizer) {
+  auto tokenizer = make_byte_tokenizer();
+  std::vector<uint32_t> ids = encode(*tokenizer, "a\xff");
+  EXPECT_EQ(ids, (std::vector<uint32_t>{'a', 0xff}));
+  ids.push_back(256);
+  EXPECT_EQ(tokenizer->decode(ids.data(), ids.size()), "a\xff");
+  EXPECT_EQ(load_tokenizer("byte", "", "x")->vocab_size(), 257u);
+}
+
+TEST(IoTokenizer, HfBpeMergesByRank) {
+  auto tokenizer = make_hf_bpe_tokenizer(tiny_tokenizer().dump(), "tok.json");
+  EXPECT_EQ(tokenizer->kind(), "hf-bpe");
+  EXPECT_EQ(tokenizer->vocab_size(), 262u);
+  EXPECT_EQ(tokenizer->eos_id(), 261u);
+  // "hello" -> he ll o -> hell o; " world" -> Ġw or l d; "!" stays a byte.
+  EXPECT_EQ(encode(*tokenizer, "hello world!"),
+            (std::vector<uint32_t>{258, 'o', 259, 260, 'l', 'd', '!'}));
+  // The added token is split out before the regex; the EOS decodes to "".
+  std::vector<uint32_t> ids = encode(*tokenizer, "he<|endoftext|>he");
+  EXPECT_EQ(ids, (std::vector<uint32_t>{256, 261, 256}));
+  EXPECT_EQ(tokenizer->decode(ids.data(), ids.size()), "hehe");
+  // Non-ASCII and invalid UTF-8 round-trip through the byte map.
+  const std::string text = "caf\xc3\xa9 \xf0\x9f\x98\x80 \xff\xfe end\r\n";
+  ids = encode(*tokenizer, text);
+  EXPECT_EQ(tokenizer->decode(ids.data(), ids.size()), text);
+}
+
+TEST(IoTokenizer, HfBpeRecordedBytesRebuildIt) {
+  auto tokenizer = make_hf_bpe_tokenizer(tiny_tokenizer().dump(), "tok.json");
+  auto again = load_tokenizer("hf-bpe", tokenizer->file_bytes(), "index.h5");
+  EXPECT_EQ(encode(*again, "hello world"), encode(*tokenizer, "hello world"));
+  auto imported = load_tokenizer("imported", tokenizer->file_bytes(), "index.h5");
+  EXPECT_EQ(imported->vocab_size(), 262u);
+}
+
+TEST(IoTokenizer, HfBpeEosRuleWithoutEndOfText) {
+  json root = tiny_tokenizer();
+  root["added_tokens"] = json::array();
+  auto tokenizer = make_hf_bpe_tokenizer(root.dump(), "tok.json");
+  EXPECT_EQ(tokenizer->eos_id(), 261u);  // one past the largest id (260)
+  EXPECT_EQ(tokenizer->vocab_size(), 262u);
+}
+
+TEST(IoTokenizer, HfBpeNormalizerAndPreTokenizerSteps) {
+  json root = tiny_tokenizer();
+  root["normalizer"] = {{"type", "Sequence"},
+                        {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Lowercase"}}})}};
+  auto tokenizer = make_hf_bpe_tokenizer(root.dump(), "tok.json");
+  // NFC composes e + U+0301 into U+00E9 (bytes c3 a9); Lowercase maps H to h.
+  EXPECT_EQ(encode(*tokenizer, "HE"), (std::vector<uint32_t>{256}));
+  EXPECT_EQ(encode(*tokenizer, "e\xcc\x81"), (std::vector<uint32_t>{0xc3, 0xa9}));
+
+  root = tiny_tokenizer();
+  root["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers",
+                            json::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                         {{"type", "ByteLevel"}, {"add_prefix_space", true},
+                                          {"use_regex", false}}})}};
+  tokenizer = make_hf_bpe_tokenizer(root.dump(), "tok.json");
+  // Digits isolate each digit; ByteLevel then prefixes a space to every piece.
+  EXPECT_EQ(encode(*tokenizer, "12"), (std::vector<uint32_t>{' ', '1', ' ', '2'}));
+}
+
+TEST(IoTokenizer, UnsupportedComponentsAreRefusedByName) {
+  json root = tiny_tokenizer();
+  root["model"]["type"] = "WordPiece";
+  EXPECT_NE(refusal(root).find("model.type = WordPiece is not supported"), std::string::npos)
+      << refusal(root);
+  root = tiny_tokenizer();
+  root["normalizer"] = {{"type", "BertNormalizer"}};
+  EXPECT_NE(refusal(root).find("normalizer.type = BertNormalizer is not supported"), std::string::npos);
+  root = tiny_tokenizer();
+  root["pre_tokenizer"] = {{"type", "Metaspace"}};
+  EXPECT_NE(refusal(root).find("pre_tokenizer.type = Metaspace is not supported"), std::string::npos);
+  root = tiny_tokenizer();
+  root["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers", json::array({{{"type", "Split"},
+                                                           {"pattern", {{"Regex", "\\s+"}}},
+                                                           {"behavior", "MergedWithNext"}}})}};
+  EXPECT_NE(refusal(root).find("pre_tokenizer.pretokenizers[0].behavior = MergedWithNext is not supported"),
+            std::string::npos)
+      << refusal(root);
+  root = tiny_tokenizer();
+  root["pre_tokenizer"] = nullptr;
+  EXPECT_NE(refusal(root).find("no ByteLevel step"), std::string::npos);
+  root = tiny_tokenizer();
+  root["model"]["dropout"] = 0.1;
+  EXPECT_NE(refusal(root).find("model.dropout"), std::string::npos);
+  EXPECT_NE(refusal(json::array()).find("tok.json"), std::string::npos);
+}
+
+TEST(IoTokenizer, BadFilesNameThemselves) {
+  ScratchDir tmp;
+  write_file(tmp.path("junk.model"), "not a model");
+  try {
+    load_tokenizer_file(tmp.path("junk.model"));
+    FAIL() << "junk accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("junk.model"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(load_tokenizer_file(tmp.path("missing.json")), Error);
+  EXPECT_THROW(load_tokenizer("imported", "", "index.h5"), Error);
+  EXPECT_THROW(load_tokenizer("wordpiece", "x", "index.h5"), Error);
+}
+
+TEST(IoTokenizer, PrepRecordsTheTokenizerAndIgnoresTheThreadCount) {
+  ScratchDir tmp;
+  write_file(tmp.path("tok.json"), tiny_tokenizer().dump());
+  std::string jsonl;
+  for (int i = 0; i < 3000; ++i)
+    jsonl += "{\"text\": \"hello world " + std::to_string(i) + (i % 7 ? "" : " <|endoftext|>") + "\"}\n";
+  write_file(tmp.path("in.jsonl"), jsonl);
+  std::string hashes[2];
+  for (unsigned threads : {1u, 3u}) {
+    PrepOptions options;
+    options.inputs = {tmp.path("in.jsonl")};
+    options.format = InputFormat::jsonl;
+    options.shards = 2;
+    options.tokenizer = tmp.path("tok.json");
+    options.threads = threads;
+    options.out = tmp.path("out" + std::to_string(threads));
+    options.progress = false;
+    PrepReport report = prepare_dataset(options);
+    EXPECT_EQ(report.documents, 3000u);
+    EXPECT_EQ(report.tokenizer, "hf-bpe");
+    DatasetIndex index = load_index(options.out);
+    EXPECT_EQ(index.tokenizer, "hf-bpe");
+    EXPECT_EQ(index.vocab_size, 262u);
+    EXPECT_EQ(index.eos_id, 261u);
+    EXPECT_EQ(index.tokenizer_data, read_file(tmp.path("tok.json")));
+    EXPECT_TRUE(validate_dataset(options.out).empty());
+    std::vector<uint32_t> tokens = shard_tokens(options.out + "/shard-00000.h5");
+    EXPECT_EQ(std::vector<uint32_t>(tokens.begin(), tokens.begin() + 4),
+              (std::vector<uint32_t>{258, 'o', 259, 260}));
+    hashes[threads == 1 ? 0 : 1] = index.shards[0].hash + index.shards[1].hash;
+  }
+  EXPECT_EQ(hashes[0], hashes[1]);
+}
+
+TEST(IoTokenizer, ValidateChecksTheRecordedTokenizer) {
+  ScratchDir tmp;
+  write_file(tmp.path("tok.json"), tiny_tokenizer().dump());
+  write_file(tmp.path("in.jsonl"), "{\"text\": \"hello\"}\n{\"text\": \"world\"}\n");
+  PrepOptions options;
+  options.inputs = {tmp.path("in.jsonl")};
+  options.format = InputFormat::jsonl;
+  options.tokenizer = tmp.path("tok.json");
+  options.out = tmp.path("out");
+  options.progress = false;
+  prepare_dataset(options);
+  auto has = [](const std::vector<std::string>& problems, const std::string& needle) {
+    for (const std::string& problem : problems)
+      if (problem.find(needle) != std::string::npos) return true;
+    return false;
+  };
+  DatasetIndex index = read_index_file(options.out);
+  index.tokenizer_data.resize(index.tokenizer_data.size() / 2);  // a truncated file
+  write_index(options.out + "/index.h5", index);
+  EXPECT_TRUE(has(validate_dataset(options.out), "tokenizer_data: not valid JSON"));
+  index = read_index_file(options.out);
+  index.tokenizer_data = tiny_tokenizer().dump();
+  index.eos_id = 5;
+  write_index(options.out + "/index.h5", index);
+  EXPECT_TRUE(has(validate_dataset(options.out), "eos_id is 5 but the recorded tokenizer's is 261"));
+  index.eos_id = 261;
+  index.tokenizer_data.clear();
+  write_index(options.out + "/index.h5", index);
+  EXPECT_TRUE(has(validate_dataset(options.out), "tokenizer is 'hf-bpe' but tokenizer_data is missing"));
+}
+
+}  // namespace
+}  // namespace kilter::io
