@@ -36,7 +36,7 @@ const char* kUsage =
     "Builds one epoch of the batch plan without training and prints its statistics\n"
     "(padding_efficiency, cost_imbalance_p50|p95|max, steps_per_epoch, micro_batches_per_step, ...).\n"
     "Honors --config FILE and --section.key=value like `kilter train` (model.block_size, data.max_tokens,\n"
-    "train.tokens_per_step, train.seed, data.sampler, data.tail, data.cost_a, data.cost_b, ...).";
+    "train.tokens_per_step, train.seed, data.sampler, data.tail, data.cost_a, data.cost_b, data.cost_c, ...).";
 
 uint64_t current_rss_bytes() {
   std::ifstream statm("/proc/self/statm");
@@ -59,20 +59,24 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
   const std::vector<balance::CostSample> samples = balance::read_cost_samples(run_dir, skip_steps);
   const balance::CostFit fit = balance::fit_cost_model(samples);
   const double b_over_a = fit.a > 0 ? std::max(0.0, fit.b_over_a()) : 0.0;
+  const double c_over_a = fit.a > 0 ? std::max(0.0, fit.c_over_a()) : 0.0;
   if (json) {
     nlohmann::json out = {{"run_dir", run_dir},          {"samples", fit.samples},
                           {"skip_steps", skip_steps},    {"a_seconds_per_token", fit.a},
-                          {"b_seconds_per_l2", fit.b},   {"intercept_seconds", fit.intercept},
+                          {"b_seconds_per_l2", fit.b},   {"c_seconds_per_micro_batch", fit.c},
+                          {"intercept_seconds", fit.intercept}, {"c_from_intercept", fit.c_from_intercept},
                           {"r2", fit.r2},                {"cost_a", 1.0},
-                          {"cost_b", b_over_a}};
+                          {"cost_b", b_over_a},          {"cost_c", c_over_a}};
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("kilter plan --calibrate %s: %llu (rank, step) samples, steps < %lld skipped\n", run_dir.c_str(),
                 static_cast<unsigned long long>(fit.samples), static_cast<long long>(skip_steps));
-    std::printf("  forward+backward seconds = %.4g + %.4g * tokens_computed + %.4g * sum(L^2)   (R^2 = %.4f)\n",
-                fit.intercept, fit.a, fit.b, fit.r2);
-    std::printf("config lines (only the ratio b/a matters to the plan):\n[data]\ncost_a = 1\ncost_b = %.6g\n",
-                b_over_a);
+    std::printf("  forward+backward seconds = %.4g * tokens_computed + %.4g * sum(L^2) + %.4g * micro_batches + %.4g"
+                "   (R^2 = %.4f)\n", fit.a, fit.b, fit.c, fit.intercept, fit.r2);
+    if (fit.c_from_intercept)
+      std::printf("  (micro_batches did not vary: c is the fixed time per rank-step divided by its micro-batches)\n");
+    std::printf("config lines (only the ratios b/a and c/a matter to the plan):\n[data]\ncost_a = 1\ncost_b = %.6g\n"
+                "cost_c = %.6g\n", b_over_a, c_over_a);
   }
   if (fit.r2 < 0.5)
     std::fprintf(stderr, "kilter plan: warning: R^2 = %.3f: the measured times hardly follow the cost model (a shared or "
@@ -81,6 +85,8 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
                                        "the samples do not follow the cost model\n", fit.a);
   else if (fit.b < 0) std::fprintf(stderr, "kilter plan: warning: the fitted b = %g is negative; use cost_b = 0+ "
                                             "(attention is not measurable at these lengths)\n", fit.b);
+  if (fit.a > 0 && fit.c < 0) std::fprintf(stderr, "kilter plan: warning: the fitted c = %g is negative; use cost_c = 0 "
+                                                    "(no measurable fixed cost per micro-batch)\n", fit.c);
   return 0;
 }
 
@@ -103,11 +109,16 @@ nlohmann::json stats_json(const balance::EpochPlan& plan) {
           {"target_tokens_per_step_max", s.target_tokens_per_step_max},
           {"dropped_pieces", s.dropped_pieces},
           {"dropped_tokens", s.dropped_tokens},
-          {"tail_micro_batches", s.tail_micro_batches},
+          {"tail_pieces", s.tail_pieces},
           {"tail_tokens", s.tail_tokens},
           {"tail_redistributed", s.tail_redistributed},
           {"idle_rank_steps", s.idle_rank_steps},
-          {"steps_with_idle_ranks", s.steps_with_idle_ranks}};
+          {"steps_with_idle_ranks", s.steps_with_idle_ranks},
+          {"idle_ranks_max", s.idle_ranks_max},
+          {"micro_batches_per_rank_max", s.micro_batches_per_rank_max},
+          {"cost_imbalance_bound_p50", s.cost_imbalance_bound_p50},
+          {"cost_imbalance_bound_p95", s.cost_imbalance_bound_p95},
+          {"critical_cost_per_token", s.critical_cost_per_token}};
 }
 
 }  // namespace
@@ -130,7 +141,7 @@ int cmd_plan(int argc, char** argv) {
         ("lengths", po::value(&lengths_spec), "synthetic lengths instead of --data: lognormal:MU,SIGMA[,MAX] | uniform:MIN,MAX")
         ("docs", po::value(&docs)->default_value(0), "synthetic documents (with --lengths)")
         ("seed", po::value(&synth_seed), "seed of the synthetic lengths (default: train.seed)")
-        ("calibrate", po::value(&calibrate_dir), "fit cost_a and cost_b to RUN_DIR/metrics/rank-*.csv and print them")
+        ("calibrate", po::value(&calibrate_dir), "fit cost_a, cost_b and cost_c to RUN_DIR/metrics/rank-*.csv and print them")
         ("skip-steps", po::value(&skip_steps)->default_value(2), "with --calibrate: warm-up steps left out of the fit");
     po::variables_map vm;
     if (!parse_command_line(argc, argv, kUsage, extra, vm, cfg)) return 0;
@@ -185,12 +196,25 @@ int cmd_plan(int argc, char** argv) {
     const balance::PlanStats& s = plan.stats;
 
     std::vector<std::string> warnings;
+    const std::string too_small = balance::idle_rank_warning(opts, world_size);
+    if (!too_small.empty()) warnings.push_back(too_small);
     if (s.steps_with_idle_ranks > 0) {
       warnings.push_back(std::to_string(s.steps_with_idle_ranks) + " of " + std::to_string(s.steps_per_epoch) +
-                         " steps have fewer micro-batches than the " + std::to_string(world_size) +
-                         " ranks (" + std::to_string(s.idle_rank_steps) +
-                         " idle rank-steps); idle ranks still join every collective; raise train.tokens_per_step "
-                         "(e.g. to " + std::to_string(uint64_t(world_size) * opts.max_tokens * 4) + ")");
+                         " steps leave ranks idle (" + std::to_string(s.idle_rank_steps) +
+                         " idle rank-steps, at most " + std::to_string(s.idle_ranks_max) +
+                         " in one step); idle ranks still join every collective; raise train.tokens_per_step to >= " +
+                         std::to_string(uint64_t(world_size) * opts.context) + " (world size x model.block_size)");
+    }
+    if (s.cost_imbalance_bound_p95 > 1.02) {
+      char line[400];
+      std::snprintf(line, sizeof line,
+                    "the steps are too coarse for %d ranks: no division of their pieces gets cost_imbalance_p95 below "
+                    "%.3f (a rank's share is only %.1f contexts and long pieces cost more than it); raise "
+                    "train.tokens_per_step (e.g. to %llu) to balance",
+                    world_size, s.cost_imbalance_bound_p95,
+                    double(opts.tokens_per_step) / double(world_size) / double(opts.context),
+                    static_cast<unsigned long long>(2 * opts.tokens_per_step));
+      warnings.push_back(line);
     }
     if (s.steps_per_epoch == 0) warnings.push_back("the plan has no steps: the split holds no tokens");
 
@@ -214,6 +238,7 @@ int cmd_plan(int argc, char** argv) {
       out["eval_docs"] = split.eval_docs.size();
       out["cost_a"] = plan.cost.a;
       out["cost_b"] = plan.cost.b;
+      out["cost_c"] = plan.cost.c;
       out["index_load_seconds"] = load_seconds;
       out["plan_build_seconds"] = plan_seconds;
       out["plan_build_cpu_seconds"] = plan_cpu_seconds;
@@ -239,14 +264,20 @@ int cmd_plan(int argc, char** argv) {
       std::printf("  padding efficiency %.4f   cost imbalance p50 %.4f  p95 %.4f  max %.4f   (node p95 %.4f)\n",
                   s.padding_efficiency, s.cost_imbalance_p50, s.cost_imbalance_p95, s.cost_imbalance_max,
                   balance::node_cost_imbalance(plan, ranks_per_node, 0.95));
-      if (s.tail_redistributed && s.tail_micro_batches > 0)
-        std::printf("  tail: %llu micro-batches (%llu tokens) redistributed over earlier steps\n",
-                    static_cast<unsigned long long>(s.tail_micro_batches), static_cast<unsigned long long>(s.tail_tokens));
+      if (s.cost_imbalance_bound_p95 > 0)
+        std::printf("  best any division of these steps could do: imbalance p50 %.4f  p95 %.4f\n",
+                    s.cost_imbalance_bound_p50, s.cost_imbalance_bound_p95);
+      std::printf("  idle: %llu rank-steps in %llu steps (at most %llu ranks in one step); at most %.0f micro-batches per rank\n",
+                  static_cast<unsigned long long>(s.idle_rank_steps), static_cast<unsigned long long>(s.steps_with_idle_ranks),
+                  static_cast<unsigned long long>(s.idle_ranks_max), s.micro_batches_per_rank_max);
+      if (s.tail_redistributed && s.tail_pieces > 0)
+        std::printf("  tail: %llu pieces (%llu tokens) redistributed over the epoch's steps\n",
+                    static_cast<unsigned long long>(s.tail_pieces), static_cast<unsigned long long>(s.tail_tokens));
       else if (s.dropped_pieces > 0)
         std::printf("  tail: %llu pieces (%llu tokens) dropped\n", static_cast<unsigned long long>(s.dropped_pieces),
                     static_cast<unsigned long long>(s.dropped_tokens));
-      std::printf("  cost model a=%.4g b=%.4g; planned in %.3f s (%.3f s CPU); %.1f bytes/document held (peak +%.1f)\n",
-                  plan.cost.a, plan.cost.b, plan_seconds, plan_cpu_seconds, bytes_per_doc, peak_extra_per_doc);
+      std::printf("  cost model a=%.4g b=%.4g c=%.4g; planned in %.3f s (%.3f s CPU); %.1f bytes/document held (peak +%.1f)\n",
+                  plan.cost.a, plan.cost.b, plan.cost.c, plan_seconds, plan_cpu_seconds, bytes_per_doc, peak_extra_per_doc);
     }
     for (const std::string& w : warnings) std::fprintf(stderr, "kilter plan: warning: %s\n", w.c_str());
     return 0;

@@ -17,6 +17,7 @@ BUILD_PKGS=(build-essential cmake pkg-config git
 TEST_PKGS=(python3 python3-numpy python3-h5py python3-torch python3-sentencepiece python3-pip
   chromium
   slurm-wlm munge lmod
+  iproute2 util-linux mount
   procps)
 
 want=("${BUILD_PKGS[@]}")

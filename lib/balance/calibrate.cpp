@@ -1,6 +1,6 @@
-// Cost-model calibration (see calibrate.h). The fit centers every column first, which removes
-// the intercept from the normal equations and keeps the 2x2 system well conditioned even though
-// sum(L^2) is orders of magnitude larger than the token counts.
+// Cost-model calibration (see calibrate.h). The fit centers and scales every column first, which
+// removes the intercept from the normal equations and keeps the system well conditioned even
+// though sum(L^2) is orders of magnitude larger than the token and micro-batch counts.
 #include "lib/balance/calibrate.h"
 
 #include <algorithm>
@@ -13,33 +13,106 @@
 
 namespace kilter::balance {
 
-CostFit fit_cost_model(const std::vector<CostSample>& samples) {
-  const size_t n = samples.size();
-  KILTER_CHECK(n >= 3, "cost-model fit: " << n << " samples; at least 3 (rank, step) rows are needed");
-  double mean_t = 0, mean_w = 0, mean_y = 0;
-  for (const CostSample& s : samples) mean_t += s.tokens_computed, mean_w += s.attn_work, mean_y += s.seconds;
-  mean_t /= double(n), mean_w /= double(n), mean_y /= double(n);
-  double stt = 0, sww = 0, stw = 0, sty = 0, swy = 0, syy = 0;
-  for (const CostSample& s : samples) {
-    const double t = s.tokens_computed - mean_t, w = s.attn_work - mean_w, y = s.seconds - mean_y;
-    stt += t * t, sww += w * w, stw += t * w, sty += t * y, swy += w * y, syy += y * y;
+namespace {
+
+// Solves the k x k system m x = r (k <= 3) by Gaussian elimination with partial pivoting.
+// Returns false when a pivot is negligible (the columns are collinear).
+bool solve(int k, double m[3][3], double r[3], double x[3]) {
+  for (int col = 0; col < k; ++col) {
+    int pivot = col;
+    for (int row = col + 1; row < k; ++row)
+      if (std::fabs(m[row][col]) > std::fabs(m[pivot][col])) pivot = row;
+    if (std::fabs(m[pivot][col]) < 1e-9) return false;
+    std::swap(m[pivot], m[col]);
+    std::swap(r[pivot], r[col]);
+    for (int row = col + 1; row < k; ++row) {
+      const double f = m[row][col] / m[col][col];
+      for (int j = col; j < k; ++j) m[row][j] -= f * m[col][j];
+      r[row] -= f * r[col];
+    }
   }
-  const double det = stt * sww - stw * stw;
-  // det / (stt sww) = 1 - corr(t, w)^2: near 0 when the two columns carry the same information.
-  KILTER_CHECK(stt > 0 && sww > 0 && det > 1e-9 * stt * sww,
-               "cost-model fit: tokens_computed and attn_work are collinear over the " << n
-               << " samples (all sequences about the same length?); a and b cannot be told apart");
-  CostFit fit;
-  fit.samples = n;
-  fit.a = (sww * sty - stw * swy) / det;
-  fit.b = (stt * swy - stw * sty) / det;
-  fit.intercept = mean_y - fit.a * mean_t - fit.b * mean_w;
+  for (int row = k - 1; row >= 0; --row) {
+    double v = r[row];
+    for (int j = row + 1; j < k; ++j) v -= m[row][j] * x[j];
+    x[row] = v / m[row][row];
+  }
+  return true;
+}
+
+// Centered, scaled least squares of y on the first k of (tokens, attn, micro-batches) with an
+// intercept; scaling every column to unit variance makes the normal equations the correlation
+// matrix, so "collinear" means the same thing whatever the units. false: collinear.
+bool fit_terms(const std::vector<CostSample>& samples, int k, double coef[3], double* intercept, double* r2) {
+  const size_t n = samples.size();
+  auto column = [](const CostSample& s, int j) {
+    return j == 0 ? s.tokens_computed : j == 1 ? s.attn_work : s.micro_batches;
+  };
+  double mean[3] = {0, 0, 0}, mean_y = 0;
+  for (const CostSample& s : samples) {
+    for (int j = 0; j < k; ++j) mean[j] += column(s, j);
+    mean_y += s.seconds;
+  }
+  for (int j = 0; j < k; ++j) mean[j] /= double(n);
+  mean_y /= double(n);
+  double scale[3] = {0, 0, 0};
+  for (const CostSample& s : samples)
+    for (int j = 0; j < k; ++j) scale[j] += (column(s, j) - mean[j]) * (column(s, j) - mean[j]);
+  for (int j = 0; j < k; ++j) {
+    if (!(scale[j] > 0)) return false;  // a constant column
+    scale[j] = std::sqrt(scale[j]);
+  }
+  double m[3][3] = {}, r[3] = {}, syy = 0;
+  for (const CostSample& s : samples) {
+    double z[3];
+    for (int j = 0; j < k; ++j) z[j] = (column(s, j) - mean[j]) / scale[j];
+    const double y = s.seconds - mean_y;
+    for (int i = 0; i < k; ++i) {
+      for (int j = 0; j < k; ++j) m[i][j] += z[i] * z[j];
+      r[i] += z[i] * y;
+    }
+    syy += y * y;
+  }
+  double x[3] = {0, 0, 0};
+  if (!solve(k, m, r, x)) return false;
+  *intercept = mean_y;
+  for (int j = 0; j < 3; ++j) coef[j] = 0;
+  for (int j = 0; j < k; ++j) {
+    coef[j] = x[j] / scale[j];
+    *intercept -= coef[j] * mean[j];
+  }
   double residual = 0;
   for (const CostSample& s : samples) {
-    const double e = s.seconds - (fit.intercept + fit.a * s.tokens_computed + fit.b * s.attn_work);
+    double e = s.seconds - *intercept;
+    for (int j = 0; j < k; ++j) e -= coef[j] * column(s, j);
     residual += e * e;
   }
-  fit.r2 = syy > 0 ? 1.0 - residual / syy : 1.0;
+  *r2 = syy > 0 ? 1.0 - residual / syy : 1.0;
+  return true;
+}
+
+}  // namespace
+
+CostFit fit_cost_model(const std::vector<CostSample>& samples) {
+  const size_t n = samples.size();
+  KILTER_CHECK(n >= 4, "cost-model fit: " << n << " samples; at least 4 (rank, step) rows are needed");
+  CostFit fit;
+  fit.samples = n;
+  double coef[3] = {0, 0, 0};
+  if (fit_terms(samples, 3, coef, &fit.intercept, &fit.r2)) {
+    fit.a = coef[0], fit.b = coef[1], fit.c = coef[2];
+    return fit;
+  }
+  // micro_batches constant or collinear: c and the intercept are one term.
+  KILTER_CHECK(fit_terms(samples, 2, coef, &fit.intercept, &fit.r2),
+               "cost-model fit: tokens_computed and attn_work are collinear over the " << n
+               << " samples (all sequences about the same length?); a and b cannot be told apart");
+  fit.a = coef[0], fit.b = coef[1];
+  double mean_mb = 0;
+  for (const CostSample& s : samples) mean_mb += s.micro_batches;
+  mean_mb /= double(n);
+  fit.c = fit.intercept / std::max(mean_mb, 1.0);
+  fit.intercept = 0;
+  fit.c_from_intercept = true;
   return fit;
 }
 
@@ -57,11 +130,17 @@ std::vector<std::string> split_csv_line(const std::string& line) {
   return fields;
 }
 
-long find_column(const std::vector<std::string>& header, std::initializer_list<const char*> names,
-                 const std::string& file) {
+long find_optional_column(const std::vector<std::string>& header, std::initializer_list<const char*> names) {
   for (const char* name : names)
     for (size_t i = 0; i < header.size(); ++i)
       if (header[i] == name) return static_cast<long>(i);
+  return -1;
+}
+
+long find_column(const std::vector<std::string>& header, std::initializer_list<const char*> names,
+                 const std::string& file) {
+  const long found = find_optional_column(header, names);
+  if (found >= 0) return found;
   KILTER_FAIL(file << ": no column " << *names.begin() << " in the header (the run's diagnostics "
               "must record tokens_computed, attn_work, forward and backward per step)");
 }
@@ -103,7 +182,8 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
     const long c_attn = find_column(header, {"attn_work"}, file);
     const long c_fwd = find_column(header, {"forward", "forward_s"}, file);
     const long c_bwd = find_column(header, {"backward", "backward_s"}, file);
-    const size_t needed = 1 + static_cast<size_t>(std::max({c_step, c_tokens, c_attn, c_fwd, c_bwd}));
+    const long c_mb = find_optional_column(header, {"micro_batches"});
+    const size_t needed = 1 + static_cast<size_t>(std::max({c_step, c_tokens, c_attn, c_fwd, c_bwd, c_mb}));
     for (size_t line_no = 2; std::getline(in, line); ++line_no) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::vector<std::string> f = split_csv_line(line);
@@ -115,6 +195,7 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
       s.attn_work = parse_number(f[c_attn], file, line_no, "attn_work");
       s.seconds = parse_number(f[c_fwd], file, line_no, header[c_fwd]) +
                   parse_number(f[c_bwd], file, line_no, header[c_bwd]);
+      if (c_mb >= 0) s.micro_batches = parse_number(f[c_mb], file, line_no, "micro_batches");
       if (s.tokens_computed <= 0) continue;  // an idle rank in this step
       samples.push_back(s);
     }

@@ -1,5 +1,6 @@
-// Calibration of the cost model cost = a * tokens_computed + b * sum(L^2) from measured step
-// times: a least-squares fit over the (rank, step) rows of a run's metrics/rank-NNNNN.csv files.
+// Calibration of the cost model cost = a * tokens_computed + b * sum(L^2) + c * micro-batches
+// from measured step times: a least-squares fit over the (rank, step) rows of a run's
+// metrics/rank-NNNNN.csv files.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -7,30 +8,40 @@
 
 namespace kilter::balance {
 
-// One rank's share of one step: its padded tokens, its sum of L^2 and its compute seconds.
+// One rank's share of one step: its computed tokens, its attention work, its micro-batches and its
+// compute seconds.
 struct CostSample {
   double tokens_computed = 0;
-  double attn_work = 0;  // sum over the rank's pieces of len^2
-  double seconds = 0;    // forward + backward
+  double attn_work = 0;      // sum over the rank's segments of len^2
+  double seconds = 0;        // forward + backward
+  double micro_batches = 1;  // micro-batches the rank ran in the step
 };
 
 struct CostFit {
   double a = 0;          // seconds per computed token
   double b = 0;          // seconds per unit of sum(L^2)
-  double intercept = 0;  // seconds per (rank, step) the model does not attribute (launches, ...)
-  double r2 = 0;         // coefficient of determination of the fit
+  double c = 0;          // seconds per micro-batch
+  double intercept = 0;  // seconds per (rank, step) beyond the three terms (0 when folded into c)
+  double r2 = 0;         // coefficient of determination (1 - SSE / centered SST)
   uint64_t samples = 0;
+  // true: micro_batches did not vary (or was not recorded), so c and the intercept cannot be told
+  // apart; the fixed time per (rank, step) is then taken as c x micro-batches.
+  bool c_from_intercept = false;
   double b_over_a() const { return a > 0 ? b / a : 0; }
+  double c_over_a() const { return a > 0 ? c / a : 0; }
 };
 
-// Least squares of seconds ~ intercept + a tokens_computed + b attn_work. Throws kilter::Error
-// when there are fewer than 3 samples or when tokens_computed and attn_work are (nearly)
-// collinear, i.e. the lengths did not vary enough to tell a from b.
+// Least squares of seconds ~ intercept + a tokens_computed + b attn_work + c micro_batches.
+// Where micro_batches is constant over the samples (or collinear with the others) the fit drops
+// it and sets c = intercept / micro_batches, intercept = 0. Throws kilter::Error when there are
+// fewer than 4 samples or when tokens_computed and attn_work are (nearly) collinear, i.e. the
+// lengths did not vary enough to tell a from b.
 CostFit fit_cost_model(const std::vector<CostSample>& samples);
 
 // Reads RUN_DIR/metrics/rank-*.csv: the header names the columns `step`, `tokens_computed`,
-// `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted). Rows
-// with step < skip_steps (warm-up) and rows of idle ranks (tokens_computed = 0) are skipped.
+// `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted), and
+// `micro_batches` when the run recorded it (older runs: 1 per row). Rows with step < skip_steps
+// (warm-up) and rows of idle ranks (tokens_computed = 0) are skipped.
 // Throws kilter::Error naming the file and the missing column or bad value.
 std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t skip_steps);
 

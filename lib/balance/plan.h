@@ -1,8 +1,9 @@
-// The batch plan (DESIGN.md, "Batch plan"): documents cut to the context, pieces grouped by
-// length, micro-batches filled to a token budget, global steps of ~tokens_per_step target tokens
-// defined independently of the world size, and micro-batches assigned to ranks by cost.
-// Every rank computes the same plan from (index, seed, epoch, options) without communication.
-// Owner: balance (issue 4).
+// The batch plan (DESIGN.md, "Batch plan"): documents cut to the context, the pieces shuffled
+// from (seed, epoch) and cut into global steps of ~tokens_per_step target tokens whose piece sets
+// do not depend on the world size; each step's pieces are then divided among the P ranks piece by
+// piece by cost, and each rank's share packed into micro-batches of at most max_tokens tokens.
+// Every rank computes the same plan from (index, seed, epoch, options, P) without communication.
+// Owner: balance (issues 4 and 13).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,24 +18,38 @@ struct Piece {
   uint32_t len = 0;
 };
 
+// padded_len == 0: a PACKED micro-batch (the balanced plan): the pieces' tokens concatenated,
+// N = target_tokens <= data.max_tokens, one segment per piece, no padding.
+// padded_len > 0: the NAIVE baseline: every piece is a row of padded_len tokens and the padding
+// is computed (in the dense layers and in attention).
 struct MicroBatch {
-  std::vector<Piece> pieces;  // one row each; rows are padded to padded_len
-  uint32_t padded_len = 0;    // T: longest piece of the micro-batch
+  std::vector<Piece> pieces;  // packed: longest first; naive: one row each
+  uint32_t padded_len = 0;    // 0: packed; else the row length T (longest piece)
   uint64_t target_tokens = 0; // sum of piece lengths (real targets)
   double cost = 0;            // cost-model estimate
-  uint64_t tokens_computed() const { return uint64_t(pieces.size()) * padded_len; }
+  bool packed() const { return padded_len == 0; }
+  uint64_t tokens_computed() const {
+    return packed() ? target_tokens : uint64_t(pieces.size()) * padded_len;
+  }
+  // The attention work: sum of L^2 over the segments (packed), rows x padded_len^2 (naive).
+  double attention_work() const;
 };
 
 struct Step {
-  std::vector<MicroBatch> micro_batches;          // world-size independent content
+  std::vector<MicroBatch> micro_batches;          // built for the world size (rank by rank)
   std::vector<std::vector<uint32_t>> rank_batches; // [rank] -> indices into micro_batches
-  uint64_t target_tokens = 0;                     // all micro-batches together
+  uint64_t target_tokens = 0;                     // the step's pieces: independent of the world size
 };
 
+// cost = a * tokens_computed + b * attention_work + c per micro-batch (all in one unit; with
+// a = 1, the unit is one token of the dense layers).
 struct CostModel {
   double a = 1.0;  // per computed token (padding included)
-  double b = 0.0;  // per unit of sum(L^2) over pieces (attention); <= 0: default_attention_cost
+  double b = 0.0;  // per unit of attention work (sum of L^2); <= 0: default_attention_cost
+  double c = -1.0; // per micro-batch (launches, weight reads); < 0: default_micro_batch_cost
   double operator()(const MicroBatch& mb) const;
+  // Cost of one piece of `len` tokens inside a packed micro-batch, without the c term.
+  double piece(uint32_t len) const { return a * double(len) + b * double(len) * double(len); }
 };
 
 // b from the model shape, the same derivation as the trainer's: FLOPs (forward + backward) per
@@ -45,7 +60,15 @@ double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size);
 // b used when CostModel::b <= 0 and the model shape is unknown: 1 / (6 context), i.e. at full
 // context the attention term is 1/6 of the token term, as for GPT-2-like shapes.
 double default_attention_cost(uint32_t context);
-// The cost model a plan uses: opts.cost with b <= 0 replaced by default_attention_cost().
+// c used when CostModel::c < 0: kDefaultMicroBatchTokens x a. A micro-batch streams every weight
+// from memory once forward and twice backward whatever its size, which costs as much as the
+// FLOPs of (bytes per weight x FLOP rate) / (2 x memory bandwidth) tokens: ~300 tokens for bf16
+// on an H100 (989 TFLOP/s, 3.35 TB/s), ~20-40 on a CPU core; kernel launches add to it on GPUs.
+// `kilter plan --calibrate` measures it (docs/plan.md).
+constexpr double kDefaultMicroBatchTokens = 256;
+double default_micro_batch_cost(double a);
+// The cost model a plan uses: b <= 0 replaced by default_attention_cost(), c < 0 by
+// default_micro_batch_cost().
 CostModel resolve_cost_model(const CostModel& cost, uint32_t context);
 
 struct PlanOptions {
@@ -53,7 +76,6 @@ struct PlanOptions {
   uint32_t context = 256;            // model.block_size
   uint64_t max_tokens = 2048;        // micro-batch token budget, padding included
   uint64_t tokens_per_step = 16384;  // target tokens per global step
-  uint32_t bucket_width = 0;         // 0: automatic
   int naive_batch_size = 8;          // naive: sequences per rank per micro-batch
   std::string tail = "drop";         // drop | redistribute
   uint64_t seed = 1337;
@@ -76,11 +98,22 @@ struct PlanStats {
   uint64_t micro_batches = 0;          // in the epoch's steps
   uint64_t target_tokens = 0;          // real target tokens in the epoch's steps
   uint64_t tokens_computed = 0;        // rows x padded_len, summed
-  uint64_t tail_micro_batches = 0;     // micro-batches of the partial last step
+  uint64_t tail_pieces = 0;            // pieces of the partial last step (balanced plan)
   uint64_t tail_tokens = 0;            // their target tokens
   bool tail_redistributed = false;     // true: spread over earlier steps; false: dropped
   uint64_t idle_rank_steps = 0;        // (step, rank) pairs where the rank has no micro-batch
-  uint64_t steps_with_idle_ranks = 0;  // steps with fewer micro-batches than ranks
+  uint64_t steps_with_idle_ranks = 0;  // steps with at least one idle rank
+  uint64_t idle_ranks_max = 0;         // most idle ranks in one step
+  // Per step: a lower bound on max rank cost / mean rank cost that no division of the step's
+  // pieces can beat (the longest piece alone; k+1 of the kP+1 longest on one rank); packed plans
+  // only, 0 for the naive one. Where it exceeds 1, the step is too coarse for the world size.
+  double cost_imbalance_bound_p50 = 0;
+  double cost_imbalance_bound_p95 = 0;
+  double micro_batches_per_rank_max = 0;  // most micro-batches one rank runs in one step
+  // Sum over steps of the busiest rank's cost / sum of target tokens: the cost of a trained token
+  // on the critical path (what the slowest rank makes everyone wait for). naive / balanced of
+  // this is the speed-up the plan predicts.
+  double critical_cost_per_token = 0;
   double target_tokens_per_step_mean = 0;
   double target_tokens_per_step_min = 0;
   double target_tokens_per_step_max = 0;
@@ -105,6 +138,15 @@ Split split_documents(const std::vector<uint32_t>& doc_lengths, double eval_frac
 EpochPlan build_epoch_plan(const std::vector<uint32_t>& doc_lengths,
                            const std::vector<uint64_t>& docs, const PlanOptions& opts,
                            int world_size, uint64_t epoch);
+
+// One line for the user when tokens_per_step / world_size is below one context (balanced
+// sampler): a rank given a full-length piece then holds more than its share while others idle or
+// wait. Says which step size (or world size) avoids it; "" when the step is large enough.
+std::string idle_rank_warning(const PlanOptions& opts, int world_size);
+
+// The options' errors, each naming its config key (model.block_size > data.max_tokens, a zero
+// train.tokens_per_step, ...); build_epoch_plan() calls it. Throws kilter::Error.
+void check_plan_options(const PlanOptions& opts, int world_size);
 
 // Position in the plan, saved in checkpoints: training resumes at (epoch, step).
 struct PlanPosition {

@@ -9,11 +9,11 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   opts.context = static_cast<uint32_t>(cfg.model.block_size);
   opts.max_tokens = static_cast<uint64_t>(cfg.data.max_tokens);
   opts.tokens_per_step = static_cast<uint64_t>(cfg.train.tokens_per_step);
-  opts.bucket_width = static_cast<uint32_t>(cfg.data.bucket_width);
   opts.naive_batch_size = cfg.data.naive_batch_size;
   opts.tail = cfg.data.tail;
   opts.seed = cfg.train.seed;
   opts.cost.a = cfg.data.cost_a;
+  opts.cost.c = cfg.data.cost_c;  // < 0: resolve_cost_model() derives it
   if (cfg.data.cost_b >= 0) {
     opts.cost.b = cfg.data.cost_b;
   } else {

@@ -8,11 +8,11 @@
 
 namespace kilter::balance {
 
-// model.block_size -> context, data.max_tokens, train.tokens_per_step, data.bucket_width,
-// data.sampler, data.naive_batch_size, data.tail, train.seed, and the cost model: a =
-// data.cost_a; b = data.cost_b, or when that is < 0, attention_cost_coefficient(model shape,
-// vocab) with vocab = model.vocab_size, else `dataset_vocab`, else 256 (byte tokens) — as the
-// trainer derives it.
+// model.block_size -> context, data.max_tokens, train.tokens_per_step, data.sampler,
+// data.naive_batch_size, data.tail, train.seed, and the cost model: a = data.cost_a; b =
+// data.cost_b, or when that is < 0, attention_cost_coefficient(model shape, vocab) with vocab =
+// model.vocab_size, else `dataset_vocab`, else 256 (byte tokens) — as the trainer derives it;
+// c = data.cost_c, or when that is < 0, default_micro_batch_cost(a).
 PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab);
 
 // Heap bytes the plan holds (vectors' capacities): what a rank keeps in memory for one epoch.

@@ -3,6 +3,7 @@
 // fingerprint that ranks compare to prove they planned the same epoch.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "io/error.h"
 #include "lib/balance/plan.h"
@@ -34,13 +35,43 @@ static double max_over_mean(const std::vector<double>& loads) {
   return mean > 0 ? top / mean : 1.0;
 }
 
+// The imbalance no division of a packed step's pieces can beat. With the piece costs sorted
+// longest first (w_0 >= w_1 >= ...), for every k with kP < n some rank holds k+1 of the kP+1
+// longest pieces, so the busiest rank's cost is at least w_{kP} + ... + w_{kP-k} (+ c: it runs a
+// micro-batch); k = 0 is the longest piece alone. Divided by the step's mean rank cost.
+static double step_bound(const Step& step, const CostModel& cost, const std::vector<double>& loads,
+                         std::vector<double>& piece_costs) {
+  const size_t world = loads.size();
+  double total = 0;
+  for (double l : loads) total += l;
+  const double mean = world ? total / double(world) : 0;
+  if (!(mean > 0)) return 1.0;
+  piece_costs.clear();
+  for (const MicroBatch& mb : step.micro_batches)
+    for (const Piece& p : mb.pieces) piece_costs.push_back(cost.piece(p.len));
+  if (piece_costs.empty()) return 1.0;
+  std::sort(piece_costs.begin(), piece_costs.end(), std::greater<double>());
+  // Prefix sums in place: piece_costs[i] becomes the sum of the i+1 largest.
+  for (size_t i = 1; i < piece_costs.size(); ++i) piece_costs[i] += piece_costs[i - 1];
+  double least_top = 0;
+  for (size_t k = 0; k * world < piece_costs.size(); ++k) {
+    const size_t last = k * world, first = last - k;  // the window [first, last]
+    least_top = std::max(least_top, piece_costs[last] - (first > 0 ? piece_costs[first - 1] : 0.0));
+  }
+  return std::max(1.0, (least_top + std::max(cost.c, 0.0)) / mean);
+}
+
 void compute_plan_stats(EpochPlan& plan) {
   PlanStats& s = plan.stats;
   s.steps_per_epoch = plan.steps.size();
   s.micro_batches = s.target_tokens = s.tokens_computed = 0;
-  s.idle_rank_steps = s.steps_with_idle_ranks = 0;
-  std::vector<double> imbalance;
+  s.idle_rank_steps = s.steps_with_idle_ranks = s.idle_ranks_max = 0;
+  s.micro_batches_per_rank_max = 0;
+  std::vector<double> imbalance, bound;
   imbalance.reserve(plan.steps.size());
+  std::vector<double> piece_costs;  // scratch of step_bound()
+  bool packed = true;
+  double critical_cost = 0;
   double step_tokens_min = 0, step_tokens_max = 0;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& step = plan.steps[i];
@@ -50,10 +81,18 @@ void compute_plan_stats(EpochPlan& plan) {
       s.tokens_computed += mb.tokens_computed();
     }
     uint64_t idle = 0;
-    for (const auto& batches : step.rank_batches) idle += batches.empty();
+    for (const auto& batches : step.rank_batches) {
+      idle += batches.empty();
+      s.micro_batches_per_rank_max = std::max(s.micro_batches_per_rank_max, double(batches.size()));
+    }
     s.idle_rank_steps += idle;
     s.steps_with_idle_ranks += idle > 0;
-    imbalance.push_back(max_over_mean(rank_costs(step)));
+    s.idle_ranks_max = std::max(s.idle_ranks_max, idle);
+    const std::vector<double> loads = rank_costs(step);
+    imbalance.push_back(max_over_mean(loads));
+    critical_cost += loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
+    for (const MicroBatch& mb : step.micro_batches) packed = packed && mb.packed();
+    if (packed) bound.push_back(step_bound(step, plan.cost, loads, piece_costs));
     const double t = double(step.target_tokens);
     step_tokens_min = i == 0 ? t : std::min(step_tokens_min, t);
     step_tokens_max = std::max(step_tokens_max, t);
@@ -62,6 +101,9 @@ void compute_plan_stats(EpochPlan& plan) {
   s.cost_imbalance_p50 = quantile_of(imbalance, 0.50);
   s.cost_imbalance_p95 = quantile_of(imbalance, 0.95);
   s.cost_imbalance_max = quantile_of(imbalance, 1.0);
+  s.critical_cost_per_token = s.target_tokens ? critical_cost / double(s.target_tokens) : 0;
+  s.cost_imbalance_bound_p50 = packed ? quantile_of(bound, 0.50) : 0;
+  s.cost_imbalance_bound_p95 = packed ? quantile_of(bound, 0.95) : 0;
   s.micro_batches_per_step = s.steps_per_epoch ? double(s.micro_batches) / double(s.steps_per_epoch) : 0;
   s.target_tokens_per_step_mean = s.steps_per_epoch ? double(s.target_tokens) / double(s.steps_per_epoch) : 0;
   s.target_tokens_per_step_min = step_tokens_min;

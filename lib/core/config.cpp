@@ -33,9 +33,9 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("data.naive_batch_size", po::value(&d.naive_batch_size)->default_value(d.naive_batch_size), "naive sampler: sequences per rank per micro-batch")
     ("data.eval_fraction", po::value(&d.eval_fraction)->default_value(d.eval_fraction), "share of documents held out for evaluation (0..0.5)")
     ("data.tail", po::value(&d.tail)->default_value(d.tail), "last partial step of an epoch: drop | redistribute")
-    ("data.bucket_width", po::value(&d.bucket_width)->default_value(d.bucket_width), "length-bucket width in tokens (0: automatic)")
     ("data.cost_a", po::value(&d.cost_a)->default_value(d.cost_a), "cost model: weight of computed tokens")
     ("data.cost_b", po::value(&d.cost_b)->default_value(d.cost_b), "cost model: weight of sum(L^2) (<0: derived from the model shape)")
+    ("data.cost_c", po::value(&d.cost_c)->default_value(d.cost_c), "cost model: fixed cost of one micro-batch, in the unit of cost_a per token (<0: 256 x cost_a)")
     ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir), "node-local directory to stage shards into (empty: read in place)")
     ("train.steps", po::value(&t.steps)->default_value(t.steps), "total optimizer steps of the run")
     ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step), "target tokens per global step, all ranks together")
@@ -93,7 +93,8 @@ void Config::validate() const {
   KILTER_CHECK_KEY(model.block_size >= 2, "model.block_size", model.block_size, "must be >= 2");
   KILTER_CHECK_KEY(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "must be >= 0");
   KILTER_CHECK_KEY(data.max_tokens >= model.block_size, "data.max_tokens", data.max_tokens,
-                   "must be >= model.block_size (" << model.block_size << ")");
+                   "is smaller than the context model.block_size = " << model.block_size
+                   << ": a full-length piece must fit one micro-batch; raise data.max_tokens or lower model.block_size");
   KILTER_CHECK_KEY(data.prefetch >= 1, "data.prefetch", data.prefetch, "must be >= 1");
   KILTER_CHECK_KEY(data.reader_threads >= 1, "data.reader_threads", data.reader_threads, "must be >= 1");
   check_one_of("data.sampler", data.sampler, {"balanced", "naive"});
@@ -101,10 +102,12 @@ void Config::validate() const {
   KILTER_CHECK_KEY(data.eval_fraction >= 0 && data.eval_fraction <= 0.5, "data.eval_fraction",
                    data.eval_fraction, "must be in [0, 0.5]");
   check_one_of("data.tail", data.tail, {"drop", "redistribute"});
-  KILTER_CHECK_KEY(data.bucket_width >= 0, "data.bucket_width", data.bucket_width, "must be >= 0");
   KILTER_CHECK_KEY(data.cost_a >= 0, "data.cost_a", data.cost_a, "must be >= 0");
   KILTER_CHECK_KEY(train.steps >= 1, "train.steps", train.steps, "must be >= 1");
-  KILTER_CHECK_KEY(train.tokens_per_step >= 1, "train.tokens_per_step", train.tokens_per_step, "must be >= 1");
+  KILTER_CHECK_KEY(train.tokens_per_step >= 1, "train.tokens_per_step", train.tokens_per_step,
+                   "a step must hold at least one token (e.g. " << 8 * data.max_tokens << ")");
+  KILTER_CHECK_KEY(data.cost_a > 0 || data.cost_b != 0, "data.cost_a", data.cost_a,
+                   "with data.cost_b = 0 the cost model is empty: give cost_a > 0 or cost_b != 0");
   KILTER_CHECK_KEY(train.lr > 0, "train.lr", train.lr, "must be > 0");
   KILTER_CHECK_KEY(train.min_lr_ratio >= 0 && train.min_lr_ratio <= 1, "train.min_lr_ratio", train.min_lr_ratio, "must be in [0, 1]");
   KILTER_CHECK_KEY(train.warmup >= 0, "train.warmup", train.warmup, "must be >= 0");

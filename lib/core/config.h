@@ -29,9 +29,9 @@ struct DataConfig {
   int naive_batch_size = 8;        // naive sampler: sequences per rank per micro-batch
   double eval_fraction = 0.0;      // share of documents held out for evaluation
   std::string tail = "drop";       // drop | redistribute: the last partial step of an epoch
-  int bucket_width = 0;            // length-bucket width in tokens (0: automatic)
-  double cost_a = 1.0;             // cost model: a * tokens_computed + b * sum(L^2)
+  double cost_a = 1.0;             // cost model: a * tokens_computed + b * sum(L^2) + c * micro-batches
   double cost_b = -1.0;            // <0: default from the model shape
+  double cost_c = -1.0;            // <0: default, 256 x cost_a (balance::kDefaultMicroBatchTokens)
   std::string stage_dir;           // node-local directory to stage shards into ("" = read in place)
 };
 

@@ -1,7 +1,10 @@
 // Node-local staging orchestration (see staging.h).
 #include "lib/train/staging.h"
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "io/error.h"
@@ -30,6 +33,18 @@ std::string stage_dataset(const io::DatasetIndex& index, const std::string& stag
   if (failure_length > 0) MPI_Bcast(&failure[0], int(failure_length), MPI_CHAR, 0, node_comm);
   KILTER_CHECK(failure.empty(), (local_rank == 0 ? "" : "node-local staging failed on this node's "
                                                         "rank 0: ") << failure);
+
+  // One line per node, from the rank that copied: on a cluster it shows which nodes copied and
+  // which found a verified copy left by an earlier job.
+  if (local_rank == 0) {
+    char host[256] = {0};
+    if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+    std::fprintf(stderr,
+                 "kilter: staged %s on %s: %u shards copied, %u reused, %u replaced (%llu bytes in %.2f s), "
+                 "all verified\n",
+                 stage_dir.c_str(), host, result.shards_copied, result.shards_reused, result.shards_replaced,
+                 (unsigned long long)result.bytes_copied, result.seconds);
+  }
 
   uint64_t figures[4] = {result.shards_copied, result.shards_reused, result.shards_replaced,
                          result.bytes_copied};

@@ -9,8 +9,9 @@
 //    seconds for answers, and calls a rank "not arrived" when its sequence number is behind ours
 //    (it has not entered this collective yet) or it did not answer. Every rank calls the same
 //    collectives in the same order, so sequence numbers line up. Then it prints
-//    "rank R: <what> at step S has not completed after T s; ranks not arrived: ..." and calls
-//    MPI_Abort(world, 1).
+//    "rank R: <what> at step S has not completed after T s; ranks not arrived: ..." (with the
+//    missing ranks grouped by host when the job spans several hosts: a lost node shows as all of
+//    its ranks) and calls MPI_Abort(world, 1).
 // Without MPI_THREAD_MULTIPLE the thread makes no MPI call but MPI_Abort, and says that it could
 // not ask the other ranks.
 #include "lib/train/watchdog.h"
@@ -22,7 +23,9 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -75,6 +78,7 @@ struct Watchdog::Impl {
   std::vector<Whereabouts> answers;
   std::vector<MPI_Request> sends, receives;
   int thread_level = MPI_THREAD_SINGLE;
+  std::vector<std::string> hosts;  // every rank's host (MPI_Get_processor_name), when can_ask
 
   Whereabouts snapshot() {
     std::lock_guard<std::mutex> lock(mu);
@@ -151,6 +155,20 @@ struct Watchdog::Impl {
     if (behind.empty()) return "none found (every rank has entered it: a communication-layer hang?)";
     std::string text;
     for (const auto& b : behind) text += (text.empty() ? "" : ", ") + b;
+    // On several hosts, say where the missing ranks are: a whole node missing is a lost node.
+    std::map<std::string, std::string> missing_by_host;
+    for (int r = 0; r < size && size_t(size) == hosts.size(); ++r) {
+      if (r == rank) continue;
+      if (answered[size_t(r)] && answers[size_t(r)].sections_entered >= mine.sections_entered) continue;
+      std::string& ranks = missing_by_host[hosts[size_t(r)]];
+      ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    }
+    const bool several_hosts = std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; });
+    if (several_hosts && !missing_by_host.empty()) {
+      text += " [by host:";
+      for (const auto& [host, ranks] : missing_by_host) text += " " + host + ": " + ranks + ";";
+      text.back() = ']';
+    }
     return text;
   }
 
@@ -208,7 +226,15 @@ Watchdog::Watchdog(MPI_Comm world, double timeout_s) : impl_(std::make_unique<Im
   MPI_Query_thread(&s.thread_level);
   s.can_ask = s.thread_level == MPI_THREAD_MULTIPLE && s.size > 1;
   // Collective; every rank makes the same choice (one MPI library, one MPI_Init_thread call).
-  if (s.can_ask) MPI_Comm_dup(world, &s.queries);
+  if (s.can_ask) {
+    MPI_Comm_dup(world, &s.queries);
+    char name[MPI_MAX_PROCESSOR_NAME] = {0};
+    int length = 0;
+    MPI_Get_processor_name(name, &length);
+    std::vector<char> all(size_t(s.size) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world);
+    for (int r = 0; r < s.size; ++r) s.hosts.emplace_back(&all[size_t(r) * MPI_MAX_PROCESSOR_NAME]);
+  }
   s.thread = std::thread([&s] { s.run(); });
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `kilter plan` on a prepared dataset: --json prints one object with the DESIGN.md statistics;
-# the balanced plan beats the naive one on padding; the human summary prints; a bad key is refused.
+# the balanced (packed) plan computes no padding and beats the naive one on the critical path;
+# the human summary prints; a step too small for the world size is warned about with the step
+# that avoids it; bad keys and bad values are refused naming the key; --calibrate fits a, b, c.
 source "$(dirname "$0")/lib.sh"
 
 "$KILTER" prep synth --docs 3000 --lengths lognormal:5,1.0,2048 --vocab 257 --shards 2 --seed 3 --out data 2>/dev/null
@@ -10,18 +12,51 @@ source "$(dirname "$0")/lib.sh"
   --train.tokens_per_step=131072 --sampler naive --json > naive.json
 "$KILTER" plan --data data --world-size 8 > human.txt
 grep -q "padding" human.txt || fail "human summary lacks padding efficiency"
+grep -q "idle" human.txt || fail "human summary lacks the idle figures"
 if "$KILTER" plan --data data --world-size 8 --data.max_tokenz=5 2> bad.txt; then fail "unknown key accepted"; fi
 grep -q "max_tokenz" bad.txt || fail "error does not name the unknown key: $(cat bad.txt)"
+if "$KILTER" plan --data data --world-size 8 --model.block_size=1024 --data.max_tokens=512 2> bad.txt; then
+  fail "a context larger than max_tokens accepted"; fi
+grep -q "data.max_tokens" bad.txt || fail "error does not name data.max_tokens: $(cat bad.txt)"
+if "$KILTER" plan --data data --world-size 8 --train.tokens_per_step=0 2> bad.txt; then fail "a zero step accepted"; fi
+grep -q "train.tokens_per_step" bad.txt || fail "error does not name train.tokens_per_step: $(cat bad.txt)"
+
+# 16 ranks x 512-token context need steps of >= 8192 tokens; 4096 leaves ranks idle.
+"$KILTER" plan --data data --world-size 16 --model.block_size=512 --data.max_tokens=2048 \
+  --train.tokens_per_step=4096 --json > idle.json 2> idle.err
+grep -q "8192" idle.err || fail "the idle-rank warning does not name the step size that avoids it: $(cat idle.err)"
+
+# Calibration on a synthetic run directory: times = 2e-6 T + 3e-9 W + 1e-3 M.
+mkdir -p run/metrics
+"$PY" - <<'PY'
+import random
+random.seed(5)
+with open("run/metrics/rank-00000.csv", "w") as f:
+    f.write("step,tokens,loss,forward,backward,tokens_computed,attn_work,micro_batches\n")
+    for step in range(40):
+        lens = [random.randint(1, 512) for _ in range(random.randint(1, 40))]
+        t, w, m = sum(lens), sum(l * l for l in lens), random.randint(1, 4)
+        s = 2e-6 * t + 3e-9 * w + 1e-3 * m
+        f.write(f"{step},{t},3.0,{s / 3},{2 * s / 3},{t},{w},{m}\n")
+PY
+"$KILTER" plan --calibrate run --json > fit.json
 
 "$PY" - <<'PY'
 import json
 b, n = json.load(open("balanced.json")), json.load(open("naive.json"))
 for k in ["padding_efficiency", "cost_imbalance_p50", "cost_imbalance_p95", "cost_imbalance_max",
-          "steps_per_epoch", "micro_batches_per_step"]:
+          "steps_per_epoch", "micro_batches_per_step", "idle_rank_steps", "cost_imbalance_bound_p95",
+          "critical_cost_per_token", "cost_c"]:
     assert k in b and k in n, k
 print("balanced", b["padding_efficiency"], b["cost_imbalance_p95"], "naive", n["padding_efficiency"], n["cost_imbalance_p95"])
-assert b["padding_efficiency"] >= 0.95, b["padding_efficiency"]
-assert b["cost_imbalance_p95"] <= 1.05, b["cost_imbalance_p95"]
+assert b["padding_efficiency"] == 1.0, b["padding_efficiency"]
+assert b["cost_imbalance_p95"] <= 1.02, b["cost_imbalance_p95"]
 assert n["padding_efficiency"] < b["padding_efficiency"]
+assert b["critical_cost_per_token"] < n["critical_cost_per_token"]
+idle = json.load(open("idle.json"))
+assert idle["idle_rank_steps"] > 0 and idle["warnings"], idle
+fit = json.load(open("fit.json"))
+assert abs(fit["cost_b"] / 1.5e-3 - 1) < 1e-3 and abs(fit["cost_c"] / 500 - 1) < 1e-3, fit
+assert fit["r2"] > 0.999, fit
 print("plan_cli: 1 passed, 0 failed")
 PY

@@ -1,8 +1,11 @@
 // Topology from MPI (run on 4 ranks): 2 nodes x 2 via comm.ranks_per_node, the shared-memory
 // split, a ranks_per_node that does not divide the world, the SLURM_NTASKS check and a
-// non-uniform layout that must fall back to flat reduction and still sum correctly.
+// non-uniform layout that must fall back to flat reduction and still sum correctly. The
+// shared-memory split is checked against the hosts the ranks run on, so the same binary also
+// runs across real (or namespaced: scripts/vcluster, tests/cluster) nodes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -81,10 +84,49 @@ TEST(CommTopology, OneRankPerNodeAndOneNode) {
   free_topology(one);
 }
 
-TEST(CommTopology, SharedMemorySplitPutsThisMachineInOneNode) {
+// Every rank's host name (MPI_Get_processor_name), indexed by world rank.
+std::vector<std::string> hosts_of_ranks() {
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  std::vector<char> all(size_t(world_size()) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                MPI_COMM_WORLD);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world_size(); ++r) hosts.emplace_back(&all[size_t(r) * MPI_MAX_PROCESSOR_NAME]);
+  return hosts;
+}
+
+TEST(CommTopology, SharedMemorySplitGroupsRanksByHost) {
   Topology t = make_topology(MPI_COMM_WORLD, 0);
-  // mpirun starts every rank of the test on this one machine.
-  long bad = t.local_size != world_size() || t.num_nodes != 1 || !t.uniform || t.local_rank != world_rank();
+  const std::vector<std::string> hosts = hosts_of_ranks();
+  const std::string& mine = hosts[size_t(world_rank())];
+  std::vector<int> same_host;  // world ranks on this rank's host, ascending
+  for (int r = 0; r < world_size(); ++r)
+    if (hosts[size_t(r)] == mine) same_host.push_back(r);
+  std::vector<std::string> distinct = hosts;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+
+  long bad = 0;
+  if (members(t.node) != same_host) {
+    ADD_FAILURE() << "rank " << world_rank() << " on " << mine << ": node communicator does not hold exactly "
+                  << "the ranks on this host";
+    bad = 1;
+  }
+  if (t.num_nodes != int(distinct.size())) {
+    ADD_FAILURE() << "num_nodes " << t.num_nodes << ", but the ranks run on " << distinct.size() << " host(s)";
+    bad = 1;
+  }
+  // Cross-node communicator: one rank per host, all with this rank's local rank.
+  const std::vector<int> cross = members(t.cross);
+  std::vector<std::string> cross_hosts;
+  for (int r : cross) cross_hosts.push_back(hosts[size_t(r)]);
+  std::sort(cross_hosts.begin(), cross_hosts.end());
+  if (t.uniform && cross_hosts != distinct) {
+    ADD_FAILURE() << "cross-node communicator of rank " << world_rank() << " does not hold one rank per host";
+    bad = 1;
+  }
   EXPECT_EQ(global_failures(bad), 0);
   free_topology(t);
 }

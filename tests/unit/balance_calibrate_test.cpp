@@ -17,17 +17,21 @@
 namespace kilter::balance {
 namespace {
 
-std::vector<CostSample> synthetic_samples(double a, double b, double c, double noise, int n) {
+// Rank-steps of packed micro-batches: k micro-batches of pieces of varied lengths.
+std::vector<CostSample> synthetic_samples(double a, double b, double c, double noise, int n, bool vary_mb = true) {
   Xoshiro256 rng(3);
   std::vector<CostSample> out;
   for (int i = 0; i < n; ++i) {
     CostSample s;
-    const double rows = 1 + double(rng.below(16));
-    const double len = 16 + double(rng.below(1008));
-    s.tokens_computed = rows * len;
-    s.attn_work = rows * len * len * (0.7 + 0.3 * rng.uniform_open0());
+    s.micro_batches = vary_mb ? double(1 + rng.below(4)) : 2.0;
+    const double pieces = 1 + double(rng.below(32));
+    for (int p = 0; p < int(pieces); ++p) {
+      const double len = 1 + double(rng.below(1024));
+      s.tokens_computed += len;
+      s.attn_work += len * len;
+    }
     const double jitter = noise * (2 * rng.uniform_open0() - 1);
-    s.seconds = (c + a * s.tokens_computed + b * s.attn_work) * (1 + jitter);
+    s.seconds = (a * s.tokens_computed + b * s.attn_work + c * s.micro_batches) * (1 + jitter);
     out.push_back(s);
   }
   return out;
@@ -36,47 +40,69 @@ std::vector<CostSample> synthetic_samples(double a, double b, double c, double n
 TEST(BalanceCalibrate, RecoversKnownCoefficients) {
   const double a = 2e-6, b = 3e-9, c = 1e-3;
   const CostFit exact = fit_cost_model(synthetic_samples(a, b, c, 0.0, 200));
+  EXPECT_FALSE(exact.c_from_intercept);
   EXPECT_NEAR(exact.a / a, 1.0, 1e-6);
   EXPECT_NEAR(exact.b / b, 1.0, 1e-6);
-  EXPECT_NEAR(exact.intercept / c, 1.0, 1e-4);
+  EXPECT_NEAR(exact.c / c, 1.0, 1e-6);
+  EXPECT_NEAR(exact.intercept, 0.0, 1e-9);
   EXPECT_NEAR(exact.r2, 1.0, 1e-9);
-  const CostFit noisy = fit_cost_model(synthetic_samples(a, b, c, 0.02, 2000));
+  const CostFit noisy = fit_cost_model(synthetic_samples(a, b, c, 0.02, 4000));
   EXPECT_NEAR(noisy.a / a, 1.0, 0.05);
   EXPECT_NEAR(noisy.b / b, 1.0, 0.05);
+  EXPECT_NEAR(noisy.c / c, 1.0, 0.1);
   EXPECT_NEAR(noisy.b_over_a(), b / a, 0.05 * b / a);
+  EXPECT_NEAR(noisy.c_over_a(), c / a, 0.1 * c / a);
   EXPECT_GT(noisy.r2, 0.99);
+  EXPECT_LT(noisy.r2, 1.0);
+  // Noise as large as the signal's spread: R^2 drops well below the 0.9 bar.
+  const CostFit bad = fit_cost_model(synthetic_samples(a, b, c, 0.9, 400));
+  EXPECT_LT(bad.r2, 0.9);
+}
+
+TEST(BalanceCalibrate, ConstantMicroBatchesFoldTheFixedTimeIntoC) {
+  const double a = 2e-6, b = 3e-9, c = 1e-3;
+  const CostFit fit = fit_cost_model(synthetic_samples(a, b, c, 0.0, 200, false));
+  EXPECT_TRUE(fit.c_from_intercept);
+  EXPECT_NEAR(fit.a / a, 1.0, 1e-6);
+  EXPECT_NEAR(fit.b / b, 1.0, 1e-6);
+  EXPECT_NEAR(fit.c / c, 1.0, 1e-4) << "2 micro-batches per sample: intercept 2c, so c = intercept / 2";
+  EXPECT_EQ(fit.intercept, 0.0);
 }
 
 TEST(BalanceCalibrate, RefusesCollinearOrTooFewSamples) {
   std::vector<CostSample> same_length;
-  for (int rows = 1; rows <= 10; ++rows)
-    same_length.push_back({rows * 100.0, rows * 100.0 * 100.0, rows * 1e-3});
+  for (int pieces = 1; pieces <= 10; ++pieces)
+    same_length.push_back({pieces * 100.0, pieces * 100.0 * 100.0, pieces * 1e-3, double(1 + pieces % 3)});
   EXPECT_THROW(fit_cost_model(same_length), Error);
-  EXPECT_THROW(fit_cost_model(synthetic_samples(1, 1, 0, 0, 2)), Error);
+  EXPECT_THROW(fit_cost_model(synthetic_samples(1, 1, 0, 0, 3)), Error);
 }
 
 TEST(BalanceCalibrate, ReadsRunMetricsAndSkipsWarmupAndIdleRows) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("kilter-calibrate-" + std::to_string(::getpid()));
   fs::create_directories(dir / "metrics");
-  const double a = 1e-6, b = 2e-9;
+  const double a = 1e-6, b = 2e-9, c = 4e-4;
   for (int rank = 0; rank < 2; ++rank) {
     std::ofstream f(dir / "metrics" / ("rank-0000" + std::to_string(rank) + ".csv"));
-    f << "step,tokens,loss,data_wait,forward,backward,tokens_computed,attn_work\n";
+    f << "step,tokens,loss,data_wait,forward,backward,tokens_computed,attn_work,micro_batches\n";
     for (int step = 0; step < 20; ++step) {
       const double len = 32.0 * (1 + (step * 7 + rank * 3) % 17), rows = 1 + (step + rank) % 5;
-      const double tokens = rows * len, work = rows * len * len;
-      const double total = step == 0 ? 5.0 : a * tokens + b * work;  // step 0: slow warm-up
+      const double mbs = 1 + (step * 3 + rank) % 4;
+      const double tokens = rows * len + 7 * mbs, work = rows * len * len + 49 * mbs;
+      const double total = step == 0 ? 5.0 : a * tokens + b * work + c * mbs;  // step 0: slow warm-up
       f << step << "," << tokens << ",3.2,0.001," << total / 3 << "," << 2 * total / 3 << "," << tokens << ","
-        << work << "\n";
+        << work << "," << mbs << "\n";
     }
-    f << 20 << ",0,3.1,0.0,0.0,0.0,0,0\n";  // an idle rank-step
+    f << 20 << ",0,3.1,0.0,0.0,0.0,0,0,0\n";  // an idle rank-step
   }
   const auto samples = read_cost_samples(dir.string(), 1);
   EXPECT_EQ(samples.size(), 2u * 19u);
   const CostFit fit = fit_cost_model(samples);
+  EXPECT_FALSE(fit.c_from_intercept);
   EXPECT_NEAR(fit.a / a, 1.0, 1e-3);
   EXPECT_NEAR(fit.b / b, 1.0, 1e-3);
+  EXPECT_NEAR(fit.c / c, 1.0, 1e-3);
+  EXPECT_GT(fit.r2, 0.999);
 
   std::ofstream(dir / "metrics" / "rank-00002.csv") << "step,forward,backward\n1,0.1,0.2\n";
   try {

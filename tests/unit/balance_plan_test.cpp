@@ -1,5 +1,6 @@
 // Unit tests of the balanced batch plan and the naive baseline (lib/balance/plan.h): coverage of
-// every piece, equal steps per rank, world-size independence, determinism, token budgets, tails.
+// every piece, equal steps per rank, world-size independent step piece sets, determinism, packed
+// micro-batches within the budget, tails, idle ranks, resume positions, bad options.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,21 +34,21 @@ PlanOptions small_options() {
   return o;
 }
 
-// Steps are equal in content: same micro-batches, same pieces, same order.
-void expect_same_content(const EpochPlan& x, const EpochPlan& y) {
+// The pieces of one step, sorted: what the step trains on, whatever the division.
+std::vector<PieceKey> step_pieces(const Step& step) {
+  std::vector<PieceKey> keys;
+  for (const MicroBatch& mb : step.micro_batches)
+    for (const Piece& p : mb.pieces) keys.push_back(key_of(p));
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// Steps are equal in content: the same piece sets and target tokens, step by step.
+void expect_same_step_pieces(const EpochPlan& x, const EpochPlan& y) {
   ASSERT_EQ(x.steps.size(), y.steps.size());
   for (size_t s = 0; s < x.steps.size(); ++s) {
-    const Step& a = x.steps[s];
-    const Step& b = y.steps[s];
-    ASSERT_EQ(a.micro_batches.size(), b.micro_batches.size()) << "step " << s;
-    EXPECT_EQ(a.target_tokens, b.target_tokens);
-    for (size_t m = 0; m < a.micro_batches.size(); ++m) {
-      const MicroBatch& p = a.micro_batches[m];
-      const MicroBatch& q = b.micro_batches[m];
-      ASSERT_EQ(p.pieces.size(), q.pieces.size());
-      EXPECT_EQ(p.padded_len, q.padded_len);
-      for (size_t i = 0; i < p.pieces.size(); ++i) EXPECT_EQ(key_of(p.pieces[i]), key_of(q.pieces[i]));
-    }
+    EXPECT_EQ(x.steps[s].target_tokens, y.steps[s].target_tokens) << "step " << s;
+    EXPECT_EQ(step_pieces(x.steps[s]), step_pieces(y.steps[s])) << "step " << s;
   }
 }
 
@@ -129,23 +130,42 @@ TEST(BalancePlan, EveryRankHasEveryStepAndEachMicroBatchOnce) {
   }
 }
 
-TEST(BalancePlan, StepContentIsIndependentOfWorldSize) {
+TEST(BalancePlan, StepPieceSetsAreIndependentOfWorldSize) {
   const auto lengths = lognormal_corpus(4000, 5.0, 1.0, 3000);
   const auto docs = all_documents(lengths.size());
-  const EpochPlan one = build_epoch_plan(lengths, docs, small_options(), 1, 3);
-  for (const Step& step : one.steps) {
-    // World size 1 runs the step's micro-batches in order: the concatenation of the same list.
-    std::vector<uint32_t> in_order(step.micro_batches.size());
-    std::iota(in_order.begin(), in_order.end(), 0u);
-    ASSERT_EQ(step.rank_batches.size(), 1u);
-    EXPECT_EQ(step.rank_batches[0], in_order);
+  for (const std::string tail : {"drop", "redistribute"}) {
+    PlanOptions o = small_options();
+    o.tail = tail;
+    const EpochPlan one = build_epoch_plan(lengths, docs, o, 1, 3);
+    ASSERT_GT(one.steps.size(), 5u);
+    for (int world : {2, 3, 8, 64, 1024}) {
+      const EpochPlan plan = build_epoch_plan(lengths, docs, o, world, 3);
+      expect_same_step_pieces(one, plan);
+      EXPECT_EQ(plan.stats.steps_per_epoch, one.stats.steps_per_epoch);
+      EXPECT_EQ(plan.stats.target_tokens, one.stats.target_tokens);
+      EXPECT_EQ(plan.stats.dropped_tokens, one.stats.dropped_tokens);
+    }
   }
-  for (int world : {2, 3, 8, 64}) {
-    const EpochPlan plan = build_epoch_plan(lengths, docs, small_options(), world, 3);
-    expect_same_content(one, plan);
-    EXPECT_EQ(plan.stats.steps_per_epoch, one.stats.steps_per_epoch);
-    EXPECT_EQ(plan.stats.padding_efficiency, one.stats.padding_efficiency);
-  }
+}
+
+TEST(BalancePlan, ResumeAtAPositionFindsTheSameStepOnAnotherWorldSize) {
+  // A checkpoint stores (epoch, step_in_epoch); resuming on another world size rebuilds the plan
+  // of that epoch and must find the same pieces there, also after the epoch boundary.
+  const auto lengths = lognormal_corpus(3000, 4.5, 1.2, 2000);
+  const auto docs = all_documents(lengths.size());
+  const PlanOptions o = small_options();
+  PlanPosition pos{0, 0};
+  const uint64_t steps = build_epoch_plan(lengths, docs, o, 2, 0).steps.size();
+  ASSERT_GT(steps, 3u);
+  for (uint64_t i = 0; i < steps + 2; ++i) pos = next_position(pos, steps);
+  EXPECT_EQ(pos.epoch, 1u);
+  EXPECT_EQ(pos.step_in_epoch, 2u);
+  const EpochPlan on_two = build_epoch_plan(lengths, docs, o, 2, pos.epoch);
+  const EpochPlan on_five = build_epoch_plan(lengths, docs, o, 5, pos.epoch);
+  EXPECT_EQ(step_pieces(on_two.steps[pos.step_in_epoch]), step_pieces(on_five.steps[pos.step_in_epoch]));
+  EXPECT_NE(step_pieces(on_two.steps[pos.step_in_epoch]),
+            step_pieces(build_epoch_plan(lengths, docs, o, 2, 0).steps[pos.step_in_epoch]))
+      << "another epoch, other steps";
 }
 
 TEST(BalancePlan, IdenticalAcrossCallsDeterministicFromSeedAndEpoch) {
@@ -154,7 +174,16 @@ TEST(BalancePlan, IdenticalAcrossCallsDeterministicFromSeedAndEpoch) {
   const PlanOptions o = small_options();
   const EpochPlan a = build_epoch_plan(lengths, docs, o, 8, 2);
   const EpochPlan b = build_epoch_plan(lengths, docs, o, 8, 2);
-  expect_same_content(a, b);
+  expect_same_step_pieces(a, b);
+  for (size_t s = 0; s < a.steps.size(); ++s) {
+    ASSERT_EQ(a.steps[s].micro_batches.size(), b.steps[s].micro_batches.size());
+    for (size_t m = 0; m < a.steps[s].micro_batches.size(); ++m) {
+      const auto& p = a.steps[s].micro_batches[m].pieces;
+      const auto& q = b.steps[s].micro_batches[m].pieces;
+      ASSERT_EQ(p.size(), q.size());
+      for (size_t i = 0; i < p.size(); ++i) EXPECT_EQ(key_of(p[i]), key_of(q[i]));
+    }
+  }
   for (size_t s = 0; s < a.steps.size(); ++s) EXPECT_EQ(a.steps[s].rank_batches, b.steps[s].rank_batches);
   EXPECT_EQ(plan_fingerprint(a), plan_fingerprint(b));
 
@@ -183,7 +212,13 @@ TEST(BalancePlan, MicroBatchesRespectTheTokenBudget) {
         uint32_t longest = 0;
         uint64_t tokens = 0;
         for (const Piece& p : mb.pieces) longest = std::max(longest, p.len), tokens += p.len;
-        EXPECT_EQ(mb.padded_len, longest);
+        if (sampler == "balanced") {
+          EXPECT_TRUE(mb.packed());
+          EXPECT_EQ(mb.tokens_computed(), tokens) << "a packed micro-batch computes no padding";
+        } else {
+          EXPECT_EQ(mb.padded_len, longest);
+          EXPECT_EQ(mb.tokens_computed(), longest * mb.pieces.size());
+        }
         EXPECT_EQ(mb.target_tokens, tokens);
         EXPECT_LE(mb.tokens_computed(), o.max_tokens) << sampler;
         EXPECT_DOUBLE_EQ(mb.cost, plan.cost(mb));
@@ -204,8 +239,9 @@ TEST(BalancePlan, StepsHoldAboutTokensPerStepAndMixLengths) {
   ASSERT_GT(plan.steps.size(), 20u);
   std::vector<double> mean_len;
   for (const Step& step : plan.steps) {
-    EXPECT_GE(step.target_tokens + o.max_tokens / 2, o.tokens_per_step);
-    EXPECT_LE(step.target_tokens, o.tokens_per_step + o.max_tokens);
+    // Cut piece by piece: within half a context of the target.
+    EXPECT_GE(step.target_tokens + o.context / 2, o.tokens_per_step);
+    EXPECT_LE(step.target_tokens, o.tokens_per_step + o.context / 2);
     uint64_t rows = 0;
     for (const MicroBatch& mb : step.micro_batches) rows += mb.pieces.size();
     mean_len.push_back(double(step.target_tokens) / double(rows));
@@ -228,8 +264,9 @@ TEST(BalancePlan, BalancedBeatsNaiveOnPaddingAndCost) {
   const EpochPlan balanced = build_epoch_plan(lengths, docs, o, 16, 0);
   o.sampler = "naive";
   const EpochPlan naive = build_epoch_plan(lengths, docs, o, 16, 0);
-  EXPECT_GE(balanced.stats.padding_efficiency, 0.95);
-  EXPECT_LE(balanced.stats.cost_imbalance_p95, 1.05);
+  EXPECT_EQ(balanced.stats.padding_efficiency, 1.0);
+  EXPECT_LE(balanced.stats.cost_imbalance_p95, 1.02);
+  EXPECT_LT(balanced.stats.critical_cost_per_token, naive.stats.critical_cost_per_token);
   EXPECT_LT(naive.stats.padding_efficiency, balanced.stats.padding_efficiency);
   EXPECT_GT(naive.stats.cost_imbalance_p95, balanced.stats.cost_imbalance_p95);
 }
@@ -242,11 +279,11 @@ TEST(BalancePlan, TailDroppedOrRedistributedAndReported) {
   const EpochPlan dropped = build_epoch_plan(lengths, docs, o, 4, 0);
   o.tail = "redistribute";
   const EpochPlan spread = build_epoch_plan(lengths, docs, o, 4, 0);
-  ASSERT_GT(dropped.stats.tail_micro_batches, 0u) << "pick a corpus whose last step is partial";
+  ASSERT_GT(dropped.stats.tail_pieces, 0u) << "pick a corpus whose last step is partial";
   EXPECT_FALSE(dropped.stats.tail_redistributed);
   EXPECT_TRUE(spread.stats.tail_redistributed);
   EXPECT_EQ(dropped.stats.steps_per_epoch, spread.stats.steps_per_epoch);
-  EXPECT_EQ(dropped.stats.micro_batches + dropped.stats.tail_micro_batches, spread.stats.micro_batches);
+  EXPECT_EQ(dropped.stats.dropped_pieces, dropped.stats.tail_pieces);
   EXPECT_EQ(spread.stats.dropped_tokens, 0u);
   EXPECT_EQ(dropped.stats.target_tokens + dropped.stats.tail_tokens, spread.stats.target_tokens);
 }
@@ -291,17 +328,55 @@ TEST(BalancePlan, NaiveSamplerShape) {
   EXPECT_NE(plan_fingerprint(plan), plan_fingerprint(other));
 }
 
-TEST(BalancePlan, BucketWidthBoundsPadding) {
-  const auto lengths = lognormal_corpus(20000, 4.5, 0.8, 400);
+TEST(BalancePlan, IdleRanksWhenTheStepIsTooSmallForTheWorldSize) {
+  // Every document one full context: a step of 4 contexts over 8 ranks leaves 4 idle.
+  const std::vector<uint32_t> lengths(64, 128);
+  PlanOptions o = small_options();
+  o.tokens_per_step = 4 * 128;
+  const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, 8, 0);
+  ASSERT_EQ(plan.steps.size(), 16u);
+  EXPECT_EQ(plan.stats.steps_with_idle_ranks, 16u);
+  EXPECT_EQ(plan.stats.idle_rank_steps, 16u * 4u);
+  EXPECT_EQ(plan.stats.idle_ranks_max, 4u);
+  for (const Step& step : plan.steps) ASSERT_EQ(step.rank_batches.size(), 8u) << "idle ranks keep their entry";
+  const std::string warning = idle_rank_warning(o, 8);
+  EXPECT_NE(warning.find("train.tokens_per_step"), std::string::npos) << warning;
+  EXPECT_NE(warning.find(std::to_string(8 * 128)), std::string::npos) << "names the step that avoids it: " << warning;
+  EXPECT_EQ(idle_rank_warning(o, 4), "") << "4 ranks x 128 = the step";
+  o.sampler = "naive";
+  EXPECT_EQ(idle_rank_warning(o, 8), "") << "naive ranks always get their sequences";
+}
+
+TEST(BalancePlan, ImbalanceNeverBeatsTheBoundAndMeetsItWhenStepsAreCoarse) {
+  // A share of about one context per rank: full-length pieces cost more than a rank's mean share,
+  // so the bound exceeds 1, and the division should reach it.
+  const auto lengths = lognormal_corpus(6000, 5.0, 1.2, 4000);
   PlanOptions o = small_options();
   o.context = 256;
   o.max_tokens = 4096;
-  o.bucket_width = 4;
-  const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, 2, 0);
-  EXPECT_GT(plan.stats.padding_efficiency, 0.97);
-  for (const Step& step : plan.steps)
-    for (const MicroBatch& mb : step.micro_batches)
-      EXPECT_LE(mb.tokens_computed() - mb.target_tokens, mb.tokens_computed() / 32 + mb.padded_len);
+  o.tokens_per_step = 64 * 200;
+  const EpochPlan coarse = build_epoch_plan(lengths, all_documents(lengths.size()), o, 64, 0);
+  EXPECT_GT(coarse.stats.cost_imbalance_bound_p95, 1.02);
+  EXPECT_GE(coarse.stats.cost_imbalance_p95, coarse.stats.cost_imbalance_bound_p95 - 1e-12);
+  EXPECT_LE(coarse.stats.cost_imbalance_p95, coarse.stats.cost_imbalance_bound_p95 * 1.01);
+  // 3200 tokens per rank: one micro-batch each (a share just above a multiple of max_tokens would
+  // force one rank into one more micro-batch, an imbalance of c that no division avoids).
+  const EpochPlan fine = build_epoch_plan(lengths, all_documents(lengths.size()), o, 4, 0);
+  EXPECT_EQ(fine.stats.cost_imbalance_bound_p95, 1.0);
+  EXPECT_LE(fine.stats.cost_imbalance_p95, 1.01);
+  o.sampler = "naive";
+  EXPECT_EQ(build_epoch_plan(lengths, all_documents(lengths.size()), o, 4, 0).stats.cost_imbalance_bound_p95, 0.0);
+
+  // Three equal pieces on two ranks: one rank holds two of them, 2/1.5 of the mean.
+  PlanOptions three = small_options();
+  three.context = 16;
+  three.max_tokens = 64;
+  three.tokens_per_step = 30;
+  three.cost = CostModel{1.0, 1e-12, 0.0};
+  const EpochPlan plan = build_epoch_plan({10, 10, 10}, all_documents(3), three, 2, 0);
+  ASSERT_EQ(plan.steps.size(), 1u);
+  EXPECT_NEAR(plan.stats.cost_imbalance_bound_p95, 20.0 / 15.0, 1e-9);
+  EXPECT_NEAR(plan.stats.cost_imbalance_p95, 20.0 / 15.0, 1e-9);
 }
 
 TEST(BalancePlan, SplitIsDeterministicDisjointAndExact) {
@@ -338,6 +413,18 @@ TEST(BalancePlan, RefusesBadOptionsNamingTheKey) {
     EXPECT_NE(std::string(e.what()).find("data.max_tokens"), std::string::npos) << e.what();
   }
   o = small_options();
+  o.tokens_per_step = 0;
+  try {
+    build_epoch_plan(lengths, all_documents(2), o, 2, 0);
+    FAIL() << "a zero step must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.tokens_per_step"), std::string::npos) << e.what();
+  }
+  o = small_options();
+  o.cost.a = 0;
+  o.cost.b = 0;
+  EXPECT_THROW(build_epoch_plan(lengths, all_documents(2), o, 2, 0), Error);
+  o = small_options();
   o.tail = "keep";
   EXPECT_THROW(build_epoch_plan(lengths, all_documents(2), o, 2, 0), Error);
   EXPECT_THROW(build_epoch_plan(lengths, {0, 5}, small_options(), 2, 0), Error);
@@ -352,11 +439,20 @@ TEST(BalancePlan, CostModelDefaults) {
   const double b = attention_cost_coefficient(12, 768, 50257);
   EXPECT_GT(b * 1024, 0.05);
   EXPECT_LT(b * 1024, 0.5);
+  EXPECT_EQ(resolve_cost_model(CostModel{}, 1024).c, kDefaultMicroBatchTokens);
+  CostModel calibrated{2.0, 0.5, 3.0};
+  EXPECT_EQ(resolve_cost_model(calibrated, 1024).c, 3.0);
   MicroBatch mb;
   mb.pieces = {{0, 0, 3}, {1, 0, 4}};
+  mb.target_tokens = 7;
+  CostModel unit{2.0, 1.0, 5.0};
+  // Packed: 7 tokens, attention 3^2 + 4^2, one micro-batch.
+  EXPECT_DOUBLE_EQ(mb.attention_work(), 9 + 16);
+  EXPECT_DOUBLE_EQ(unit(mb), 2.0 * 7 + 9 + 16 + 5);
+  // Naive: two rows of 4, padding computed in attention too.
   mb.padded_len = 4;
-  CostModel unit{2.0, 1.0};
-  EXPECT_DOUBLE_EQ(unit(mb), 2.0 * 8 + 9 + 16);
+  EXPECT_DOUBLE_EQ(mb.attention_work(), 2 * 16);
+  EXPECT_DOUBLE_EQ(unit(mb), 2.0 * 8 + 2 * 16 + 5);
 }
 
 }  // namespace

@@ -1,0 +1,345 @@
+// Division of a step's pieces among ranks (see divide.h). Longest-first to the least-loaded rank
+// (LPT) leaves the busiest rank at most one piece above the mean, which is tight when a rank's
+// share holds many pieces; when it holds only a few (64-1024 ranks), best fit against the mean
+// share does better, and moves and swaps of single pieces between the busiest rank and the
+// least-loaded ones close most of what either leaves. The candidates are compared once packed;
+// the search stops at the step's lower bound. The c-per-micro-batch term enters every load as
+// c x ceil(tokens / max_tokens), so a rank whose share needs one more micro-batch is charged
+// for it while dividing.
+#include "lib/balance/divide.h"
+
+#include <algorithm>
+#include <functional>
+#include <iterator>
+
+#include "io/error.h"
+
+namespace kilter::balance {
+
+namespace {
+
+// Capacities (x the mean share) best fit runs with, after LPT: the first always, the others
+// only while the best division so far leaves the busiest rank more than kRetryImbalance above
+// the mean (each costs about as much as LPT, and where the first two got that close the others
+// rarely gain).
+constexpr double kBestFitCapacities[] = {1.0, 1.003, 1.01, 1.03};
+constexpr double kRetryImbalance = 5e-3;
+// Ranks compared with the busiest one in each improvement round: the least-loaded few are where
+// a move or swap helps most.
+constexpr int kSwapPartners = 8;
+// The rounds stop once the busiest rank is within this share of the mean load: closer than that
+// is below the noise of measured step times and only costs planning time.
+constexpr double kGoodEnoughImbalance = 1e-3;
+
+}  // namespace
+
+StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size)
+    : cost_(cost), max_tokens_(max_tokens), world_size_(world_size) {
+  KILTER_CHECK(world_size >= 1, "StepDivider: world size " << world_size << " must be >= 1");
+  KILTER_CHECK(max_tokens >= 1, "StepDivider: max_tokens must be >= 1");
+  KILTER_CHECK(cost.a >= 0 && cost.b >= 0 && cost.c >= 0,
+               "StepDivider: unresolved cost model a=" << cost.a << " b=" << cost.b << " c=" << cost.c);
+  shares_.resize(world_size);
+}
+
+void StepDivider::insert_sorted(std::vector<uint32_t>& items, uint32_t item) const {
+  // Longest first, then by index: the same order LPT builds.
+  const auto before = [this](uint32_t x, uint32_t y) {
+    return pieces_[x].len > pieces_[y].len || (pieces_[x].len == pieces_[y].len && x < y);
+  };
+  items.insert(std::upper_bound(items.begin(), items.end(), item, before), item);
+}
+
+void StepDivider::reset_shares() {
+  for (Share& share : shares_) {
+    share.items.clear();
+    share.piece_cost = 0;
+    share.tokens = 0;
+  }
+}
+
+double StepDivider::busiest_load() const {
+  double top = 0;
+  for (int r = 0; r < world_size_; ++r) top = std::max(top, load(r));
+  return top;
+}
+
+// Best fit decreasing against the mean load: each piece, longest first, goes to the busiest rank
+// it still fits under `capacity`, else to the least-loaded one. Where shares hold only a few
+// pieces it fills ranks to the mean with a long piece plus the right shorter ones, which LPT (a
+// long piece to every rank first, then the rest) often misses.
+void StepDivider::best_fit(double capacity) {
+  by_load_.clear();
+  for (int r = 0; r < world_size_; ++r) by_load_.insert({0.0, r});
+  for (uint64_t key : order_) {
+    const uint32_t item = uint32_t(key);
+    const uint32_t len = pieces_[item].len;
+    const double w = piece_cost_[item];
+    // The busiest rank whose load stays <= capacity with this piece (the c term can add one
+    // micro-batch: look back over a few candidates for the exact check).
+    auto it = by_load_.upper_bound({capacity - w, world_size_});
+    int rank = -1;
+    for (int tries = 0; tries < 4 && it != by_load_.begin(); ++tries) {
+      --it;
+      const Share& s = shares_[it->second];
+      if (load_of(s.piece_cost + w, s.tokens + len) <= capacity) {
+        rank = it->second;
+        break;
+      }
+    }
+    if (rank < 0) it = by_load_.begin(), rank = it->second;
+    by_load_.erase(it);
+    Share& share = shares_[rank];
+    share.items.push_back(item);
+    share.piece_cost += w;
+    share.tokens += len;
+    by_load_.insert({load(rank), rank});
+  }
+}
+
+void StepDivider::longest_first() {
+  heap_.clear();
+  for (int r = 0; r < world_size_; ++r) heap_.push_back({0.0, r});
+  // A min-heap of (load, rank): ties go to the lower rank.
+  const std::greater<std::pair<double, int>> later;
+  for (uint64_t key : order_) {
+    const uint32_t item = uint32_t(key);
+    std::pop_heap(heap_.begin(), heap_.end(), later);
+    const int rank = heap_.back().second;
+    Share& share = shares_[rank];
+    share.items.push_back(item);  // items arrive longest first
+    share.piece_cost += piece_cost_[item];
+    share.tokens += pieces_[item].len;
+    heap_.back().first = load(rank);
+    std::push_heap(heap_.begin(), heap_.end(), later);
+  }
+}
+
+// One round: the single move or swap between the busiest rank and one of the least-loaded ranks
+// that lowers the larger of the two loads the most. Returns false when none does.
+bool StepDivider::improve_busiest() {
+  const auto top_entry = std::prev(by_load_.end());
+  const double top = top_entry->first;
+  const int busiest = top_entry->second;
+  Share& mine = shares_[busiest];
+  double best_pair_max = top - tolerance_;
+  int best_partner = -1;
+  size_t best_x = 0;
+  long best_y = -1;  // -1: a move, else the index of the partner's item to swap in
+
+  int examined = 0;
+  for (auto it = by_load_.begin(); it != top_entry && examined < kSwapPartners; ++it, ++examined) {
+    const int partner = it->second;
+    const double gap = top - it->first;
+    if (gap <= tolerance_) break;  // the rest are as busy
+    const Share& theirs = shares_[partner];
+    for (size_t xi = 0; xi < mine.items.size(); ++xi) {
+      const uint32_t x = mine.items[xi];
+      const uint32_t len_x = pieces_[x].len;
+      if (xi > 0 && pieces_[mine.items[xi - 1]].len == len_x) continue;  // same piece cost
+      const double w_x = piece_cost_[x];
+      // Move x.
+      {
+        const double pair_max = std::max(load_of(mine.piece_cost - w_x, mine.tokens - len_x),
+                                         load_of(theirs.piece_cost + w_x, theirs.tokens + len_x));
+        if (pair_max < best_pair_max) best_pair_max = pair_max, best_partner = partner, best_x = xi, best_y = -1;
+      }
+      // Swap x for a shorter y, best near w_y = w_x - gap / 2; the partner's items are sorted
+      // longest first, i.e. by descending cost.
+      const double want = w_x - gap / 2;
+      const auto first_at_or_below = std::partition_point(
+          theirs.items.begin(), theirs.items.end(), [&](uint32_t y) { return piece_cost_[y] > want; });
+      const long j = long(first_at_or_below - theirs.items.begin());
+      for (long yi = std::max(0L, j - 1); yi <= j && yi < long(theirs.items.size()); ++yi) {
+        const uint32_t y = theirs.items[yi];
+        const uint32_t len_y = pieces_[y].len;
+        if (len_y >= len_x) continue;
+        const double d = w_x - piece_cost_[y];
+        const double pair_max = std::max(load_of(mine.piece_cost - d, mine.tokens - (len_x - len_y)),
+                                         load_of(theirs.piece_cost + d, theirs.tokens + (len_x - len_y)));
+        if (pair_max < best_pair_max) best_pair_max = pair_max, best_partner = partner, best_x = xi, best_y = yi;
+      }
+    }
+  }
+  if (best_partner < 0) return false;
+
+  Share& theirs = shares_[best_partner];
+  by_load_.erase(top_entry);
+  by_load_.erase({load(best_partner), best_partner});
+  const uint32_t x = mine.items[best_x];
+  mine.items.erase(mine.items.begin() + long(best_x));
+  mine.piece_cost -= piece_cost_[x];
+  mine.tokens -= pieces_[x].len;
+  theirs.piece_cost += piece_cost_[x];
+  theirs.tokens += pieces_[x].len;
+  if (best_y >= 0) {
+    const uint32_t y = theirs.items[best_y];
+    theirs.items.erase(theirs.items.begin() + best_y);
+    theirs.piece_cost -= piece_cost_[y];
+    theirs.tokens -= pieces_[y].len;
+    mine.piece_cost += piece_cost_[y];
+    mine.tokens += pieces_[y].len;
+    insert_sorted(mine.items, y);
+  }
+  insert_sorted(theirs.items, x);
+  by_load_.insert({load(busiest), busiest});
+  by_load_.insert({load(best_partner), best_partner});
+  return true;
+}
+
+size_t StepDivider::assign_bins(int rank) {
+  const Share& share = shares_[rank];
+  const size_t n = share.items.size();
+  bin_of_.assign(n, 0);
+  bin_tokens_.clear();
+  if (n == 0) return 0;
+  const uint64_t fewest = min_micro_batches(share.tokens);
+  if (fewest <= 1) {
+    bin_tokens_.push_back(share.tokens);
+  } else {
+    // Next fit over the longest-first order keeps pieces of similar length together; when that
+    // needs more micro-batches than the fewest possible, first fit decreasing fills the gaps.
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t len = pieces_[share.items[i]].len;
+      if (bin_tokens_.empty() || bin_tokens_.back() + len > max_tokens_) bin_tokens_.push_back(0);
+      bin_tokens_.back() += len;
+      bin_of_[i] = uint32_t(bin_tokens_.size() - 1);
+    }
+    if (bin_tokens_.size() > fewest) {
+      bin_tokens_.clear();
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t len = pieces_[share.items[i]].len;
+        size_t b = 0;
+        while (b < bin_tokens_.size() && bin_tokens_[b] + len > max_tokens_) ++b;
+        if (b == bin_tokens_.size()) bin_tokens_.push_back(0);
+        bin_tokens_[b] += len;
+        bin_of_[i] = uint32_t(b);
+      }
+    }
+  }
+  return bin_tokens_.size();
+}
+
+double StepDivider::packed_busiest_load() {
+  double top = 0;
+  for (int r = 0; r < world_size_; ++r)
+    top = std::max(top, shares_[r].piece_cost + cost_.c * double(assign_bins(r)));
+  return top;
+}
+
+void StepDivider::pack(int rank, Step& step) {
+  const Share& share = shares_[rank];
+  std::vector<uint32_t>& mine = step.rank_batches[rank];
+  mine.clear();
+  if (share.items.empty()) return;
+  const size_t n = share.items.size();
+  assign_bins(rank);
+  const size_t first = step.micro_batches.size();
+  step.micro_batches.resize(first + bin_tokens_.size());
+  mine.reserve(bin_tokens_.size());
+  for (size_t b = 0; b < bin_tokens_.size(); ++b) {
+    MicroBatch& mb = step.micro_batches[first + b];
+    mb.padded_len = 0;
+    mb.target_tokens = bin_tokens_[b];
+    mine.push_back(uint32_t(first + b));
+  }
+  // Pieces per micro-batch, counted first so every vector is allocated once at its size.
+  std::vector<uint64_t>& counts = bin_tokens_;
+  std::fill(counts.begin(), counts.end(), 0);
+  for (size_t i = 0; i < n; ++i) ++counts[bin_of_[i]];
+  for (size_t b = 0; b < counts.size(); ++b) step.micro_batches[first + b].pieces.reserve(counts[b]);
+  for (size_t i = 0; i < n; ++i) step.micro_batches[first + bin_of_[i]].pieces.push_back(pieces_[share.items[i]]);
+  for (size_t b = 0; b < counts.size(); ++b) {
+    MicroBatch& mb = step.micro_batches[first + b];
+    mb.cost = cost_(mb);
+  }
+}
+
+// Moves and swaps until the busiest rank is at the best any division can reach
+// (least_busiest_) or close enough to the mean; each round lowers the busiest load without
+// raising another above it, so they end; the cap bounds planning time on adversarial inputs.
+// Returns the busiest load.
+double StepDivider::refine() {
+  const size_t n = order_.size();
+  if (world_size_ <= 1 || n <= 1) return busiest_load();
+  double total_load = 0;
+  by_load_.clear();
+  for (int r = 0; r < world_size_; ++r) {
+    total_load += load(r);
+    by_load_.insert({load(r), r});
+  }
+  const double good_enough = std::max(least_busiest_, total_load / world_size_ * (1 + kGoodEnoughImbalance));
+  tolerance_ = std::prev(by_load_.end())->first * 1e-12;
+  const size_t max_rounds = 2 * size_t(world_size_) + n;
+  for (size_t round = 0; round < max_rounds; ++round) {
+    if (std::prev(by_load_.end())->first <= good_enough || !improve_busiest()) break;
+  }
+  return std::prev(by_load_.end())->first;
+}
+
+void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
+  KILTER_CHECK(n < (uint64_t(1) << 32), "plan: a step of " << n << " pieces is too large");
+  pieces_ = pieces;
+  order_.resize(n);
+  piece_cost_.resize(n);
+  step.target_tokens = 0;
+  for (size_t i = 0; i < n; ++i) {
+    KILTER_CHECK(pieces[i].len >= 1 && pieces[i].len <= max_tokens_,
+                 "plan: a piece of " << pieces[i].len << " tokens does not fit data.max_tokens = " << max_tokens_);
+    order_[i] = (uint64_t(~pieces[i].len) << 32) | i;
+    piece_cost_[i] = cost_.piece(pieces[i].len);
+    step.target_tokens += pieces[i].len;
+  }
+  std::sort(order_.begin(), order_.end());
+  // What no division beats (as in stats.cpp): for every k with kP < n, some rank holds k+1 of
+  // the kP+1 longest pieces, and it runs a micro-batch.
+  prefix_cost_.resize(n + 1);
+  prefix_cost_[0] = 0;
+  for (size_t i = 0; i < n; ++i) prefix_cost_[i + 1] = prefix_cost_[i] + piece_cost_[uint32_t(order_[i])];
+  least_busiest_ = 0;
+  for (size_t k = 0, P = size_t(world_size_); k * P < n; ++k)
+    least_busiest_ = std::max(least_busiest_, prefix_cost_[k * P + 1] - prefix_cost_[k * P - k]);
+  least_busiest_ += cost_.c;
+  reset_shares();
+  longest_first();
+  refine();
+  if (world_size_ > 1 && n > size_t(world_size_)) {
+    // Best fit against the mean share and a little above it as well (just above the mean,
+    // a rank can take two long pieces that leave another rank free for the shorter ones); the
+    // division whose busiest rank ends lowest, once refined and packed, goes on (ties: the
+    // earlier one).
+    double total_piece_cost = 0;
+    for (size_t i = 0; i < n; ++i) total_piece_cost += piece_cost_[i];
+    const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(step.target_tokens), uint64_t(world_size_));
+    const double mean = (total_piece_cost + cost_.c * double(micro_batches)) / world_size_;
+    double best_top = packed_busiest_load();
+    // Nothing to gain once the busiest rank is within kGoodEnoughImbalance of the mean or at the
+    // step's lower bound.
+    const double good_enough = std::max(mean * (1 + kGoodEnoughImbalance), least_busiest_);
+    if (best_shares_.size() != size_t(world_size_)) best_shares_.resize(world_size_);
+    shares_.swap(best_shares_);
+    for (double above : kBestFitCapacities) {
+      if (best_top <= good_enough || (above > 1.0 && best_top <= mean * (1 + kRetryImbalance))) break;
+      reset_shares();
+      best_fit(mean * above);
+      refine();
+      const double top = packed_busiest_load();
+      if (top < best_top) {
+        best_top = top;
+        shares_.swap(best_shares_);
+      }
+    }
+    shares_.swap(best_shares_);
+  }
+
+  // One allocation for the micro-batches unless first fit needs more than the fewest.
+  uint64_t fewest = 0;
+  for (const Share& share : shares_) fewest += min_micro_batches(share.tokens);
+  step.micro_batches.clear();
+  step.micro_batches.reserve(fewest);
+  step.rank_batches.resize(world_size_);
+  for (int r = 0; r < world_size_; ++r) pack(r, step);
+  step.micro_batches.shrink_to_fit();
+}
+
+}  // namespace kilter::balance
