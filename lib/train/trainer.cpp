@@ -27,6 +27,7 @@
 #include "lib/model/model.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/checkpointer.h"
+#include "lib/train/sampling.h"
 #include "lib/train/guards.h"
 #include "lib/train/signals.h"
 #include "lib/train/staging.h"
@@ -269,6 +270,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   dopts.resume = resuming;
   diag::RankDiagnostics diagnostics(world, dopts);
   Checkpointer checkpointer(world, run_dir, cfg.output.keep_checkpoints, cfg);
+  checkpointer.set_tokenizer(index.tokenizer, index.tokenizer_data, index.eos_id);  // checkpoints decode on their own
+  TrainingSampler sampler(cfg, index, rank);  // output.sample_every
   Watchdog watchdog(world, cfg.comm.timeout_s);
 
   io::ReaderOptions ropts;
@@ -472,6 +475,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
       t_last_log = t;
       tokens_since_log = 0;
     }
+    sampler.maybe_sample(*model, state.step);
     const bool periodic = cfg.output.checkpoint_every > 0 && state.step % cfg.output.checkpoint_every == 0;
     if (stop_requested || periodic || state.step == total_steps) {
       checkpointer.save(*model, state);
