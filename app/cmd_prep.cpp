@@ -71,6 +71,7 @@ int prep_corpus(int argc, char** argv) {
   if (!parse(argc, argv, desc, vm,
              "usage: kilter prep --input PATH... --format text|jsonl|fortune [--tokenizer FILE] --shards N --out DIR\n"
              "       kilter prep tokenizer train --help\n"
+             "       kilter prep --format llmc|nanogpt|megatron|npy --help   (import an already tokenized corpus)\n"
              "       kilter prep synth --help | kilter prep validate DIR\n\n"
              "Without --tokenizer: token = byte value (0..255), eos_id = 256, vocab_size = 257;\n"
              "non-UTF-8 bytes are kept as bytes.\n"
@@ -191,6 +192,7 @@ int cmd_prep(int argc, char** argv) {
       std::fprintf(stderr, "kilter prep tokenizer: expected `train` (see kilter prep tokenizer train --help)\n");
       return 2;
     }
+    if (prep_is_import(argc, argv)) return prep_import(argc, argv);
     return prep_corpus(argc, argv);
   } catch (const po::error& e) {
     std::fprintf(stderr, "kilter prep: %s (see kilter prep --help)\n", e.what());

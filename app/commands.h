@@ -8,4 +8,8 @@ int cmd_plan(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_report(int argc, char** argv);
 int cmd_bench_comm(int argc, char** argv);
+int cmd_sample(int argc, char** argv);
+// `kilter prep --format llmc|nanogpt|megatron|npy` (app/cmd_prep_import.cpp).
+bool prep_is_import(int argc, char** argv);
+int prep_import(int argc, char** argv);
 }  // namespace kilter::app

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# bench/balance_effect.sh — what the balanced batch plan buys in a real training run (issue 6):
-# the same model trained on a skewed synthetic corpus with the balanced and with the naive sampler,
-# side by side: sync_wait_fraction (the share of rank-time spent waiting for the last rank at the
-# gradient collective), step_time_imbalance_p95, padding efficiency and tokens/s, plus the ratios.
+# bench/balance_effect.sh — what the balanced batch plan buys in a real training run (issues 6, 13):
+# the same model trained with the balanced sampler (packed micro-batches: no padding, attention
+# per piece) and with the naive one (fixed sequences per rank, padded and computed), side by side:
+# sync_wait_fraction (the share of rank-time spent waiting for the last rank at the gradient
+# collective), step_time_imbalance_p95, padding efficiency, tokens computed per rank-step, and
+# tokens/s, plus the ratios naive/balanced sync_wait and balanced/naive tokens/s.
 #
 #   bench/balance_effect.sh [KILTER]      KILTER: the kilter binary (default: build/kilter)
-#   env: RANKS (default "2 4"), STEPS (default 40), DOCS (default 3000), MB_PER_RANK (micro-batches
+#   env: RANKS (default "2"), STEPS (default 40), DOCS (default 3000), MB_PER_RANK (micro-batches
 #        per rank per step: train.tokens_per_step = RANKS x MB_PER_RANK x data.max_tokens, default 4),
-#        LENGTHS (default lognormal:4.5,1.1,1024: many short documents, a long tail cut at the context)
+#        CORPORA (length distributions, default "lognormal:4.5,1.1,1024 uniform:224,256": a skewed
+#        corpus, many short documents and a long tail cut at the context, and one where padding
+#        already wastes little)
 #
 # Both runs see the same corpus, model, token budget per micro-batch (data.max_tokens = 4 x
 # context, naive: 4 sequences per micro-batch) and tokens per step. Checks what it times: both
@@ -16,11 +20,11 @@
 set -euo pipefail
 
 KILTER=$(readlink -f "${1:-build/kilter}")
-RANKS=${RANKS:-"2 4"}
+RANKS=${RANKS:-"2"}
 STEPS=${STEPS:-40}
 MB_PER_RANK=${MB_PER_RANK:-4}
 DOCS=${DOCS:-3000}
-LENGTHS=${LENGTHS:-lognormal:4.5,1.1,1024}
+CORPORA=${CORPORA:-"lognormal:4.5,1.1,1024 uniform:224,256"}
 PY=${PY:-/usr/bin/python3}
 CONTEXT=256
 [[ -x "$KILTER" ]] || { echo "bench/balance_effect.sh: no kilter binary at $KILTER (pass its path)" >&2; exit 2; }
@@ -29,33 +33,44 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
 
-"$KILTER" prep synth --docs "$DOCS" --lengths "$LENGTHS" --vocab 256 --shards 2 --seed 11 --out data > /dev/null 2>&1
-echo "corpus: $DOCS documents, lengths $LENGTHS, context $CONTEXT; model 2 x 64; $STEPS steps"
-printf '%-5s %-9s %9s %9s %9s %9s %11s\n' ranks sampler sync_wait imb_p95 pad_eff cost_p95 tokens/s
-
-for P in $RANKS; do
-  for sampler in balanced naive; do
-    tokens_per_step=$((P * MB_PER_RANK * 4 * CONTEXT))
-    timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$P" "$KILTER" train \
-      --data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=64 --model.block_size=$CONTEXT \
-      --data.max_tokens=$((4 * CONTEXT)) --data.naive_batch_size=4 --data.sampler=$sampler \
-      --train.tokens_per_step=$tokens_per_step --train.steps="$STEPS" --train.warmup=5 \
-      --output.log_every=1000 --output.trace_steps=0 --comm.timeout_s=120 \
-      --output.dir="runs/$P-$sampler" > "$P-$sampler.log" 2>&1 \
-      || { cat "$P-$sampler.log"; echo "bench/balance_effect.sh: $sampler run on $P ranks failed" >&2; exit 1; }
-  done
-  "$PY" - "$P" "$STEPS" <<'PY'
-import json, math, sys
-P, steps = int(sys.argv[1]), int(sys.argv[2])
-s = {k: json.load(open(f"runs/{P}-{k}/summary.json")) for k in ("balanced", "naive")}
+printf '%-26s %-5s %-9s %9s %9s %9s %9s %12s %11s\n' corpus ranks sampler sync_wait imb_p95 pad_eff cost_p95 \
+  computed/rs tokens/s
+ci=0
+for LENGTHS in $CORPORA; do
+  ci=$((ci + 1))
+  rm -rf data
+  "$KILTER" prep synth --docs "$DOCS" --lengths "$LENGTHS" --vocab 256 --shards 2 --seed 11 --out data > /dev/null 2>&1
+  for P in $RANKS; do
+    for sampler in balanced naive; do
+      tokens_per_step=$((P * MB_PER_RANK * 4 * CONTEXT))
+      run="runs/c$ci-$P-$sampler"
+      timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$P" "$KILTER" train \
+        --data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=64 --model.block_size=$CONTEXT \
+        --data.max_tokens=$((4 * CONTEXT)) --data.naive_batch_size=4 --data.sampler=$sampler \
+        --train.tokens_per_step=$tokens_per_step --train.steps="$STEPS" --train.warmup=5 \
+        --output.log_every=1000 --output.trace_steps=0 --comm.timeout_s=120 \
+        --output.dir="$run" > "$P-$sampler.log" 2>&1 \
+        || { cat "$P-$sampler.log"; echo "bench/balance_effect.sh: $sampler run on $P ranks ($LENGTHS) failed" >&2; exit 1; }
+    done
+    "$PY" - "$LENGTHS" "$P" "$STEPS" "$ci" <<'PY'
+import csv, glob, json, math, sys
+corpus, P, steps, ci = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+s, computed = {}, {}
+for k in ("balanced", "naive"):
+    run = f"runs/c{ci}-{P}-{k}"
+    s[k] = json.load(open(f"{run}/summary.json"))
+    rows = [r for f in glob.glob(f"{run}/metrics/rank-*.csv") for r in csv.DictReader(open(f))]
+    computed[k] = sum(float(r["tokens_computed"]) for r in rows) / max(1, len(rows))
 for k, v in s.items():
     assert v["world_size"] == P and v["steps"] == steps, f"{k}: {v['world_size']} ranks, {v['steps']} steps"
     assert math.isfinite(v["final_loss"]), f"{k}: final loss {v['final_loss']}"
-    print(f"{P:<5} {k:<9} {v['sync_wait_fraction']:9.3f} {v['step_time_imbalance_p95']:9.3f} "
-          f"{v['padding_efficiency']:9.3f} {v['cost_imbalance_p95']:9.3f} {v['tokens_per_second']:11.0f}")
+    print(f"{corpus:<26} {P:<5} {k:<9} {v['sync_wait_fraction']:9.3f} {v['step_time_imbalance_p95']:9.3f} "
+          f"{v['padding_efficiency']:9.3f} {v['cost_imbalance_p95']:9.3f} {computed[k]:12.0f} "
+          f"{v['tokens_per_second']:11.0f}")
 b, n = s["balanced"], s["naive"]
 wait_cut = n["sync_wait_fraction"] / b["sync_wait_fraction"] if b["sync_wait_fraction"] > 0 else float("inf")
-print(f"{P:<5} {'ratio':<9} naive/balanced sync_wait {wait_cut:.2f}x, "
+print(f"{corpus:<26} {P:<5} {'ratio':<9} naive/balanced sync_wait {wait_cut:.2f}x, "
       f"balanced/naive tokens/s {b['tokens_per_second'] / n['tokens_per_second']:.2f}x")
 PY
+  done
 done

@@ -138,18 +138,20 @@ int main(int argc, char** argv) {
   cfg.block_size = o.T;
   kilter::backend::CpuModel model(cfg, 1, o.precision);
   model.init_params(1337);
-  model.reserve(o.B, o.T);
+  model.reserve(o.B * o.T, o.T);
 
+  // B packed pieces of T tokens each.
   kilter::model::Batch batch;
-  batch.B = o.B;
-  batch.T = o.T;
-  batch.lengths.assign(o.B, o.T);
+  batch.clear();
   kilter::model::SplitMix64 rng(42);
-  for (int i = 0; i < o.B * o.T; ++i) {
-    batch.inputs.push_back(static_cast<int32_t>(rng.next() % o.vocab));
-    batch.targets.push_back(static_cast<int32_t>(rng.next() % o.vocab));
+  std::vector<int32_t> inputs(o.T), targets(o.T);
+  for (int b = 0; b < o.B; ++b) {
+    for (int t = 0; t < o.T; ++t) {
+      inputs[t] = static_cast<int32_t>(rng.next() % o.vocab);
+      targets[t] = static_cast<int32_t>(rng.next() % o.vocab);
+    }
+    batch.append_piece(inputs.data(), targets.data(), o.T);
   }
-  batch.num_targets = static_cast<int64_t>(o.B) * o.T;
   const float loss_scale = 1.0f / static_cast<float>(batch.num_targets);
 
   double first_loss = 0.0, last_loss = 0.0;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_model.h"
@@ -118,20 +119,20 @@ int main(int argc, char** argv) {
     const bool cudnn_attention = model->describe().find("cuDNN") != std::string::npos &&
                                  model->describe().find("(cuDNN:") == std::string::npos;
     model->init_params(1337);
-    model->reserve(o.B, o.T);
+    model->reserve(o.B * o.T, o.T);
+    // B packed pieces of T tokens each.
     km::Batch batch;
-    batch.B = o.B;
-    batch.T = o.T;
-    batch.inputs.resize(static_cast<size_t>(o.B) * o.T);
-    batch.targets.resize(batch.inputs.size());
-    batch.lengths.assign(o.B, o.T);
+    batch.clear();
     std::mt19937 gen(7);
     std::uniform_int_distribution<int> token(0, o.cfg.vocab_size - 1);
-    for (size_t i = 0; i < batch.inputs.size(); ++i) {
-      batch.inputs[i] = token(gen);
-      batch.targets[i] = token(gen);
+    std::vector<int32_t> inputs(o.T), targets(o.T);
+    for (int b = 0; b < o.B; ++b) {
+      for (int t = 0; t < o.T; ++t) {
+        inputs[t] = token(gen);
+        targets[t] = token(gen);
+      }
+      batch.append_piece(inputs.data(), targets.data(), o.T);
     }
-    batch.num_targets = static_cast<int64_t>(batch.targets.size());
     const float loss_scale = 1.0f / static_cast<float>(batch.num_targets);
 
     double first_loss = 0.0, last_loss = 0.0;

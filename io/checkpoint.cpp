@@ -166,6 +166,72 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Word-wise multiply-rotate mix (murmur-style constants) of n_bytes at data, seeded with `count`.
+uint64_t hash_bytes(const void* data, size_t n_bytes, uint64_t count) {
+  // Fast enough to run over every checkpoint in the writer thread, and any flipped or zeroed
+  // region changes it.
+  const uint64_t k1 = 0x87c37b91114253d5ull, k2 = 0x4cf5ad432745937full;
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(count) * k2);
+  const unsigned char* bytes = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= n_bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes + i, 8);
+    w *= k1;
+    w = (w << 31) | (w >> 33);
+    w *= k2;
+    h ^= w;
+    h = ((h << 27) | (h >> 37)) * 5 + 0x52dce729;
+  }
+  if (i < n_bytes) {
+    uint64_t w = 0;
+    std::memcpy(&w, bytes + i, n_bytes - i);
+    w *= k1;
+    w = (w << 31) | (w >> 33);
+    h ^= w * k2;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+// The checksum of /tokenizer_data.
+uint64_t checkpoint_checksum_bytes(const void* data, size_t n_bytes) { return hash_bytes(data, n_bytes, n_bytes); }
+
+// The tokenizer file's bytes as a 1-D uint8 dataset (an attribute is limited to 64 KiB).
+void write_tokenizer_data(hid_t root, const std::string& bytes, const std::string& path) {
+  hsize_t dims[1] = {hsize_t(bytes.size())};
+  Hid space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+  Hid dset(H5Dcreate2(root, "tokenizer_data", H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+           H5Dclose);
+  KILTER_CHECK(dset.valid() && H5Dwrite(dset.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) >= 0,
+               "checkpoint " << path << ": cannot write /tokenizer_data: " << hdf5_error_text());
+  const uint64_t checksum = checkpoint_checksum_bytes(bytes.data(), bytes.size());
+  write_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, checksum, path);
+}
+
+std::string read_tokenizer_data(hid_t root, const std::string& path) {
+  Hid dset(H5Dopen2(root, "tokenizer_data", H5P_DEFAULT), H5Dclose);
+  KILTER_CHECK(dset.valid(), "checkpoint " << path << ": cannot open /tokenizer_data: " << hdf5_error_text());
+  Hid type(H5Dget_type(dset.get()), H5Tclose);
+  Hid space(H5Dget_space(dset.get()), H5Sclose);
+  KILTER_CHECK(H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 1 &&
+                   H5Sget_simple_extent_ndims(space.get()) == 1,
+               "checkpoint " << path << ": /tokenizer_data is not a 1-D uint8 dataset");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  std::string bytes(size_t(n), '\0');
+  KILTER_CHECK(H5Dread(dset.get(), H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()) >= 0,
+               "checkpoint " << path << ": reading /tokenizer_data failed (truncated or corrupt file): "
+                             << hdf5_error_text());
+  const uint64_t stored = read_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_NATIVE_UINT64, path,
+                                                          "/tokenizer_data");
+  KILTER_CHECK(stored == checkpoint_checksum_bytes(bytes.data(), bytes.size()),
+               "checkpoint " << path << ": /tokenizer_data fails its checksum (the file was damaged after it was written)");
+  return bytes;
+}
+
 // The three tensor groups, in file order, with the flat buffer each one reads from / into.
 const char* const kTensorGroups[3] = {"params", "adam/m", "adam/v"};
 
@@ -233,33 +299,7 @@ struct PendingWrite {
 }  // namespace
 
 uint64_t checkpoint_checksum(const float* data, size_t count) {
-  // Word-wise multiply-rotate mix (murmur-style constants): fast enough to run over every
-  // checkpoint in the writer thread, and any flipped or zeroed region changes it.
-  const uint64_t k1 = 0x87c37b91114253d5ull, k2 = 0x4cf5ad432745937full;
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(count) * k2);
-  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(data);
-  size_t n_bytes = count * sizeof(float);
-  size_t i = 0;
-  for (; i + 8 <= n_bytes; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, bytes + i, 8);
-    w *= k1;
-    w = (w << 31) | (w >> 33);
-    w *= k2;
-    h ^= w;
-    h = ((h << 27) | (h >> 37)) * 5 + 0x52dce729;
-  }
-  if (i < n_bytes) {
-    uint64_t w = 0;
-    std::memcpy(&w, bytes + i, n_bytes - i);
-    w *= k1;
-    w = (w << 31) | (w >> 33);
-    h ^= w * k2;
-  }
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  return h;
+  return hash_bytes(data, count * sizeof(float), count);
 }
 
 std::string checkpoint_file_name(int64_t step) {
@@ -346,6 +386,9 @@ void write_checkpoint_file(const std::string& final_path, const CheckpointConten
     write_scalar_attribute<int64_t>(root, "n_embd", H5T_STD_I64LE, H5T_NATIVE_INT64, info.n_embd, final_path);
     write_scalar_attribute<int64_t>(root, "block_size", H5T_STD_I64LE, H5T_NATIVE_INT64, info.block_size, final_path);
     write_scalar_attribute<int64_t>(root, "vocab_size", H5T_STD_I64LE, H5T_NATIVE_INT64, info.vocab_size, final_path);
+    write_string_attribute(root, "tokenizer", info.tokenizer, final_path);
+    write_scalar_attribute<int64_t>(root, "eos_id", H5T_STD_I64LE, H5T_NATIVE_INT64, info.eos_id, final_path);
+    if (!info.tokenizer_data.empty()) write_tokenizer_data(root, info.tokenizer_data, final_path);
     KILTER_CHECK(file.close() >= 0, "checkpoint " << final_path << ": closing temp file " << tmp
                                                   << " failed: " << hdf5_error_text());
 
@@ -416,6 +459,11 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.n_embd = read_scalar_attribute<int64_t>(root, "n_embd", H5T_NATIVE_INT64, path);
   info.block_size = read_scalar_attribute<int64_t>(root, "block_size", H5T_NATIVE_INT64, path);
   info.vocab_size = read_scalar_attribute<int64_t>(root, "vocab_size", H5T_NATIVE_INT64, path);
+  if (H5Aexists(root, "tokenizer") > 0) {  // checkpoints written before issue 14 have none
+    info.tokenizer = read_string_attribute(root, "tokenizer", path);
+    info.eos_id = read_scalar_attribute<int64_t>(root, "eos_id", H5T_NATIVE_INT64, path);
+    if (has_link(root, "tokenizer_data")) info.tokenizer_data = read_tokenizer_data(root, path);
+  }
   KILTER_CHECK(info.step >= 0 && info.epoch >= 0 && info.step_in_epoch >= 0,
                "checkpoint " << path << ": negative step, epoch or step_in_epoch (corrupt attributes)");
   return info;
@@ -428,6 +476,50 @@ herr_t collect_link_name(hid_t, const char* name, const H5L_info_t*, void* data)
 }
 }  // namespace
 
+namespace {
+// Reads every tensor of `expected` from the group /kTensorGroups[g] into out (flat, by offset),
+// verifying shapes, types and checksums, and that the group holds nothing else.
+void read_tensor_group(hid_t file, const std::string& path, int g, const std::vector<CheckpointTensor>& expected,
+                       float* out_base) {
+  const std::string group_name = kTensorGroups[g];
+  KILTER_CHECK(has_link(file, "adam") || g == 0, "checkpoint " << path << ": group /adam is missing (no optimizer state)");
+  KILTER_CHECK(has_link(file, group_name), "checkpoint " << path << ": group /" << group_name << " is missing");
+  Hid group(H5Gopen2(file, group_name.c_str(), H5P_DEFAULT), H5Gclose);
+  KILTER_CHECK(group.valid(), "checkpoint " << path << ": cannot open group /" << group_name << ": " << hdf5_error_text());
+  std::set<std::string> present;
+  H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_link_name, &present);
+  for (const auto& t : expected) {
+    const std::string where = "/" + group_name + "/" + t.name;
+    KILTER_CHECK(present.count(t.name), "checkpoint " << path << ": tensor " << where
+                                                      << " is missing (the model has it; was the checkpoint written for another model?)");
+    present.erase(t.name);
+    Hid dset(H5Dopen2(group.get(), t.name.c_str(), H5P_DEFAULT), H5Dclose);
+    KILTER_CHECK(dset.valid(), "checkpoint " << path << ": cannot open " << where << ": " << hdf5_error_text());
+    Hid type(H5Dget_type(dset.get()), H5Tclose);
+    KILTER_CHECK(H5Tget_class(type.get()) == H5T_FLOAT && H5Tget_size(type.get()) == 4,
+                 "checkpoint " << path << ": " << where << " is not float32");
+    Hid space(H5Dget_space(dset.get()), H5Sclose);
+    int rank = H5Sget_simple_extent_ndims(space.get());
+    std::vector<hsize_t> dims(rank > 0 ? size_t(rank) : 0);
+    if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    std::vector<int64_t> shape(dims.begin(), dims.end());
+    KILTER_CHECK(shape == t.shape, "checkpoint " << path << ": " << where << " has shape " << shape_text(shape)
+                                                 << " but the configured model needs " << shape_text(t.shape)
+                                                 << " (check the model.* keys)");
+    float* out = out_base + t.offset;
+    KILTER_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) >= 0,
+                 "checkpoint " << path << ": reading " << where << " failed (truncated or corrupt file): "
+                               << hdf5_error_text());
+    uint64_t stored = read_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_NATIVE_UINT64, path, where);
+    uint64_t actual = checkpoint_checksum(out, t.size);
+    KILTER_CHECK(stored == actual, "checkpoint " << path << ": " << where
+                                                 << " fails its checksum (the file was damaged after it was written)");
+  }
+  KILTER_CHECK(present.empty(), "checkpoint " << path << ": has tensor /" << group_name << "/" << *present.begin()
+                                              << " that the configured model does not have (check the model.* keys)");
+}
+}  // namespace
+
 void read_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& expected,
                              float* params, float* adam_m, float* adam_v) {
   QuietHdf5 quiet;
@@ -435,46 +527,15 @@ void read_checkpoint_tensors(const std::string& path, const std::vector<Checkpoi
   KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file: "
                                            << hdf5_error_text());
   float* buffers[3] = {params, adam_m, adam_v};
-  for (int g = 0; g < 3; ++g) {
-    const std::string group_name = kTensorGroups[g];
-    KILTER_CHECK(has_link(file.get(), "adam") || g == 0,
-                 "checkpoint " << path << ": group /adam is missing (no optimizer state)");
-    KILTER_CHECK(has_link(file.get(), group_name), "checkpoint " << path << ": group /" << group_name << " is missing");
-    Hid group(H5Gopen2(file.get(), group_name.c_str(), H5P_DEFAULT), H5Gclose);
-    KILTER_CHECK(group.valid(), "checkpoint " << path << ": cannot open group /" << group_name << ": "
-                                              << hdf5_error_text());
-    std::set<std::string> present;
-    H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_link_name, &present);
-    for (const auto& t : expected) {
-      const std::string where = "/" + group_name + "/" + t.name;
-      KILTER_CHECK(present.count(t.name), "checkpoint " << path << ": tensor " << where
-                                                        << " is missing (the model has it; was the checkpoint written for another model?)");
-      present.erase(t.name);
-      Hid dset(H5Dopen2(group.get(), t.name.c_str(), H5P_DEFAULT), H5Dclose);
-      KILTER_CHECK(dset.valid(), "checkpoint " << path << ": cannot open " << where << ": " << hdf5_error_text());
-      Hid type(H5Dget_type(dset.get()), H5Tclose);
-      KILTER_CHECK(H5Tget_class(type.get()) == H5T_FLOAT && H5Tget_size(type.get()) == 4,
-                   "checkpoint " << path << ": " << where << " is not float32");
-      Hid space(H5Dget_space(dset.get()), H5Sclose);
-      int rank = H5Sget_simple_extent_ndims(space.get());
-      std::vector<hsize_t> dims(rank > 0 ? size_t(rank) : 0);
-      if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-      std::vector<int64_t> shape(dims.begin(), dims.end());
-      KILTER_CHECK(shape == t.shape, "checkpoint " << path << ": " << where << " has shape " << shape_text(shape)
-                                                   << " but the configured model needs " << shape_text(t.shape)
-                                                   << " (check the model.* keys)");
-      float* out = buffers[g] + t.offset;
-      KILTER_CHECK(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) >= 0,
-                   "checkpoint " << path << ": reading " << where << " failed (truncated or corrupt file): "
-                                 << hdf5_error_text());
-      uint64_t stored = read_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_NATIVE_UINT64, path, where);
-      uint64_t actual = checkpoint_checksum(out, t.size);
-      KILTER_CHECK(stored == actual, "checkpoint " << path << ": " << where
-                                                   << " fails its checksum (the file was damaged after it was written)");
-    }
-    KILTER_CHECK(present.empty(), "checkpoint " << path << ": has tensor /" << group_name << "/" << *present.begin()
-                                                << " that the configured model does not have (check the model.* keys)");
-  }
+  for (int g = 0; g < 3; ++g) read_tensor_group(file.get(), path, g, expected, buffers[g]);
+}
+
+void read_checkpoint_params(const std::string& path, const std::vector<CheckpointTensor>& expected, float* params) {
+  QuietHdf5 quiet;
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file: "
+                                           << hdf5_error_text());
+  read_tensor_group(file.get(), path, 0, expected, params);
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {

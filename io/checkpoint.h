@@ -4,7 +4,9 @@
 //   /adam/m/<name>, /adam/v/<name>   AdamW first and second moments, same shapes
 //   root attributes: format "kilter-checkpoint", format_version, kilter_version, step, epoch,
 //   step_in_epoch, seed, config_hash, tokens_seen, world_size, config (resolved INI text),
-//   n_layer, n_head, n_embd, block_size, vocab_size.
+//   n_layer, n_head, n_embd, block_size, vocab_size; tokenizer (kind, as index.h5 records it)
+//   and eos_id, with the tokenizer file's bytes in /tokenizer_data (uint8, absent when empty), so
+//   a checkpoint decodes on its own. Checkpoints written before these existed read as tokenizer "".
 // Every tensor dataset carries a `checksum` attribute (64-bit hash of its bytes) so a file that
 // was damaged after it was written is refused instead of silently resumed.
 // Files are written atomically: a hidden temp file next to the final name, fsync, rename, fsync
@@ -44,6 +46,9 @@ struct CheckpointInfo {
   int64_t world_size = 1;      // of the run that wrote it (informational)
   std::string config;          // resolved INI text of the run
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+  std::string tokenizer;       // the dataset's tokenizer kind ("" in older checkpoints)
+  std::string tokenizer_data;  // its file bytes ("" for byte and for kinds without a file)
+  int64_t eos_id = -1;         // the dataset's eos_id (-1 in older checkpoints)
 };
 
 // A whole checkpoint in memory: params and moments are flat, in `tensors` order and offsets.
@@ -82,6 +87,10 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 // has but `expected` does not list, a checksum mismatch.
 void read_checkpoint_tensors(const std::string& path, const std::vector<CheckpointTensor>& expected,
                              float* params, float* adam_m, float* adam_v);
+
+// Reads /params only (what `kilter sample` needs), with the same checks as
+// read_checkpoint_tensors.
+void read_checkpoint_params(const std::string& path, const std::vector<CheckpointTensor>& expected, float* params);
 
 // Complete checkpoints in `dir` as (step, path), oldest first; temp files are not listed.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);

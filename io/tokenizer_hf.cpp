@@ -1,7 +1,8 @@
 // The "hf-bpe" tokenizer: a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2,
 // RoBERTa, Llama-3, and what `tokenizers.ByteLevelBPETokenizer` trains), encoding as the
 // `tokenizers` library does with add_special_tokens=False:
-//   1. added tokens are split out of the raw text (leftmost-longest; lstrip/rstrip honoured);
+//   1. added tokens are split out of the raw text (leftmost-longest; lstrip/rstrip honoured;
+//      tokens with normalized = true out of the normalized text);
 //   2. the normalizer runs on the text between them (NFC/NFD/NFKC/NFKD, Lowercase, Prepend,
 //      Replace with a string pattern, Sequence; ICU does the Unicode work);
 //   3. the pre-tokenizer splits it (Split with a regex or string, ByteLevel with its GPT-2
@@ -10,13 +11,6 @@
 // The ByteLevel byte-to-unicode map is a bijection, so vocabulary strings are mapped back to
 // bytes once at load and words are merged as raw bytes. Components outside this list are refused
 // by name. Post-processors (BOS templates) are not applied: kilter ends documents with EOS itself.
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-#include <unicode/locid.h>
-#include <unicode/normalizer2.h>
-#include <unicode/uchar.h>
-#include <unicode/unistr.h>
-
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -25,6 +19,7 @@
 
 #include "io/error.h"
 #include "io/tokenizer.h"
+#include "io/tokenizer_text.h"
 
 namespace kilter::io {
 
@@ -44,136 +39,13 @@ std::vector<uint32_t> byte_to_codepoint() {
   return map;
 }
 
-// Decodes UTF-8 into code points; false on malformed input.
-bool utf8_to_codepoints(std::string_view s, std::vector<uint32_t>& out) {
-  out.clear();
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = s[i];
-    uint32_t cp;
-    int n;
-    if (c < 0x80) { cp = c; n = 1; }
-    else if ((c >> 5) == 6) { cp = c & 0x1F; n = 2; }
-    else if ((c >> 4) == 14) { cp = c & 0x0F; n = 3; }
-    else if ((c >> 3) == 30) { cp = c & 0x07; n = 4; }
-    else return false;
-    if (i + n > s.size()) return false;
-    for (int k = 1; k < n; ++k) {
-      unsigned char d = s[i + k];
-      if ((d >> 6) != 2) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    out.push_back(cp);
-    i += n;
-  }
-  return true;
-}
-
-size_t utf8_char_length(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 6) return 2;
-  if ((c >> 4) == 14) return 3;
-  if ((c >> 3) == 30) return 4;
-  return 1;
-}
-
-// A compiled PCRE2 pattern; match data and a JIT stack per thread.
-class Regex {
- public:
-  Regex(const std::string& pattern, const std::string& where) {
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
-    if (!code_) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(error, message, sizeof message);
-      KILTER_FAIL(where << ": pre-tokenizer regex /" << pattern << "/ does not compile in PCRE2 at "
-                        << "offset " << offset << " (" << reinterpret_cast<char*>(message) << ")");
-    }
-    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
-  }
-  ~Regex() { pcre2_code_free(code_); }
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
-
-  // Calls found(start, end) for every non-overlapping non-empty match in `text`, in order.
-  template <typename Found>
-  void for_each_match(std::string_view text, Found found) const {
-    struct Scratch {
-      pcre2_match_data* data = pcre2_match_data_create(16, nullptr);
-      pcre2_match_context* context = pcre2_match_context_create(nullptr);
-      pcre2_jit_stack* stack = pcre2_jit_stack_create(32 << 10, 8 << 20, nullptr);
-      Scratch() { pcre2_jit_stack_assign(context, nullptr, stack); }
-      ~Scratch() {
-        pcre2_match_data_free(data);
-        pcre2_match_context_free(context);
-        pcre2_jit_stack_free(stack);
-      }
-    };
-    thread_local Scratch scratch;
-    auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    size_t at = 0;
-    while (at < text.size()) {
-      int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), at, 0, scratch.data, scratch.context)
-                    : pcre2_match(code_, subject, text.size(), at, 0, scratch.data, scratch.context);
-      if (rc == PCRE2_ERROR_NOMATCH) return;
-      KILTER_CHECK(rc >= 0, "pre-tokenizer regex failed with PCRE2 error " << rc);
-      PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(scratch.data);
-      size_t start = ovector[0], end = ovector[1];
-      if (end == start) {  // empty match: yields no piece; move on by one character
-        at = start + utf8_char_length((unsigned char)text[start]);
-        continue;
-      }
-      found(start, end);
-      at = end;
-    }
-  }
-
- private:
-  pcre2_code* code_ = nullptr;
-  bool jit_ = false;
-};
-
 // ---- normalizers --------------------------------------------------------------------------
 
 struct NormalizerStep {
   enum class Kind { unicode, lowercase, prepend, replace } kind;
-  const icu::Normalizer2* normalizer = nullptr;  // unicode
-  std::string text, replacement;                 // prepend: text; replace: text -> replacement
+  UnicodeForm form = UnicodeForm::nfc;  // unicode
+  std::string text, replacement;        // prepend: text; replace: text -> replacement
 };
-
-std::string icu_normalize(const icu::Normalizer2* normalizer, const std::string& s) {
-  UErrorCode status = U_ZERO_ERROR;
-  icu::UnicodeString normalized = normalizer->normalize(icu::UnicodeString::fromUTF8(s), status);
-  KILTER_CHECK(U_SUCCESS(status), "Unicode normalization failed (" << u_errorName(status) << ")");
-  std::string out;
-  normalized.toUTF8String(out);
-  return out;
-}
-
-// Rust's char::to_lowercase, one character at a time (no context, as `tokenizers` does).
-std::string lowercase(const std::string& s) {
-  icu::UnicodeString in = icu::UnicodeString::fromUTF8(s), out;
-  for (int32_t i = 0; i < in.length();) {
-    UChar32 c = in.char32At(i);
-    icu::UnicodeString one(c);
-    out += one.toLower(icu::Locale::getRoot());
-    i += U16_LENGTH(c);
-  }
-  std::string result;
-  out.toUTF8String(result);
-  return result;
-}
-
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  if (from.empty()) return;
-  std::string out;
-  size_t at = 0;
-  for (size_t hit; (hit = s.find(from, at)) != std::string::npos; at = hit + from.size())
-    out.append(s, at, hit - at).append(to);
-  out.append(s, at, std::string::npos);
-  s = std::move(out);
-}
 
 // ---- pre-tokenizers -----------------------------------------------------------------------
 
@@ -402,15 +274,14 @@ class HfBpeTokenizer final : public Tokenizer {
         load_normalizer(list[i], path + ".normalizers[" + std::to_string(i) + "]");
       return;
     }
-    UErrorCode status = U_ZERO_ERROR;
     if (type == "NFC") {
-      step = {NormalizerStep::Kind::unicode, icu::Normalizer2::getNFCInstance(status)};
+      step = {NormalizerStep::Kind::unicode, UnicodeForm::nfc};
     } else if (type == "NFD") {
-      step = {NormalizerStep::Kind::unicode, icu::Normalizer2::getNFDInstance(status)};
+      step = {NormalizerStep::Kind::unicode, UnicodeForm::nfd};
     } else if (type == "NFKC") {
-      step = {NormalizerStep::Kind::unicode, icu::Normalizer2::getNFKCInstance(status)};
+      step = {NormalizerStep::Kind::unicode, UnicodeForm::nfkc};
     } else if (type == "NFKD") {
-      step = {NormalizerStep::Kind::unicode, icu::Normalizer2::getNFKDInstance(status)};
+      step = {NormalizerStep::Kind::unicode, UnicodeForm::nfkd};
     } else if (type == "Lowercase") {
       step.kind = NormalizerStep::Kind::lowercase;
     } else if (type == "Prepend") {
@@ -427,8 +298,6 @@ class HfBpeTokenizer final : public Tokenizer {
       KILTER_FAIL(where_ << ": " << path << ".type = " << type << " is not supported (supported: "
                          << "NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Sequence)");
     }
-    KILTER_CHECK(U_SUCCESS(status), where_ << ": ICU has no " << type << " normalizer ("
-                                           << u_errorName(status) << ")");
     normalizers_.push_back(step);
   }
 
@@ -521,8 +390,8 @@ class HfBpeTokenizer final : public Tokenizer {
     std::string normalized(raw);
     for (const NormalizerStep& step : normalizers_) {
       switch (step.kind) {
-        case NormalizerStep::Kind::unicode: normalized = icu_normalize(step.normalizer, normalized); break;
-        case NormalizerStep::Kind::lowercase: normalized = lowercase(normalized); break;
+        case NormalizerStep::Kind::unicode: normalized = unicode_normalize(step.form, normalized); break;
+        case NormalizerStep::Kind::lowercase: normalized = unicode_lowercase(normalized); break;
         case NormalizerStep::Kind::prepend:
           if (!normalized.empty()) normalized = step.text + normalized;
           break;

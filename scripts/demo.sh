@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The embedded default: installs what is missing, builds, prepares the Debian fortunes corpus as
-# a sharded HDF5 dataset, trains a small GPT on 2 CPU ranks (inputs/demo.ini) and prints the report.
+# a sharded HDF5 dataset, trains a small GPT on 2 CPU ranks (inputs/demo.ini), prints the report and
+# ends with text the trained model writes (`kilter sample`, from the last checkpoint).
 # mpirun runs as root here, so it gets --allow-run-as-root; --oversubscribe lets 2 ranks share
 # fewer cores. On a cluster, drop both and launch as in slurm/README.md.
 set -euo pipefail
@@ -26,3 +27,6 @@ rm -rf runs/demo
 OPENBLAS_NUM_THREADS=1 mpirun -np "$RANKS" "${MPI_FLAGS[@]}" \
   "$KILTER" train --config inputs/demo.ini "$@"
 "$KILTER" report runs/demo
+echo
+echo "== kilter sample --run runs/demo (a new fortune, temperature 0.8, top-k 40) =="
+"$KILTER" sample --run runs/demo --max-new-tokens 200 --temperature 0.8 --top-k 40 --seed "${SAMPLE_SEED:-1}"

@@ -1,7 +1,7 @@
 // CpuModel: GPT-2 forward/backward on the host, composed from the op files in lib/model
 // (encoder, layernorm, matmul, attention, gelu, crossentropy) in llm.c's order, and AdamW.
-// Padded positions flow through the position-wise ops (their results are never read) but are
-// masked out of attention and the loss, so their gradient contribution is exactly zero.
+// A micro-batch is packed (model.h): every op but attention runs on its N token rows, attention
+// runs piece by piece (cost sum(len^2)), and rows without a target are left out of the LM head.
 #include "lib/backend/cpu_model.h"
 
 #include <algorithm>
@@ -75,31 +75,36 @@ CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
   return model::block_tensors_at(base + offsets_.block[layer], size_t(cfg_.n_embd));
 }
 
-CpuModel::BlockActivations CpuModel::block_activations(int layer, int B, int T) {
+CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
   const size_t C = cfg_.n_embd;
-  const size_t BT = static_cast<size_t>(B) * T;
+  const size_t N = static_cast<size_t>(rows);
   float* p = block_acts_.data() + static_cast<size_t>(layer) * capacity_tokens_ * floats_per_token_block_;
   BlockActivations a;
-  a.ln1 = p;        p += BT * C;
-  a.ln1_mean = p;   p += BT;
-  a.ln1_rstd = p;   p += BT;
-  a.qkv = p;        p += BT * 3 * C;
-  a.atty = p;       p += BT * C;
-  a.residual2 = p;  p += BT * C;
-  a.ln2 = p;        p += BT * C;
-  a.ln2_mean = p;   p += BT;
-  a.ln2_rstd = p;   p += BT;
-  a.fch = p;        p += BT * 4 * C;
-  a.fch_gelu = p;   p += BT * 4 * C;
+  a.ln1 = p;        p += N * C;
+  a.ln1_mean = p;   p += N;
+  a.ln1_rstd = p;   p += N;
+  a.qkv = p;        p += N * 3 * C;
+  a.atty = p;       p += N * C;
+  a.residual2 = p;  p += N * C;
+  a.ln2 = p;        p += N * C;
+  a.ln2_mean = p;   p += N;
+  a.ln2_rstd = p;   p += N;
+  a.fch = p;        p += N * 4 * C;
+  a.fch_gelu = p;   p += N * 4 * C;
   a.residual3 = p;
-  a.att = att_.data() + static_cast<size_t>(layer) * B * cfg_.n_head * T * T;
+  a.att = att_.data() + static_cast<size_t>(layer) * capacity_att_;
   return a;
 }
 
-void CpuModel::reserve(int max_B, int max_T) {
-  KILTER_CHECK(max_B > 0 && max_T > 0, "CpuModel::reserve: B and T must be positive, got " << max_B << ", " << max_T);
-  const size_t tokens = static_cast<size_t>(max_B) * max_T;
-  const size_t att = static_cast<size_t>(max_B) * cfg_.n_head * max_T * max_T;
+void CpuModel::reserve(int max_tokens, int context) {
+  KILTER_CHECK(max_tokens > 0 && context > 0, "CpuModel::reserve: max_tokens and context must be positive, got "
+                                                  << max_tokens << ", " << context);
+  // sum(len^2) <= N * (longest piece) <= max_tokens * context.
+  ensure_capacity(static_cast<size_t>(max_tokens),
+                  static_cast<size_t>(cfg_.n_head) * max_tokens * std::min(max_tokens, context));
+}
+
+void CpuModel::ensure_capacity(size_t tokens, size_t att) {
   const size_t C = cfg_.n_embd;
   const size_t L = cfg_.n_layer;
   if (tokens > capacity_tokens_) {
@@ -158,34 +163,35 @@ std::optional<model::Bf16MatmulScope> CpuModel::gemm_precision_scope() const {
 
 void CpuModel::forward(const Batch& batch) {
   model::validate_batch(batch, cfg_);
-  reserve(batch.B, batch.T);
-  const int B = batch.B, T = batch.T, C = cfg_.n_embd, NH = cfg_.n_head;
-  const int BT = B * T;
+  const int pieces = batch.num_pieces();
+  const int32_t* cu_seqlens = batch.cu_seqlens.data();
+  ensure_capacity(static_cast<size_t>(batch.N), model::attention_saved_floats(cu_seqlens, pieces, cfg_.n_head));
+  const int N = batch.N, C = cfg_.n_embd, NH = cfg_.n_head;
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
-                         params_.data() + offsets_.wpe, B, T, C);
+                         params_.data() + offsets_.wpe, cu_seqlens, pieces, C);
   const float* residual = encoded_.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_.data(), l);
-    const BlockActivations a = block_activations(l, B, T);
-    model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, BT, C);
-    model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
-    model::attention_forward(a.atty, a.att, a.qkv, batch.lengths.data(), B, T, C, NH);
-    model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, BT, C, C);
-    model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, BT, C);
-    model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
-    model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(BT) * 4 * C);
-    model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
+    const BlockActivations a = block_activations(l, N);
+    model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C);
+    model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
+    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH);
+    model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, N, C, C);
+    model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
+    model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
+    model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+    model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C);
     residual = a.residual3;
   }
   model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
-                           params_.data() + offsets_.lnf_b, BT, C);
+                           params_.data() + offsets_.lnf_b, N, C);
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
   const size_t C = cfg_.n_embd;
-  const size_t BT = static_cast<size_t>(batch.B) * batch.T;
+  const size_t N = static_cast<size_t>(batch.N);
   int64_t count = 0;
-  for (size_t row = 0; row < BT; ++row) {
+  for (size_t row = 0; row < N; ++row) {
     if (batch.targets[row] < 0) continue;
     target_rows_[count] = static_cast<int32_t>(row);
     target_ids_[count] = batch.targets[row];
@@ -216,9 +222,10 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
   // chunk, so it is counted with backward.
   if (backward_start_hook_) backward_start_hook_();
-  const int B = batch.B, T = batch.T, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
-  const int BT = B * T;
-  const size_t BTC = static_cast<size_t>(BT) * C;
+  const int N = batch.N, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
+  const int pieces = batch.num_pieces();
+  const int32_t* cu_seqlens = batch.cu_seqlens.data();
+  const size_t NC = static_cast<size_t>(N) * C;
   float* params = params_.data();
   float* grads = grads_.data();
 
@@ -226,7 +233,7 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // gradients of the gathered ln_f rows and of wte (tied head). Rows without a target keep a
   // zero gradient.
   float* dlnf = dln_.data();
-  std::memset(dlnf, 0, sizeof(float) * BTC);
+  std::memset(dlnf, 0, sizeof(float) * NC);
   const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;
   for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunk) {
@@ -243,10 +250,10 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
 
   // Final LayerNorm: its input is the last block's output.
   float* dresidual = dresidual_.data();
-  std::memset(dresidual, 0, sizeof(float) * BTC);
-  const float* last_residual = block_activations(cfg_.n_layer - 1, B, T).residual3;
+  std::memset(dresidual, 0, sizeof(float) * NC);
+  const float* last_residual = block_activations(cfg_.n_layer - 1, N).residual3;
   model::layernorm_backward(dresidual, grads + offsets_.lnf_w, grads + offsets_.lnf_b, dlnf, last_residual,
-                            params + offsets_.lnf_w, lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+                            params + offsets_.lnf_w, lnf_mean_.data(), lnf_rstd_.data(), N, C);
   // ln_f is the last tensor; the zero padding after it is final too.
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
 
@@ -255,28 +262,28 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const BlockTensors p = block_tensors(params, l);
     const BlockTensors g = block_tensors(grads, l);
-    const BlockActivations a = block_activations(l, B, T);
-    const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, B, T).residual3;
+    const BlockActivations a = block_activations(l, N);
+    const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, N).residual3;
     // MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
-    model::matmul_backward_overwrite_dinp(dfch_.data(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu, p.fcproj_w, BT,
+    model::matmul_backward_overwrite_dinp(dfch_.data(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu, p.fcproj_w, N,
                                           4 * C, C);
-    model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(BT) * 4 * C);
-    model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, BT, C, 4 * C);
+    model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(N) * 4 * C);
+    model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, N, C, 4 * C);
     model::layernorm_backward(dresidual, g.ln2_w, g.ln2_b, dln_.data(), a.residual2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
-                              BT, C);
+                              N, C);
     // Attention: residual2 = residual_in + c_proj(attn(c_attn(ln_1(residual_in))))
-    model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, BT,
+    model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
                                           C, C);
-    std::memset(dqkv_.data(), 0, sizeof(float) * BTC * 3);
-    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, batch.lengths.data(), B, T, C, NH);
-    model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, BT, C, 3 * C);
+    std::memset(dqkv_.data(), 0, sizeof(float) * NC * 3);
+    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH);
+    model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C);
     model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
-                              BT, C);
+                              N, C);
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
   }
 
-  model::encoder_backward(grads + offsets_.wte, grads + offsets_.wpe, dresidual, batch.inputs.data(),
-                          batch.lengths.data(), B, T, C);
+  model::encoder_backward(grads + offsets_.wte, grads + offsets_.wpe, dresidual, batch.inputs.data(), cu_seqlens,
+                          pieces, C);
   // wte also holds the LM head's gradient, so it (with wpe next to it) is final only now.
   if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
   return loss;

@@ -46,14 +46,16 @@ class CpuModel final : public model::Model {
   float* params() override { return params_.data(); }
   double grad_norm_squared() override;
   void adamw_step(const model::AdamWParams& p) override;
-  void reserve(int max_B, int max_T) override;
+  void reserve(int max_tokens, int context) override;
 
  private:
   using BlockTensors = model::BlockTensors;
   using BlockActivations = model::BlockActivations;
 
   BlockTensors block_tensors(float* base, int layer) const;
-  BlockActivations block_activations(int layer, int B, int T);
+  BlockActivations block_activations(int layer, int N);
+  // Grows the activations to `tokens` rows and `att` saved-softmax floats per layer.
+  void ensure_capacity(size_t tokens, size_t att);
   void forward(const model::Batch& batch);  // fills the activations up to ln_f
   // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32).
   std::optional<model::Bf16MatmulScope> gemm_precision_scope() const;
@@ -69,7 +71,7 @@ class CpuModel final : public model::Model {
   bool bf16_ = false;
   std::vector<model::bf16> params_bf16_;
 
-  // Activations: sized for capacity_tokens_ (B*T) and capacity_att_ (B*NH*T*T).
+  // Activations: sized for capacity_tokens_ (N) and capacity_att_ (NH * sum(len^2)) per layer.
   size_t capacity_tokens_ = 0, capacity_att_ = 0;
   std::vector<float> encoded_, block_acts_, att_, lnf_, lnf_mean_, lnf_rstd_;
   // Backward scratch: residual-stream gradient and per-op input gradients.

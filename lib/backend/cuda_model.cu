@@ -4,10 +4,16 @@
 // switches the GEMMs to bf16 tensor-core math with fp32 accumulation. Device memory: one
 // persistent state allocation (params, grads, m, v) and one activation arena sized by reserve()
 // (grown, with the stream drained first, if a larger micro-batch arrives). The arena's size grows
-// with the tokens (B*T) and the attention floats (B*NH*T*T), so reserve(max_tokens / block_size,
-// block_size) covers every micro-batch of at most max_tokens padded tokens, whatever its row
-// count (with cuDNN attention a shape whose reserve space is larger grows it once). Every kernel
-// runs on cuda_compute_stream(); inputs go up on a separate copy stream, ordered by events.
+// with the tokens (N) and the attention floats (NH * sum(B*T^2) over the attention groups), so
+// reserve(max_tokens, block_size) covers micro-batches of full-context pieces; a batch whose
+// groups pad more grows it once. Every kernel runs on cuda_compute_stream(); inputs go up on a
+// separate copy stream, ordered by events.
+//
+// Packed micro-batches (model.h): every op but attention runs on the N token rows. Attention
+// gathers the pieces into groups of similar length (model::AttentionGroups: a piece of length L
+// in a row of T <= 1.25 L), runs each group as one padded (B,T) sub-batch through the chosen
+// engine, and scatters the result back to the token rows, so its cost stays proportional to
+// sum(L^2), not to pieces x (longest piece)^2.
 //
 // Device allocations after construction (arena growth, upload slots, cuDNN's per-shape trial and
 // self-check) happen only in upload_batch(), at the start of a micro-batch. The trainer starts
@@ -16,9 +22,10 @@
 // device) cannot deadlock against a peer's collective.
 //
 // Attention engine (train.attention): cuDNN's multi-head attention API (attention_cudnn.cu) or
-// cuBLASLt + a masked softmax (attention.cu), chosen per micro-batch shape.
+// cuBLASLt + a masked softmax (attention.cu), chosen per attention group shape (B,T).
 // CUDA graphs (train.cuda_graphs): forward+loss, the LM-head backward, each block's backward and
-// the embedding backward are captured once per (B,T) shape and replayed where the replay is
+// the embedding backward are captured once per batch layout (N, the pieces, the attention
+// groups) and replayed where the replay is
 // measured to beat the eager run (see GraphEntry); the on_ready calls between
 // the segments keep the gradient reduction overlapping backward. Capture happens on a private
 // stream so that the NCCL communicator, which orders itself after the compute stream from its
@@ -33,6 +40,7 @@
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_model.h"
+#include "lib/model/attention_groups.h"
 #include "lib/model/block_tensors.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/init.h"
@@ -129,27 +137,42 @@ class CudaModel final : public model::Model {
   double grad_norm_squared() override;
   void adamw_step(const model::AdamWParams& p) override;
   void synchronize() override { KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  void reserve(int max_B, int max_T) override;
+  void reserve(int max_tokens, int context) override;
 
  private:
   using BlockTensors = model::BlockTensors;
   using BlockActivations = model::BlockActivations;
-  // Slices of the activation arena for one (B,T) micro-batch.
+  // Slices of the activation arena for one micro-batch layout.
   struct Activations {
     float* encoded;
-    std::vector<BlockActivations> blocks;
+    std::vector<BlockActivations> blocks;  // att: the groups' saved states, group after group
     float *lnf, *lnf_mean, *lnf_rstd, *logits;
     float *dresidual, *dln, *datty, *dqkv, *dfch;
+    // Attention in the groups' padded layout: qkv, out / dout, dqkv; then the engine's scratch.
+    float *padded_qkv, *padded_io, *padded_dqkv;
     float* attention_workspace;
     float* column_scratch;
-    int32_t *inputs, *targets, *lengths;
+    // One block of ints, uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
+    // the groups' row lengths (pieces), padded_token (padded rows).
+    int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token;
+    std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
+  };
+  // The current micro-batch's layout (host side).
+  struct Layout {
+    int N = 0, pieces = 0, max_len = 0;
+    model::AttentionGroups groups;
+    std::vector<char> group_cudnn;  // per group: runs on cuDNN
+    std::vector<int32_t> key() const;  // N, pieces, max_len, then the groups' (B,T)
   };
 
   BlockTensors block_tensors(float* base, int layer) const;
-  // Lays out every activation for a (B,T) micro-batch; returns the floats used. The same
+  // Lays out every activation for a micro-batch layout; returns the floats used. The same
   // function measures (null base) and assigns, so they cannot disagree.
-  size_t carve(ArenaCarver& carver, Activations* acts, int B, int T) const;
-  void ensure_arena(size_t floats, int B, int T);
+  size_t carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const;
+  void ensure_arena(size_t floats, const Layout& layout);
+  // Attention of one block over the current layout's groups (gather, engine, scatter).
+  void attention_forward_groups(const BlockActivations& a);
+  void attention_backward_groups(const BlockActivations& a);
   bool cudnn_for_shape(int B, int T);
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
   // forward and backward) and compares them: code that has never met a device must prove
@@ -159,8 +182,8 @@ class CudaModel final : public model::Model {
   void upload_batch(const Batch& batch, float dloss_scale);
   // Kernels of the forward pass and the head: logits, loss (into loss_device_, copied to the
   // host asynchronously) and dlogits in place.
-  void forward_kernels(int B, int T);
-  void backward_block_kernels(int layer, int B, int T);
+  void forward_kernels();
+  void backward_block_kernels(int layer);
   // Runs one segment's kernels eagerly, or as a CUDA graph of this shape (see top of file).
   template <class Body>
   void run_segment(int segment, const Body& body);
@@ -177,16 +200,16 @@ class CudaModel final : public model::Model {
   std::unique_ptr<kc::Gemm> gemm_;
   std::unique_ptr<kc::CudnnAttention> cudnn_;  // null: cuBLASLt attention only
   std::string cudnn_note_;                     // why cuDNN attention is off, for describe()
-  std::map<std::pair<int, int>, bool> cudnn_shapes_;  // decided shapes: cuDNN or not
-  bool batch_cudnn_ = false;                   // the current micro-batch's attention engine
-  std::vector<int32_t> lengths_host_;          // the current micro-batch's row lengths
+  std::map<std::pair<int, int>, bool> cudnn_shapes_;  // decided group shapes: cuDNN or not
+  bool batch_cudnn_ = false;                   // some group of the current micro-batch runs on cuDNN
+  Layout layout_now_;                          // the current micro-batch's layout
   // The stream and GEMM engine the segment kernels go to: stream_/gemm_, or the capture pair
   // while a graph is being captured.
   cudaStream_t s_ = nullptr;
   kc::Gemm* g_ = nullptr;
   cudaStream_t capture_stream_ = nullptr;
   std::unique_ptr<kc::Gemm> gemm_capture_;
-  // One segment of one (B,T) shape. Occurrences: 1 eager (warms the capture engine), 2 eager
+  // One segment of one batch layout. Occurrences: 1 eager (warms the capture engine), 2 eager
   // and timed, 3 captured and launched, 4 replayed and timed, 5 decided: the graph is kept only
   // if its replay took less GPU time than the eager run, else the segment stays eager.
   struct GraphEntry {
@@ -200,7 +223,7 @@ class CudaModel final : public model::Model {
   // Decides once the replay's timing is in (false while it is still running: try next time).
   bool decide_graph(GraphEntry& entry);
   cudaEvent_t to_capture_stream_ = nullptr, from_capture_stream_ = nullptr;
-  std::map<std::tuple<int, int, int>, GraphEntry> graphs_;  // (B, T, segment)
+  std::map<std::pair<std::vector<int32_t>, int>, GraphEntry> graphs_;  // (layout key, segment)
   void drop_graphs();
   float* scale_device_ = nullptr;
 
@@ -225,7 +248,6 @@ class CudaModel final : public model::Model {
   float* arena_ = nullptr;
   size_t capacity_floats_ = 0;
   Activations acts_{};
-  int acts_B_ = -1, acts_T_ = -1;
 
   model::LayoutOffsets offsets_;
 };
@@ -325,19 +347,35 @@ CudaModel::BlockTensors CudaModel::block_tensors(float* base, int layer) const {
   return model::block_tensors_at(base + offsets_.block[layer], size_t(cfg_.n_embd));
 }
 
-size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, int B, int T) const {
-  const size_t C = cfg_.n_embd, V = cfg_.vocab_size;
-  const size_t tokens = static_cast<size_t>(B) * T;
-  const size_t att_floats = static_cast<size_t>(B) * cfg_.n_head * T * T;
-  // Per layer: att (cuBLASLt) or cuDNN's reserve space, whichever is larger, so either engine
-  // can run any micro-batch of this shape; the scratch likewise.
-  size_t att_slice = att_floats, workspace = 7 * tokens * C + att_floats;
-  const auto decided = cudnn_shapes_.find({B, T});
-  if (cudnn_ && (decided == cudnn_shapes_.end() || decided->second)) {
-    att_slice = std::max(att_slice, cudnn_->reserve_floats(B, T));
-    workspace = std::max(workspace, cudnn_->workspace_floats(B, T));
+std::vector<int32_t> CudaModel::Layout::key() const {
+  std::vector<int32_t> key = {N, pieces, max_len};
+  key.insert(key.end(), groups.shape_key.begin(), groups.shape_key.end());
+  return key;
+}
+
+size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const {
+  const size_t C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
+  const size_t tokens = layout.N;
+  const size_t padded_rows = layout.groups.padded_rows();
+  // Per group: att (cuBLASLt) or cuDNN's reserve space, whichever its engine may need; the
+  // engine scratch is shared by the groups (they run one after the other).
+  std::vector<size_t> saved_offset;
+  size_t att_slice = 0, workspace = 0;
+  for (size_t g = 0; g < layout.groups.groups.size(); ++g) {
+    const int B = layout.groups.groups[g].B, T = layout.groups.groups[g].T;
+    size_t saved = static_cast<size_t>(B) * NH * T * T;
+    size_t scratch = kc::attention_workspace_floats(B, T, static_cast<int>(C), static_cast<int>(NH));
+    const bool maybe_cudnn = g < layout.group_cudnn.size() ? layout.group_cudnn[g] != 0 : cudnn_ != nullptr;
+    if (cudnn_ && maybe_cudnn) {
+      saved = std::max(saved, cudnn_->reserve_floats(B, T));
+      scratch = std::max(scratch, cudnn_->workspace_floats(B, T));
+    }
+    saved_offset.push_back(att_slice);
+    att_slice += align_up(saved);
+    workspace = std::max(workspace, scratch);
   }
   Activations a;
+  a.saved_offset = std::move(saved_offset);
   a.encoded = carver.take(tokens * C);
   a.blocks.resize(cfg_.n_layer);
   for (BlockActivations& b : a.blocks) {
@@ -364,16 +402,23 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, int B, int T) co
   a.datty = carver.take(tokens * C);
   a.dqkv = carver.take(tokens * 3 * C);
   a.dfch = carver.take(tokens * 4 * C);
+  a.padded_qkv = carver.take(padded_rows * 3 * C);
+  a.padded_io = carver.take(padded_rows * C);
+  a.padded_dqkv = carver.take(padded_rows * 3 * C);
   a.attention_workspace = carver.take(workspace);
   a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(static_cast<int>(4 * C)));
-  a.inputs = carver.take_ints(tokens);
-  a.targets = carver.take_ints(tokens);
-  a.lengths = carver.take_ints(B);
+  const size_t pieces = layout.pieces;
+  a.ints = carver.take_ints(2 * tokens + 2 * pieces + 1 + padded_rows);
+  a.inputs = a.ints;
+  a.targets = a.inputs + tokens;
+  a.cu_seqlens = a.targets + tokens;
+  a.lengths = a.cu_seqlens + pieces + 1;
+  a.padded_token = a.lengths + pieces;
   if (acts != nullptr) *acts = std::move(a);
   return carver.used();
 }
 
-void CudaModel::ensure_arena(size_t floats, int B, int T) {
+void CudaModel::ensure_arena(size_t floats, const Layout& layout) {
   if (floats <= capacity_floats_) return;
   // The old arena may still be read by queued kernels, and graphs point into it.
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -382,21 +427,31 @@ void CudaModel::ensure_arena(size_t floats, int B, int T) {
   cudaFree(arena_);
   arena_ = nullptr;
   capacity_floats_ = 0;
-  acts_B_ = acts_T_ = -1;  // slices are re-carved for the next batch shape
   const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&arena_), sizeof(float) * floats);
   if (status != cudaSuccess) {
     cudaGetLastError();
     KILTER_FAIL("cuda backend: cannot allocate the activation arena of " << (sizeof(float) * floats >> 20)
-                << " MiB for micro-batches up to B=" << B << " T=" << T << " on device " << device_
-                << " (" << cudaGetErrorString(status) << "); lower data.max_tokens or model.block_size");
+                << " MiB for micro-batches of N=" << layout.N << " tokens (" << layout.pieces << " pieces, longest "
+                << layout.max_len << ") on device " << device_ << " (" << cudaGetErrorString(status)
+                << "); lower data.max_tokens or model.block_size");
   }
   capacity_floats_ = floats;
 }
 
-void CudaModel::reserve(int max_B, int max_T) {
-  KILTER_CHECK(max_B > 0 && max_T > 0, "CudaModel::reserve: B and T must be positive, got " << max_B << ", " << max_T);
+void CudaModel::reserve(int max_tokens, int context) {
+  KILTER_CHECK(max_tokens > 0 && context > 0, "CudaModel::reserve: max_tokens and context must be positive, got "
+                                                  << max_tokens << ", " << context);
+  // Full-context pieces (the remainder as one shorter piece): the most attention per token.
+  context = std::min(context, cfg_.block_size);
+  Layout layout;
+  layout.N = max_tokens;
+  std::vector<int32_t> cu_seqlens = {0};
+  while (cu_seqlens.back() < max_tokens) cu_seqlens.push_back(std::min(max_tokens, cu_seqlens.back() + context));
+  layout.pieces = static_cast<int>(cu_seqlens.size()) - 1;
+  layout.max_len = std::min(max_tokens, context);
+  layout.groups.build(cu_seqlens.data(), layout.pieces, cfg_.block_size);
   ArenaCarver measure(nullptr);
-  ensure_arena(carve(measure, nullptr, max_B, max_T), max_B, max_T);
+  ensure_arena(carve(measure, nullptr, layout), layout);
 }
 
 bool CudaModel::cudnn_for_shape(int B, int T) {
@@ -541,21 +596,28 @@ std::string CudaModel::describe() const {
 void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
   cuda_device_index();  // current device on this thread
   model::validate_batch(batch, cfg_);
-  const int B = batch.B, T = batch.T;
-  const size_t BT = static_cast<size_t>(B) * T;
-  if (B != acts_B_ || T != acts_T_) {
-    ArenaCarver measure(nullptr);
-    ensure_arena(carve(measure, nullptr, B, T), B, T);
-    ArenaCarver carver(arena_);
-    carve(carver, &acts_, B, T);
-    acts_B_ = B;
-    acts_T_ = T;
+  Layout& layout = layout_now_;
+  layout.N = batch.N;
+  layout.pieces = batch.num_pieces();
+  layout.max_len = batch.max_piece_len();
+  layout.groups.build(batch.cu_seqlens.data(), layout.pieces, cfg_.block_size);
+  // Each group's engine (cuDNN's per-shape trial and self-check run here, before any kernel of
+  // this micro-batch is queued).
+  const size_t num_groups = layout.groups.groups.size();
+  layout.group_cudnn.assign(num_groups, 0);
+  batch_cudnn_ = false;
+  for (size_t g = 0; g < num_groups; ++g) {
+    layout.group_cudnn[g] = cudnn_for_shape(layout.groups.groups[g].B, layout.groups.groups[g].T);
+    batch_cudnn_ = batch_cudnn_ || layout.group_cudnn[g];
   }
-  lengths_host_.assign(batch.lengths.begin(), batch.lengths.end());
-  // cuDNN takes sequences of length >= 1; a batch with an empty row runs on cuBLASLt.
-  batch_cudnn_ = cudnn_for_shape(B, T) &&
-                 std::all_of(lengths_host_.begin(), lengths_host_.end(), [](int32_t n) { return n > 0; });
-  const size_t ints = 2 * BT + B;
+  {
+    ArenaCarver measure(nullptr);
+    ensure_arena(carve(measure, nullptr, layout), layout);
+    ArenaCarver carver(arena_);
+    carve(carver, &acts_, layout);
+  }
+  const size_t N = batch.N, pieces = layout.pieces, padded_rows = layout.groups.padded_rows();
+  const size_t ints = 2 * N + 2 * pieces + 1 + padded_rows;
   UploadSlot& slot = slots_[next_slot_];
   next_slot_ ^= 1;
   // This slot's previous copy must have left the host buffer (it did long ago, normally).
@@ -571,9 +633,13 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
     KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slot.device), sizeof(int32_t) * ints));
     slot.capacity = ints;
   }
-  std::memcpy(slot.host, batch.inputs.data(), sizeof(int32_t) * BT);
-  std::memcpy(slot.host + BT, batch.targets.data(), sizeof(int32_t) * BT);
-  std::memcpy(slot.host + 2 * BT, batch.lengths.data(), sizeof(int32_t) * B);
+  // The same order as Activations::ints.
+  int32_t* host = slot.host;
+  host = std::copy(batch.inputs.begin(), batch.inputs.end(), host);
+  host = std::copy(batch.targets.begin(), batch.targets.end(), host);
+  host = std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), host);
+  host = std::copy(layout.groups.lengths.begin(), layout.groups.lengths.end(), host);
+  std::copy(layout.groups.padded_token.begin(), layout.groups.padded_token.end(), host);
   // The copy waits only until the compute stream has taken this slot's previous contents, not
   // for the micro-batch in flight: the upload overlaps its compute.
   if (slot.used) KILTER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, slot.consumed, 0));
@@ -581,11 +647,7 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
                                     copy_stream_));
   KILTER_CUDA_CHECK(cudaEventRecord(slot.copied, copy_stream_));
   KILTER_CUDA_CHECK(cudaStreamWaitEvent(stream_, slot.copied, 0));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.inputs, slot.device, sizeof(int32_t) * BT, cudaMemcpyDeviceToDevice, stream_));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.targets, slot.device + BT, sizeof(int32_t) * BT, cudaMemcpyDeviceToDevice,
-                                    stream_));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.lengths, slot.device + 2 * BT, sizeof(int32_t) * B, cudaMemcpyDeviceToDevice,
-                                    stream_));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(acts_.ints, slot.device, sizeof(int32_t) * ints, cudaMemcpyDeviceToDevice, stream_));
   KILTER_CUDA_CHECK(cudaEventRecord(slot.consumed, stream_));
   slot.used = true;
   store_scalar_kernel<<<1, 1, 0, stream_>>>(scale_device_, dloss_scale);
@@ -598,7 +660,7 @@ void CudaModel::run_segment(int segment, const Body& body) {
     body();
     return;
   }
-  GraphEntry& entry = graphs_[std::make_tuple(acts_B_, acts_T_, segment)];
+  GraphEntry& entry = graphs_[std::make_pair(layout_now_.key(), segment)];
   const int occurrence = entry.seen < 5 ? ++entry.seen : entry.seen;
   if (occurrence == 5 && !entry.decided) entry.decided = decide_graph(entry);
   if (entry.eager_only) {
@@ -670,8 +732,8 @@ void CudaModel::run_segment(int segment, const Body& body) {
     cudaGetLastError();
     entry.eager_only = true;
     ++graphs_dropped_;
-    std::fprintf(stderr, "kilter: cuda backend: CUDA graph capture of segment %d for B=%d T=%d failed (%s); it runs eagerly\n",
-                 segment, acts_B_, acts_T_, failure.c_str());
+    std::fprintf(stderr, "kilter: cuda backend: CUDA graph capture of segment %d for N=%d (%d pieces) failed (%s); it runs eagerly\n",
+                 segment, layout_now_.N, layout_now_.pieces, failure.c_str());
     body();
     return;
   }
@@ -704,37 +766,83 @@ bool CudaModel::decide_graph(GraphEntry& entry) {
   return true;
 }
 
-void CudaModel::forward_kernels(int B, int T) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, V = cfg_.vocab_size;
-  const int BT = B * T;
-  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, params_ + offsets_.wpe, B, T, C, s_);
+void CudaModel::attention_forward_groups(const BlockActivations& a) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  const Activations& x = acts_;
+  const model::AttentionGroups& groups = layout_now_.groups;
+  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), 3 * C, s_);
+  for (size_t g = 0; g < groups.groups.size(); ++g) {
+    const model::AttentionGroup& group = groups.groups[g];
+    float* out = x.padded_io + group.first_row * C;
+    float* saved = a.att + x.saved_offset[g];
+    const float* qkv = x.padded_qkv + group.first_row * 3 * C;
+    const int32_t* lengths = x.lengths + group.first_length;
+#ifdef KILTER_WITH_CUDNN
+    if (layout_now_.group_cudnn[g]) {
+      cudnn_->forward(out, saved, qkv, groups.lengths.data() + group.first_length, lengths, group.B, group.T,
+                      x.attention_workspace);
+      continue;
+    }
+#endif
+    kc::attention_forward(*g_, out, saved, qkv, lengths, group.B, group.T, C, NH, x.attention_workspace);
+  }
+  kc::scatter_padded_rows(a.atty, x.padded_io, x.padded_token, groups.padded_rows(), C, /*accumulate=*/false, s_);
+}
+
+void CudaModel::attention_backward_groups(const BlockActivations& a) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  const Activations& x = acts_;
+  const model::AttentionGroups& groups = layout_now_.groups;
+  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), 3 * C, s_);
+  kc::gather_padded_rows(x.padded_io, x.datty, x.padded_token, groups.padded_rows(), C, s_);
+  for (size_t g = 0; g < groups.groups.size(); ++g) {
+    const model::AttentionGroup& group = groups.groups[g];
+    float* dqkv = x.padded_dqkv + group.first_row * 3 * C;
+    const float* dout = x.padded_io + group.first_row * C;
+    float* saved = a.att + x.saved_offset[g];
+    const float* qkv = x.padded_qkv + group.first_row * 3 * C;
+    const int32_t* lengths = x.lengths + group.first_length;
+#ifdef KILTER_WITH_CUDNN
+    if (layout_now_.group_cudnn[g]) {
+      cudnn_->backward(dqkv, dout, qkv, saved, groups.lengths.data() + group.first_length, lengths, group.B, group.T,
+                       x.attention_workspace, /*accumulate=*/false);
+      continue;
+    }
+#endif
+    kc::attention_backward(*g_, dqkv, dout, qkv, saved, lengths, group.B, group.T, C, NH, x.attention_workspace,
+                           /*accumulate=*/false);
+  }
+  kc::scatter_padded_rows(x.dqkv, x.padded_dqkv, x.padded_token, groups.padded_rows(), 3 * C, /*accumulate=*/false,
+                          s_);
+}
+
+void CudaModel::forward_kernels() {
+  const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int N = layout_now_.N;
+  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, params_ + offsets_.wpe, acts_.cu_seqlens,
+                      layout_now_.pieces, N, C, s_);
   const float* residual = acts_.encoded;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_, l);
     const BlockActivations& a = acts_.blocks[l];
-    kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, BT, C, s_);
-    kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, BT, C, 3 * C);
-#ifdef KILTER_WITH_CUDNN
-    if (batch_cudnn_)
-      cudnn_->forward(a.atty, a.att, a.qkv, lengths_host_.data(), acts_.lengths, B, T, acts_.attention_workspace);
-    else
-#endif
-      kc::attention_forward(*g_, a.atty, a.att, a.qkv, acts_.lengths, B, T, C, NH, acts_.attention_workspace);
-    kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, BT, C, C);
-    kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, BT, C, s_);
-    kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, BT, C, 4 * C);
-    kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(BT) * 4 * C, s_);
-    kc::matmul_forward_residual(*g_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, BT, 4 * C, C);
+    kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C, s_);
+    kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
+    attention_forward_groups(a);
+    kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, N, C, C);
+    kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C, s_);
+    kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
+    kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C, s_);
+    kc::matmul_forward_residual(*g_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, N, 4 * C, C);
     residual = a.residual3;
   }
   kc::layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, params_ + offsets_.lnf_w,
-                        params_ + offsets_.lnf_b, BT, C, s_);
-  // Head: every row's logits (padding rows too: they have no target and get a zero gradient;
-  // the CPU gathers target rows instead, which gives the same loss and gradients), then the loss
-  // and dlogits in place, scaled by the device-side loss scale.
-  kc::matmul_forward(*g_, acts_.logits, acts_.lnf, params_ + offsets_.wte, nullptr, BT, C, V);
+                        params_ + offsets_.lnf_b, N, C, s_);
+  // Head: every row's logits (rows without a target get a zero gradient; the CPU gathers target
+  // rows instead, which gives the same loss and gradients), then the loss and dlogits in place,
+  // scaled by the device-side loss scale.
+  kc::matmul_forward(*g_, acts_.logits, acts_.lnf, params_ + offsets_.wte, nullptr, N, C, V);
   KILTER_CUDA_CHECK(cudaMemsetAsync(loss_device_, 0, sizeof(double), s_));
-  kc::crossentropy_forward_backward_async(acts_.logits, acts_.logits, acts_.targets, BT, V, 0.0f, loss_device_,
+  kc::crossentropy_forward_backward_async(acts_.logits, acts_.logits, acts_.targets, N, V, 0.0f, loss_device_,
                                           /*accumulate=*/false, s_, scale_device_);
   KILTER_CUDA_CHECK(cudaMemcpyAsync(host_scalars_, loss_device_, sizeof(double), cudaMemcpyDeviceToHost, s_));
 }
@@ -748,70 +856,63 @@ double CudaModel::read_loss() {
 
 double CudaModel::forward_loss(const Batch& batch) {
   upload_batch(batch, 0.0f);
-  run_segment(0, [&] { forward_kernels(batch.B, batch.T); });
+  run_segment(0, [&] { forward_kernels(); });
   finish_forward();
   return read_loss();
 }
 
-void CudaModel::backward_block_kernels(int l, int B, int T) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head;
-  const int BT = B * T;
+void CudaModel::backward_block_kernels(int l) {
+  const int C = cfg_.n_embd;
+  const int N = layout_now_.N;
   float* scratch = acts_.column_scratch;
   const Activations& a = acts_;
   const BlockTensors p = block_tensors(params_, l);
   const BlockTensors g = block_tensors(grads_, l);
   const BlockActivations& act = a.blocks[l];
   const float* residual_in = l == 0 ? a.encoded : a.blocks[l - 1].residual3;
-  kc::matmul_backward(*g_, a.dfch, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, BT, 4 * C, C,
+  kc::matmul_backward(*g_, a.dfch, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, N, 4 * C, C,
                       scratch, false);
-  kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(BT) * 4 * C, s_, /*accumulate=*/false);
-  kc::matmul_backward(*g_, a.dln, g.fc_w, g.fc_b, a.dfch, act.ln2, p.fc_w, BT, C, 4 * C, scratch, false);
+  kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(N) * 4 * C, s_, /*accumulate=*/false);
+  kc::matmul_backward(*g_, a.dln, g.fc_w, g.fc_b, a.dfch, act.ln2, p.fc_w, N, C, 4 * C, scratch, false);
   kc::layernorm_backward(a.dresidual, g.ln2_w, g.ln2_b, a.dln, act.residual2, p.ln2_w, act.ln2_mean, act.ln2_rstd,
-                         BT, C, scratch, s_);
-  kc::matmul_backward(*g_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, BT, C, C, scratch,
+                         N, C, scratch, s_);
+  kc::matmul_backward(*g_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, N, C, C, scratch,
                       false);
-#ifdef KILTER_WITH_CUDNN
-  if (batch_cudnn_)
-    cudnn_->backward(a.dqkv, a.datty, act.qkv, act.att, lengths_host_.data(), a.lengths, B, T, a.attention_workspace,
-                     /*accumulate=*/false);
-  else
-#endif
-    kc::attention_backward(*g_, a.dqkv, a.datty, act.qkv, act.att, a.lengths, B, T, C, NH, a.attention_workspace,
-                           /*accumulate=*/false);
-  kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, BT, C, 3 * C, scratch, false);
-  kc::layernorm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, BT,
+  attention_backward_groups(act);
+  kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, N, C, 3 * C, scratch, false);
+  kc::layernorm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, N,
                          C, scratch, s_);
 }
 
 double CudaModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
   upload_batch(batch, loss_scale);
-  const int B = batch.B, T = batch.T, C = cfg_.n_embd, V = cfg_.vocab_size;
-  const int BT = B * T;
-  const size_t BTC = static_cast<size_t>(BT) * C;
+  const int N = batch.N, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const size_t NC = static_cast<size_t>(N) * C;
   const Activations& a = acts_;
-  run_segment(0, [&] { forward_kernels(B, T); });
+  run_segment(0, [&] { forward_kernels(); });
   finish_forward();
   if (backward_start_hook_) backward_start_hook_();
 
   // LM head (tied to wte): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf; then ln_f.
   run_segment(1, [&] {
-    kc::matmul_backward(*g_, a.dln, grads_ + offsets_.wte, nullptr, a.logits, a.lnf, params_ + offsets_.wte, BT, C, V,
+    kc::matmul_backward(*g_, a.dln, grads_ + offsets_.wte, nullptr, a.logits, a.lnf, params_ + offsets_.wte, N, C, V,
                         a.column_scratch, /*accumulate_dinp=*/false);
-    KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * BTC, s_));
+    KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * NC, s_));
     kc::layernorm_backward(a.dresidual, grads_ + offsets_.lnf_w, grads_ + offsets_.lnf_b, a.dln,
-                           a.blocks[cfg_.n_layer - 1].residual3, params_ + offsets_.lnf_w, a.lnf_mean, a.lnf_rstd, BT,
+                           a.blocks[cfg_.n_layer - 1].residual3, params_ + offsets_.lnf_w, a.lnf_mean, a.lnf_rstd, N,
                            C, a.column_scratch, s_);
   });
   // Reported ranges are final in stream order: the NCCL communicator waits on this stream.
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
 
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    run_segment(2 + (cfg_.n_layer - 1 - l), [&] { backward_block_kernels(l, B, T); });
+    run_segment(2 + (cfg_.n_layer - 1 - l), [&] { backward_block_kernels(l); });
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
   }
 
   run_segment(cfg_.n_layer + 2, [&] {
-    kc::encoder_backward(grads_ + offsets_.wte, grads_ + offsets_.wpe, a.dresidual, a.inputs, a.lengths, B, T, C, s_);
+    kc::encoder_backward(grads_ + offsets_.wte, grads_ + offsets_.wpe, a.dresidual, a.inputs, a.cu_seqlens,
+                         layout_now_.pieces, N, layout_now_.max_len, C, s_);
   });
   if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
   return read_loss();

@@ -19,8 +19,8 @@ std::unique_ptr<model::Model> make_cuda_model(const model::GPTConfig& cfg, size_
                                               const std::string& precision);
 // With every option: attention "auto" (cuDNN when built with it and usable here, else cuBLASLt,
 // with a note on stderr), "cudnn" (an error naming train.attention when cuDNN cannot run) or
-// "cublaslt"; cuda_graphs replays each micro-batch shape as CUDA graphs (cuBLASLt attention
-// shapes only; the cuDNN API takes host-side lengths, which a graph would freeze).
+// "cublaslt"; cuda_graphs replays each micro-batch layout as CUDA graphs (layouts whose attention
+// groups all run on cuBLASLt; the cuDNN API takes host-side lengths, which a graph would freeze).
 std::unique_ptr<model::Model> make_cuda_model(const model::GPTConfig& cfg, size_t pad_multiple,
                                               const model::BackendOptions& options);
 

@@ -46,11 +46,12 @@ class Gemm {
   std::unique_ptr<Impl> impl_;
 };
 
-// ---- encoder.cu: out (B,T,C); inp (B,T) (negative id: padding, wpe only); lengths (B)
-void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int T,
-                     int C, cudaStream_t stream);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
-                      const int32_t* lengths, int B, int T, int C, cudaStream_t stream);
+// ---- encoder.cu: a packed micro-batch: out (N,C); inp (N); cu_seqlens (pieces+1, device);
+// positions restart at 0 in every piece. max_len: the longest piece (rows of dwpe touched).
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, const int32_t* cu_seqlens,
+                     int pieces, int N, int C, cudaStream_t stream);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, const int32_t* cu_seqlens,
+                      int pieces, int N, int max_len, int C, cudaStream_t stream);
 
 // ---- layernorm.cu: inp/out (N,C), mean/rstd (N); eps 1e-5
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -95,6 +96,15 @@ void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int
 void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, int hd, cudaStream_t stream);
 void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
                               int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths = nullptr);
+
+// ---- attention_packed.cu: rows of a packed batch (N,W) <-> the padded rows of its attention
+// groups (model::AttentionGroups::padded_token on the device; -1 = padding).
+// gather: padded (P,W) = rows[padded_token] (padding rows 0). scatter: rows[padded_token] =
+// (or += with accumulate) padded, padding rows skipped.
+void gather_padded_rows(float* padded, const float* rows, const int32_t* padded_token, size_t padded_rows, int W,
+                        cudaStream_t stream);
+void scatter_padded_rows(float* rows, const float* padded, const int32_t* padded_token, size_t padded_rows, int W,
+                         bool accumulate, cudaStream_t stream);
 
 // ---- attention_cudnn.cu (built only with cuDNN, KILTER_WITH_CUDNN): the same contract as
 // attention_forward/backward through cuDNN's multi-head attention API (cudnnMultiHeadAttnForward

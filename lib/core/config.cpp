@@ -67,7 +67,11 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("output.checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every), "checkpoint every N steps (0: at the end and on signals only)")
     ("output.keep_checkpoints", po::value(&o.keep_checkpoints)->default_value(o.keep_checkpoints), "checkpoints kept in RUN_DIR/checkpoints")
     ("output.trace_steps", po::value(&o.trace_steps)->default_value(o.trace_steps), "steps recorded in the Chrome trace (0: none)")
-    ("output.stall_factor", po::value(&o.stall_factor)->default_value(o.stall_factor), "steps slower than this times the median are reported as stalls");
+    ("output.stall_factor", po::value(&o.stall_factor)->default_value(o.stall_factor), "steps slower than this times the median are reported as stalls")
+    ("output.sample_every", po::value(&o.sample_every)->default_value(o.sample_every), "rank 0 prints a generated sample every N steps (0: off; CPU, KV cache)")
+    ("output.sample_tokens", po::value(&o.sample_tokens)->default_value(o.sample_tokens), "new tokens per training sample (stops early at EOS or the context)")
+    ("output.sample_temperature", po::value(&o.sample_temperature)->default_value(o.sample_temperature), "temperature of training samples (0: greedy); seed = train.seed + step")
+    ("output.sample_prompt", po::value(&o.sample_prompt)->default_value(o.sample_prompt), "prompt of training samples (empty: start from the EOS id)");
   // clang-format on
 }
 
@@ -132,6 +136,9 @@ void Config::validate() const {
   KILTER_CHECK_KEY(output.keep_checkpoints >= 1, "output.keep_checkpoints", output.keep_checkpoints, "must be >= 1");
   KILTER_CHECK_KEY(output.trace_steps >= 0, "output.trace_steps", output.trace_steps, "must be >= 0");
   KILTER_CHECK_KEY(output.stall_factor > 1, "output.stall_factor", output.stall_factor, "must be > 1");
+  KILTER_CHECK_KEY(output.sample_every >= 0, "output.sample_every", output.sample_every, "must be >= 0");
+  KILTER_CHECK_KEY(output.sample_tokens >= 1, "output.sample_tokens", output.sample_tokens, "must be >= 1");
+  KILTER_CHECK_KEY(output.sample_temperature >= 0, "output.sample_temperature", output.sample_temperature, "must be >= 0");
 }
 
 // Renders every key with the value in force, grouped by section.

@@ -73,6 +73,10 @@ struct OutputConfig {
   int keep_checkpoints = 3;
   int64_t trace_steps = 50;          // steps recorded in trace/rank-N.json (0: none)
   double stall_factor = 2.0;         // a step slower than this times the median is a stall
+  int64_t sample_every = 0;          // rank 0 prints a generated sample every N steps (0: off)
+  int sample_tokens = 64;            // new tokens per sample
+  double sample_temperature = 0.8;   // 0: greedy
+  std::string sample_prompt;         // "" : start from the EOS id
 };
 
 struct Config {

@@ -260,8 +260,9 @@ void RankDiagnostics::add_phase_seconds(Phase p, double seconds) {
 
 void RankDiagnostics::mark_arrival() { impl_->arrival_ns = steady_now_ns(); }
 
-void RankDiagnostics::set_step_work(int64_t tokens_computed, double attn_work) {
+void RankDiagnostics::set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches) {
   impl_->current.tokens_computed = tokens_computed;
+  impl_->current.micro_batches = micro_batches;
   impl_->current.attn_work = attn_work;
 }
 

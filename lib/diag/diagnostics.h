@@ -54,8 +54,8 @@ class RankDiagnostics {
   void add_phase_seconds(Phase p, double seconds);  // for time measured elsewhere (e.g. comm_exposed)
   void mark_arrival();        // just before this rank enters the gradient collective
   // The work this rank did in the current step, for cost-model calibration: padded tokens
-  // computed and sum(L^2) over its pieces.
-  void set_step_work(int64_t tokens_computed, double attn_work);
+  // computed (padding included), sum(len^2) over its attention segments, and its micro-batches.
+  void set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches);
   // Optional: peak device memory of this rank so far (bytes; GPU backends), kept per step.
   void set_device_peak_bytes(uint64_t bytes);
   // Collective: writes this rank's CSV row and trace events, gathers every rank's record of the

@@ -24,17 +24,17 @@ std::string trace_path(const std::string& run_dir, int rank) {
 std::string metrics_csv_header() {
   return "step,tokens,loss,data_wait,h2d,forward,backward,comm_exposed,optimizer,step_total,"
          "compute,outside,start,arrival,tokens_computed,attn_work,rss_bytes,peak_rss_bytes,"
-         "device_peak_bytes";
+         "device_peak_bytes,micro_batches";
 }
 
 std::string metrics_csv_row(const StepRecord& r) {
   return fmt::format("{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},"
-                     "{:.9f},{:.9f},{},{:.9g},{},{},{}",
+                     "{:.9f},{:.9f},{},{:.9g},{},{},{},{}",
                      r.step, r.tokens, r.loss, r.phase[kDataWait], r.phase[kH2D], r.phase[kForward],
                      r.phase[kBackward], r.phase[kCommExposed], r.phase[kOptimizer],
                      r.phase[kStepTotal], compute_seconds(r), r.outside, r.start, r.arrival,
                      r.tokens_computed, r.attn_work, r.rss_bytes, r.peak_rss_bytes,
-                     r.device_peak_bytes);
+                     r.device_peak_bytes, r.micro_batches);
 }
 
 MetricsCsvWriter::MetricsCsvWriter(const std::string& path, bool append) : path_(path) {
@@ -119,6 +119,7 @@ std::vector<StepRecord> read_metrics_csv(const std::string& path, int rank) {
     r.rss_bytes = uint64_t(num("rss_bytes", 0));
     r.peak_rss_bytes = uint64_t(num("peak_rss_bytes", double(r.rss_bytes)));
     r.device_peak_bytes = uint64_t(num("device_peak_bytes", 0));
+    r.micro_batches = int32_t(num("micro_batches", 0));
     rows.push_back(r);
   }
   // A resumed run appends the steps after its checkpoint again: the later row of a step wins.

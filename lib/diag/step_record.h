@@ -14,8 +14,8 @@ namespace kilter::diag {
 struct StepRecord {
   int64_t step = 0;
   int64_t tokens = 0;            // target tokens of the global step
-  int64_t tokens_computed = 0;   // this rank's padded tokens computed
-  double attn_work = 0;          // this rank's sum(L^2) over its pieces
+  int64_t tokens_computed = 0;   // tokens this rank computed (N summed; padding included for naive)
+  double attn_work = 0;          // this rank's sum of len^2 over its attention segments
   double loss = 0;               // global step loss
   double phase[kNumPhases] = {}; // seconds; phase[kStepTotal]: begin_step -> end_step
   double outside = 0;            // seconds between the previous end_step and this begin_step
@@ -25,7 +25,7 @@ struct StepRecord {
   uint64_t peak_rss_bytes = 0;   // peak resident memory so far
   uint64_t device_peak_bytes = 0;
   int32_t rank = 0;
-  int32_t reserved = 0;
+  int32_t micro_batches = 0;     // this rank's micro-batches in the step
 };
 static_assert(std::is_trivially_copyable<StepRecord>::value, "StepRecord travels as MPI_BYTE");
 

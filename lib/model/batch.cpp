@@ -1,4 +1,6 @@
-// The one check of a micro-batch against the model, shared by every backend (model.h).
+// The packed micro-batch (model.h): its helpers and the one check of it against the model,
+// shared by every backend.
+#include <algorithm>
 #include <cstddef>
 
 #include "io/error.h"
@@ -6,38 +8,73 @@
 
 namespace kilter::model {
 
+int Batch::max_piece_len() const {
+  int longest = 0;
+  for (int p = 0; p < num_pieces(); ++p) longest = std::max(longest, piece_len(p));
+  return longest;
+}
+
+double Batch::attention_work() const {
+  double work = 0;
+  for (int p = 0; p < num_pieces(); ++p) work += static_cast<double>(piece_len(p)) * piece_len(p);
+  return work;
+}
+
+void Batch::clear() {
+  N = 0;
+  inputs.clear();
+  targets.clear();
+  cu_seqlens.assign(1, 0);
+  num_targets = 0;
+}
+
+void Batch::append_piece(const int32_t* piece_inputs, const int32_t* piece_targets, int len, int padding) {
+  if (cu_seqlens.empty()) cu_seqlens.push_back(0);
+  inputs.insert(inputs.end(), piece_inputs, piece_inputs + len);
+  if (piece_targets != nullptr) {
+    targets.insert(targets.end(), piece_targets, piece_targets + len);
+    num_targets += std::count_if(piece_targets, piece_targets + len, [](int32_t t) { return t >= 0; });
+  } else {
+    targets.insert(targets.end(), static_cast<size_t>(len), -1);
+  }
+  inputs.insert(inputs.end(), static_cast<size_t>(padding), 0);
+  targets.insert(targets.end(), static_cast<size_t>(padding), -1);
+  N += len + padding;
+  cu_seqlens.push_back(N);
+}
+
 // Ids index embedding tables (on the device, out of bounds without a trace): refuse bad ones here.
 void validate_batch(const Batch& batch, const GPTConfig& cfg) {
-  const int B = batch.B, T = batch.T, V = cfg.vocab_size;
-  KILTER_CHECK(B > 0 && T > 0, "model batch: B and T must be positive, got B=" << B << " T=" << T);
-  KILTER_CHECK(T <= cfg.block_size,
-               "model batch: T=" << T << " exceeds model.block_size=" << cfg.block_size);
-  const size_t BT = static_cast<size_t>(B) * T;
-  KILTER_CHECK(batch.inputs.size() == BT && batch.targets.size() == BT && batch.lengths.size() == static_cast<size_t>(B),
-               "model batch: expected " << BT << " inputs/targets and " << B << " lengths, got "
-                                        << batch.inputs.size() << "/" << batch.targets.size() << " and "
-                                        << batch.lengths.size());
-  for (int b = 0; b < B; ++b) {
-    const int length = batch.lengths[b];
-    KILTER_CHECK(length >= 0 && length <= T, "model batch: row " << b << " has length " << length << " outside [0, "
-                                                                 << T << "]");
-    for (int t = 0; t < T; ++t) {
-      const int32_t input = batch.inputs[static_cast<size_t>(b) * T + t];
-      const int32_t target = batch.targets[static_cast<size_t>(b) * T + t];
-      if (t < length) {
-        KILTER_CHECK(input >= 0 && input < V, "model batch: token id " << input << " at row " << b << " position "
-                                                                       << t << " is outside the vocabulary [0, " << V
-                                                                       << ")");
-        KILTER_CHECK(target >= -1 && target < V, "model batch: target " << target << " at row " << b << " position "
-                                                                        << t << " is outside [-1, " << V << ")");
-      } else {
-        KILTER_CHECK(input >= -1 && input < V, "model batch: padding id " << input << " at row " << b << " position "
-                                                                          << t << " is outside [-1, " << V << ")");
-        KILTER_CHECK(target == -1, "model batch: padded position " << t << " of row " << b << " (length " << length
-                                                                   << ") has target " << target << ", expected -1");
-      }
+  const int N = batch.N, V = cfg.vocab_size;
+  KILTER_CHECK(N > 0, "model batch: N (tokens) must be positive, got " << N);
+  KILTER_CHECK(batch.inputs.size() == static_cast<size_t>(N) && batch.targets.size() == static_cast<size_t>(N),
+               "model batch: expected " << N << " inputs and targets, got " << batch.inputs.size() << " and "
+                                        << batch.targets.size());
+  const int pieces = batch.num_pieces();
+  KILTER_CHECK(pieces >= 1 && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == N,
+               "model batch: cu_seqlens must start at 0 and end at N=" << N << " (got " << batch.cu_seqlens.size()
+                                                                       << " offsets)");
+  int64_t num_targets = 0;
+  for (int p = 0; p < pieces; ++p) {
+    const int begin = batch.cu_seqlens[p], end = batch.cu_seqlens[p + 1];
+    KILTER_CHECK(end > begin, "model batch: piece " << p << " is empty or cu_seqlens decreases there (" << begin
+                                                    << " -> " << end << ")");
+    KILTER_CHECK(end - begin <= cfg.block_size, "model batch: piece " << p << " has " << end - begin
+                                                                      << " tokens, more than model.block_size="
+                                                                      << cfg.block_size);
+    for (int i = begin; i < end; ++i) {
+      const int32_t input = batch.inputs[i];
+      const int32_t target = batch.targets[i];
+      KILTER_CHECK(input >= 0 && input < V, "model batch: token id " << input << " at piece " << p << " position "
+                                                                     << i - begin << " is outside the vocabulary [0, "
+                                                                     << V << ")");
+      KILTER_CHECK(target >= -1 && target < V, "model batch: target " << target << " at piece " << p << " position "
+                                                                      << i - begin << " is outside [-1, " << V << ")");
+      num_targets += target >= 0;
     }
   }
+  KILTER_CHECK(num_targets == batch.num_targets, "model batch: num_targets=" << batch.num_targets << " but "
+                                                                             << num_targets << " targets are set");
 }
 
 }  // namespace kilter::model

@@ -47,15 +47,27 @@ struct LayoutOffsets {
   static LayoutOffsets of(const ParamLayout& layout, int n_layer);
 };
 
-// One micro-batch as the model sees it: B rows padded to T. Row b holds lengths[b] real inputs
-// (positions restart at 0 in every row); targets are -1 where there is no target (padding).
+// One micro-batch as the model sees it: PACKED. The tokens of its pieces are concatenated into
+// one N-row token matrix and cu_seqlens marks where each piece starts (FlashAttention's varlen /
+// cuDNN's ragged layout). Positions restart at 0 in every piece; attention is causal inside a
+// piece and never crosses pieces; every other op runs on the N rows. There is no padding: the
+// naive baseline's padding is a piece's tail of real computed positions whose targets are -1.
 struct Batch {
-  int B = 0;
-  int T = 0;
-  std::vector<int32_t> inputs;   // B*T
-  std::vector<int32_t> targets;  // B*T
-  std::vector<int32_t> lengths;  // B
-  int64_t num_targets = 0;       // targets != -1
+  int N = 0;                        // tokens in the micro-batch
+  std::vector<int32_t> inputs;      // N token ids: the pieces concatenated
+  std::vector<int32_t> targets;     // N; -1 = no target
+  std::vector<int32_t> cu_seqlens;  // pieces + 1 offsets: [0] = 0, back() = N, strictly increasing
+  int64_t num_targets = 0;          // targets != -1
+
+  int num_pieces() const { return cu_seqlens.empty() ? 0 : static_cast<int>(cu_seqlens.size()) - 1; }
+  int piece_len(int p) const { return cu_seqlens[p + 1] - cu_seqlens[p]; }
+  int max_piece_len() const;
+  double attention_work() const;  // sum over pieces of len^2 (what attention costs)
+  // Empties the batch, keeping its buffers' capacity.
+  void clear();
+  // Appends one piece of `len` tokens with their targets (targets may be null: all -1) and
+  // `padding` more positions of input 0 and target -1 in the same piece (the naive baseline).
+  void append_piece(const int32_t* piece_inputs, const int32_t* piece_targets, int len, int padding = 0);
 };
 
 struct AdamWParams {
@@ -119,13 +131,16 @@ class Model {
   std::function<void()> backward_start_hook_;
 
  public:
-  // Largest activation footprint planned for (bytes); backends may preallocate from it.
-  virtual void reserve(int max_B, int max_T) { (void)max_B; (void)max_T; }
+  // The largest micro-batch planned for: max_tokens tokens in pieces of at most `context`
+  // tokens (so attention holds at most max_tokens * context scores per head). Backends may
+  // preallocate from it; a larger batch still runs (the buffers grow).
+  virtual void reserve(int max_tokens, int context) { (void)max_tokens; (void)context; }
 };
 
-// Checks a micro-batch against the model: B, T within model.block_size, sizes, row lengths in
-// [0, T], ids in the vocabulary (padding -1 allowed), targets only inside the row. Throws
-// kilter::Error naming the row and position. Every backend calls it before using a batch.
+// Checks a micro-batch against the model: N > 0, sizes, cu_seqlens (starts at 0, strictly
+// increasing, ends at N), every piece within model.block_size, input ids in the vocabulary,
+// targets in [-1, vocab). Throws kilter::Error naming the piece and the position in it. Every
+// backend calls it before using a batch.
 void validate_batch(const Batch& batch, const GPTConfig& cfg);
 
 // The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.

@@ -125,6 +125,8 @@ struct Checkpointer::Impl {
   std::string dir;
   int keep = 3;
   std::string config_text;
+  std::string tokenizer, tokenizer_data;
+  int64_t eos_id = -1;
   io::CheckpointWriteOptions write_opts;
 
   // The writer thread (rank 0 only) and what it shares with save()/wait().
@@ -256,6 +258,9 @@ void Checkpointer::save(const model::Model& model, const TrainState& state) {
   info.n_embd = gpt.n_embd;
   info.block_size = gpt.block_size;
   info.vocab_size = gpt.vocab_size;
+  info.tokenizer = s.tokenizer;
+  info.tokenizer_data = s.tokenizer_data;
+  info.eos_id = s.eos_id;
 
   s.job_path = s.dir + "/" + io::checkpoint_file_name(state.step);
   s.job_pending = true;
@@ -263,6 +268,14 @@ void Checkpointer::save(const model::Model& model, const TrainState& state) {
   s.stats.snapshot_seconds = seconds_since(t0) - waited;
   s.stats.bytes = 3 * layout.num_params * sizeof(float);
   s.cv.notify_all();
+}
+
+void Checkpointer::set_tokenizer(const std::string& kind, const std::string& file_bytes, int64_t eos_id) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);  // the writer thread reads them from `contents`, not here
+  s.tokenizer = kind;
+  s.tokenizer_data = file_bytes;
+  s.eos_id = eos_id;
 }
 
 void Checkpointer::wait() {

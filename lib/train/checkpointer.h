@@ -31,6 +31,10 @@ class Checkpointer {
   Checkpointer(MPI_Comm world, const std::string& run_dir, int keep, const Config& cfg);
   ~Checkpointer();  // waits for a write in flight
 
+  // The dataset's tokenizer (kind, file bytes, eos_id), recorded in every checkpoint from now on
+  // so that `kilter sample` decodes a checkpoint on its own. Not collective.
+  void set_tokenizer(const std::string& kind, const std::string& file_bytes, int64_t eos_id);
+
   // Collective (every rank calls it at the same step): snapshots the model state and writes it
   // in the background. Returns quickly; a previous write still in flight is waited for first.
   void save(const model::Model& model, const TrainState& state);

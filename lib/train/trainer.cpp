@@ -1,16 +1,16 @@
-// The training loop of `kilter train` (see trainer.h). Every rank runs the same sequence of
-// collectives every step whatever its data: the plan gives each rank the same number of steps,
-// and a rank with no micro-batch in a step still joins the gradient reduction with zeros.
+// The training job of `kilter train` (see trainer.h): set-up, the step loop and the summary.
+// A step reads plan -> read -> forward/backward -> reduce -> update (the stages are in
+// train_step.h). Every rank runs the same sequence of collectives every step whatever its data:
+// the plan gives each rank the same number of steps, and a rank with no micro-batch in a step
+// still joins the gradient reduction with zeros.
 #include "lib/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <sstream>
 
@@ -24,11 +24,15 @@
 #include "lib/diag/diagnostics.h"
 #include "lib/model/gemm.h"
 #include "lib/model/model.h"
-#include "lib/optim/schedule.h"
 #include "lib/train/checkpointer.h"
+#include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
+#include "lib/train/micro_batch.h"
+#include "lib/train/plan_cursor.h"
+#include "lib/train/sampling.h"
 #include "lib/train/signals.h"
 #include "lib/train/staging.h"
+#include "lib/train/train_step.h"
 #include "lib/train/watchdog.h"
 
 namespace fs = std::filesystem;
@@ -53,102 +57,6 @@ std::string format_duration(double s) {
   else
     std::snprintf(buf, sizeof buf, "%lds", t);
   return buf;
-}
-
-// The plan of each epoch, built on demand (identically on every rank) and dropped once passed.
-class PlanCache {
- public:
-  PlanCache(const io::DatasetIndex& index, std::vector<uint64_t> docs, balance::PlanOptions opts,
-            int world_size)
-      : index_(index), docs_(std::move(docs)), opts_(std::move(opts)), world_size_(world_size) {}
-
-  const balance::EpochPlan& get(uint64_t epoch) {
-    auto it = plans_.find(epoch);
-    if (it != plans_.end()) return it->second;
-    balance::EpochPlan plan =
-        balance::build_epoch_plan(index_.doc_lengths, docs_, opts_, world_size_, epoch);
-    KILTER_CHECK(!plan.steps.empty(),
-                 "dataset " << index_.dir << ": the plan of epoch " << epoch
-                            << " has no step: the split holds too few tokens for train.tokens_per_step = "
-                            << opts_.tokens_per_step << " (" << docs_.size() << " documents)");
-    return plans_.emplace(epoch, std::move(plan)).first->second;
-  }
-  void drop_before(uint64_t epoch) {
-    while (!plans_.empty() && plans_.begin()->first < epoch) plans_.erase(plans_.begin());
-  }
-
- private:
-  const io::DatasetIndex& index_;
-  std::vector<uint64_t> docs_;
-  balance::PlanOptions opts_;
-  int world_size_;
-  std::map<uint64_t, balance::EpochPlan> plans_;
-};
-
-// Walks this rank's micro-batches in the order training consumes them, across steps and epochs,
-// so the reader can be fed ahead of the trainer.
-class PrefetchCursor {
- public:
-  PrefetchCursor(PlanCache& plans, int rank, balance::PlanPosition start, int64_t steps_left)
-      : plans_(plans), rank_(rank), pos_(start), steps_left_(steps_left) {}
-
-  // Next micro-batch's pieces, or false when the run's steps are all queued.
-  bool next(std::vector<io::PieceRequest>& out) {
-    while (steps_left_ > 0) {
-      const balance::EpochPlan& plan = plans_.get(pos_.epoch);
-      if (pos_.step_in_epoch >= plan.steps.size()) {
-        ++pos_.epoch;
-        pos_.step_in_epoch = 0;
-        mb_ = 0;
-        continue;
-      }
-      const balance::Step& step = plan.steps[pos_.step_in_epoch];
-      const auto& mine = step.rank_batches[rank_];
-      if (mb_ >= mine.size()) {
-        ++pos_.step_in_epoch;
-        mb_ = 0;
-        --steps_left_;
-        continue;
-      }
-      const balance::MicroBatch& mb = step.micro_batches[mine[mb_++]];
-      out.clear();
-      for (const auto& p : mb.pieces) out.push_back({p.doc, p.start, p.len});
-      return true;
-    }
-    return false;
-  }
-
- private:
-  PlanCache& plans_;
-  int rank_;
-  balance::PlanPosition pos_;
-  int64_t steps_left_;
-  size_t mb_ = 0;
-};
-
-// Rows padded to the micro-batch's longest piece; targets -1 on padding. Token ids were checked
-// against the dataset's vocabulary by the reader (and model.vocab_size >= it at start-up).
-void assemble_batch(const io::ReadyGroup& group, uint32_t padded_len, model::Batch& batch) {
-  const int B = int(group.pieces.size());
-  const int T = int(padded_len);
-  batch.B = B;
-  batch.T = T;
-  batch.inputs.assign(size_t(B) * T, 0);
-  batch.targets.assign(size_t(B) * T, -1);
-  batch.lengths.assign(B, 0);
-  batch.num_targets = 0;
-  for (int b = 0; b < B; ++b) {
-    const uint32_t len = group.pieces[b].len;
-    KILTER_CHECK(len <= padded_len, "piece of document " << group.pieces[b].doc << " is longer ("
-                                                         << len << ") than its micro-batch row (" << T << ")");
-    const int32_t* tok = group.tokens + group.offsets[b];
-    int32_t* in = &batch.inputs[size_t(b) * T];
-    int32_t* tg = &batch.targets[size_t(b) * T];
-    std::copy(tok, tok + len, in);
-    std::copy(tok + 1, tok + len + 1, tg);
-    batch.lengths[b] = int32_t(len);
-    batch.num_targets += len;
-  }
 }
 
 void write_text_file(const fs::path& path, const std::string& text) {
@@ -230,9 +138,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, backend_options);
   model->init_params(cfg.train.seed);
-  // A micro-batch holds at most max_tokens padded tokens, so B*T <= max_tokens and the attention
-  // scores B*T*T <= max_tokens*block_size: one (max_tokens/block_size, block_size) batch bounds both.
-  model->reserve(int(std::max<int64_t>(1, cfg.data.max_tokens / cfg.model.block_size)), cfg.model.block_size);
+  // A micro-batch holds at most max_tokens tokens in pieces of at most block_size.
+  model->reserve(int(cfg.data.max_tokens), cfg.model.block_size);
 
   TrainState state;
   state.seed = cfg.train.seed;
@@ -268,6 +175,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   dopts.resume = resuming;
   diag::RankDiagnostics diagnostics(world, dopts);
   Checkpointer checkpointer(world, run_dir, cfg.output.keep_checkpoints, cfg);
+  checkpointer.set_tokenizer(index.tokenizer, index.tokenizer_data, index.eos_id);  // checkpoints decode on their own
+  TrainingSampler sampler(cfg, index, rank);  // output.sample_every
   Watchdog watchdog(world, cfg.comm.timeout_s);
 
   io::ReaderOptions ropts;
@@ -299,6 +208,16 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                  data_dir.c_str(), cfg.data.sampler.c_str(), (unsigned long long)st.steps_per_epoch,
                  st.micro_batches_per_step, st.padding_efficiency, st.cost_imbalance_p95, run_dir.c_str());
     if (backend != "cpu") std::fprintf(stderr, "kilter: model on %s\n", model->describe().c_str());
+    // The same warnings as `kilter plan`: a step too small for the world size, and idle ranks.
+    const std::string too_small = balance::idle_rank_warning(plan_opts, world_size);
+    if (!too_small.empty()) std::fprintf(stderr, "kilter: warning: %s\n", too_small.c_str());
+    if (st.steps_with_idle_ranks > 0)
+      std::fprintf(stderr,
+                   "kilter: warning: %llu of %llu steps of this epoch leave ranks idle (at most %llu in one step); "
+                   "idle ranks still join every collective; raise train.tokens_per_step to >= %lld (world size x "
+                   "model.block_size)\n",
+                   (unsigned long long)st.steps_with_idle_ranks, (unsigned long long)st.steps_per_epoch,
+                   (unsigned long long)st.idle_ranks_max, (long long)world_size * cfg.model.block_size);
   }
 
   auto fill_prefetch = [&]() {
@@ -306,35 +225,16 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     while (reader.queued() < size_t(cfg.data.prefetch) && cursor.next(pieces)) reader.enqueue(pieces);
   };
 
-  auto evaluate = [&]() -> double {
-    const balance::EpochPlan& eplan = eval_plans->get(0);
-    io::ReaderOptions eopts = ropts;
-    eopts.prefetch = 2;
-    io::PrefetchReader ereader(index, data_dir, eopts);
-    model::Batch batch;
-    double sums[2] = {0, 0};  // loss sum, targets
-    const size_t n_steps = std::min<size_t>(eplan.steps.size(), size_t(cfg.train.eval_batches));
-    for (size_t s = 0; s < n_steps; ++s) {
-      const balance::Step& st = eplan.steps[s];
-      for (uint32_t id : st.rank_batches[rank]) {
-        const balance::MicroBatch& mb = st.micro_batches[id];
-        std::vector<io::PieceRequest> pieces;
-        for (const auto& p : mb.pieces) pieces.push_back({p.doc, p.start, p.len});
-        ereader.enqueue(std::move(pieces));
-        const io::ReadyGroup& g = ereader.next();
-        assemble_batch(g, mb.padded_len, batch);
-        sums[0] += model->forward_loss(batch);
-        sums[1] += double(batch.num_targets);
-      }
-    }
-    watchdog.enter("evaluation allreduce", long(state.step));
-    MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world);
-    watchdog.leave();
-    return sums[1] > 0 ? sums[0] / sums[1] : NAN;
-  };
-
   // ---- the loop ------------------------------------------------------------------------------
-  model::Batch batch;
+  StepContext ctx;
+  ctx.rank = rank;
+  ctx.world = world;
+  ctx.model = model.get();
+  ctx.reader = &reader;
+  ctx.fill_prefetch = fill_prefetch;
+  ctx.reducer = reducer.get();
+  ctx.diagnostics = &diagnostics;
+  ctx.watchdog = &watchdog;
   double last_loss = NAN, eval_loss = NAN;
   double tokens_this_run = 0;
   const int64_t first_step = state.step;
@@ -346,106 +246,25 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   int64_t nonfinite_skipped = 0;
 
   while (state.step < total_steps) {
+    // plan
     const balance::EpochPlan& plan = plans.get(state.position.epoch);
     const balance::Step& step = plan.steps[state.position.step_in_epoch];
-    const auto& mine = step.rank_batches[rank];
-    const float loss_scale = 1.0f / float(step.target_tokens);
     maybe_fail_for_test(rank, state.step);
-
     diagnostics.begin_step(state.step);
     model->zero_grads();
-    double loss_sum = 0;
-    uint64_t tokens_computed = 0;
-    double attn_work = 0;
-    if (mine.empty()) {
-      // No micro-batch for this rank in this step: contribute zeros to the reduction.
-      reducer->begin();
-      diagnostics.mark_arrival();
-      reducer->ready(0, model->layout().padded_size);
-    }
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const balance::MicroBatch& mb = step.micro_batches[mine[i]];
-      const bool last = i + 1 == mine.size();
-      fill_prefetch();
-      diagnostics.phase_begin(diag::kDataWait);
-      const io::ReadyGroup& group = reader.next();
-      diagnostics.phase_end(diag::kDataWait);
-      diagnostics.phase_begin(diag::kH2D);
-      assemble_batch(group, mb.padded_len, batch);
-      diagnostics.phase_end(diag::kH2D);
-      fill_prefetch();
-      tokens_computed += mb.tokens_computed();
-      for (const auto& p : mb.pieces) attn_work += double(p.len) * double(p.len);
+    // read -> forward/backward (the reduction starts inside the last backward)
+    StepWork work;
+    const double local_loss_sum = compute_gradients(ctx, step, work);
+    // reduce
+    const ReducedStep reduced = reduce(ctx, step, local_loss_sum, state.step);
+    const double loss = reduced.loss;
+    stop_requested = reduced.stop_requested;
+    // update
+    const UpdateResult updated = update(ctx, cfg.train, loss, state.step, total_steps);
+    nonfinite_skipped += updated.skipped;
+    const double lr = updated.lr, grad_norm = updated.grad_norm;
 
-      // forward_backward runs both passes; the model's backward-start hook (or, failing that,
-      // the first finished gradient range) splits the forward and backward phases.
-      diagnostics.phase_begin(diag::kForward);
-      model::GradReadyFn on_ready;
-      bool backward_started = false;
-      auto note_backward = [&]() {
-        if (!backward_started) {
-          backward_started = true;
-          diagnostics.phase_end(diag::kForward);
-          diagnostics.phase_begin(diag::kBackward);
-        }
-      };
-      model->set_backward_start_hook(note_backward);
-      if (last) {
-        reducer->begin();
-        on_ready = [&](size_t offset, size_t count) {
-          note_backward();
-          reducer->ready(offset, count);
-        };
-      } else {
-        on_ready = [&](size_t, size_t) { note_backward(); };
-      }
-      loss_sum += model->forward_backward(batch, loss_scale, on_ready);
-      note_backward();
-      diagnostics.phase_end(diag::kBackward);
-      if (last) diagnostics.mark_arrival();
-    }
-    watchdog.enter("gradient reduction", long(state.step));
-    const double exposed = reducer->finish();
-    diagnostics.add_phase_seconds(diag::kCommExposed, exposed);
-
-    // Loss of the global step and the stop flag in one small collective.
-    double scalars[2] = {loss_sum, double(stop_signal_received() != 0)};
-    MPI_Allreduce(MPI_IN_PLACE, scalars, 2, MPI_DOUBLE, MPI_SUM, world);
-    watchdog.leave();
-    const double loss = scalars[0] / double(step.target_tokens);
-    stop_requested = scalars[1] > 0;
-
-    diagnostics.phase_begin(diag::kOptimizer);
-    const double grad_norm = std::sqrt(model->grad_norm_squared());
-    bool skip_update = false;
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      KILTER_CHECK(cfg.train.on_nonfinite == "skip",
-                   "step " << state.step << ": non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss")
-                           << " (loss " << loss << ", grad norm " << grad_norm
-                           << "); lower train.lr or set train.on_nonfinite = skip");
-      skip_update = true;
-      ++nonfinite_skipped;
-      if (rank == 0)
-        std::fprintf(stderr, "kilter: step %lld: non-finite loss or gradient norm, update skipped\n",
-                     (long long)state.step);
-    }
-    const double lr = optim::learning_rate(state.step, cfg.train.warmup, total_steps, cfg.train.lr,
-                                           cfg.train.min_lr_ratio);
-    if (!skip_update) {
-      model::AdamWParams ap;
-      ap.lr = float(lr);
-      ap.beta1 = float(cfg.train.beta1);
-      ap.beta2 = float(cfg.train.beta2);
-      ap.eps = float(cfg.train.eps);
-      ap.weight_decay = float(cfg.train.weight_decay);
-      ap.grad_scale = cfg.train.grad_clip > 0 ? optim::clip_scale(grad_norm, cfg.train.grad_clip) : 1.0f;
-      ap.t = state.step + 1;
-      model->adamw_step(ap);
-    }
-    model->synchronize();
-    diagnostics.phase_end(diag::kOptimizer);
-
-    diagnostics.set_step_work(tokens_computed, attn_work);
+    diagnostics.set_step_work(work.tokens_computed, work.attn_work, work.micro_batches);
     diagnostics.end_step(state.step, int64_t(step.target_tokens), loss);
     last_loss = loss;
     tokens_this_run += double(step.target_tokens);
@@ -457,7 +276,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     if (state.position.step_in_epoch == 0) plans.drop_before(state.position.epoch);
 
     if (cfg.train.eval_every > 0 && state.step % cfg.train.eval_every == 0) {
-      eval_loss = evaluate();
+      eval_loss = evaluate(ctx, *eval_plans, index, data_dir, ropts, cfg.train.eval_batches, state.step);
       if (rank == 0) std::fprintf(stderr, "kilter: step %lld eval loss %.4f\n", (long long)state.step, eval_loss);
     }
     if (rank == 0 && (state.step % cfg.output.log_every == 0 || state.step == total_steps || state.step == first_step + 1)) {
@@ -471,6 +290,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
       t_last_log = t;
       tokens_since_log = 0;
     }
+    sampler.maybe_sample(*model, state.step);
     const bool periodic = cfg.output.checkpoint_every > 0 && state.step % cfg.output.checkpoint_every == 0;
     if (stop_requested || periodic || state.step == total_steps) {
       checkpointer.save(*model, state);

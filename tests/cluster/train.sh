@@ -59,9 +59,11 @@ for run in ["h", "f"]:
     rel = np.max(np.abs(l - ref_l) / np.abs(ref_l))
     print(f"2 nodes x 2, {run}: max relative loss difference to 1 rank {rel:.2e}")
     assert rel < 1e-5, f"{run}: losses differ from 1 rank by {rel}"
-    for k in ref_p:
-        d = np.max(np.abs(p[k] - ref_p[k]))
-        scale = max(1e-3, np.max(np.abs(ref_p[k])))
-        assert d / scale < 1e-4, f"{run}: {k} differs by {d} (scale {scale})"
+    # Weights to 1% of the most Adam can move one in the run (steps x lr), as tests/e2e/invariance.sh
+    # explains: packed micro-batches are formed per rank, so summation orders differ, and Adam moves
+    # coordinates whose gradient is near zero (the key bias's is exactly 0) by rounding-decided
+    # fractions of lr; the losses stay within 1e-5.
+    worst = max((np.max(np.abs(p[k] - ref_p[k])), k) for k in ref_p)
+    assert worst[0] < 1e-2 * 6 * 3e-3, f"{run}: {worst[1]} differs by {worst[0]}"
 PY
 echo "PASS: cluster train (2 nodes x 2: hierarchical == flat == 1 rank; topology from hosts)"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # World-size invariance (DESIGN.md invariant 1) and flat == hierarchical: the same config on 1, 2
 # and 4 ranks, and on 4 ranks as 2 nodes x 2 with both algorithms, gives the same losses (1e-5
-# relative) and the same final weights (float tolerance). Determinism (invariant 2): two runs of
-# the same config are bit-identical.
+# relative) and the same final weights (to 1% of the most Adam can move a weight, see below).
+# Determinism (invariant 2): two runs of the same config are bit-identical.
 source "$(dirname "$0")/lib.sh"
 
 "$KILTER" prep synth --docs 600 --lengths lognormal:4,0.9,300 --vocab 97 --shards 3 --seed 7 --out data >/dev/null
@@ -21,6 +21,12 @@ run p2 2
 run p4 4
 run p4h 4 --comm.ranks_per_node=2 --comm.algo=hierarchical
 run p4f 4 --comm.ranks_per_node=2 --comm.algo=flat
+# A step too small for 4 ranks (128 tokens, context 64): some ranks idle in some steps, still join
+# every collective, and the losses are those of 1 rank; the run says so.
+COMMON=("${COMMON[@]/--train.tokens_per_step=1024/--train.tokens_per_step=128}")
+run idle1 1
+run idle4 4
+grep -q "leave ranks idle" idle4.log || { cat idle4.log; fail "no idle-rank warning with 4 ranks and 128-token steps"; }
 
 "$PY" - <<'PY'
 import csv, glob, sys
@@ -37,6 +43,7 @@ def params(run):
         return {k: f["params"][k][...] for k in f["params"]}
 
 ref_l, ref_p = losses("p1"), params("p1")
+LR_SUM = 6 * 3e-3  # train.steps x train.lr bounds the sum of the schedule's learning rates
 assert len(ref_l) == 6, ref_l
 assert np.isfinite(ref_l).all()
 # determinism: bit-identical
@@ -49,13 +56,22 @@ for run in ["p2", "p4", "p4h", "p4f"]:
     rel = np.max(np.abs(l - ref_l) / np.abs(ref_l))
     print(f"{run}: max relative loss difference {rel:.2e}")
     assert rel < 1e-5, f"{run}: losses differ from 1 rank by {rel}"
-    for k in ref_p:
-        d = np.max(np.abs(p[k] - ref_p[k]))
-        scale = max(1e-3, np.max(np.abs(ref_p[k])))
-        # The key third of c_attn.bias has an exactly zero gradient (softmax ignores a constant
-        # added to a row of scores): AdamW moves it on rounding noise, which the reduction order
-        # changes, so it gets a looser bound than the weights with real gradients.
-        tol = 1e-3 if k.endswith("attn.c_attn.bias") else 1e-4
-        assert d / scale < tol, f"{run}: {k} differs by {d} (scale {scale})"
+    # Weights: Adam moves a coordinate by lr * m / (sqrt(v) + eps), about lr per step whatever the
+    # gradient's size, so a coordinate whose gradient is near eps or cancels to rounding level (the
+    # key bias's is exactly 0) moves by a fraction of lr that rounding decides; and packing per rank
+    # changes the summation order. The bound is therefore 1% of the most Adam can move a weight in
+    # the run (sum of the schedule's lr), while the losses, which such coordinates do not affect,
+    # stay within 1e-5.
+    worst = max((np.max(np.abs(p[k] - ref_p[k])), k) for k in ref_p)
+    print(f"{run}: largest weight difference {worst[0]:.2e} ({worst[1]}), bound {1e-2 * LR_SUM:.2e}")
+    assert worst[0] < 1e-2 * LR_SUM, f"{run}: {worst[1]} differs by {worst[0]}"
+
+l1, l4 = losses("idle1"), losses("idle4")
+rel = np.max(np.abs(l4 - l1) / np.abs(l1))
+print(f"idle ranks: max relative loss difference {rel:.2e}")
+assert len(l4) == 6 and rel < 1e-5, f"idle4: losses differ from 1 rank by {rel}"
+idle = [r for f in glob.glob("runs/idle4/metrics/rank-*.csv") for r in csv.DictReader(open(f))
+        if int(r["micro_batches"]) == 0]
+assert idle and all(float(r["tokens_computed"]) == 0 for r in idle), "no idle rank-step recorded"
 print("invariance: 1 passed, 0 failed")
 PY

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PyTorch parity of the CPU model (issue 2): kilter_model_dump writes weights, a padded batch,
+# PyTorch parity of the CPU model (issue 2): kilter_model_dump writes weights, a packed batch,
 # kilter's loss, gradients and one AdamW step; tests/python/torch_parity.py recomputes them with
 # torch (float64) and requires every gradient within 1e-4 of the tensor's max |grad|.
 # usage: torch_parity.sh PATH/TO/kilter_model_dump

@@ -2,7 +2,8 @@
 // training step (loss, every gradient tensor, the on_ready ranges, the global norm, the AdamW
 // update), forward_loss, and 2-step runs with two micro-batches per step and clipping, in fp32
 // and in bf16 GEMM math, with each attention engine (cuBLASLt; cuDNN where usable), and 5-step
-// runs with CUDA graphs (eager, timed, captured, replayed, decided). Batches have ragged rows (padding) and untargeted positions.
+// runs with CUDA graphs (eager, timed, captured, replayed, decided). Batches are packed: pieces of
+// mixed lengths (one of length 1) that the CUDA attention groups by length, and untargeted positions.
 // Tolerances (relative to each tensor's max |value|): fp32 loss 1e-5, gradients 5e-4, AdamW from
 // identical gradients 1e-6; bf16 losses 2e-2. After the 2-step run parameters agree to 2.5e-3:
 // Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
@@ -26,24 +27,22 @@ namespace km = kilter::model;
 
 namespace {
 
-km::Batch random_batch(const km::GPTConfig& cfg, int B, int T) {
+// A packed micro-batch of `pieces` pieces: the first of max_len tokens, the second of 1, the
+// others of lengths fixed by (pieces, max_len) so that a layout repeats (CUDA graphs are kept
+// per layout); tokens random.
+km::Batch random_batch(const km::GPTConfig& cfg, int pieces, int max_len) {
   km::Batch batch;
-  batch.B = B;
-  batch.T = T;
-  batch.inputs.assign(static_cast<size_t>(B) * T, -1);
-  batch.targets.assign(static_cast<size_t>(B) * T, -1);
-  batch.lengths.resize(B);
-  for (int b = 0; b < B; ++b) {
-    const int length = b == 0 ? T : random_int(1, T);
-    batch.lengths[b] = length;
+  batch.clear();
+  for (int p = 0; p < pieces; ++p) {
+    const int length = p == 0 ? max_len : p == 1 ? 1 : 1 + static_cast<int>((p * 7919L) % max_len);
+    std::vector<int32_t> inputs(length), targets(length, -1);
     for (int t = 0; t < length; ++t) {
-      batch.inputs[static_cast<size_t>(b) * T + t] = random_int(0, cfg.vocab_size - 1);
-      // The last real position of a row has no target (the document ends there).
-      if (t + 1 < length) batch.targets[static_cast<size_t>(b) * T + t] = random_int(0, cfg.vocab_size - 1);
+      inputs[t] = random_int(0, cfg.vocab_size - 1);
+      // The last position of a piece has no target (the document ends there).
+      if (t + 1 < length) targets[t] = random_int(0, cfg.vocab_size - 1);
     }
+    batch.append_piece(inputs.data(), targets.data(), length);
   }
-  batch.num_targets = 0;
-  for (int32_t target : batch.targets) batch.num_targets += target >= 0;
   return batch;
 }
 
@@ -83,8 +82,8 @@ std::string options_tag(const km::BackendOptions& options) {
 
 void compare_step_body(Checker& check, const km::GPTConfig& cfg, int B, int T, const km::BackendOptions& options) {
   const std::string tag = options_tag(options) + "L" + std::to_string(cfg.n_layer) + " C" +
-                          std::to_string(cfg.n_embd) + " V" + std::to_string(cfg.vocab_size) + " B" +
-                          std::to_string(B) + " T" + std::to_string(T) + ": ";
+                          std::to_string(cfg.n_embd) + " V" + std::to_string(cfg.vocab_size) + " pieces" +
+                          std::to_string(B) + " longest" + std::to_string(T) + ": ";
   kilter::backend::CpuModel cpu(cfg, 8);
   std::unique_ptr<km::Model> gpu = make_gpu(cfg, 8, options);
   if (!gpu) return;
@@ -165,7 +164,7 @@ std::vector<double> run_steps(km::Model& model, const std::vector<km::Batch>& ba
   return losses;
 }
 
-// `steps` steps; micro-batch shapes alternate between two, so with 5 steps each shape runs five
+// `steps` steps; micro-batch layouts alternate between two, so with 5 steps each layout runs five
 // times: with CUDA graphs that is eager (warm-up), eager (timed), captured and launched, replayed
 // (timed), then replayed or eager as the timing decided.
 void compare_steps_body(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options, int steps,
@@ -228,6 +227,7 @@ int main() {
     for (const char* attention : {"cublaslt", "cudnn"}) {
       compare_step(check, tiny, 3, 16, with("fp32", attention));
       compare_step(check, small, 4, 64, with("fp32", attention));
+      compare_step(check, small, 23, 64, with("fp32", attention));  // many pieces: several groups
       compare_steps(check, tiny, with("fp32", attention), 2, 1e-5, 1e-3);
       compare_steps(check, small, with("bf16", attention), 2, 2e-2, 5e-2);
     }

@@ -5,6 +5,7 @@
 //   fp32 GEMM ops (matmul, attention, cuDNN attention with FMA math): 1e-4;
 //   cuDNN attention when cuDNN picks TF32 products for fp32: 2e-3;  bf16 GEMM math: 3e-2
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/attention.h"
+#include "lib/model/attention_groups.h"
 #include "lib/model/crossentropy.h"
 #include "lib/model/encoder.h"
 #include "lib/model/gelu.h"
@@ -39,26 +41,52 @@ std::vector<int32_t> random_lengths(int B, int T) {
   return lengths;
 }
 
+std::vector<int32_t> offsets_of(const std::vector<int32_t>& lengths) {
+  std::vector<int32_t> cu = {0};
+  for (int32_t len : lengths) cu.push_back(cu.back() + len);
+  return cu;
+}
+
+// The CPU twins are packed-only (model.h); the padded engines' (B,T,lengths) problems are
+// compared by packing their real rows: padded (B,T,W) rows <-> packed (sum lengths, W).
+std::vector<float> pack_rows(const std::vector<float>& padded, const std::vector<int32_t>& lengths, int T, int W) {
+  std::vector<float> packed;
+  for (size_t b = 0; b < lengths.size(); ++b)
+    packed.insert(packed.end(), padded.begin() + b * T * W, padded.begin() + (b * T + lengths[b]) * W);
+  return packed;
+}
+// Writes the packed rows back over the real rows of `padded`; padded rows keep their values.
+void unpack_rows(std::vector<float>& padded, const std::vector<float>& packed, const std::vector<int32_t>& lengths,
+                 int T, int W) {
+  size_t row = 0;
+  for (size_t b = 0; b < lengths.size(); ++b)
+    for (int t = 0; t < lengths[b]; ++t, ++row)
+      std::copy(packed.begin() + row * W, packed.begin() + (row + 1) * W, padded.begin() + (b * T + t) * W);
+}
+
 void test_encoder(Checker& check, cudaStream_t stream) {
-  const int B = 3, T = 13, C = 37, V = 61;
-  std::vector<int32_t> lengths = random_lengths(B, T), inp(B * T);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) inp[b * T + t] = t < lengths[b] ? random_int(0, V - 1) : -1;
-  const auto wte = random_floats(static_cast<size_t>(V) * C), wpe = random_floats(static_cast<size_t>(T) * C);
-  std::vector<float> out_cpu(B * T * C);
-  km::encoder_forward(out_cpu.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
-  DeviceBuffer<int32_t> d_inp(inp), d_lengths(lengths);
+  // Packed pieces (one of length 1): positions restart in every piece.
+  const int C = 37, V = 61, maxT = 13;
+  const std::vector<int32_t> lengths = {13, 1, 7, 13, 4};
+  const std::vector<int32_t> cu = offsets_of(lengths);
+  const int N = cu.back(), pieces = static_cast<int>(lengths.size());
+  std::vector<int32_t> inp(N);
+  for (int32_t& id : inp) id = random_int(0, V - 1);
+  const auto wte = random_floats(static_cast<size_t>(V) * C), wpe = random_floats(static_cast<size_t>(maxT) * C);
+  std::vector<float> out_cpu(static_cast<size_t>(N) * C);
+  km::encoder_forward(out_cpu.data(), inp.data(), wte.data(), wpe.data(), cu.data(), pieces, C);
+  DeviceBuffer<int32_t> d_inp(inp), d_cu(cu);
   DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(out_cpu.size());
-  kc::encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), B, T, C, stream);
-  check.near("encoder_forward out", d_out.download(), out_cpu, kRowTol);
+  kc::encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), d_cu.get(), pieces, N, C, stream);
+  check.near("encoder_forward out (packed)", d_out.download(), out_cpu, kRowTol);
 
   const auto dout = random_floats(out_cpu.size());
   auto dwte = random_floats(wte.size()), dwpe = random_floats(wpe.size());  // accumulate onto these
   DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
-  km::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), lengths.data(), B, T, C);
-  kc::encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_inp.get(), d_lengths.get(), B, T, C, stream);
-  check.near("encoder_backward dwte", d_dwte.download(), dwte, kRowTol);
-  check.near("encoder_backward dwpe", d_dwpe.download(), dwpe, kRowTol);
+  km::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), cu.data(), pieces, C);
+  kc::encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_inp.get(), d_cu.get(), pieces, N, maxT, C, stream);
+  check.near("encoder_backward dwte (packed)", d_dwte.download(), dwte, kRowTol);
+  check.near("encoder_backward dwpe (packed)", d_dwpe.download(), dwpe, kRowTol);
 }
 
 void test_layernorm(Checker& check, cudaStream_t stream) {
@@ -116,32 +144,97 @@ void test_attention(Checker& check, kc::Gemm& gemm, int B, int T, int C, int NH,
                           std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" +
                           std::to_string(NH) + " ";
   const std::vector<int32_t> lengths = random_lengths(B, T);
+  const std::vector<int32_t> cu = offsets_of(lengths);
+  const int N = cu.back();
   const auto qkv = random_floats(static_cast<size_t>(B) * T * 3 * C, 2.0f);
-  std::vector<float> out(static_cast<size_t>(B) * T * C), att(static_cast<size_t>(B) * NH * T * T);
-  km::attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), B, T, C, NH);
-  DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), d_att(att.size());
+  // CPU twin on the packed real rows; padded output rows are 0 on the device.
+  const std::vector<float> packed_qkv = pack_rows(qkv, lengths, T, 3 * C);
+  std::vector<float> packed_out(static_cast<size_t>(N) * C), att(km::attention_saved_floats(cu.data(), B, NH));
+  km::attention_forward(packed_out.data(), att.data(), packed_qkv.data(), cu.data(), B, C, NH);
+  std::vector<float> out(static_cast<size_t>(B) * T * C, 0.0f);
+  unpack_rows(out, packed_out, lengths, T, C);
+  DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), d_att(static_cast<size_t>(B) * NH * T * T);
   DeviceBuffer<float> workspace(kc::attention_workspace_floats(B, T, C, NH));
   DeviceBuffer<int32_t> d_lengths(lengths);
   kc::attention_forward(gemm, d_out.get(), d_att.get(), d_qkv.get(), d_lengths.get(), B, T, C, NH, workspace.get());
   check.near(tag + "forward out", d_out.download(), out, tol);
-  // Only the causal, in-length part of att is defined on the CPU side.
+  // Only the causal, in-length part of att is defined; the CPU keeps piece b's heads as
+  // (len,len) matrices one after the other.
   std::vector<float> att_gpu = d_att.download(), att_cpu_defined, att_gpu_defined;
-  for (int b = 0; b < B; ++b)
+  size_t piece_offset = 0;
+  for (int b = 0; b < B; ++b) {
+    const size_t L = lengths[b];
     for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < lengths[b]; ++t)
-        for (int s = 0; s <= t; ++s) {
-          const size_t i = ((static_cast<size_t>(b) * NH + h) * T + t) * T + s;
-          att_cpu_defined.push_back(att[i]);
-          att_gpu_defined.push_back(att_gpu[i]);
+      for (size_t t = 0; t < L; ++t)
+        for (size_t s = 0; s <= t; ++s) {
+          att_cpu_defined.push_back(att[piece_offset + h * L * L + t * L + s]);
+          att_gpu_defined.push_back(att_gpu[((static_cast<size_t>(b) * NH + h) * T + t) * T + s]);
         }
+    piece_offset += NH * L * L;
+  }
   check.near(tag + "forward att", att_gpu_defined, att_cpu_defined, tol);
 
   const auto dout = random_floats(out.size());
-  auto dqkv = random_floats(qkv.size());
+  auto dqkv = random_floats(qkv.size());  // accumulated onto; padded rows stay as they are
   DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv);
-  km::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), B, T, C, NH);
+  std::vector<float> packed_dqkv = pack_rows(dqkv, lengths, T, 3 * C);
+  km::attention_backward(packed_dqkv.data(), pack_rows(dout, lengths, T, C).data(), packed_qkv.data(), att.data(),
+                         cu.data(), B, C, NH);
+  unpack_rows(dqkv, packed_dqkv, lengths, T, 3 * C);
   kc::attention_backward(gemm, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), d_lengths.get(), B, T, C, NH,
                          workspace.get());
+  check.near(tag + "backward dqkv", d_dqkv.download(), dqkv, tol);
+}
+
+// The CUDA backend's packed attention path: the pieces of a packed batch gathered into padded
+// groups (model::AttentionGroups), each group through the cuBLASLt engine, scattered back;
+// against the CPU's packed attention. Pieces of many lengths (1 among them) make several groups.
+void test_packed_attention(Checker& check, kc::Gemm& gemm, int C, int NH, int context, double tol) {
+  const std::string tag = "packed attention (gather, groups, scatter) C" + std::to_string(C) + " NH" +
+                          std::to_string(NH) + " ";
+  std::vector<int32_t> lengths = {static_cast<int32_t>(context), 1};
+  for (int i = 0; i < 14; ++i) lengths.push_back(random_int(1, context));
+  const std::vector<int32_t> cu = offsets_of(lengths);
+  const int N = cu.back(), pieces = static_cast<int>(lengths.size());
+  const auto qkv = random_floats(static_cast<size_t>(N) * 3 * C, 2.0f);
+  const auto dout = random_floats(static_cast<size_t>(N) * C);
+  std::vector<float> out(static_cast<size_t>(N) * C), att(km::attention_saved_floats(cu.data(), pieces, NH));
+  std::vector<float> dqkv(qkv.size(), 0.0f);
+  km::attention_forward(out.data(), att.data(), qkv.data(), cu.data(), pieces, C, NH);
+  km::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), cu.data(), pieces, C, NH);
+
+  km::AttentionGroups groups;
+  groups.build(cu.data(), pieces, context);
+  check.expect(tag + "several groups", groups.groups.size() > 2, std::to_string(groups.groups.size()) + " groups");
+  const size_t P = groups.padded_rows();
+  size_t saved = 0, workspace_floats = 0;
+  std::vector<size_t> saved_offset;
+  for (const km::AttentionGroup& g : groups.groups) {
+    saved_offset.push_back(saved);
+    saved += static_cast<size_t>(g.B) * NH * g.T * g.T;
+    workspace_floats = std::max(workspace_floats, kc::attention_workspace_floats(g.B, g.T, C, NH));
+  }
+  DeviceBuffer<float> d_qkv(qkv), d_dout(dout), d_out(out.size()), d_dqkv(qkv.size()), d_att(saved);
+  DeviceBuffer<float> d_pqkv(P * 3 * C), d_pio(P * C), d_pdqkv(P * 3 * C), workspace(workspace_floats);
+  DeviceBuffer<int32_t> d_token(groups.padded_token), d_lengths(groups.lengths);
+  cudaStream_t stream = gemm.stream();
+  kc::gather_padded_rows(d_pqkv.get(), d_qkv.get(), d_token.get(), P, 3 * C, stream);
+  for (size_t g = 0; g < groups.groups.size(); ++g) {
+    const km::AttentionGroup& group = groups.groups[g];
+    kc::attention_forward(gemm, d_pio.get() + group.first_row * C, d_att.get() + saved_offset[g],
+                          d_pqkv.get() + group.first_row * 3 * C, d_lengths.get() + group.first_length, group.B,
+                          group.T, C, NH, workspace.get());
+  }
+  kc::scatter_padded_rows(d_out.get(), d_pio.get(), d_token.get(), P, C, false, stream);
+  check.near(tag + "forward out", d_out.download(), out, tol);
+  kc::gather_padded_rows(d_pio.get(), d_dout.get(), d_token.get(), P, C, stream);
+  for (size_t g = 0; g < groups.groups.size(); ++g) {
+    const km::AttentionGroup& group = groups.groups[g];
+    kc::attention_backward(gemm, d_pdqkv.get() + group.first_row * 3 * C, d_pio.get() + group.first_row * C,
+                           d_pqkv.get() + group.first_row * 3 * C, d_att.get() + saved_offset[g],
+                           d_lengths.get() + group.first_length, group.B, group.T, C, NH, workspace.get(), false);
+  }
+  kc::scatter_padded_rows(d_dqkv.get(), d_pdqkv.get(), d_token.get(), P, 3 * C, false, stream);
   check.near(tag + "backward dqkv", d_dqkv.download(), dqkv, tol);
 }
 
@@ -169,9 +262,13 @@ bool test_attention_cudnn(Checker& check, cudaStream_t stream, kc::GemmMath math
   std::printf("  %s\n", description.c_str());
   const double tol = math == kc::GemmMath::bf16 ? kBf16Tol : kGemmTol;
   const std::vector<int32_t> lengths = random_lengths(B, T);
+  const std::vector<int32_t> cu = offsets_of(lengths);
   const auto qkv = random_floats(static_cast<size_t>(B) * T * 3 * C, 2.0f);
-  std::vector<float> out(static_cast<size_t>(B) * T * C), att(static_cast<size_t>(B) * NH * T * T);
-  km::attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), B, T, C, NH);
+  const std::vector<float> packed_qkv = pack_rows(qkv, lengths, T, 3 * C);
+  std::vector<float> packed_out(static_cast<size_t>(cu.back()) * C), att(km::attention_saved_floats(cu.data(), B, NH));
+  km::attention_forward(packed_out.data(), att.data(), packed_qkv.data(), cu.data(), B, C, NH);
+  std::vector<float> out(static_cast<size_t>(B) * T * C, 0.0f);
+  unpack_rows(out, packed_out, lengths, T, C);
   DeviceBuffer<float> d_qkv(qkv), d_out(out.size()), reserve(engine->reserve_floats(B, T));
   DeviceBuffer<float> workspace(engine->workspace_floats(B, T));
   DeviceBuffer<int32_t> d_lengths(lengths);
@@ -188,7 +285,10 @@ bool test_attention_cudnn(Checker& check, cudaStream_t stream, kc::GemmMath math
   auto dqkv = random_floats(qkv.size());
   const std::vector<float> dqkv_before = dqkv;
   DeviceBuffer<float> d_dout(dout), d_dqkv(dqkv);
-  km::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), lengths.data(), B, T, C, NH);
+  std::vector<float> packed_dqkv = pack_rows(dqkv, lengths, T, 3 * C);
+  km::attention_backward(packed_dqkv.data(), pack_rows(dout, lengths, T, C).data(), packed_qkv.data(), att.data(),
+                         cu.data(), B, C, NH);
+  unpack_rows(dqkv, packed_dqkv, lengths, T, 3 * C);
   engine->backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), reserve.get(), lengths.data(), d_lengths.get(), B, T,
                    workspace.get(), /*accumulate=*/true);
   const std::vector<float> dqkv_gpu = d_dqkv.download();
@@ -283,6 +383,7 @@ int main() {
     test_attention(check, gemm, 3, 17, 24, 4, kGemmTol);  // head_dim 6, ragged rows
     test_attention(check, gemm, 2, 64, 128, 2, kGemmTol);
     test_attention(check, gemm_bf16, 2, 64, 128, 2, kBf16Tol);
+    test_packed_attention(check, gemm, 24, 4, 70, kGemmTol);  // head_dim 6
 #ifdef KILTER_WITH_CUDNN
     try {
       if (test_attention_cudnn(check, stream, kc::GemmMath::fp32, 3, 17, 24, 4)) {  // head_dim 6, ragged rows

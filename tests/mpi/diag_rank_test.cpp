@@ -64,7 +64,7 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
       sleep_seconds(0.015 + (rank == slow_rank && micro == 1 ? extra : 0));
       diag.phase_end(kilter::diag::kBackward);
     }
-    diag.set_step_work(1024 * (rank + 1), 1e5);
+    diag.set_step_work(1024 * (rank + 1), 1e5, 1);
     diag.mark_arrival();
     auto t0 = std::chrono::steady_clock::now();
     MPI_Allreduce(MPI_IN_PLACE, grads.data(), int(grads.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);

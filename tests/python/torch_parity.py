@@ -1,6 +1,6 @@
 """PyTorch parity of kilter's CPU model: reads what kilter_model_dump wrote (layout.json,
 params.f32, grads.f32, params_after_adamw.f32), rebuilds the same model with the same weights
-in float64, and checks the summed loss, every parameter's gradient and one AdamW step
+in float64 (each packed piece run as its own sequence), and checks the summed loss, every parameter's gradient and one AdamW step
 (torch.optim.AdamW with kilter's decay groups applied to kilter's gradients).
 
 Tolerance: |kilter - torch| <= 1e-4 * max|torch| per tensor (and 1e-4 relative for the loss);
@@ -42,12 +42,15 @@ def main():
             assert list(p.shape) == t["shape"], f"{t['name']}: torch {list(p.shape)} vs kilter {t['shape']}"
             p.copy_(torch.from_numpy(params[t["offset"]:t["offset"] + t["size"]].astype(np.float64)).view(p.shape))
 
+    # kilter's batch is packed (pieces concatenated, boundaries in cu_seqlens); the reference runs
+    # every piece as a sequence of its own, so nothing can cross pieces and positions start at 0.
     batch = meta["batch"]
-    B, T = batch["B"], batch["T"]
-    idx = torch.tensor(batch["inputs"], dtype=torch.long).view(B, T)
-    targets = torch.tensor(batch["targets"], dtype=torch.long).view(B, T)
-    lengths = torch.tensor(batch["lengths"], dtype=torch.long)
-    loss_sum = model(idx, targets, lengths)
+    inputs = torch.tensor(batch["inputs"], dtype=torch.long)
+    targets = torch.tensor(batch["targets"], dtype=torch.long)
+    cu = batch["cu_seqlens"]
+    assert cu[0] == 0 and cu[-1] == batch["N"] == inputs.numel(), "cu_seqlens do not match the batch"
+    loss_sum = sum(model(inputs[a:b].view(1, -1), targets[a:b].view(1, -1)) for a, b in zip(cu[:-1], cu[1:]))
+    print(f"batch: {len(cu) - 1} packed pieces of lengths {[b - a for a, b in zip(cu[:-1], cu[1:])]}")
     (loss_sum * meta["loss_scale"]).backward()
 
     failures = []

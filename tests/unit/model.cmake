@@ -3,6 +3,7 @@
 kilter_add_unit_test(model_ops_test ${CMAKE_CURRENT_LIST_DIR}/model_ops_test.cpp)
 kilter_add_unit_test(model_gradcheck_test ${CMAKE_CURRENT_LIST_DIR}/model_gradcheck_test.cpp)
 kilter_add_unit_test(model_optim_test ${CMAKE_CURRENT_LIST_DIR}/model_optim_test.cpp)
+kilter_add_unit_test(model_attention_groups_test ${CMAKE_CURRENT_LIST_DIR}/model_attention_groups_test.cpp)
 kilter_add_unit_test(model_bf16_test ${CMAKE_CURRENT_LIST_DIR}/model_bf16_test.cpp)
 
 add_executable(kilter_bench_step ${CMAKE_SOURCE_DIR}/bench/cpu_step.cpp)

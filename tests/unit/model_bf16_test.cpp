@@ -147,7 +147,7 @@ GPTConfig small_config() {
 TEST(Bf16, ModelLossAndGradientsMatchFp32WithinTolerance) {
   SKIP_WITHOUT_BF16();
   const GPTConfig cfg = small_config();
-  const Batch batch = make_batch({48, 31, 40}, 48, cfg.vocab_size, 21);
+  const Batch batch = make_batch({48, 31, 40}, cfg.vocab_size, 21);
   CpuModel fp32(cfg, 1, "fp32"), bf16(cfg, 1, "bf16");
   fp32.init_params(5);
   bf16.init_params(5);
@@ -177,7 +177,7 @@ TEST(Bf16, TrainingIsBitIdenticalRunToRun) {
   auto run = [&](double* first_loss, double* last_loss) {
     CpuModel model(cfg, 1, "bf16");
     model.init_params(7);
-    const Batch batch = make_batch({48, 33, 40}, 48, cfg.vocab_size, 100);
+    const Batch batch = make_batch({48, 33, 40}, cfg.vocab_size, 100);
     for (int step = 1; step <= 5; ++step) {
       model.zero_grads();
       const double loss = model.forward_backward(batch, 1.0f / batch.num_targets, {}) / batch.num_targets;

@@ -2,7 +2,8 @@
 // AdamW step for tests/python/torch_parity.py: layout.json (config, tensor layout, batch,
 // summed loss, hyper-parameters), params.f32 / grads.f32 / params_after_adamw.f32 (raw float32
 // in layout order). The weights are random (not GPT-2 init) so biases and LayerNorms matter,
-// and the batch has rows of different lengths, padding and real positions without a target.
+// and the batch is packed: pieces of mixed lengths (a full-context one, one of length 1, one
+// longer than a 64-row attention block) and positions without a target.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
   std::vector<float> params = kilter::model::testing::random_vector(layout.num_params, 2024, 0.2);
   model.set_params(params.data());
   const kilter::model::Batch batch =
-      kilter::model::testing::make_batch({80, 45, 7}, 80, cfg.vocab_size, 99, {{0, 79}, {1, 44}, {1, 10}});
+      kilter::model::testing::make_batch({80, 45, 1, 7, 66}, cfg.vocab_size, 99, {{0, 79}, {1, 44}, {1, 10}});
   const float loss_scale = 1.0f / static_cast<float>(batch.num_targets);
   model.zero_grads();
   const double loss_sum = model.forward_backward(batch, loss_scale, {});
@@ -65,8 +66,8 @@ int main(int argc, char** argv) {
   for (const kilter::model::ParamTensor& t : layout.tensors)
     meta["tensors"].push_back(
         {{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"size", t.size}, {"decay", t.decay}});
-  meta["batch"] = {{"B", batch.B}, {"T", batch.T}, {"inputs", batch.inputs}, {"targets", batch.targets},
-                   {"lengths", batch.lengths}};
+  meta["batch"] = {{"N", batch.N}, {"inputs", batch.inputs}, {"targets", batch.targets},
+                   {"cu_seqlens", batch.cu_seqlens}};
   meta["loss_sum"] = loss_sum;
   meta["loss_scale"] = loss_scale;
   meta["adamw"] = {{"lr", adamw.lr},       {"beta1", adamw.beta1}, {"beta2", adamw.beta2},

@@ -1,5 +1,6 @@
 // The whole CPU model against finite differences (every parameter tensor), and the model-level
-// contracts: padding invariance, the on_ready order, determinism, initialization and layout.
+// contracts: packed pieces independent of each other and of padding, the on_ready order,
+// determinism, initialization and layout.
 // Gradient-check tolerance: |fd - analytic| <= 1e-2 * max|analytic of that tensor| + 1e-4, with
 // five-point differences (h = 2^-7) of the float forward pass's double-summed loss.
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@ using testing::central_difference;
 using testing::make_batch;
 using testing::max_abs;
 using testing::random_vector;
+using testing::sub_batch;
 using testing::tiny_config;
 
 // Parameters away from GPT-2's init (biases 0, LN weights 1) so every path carries signal.
@@ -37,8 +39,9 @@ TEST(ModelGradCheck, EveryParameterTensorMatchesFiniteDifferences) {
   const GPTConfig cfg = tiny_config();
   CpuModel model(cfg, 1);
   randomize(model, 21);
-  // Rows of different lengths, one fully padded, and real positions without a target.
-  const Batch batch = make_batch({8, 5, 2, 0}, 8, cfg.vocab_size, 22, {{0, 7}, {1, 2}});
+  // A packed micro-batch of mixed piece lengths (a full-context piece and a piece of length 1
+  // among them) with positions that have no target.
+  const Batch batch = make_batch({8, 5, 1, 3, 2}, cfg.vocab_size, 22, {{0, 7}, {1, 2}});
   const float loss_scale = 0.5f;
   model.zero_grads();
   const double loss = model.forward_backward(batch, loss_scale, {});
@@ -55,48 +58,54 @@ TEST(ModelGradCheck, EveryParameterTensorMatchesFiniteDifferences) {
       EXPECT_NEAR(grads[i], fd, 1e-2 * scale + 1e-4) << tensor.name << " element " << i - tensor.offset;
     }
   }
-  // Positions beyond every row's length get exactly zero position-embedding gradient.
+  // Positions restart in every piece: with pieces of 5 and 3 tokens, positions >= 5 get exactly
+  // zero position-embedding gradient (one sequence of 8 would reach position 7).
   CpuModel model_short(cfg, 1);
   randomize(model_short, 21);
-  const Batch short_batch = make_batch({5, 3}, 8, cfg.vocab_size, 24);
+  const Batch short_batch = make_batch({5, 3}, cfg.vocab_size, 24);
   model_short.zero_grads();
   model_short.forward_backward(short_batch, 1.0f, {});
   const ParamTensor& wpe = model_short.layout().find("transformer.wpe.weight");
   for (size_t i = 5 * cfg.n_embd; i < wpe.size; ++i) ASSERT_EQ(model_short.grads()[wpe.offset + i], 0.0f);
+  EXPECT_NE(max_abs(model_short.grads() + wpe.offset, 3 * cfg.n_embd), 0.0);
 }
 
-// Loss and gradients of one row, computed alone and inside a padded batch with other rows.
-TEST(ModelGradCheck, RowIsUnaffectedByPaddingAndOtherRows) {
+// Loss and gradients of each piece, computed alone and packed with the others, and computed in a
+// naive padded segment: attention never crosses pieces, and padding without targets adds nothing.
+TEST(ModelGradCheck, PieceIsUnaffectedByOtherPiecesAndByPadding) {
   const GPTConfig cfg = tiny_config();
   CpuModel model(cfg, 1);
   randomize(model, 31);
   const size_t n = model.layout().num_params;
-  // Row A alone (T = its length) and row B alone.
-  const Batch a = make_batch({5}, 5, cfg.vocab_size, 32);
-  Batch b = make_batch({7}, 8, cfg.vocab_size, 33);
-  Batch both = make_batch({5, 7}, 8, cfg.vocab_size, 0);
-  for (int t = 0; t < 5; ++t) {
-    both.inputs[t] = a.inputs[t];
-    both.targets[t] = a.targets[t];
-  }
-  for (int t = 5; t < 8; ++t) both.inputs[t] = (t * 3) % cfg.vocab_size;  // padding ids need not be -1
-  for (int t = 0; t < 8; ++t) {
-    both.inputs[8 + t] = b.inputs[t];
-    both.targets[8 + t] = b.targets[t];
-  }
+  const Batch packed = make_batch({5, 1, 7, 2}, cfg.vocab_size, 32);
   model.zero_grads();
-  const double loss_a = model.forward_backward(a, 1.0f, {});
-  const double loss_b = model.forward_backward(b, 1.0f, {});
+  double loss_separate = 0;
+  for (int p = 0; p < packed.num_pieces(); ++p) loss_separate += model.forward_backward(sub_batch(packed, p, 1), 1.0f, {});
   std::vector<float> separate(model.grads(), model.grads() + n);
+  auto expect_same_gradients = [&](const char* what) {
+    for (const ParamTensor& tensor : model.layout().tensors) {
+      const double scale = max_abs(separate.data() + tensor.offset, tensor.size);
+      for (size_t i = tensor.offset; i < tensor.offset + tensor.size; ++i)
+        ASSERT_NEAR(model.grads()[i], separate[i], 1e-5 * scale + 1e-7) << what << ": " << tensor.name;
+    }
+  };
   model.zero_grads();
-  const double loss_both = model.forward_backward(both, 1.0f, {});
-  std::vector<float> together(model.grads(), model.grads() + n);
-  EXPECT_NEAR(loss_both, loss_a + loss_b, 1e-5 * loss_both);
-  for (const ParamTensor& tensor : model.layout().tensors) {
-    const double scale = max_abs(separate.data() + tensor.offset, tensor.size);
-    for (size_t i = tensor.offset; i < tensor.offset + tensor.size; ++i)
-      ASSERT_NEAR(together[i], separate[i], 1e-5 * scale + 1e-7) << tensor.name;
+  const double loss_packed = model.forward_backward(packed, 1.0f, {});
+  EXPECT_NEAR(loss_packed, loss_separate, 1e-5 * loss_separate);
+  expect_same_gradients("packed");
+  // The naive baseline's layout: every piece padded to 8 positions (input 0, no target).
+  Batch padded;
+  padded.clear();
+  for (int p = 0; p < packed.num_pieces(); ++p) {
+    const int begin = packed.cu_seqlens[p], len = packed.piece_len(p);
+    padded.append_piece(packed.inputs.data() + begin, packed.targets.data() + begin, len, 8 - len);
   }
+  ASSERT_EQ(padded.N, 32);
+  ASSERT_EQ(padded.num_targets, packed.num_targets);
+  model.zero_grads();
+  const double loss_padded = model.forward_backward(padded, 1.0f, {});
+  EXPECT_NEAR(loss_padded, loss_separate, 1e-5 * loss_separate);
+  expect_same_gradients("padded");
 }
 
 TEST(ModelGradCheck, ReadyCallbacksCoverTheBufferInBackwardOrder) {
@@ -104,7 +113,7 @@ TEST(ModelGradCheck, ReadyCallbacksCoverTheBufferInBackwardOrder) {
   CpuModel model(cfg, 64);
   randomize(model, 41);
   const ParamLayout& layout = model.layout();
-  const Batch batch = make_batch({8, 6}, 8, cfg.vocab_size, 42);
+  const Batch batch = make_batch({8, 6}, cfg.vocab_size, 42);
   model.zero_grads();
   std::vector<std::pair<size_t, size_t>> ranges;
   std::vector<std::vector<float>> snapshots;
@@ -137,7 +146,7 @@ TEST(ModelDeterminism, TwoIdenticalRunsGiveBitIdenticalParameters) {
     model.init_params(7);
     for (int step = 1; step <= 4; ++step) {
       model.zero_grads();
-      const Batch batch = make_batch({80, 33, 70}, 80, cfg.vocab_size, 100 + step);
+      const Batch batch = make_batch({80, 1, 33, 70}, cfg.vocab_size, 100 + step);
       model.forward_backward(batch, 1.0f / batch.num_targets, {});
       AdamWParams p;
       p.lr = 1e-2f;
@@ -275,23 +284,34 @@ TEST(ModelBatch, MalformedBatchesAreRefusedWithThePlaceNamed) {
   const GPTConfig cfg = tiny_config();
   CpuModel model(cfg, 1);
   model.init_params(1);
-  Batch batch = make_batch({4, 3}, 6, cfg.vocab_size, 5);
+  const Batch batch = make_batch({4, 3}, cfg.vocab_size, 5);
+  auto expect_refused = [&](const Batch& bad, const std::string& place) {
+    try {
+      model.forward_loss(bad);
+      ADD_FAILURE() << "malformed batch accepted (" << place << ")";
+    } catch (const kilter::Error& e) {
+      EXPECT_NE(e.message().find(place), std::string::npos) << e.message();
+    }
+  };
   Batch bad = batch;
-  bad.inputs[2] = cfg.vocab_size;
-  EXPECT_THROW(model.forward_loss(bad), kilter::Error);
+  bad.inputs[4 + 2] = cfg.vocab_size;
+  expect_refused(bad, "piece 1 position 2");
   bad = batch;
-  bad.targets[1 * 6 + 4] = 2;  // a target on a padded position
-  try {
-    model.forward_loss(bad);
-    ADD_FAILURE() << "target on padding accepted";
-  } catch (const kilter::Error& e) {
-    EXPECT_NE(e.message().find("row 1"), std::string::npos) << e.message();
-  }
-  bad = make_batch({4}, 9, cfg.vocab_size, 5);  // T > block_size
-  EXPECT_THROW(model.forward_loss(bad), kilter::Error);
+  bad.targets[1] = cfg.vocab_size;
+  expect_refused(bad, "piece 0 position 1");
+  expect_refused(make_batch({4, 9}, cfg.vocab_size, 5), "piece 1 has 9 tokens, more than model.block_size");
   bad = batch;
-  bad.lengths[0] = 7;
-  EXPECT_THROW(model.forward_loss(bad), kilter::Error);
+  bad.cu_seqlens = {0, 4, 4, 7};
+  expect_refused(bad, "piece 1 is empty");
+  bad = batch;
+  bad.cu_seqlens = {0, 4, 6};
+  expect_refused(bad, "end at N=7");
+  bad = batch;
+  bad.inputs.pop_back();
+  expect_refused(bad, "expected 7 inputs");
+  bad = batch;
+  bad.num_targets += 1;
+  expect_refused(bad, "num_targets");
 }
 
 }  // namespace

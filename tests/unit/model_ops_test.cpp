@@ -64,27 +64,24 @@ TEST(ModelOps, FastExpMatchesLibm) {
 }
 
 TEST(ModelOps, EncoderBackwardMatchesFiniteDifferences) {
-  const int B = 2, T = 5, C = 6, V = 7;
-  const std::vector<int32_t> inp = {1, 3, 3, 0, 6, 2, 5, 1, -1, -1};
-  const std::vector<int32_t> lengths = {5, 3};
-  std::vector<float> wte = random_vector(V * C, 1), wpe = random_vector(T * C, 2);
-  const std::vector<float> w = random_vector(B * T * C, 3);
-  std::vector<float> out(B * T * C);
-  // Only real positions enter the objective, as in the model (padded rows are never read).
-  std::vector<float> w_real = w;
-  for (int t = lengths[1]; t < T; ++t)
-    for (int c = 0; c < C; ++c) w_real[(1 * T + t) * C + c] = 0.0f;
+  // Two packed pieces of 5 and 3 tokens: positions restart at 0 in the second.
+  const int N = 8, C = 6, V = 7, maxT = 5;
+  const std::vector<int32_t> inp = {1, 3, 3, 0, 6, 2, 5, 1};
+  const std::vector<int32_t> cu_seqlens = {0, 5, 8};
+  std::vector<float> wte = random_vector(V * C, 1), wpe = random_vector(maxT * C, 2);
+  const std::vector<float> w = random_vector(N * C, 3);
+  std::vector<float> out(N * C);
   auto objective = [&] {
-    encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
-    return projection(out, w_real);
+    encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), cu_seqlens.data(), 2, C);
+    return projection(out, w);
   };
-  std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
-  encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), lengths.data(), B, T, C);
+  std::vector<float> dwte(V * C, 0.0f), dwpe(maxT * C, 0.0f);
+  encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), cu_seqlens.data(), 2, C);
   expect_gradient_matches("dwte", wte, dwte, objective, 42);
   expect_gradient_matches("dwpe", wpe, dwpe, objective, 30);
-  // A padding id (-1) yields the position embedding alone.
-  encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
-  EXPECT_EQ(out[(1 * T + 4) * C + 2], wpe[4 * C + 2]);
+  // Token 6 (the second piece's position 1) is wte[5] + wpe[1].
+  objective();
+  EXPECT_EQ(out[6 * C + 2], wte[5 * C + 2] + wpe[1 * C + 2]);
 }
 
 TEST(ModelOps, LayerNormBackwardMatchesFiniteDifferences) {
@@ -162,49 +159,50 @@ TEST(ModelOps, GeluBackwardMatchesFiniteDifferences) {
   for (size_t i = 0; i < N; ++i) EXPECT_FLOAT_EQ(inplace[i], dinp[i]);
 }
 
-TEST(ModelOps, AttentionBackwardMatchesFiniteDifferencesWithPadding) {
-  const int B = 2, T = 6, C = 8, NH = 2;
-  const std::vector<int32_t> lengths = {6, 4};
-  std::vector<float> qkv = random_vector(B * T * 3 * C, 15);
-  std::vector<float> w = random_vector(B * T * C, 16);
-  for (int t = lengths[1]; t < T; ++t)  // padded output rows are never read by the model
-    for (int c = 0; c < C; ++c) w[(1 * T + t) * C + c] = 0.0f;
-  std::vector<float> out(B * T * C), att(B * NH * T * T);
+TEST(ModelOps, AttentionBackwardMatchesFiniteDifferencesOverPackedPieces) {
+  // Pieces of 6, 1 and 4 tokens packed into N = 11 rows.
+  const int N = 11, C = 8, NH = 2, pieces = 3;
+  const std::vector<int32_t> cu_seqlens = {0, 6, 7, 11};
+  std::vector<float> qkv = random_vector(N * 3 * C, 15);
+  const std::vector<float> w = random_vector(N * C, 16);
+  ASSERT_EQ(attention_saved_floats(cu_seqlens.data(), pieces, NH), size_t(NH * (36 + 1 + 16)));
+  std::vector<float> out(N * C), att(attention_saved_floats(cu_seqlens.data(), pieces, NH));
   auto objective = [&] {
-    attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), qkv.data(), cu_seqlens.data(), pieces, C, NH);
     return projection(out, w);
   };
   objective();
-  for (int t = lengths[1]; t < T; ++t)
-    for (int c = 0; c < C; ++c) EXPECT_EQ(out[(1 * T + t) * C + c], 0.0f) << "padded row " << t;
-  std::vector<float> dqkv(B * T * 3 * C, 0.0f);
-  attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), lengths.data(), B, T, C, NH);
-  expect_gradient_matches("dqkv", qkv, dqkv, objective, 96);
-  // Padded positions of q, k and v get no gradient and do not influence real rows.
-  for (int t = lengths[1]; t < T; ++t)
-    for (int c = 0; c < 3 * C; ++c) EXPECT_EQ(dqkv[(1 * T + t) * 3 * C + c], 0.0f);
+  std::vector<float> dqkv(N * 3 * C, 0.0f);
+  attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), cu_seqlens.data(), pieces, C, NH);
+  expect_gradient_matches("dqkv", qkv, dqkv, objective, 120);
+  objective();  // the finite differences left `out` at a perturbed input
+  // A piece of length 1 attends to itself only: its output is its own v.
+  for (int c = 0; c < C; ++c) EXPECT_NEAR(out[6 * C + c], qkv[6 * 3 * C + 2 * C + c], 1e-6);
+  // Attention never crosses pieces: changing the first piece leaves the others' outputs alone.
   const std::vector<float> before = out;
-  for (int t = lengths[1]; t < T; ++t)
-    for (int c = 0; c < 3 * C; ++c) qkv[(1 * T + t) * 3 * C + c] = 1e3f;
+  for (int t = 0; t < 6; ++t)
+    for (int c = 0; c < 3 * C; ++c) qkv[t * 3 * C + c] = 1e3f;
   objective();
-  EXPECT_EQ(0, std::memcmp(before.data(), out.data(), sizeof(float) * out.size()));
+  EXPECT_EQ(0, std::memcmp(before.data() + 6 * C, out.data() + 6 * C, sizeof(float) * 5 * C));
 }
 
 TEST(ModelOps, AttentionIsCausalAcrossQueryBlocks) {
-  // T > the 64-row query block: output row i must not depend on positions after i.
-  const int B = 1, T = 150, C = 4, NH = 1;
-  const std::vector<int32_t> lengths = {T};
-  std::vector<float> qkv = random_vector(B * T * 3 * C, 17);
-  std::vector<float> out(T * C), out2(T * C), att(T * T);
-  attention_forward(out.data(), att.data(), qkv.data(), lengths.data(), B, T, C, NH);
-  for (int c = 0; c < 3 * C; ++c) qkv[100 * 3 * C + c] += 1.0f;
-  attention_forward(out2.data(), att.data(), qkv.data(), lengths.data(), B, T, C, NH);
-  for (int i = 0; i < 100 * C; ++i) ASSERT_EQ(out[i], out2[i]) << "row " << i / C << " saw position 100";
-  EXPECT_NE(out[100 * C], out2[100 * C]);
-  // Each attention row sums to 1 over its visible keys.
+  // A piece longer than the 64-row query block (after a short one): output row i must not
+  // depend on positions after i.
+  const int T = 150, C = 4, NH = 1;
+  const std::vector<int32_t> cu_seqlens = {0, 3, 3 + T};
+  std::vector<float> qkv = random_vector((3 + T) * 3 * C, 17);
+  std::vector<float> out((3 + T) * C), out2((3 + T) * C), att(attention_saved_floats(cu_seqlens.data(), 2, NH));
+  attention_forward(out.data(), att.data(), qkv.data(), cu_seqlens.data(), 2, C, NH);
+  for (int c = 0; c < 3 * C; ++c) qkv[(3 + 100) * 3 * C + c] += 1.0f;
+  attention_forward(out2.data(), att.data(), qkv.data(), cu_seqlens.data(), 2, C, NH);
+  for (int i = 0; i < (3 + 100) * C; ++i) ASSERT_EQ(out[i], out2[i]) << "row " << i / C << " saw position 100";
+  EXPECT_NE(out[(3 + 100) * C], out2[(3 + 100) * C]);
+  // Each attention row of the long piece (saved after the short piece's 3x3) sums to 1.
+  const float* att_long = att.data() + 9;
   for (int i : {0, 63, 64, 149}) {
     double s = 0.0;
-    for (int j = 0; j <= i; ++j) s += att[i * T + j];
+    for (int j = 0; j <= i; ++j) s += att_long[i * T + j];
     EXPECT_NEAR(s, 1.0, 1e-5) << "row " << i;
   }
 }

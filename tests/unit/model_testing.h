@@ -1,5 +1,5 @@
-// Helpers shared by the model unit tests: random fills, a tiny GPT configuration and batches
-// with padded rows, and the finite-difference rule the gradient checks use.
+// Helpers shared by the model unit tests: random fills, a tiny GPT configuration, packed
+// batches of mixed piece lengths, and the finite-difference rule the gradient checks use.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -29,26 +29,39 @@ inline GPTConfig tiny_config() {
   return cfg;
 }
 
-// A batch whose rows have the given lengths (<= T); tokens and targets drawn from `seed`;
-// padded positions hold input -1 and target -1. Targets of `masked_real` positions are -1 as well
-// (a real position without a target, as at the end of a document).
-inline Batch make_batch(const std::vector<int>& lengths, int T, int vocab, uint64_t seed,
-                        const std::vector<std::pair<int, int>>& masked_real = {}) {
+// A packed batch of pieces of the given lengths (each >= 1); tokens and targets drawn from
+// `seed`. Targets of the `masked` (piece, position) pairs are -1 (a position without a target,
+// as at the end of a document).
+inline Batch make_batch(const std::vector<int>& lengths, int vocab, uint64_t seed,
+                        const std::vector<std::pair<int, int>>& masked = {}) {
   Batch batch;
-  batch.B = static_cast<int>(lengths.size());
-  batch.T = T;
-  batch.inputs.assign(static_cast<size_t>(batch.B) * T, -1);
-  batch.targets.assign(static_cast<size_t>(batch.B) * T, -1);
-  batch.lengths.assign(lengths.begin(), lengths.end());
+  batch.clear();
   SplitMix64 rng(seed);
-  for (int b = 0; b < batch.B; ++b)
-    for (int t = 0; t < lengths[b]; ++t) {
-      batch.inputs[static_cast<size_t>(b) * T + t] = static_cast<int32_t>(rng.next() % vocab);
-      batch.targets[static_cast<size_t>(b) * T + t] = static_cast<int32_t>(rng.next() % vocab);
+  for (int len : lengths) {
+    std::vector<int32_t> inputs(len), targets(len);
+    for (int t = 0; t < len; ++t) {
+      inputs[t] = static_cast<int32_t>(rng.next() % vocab);
+      targets[t] = static_cast<int32_t>(rng.next() % vocab);
     }
-  for (auto [b, t] : masked_real) batch.targets[static_cast<size_t>(b) * T + t] = -1;
-  batch.num_targets = std::count_if(batch.targets.begin(), batch.targets.end(), [](int32_t x) { return x >= 0; });
+    batch.append_piece(inputs.data(), targets.data(), len);
+  }
+  for (auto [p, t] : masked) {
+    int32_t& target = batch.targets[batch.cu_seqlens[p] + t];
+    if (target >= 0) --batch.num_targets;
+    target = -1;
+  }
   return batch;
+}
+
+// The pieces [first, first + count) of a packed batch, as a batch of their own.
+inline Batch sub_batch(const Batch& batch, int first, int count) {
+  Batch out;
+  out.clear();
+  for (int p = first; p < first + count; ++p) {
+    const int begin = batch.cu_seqlens[p];
+    out.append_piece(batch.inputs.data() + begin, batch.targets.data() + begin, batch.piece_len(p));
+  }
+  return out;
 }
 
 // Five-point central difference (error O(h^4)) of f at x[i]; x is restored afterwards.

@@ -1,6 +1,6 @@
 // Gradient accumulation as the trainer does it: k micro-batches with loss_scale = 1/(targets of
 // the whole step) accumulate the same gradients, loss sum and AdamW update as one micro-batch
-// holding all k micro-batches' rows (issue 5: "accumulation of k micro-batches equals one
+// holding all k micro-batches' pieces (issue 5: "accumulation of k micro-batches equals one
 // k-times-larger step").
 #include <gtest/gtest.h>
 
@@ -13,37 +13,34 @@ using namespace kilter;
 
 namespace {
 
-model::Batch make_rows(int B, int T, int vocab, uint64_t seed, const std::vector<int>& lengths) {
+// A packed micro-batch of pieces of the given lengths.
+model::Batch make_pieces(int vocab, uint64_t seed, const std::vector<int>& lengths) {
   model::Batch b;
-  b.B = B;
-  b.T = T;
-  b.inputs.assign(size_t(B) * T, 0);
-  b.targets.assign(size_t(B) * T, -1);
-  b.lengths.assign(lengths.begin(), lengths.end());
+  b.clear();
   uint64_t x = seed;
   auto next = [&]() {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
     return int((x >> 33) % uint64_t(vocab));
   };
-  for (int r = 0; r < B; ++r)
-    for (int t = 0; t < lengths[r]; ++t) {
-      b.inputs[size_t(r) * T + t] = next();
-      b.targets[size_t(r) * T + t] = next();
-      ++b.num_targets;
+  for (int len : lengths) {
+    std::vector<int32_t> inputs(len), targets(len);
+    for (int t = 0; t < len; ++t) {
+      inputs[t] = next();
+      targets[t] = next();
     }
+    b.append_piece(inputs.data(), targets.data(), len);
+  }
   return b;
 }
 
 model::Batch concat(const std::vector<model::Batch>& parts) {
   model::Batch all;
-  all.T = parts[0].T;
-  for (const auto& p : parts) {
-    all.B += p.B;
-    all.inputs.insert(all.inputs.end(), p.inputs.begin(), p.inputs.end());
-    all.targets.insert(all.targets.end(), p.targets.begin(), p.targets.end());
-    all.lengths.insert(all.lengths.end(), p.lengths.begin(), p.lengths.end());
-    all.num_targets += p.num_targets;
-  }
+  all.clear();
+  for (const auto& p : parts)
+    for (int i = 0; i < p.num_pieces(); ++i) {
+      const int begin = p.cu_seqlens[i];
+      all.append_piece(p.inputs.data() + begin, p.targets.data() + begin, p.piece_len(i));
+    }
   return all;
 }
 
@@ -52,8 +49,8 @@ model::Batch concat(const std::vector<model::Batch>& parts) {
 TEST(Accumulation, KMicroBatchesEqualOneLargerBatch) {
   model::GPTConfig cfg{2, 2, 32, 16, 61};
   const int k = 3;
-  std::vector<model::Batch> parts = {make_rows(2, 16, 61, 1, {16, 9}), make_rows(2, 16, 61, 2, {5, 12}),
-                                     make_rows(2, 16, 61, 3, {16, 1})};
+  std::vector<model::Batch> parts = {make_pieces(61, 1, {16, 9}), make_pieces(61, 2, {5, 12, 3}),
+                                     make_pieces(61, 3, {16, 1})};
   const model::Batch big = concat(parts);
   int64_t targets = 0;
   for (const auto& p : parts) targets += p.num_targets;

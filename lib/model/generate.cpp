@@ -1,0 +1,188 @@
+// KV-cache generation on the CPU (see generate.h). The dense layers reuse the training kernels
+// (layernorm, matmul, gelu); attention over the cache is written here, for one query row at a
+// time against positions 0..t, which is all generation needs (causal, one sequence, no padding).
+#include "lib/model/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "io/error.h"
+#include "lib/model/block_tensors.h"
+#include "lib/model/gelu.h"
+#include "lib/model/layernorm.h"
+#include "lib/model/matmul.h"
+#include "lib/model/vecmath.h"
+
+namespace kilter::model {
+
+Generator::Generator(const GPTConfig& cfg, std::vector<float> params) : cfg_(cfg), params_(std::move(params)) {
+  const ParamLayout layout = ParamLayout::build(cfg_);
+  KILTER_CHECK(params_.size() >= layout.num_params, "generator: " << params_.size() << " parameters given, the model ("
+                                                                  << cfg_.n_layer << " layers x " << cfg_.n_embd
+                                                                  << ") has " << layout.num_params);
+  offsets_ = LayoutOffsets::of(layout, cfg_.n_layer);
+  const size_t C = size_t(cfg_.n_embd), T = size_t(cfg_.block_size);
+  key_cache_.assign(size_t(cfg_.n_layer) * T * C, 0.0f);
+  value_cache_.assign(size_t(cfg_.n_layer) * T * C, 0.0f);
+  scores_.resize(T);
+  logits_.resize(size_t(cfg_.vocab_size));
+}
+
+// One block over the n rows in x_, for the tokens at positions position_ .. position_+n-1.
+void Generator::layer_forward(int layer, int n) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
+  const BlockTensors w = block_tensors_at(params_.data() + offsets_.block[size_t(layer)], size_t(C));
+  float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * C;
+  float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * C;
+
+  // ln (n,C) -> qkv (n,3C); keys and values join the cache.
+  layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w.ln1_w, w.ln1_b, n, C);
+  matmul_forward(qkv_.data(), ln_.data(), w.qkv_w, w.qkv_b, n, C, 3 * C);
+  for (int i = 0; i < n; ++i) {
+    const float* row = qkv_.data() + size_t(i) * 3 * C;
+    std::copy(row + C, row + 2 * C, keys + size_t(position_ + i) * C);
+    std::copy(row + 2 * C, row + 3 * C, values + size_t(position_ + i) * C);
+  }
+  // Causal attention of each new row over the cache: positions 0 .. its own.
+  const float scale = 1.0f / std::sqrt(float(hs));
+  for (int i = 0; i < n; ++i) {
+    const int t = position_ + i;
+    for (int h = 0; h < NH; ++h) {
+      const float* q = qkv_.data() + size_t(i) * 3 * C + size_t(h) * hs;
+      float max_score = -INFINITY;
+      for (int j = 0; j <= t; ++j) {
+        const float s = lane_dot(q, keys + size_t(j) * C + size_t(h) * hs, hs) * scale;
+        scores_[size_t(j)] = s;
+        max_score = std::max(max_score, s);
+      }
+      float sum = 0.0f;
+      for (int j = 0; j <= t; ++j) {
+        scores_[size_t(j)] = std::exp(scores_[size_t(j)] - max_score);
+        sum += scores_[size_t(j)];
+      }
+      const float inv = 1.0f / sum;
+      float* y = atty_.data() + size_t(i) * C + size_t(h) * hs;
+      std::fill(y, y + hs, 0.0f);
+      for (int j = 0; j <= t; ++j) {
+        const float p = scores_[size_t(j)] * inv;
+        const float* v = values + size_t(j) * C + size_t(h) * hs;
+        for (int d = 0; d < hs; ++d) y[d] += p * v[d];
+      }
+    }
+  }
+  // x += attn proj; x += MLP(ln2(x)).
+  matmul_forward_residual(x_.data(), x_.data(), atty_.data(), w.attproj_w, w.attproj_b, n, C, C);
+  layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w.ln2_w, w.ln2_b, n, C);
+  matmul_forward(fch_.data(), ln_.data(), w.fc_w, w.fc_b, n, C, 4 * C);
+  gelu_forward(fch_gelu_.data(), fch_.data(), size_t(n) * 4 * C);
+  matmul_forward_residual(x_.data(), x_.data(), fch_gelu_.data(), w.fcproj_w, w.fcproj_b, n, 4 * C, C);
+}
+
+const float* Generator::feed(const int32_t* tokens, int count) {
+  KILTER_CHECK(count >= 1, "generator: nothing to feed");
+  KILTER_CHECK(position_ + count <= cfg_.block_size,
+               "generator: " << position_ + count << " tokens do not fit the model's context of " << cfg_.block_size
+                             << " (model.block_size)");
+  for (int i = 0; i < count; ++i)
+    KILTER_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
+                 "generator: token id " << tokens[i] << " is outside the model's vocabulary of " << cfg_.vocab_size);
+  const size_t n = size_t(count), C = size_t(cfg_.n_embd);
+  x_.resize(n * C);
+  ln_.resize(n * C);
+  mean_.resize(n);
+  rstd_.resize(n);
+  qkv_.resize(n * 3 * C);
+  atty_.resize(n * C);
+  fch_.resize(n * 4 * C);
+  fch_gelu_.resize(n * 4 * C);
+
+  // Token + position embeddings: positions continue from the cache.
+  const float* wte = params_.data() + offsets_.wte;
+  const float* wpe = params_.data() + offsets_.wpe;
+  for (size_t i = 0; i < n; ++i) {
+    const float* te = wte + size_t(tokens[i]) * C;
+    const float* pe = wpe + size_t(position_ + int(i)) * C;
+    for (size_t c = 0; c < C; ++c) x_[i * C + c] = te[c] + pe[c];
+  }
+  for (int layer = 0; layer < cfg_.n_layer; ++layer) layer_forward(layer, count);
+  position_ += count;
+
+  // Final LayerNorm and the tied head, for the last row only.
+  const float* last = x_.data() + (n - 1) * C;
+  layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), last, params_.data() + offsets_.lnf_w,
+                    params_.data() + offsets_.lnf_b, 1, int(C));
+  matmul_forward(logits_.data(), ln_.data(), wte, nullptr, 1, int(C), cfg_.vocab_size);
+  return logits_.data();
+}
+
+TokenPicker::TokenPicker(double temperature, int top_k, uint64_t seed)
+    : temperature_(temperature), top_k_(top_k), rng_(seed) {
+  KILTER_CHECK(temperature >= 0 && std::isfinite(temperature), "--temperature " << temperature << " must be >= 0");
+  KILTER_CHECK(top_k >= 0, "--top-k " << top_k << " must be >= 0");
+}
+
+int32_t TokenPicker::pick(const float* logits, int vocab_size) {
+  for (int i = 0; i < vocab_size; ++i)
+    KILTER_CHECK(std::isfinite(logits[i]), "sampling: logit of id " << i << " is " << logits[i]
+                                                                     << " (the weights hold NaN or Inf)");
+  if (temperature_ == 0) return int32_t(std::max_element(logits, logits + vocab_size) - logits);
+  // Candidates in a total order (logit descending, then id), so top-k never depends on how a
+  // sort breaks ties.
+  order_.resize(size_t(vocab_size));
+  for (int i = 0; i < vocab_size; ++i) order_[size_t(i)] = i;
+  const size_t k = top_k_ > 0 ? std::min<size_t>(size_t(top_k_), size_t(vocab_size)) : size_t(vocab_size);
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+  if (k < order_.size()) std::partial_sort(order_.begin(), order_.begin() + long(k), order_.end(), by_logit);
+  const double top = *std::max_element(logits, logits + vocab_size);
+  weights_.resize(k);
+  double total = 0;
+  for (size_t i = 0; i < k; ++i) {
+    weights_[i] = std::exp((double(logits[order_[i]]) - top) / temperature_);
+    total += weights_[i];
+  }
+  const double u = double(rng_() >> 11) * 0x1.0p-53 * total;  // uniform in [0, total)
+  double cumulative = 0;
+  for (size_t i = 0; i < k; ++i) {
+    cumulative += weights_[i];
+    if (u < cumulative) return order_[i];
+  }
+  return order_[k - 1];  // rounding at the very top of the range
+}
+
+Generation generate(Generator& generator, const std::vector<int32_t>& prompt, const SamplingOptions& options) {
+  using clock = std::chrono::steady_clock;
+  const int context = generator.config().block_size;
+  KILTER_CHECK(!prompt.empty(), "sampling: the prompt has no token");
+  KILTER_CHECK(int64_t(prompt.size()) <= context, "sampling: the prompt has " << prompt.size()
+                                                      << " tokens, more than the model's context of " << context
+                                                      << " (model.block_size)");
+  KILTER_CHECK(options.max_new_tokens >= 0, "--max-new-tokens " << options.max_new_tokens << " must be >= 0");
+  TokenPicker picker(options.temperature, options.top_k, options.seed);
+  Generation out;
+  generator.reset();
+  auto t0 = clock::now();
+  const float* logits = generator.feed(prompt.data(), int(prompt.size()));
+  auto t1 = clock::now();
+  out.stop_reason = "max_new_tokens";
+  while (int(out.tokens.size()) < options.max_new_tokens) {
+    const int32_t next = picker.pick(logits, generator.config().vocab_size);
+    if (options.eos_id >= 0 && next == options.eos_id) {
+      out.stop_reason = "eos";
+      break;
+    }
+    out.tokens.push_back(next);
+    if (int(out.tokens.size()) == options.max_new_tokens) break;
+    if (generator.position() == context) {
+      out.stop_reason = "context";
+      break;
+    }
+    logits = generator.feed(&next, 1);
+  }
+  auto t2 = clock::now();
+  out.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  out.decode_seconds = std::chrono::duration<double>(t2 - t1).count();
+  return out;
+}
+
+}  // namespace kilter::model

@@ -1,0 +1,80 @@
+// Text generation with the GPT-2 model (DESIGN.md, "Model") on the CPU: a forward pass over new
+// tokens only, with every layer's keys and values kept in a cache, so a generated token costs
+// O(context) (one row through the dense layers, attention over the cached positions) rather than
+// a full forward over the whole sequence. Used by `kilter sample` and by training's periodic
+// samples (`output.sample_every`); the weights come from a checkpoint or a live model. Owner:
+// issue 14 (sampling).
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lib/model/model.h"
+
+namespace kilter::model {
+
+class Generator {
+ public:
+  // `params`: num_params floats in ParamLayout order (host), as checkpoints and get_params() hold them.
+  Generator(const GPTConfig& cfg, std::vector<float> params);
+
+  const GPTConfig& config() const { return cfg_; }
+  // Tokens in the cache: the position the next fed token takes.
+  int position() const { return position_; }
+  // Empties the cache (a new sequence starts at position 0).
+  void reset() { position_ = 0; }
+  // Runs `count` tokens at positions position() .. position()+count-1 through the model, adds
+  // their keys and values to the cache, and returns the logits (vocab_size floats) that follow
+  // the last of them. Throws kilter::Error when an id is outside the vocabulary or the tokens
+  // would not fit the context (block_size).
+  const float* feed(const int32_t* tokens, int count);
+
+ private:
+  void layer_forward(int layer, int n);
+
+  GPTConfig cfg_;
+  std::vector<float> params_;
+  LayoutOffsets offsets_;
+  int position_ = 0;
+  std::vector<float> key_cache_, value_cache_;  // per layer: (block_size, C), heads side by side
+  // Activations of the tokens being fed (n rows).
+  std::vector<float> x_, ln_, mean_, rstd_, qkv_, atty_, fch_, fch_gelu_, scores_, logits_;
+};
+
+// How the next token is chosen from the logits.
+struct SamplingOptions {
+  int max_new_tokens = 64;
+  double temperature = 1.0;  // 0: greedy (argmax; the lowest id wins a tie)
+  int top_k = 0;             // > 0: sample among the k most likely ids only
+  uint64_t seed = 1337;      // same seed, same logits -> same tokens
+  int64_t eos_id = -1;       // generation stops when this id is picked (-1: never)
+};
+
+// Picks tokens from logits, deterministic from the seed (its own uniform draw from a
+// std::mt19937_64, so the stream does not depend on the standard library's distributions).
+class TokenPicker {
+ public:
+  TokenPicker(double temperature, int top_k, uint64_t seed);
+  int32_t pick(const float* logits, int vocab_size);
+
+ private:
+  double temperature_;
+  int top_k_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> order_;
+  std::vector<double> weights_;
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;  // the new tokens (the EOS that stopped it excluded)
+  std::string stop_reason;      // "eos" | "max_new_tokens" | "context"
+  double prefill_seconds = 0;   // feeding the prompt
+  double decode_seconds = 0;    // generating the new tokens
+};
+
+// Resets `generator`, feeds `prompt` (1 .. block_size tokens) and generates up to
+// options.max_new_tokens tokens, stopping at EOS or when the context is full.
+Generation generate(Generator& generator, const std::vector<int32_t>& prompt, const SamplingOptions& options);
+
+}  // namespace kilter::model

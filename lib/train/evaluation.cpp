@@ -1,0 +1,39 @@
+// evaluate (evaluation.h).
+#include "lib/train/evaluation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "lib/train/micro_batch.h"
+
+namespace kilter::train {
+
+double evaluate(StepContext& ctx, PlanCache& eval_plans, const io::DatasetIndex& index, const std::string& data_dir,
+                io::ReaderOptions reader_options, int64_t eval_steps, int64_t step_index) {
+  const balance::EpochPlan& plan = eval_plans.get(0);
+  reader_options.prefetch = 2;
+  io::PrefetchReader reader(index, data_dir, reader_options);
+  model::Batch batch;
+  std::vector<io::PieceRequest> pieces;
+  double sums[2] = {0, 0};  // loss sum, targets
+  const size_t n_steps = std::min<size_t>(plan.steps.size(), size_t(std::max<int64_t>(0, eval_steps)));
+  for (size_t s = 0; s < n_steps; ++s) {
+    const balance::Step& step = plan.steps[s];
+    for (uint32_t id : step.rank_batches[ctx.rank]) {
+      const balance::MicroBatch& mb = step.micro_batches[id];
+      piece_requests(mb, pieces);
+      reader.enqueue(std::move(pieces));
+      assemble_batch(reader.next(), mb, batch);
+      sums[0] += ctx.model->forward_loss(batch);
+      sums[1] += double(batch.num_targets);
+    }
+  }
+  ctx.watchdog->enter("evaluation allreduce", long(step_index));
+  MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, ctx.world);
+  ctx.watchdog->leave();
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+}  // namespace kilter::train

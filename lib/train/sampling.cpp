@@ -1,0 +1,149 @@
+// Sampling from checkpoints and during training (see sampling.h).
+#include "lib/train/sampling.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "io/checkpoint.h"
+#include "io/error.h"
+#include "io/prep.h"
+#include "lib/train/checkpointer.h"
+
+namespace kilter::train {
+
+namespace {
+
+// Kinds that record ids without a text form.
+bool ids_only_kind(const std::string& kind) { return kind == "imported" || kind == "synthetic"; }
+
+// Newlines and control characters escaped, so a sample stays on one log line.
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) out += "?";
+    else out += char(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TextCodec TextCodec::from_record(const std::string& kind, const std::string& file_bytes, int64_t eos_id,
+                                 const std::string& where) {
+  TextCodec codec;
+  codec.kind = kind;
+  codec.eos_id = eos_id;
+  if (!ids_only_kind(kind) || !file_bytes.empty()) {
+    codec.tokenizer = io::load_tokenizer(kind, file_bytes, where);
+    if (codec.eos_id < 0) codec.eos_id = codec.tokenizer->eos_id();
+  }
+  return codec;
+}
+
+std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+  if (tokenizer) {
+    std::vector<uint32_t> unsigned_ids(ids.begin(), ids.end());
+    return tokenizer->decode(unsigned_ids.data(), unsigned_ids.size());
+  }
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ids.size(); ++i) os << (i ? " " : "") << ids[i];
+  os << "]";
+  return os.str();
+}
+
+std::string TextCodec::continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) const {
+  if (!tokenizer) return decode(completion);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), completion.begin(), completion.end());
+  const std::string whole = decode(all), head = decode(prompt);
+  if (whole.compare(0, head.size(), head) == 0) return whole.substr(head.size());
+  return decode(completion);  // the prompt's text changed with what followed: no common prefix
+}
+
+SamplingModel load_sampling_model(const std::string& source) {
+  SamplingModel m;
+  m.checkpoint = Checkpointer::latest(source);
+  KILTER_CHECK(!m.checkpoint.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
+                                                "holding checkpoints/step-*.h5)");
+  const io::CheckpointInfo info = io::read_checkpoint_info(m.checkpoint);
+  m.step = info.step;
+  m.gpt = model::GPTConfig{int(info.n_layer), int(info.n_head), int(info.n_embd), int(info.block_size),
+                           int(info.vocab_size)};
+  const model::ParamLayout layout = model::ParamLayout::build(m.gpt);
+  std::vector<io::CheckpointTensor> tensors;
+  for (const auto& t : layout.tensors) tensors.push_back({t.name, t.shape, t.offset, t.size});
+  m.params.resize(layout.num_params);
+  io::read_checkpoint_params(m.checkpoint, tensors, m.params.data());
+
+  const std::string where = "checkpoint " + m.checkpoint;
+  if (!info.tokenizer.empty()) {
+    m.codec = TextCodec::from_record(info.tokenizer, info.tokenizer_data, info.eos_id, where);
+  } else if (info.vocab_size == int64_t(io::kByteVocabSize)) {
+    // Written before checkpoints recorded a tokenizer, when every text dataset was byte-level.
+    m.codec = TextCodec::from_record("byte", "", io::kByteEosId, where);
+    m.note = "checkpoint records no tokenizer (kilter " + info.kilter_version +
+             "); its vocab_size is 257, so it decodes as bytes";
+  } else {
+    m.codec.kind = "";
+    m.note = "checkpoint records no tokenizer (kilter " + info.kilter_version + ") and its vocab_size " +
+             std::to_string(info.vocab_size) + " is not the byte tokenizer's 257: ids only";
+  }
+  return m;
+}
+
+std::vector<int32_t> prompt_ids(const TextCodec& codec, const std::string& text, const std::vector<int32_t>& ids,
+                                bool ids_given, const std::string& where) {
+  std::vector<int32_t> out;
+  if (ids_given) {
+    out = ids;
+  } else if (!text.empty()) {
+    KILTER_CHECK(codec.tokenizer, where << " has no tokenizer to encode a text prompt (tokenizer kind '" << codec.kind
+                                        << "'; import with --tokenizer FILE to attach one): give --prompt-tokens ID,ID,...");
+    std::vector<uint32_t> encoded;
+    codec.tokenizer->encode(text, encoded);
+    out.assign(encoded.begin(), encoded.end());
+  }
+  if (out.empty()) {
+    KILTER_CHECK(codec.eos_id >= 0, where << " records no EOS id to start an empty prompt from: give a prompt");
+    out.push_back(int32_t(codec.eos_id));
+  }
+  return out;
+}
+
+TrainingSampler::TrainingSampler(const Config& cfg, const io::DatasetIndex& index, int rank)
+    : every_(cfg.output.sample_every),
+      tokens_(cfg.output.sample_tokens),
+      temperature_(cfg.output.sample_temperature),
+      seed_(cfg.train.seed),
+      prompt_(cfg.output.sample_prompt) {
+  active_ = rank == 0 && every_ > 0;
+  if (!active_) return;
+  codec_ = TextCodec::from_record(index.tokenizer, index.tokenizer_data, index.eos_id, "dataset " + index.dir);
+  prompt_ids_ = prompt_ids(codec_, prompt_, {}, false, "output.sample_prompt");
+  KILTER_CHECK(int64_t(prompt_ids_.size()) < cfg.model.block_size,
+               "output.sample_prompt is " << prompt_ids_.size() << " tokens, which leaves no room in the context of "
+                                          << cfg.model.block_size << " (model.block_size)");
+}
+
+void TrainingSampler::maybe_sample(model::Model& model, int64_t step) {
+  if (!active_ || step % every_ != 0) return;
+  const model::GPTConfig& gpt = model.config();
+  std::vector<float> params(model.layout().num_params);
+  model.get_params(params.data());
+  model::Generator generator(gpt, std::move(params));
+  model::SamplingOptions options;
+  options.max_new_tokens = tokens_;
+  options.temperature = temperature_;
+  options.top_k = 0;
+  options.seed = seed_ + uint64_t(step);
+  options.eos_id = codec_.eos_id;
+  const model::Generation g = model::generate(generator, prompt_ids_, options);
+  std::printf("sample at step %lld: %s%s\n", (long long)step, one_line(prompt_).c_str(),
+              one_line(codec_.continuation(prompt_ids_, g.tokens)).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace kilter::train

@@ -1,0 +1,73 @@
+// Sampling text from a model (issue 14): what `kilter sample` loads from a checkpoint (weights,
+// shape, the recorded tokenizer), how a prompt becomes ids and ids become text, and the periodic
+// samples `kilter train` prints every `output.sample_every` steps. Generation itself is
+// lib/model/generate.h (CPU, KV cache).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/dataset.h"
+#include "io/tokenizer.h"
+#include "lib/core/config.h"
+#include "lib/model/generate.h"
+#include "lib/model/model.h"
+
+namespace kilter::train {
+
+// The decoding side of a dataset or checkpoint: its tokenizer when the kind has text ("byte",
+// "sentencepiece", "hf-bpe"), none for ids-only kinds ("imported" without a tokenizer file,
+// "synthetic"), and the EOS id.
+struct TextCodec {
+  std::string kind;
+  std::unique_ptr<io::Tokenizer> tokenizer;  // null: ids only
+  int64_t eos_id = -1;
+  // Builds it from a recorded kind and file bytes; `where` names the file for errors.
+  static TextCodec from_record(const std::string& kind, const std::string& file_bytes, int64_t eos_id,
+                               const std::string& where);
+  // "<text>" when there is a tokenizer, else the ids as "[12 7 99]".
+  std::string decode(const std::vector<int32_t>& ids) const;
+  // The text `completion` adds after `prompt`: decode(prompt + completion) past decode(prompt),
+  // since tokenizers such as SentencePiece drop a leading space when ids are decoded on their own.
+  std::string continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) const;
+};
+
+// A checkpoint loaded for sampling: weights (no optimizer state) and what decodes them.
+struct SamplingModel {
+  std::string checkpoint;  // file path
+  int64_t step = 0;
+  model::GPTConfig gpt;
+  std::vector<float> params;
+  TextCodec codec;
+  std::string note;  // e.g. why an older checkpoint decodes as bytes ("" when nothing to say)
+};
+
+// `source`: a checkpoint file, a run directory (its newest checkpoint) or a checkpoints folder.
+// Throws kilter::Error naming the file and what is wrong.
+SamplingModel load_sampling_model(const std::string& source);
+
+// The prompt's ids: text through the tokenizer (refused, naming `where`, when the kind has none),
+// or given ids. An empty prompt starts from the EOS id (what precedes every document).
+std::vector<int32_t> prompt_ids(const TextCodec& codec, const std::string& text, const std::vector<int32_t>& ids,
+                                bool ids_given, const std::string& where);
+
+// `output.sample_every`: rank 0 prints a short sample every N optimizer steps (off when 0).
+class TrainingSampler {
+ public:
+  TrainingSampler(const Config& cfg, const io::DatasetIndex& index, int rank);
+  // Called after each optimizer step (`step` = steps completed); prints when due.
+  void maybe_sample(model::Model& model, int64_t step);
+
+ private:
+  int64_t every_ = 0;
+  int tokens_ = 0;
+  double temperature_ = 0;
+  uint64_t seed_ = 0;
+  std::string prompt_;
+  std::vector<int32_t> prompt_ids_;
+  TextCodec codec_;
+  bool active_ = false;
+};
+
+}  // namespace kilter::train

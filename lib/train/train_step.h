@@ -1,0 +1,54 @@
+// One training step's stages after the plan has named this rank's micro-batches:
+// read -> forward/backward (gradient reduction started inside the last backward) -> reduce ->
+// update. run_training (trainer.cpp) calls them in that order every step.
+#pragma once
+#include <mpi.h>
+
+#include <functional>
+
+#include "io/reader.h"
+#include "lib/balance/plan.h"
+#include "lib/comm/communicator.h"
+#include "lib/core/config.h"
+#include "lib/diag/diagnostics.h"
+#include "lib/model/model.h"
+#include "lib/train/micro_batch.h"
+#include "lib/train/watchdog.h"
+
+namespace kilter::train {
+
+// What the stages use; owned by run_training.
+struct StepContext {
+  int rank = 0;
+  MPI_Comm world = MPI_COMM_NULL;
+  model::Model* model = nullptr;
+  io::PrefetchReader* reader = nullptr;
+  std::function<void()> fill_prefetch;  // keeps the reader's queue full
+  comm::GradientReducer* reducer = nullptr;
+  diag::RankDiagnostics* diagnostics = nullptr;
+  Watchdog* watchdog = nullptr;
+  model::Batch batch;  // reused by every micro-batch
+};
+
+// Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating
+// gradients of (loss sum / step.target_tokens). The gradient reduction starts inside the last
+// micro-batch's backward; an idle rank (no micro-batch) starts it at once with zero gradients,
+// so every rank joins every collective. Returns this rank's loss sum; `work` gets its work.
+double compute_gradients(StepContext& ctx, const balance::Step& step, StepWork& work);
+
+struct ReducedStep {
+  double loss = 0;              // mean over the global step's target tokens
+  bool stop_requested = false;  // a rank received a stop signal
+};
+// Waits for the gradient reduction and sums the loss and the stop flag over all ranks.
+ReducedStep reduce(StepContext& ctx, const balance::Step& step, double local_loss_sum, int64_t step_index);
+
+struct UpdateResult {
+  double grad_norm = 0;
+  double lr = 0;
+  bool skipped = false;  // non-finite loss or gradient with train.on_nonfinite = skip
+};
+// Clips and applies AdamW for optimizer step `step_index` (0-based) of `total_steps`.
+UpdateResult update(StepContext& ctx, const TrainConfig& train, double loss, int64_t step_index, int64_t total_steps);
+
+}  // namespace kilter::train

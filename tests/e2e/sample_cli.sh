@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# `kilter sample` and training samples (issue 14): a small model trained on generated English-like
+# text; greedy sampling equals an independent PyTorch GPT-2 token for token (>= 64 tokens);
+# seeds, top-k, the context stop, periodic samples in `kilter train`, the tokenizer recorded in
+# checkpoints (and older checkpoints without one), imported datasets with and without a
+# tokenizer, and the errors a user can make.
+source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
+"$PY" -c "import torch, h5py" 2>/dev/null || fail "$PY lacks torch/h5py (Debian: python3-torch python3-h5py)"
+json() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {'d': d}))" "$@"; }
+
+# A corpus of simple sentences (fortune format), long enough that EOS is rare within the context.
+"$PY" - <<'PY'
+import random
+random.seed(3)
+subjects = ["The cat", "A dog", "The old man", "My friend", "The teacher", "A small bird"]
+verbs = ["sees", "likes", "finds", "wants", "keeps", "brings"]
+objects = ["the red ball.", "a warm house.", "the long road.", "some fresh bread.", "the blue sea."]
+with open("corpus.txt", "w") as f:
+    for _ in range(300):
+        f.write(" ".join(f"{random.choice(subjects)} {random.choice(verbs)} {random.choice(objects)}" for _ in range(8)))
+        f.write("\n%\n")
+PY
+"$KILTER" prep --input corpus.txt --format fortune --shards 1 --out data --quiet >/dev/null
+timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train --data.dir=data --model.n_layer=2 --model.n_head=2 \
+  --model.n_embd=64 --model.block_size=128 --data.max_tokens=1024 --train.tokens_per_step=1024 \
+  --train.steps=80 --train.warmup=5 --train.lr=3e-3 --output.trace_steps=0 --output.log_every=40 \
+  --output.sample_every=40 --output.sample_tokens=40 --output.sample_prompt="The " --output.dir=runs/t \
+  > train.log 2>&1 || { cat train.log; fail "kilter train failed"; }
+grep -q "^sample at step 40: The " train.log || { cat train.log; fail "no training sample at step 40"; }
+grep -q "^sample at step 80: The " train.log || { cat train.log; fail "no training sample at step 80"; }
+[ "$(grep -c "^sample at step" train.log)" -eq 2 ] || fail "expected exactly 2 training samples (rank 0 only)"
+ckpt=runs/t/checkpoints/step-00000080.h5
+"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1]); t=f.attrs['tokenizer']; t=t.decode() if isinstance(t,bytes) else t
+assert t=='byte' and int(f.attrs['eos_id'])==256, (t, f.attrs['eos_id'])" "$ckpt"
+
+# Greedy equals PyTorch, token for token.
+"$KILTER" sample --checkpoint "$ckpt" --prompt "The " --temperature 0 --max-new-tokens 100 --ignore-eos --json > greedy.json
+[ "$(json greedy.json 'd["stop_reason"]')" = max_new_tokens ] || fail "greedy run did not run to --max-new-tokens"
+"$PY" "$SRC/tests/python/sample_greedy.py" "$ckpt" greedy.json 64
+# --run picks the newest checkpoint; text mode prints prompt + completion.
+"$KILTER" sample --run runs/t --prompt "The " --temperature 0 --max-new-tokens 100 --ignore-eos > greedy.txt 2> greedy.err
+[ "$(cat greedy.txt)" = "$(json greedy.json 'd["prompt"] + d["completion"]')" ] || fail "text mode differs from --json"
+grep -q "step 80 of runs/t/checkpoints/step-00000080.h5" greedy.err || { cat greedy.err; fail "stderr names no checkpoint"; }
+# --top-k 1 is greedy whatever the temperature; seeds reproduce and differ.
+"$KILTER" sample --run runs/t --prompt "The " --top-k 1 --temperature 1.5 --max-new-tokens 100 --ignore-eos --json > topk1.json
+[ "$(json topk1.json 'd["tokens"]')" = "$(json greedy.json 'd["tokens"]')" ] || fail "--top-k 1 differs from greedy"
+for s in 5 5 6; do
+  "$KILTER" sample --run runs/t --prompt "The " --temperature 1 --top-k 20 --seed $s --max-new-tokens 100 --ignore-eos --json > seed$s.$RANDOM.json
+done
+files=(seed5.*.json)
+[ "$(json "${files[0]}" 'd["tokens"]')" = "$(json "${files[1]}" 'd["tokens"]')" ] || fail "the same seed gave different tokens"
+[ "$(json "${files[0]}" 'd["tokens"]')" != "$(json seed6.*.json 'd["tokens"]')" ] || fail "seeds 5 and 6 gave the same tokens"
+# The context stop: 4 prompt tokens in a context of 128 leave room for 125 new tokens.
+"$KILTER" sample --run runs/t --prompt "The " --temperature 0 --max-new-tokens 1000 --ignore-eos --json > context.json
+[ "$(json context.json 'd["stop_reason"]')" = context ] || fail "no stop at the context"
+[ "$(json context.json 'len(d["tokens"])')" -eq 125 ] || fail "context stop after $(json context.json 'len(d["tokens"])') tokens, expected 125"
+[ "$(json context.json 'd["tokens"][:100]')" = "$(json greedy.json 'd["tokens"]')" ] || fail "context run differs from greedy"
+
+# A checkpoint written before checkpoints recorded their tokenizer decodes as bytes (vocab 257).
+cp "$ckpt" old.h5
+"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); del f.attrs['tokenizer']; del f.attrs['eos_id']" old.h5
+"$KILTER" sample --checkpoint old.h5 --prompt "The " --temperature 0 --max-new-tokens 100 --ignore-eos --json > old.json 2> old.err
+grep -q "records no tokenizer" old.err || { cat old.err; fail "no note about the older checkpoint"; }
+[ "$(json old.json 'd["completion"]')" = "$(json greedy.json 'd["completion"]')" ] || fail "older checkpoint decodes differently"
+
+# Errors a user can make: one line, exit code 1, naming the cause.
+expect_error() {  # expect_error NEEDLE ARGS...
+  local needle=$1; shift
+  local rc=0
+  "$KILTER" sample "$@" > err.out 2> err.txt || rc=$?
+  [ $rc -eq 1 ] || { cat err.txt; fail "kilter sample $*: exit code $rc, expected 1"; }
+  grep -q "$needle" err.txt || { cat err.txt; fail "kilter sample $*: message lacks '$needle'"; }
+}
+expect_error "exactly one of --run" --run runs/t --checkpoint "$ckpt" --prompt x
+expect_error "no checkpoint found" --run runs/none --prompt x
+expect_error "more than the model's context of 128" --run runs/t --prompt "$(printf 'x%.0s' $(seq 200))"
+expect_error "not a token id" --run runs/t --prompt-tokens 72,abc
+expect_error "outside the model's vocabulary" --run runs/t --prompt-tokens 72,300
+expect_error "temperature" --run runs/t --prompt x --temperature -1
+
+# Imported datasets: with the byte tokenizer attached they decode text; without one, ids only.
+"$PY" -c "
+import numpy as np
+text = open('corpus.txt', 'rb').read().replace(b'\n%\n', b'\x00')
+ids = np.frombuffer(text, dtype=np.uint8).astype(np.uint16); ids[ids == 0] = 256
+h = np.zeros(256, dtype=np.int32); h[0], h[1], h[2] = 20240520, 1, len(ids)
+open('bytes.bin', 'wb').write(h.tobytes() + ids.tobytes())"
+"$KILTER" prep --format llmc --input bytes.bin --tokenizer byte --out imp-byte --quiet > /dev/null
+"$KILTER" prep --format llmc --input bytes.bin --eot 256 --vocab 257 --out imp-ids --quiet > /dev/null
+for d in imp-byte imp-ids; do
+  timeout 300 "${MPIRUN[@]}" -np 1 "$KILTER" train --data.dir=$d --model.n_layer=1 --model.n_head=2 \
+    --model.n_embd=32 --model.block_size=64 --data.max_tokens=512 --train.tokens_per_step=512 \
+    --train.steps=3 --output.trace_steps=0 --output.dir=runs/$d > $d.log 2>&1 || { cat $d.log; fail "training on $d failed"; }
+done
+"$KILTER" sample --run runs/imp-byte --prompt "The " --max-new-tokens 10 --ignore-eos --json > imp-byte.json
+[ "$(json imp-byte.json 'd["tokenizer"]')" = byte ] || fail "the imported byte dataset's checkpoint has no byte tokenizer"
+expect_error "no tokenizer to encode a text prompt" --run runs/imp-ids --prompt "The "
+"$KILTER" sample --run runs/imp-ids --prompt-tokens 84,104,101,32 --max-new-tokens 10 --ignore-eos --json > imp-ids.json
+[ "$(json imp-ids.json 'd["tokenizer"]')" = imported ] || fail "tokenizer kind of the imported dataset"
+[ "$(json imp-ids.json 'd["completion"][0]')" = "[" ] || fail "an ids-only completion prints its ids"
+echo "sample_cli: passed"

@@ -1,0 +1,285 @@
+// Generation with a KV cache (lib/model/generate.h), the token picker, the text codec of
+// sampling (lib/train/sampling.h) and the tokenizer recorded in checkpoints (io/checkpoint.h).
+// Greedy generation against PyTorch is tests/e2e/sample_cli.sh.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/error.h"
+#include "lib/model/generate.h"
+#include "lib/model/model.h"
+#include "lib/train/sampling.h"
+
+namespace {
+
+using kilter::model::Generator;
+using kilter::model::GPTConfig;
+
+GPTConfig small_config() {
+  GPTConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  cfg.block_size = 24;
+  cfg.vocab_size = 37;
+  return cfg;
+}
+
+// GPT-2 initialized weights from the CPU backend, with larger embeddings so logits differ clearly.
+std::vector<float> initialized_params(const GPTConfig& cfg, uint64_t seed) {
+  auto model = kilter::model::make_model("cpu", cfg, 1, "fp32");
+  model->init_params(seed);
+  std::vector<float> params(model->layout().num_params);
+  model->get_params(params.data());
+  for (size_t i = 0; i < size_t(cfg.vocab_size + cfg.block_size) * cfg.n_embd; ++i) params[i] *= 20.0f;
+  return params;
+}
+
+std::vector<int32_t> some_tokens(int n, int vocab) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 7 + 3) % vocab);
+  return t;
+}
+
+TEST(Generator, FeedingAllAtOnceEqualsOneByOne) {
+  // The cache must make incremental feeding exactly the computation of a longer prefill.
+  const GPTConfig cfg = small_config();
+  const std::vector<float> params = initialized_params(cfg, 5);
+  const std::vector<int32_t> tokens = some_tokens(cfg.block_size, cfg.vocab_size);
+  for (int split : {1, 5, cfg.block_size - 1}) {
+    Generator whole(cfg, params), parts(cfg, params);
+    const float* a = whole.feed(tokens.data(), cfg.block_size);
+    std::vector<float> expected(a, a + cfg.vocab_size);
+    parts.feed(tokens.data(), split);
+    const float* b = nullptr;
+    for (int i = split; i < cfg.block_size; ++i) b = parts.feed(&tokens[size_t(i)], 1);
+    EXPECT_EQ(parts.position(), cfg.block_size);
+    float max_abs = 0;
+    for (float v : expected) max_abs = std::max(max_abs, std::fabs(v));
+    for (int v = 0; v < cfg.vocab_size; ++v)
+      EXPECT_NEAR(b[v], expected[size_t(v)], 1e-5f * max_abs) << "split " << split << " id " << v;
+  }
+}
+
+TEST(Generator, ResetForgetsTheCache) {
+  const GPTConfig cfg = small_config();
+  Generator g(cfg, initialized_params(cfg, 6));
+  const std::vector<int32_t> tokens = some_tokens(6, cfg.vocab_size);
+  g.feed(tokens.data(), 6);
+  g.feed(tokens.data(), 3);  // the cache now holds 9 positions
+  g.reset();
+  const float* again = g.feed(tokens.data(), 6);
+  Generator fresh(cfg, initialized_params(cfg, 6));
+  const float* expected = fresh.feed(tokens.data(), 6);
+  for (int v = 0; v < cfg.vocab_size; ++v) EXPECT_FLOAT_EQ(again[v], expected[v]);
+}
+
+TEST(Generator, RefusesIdsOutsideTheVocabularyAndContextOverflow) {
+  const GPTConfig cfg = small_config();
+  Generator g(cfg, initialized_params(cfg, 7));
+  const int32_t bad[1] = {cfg.vocab_size};
+  EXPECT_THROW(g.feed(bad, 1), kilter::Error);
+  const std::vector<int32_t> tokens = some_tokens(cfg.block_size + 1, cfg.vocab_size);
+  EXPECT_THROW(g.feed(tokens.data(), cfg.block_size + 1), kilter::Error);
+  kilter::model::SamplingOptions options;
+  EXPECT_THROW(kilter::model::generate(g, tokens, options), kilter::Error);  // prompt longer than the context
+}
+
+TEST(Generate, StopsAtTheContextAtMaxNewTokensAndAtEos) {
+  const GPTConfig cfg = small_config();
+  Generator g(cfg, initialized_params(cfg, 8));
+  const std::vector<int32_t> prompt = some_tokens(10, cfg.vocab_size);
+  kilter::model::SamplingOptions options;
+  options.temperature = 0;
+  options.max_new_tokens = 1000;
+  auto full = kilter::model::generate(g, prompt, options);
+  EXPECT_EQ(full.stop_reason, "context");
+  EXPECT_EQ(int(full.tokens.size()), cfg.block_size - 10 + 1);  // the last token is never fed back
+  options.max_new_tokens = 5;
+  auto five = kilter::model::generate(g, prompt, options);
+  EXPECT_EQ(five.stop_reason, "max_new_tokens");
+  ASSERT_EQ(five.tokens.size(), 5u);
+  EXPECT_EQ(std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + 5), five.tokens);
+  options.eos_id = full.tokens[2];  // stop where greedy picks this id first
+  auto eos = kilter::model::generate(g, prompt, options);
+  EXPECT_EQ(eos.stop_reason, "eos");
+  size_t first = 0;
+  while (full.tokens[first] != options.eos_id) ++first;
+  EXPECT_EQ(eos.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + long(first)));
+}
+
+TEST(TokenPicker, GreedyTopKAndSeeds) {
+  const std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f, 1.5f};
+  kilter::model::TokenPicker greedy(0.0, 0, 1);
+  EXPECT_EQ(greedy.pick(logits.data(), 5), 1);  // a tie goes to the lower id
+  kilter::model::TokenPicker top1(2.0, 1, 99);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(top1.pick(logits.data(), 5), 1);
+  kilter::model::TokenPicker top3(1.0, 3, 7);
+  for (int i = 0; i < 200; ++i) {
+    const int id = top3.pick(logits.data(), 5);
+    EXPECT_TRUE(id == 1 || id == 2 || id == 4) << id;
+  }
+  kilter::model::TokenPicker a(1.0, 0, 42), b(1.0, 0, 42), c(1.0, 0, 43);
+  std::vector<int> sa, sb, sc;
+  for (int i = 0; i < 100; ++i) {
+    sa.push_back(a.pick(logits.data(), 5));
+    sb.push_back(b.pick(logits.data(), 5));
+    sc.push_back(c.pick(logits.data(), 5));
+  }
+  EXPECT_EQ(sa, sb);
+  EXPECT_NE(sa, sc);
+  EXPECT_THROW(kilter::model::TokenPicker(-0.5, 0, 1), kilter::Error);
+  const std::vector<float> bad = {0.0f, NAN};
+  EXPECT_THROW(greedy.pick(bad.data(), 2), kilter::Error);
+}
+
+TEST(TokenPicker, FrequenciesFollowTheSoftmaxAtTheTemperature) {
+  const std::vector<float> logits = {1.0f, 0.0f, -1.0f, 0.5f};
+  const double temperature = 0.7;
+  kilter::model::TokenPicker picker(temperature, 0, 2024);
+  std::map<int, int> counts;
+  const int draws = 40000;
+  for (int i = 0; i < draws; ++i) ++counts[picker.pick(logits.data(), 4)];
+  double total = 0;
+  for (float l : logits) total += std::exp(l / temperature);
+  for (int v = 0; v < 4; ++v)  // standard error ~ 0.0025 at these frequencies
+    EXPECT_NEAR(double(counts[v]) / draws, std::exp(logits[size_t(v)] / temperature) / total, 0.012) << v;
+}
+
+TEST(TextCodec, ByteTextIdsOnlyKindsAndEmptyPrompts) {
+  using kilter::train::TextCodec;
+  TextCodec bytes = TextCodec::from_record("byte", "", 256, "test");
+  ASSERT_TRUE(bytes.tokenizer);
+  EXPECT_EQ(bytes.decode({72, 105, 256}), "Hi");
+  EXPECT_EQ(kilter::train::prompt_ids(bytes, "Hi", {}, false, "test"), (std::vector<int32_t>{72, 105}));
+  EXPECT_EQ(kilter::train::prompt_ids(bytes, "", {}, false, "test"), (std::vector<int32_t>{256}));
+  TextCodec ids = TextCodec::from_record("imported", "", 50256, "test");
+  EXPECT_FALSE(ids.tokenizer);
+  EXPECT_EQ(ids.decode({1, 22, 333}), "[1 22 333]");
+  EXPECT_THROW(kilter::train::prompt_ids(ids, "text", {}, false, "test"), kilter::Error);
+  EXPECT_EQ(kilter::train::prompt_ids(ids, "", {5, 6}, true, "test"), (std::vector<int32_t>{5, 6}));
+  try {
+    TextCodec::from_record("no-such-kind", "abc", 3, "checkpoint x.h5");
+    FAIL() << "an unknown tokenizer kind loaded";
+  } catch (const kilter::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint x.h5"), std::string::npos) << e.what();
+  }
+}
+
+// Words joined by spaces, without a leading one: how SentencePiece decodes "▁word" pieces.
+class WordTokenizer final : public kilter::io::Tokenizer {
+ public:
+  std::string kind() const override { return "words"; }
+  uint32_t vocab_size() const override { return 3; }
+  uint32_t eos_id() const override { return 2; }
+  void encode(std::string_view, std::vector<uint32_t>&) const override {}
+  std::string decode(const uint32_t* ids, size_t count) const override {
+    static const char* const words[2] = {"hello", "world"};
+    std::string text;
+    for (size_t i = 0; i < count; ++i)
+      if (ids[i] < 2) text += (text.empty() ? "" : " ") + std::string(words[ids[i]]);
+    return text;
+  }
+  const std::string& file_bytes() const override { return empty_; }
+
+ private:
+  std::string empty_;
+};
+
+TEST(TextCodec, ContinuationKeepsTheSpaceATokenizerDropsAtTheStart) {
+  kilter::train::TextCodec codec;
+  codec.kind = "words";
+  codec.tokenizer = std::make_unique<WordTokenizer>();
+  EXPECT_EQ(codec.decode({1}), "world");
+  EXPECT_EQ(codec.continuation({0}, {1, 0}), " world hello");
+  EXPECT_EQ(codec.continuation({2}, {0, 1}), "hello world");  // after an EOS start: nothing to skip
+  kilter::train::TextCodec ids = kilter::train::TextCodec::from_record("imported", "", 5, "test");
+  EXPECT_EQ(ids.continuation({1}, {2, 3}), "[2 3]");
+}
+
+// ---- checkpoints carry the tokenizer ----------------------------------------------------------
+
+kilter::io::CheckpointContents tiny_checkpoint() {
+  kilter::io::CheckpointContents c;
+  c.tensors = {{"transformer.wte.weight", {5, 3}, 0, 15}, {"transformer.ln_f.bias", {3}, 15, 3}};
+  for (int i = 0; i < 18; ++i) {
+    c.params.push_back(0.5f * float(i));
+    c.adam_m.push_back(0.0f);
+    c.adam_v.push_back(0.0f);
+  }
+  c.info.kilter_version = "test";
+  c.info.n_layer = c.info.n_head = c.info.n_embd = c.info.block_size = 1;
+  c.info.vocab_size = 5;
+  return c;
+}
+
+std::string temp_path(const char* name) {
+  return std::string("/tmp/kilter-sample-test-") + std::to_string(::getpid()) + "-" + name;
+}
+
+TEST(CheckpointTokenizer, RoundTripsKindBytesAndEos) {
+  auto c = tiny_checkpoint();
+  c.info.tokenizer = "hf-bpe";
+  c.info.eos_id = 50256;
+  for (int i = 0; i < 200000; ++i) c.info.tokenizer_data.push_back(char(i * 31 % 251));  // > 64 KiB
+  const std::string path = temp_path("tok.h5");
+  kilter::io::write_checkpoint_file(path, c);
+  const auto info = kilter::io::read_checkpoint_info(path);
+  EXPECT_EQ(info.tokenizer, "hf-bpe");
+  EXPECT_EQ(info.eos_id, 50256);
+  EXPECT_EQ(info.tokenizer_data, c.info.tokenizer_data);
+  std::vector<float> params(18, -1.0f);
+  kilter::io::read_checkpoint_params(path, c.tensors, params.data());
+  EXPECT_EQ(params, c.params);
+  ::unlink(path.c_str());
+}
+
+TEST(CheckpointTokenizer, OlderCheckpointsReadWithoutOneAndDamageIsRefused) {
+  auto c = tiny_checkpoint();
+  c.info.tokenizer = "byte";
+  c.info.eos_id = 256;
+  const std::string old_path = temp_path("old.h5");
+  kilter::io::write_checkpoint_file(old_path, c);
+  {  // what a checkpoint of an earlier kilter looks like: no tokenizer attributes
+    hid_t f = H5Fopen(old_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    H5Adelete(f, "tokenizer");
+    H5Adelete(f, "eos_id");
+    H5Fclose(f);
+  }
+  const auto info = kilter::io::read_checkpoint_info(old_path);
+  EXPECT_EQ(info.tokenizer, "");
+  EXPECT_EQ(info.eos_id, -1);
+  ::unlink(old_path.c_str());
+
+  c.info.tokenizer = "sentencepiece";
+  c.info.tokenizer_data = std::string(1000, 'x');
+  const std::string bad_path = temp_path("bad.h5");
+  kilter::io::write_checkpoint_file(bad_path, c);
+  {  // flip the tokenizer bytes behind the checksum's back
+    hid_t f = H5Fopen(bad_path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "tokenizer_data", H5P_DEFAULT);
+    std::string other(1000, 'y');
+    H5Dwrite(d, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, other.data());
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  try {
+    kilter::io::read_checkpoint_info(bad_path);
+    FAIL() << "damaged tokenizer bytes were accepted";
+  } catch (const kilter::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_data fails its checksum"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(bad_path), std::string::npos) << e.what();
+  }
+  ::unlink(bad_path.c_str());
+}
+
+}  // namespace
