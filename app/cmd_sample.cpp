@@ -1,7 +1,6 @@
 // `kilter sample`: generate text from a checkpoint (lib/train/sampling.h, lib/model/generate.h).
 // Runs in one process on the CPU; no MPI.
 #include <boost/program_options.hpp>
-#include <cblas.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -12,6 +11,7 @@
 
 #include "app/commands.h"
 #include "io/error.h"
+#include "lib/model/gemm.h"
 #include "lib/train/sampling.h"
 
 namespace po = boost::program_options;
@@ -73,7 +73,7 @@ int run_sample(int argc, char** argv) {
   }
   po::notify(vm);
   KILTER_CHECK(run.empty() != checkpoint.empty(), "give exactly one of --run RUN_DIR and --checkpoint FILE");
-  if (threads > 0) openblas_set_num_threads(threads);
+  if (threads > 0) model::set_gemm_threads(threads);
 
   train::SamplingModel m = train::load_sampling_model(run.empty() ? checkpoint : run);
   if (!m.note.empty()) std::fprintf(stderr, "kilter sample: %s: %s\n", m.checkpoint.c_str(), m.note.c_str());
