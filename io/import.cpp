@@ -4,9 +4,6 @@
 // a temporary name and renamed into place when complete.
 #include "io/import.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +13,7 @@
 #include <sstream>
 
 #include "io/dataset.h"
+#include "io/dataset_output.h"
 #include "io/error.h"
 #include "io/import_source.h"
 #include "io/prep.h"
@@ -25,7 +23,6 @@
 
 namespace kilter::io {
 
-namespace fs = std::filesystem;
 using import_detail::Dtype;
 using import_detail::Segment;
 using import_detail::TokenSource;
@@ -57,58 +54,6 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
-
-void fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  KILTER_CHECK(fd >= 0, path << ": cannot open for fsync");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  KILTER_CHECK(rc == 0, path << ": fsync failed");
-}
-
-// The output directory, written under a temporary sibling and renamed into place on commit(), so
-// an error never leaves a half-written dataset under the requested name.
-class OutputDirectory {
- public:
-  OutputDirectory(const std::string& out, bool force) {
-    KILTER_CHECK(!out.empty(), "--out: no output directory given");
-    fs::path target = fs::absolute(out).lexically_normal();
-    if (target.filename().empty()) target = target.parent_path();
-    std::error_code ec;
-    if (fs::exists(target, ec)) {
-      KILTER_CHECK(fs::is_directory(target), "--out " << out << " exists and is not a directory");
-      KILTER_CHECK(force || fs::is_empty(target), "--out " << out << " exists and is not empty (pass --force to replace it)");
-    }
-    fs::create_directories(target.parent_path());
-    target_ = target;
-    temp_ = target.parent_path() / (target.filename().string() + ".tmp-" + std::to_string(::getpid()));
-    fs::remove_all(temp_);
-    fs::create_directory(temp_);
-  }
-  ~OutputDirectory() {
-    std::error_code ec;
-    if (!committed_) fs::remove_all(temp_, ec);
-  }
-  std::string file(const std::string& name) const { return (temp_ / name).string(); }
-  void commit() {
-    for (const fs::directory_entry& entry : fs::directory_iterator(temp_)) fsync_path(entry.path().string());
-    fsync_path(temp_.string());
-    std::error_code ec;
-    fs::path old;  // an existing dataset (--force) is moved aside first, removed once replaced
-    if (fs::exists(target_)) {
-      old = target_.parent_path() / (target_.filename().string() + ".old-" + std::to_string(::getpid()));
-      fs::rename(target_, old);
-    }
-    fs::rename(temp_, target_);
-    committed_ = true;
-    if (!old.empty()) fs::remove_all(old, ec);
-    fsync_path(target_.parent_path().string());
-  }
-
- private:
-  fs::path target_, temp_;
-  bool committed_ = false;
-};
 
 // Converts elements of one segment to uint32 ids in chunks, checking each against `limit`
 // (ids >= limit are refused with their byte offset), and reports runs of ids and the document
@@ -229,53 +174,28 @@ class LengthSink {
 // Pass 2: tokens into the shard writers, a new shard at each shard's first document.
 class ShardSink {
  public:
-  ShardSink(OutputDirectory& out, DatasetIndex& index, const std::vector<uint32_t>& lengths, uint32_t num_shards)
-      : out_(out), index_(index), lengths_(lengths), first_(assign_shards(lengths, num_shards)) {
-    open_shard();
-  }
+  ShardSink(AtomicDirectory& out, DatasetIndex& index, const std::vector<uint32_t>& lengths, uint32_t num_shards)
+      : lengths_(lengths), shards_(out, index, lengths, num_shards) {}
   void tokens(const uint32_t* ids, uint64_t n) {
-    KILTER_CHECK(writer_, "the inputs hold more documents than on the first pass (did they change?)");
-    writer_->append(ids, n);
+    KILTER_CHECK(shards_.writing(), "the inputs hold more documents than on the first pass (did they change?)");
+    shards_.writer().append(ids, n);
     current_ += n;
   }
   void boundary() {
     if (current_ == 0) return;
     current_ = 0;
-    writer_->end_document();
-    ++doc_;
-    if (doc_ == first_[shard_ + 1]) {
-      index_.shards.back().hash = writer_->finish();
-      writer_.reset();
-      if (++shard_ + 1 < first_.size()) open_shard();
-    }
+    shards_.end_document();
   }
-  uint64_t documents() const { return doc_; }
+  uint64_t documents() const { return shards_.documents(); }
   void finish() {
-    KILTER_CHECK(doc_ == lengths_.size() && !writer_,
-                 "the inputs yielded " << doc_ << " documents on the second pass, " << lengths_.size()
+    KILTER_CHECK(shards_.documents() == lengths_.size() && !shards_.writing(),
+                 "the inputs yielded " << shards_.documents() << " documents on the second pass, " << lengths_.size()
                                        << " on the first (did they change?)");
   }
 
  private:
-  void open_shard() {
-    std::vector<uint32_t> shard_lengths(lengths_.begin() + first_[shard_], lengths_.begin() + first_[shard_ + 1]);
-    ShardInfo info;
-    info.file = shard_file_name(shard_);
-    info.num_docs = shard_lengths.size();
-    for (uint32_t length : shard_lengths) info.num_tokens += length;
-    info.first_doc = first_[shard_];
-    index_.shards.push_back(info);
-    ShardHeader header{index_.vocab_size, index_.eos_id, index_.tokenizer, shard_, uint32_t(first_.size() - 1)};
-    writer_ = std::make_unique<ShardWriter>(out_.file(info.file), header, shard_lengths);
-  }
-
-  OutputDirectory& out_;
-  DatasetIndex& index_;
   const std::vector<uint32_t>& lengths_;
-  std::vector<uint64_t> first_;
-  std::unique_ptr<ShardWriter> writer_;
-  uint32_t shard_ = 0;
-  uint64_t doc_ = 0;
+  ShardBuilder shards_;
   uint64_t current_ = 0;
 };
 
@@ -356,7 +276,7 @@ ImportReport import_dataset(const ImportOptions& options) {
     index.tokenizer = "imported";
 
   // Pass 2: the tokens into the shards.
-  OutputDirectory out(options.out, options.force);
+  AtomicDirectory out(options.out, options.force);
   {
     ShardSink shards(out, index, index.doc_lengths, options.shards);
     Splitter copy(eot, vocab, limit_why);

@@ -2,9 +2,6 @@
 // shards are cut by token count, second pass streams the tokens into the shard writers.
 #include "io/prep.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -20,6 +17,7 @@
 #include <thread>
 
 #include "io/dataset.h"
+#include "io/dataset_output.h"
 #include "io/error.h"
 #include "io/progress.h"
 #include "io/shard_writer.h"
@@ -27,7 +25,6 @@
 
 namespace kilter::io {
 
-namespace fs = std::filesystem;
 
 std::vector<uint64_t> assign_shards(const std::vector<uint32_t>& lengths, uint32_t num_shards) {
   const uint64_t num_docs = lengths.size();
@@ -55,136 +52,36 @@ std::vector<uint64_t> assign_shards(const std::vector<uint32_t>& lengths, uint32
 
 namespace {
 
-void fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  KILTER_CHECK(fd >= 0, path << ": cannot open for fsync");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  KILTER_CHECK(rc == 0, path << ": fsync failed");
-}
-
-// The output directory, built under a temporary sibling name and renamed when complete, so a
-// crash or an error never leaves a half-written dataset under the requested name.
-class AtomicDirectory {
- public:
-  AtomicDirectory(const std::string& out, bool force) : out_(out), force_(force) {
-    KILTER_CHECK(!out.empty(), "--out: no output directory given");
-    fs::path target = fs::absolute(out).lexically_normal();
-    if (target.filename().empty()) target = target.parent_path();
-    std::error_code ec;
-    if (fs::exists(target, ec)) {
-      KILTER_CHECK(fs::is_directory(target), "--out " << out << " exists and is not a directory");
-      KILTER_CHECK(force || fs::is_empty(target),
-                   "--out " << out << " exists and is not empty (pass --force to replace it)");
-    }
-    fs::create_directories(target.parent_path());
-    target_ = target;
-    temp_ = target.parent_path() /
-            (target.filename().string() + ".tmp-" + std::to_string(::getpid()));
-    fs::remove_all(temp_);
-    fs::create_directory(temp_);
-  }
-  ~AtomicDirectory() {
-    std::error_code ec;
-    if (!committed_) fs::remove_all(temp_, ec);
-  }
-  std::string file(const std::string& name) const { return (temp_ / name).string(); }
-  // A scratch file beside the temporary directory (same file system, never committed).
-  std::string scratch(const std::string& name) const {
-    return (temp_.parent_path() / (temp_.filename().string() + "." + name)).string();
-  }
-
-  void commit() {
-    for (const fs::directory_entry& entry : fs::directory_iterator(temp_))
-      fsync_path(entry.path().string());
-    fsync_path(temp_.string());
-    std::error_code ec;
-    fs::path old;
-    if (fs::exists(target_)) {
-      if (fs::is_empty(target_)) {
-        fs::remove(target_);
-      } else {
-        old = target_.parent_path() /
-              (target_.filename().string() + ".old-" + std::to_string(::getpid()));
-        fs::rename(target_, old);
-      }
-    }
-    fs::rename(temp_, target_);
-    committed_ = true;
-    if (!old.empty()) fs::remove_all(old, ec);
-    fsync_path(target_.parent_path().string());
-  }
-
- private:
-  std::string out_;
-  bool force_;
-  fs::path target_;
-  fs::path temp_;
-  bool committed_ = false;
-};
-
 // Writes the shards of a dataset in document order and finally its index.
 class DatasetBuilder {
  public:
   DatasetBuilder(AtomicDirectory& out, const std::vector<uint32_t>& lengths, uint32_t num_shards,
                  uint32_t vocab, uint32_t eos, const std::string& tokenizer,
                  const std::string& tokenizer_data = std::string())
-      : out_(out), lengths_(lengths), first_(assign_shards(lengths, num_shards)) {
-    index_.vocab_size = vocab;
-    index_.eos_id = eos;
-    index_.tokenizer = tokenizer;
-    index_.tokenizer_data = tokenizer_data;
-    index_.doc_lengths = lengths;
-    open_shard();
-  }
+      : out_(out), lengths_(lengths),
+        // dir, vocab_size, eos_id, tokenizer, tokenizer_data, shards, doc_lengths
+        index_{std::string(), vocab, eos, tokenizer, tokenizer_data, {}, lengths},
+        shards_(out, index_, lengths, num_shards) {}
 
-  ShardWriter& writer() { return *writer_; }
-  uint32_t shard() const { return shard_; }
-  uint64_t shard_first_doc(uint32_t s) const { return first_[s]; }
-  uint64_t shard_end_doc(uint32_t s) const { return first_[s + 1]; }
-
-  void end_document() {
-    writer_->end_document();
-    ++doc_;
-    if (doc_ == first_[shard_ + 1]) {
-      ShardInfo& info = index_.shards.back();
-      info.hash = writer_->finish();
-      writer_.reset();
-      if (++shard_ + 1 < first_.size()) open_shard();
-    }
-  }
+  ShardWriter& writer() { return shards_.writer(); }
+  uint64_t shard_first_doc(uint32_t s) const { return shards_.shard_first_doc(s); }
+  uint64_t shard_end_doc(uint32_t s) const { return shards_.shard_end_doc(s); }
+  void end_document() { shards_.end_document(); }
 
   // Writes index.h5 once every shard is complete; returns the index.
   const DatasetIndex& finish() {
-    KILTER_CHECK(doc_ == lengths_.size(),
-                 "the input yielded " << doc_ << " documents on the second pass, " << lengths_.size()
+    KILTER_CHECK(shards_.documents() == lengths_.size(),
+                 "the input yielded " << shards_.documents() << " documents on the second pass, " << lengths_.size()
                                       << " on the first (did the input change?)");
     write_index(out_.file(kIndexFileName), index_);
     return index_;
   }
 
  private:
-  void open_shard() {
-    std::vector<uint32_t> shard_lengths(lengths_.begin() + first_[shard_],
-                                        lengths_.begin() + first_[shard_ + 1]);
-    ShardInfo info;
-    info.file = shard_file_name(shard_);
-    info.num_docs = shard_lengths.size();
-    for (uint32_t length : shard_lengths) info.num_tokens += length;
-    info.first_doc = first_[shard_];
-    index_.shards.push_back(info);
-    ShardHeader header{index_.vocab_size, index_.eos_id, index_.tokenizer, shard_,
-                       uint32_t(first_.size() - 1)};
-    writer_ = std::make_unique<ShardWriter>(out_.file(info.file), header, shard_lengths);
-  }
-
   AtomicDirectory& out_;
   const std::vector<uint32_t>& lengths_;
-  std::vector<uint64_t> first_;
   DatasetIndex index_;
-  std::unique_ptr<ShardWriter> writer_;
-  uint32_t shard_ = 0;
-  uint64_t doc_ = 0;
+  ShardBuilder shards_;
 };
 
 void fill_report(PrepReport& report, const DatasetIndex& index, const std::string& out) {

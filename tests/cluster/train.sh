@@ -37,33 +37,15 @@ done
 grep -q "comm mpi/hierarchical" h.log || fail "h: the reduction is not hierarchical"
 grep -q "1 ranks (1 nodes x 1)" p1.log || fail "p1: not a 1-rank run"
 
-"$PY" - <<'PY'
-import csv, glob
-import h5py, numpy as np
-
-def losses(run):
-    with open(f"runs/{run}/metrics/rank-00000.csv") as f:
-        return np.array([float(r["loss"]) for r in csv.DictReader(f)])
-
-def params(run):
-    files = sorted(glob.glob(f"runs/{run}/checkpoints/step-*.h5"))
-    assert files, f"no checkpoint in runs/{run}"
-    with h5py.File(files[-1], "r") as f:
-        return {k: f["params"][k][...] for k in f["params"]}
+"$PY" - "$SRC/tests/python" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from run_compare import losses, params, compare_to_reference  # tolerances as tests/e2e/invariance.sh
 
 ref_l, ref_p = losses("p1"), params("p1")
 assert len(ref_l) == 6 and np.isfinite(ref_l).all(), ref_l
 for run in ["h", "f"]:
-    l, p = losses(run), params(run)
-    assert len(l) == len(ref_l), (run, l)
-    rel = np.max(np.abs(l - ref_l) / np.abs(ref_l))
-    print(f"2 nodes x 2, {run}: max relative loss difference to 1 rank {rel:.2e}")
-    assert rel < 1e-5, f"{run}: losses differ from 1 rank by {rel}"
-    # Weights to 1% of the most Adam can move one in the run (steps x lr), as tests/e2e/invariance.sh
-    # explains: packed micro-batches are formed per rank, so summation orders differ, and Adam moves
-    # coordinates whose gradient is near zero (the key bias's is exactly 0) by rounding-decided
-    # fractions of lr; the losses stay within 1e-5.
-    worst = max((np.max(np.abs(p[k] - ref_p[k])), k) for k in ref_p)
-    assert worst[0] < 1e-2 * 6 * 3e-3, f"{run}: {worst[1]} differs by {worst[0]}"
+    compare_to_reference(run, ref_l, ref_p, 6 * 3e-3, label=f"2 nodes x 2, {run} vs 1 rank")
 PY
 echo "PASS: cluster train (2 nodes x 2: hierarchical == flat == 1 rank; topology from hosts)"

@@ -28,19 +28,11 @@ run idle1 1
 run idle4 4
 grep -q "leave ranks idle" idle4.log || { cat idle4.log; fail "no idle-rank warning with 4 ranks and 128-token steps"; }
 
-"$PY" - <<'PY'
+"$PY" - "$SRC/tests/python" <<'PY'
 import csv, glob, sys
-import h5py, numpy as np
-
-def losses(run):
-    with open(f"runs/{run}/metrics/rank-00000.csv") as f:
-        return np.array([float(r["loss"]) for r in csv.DictReader(f)])
-
-def params(run):
-    files = sorted(glob.glob(f"runs/{run}/checkpoints/step-*.h5"))
-    assert files, f"no checkpoint in runs/{run}"
-    with h5py.File(files[-1], "r") as f:
-        return {k: f["params"][k][...] for k in f["params"]}
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from run_compare import losses, params, compare_to_reference  # the tolerance rule is explained there
 
 ref_l, ref_p = losses("p1"), params("p1")
 LR_SUM = 6 * 3e-3  # train.steps x train.lr bounds the sum of the schedule's learning rates
@@ -52,19 +44,7 @@ assert (l == ref_l).all(), ("determinism: losses differ", l, ref_l)
 for k in ref_p:
     assert np.array_equal(p[k], ref_p[k]), f"determinism: {k} differs"
 for run in ["p2", "p4", "p4h", "p4f"]:
-    l, p = losses(run), params(run)
-    rel = np.max(np.abs(l - ref_l) / np.abs(ref_l))
-    print(f"{run}: max relative loss difference {rel:.2e}")
-    assert rel < 1e-5, f"{run}: losses differ from 1 rank by {rel}"
-    # Weights: Adam moves a coordinate by lr * m / (sqrt(v) + eps), about lr per step whatever the
-    # gradient's size, so a coordinate whose gradient is near eps or cancels to rounding level (the
-    # key bias's is exactly 0) moves by a fraction of lr that rounding decides; and packing per rank
-    # changes the summation order. The bound is therefore 1% of the most Adam can move a weight in
-    # the run (sum of the schedule's lr), while the losses, which such coordinates do not affect,
-    # stay within 1e-5.
-    worst = max((np.max(np.abs(p[k] - ref_p[k])), k) for k in ref_p)
-    print(f"{run}: largest weight difference {worst[0]:.2e} ({worst[1]}), bound {1e-2 * LR_SUM:.2e}")
-    assert worst[0] < 1e-2 * LR_SUM, f"{run}: {worst[1]} differs by {worst[0]}"
+    compare_to_reference(run, ref_l, ref_p, LR_SUM)
 
 l1, l4 = losses("idle1"), losses("idle4")
 rel = np.max(np.abs(l4 - l1) / np.abs(l1))
