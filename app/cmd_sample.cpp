@@ -57,7 +57,7 @@ int run_sample(int argc, char** argv) {
       ("top-k", po::value(&options.top_k)->default_value(options.top_k), "sample among the k most likely ids (0: all)")
       ("seed", po::value(&options.seed)->default_value(options.seed), "random seed (same seed, same text)")
       ("ignore-eos", po::bool_switch(&ignore_eos), "keep generating past the EOS id (benchmarks, tests)")
-      ("threads", po::value(&threads)->default_value(0), "BLAS threads (0: OpenBLAS's default)")
+      ("threads", po::value(&threads)->default_value(0), "GEMM threads (0: the engine's default, OMP_NUM_THREADS for oneDNN)")
       ("json", po::bool_switch(&json), "print one JSON object: prompt, completion, tokens, stop_reason, timings");
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
