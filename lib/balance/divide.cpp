@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <functional>
 #include <iterator>
+#include <utility>
 
 #include "io/error.h"
 
@@ -227,32 +228,27 @@ double StepDivider::packed_busiest_load() {
   return top;
 }
 
-void StepDivider::pack(int rank, Step& step) {
+void StepDivider::pack(int rank, PlanSteps& out) {
   const Share& share = shares_[rank];
-  std::vector<uint32_t>& mine = step.rank_batches[rank];
-  mine.clear();
-  if (share.items.empty()) return;
   const size_t n = share.items.size();
-  assign_bins(rank);
-  const size_t first = step.micro_batches.size();
-  step.micro_batches.resize(first + bin_tokens_.size());
-  mine.reserve(bin_tokens_.size());
-  for (size_t b = 0; b < bin_tokens_.size(); ++b) {
-    MicroBatch& mb = step.micro_batches[first + b];
-    mb.padded_len = 0;
-    mb.target_tokens = bin_tokens_[b];
-    mine.push_back(uint32_t(first + b));
+  if (n > 0) {
+    assign_bins(rank);
+    // The pieces micro-batch by micro-batch, each keeping the share's longest-first order: a
+    // counting sort of the items by bin.
+    std::vector<uint64_t>& next = bin_tokens_;  // reused as each bin's next slot
+    std::fill(next.begin(), next.end(), 0);
+    for (size_t i = 0; i < n; ++i) ++next[bin_of_[i]];
+    uint64_t offset = 0;
+    for (uint64_t& slot : next) offset += std::exchange(slot, offset);
+    by_bin_.resize(n);
+    for (size_t i = 0; i < n; ++i) by_bin_[next[bin_of_[i]]++] = share.items[i];
+    size_t i = 0;
+    for (uint64_t end : next) {
+      for (; i < end; ++i) out.add_piece(pieces_[by_bin_[i]]);
+      out.end_micro_batch();
+    }
   }
-  // Pieces per micro-batch, counted first so every vector is allocated once at its size.
-  std::vector<uint64_t>& counts = bin_tokens_;
-  std::fill(counts.begin(), counts.end(), 0);
-  for (size_t i = 0; i < n; ++i) ++counts[bin_of_[i]];
-  for (size_t b = 0; b < counts.size(); ++b) step.micro_batches[first + b].pieces.reserve(counts[b]);
-  for (size_t i = 0; i < n; ++i) step.micro_batches[first + bin_of_[i]].pieces.push_back(pieces_[share.items[i]]);
-  for (size_t b = 0; b < counts.size(); ++b) {
-    MicroBatch& mb = step.micro_batches[first + b];
-    mb.cost = cost_(mb);
-  }
+  out.end_rank();
 }
 
 // Moves and swaps until the busiest rank is at the best any division can reach
@@ -277,18 +273,20 @@ double StepDivider::refine() {
   return std::prev(by_load_.end())->first;
 }
 
-void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
+void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
   KILTER_CHECK(n < (uint64_t(1) << 32), "plan: a step of " << n << " pieces is too large");
+  KILTER_CHECK(out.world_size() == world_size_,
+               "plan: steps for " << out.world_size() << " ranks given to a divider for " << world_size_);
   pieces_ = pieces;
   order_.resize(n);
   piece_cost_.resize(n);
-  step.target_tokens = 0;
+  uint64_t target_tokens = 0;
   for (size_t i = 0; i < n; ++i) {
     KILTER_CHECK(pieces[i].len >= 1 && pieces[i].len <= max_tokens_,
                  "plan: a piece of " << pieces[i].len << " tokens does not fit data.max_tokens = " << max_tokens_);
     order_[i] = (uint64_t(~pieces[i].len) << 32) | i;
     piece_cost_[i] = cost_.piece(pieces[i].len);
-    step.target_tokens += pieces[i].len;
+    target_tokens += pieces[i].len;
   }
   std::sort(order_.begin(), order_.end());
   // What no division beats (as in stats.cpp): for every k with kP < n, some rank holds k+1 of
@@ -310,7 +308,7 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
     // earlier one).
     double total_piece_cost = 0;
     for (size_t i = 0; i < n; ++i) total_piece_cost += piece_cost_[i];
-    const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(step.target_tokens), uint64_t(world_size_));
+    const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(target_tokens), uint64_t(world_size_));
     const double mean = (total_piece_cost + cost_.c * double(micro_batches)) / world_size_;
     double best_top = packed_busiest_load();
     // Nothing to gain once the busiest rank is within kGoodEnoughImbalance of the mean or at the
@@ -332,14 +330,8 @@ void StepDivider::divide(const Piece* pieces, size_t n, Step& step) {
     shares_.swap(best_shares_);
   }
 
-  // One allocation for the micro-batches unless first fit needs more than the fewest.
-  uint64_t fewest = 0;
-  for (const Share& share : shares_) fewest += min_micro_batches(share.tokens);
-  step.micro_batches.clear();
-  step.micro_batches.reserve(fewest);
-  step.rank_batches.resize(world_size_);
-  for (int r = 0; r < world_size_; ++r) pack(r, step);
-  step.micro_batches.shrink_to_fit();
+  for (int r = 0; r < world_size_; ++r) pack(r, out);
+  out.end_step(target_tokens);
 }
 
 }  // namespace kilter::balance

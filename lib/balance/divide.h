@@ -20,9 +20,9 @@ class StepDivider {
   // `cost` must be resolved (b >= 0, c >= 0); every piece must be <= max_tokens long.
   StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size);
 
-  // Divides pieces[0, n) (one step, any order) and fills step.micro_batches (rank by rank, each
-  // rank's pieces longest first), step.rank_batches and step.target_tokens.
-  void divide(const Piece* pieces, size_t n, Step& step);
+  // Divides pieces[0, n) (one step, any order) and appends the step to `out`: rank by rank, each
+  // rank's micro-batches, the pieces of each longest first. `out` must be for this world size.
+  void divide(const Piece* pieces, size_t n, PlanSteps& out);
 
   // The micro-batches a rank holding `tokens` tokens needs at the least: ceil(tokens / max_tokens).
   uint64_t min_micro_batches(uint64_t tokens) const { return (tokens + max_tokens_ - 1) / max_tokens_; }
@@ -50,7 +50,7 @@ class StepDivider {
   void insert_sorted(std::vector<uint32_t>& items, uint32_t item) const;
   size_t assign_bins(int rank);  // fills bin_of_, bin_tokens_; returns the micro-batches
   double packed_busiest_load();
-  void pack(int rank, Step& step);
+  void pack(int rank, PlanSteps& out);
 
   CostModel cost_;
   uint64_t max_tokens_;
@@ -70,6 +70,7 @@ class StepDivider {
   std::vector<std::pair<double, int>> heap_;  // LPT min-heap of (load, rank)
   std::vector<uint32_t> bin_of_;      // packing: micro-batch of each of a rank's items
   std::vector<uint64_t> bin_tokens_;  // packing: tokens per micro-batch
+  std::vector<uint32_t> by_bin_;      // packing: a rank's items grouped by micro-batch
 };
 
 }  // namespace kilter::balance

@@ -10,7 +10,7 @@ namespace kilter::balance {
 
 EpochPlan build_naive_plan(const std::vector<uint32_t>& doc_lengths, const std::vector<uint64_t>& docs,
                            const PlanOptions& opts, const CostModel& cost, int world_size, uint64_t epoch) {
-  EpochPlan plan = start_plan(docs, cost, world_size, epoch);
+  EpochPlan plan = start_plan(docs, cost, world_size, epoch, opts.context, true);
   PlanStats& stats = plan.stats;
 
   std::vector<Piece> pieces = cut_documents(doc_lengths, docs, opts.context, &stats.empty_docs);
@@ -42,33 +42,30 @@ EpochPlan build_naive_plan(const std::vector<uint32_t>& doc_lengths, const std::
     stats.dropped_tokens += pieces[i].len;
   }
 
-  plan.steps.resize(n_steps);
+  plan.steps.reserve(n_steps, used, n_steps * world * per_rank);
   for (uint64_t s = 0; s < n_steps; ++s) {
-    Step& step = plan.steps[s];
-    step.rank_batches.assign(world_size, {});
     const uint64_t first = s * per_step;
     const uint64_t count = std::min(per_step, used - first);
-    // Rank r's j-th micro-batch holds the step's sequences r + P (j B + i), i < B; micro-batch
-    // ids run micro-step by micro-step, rank by rank.
-    for (uint64_t j = 0; j < per_rank; ++j) {
-      for (uint64_t r = 0; r < world; ++r) {
-        MicroBatch mb;
+    uint64_t step_tokens = 0;
+    // Rank r's j-th micro-batch holds the step's sequences r + P (j B + i), i < B (as a
+    // distributed sampler deals them); the plan stores them rank by rank.
+    for (uint64_t r = 0; r < world; ++r) {
+      for (uint64_t j = 0; j < per_rank; ++j) {
+        uint64_t rows = 0;
         for (uint64_t i = 0; i < batch; ++i) {
           const uint64_t pos = r + world * (j * batch + i);
           if (pos >= count) break;
-          const Piece& p = pieces[first + pos];
-          mb.pieces.push_back(p);
-          mb.padded_len = std::max(mb.padded_len, p.len);
-          mb.target_tokens += p.len;
+          plan.steps.add_piece(pieces[first + pos]);
+          step_tokens += pieces[first + pos].len;
+          ++rows;
         }
-        if (mb.pieces.empty()) continue;
-        mb.cost = cost(mb);
-        step.target_tokens += mb.target_tokens;
-        step.rank_batches[r].push_back(static_cast<uint32_t>(step.micro_batches.size()));
-        step.micro_batches.push_back(std::move(mb));
+        if (rows > 0) plan.steps.end_micro_batch();
       }
+      plan.steps.end_rank();
     }
+    plan.steps.end_step(step_tokens);
   }
+  plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
   return plan;
 }

@@ -119,11 +119,13 @@ std::string idle_rank_warning(const PlanOptions& opts, int world_size) {
 
 // ---- documents --------------------------------------------------------------------------------
 
-EpochPlan start_plan(const std::vector<uint64_t>& docs, const CostModel& cost, int world_size, uint64_t epoch) {
+EpochPlan start_plan(const std::vector<uint64_t>& docs, const CostModel& cost, int world_size, uint64_t epoch,
+                     uint32_t context, bool padded) {
   EpochPlan plan;
   plan.epoch = epoch;
   plan.world_size = world_size;
   plan.cost = cost;
+  plan.steps = PlanSteps(context, world_size, padded, cost);
   plan.stats.documents = docs.size();
   return plan;
 }
@@ -189,7 +191,7 @@ namespace {
 
 EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const std::vector<uint64_t>& docs,
                               const PlanOptions& opts, const CostModel& cost, int world_size, uint64_t epoch) {
-  EpochPlan plan = start_plan(docs, cost, world_size, epoch);
+  EpochPlan plan = start_plan(docs, cost, world_size, epoch, opts.context, false);
   PlanStats& stats = plan.stats;
 
   // The epoch's piece order: a shuffle from (seed, epoch) alone, so the steps cut from it are
@@ -219,7 +221,9 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   }
 
   const uint64_t n_steps = cut.step_end.size();
-  plan.steps.resize(n_steps);
+  // Every piece but a dropped tail goes into the plan; the micro-batches' count is known only
+  // once packed (shrink_to_fit() below trims that one array).
+  plan.steps.reserve(n_steps, spread_tail ? pieces.size() : cut.tail_begin, 0);
   StepDivider divider(cost, opts.max_tokens, world_size);
   std::vector<Piece> with_tail;  // a step's pieces plus its share of a redistributed tail
   uint64_t tail_next = cut.tail_begin;
@@ -227,15 +231,16 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
     const uint64_t begin = s == 0 ? 0 : cut.step_end[s - 1];
     const uint64_t end = cut.step_end[s];
     if (!spread_tail) {
-      divider.divide(pieces.data() + begin, end - begin, plan.steps[s]);
+      divider.divide(pieces.data() + begin, end - begin, plan.steps);
       continue;
     }
     // The tail's pieces spread evenly over the epoch's steps: piece j goes to step j n_steps / n_tail.
     with_tail.assign(pieces.begin() + long(begin), pieces.begin() + long(end));
     for (; tail_next < pieces.size() && ((tail_next - cut.tail_begin) * n_steps) / n_tail == s; ++tail_next)
       with_tail.push_back(pieces[tail_next]);
-    divider.divide(with_tail.data(), with_tail.size(), plan.steps[s]);
+    divider.divide(with_tail.data(), with_tail.size(), plan.steps);
   }
+  plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
   return plan;
 }

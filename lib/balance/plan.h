@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kilter::balance {
@@ -35,8 +36,10 @@ struct MicroBatch {
   double attention_work() const;
 };
 
+// One step as plain vectors: what StepView::expand() returns (tests and tools; the plan itself
+// stores steps compactly, see PlanSteps).
 struct Step {
-  std::vector<MicroBatch> micro_batches;          // built for the world size (rank by rank)
+  std::vector<MicroBatch> micro_batches;          // rank by rank, each rank's in the order it runs them
   std::vector<std::vector<uint32_t>> rank_batches; // [rank] -> indices into micro_batches
   uint64_t target_tokens = 0;                     // the step's pieces: independent of the world size
 };
@@ -119,12 +122,99 @@ struct PlanStats {
   double target_tokens_per_step_max = 0;
 };
 
+class PlanSteps;
+
+// One step of a plan, read in place (valid while its PlanSteps lives; cheap to copy). A step's
+// micro-batches are numbered rank by rank: rank r runs ids [rank_micro_batches(r)) in order.
+class StepView {
+ public:
+  StepView(const PlanSteps& steps, uint64_t index) : steps_(&steps), index_(index) {}
+  uint64_t target_tokens() const;
+  uint32_t micro_batch_count() const;
+  int world_size() const;
+  // Rank r's micro-batches: ids [first, second) of this step.
+  std::pair<uint32_t, uint32_t> rank_micro_batches(int rank) const;
+  // Micro-batch `id` decoded into `out` (its pieces vector reused): pieces, padded_len,
+  // target_tokens and cost, as the builder made it.
+  void micro_batch(uint32_t id, MicroBatch& out) const;
+  MicroBatch micro_batch(uint32_t id) const;
+  Step expand() const;
+
+ private:
+  const PlanSteps* steps_;
+  uint64_t index_;
+};
+
+// The steps of an epoch plan, stored flat so that a plan for millions of documents and a
+// thousand ranks stays small (docs/plan.md, "Memory"): one array of pieces (8 bytes each) in
+// step, rank, micro-batch order; per micro-batch only the end of its pieces, per (step, rank)
+// only the end of its micro-batches, both as 32-bit offsets into the step; per step its first
+// piece, first micro-batch and target tokens. What follows from the pieces (a micro-batch's
+// tokens, padded length and cost) is recomputed when read.
+class PlanSteps {
+ public:
+  // context: every piece starts at a multiple of it and is at most that long (cut_documents);
+  // padded: naive micro-batches (rows padded to the longest piece) instead of packed ones.
+  PlanSteps(uint32_t context = 1, int world_size = 1, bool padded = false, CostModel cost = {});
+
+  uint64_t size() const { return step_target_tokens_.size(); }
+  bool empty() const { return size() == 0; }
+  StepView operator[](uint64_t s) const { return StepView(*this, s); }
+  int world_size() const { return world_size_; }
+  bool padded() const { return padded_; }
+  const CostModel& cost() const { return cost_; }
+
+  // Building, step by step: pieces of a micro-batch, then end_micro_batch(); end_rank() after
+  // each rank's micro-batches (every rank, idle ones too); end_step() after the last rank.
+  // reserve() with the final counts keeps every array at its size (shrink_to_fit() otherwise).
+  void reserve(uint64_t steps, uint64_t pieces, uint64_t micro_batches);
+  void add_piece(const Piece& piece);
+  void end_micro_batch();
+  void end_rank();
+  void end_step(uint64_t target_tokens);
+  void shrink_to_fit();
+
+  // Bytes the arrays hold (capacity, not size).
+  uint64_t heap_bytes() const;
+
+ private:
+  friend class StepView;
+  // A piece as stored: its document and its last token's position. Pieces start at multiples
+  // of the context and are 1..context long, so start = last - last % context and
+  // len = last % context + 1.
+  struct StoredPiece {
+    uint32_t doc;
+    uint32_t last;
+  };
+  Piece piece(uint64_t i) const {
+    const StoredPiece& p = pieces_[i];
+    const uint32_t offset = p.last % context_;
+    return Piece{p.doc, p.last - offset, offset + 1};
+  }
+  uint64_t step_piece_begin(uint64_t s) const { return s == 0 ? 0 : step_piece_end_[s - 1]; }
+  uint64_t step_mb_begin(uint64_t s) const { return s == 0 ? 0 : step_mb_end_[s - 1]; }
+
+  uint32_t context_;
+  int world_size_;
+  bool padded_;
+  CostModel cost_;
+  std::vector<StoredPiece> pieces_;
+  std::vector<uint32_t> mb_piece_end_;     // per micro-batch: end of its pieces, from its step's first
+  std::vector<uint32_t> rank_mb_end_;      // per (step, rank): end of the rank's micro-batches, from the step's first
+  std::vector<uint64_t> step_piece_end_;   // per step: end of its pieces in pieces_
+  std::vector<uint64_t> step_mb_end_;      // per step: end of its micro-batches in mb_piece_end_
+  std::vector<uint64_t> step_target_tokens_;
+  // While building the current step.
+  uint64_t building_pieces_ = 0, building_mbs_ = 0;
+  int building_ranks_ = 0;
+};
+
 struct EpochPlan {
   uint64_t epoch = 0;
   int world_size = 1;
-  std::vector<Step> steps;
+  PlanSteps steps;
   PlanStats stats;
-  CostModel cost;  // the resolved cost model the micro-batch costs were computed with
+  CostModel cost;  // the resolved cost model the micro-batch costs are computed with
 };
 
 // Documents of the training and the held-out split: deterministic from (seed, eval_fraction).
@@ -162,9 +252,10 @@ std::vector<Piece> cut_documents(const std::vector<uint32_t>& doc_lengths,
                                  const std::vector<uint64_t>& docs, uint32_t context,
                                  uint64_t* empty_docs = nullptr);
 
-// A plan with no steps yet: epoch, world size, cost model and stats.documents filled in (the
-// common start of every planner).
-EpochPlan start_plan(const std::vector<uint64_t>& docs, const CostModel& cost, int world_size, uint64_t epoch);
+// A plan with no steps yet: epoch, world size, cost model, the steps' storage for `context` and
+// `padded` (naive) micro-batches and stats.documents filled in (the common start of every planner).
+EpochPlan start_plan(const std::vector<uint64_t>& docs, const CostModel& cost, int world_size, uint64_t epoch,
+                     uint32_t context, bool padded);
 
 // All document ids 0..n-1 (the whole corpus as one split).
 std::vector<uint64_t> all_documents(size_t num_docs);
@@ -173,7 +264,8 @@ std::vector<uint64_t> all_documents(size_t num_docs);
 // next step, or step 0 of the next epoch.
 PlanPosition next_position(PlanPosition pos, uint64_t steps_in_epoch);
 
-// Per-rank cost of one step (sum of its micro-batches' costs), world_size = rank_batches.size().
+// Per-rank cost of one step (sum of its micro-batches' costs).
+std::vector<double> rank_costs(const StepView& step);
 std::vector<double> rank_costs(const Step& step);
 
 // Recomputes plan.stats' cost, padding, idle and token figures from plan.steps (the builders

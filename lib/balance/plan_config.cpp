@@ -25,15 +25,6 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   return opts;
 }
 
-uint64_t plan_heap_bytes(const EpochPlan& plan) {
-  uint64_t bytes = plan.steps.capacity() * sizeof(Step);
-  for (const Step& step : plan.steps) {
-    bytes += step.micro_batches.capacity() * sizeof(MicroBatch);
-    for (const MicroBatch& mb : step.micro_batches) bytes += mb.pieces.capacity() * sizeof(Piece);
-    bytes += step.rank_batches.capacity() * sizeof(std::vector<uint32_t>);
-    for (const auto& batches : step.rank_batches) bytes += batches.capacity() * sizeof(uint32_t);
-  }
-  return bytes;
-}
+uint64_t plan_heap_bytes(const EpochPlan& plan) { return plan.steps.heap_bytes(); }
 
 }  // namespace kilter::balance

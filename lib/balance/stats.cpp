@@ -27,6 +27,27 @@ std::vector<double> rank_costs(const Step& step) {
   return loads;
 }
 
+// Per-rank costs of a step read in place; each micro-batch's pieces pass through `scratch`, and
+// `visit(mb)` sees every micro-batch once (the statistics' other sums).
+template <typename Visit>
+static std::vector<double> rank_costs(const StepView& step, MicroBatch& scratch, Visit&& visit) {
+  std::vector<double> loads(size_t(step.world_size()), 0.0);
+  for (int r = 0; r < step.world_size(); ++r) {
+    const auto [first, end] = step.rank_micro_batches(r);
+    for (uint32_t m = first; m < end; ++m) {
+      step.micro_batch(m, scratch);
+      loads[r] += scratch.cost;
+      visit(scratch);
+    }
+  }
+  return loads;
+}
+
+std::vector<double> rank_costs(const StepView& step) {
+  MicroBatch scratch;
+  return rank_costs(step, scratch, [](const MicroBatch&) {});
+}
+
 static double max_over_mean(const std::vector<double>& loads) {
   if (loads.empty()) return 1.0;
   double total = 0, top = 0;
@@ -39,16 +60,13 @@ static double max_over_mean(const std::vector<double>& loads) {
 // longest first (w_0 >= w_1 >= ...), for every k with kP < n some rank holds k+1 of the kP+1
 // longest pieces, so the busiest rank's cost is at least w_{kP} + ... + w_{kP-k} (+ c: it runs a
 // micro-batch); k = 0 is the longest piece alone. Divided by the step's mean rank cost.
-static double step_bound(const Step& step, const CostModel& cost, const std::vector<double>& loads,
-                         std::vector<double>& piece_costs) {
+// `piece_costs` holds the step's piece costs (reordered and summed in place).
+static double step_bound(const std::vector<double>& loads, double c, std::vector<double>& piece_costs) {
   const size_t world = loads.size();
   double total = 0;
   for (double l : loads) total += l;
   const double mean = world ? total / double(world) : 0;
   if (!(mean > 0)) return 1.0;
-  piece_costs.clear();
-  for (const MicroBatch& mb : step.micro_batches)
-    for (const Piece& p : mb.pieces) piece_costs.push_back(cost.piece(p.len));
   if (piece_costs.empty()) return 1.0;
   std::sort(piece_costs.begin(), piece_costs.end(), std::greater<double>());
   // Prefix sums in place: piece_costs[i] becomes the sum of the i+1 largest.
@@ -58,7 +76,7 @@ static double step_bound(const Step& step, const CostModel& cost, const std::vec
     const size_t last = k * world, first = last - k;  // the window [first, last]
     least_top = std::max(least_top, piece_costs[last] - (first > 0 ? piece_costs[first - 1] : 0.0));
   }
-  return std::max(1.0, (least_top + std::max(cost.c, 0.0)) / mean);
+  return std::max(1.0, (least_top + std::max(c, 0.0)) / mean);
 }
 
 void compute_plan_stats(EpochPlan& plan) {
@@ -69,31 +87,34 @@ void compute_plan_stats(EpochPlan& plan) {
   s.micro_batches_per_rank_max = 0;
   std::vector<double> imbalance, bound;
   imbalance.reserve(plan.steps.size());
-  std::vector<double> piece_costs;  // scratch of step_bound()
-  bool packed = true;
+  std::vector<double> piece_costs;  // the step's piece costs, for step_bound()
+  MicroBatch scratch;
+  const bool packed = !plan.steps.padded();
   double critical_cost = 0;
   double step_tokens_min = 0, step_tokens_max = 0;
-  for (size_t i = 0; i < plan.steps.size(); ++i) {
-    const Step& step = plan.steps[i];
-    s.micro_batches += step.micro_batches.size();
-    for (const MicroBatch& mb : step.micro_batches) {
-      s.target_tokens += mb.target_tokens;
-      s.tokens_computed += mb.tokens_computed();
-    }
+  for (uint64_t i = 0; i < plan.steps.size(); ++i) {
+    const StepView step = plan.steps[i];
+    s.micro_batches += step.micro_batch_count();
     uint64_t idle = 0;
-    for (const auto& batches : step.rank_batches) {
-      idle += batches.empty();
-      s.micro_batches_per_rank_max = std::max(s.micro_batches_per_rank_max, double(batches.size()));
+    for (int r = 0; r < step.world_size(); ++r) {
+      const auto [first, end] = step.rank_micro_batches(r);
+      idle += first == end;
+      s.micro_batches_per_rank_max = std::max(s.micro_batches_per_rank_max, double(end - first));
     }
     s.idle_rank_steps += idle;
     s.steps_with_idle_ranks += idle > 0;
     s.idle_ranks_max = std::max(s.idle_ranks_max, idle);
-    const std::vector<double> loads = rank_costs(step);
+    piece_costs.clear();
+    const std::vector<double> loads = rank_costs(step, scratch, [&](const MicroBatch& mb) {
+      s.target_tokens += mb.target_tokens;
+      s.tokens_computed += mb.tokens_computed();
+      if (packed)
+        for (const Piece& p : mb.pieces) piece_costs.push_back(plan.cost.piece(p.len));
+    });
     imbalance.push_back(max_over_mean(loads));
     critical_cost += loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
-    for (const MicroBatch& mb : step.micro_batches) packed = packed && mb.packed();
-    if (packed) bound.push_back(step_bound(step, plan.cost, loads, piece_costs));
-    const double t = double(step.target_tokens);
+    if (packed) bound.push_back(step_bound(loads, plan.cost.c, piece_costs));
+    const double t = double(step.target_tokens());
     step_tokens_min = i == 0 ? t : std::min(step_tokens_min, t);
     step_tokens_max = std::max(step_tokens_max, t);
   }
@@ -113,8 +134,8 @@ void compute_plan_stats(EpochPlan& plan) {
 double node_cost_imbalance(const EpochPlan& plan, int ranks_per_node, double quantile) {
   KILTER_CHECK(ranks_per_node >= 1, "ranks per node " << ranks_per_node << ": must be >= 1");
   std::vector<double> imbalance;
-  for (const Step& step : plan.steps) {
-    const std::vector<double> loads = rank_costs(step);
+  for (uint64_t i = 0; i < plan.steps.size(); ++i) {
+    const std::vector<double> loads = rank_costs(plan.steps[i]);
     std::vector<double> node_loads((loads.size() + ranks_per_node - 1) / ranks_per_node, 0.0);
     for (size_t r = 0; r < loads.size(); ++r) node_loads[r / ranks_per_node] += loads[r];
     imbalance.push_back(max_over_mean(node_loads));
@@ -125,18 +146,22 @@ double node_cost_imbalance(const EpochPlan& plan, int ranks_per_node, double qua
 uint64_t plan_fingerprint(const EpochPlan& plan) {
   uint64_t h = mix64(plan.epoch) ^ mix64(uint64_t(plan.world_size) + 0x51ED27ull);
   auto add = [&h](uint64_t v) { h = mix64(h ^ v) + 0x9E3779B97F4A7C15ull; };
-  for (const Step& step : plan.steps) {
-    add(step.micro_batches.size());
-    for (const MicroBatch& mb : step.micro_batches) {
+  MicroBatch mb;
+  for (uint64_t s = 0; s < plan.steps.size(); ++s) {
+    const StepView step = plan.steps[s];
+    add(step.micro_batch_count());
+    for (uint32_t m = 0; m < step.micro_batch_count(); ++m) {
+      step.micro_batch(m, mb);
       add(mb.padded_len);
       for (const Piece& p : mb.pieces) {
         add(p.doc);
         add((uint64_t(p.start) << 32) | p.len);
       }
     }
-    for (const auto& batches : step.rank_batches) {
-      add(batches.size());
-      for (uint32_t m : batches) add(m);
+    for (int r = 0; r < step.world_size(); ++r) {
+      const auto [first, end] = step.rank_micro_batches(r);
+      add(end - first);
+      for (uint32_t m = first; m < end; ++m) add(m);
     }
   }
   return h;

@@ -19,10 +19,12 @@ double evaluate(StepContext& ctx, PlanCache& eval_plans, const io::DatasetIndex&
   std::vector<io::PieceRequest> pieces;
   double sums[2] = {0, 0};  // loss sum, targets
   const size_t n_steps = std::min<size_t>(plan.steps.size(), size_t(std::max<int64_t>(0, eval_steps)));
+  balance::MicroBatch mb;
   for (size_t s = 0; s < n_steps; ++s) {
-    const balance::Step& step = plan.steps[s];
-    for (uint32_t id : step.rank_batches[ctx.rank]) {
-      const balance::MicroBatch& mb = step.micro_batches[id];
+    const balance::StepView step = plan.steps[s];
+    const auto [first, end] = step.rank_micro_batches(ctx.rank);
+    for (uint32_t id = first; id < end; ++id) {
+      step.micro_batch(id, mb);
       piece_requests(mb, pieces);
       reader.enqueue(std::move(pieces));
       assemble_batch(reader.next(), mb, batch);

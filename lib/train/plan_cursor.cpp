@@ -38,15 +38,16 @@ bool PrefetchCursor::next(std::vector<io::PieceRequest>& out) {
       mb_ = 0;
       continue;
     }
-    const balance::Step& step = plan.steps[pos_.step_in_epoch];
-    const auto& mine = step.rank_batches[rank_];
-    if (mb_ >= mine.size()) {
+    const balance::StepView step = plan.steps[pos_.step_in_epoch];
+    const auto [first, end] = step.rank_micro_batches(rank_);
+    if (mb_ >= end - first) {
       ++pos_.step_in_epoch;
       mb_ = 0;
       --steps_left_;
       continue;
     }
-    piece_requests(step.micro_batches[mine[mb_++]], out);
+    step.micro_batch(uint32_t(first + mb_++), scratch_);
+    piece_requests(scratch_, out);
     return true;
   }
   return false;

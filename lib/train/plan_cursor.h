@@ -41,6 +41,7 @@ class PrefetchCursor {
   balance::PlanPosition pos_;
   int64_t steps_left_;
   size_t mb_ = 0;
+  balance::MicroBatch scratch_;
 };
 
 // The reader's requests for one micro-batch's pieces, in order.

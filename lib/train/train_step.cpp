@@ -10,22 +10,23 @@
 
 namespace kilter::train {
 
-double compute_gradients(StepContext& ctx, const balance::Step& step, StepWork& work) {
+double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWork& work) {
   model::Model& model = *ctx.model;
   diag::RankDiagnostics& diagnostics = *ctx.diagnostics;
-  const auto& mine = step.rank_batches[ctx.rank];
-  const float loss_scale = 1.0f / float(step.target_tokens);
+  const auto [first, end] = step.rank_micro_batches(ctx.rank);
+  const float loss_scale = 1.0f / float(step.target_tokens());
   double loss_sum = 0;
-  if (mine.empty()) {
+  if (first == end) {
     // No micro-batch for this rank in this step: contribute zeros to the reduction.
     ctx.reducer->begin();
     diagnostics.mark_arrival();
     ctx.reducer->ready(0, model.layout().padded_size);
     return 0;
   }
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const balance::MicroBatch& mb = step.micro_batches[mine[i]];
-    const bool last = i + 1 == mine.size();
+  balance::MicroBatch mb;
+  for (uint32_t id = first; id < end; ++id) {
+    step.micro_batch(id, mb);
+    const bool last = id + 1 == end;
     ctx.fill_prefetch();
     diagnostics.phase_begin(diag::kDataWait);
     const io::ReadyGroup& group = ctx.reader->next();
@@ -67,7 +68,7 @@ double compute_gradients(StepContext& ctx, const balance::Step& step, StepWork& 
   return loss_sum;
 }
 
-ReducedStep reduce(StepContext& ctx, const balance::Step& step, double local_loss_sum, int64_t step_index) {
+ReducedStep reduce(StepContext& ctx, const balance::StepView& step, double local_loss_sum, int64_t step_index) {
   ctx.watchdog->enter("gradient reduction", long(step_index));
   const double exposed = ctx.reducer->finish();
   ctx.diagnostics->add_phase_seconds(diag::kCommExposed, exposed);
@@ -76,7 +77,7 @@ ReducedStep reduce(StepContext& ctx, const balance::Step& step, double local_los
   MPI_Allreduce(MPI_IN_PLACE, scalars, 2, MPI_DOUBLE, MPI_SUM, ctx.world);
   ctx.watchdog->leave();
   ReducedStep reduced;
-  reduced.loss = scalars[0] / double(step.target_tokens);
+  reduced.loss = scalars[0] / double(step.target_tokens());
   reduced.stop_requested = scalars[1] > 0;
   return reduced;
 }

@@ -34,14 +34,14 @@ struct StepContext {
 // gradients of (loss sum / step.target_tokens). The gradient reduction starts inside the last
 // micro-batch's backward; an idle rank (no micro-batch) starts it at once with zero gradients,
 // so every rank joins every collective. Returns this rank's loss sum; `work` gets its work.
-double compute_gradients(StepContext& ctx, const balance::Step& step, StepWork& work);
+double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWork& work);
 
 struct ReducedStep {
   double loss = 0;              // mean over the global step's target tokens
   bool stop_requested = false;  // a rank received a stop signal
 };
 // Waits for the gradient reduction and sums the loss and the stop flag over all ranks.
-ReducedStep reduce(StepContext& ctx, const balance::Step& step, double local_loss_sum, int64_t step_index);
+ReducedStep reduce(StepContext& ctx, const balance::StepView& step, double local_loss_sum, int64_t step_index);
 
 struct UpdateResult {
   double grad_norm = 0;

@@ -248,7 +248,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   while (state.step < total_steps) {
     // plan
     const balance::EpochPlan& plan = plans.get(state.position.epoch);
-    const balance::Step& step = plan.steps[state.position.step_in_epoch];
+    const balance::StepView step = plan.steps[state.position.step_in_epoch];
     maybe_fail_for_test(rank, state.step);
     diagnostics.begin_step(state.step);
     model->zero_grads();
@@ -265,12 +265,13 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     const double lr = updated.lr, grad_norm = updated.grad_norm;
 
     diagnostics.set_step_work(work.tokens_computed, work.attn_work, work.micro_batches);
-    diagnostics.end_step(state.step, int64_t(step.target_tokens), loss);
+    const double step_tokens = double(step.target_tokens());
+    diagnostics.end_step(state.step, int64_t(step.target_tokens()), loss);
     last_loss = loss;
-    tokens_this_run += double(step.target_tokens);
-    tokens_since_log += double(step.target_tokens);
+    tokens_this_run += step_tokens;
+    tokens_since_log += step_tokens;
     ++state.step;
-    state.tokens_seen += double(step.target_tokens);
+    state.tokens_seen += step_tokens;
     // `plan` and `step` are not used past this point: a finished epoch's plan can go.
     state.position = balance::next_position(state.position, plan.steps.size());
     if (state.position.step_in_epoch == 0) plans.drop_before(state.position.epoch);

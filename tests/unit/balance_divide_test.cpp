@@ -20,6 +20,15 @@ std::vector<Piece> random_pieces(size_t n, uint32_t max_len, uint64_t seed) {
   return pieces;
 }
 
+// One step divided among `world` ranks, as plain vectors (the pieces start at 0 and are at most
+// max_tokens long: the plan's storage takes max_tokens as its context).
+Step divide_step(StepDivider& divider, const std::vector<Piece>& pieces, int world, uint64_t max_tokens) {
+  PlanSteps steps(uint32_t(max_tokens), world);
+  divider.divide(pieces.data(), pieces.size(), steps);
+  EXPECT_EQ(steps.size(), 1u);
+  return steps[0].expand();
+}
+
 CostModel unit_cost(double b, double c) {
   CostModel cost;
   cost.a = 1;
@@ -56,11 +65,10 @@ TEST(BalanceDivide, EveryPieceOnceWithinBudgetAndDeterministic) {
   const auto pieces = random_pieces(700, 512, 3);
   for (int world : {1, 2, 7, 64, 300, 1000}) {
     StepDivider divider(unit_cost(1.0 / 3072, 64), 2048, world);
-    Step a, b;
-    divider.divide(pieces.data(), pieces.size(), a);
+    const Step a = divide_step(divider, pieces, world, 2048);
     expect_valid_division(pieces, a, world, 2048);
     StepDivider other(unit_cost(1.0 / 3072, 64), 2048, world);
-    other.divide(pieces.data(), pieces.size(), b);
+    const Step b = divide_step(other, pieces, world, 2048);
     EXPECT_EQ(a.rank_batches, b.rank_batches) << "world " << world;
     ASSERT_EQ(a.micro_batches.size(), b.micro_batches.size());
     for (size_t m = 0; m < a.micro_batches.size(); ++m)
@@ -74,8 +82,7 @@ TEST(BalanceDivide, FewestMicroBatchesAndLongestFirst) {
   // fill the gaps, and the pieces of each micro-batch are sorted longest first.
   const auto pieces = random_pieces(2000, 300, 5);
   StepDivider divider(unit_cost(0.001, 10), 4096, 1);
-  Step step;
-  divider.divide(pieces.data(), pieces.size(), step);
+  const Step step = divide_step(divider, pieces, 1, 4096);
   expect_valid_division(pieces, step, 1, 4096);
   EXPECT_EQ(step.micro_batches.size(), divider.min_micro_batches(step.target_tokens));
   for (const MicroBatch& mb : step.micro_batches)
@@ -87,8 +94,7 @@ TEST(BalanceDivide, BalancedWhenSharesHoldManyPieces) {
   const auto pieces = random_pieces(4000, 1024, 11);
   for (int world : {2, 8, 32}) {
     StepDivider divider(unit_cost(1.0 / 6144, 256), 8192, world);
-    Step step;
-    divider.divide(pieces.data(), pieces.size(), step);
+    const Step step = divide_step(divider, pieces, world, 8192);
     const std::vector<double> loads = rank_costs(step);
     double total = 0, top = 0;
     for (double l : loads) total += l, top = std::max(top, l);
@@ -99,8 +105,7 @@ TEST(BalanceDivide, BalancedWhenSharesHoldManyPieces) {
 TEST(BalanceDivide, IdleRanksWhenFewerPiecesThanRanks) {
   const std::vector<Piece> pieces = {{0, 0, 100}, {1, 0, 50}, {2, 0, 10}};
   StepDivider divider(unit_cost(0, 0), 128, 5);
-  Step step;
-  divider.divide(pieces.data(), pieces.size(), step);
+  const Step step = divide_step(divider, pieces, 5, 128);
   expect_valid_division(pieces, step, 5, 128);
   int idle = 0;
   for (const auto& batches : step.rank_batches) idle += batches.empty();
@@ -112,8 +117,10 @@ TEST(BalanceDivide, RefusesAnUnresolvedCostModelAndOversizedPieces) {
   EXPECT_THROW(StepDivider(unit_cost(0, 0), 128, 0), Error);
   StepDivider divider(unit_cost(0, 0), 128, 2);
   const std::vector<Piece> pieces = {{0, 0, 129}};
-  Step step;
-  EXPECT_THROW(divider.divide(pieces.data(), pieces.size(), step), Error);
+  PlanSteps steps(256, 2);
+  EXPECT_THROW(divider.divide(pieces.data(), pieces.size(), steps), Error);
+  PlanSteps other_world(256, 3);
+  EXPECT_THROW(divider.divide(pieces.data(), 0, other_world), Error) << "steps for another world size";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "io/error.h"
 #include "lib/balance/plan.h"
+#include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"
 
 namespace kilter::balance {
@@ -34,6 +35,13 @@ PlanOptions small_options() {
   return o;
 }
 
+// The plan's steps as plain vectors.
+std::vector<Step> expanded(const EpochPlan& plan) {
+  std::vector<Step> steps;
+  for (uint64_t s = 0; s < plan.steps.size(); ++s) steps.push_back(plan.steps[s].expand());
+  return steps;
+}
+
 // The pieces of one step, sorted: what the step trains on, whatever the division.
 std::vector<PieceKey> step_pieces(const Step& step) {
   std::vector<PieceKey> keys;
@@ -47,8 +55,8 @@ std::vector<PieceKey> step_pieces(const Step& step) {
 void expect_same_step_pieces(const EpochPlan& x, const EpochPlan& y) {
   ASSERT_EQ(x.steps.size(), y.steps.size());
   for (size_t s = 0; s < x.steps.size(); ++s) {
-    EXPECT_EQ(x.steps[s].target_tokens, y.steps[s].target_tokens) << "step " << s;
-    EXPECT_EQ(step_pieces(x.steps[s]), step_pieces(y.steps[s])) << "step " << s;
+    EXPECT_EQ(x.steps[s].target_tokens(), y.steps[s].target_tokens()) << "step " << s;
+    EXPECT_EQ(step_pieces(x.steps[s].expand()), step_pieces(y.steps[s].expand())) << "step " << s;
   }
 }
 
@@ -82,7 +90,7 @@ TEST(BalancePlan, EveryPieceUsedOnceOrReportedDropped) {
       const EpochPlan plan = build_epoch_plan(lengths, docs, o, 5, 0);
       std::multiset<PieceKey> used;
       uint64_t used_tokens = 0;
-      for (const Step& step : plan.steps)
+      for (const Step& step : expanded(plan))
         for (const MicroBatch& mb : step.micro_batches)
           for (const Piece& p : mb.pieces) used.insert(key_of(p)), used_tokens += p.len;
       std::set<PieceKey> all;
@@ -114,7 +122,7 @@ TEST(BalancePlan, EveryRankHasEveryStepAndEachMicroBatchOnce) {
       o.sampler = sampler;
       const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, world, 1);
       ASSERT_GT(plan.steps.size(), 1u);
-      for (const Step& step : plan.steps) {
+      for (const Step& step : expanded(plan)) {
         ASSERT_EQ(step.rank_batches.size(), size_t(world)) << "every rank has an entry in every step";
         std::vector<int> seen(step.micro_batches.size(), 0);
         for (const auto& batches : step.rank_batches)
@@ -122,7 +130,7 @@ TEST(BalancePlan, EveryRankHasEveryStepAndEachMicroBatchOnce) {
         for (int count : seen) EXPECT_EQ(count, 1);
       }
       if (sampler == "naive") {
-        for (const Step& step : plan.steps)
+        for (const Step& step : expanded(plan))
           for (const auto& batches : step.rank_batches)
             EXPECT_EQ(batches.size(), step.rank_batches[0].size()) << "naive: same micro-batches per rank";
       }
@@ -162,9 +170,10 @@ TEST(BalancePlan, ResumeAtAPositionFindsTheSameStepOnAnotherWorldSize) {
   EXPECT_EQ(pos.step_in_epoch, 2u);
   const EpochPlan on_two = build_epoch_plan(lengths, docs, o, 2, pos.epoch);
   const EpochPlan on_five = build_epoch_plan(lengths, docs, o, 5, pos.epoch);
-  EXPECT_EQ(step_pieces(on_two.steps[pos.step_in_epoch]), step_pieces(on_five.steps[pos.step_in_epoch]));
-  EXPECT_NE(step_pieces(on_two.steps[pos.step_in_epoch]),
-            step_pieces(build_epoch_plan(lengths, docs, o, 2, 0).steps[pos.step_in_epoch]))
+  EXPECT_EQ(step_pieces(on_two.steps[pos.step_in_epoch].expand()),
+            step_pieces(on_five.steps[pos.step_in_epoch].expand()));
+  EXPECT_NE(step_pieces(on_two.steps[pos.step_in_epoch].expand()),
+            step_pieces(build_epoch_plan(lengths, docs, o, 2, 0).steps[pos.step_in_epoch].expand()))
       << "another epoch, other steps";
 }
 
@@ -175,16 +184,17 @@ TEST(BalancePlan, IdenticalAcrossCallsDeterministicFromSeedAndEpoch) {
   const EpochPlan a = build_epoch_plan(lengths, docs, o, 8, 2);
   const EpochPlan b = build_epoch_plan(lengths, docs, o, 8, 2);
   expect_same_step_pieces(a, b);
-  for (size_t s = 0; s < a.steps.size(); ++s) {
-    ASSERT_EQ(a.steps[s].micro_batches.size(), b.steps[s].micro_batches.size());
-    for (size_t m = 0; m < a.steps[s].micro_batches.size(); ++m) {
-      const auto& p = a.steps[s].micro_batches[m].pieces;
-      const auto& q = b.steps[s].micro_batches[m].pieces;
+  const std::vector<Step> a_steps = expanded(a), b_steps = expanded(b);
+  for (size_t s = 0; s < a_steps.size(); ++s) {
+    ASSERT_EQ(a_steps[s].micro_batches.size(), b_steps[s].micro_batches.size());
+    for (size_t m = 0; m < a_steps[s].micro_batches.size(); ++m) {
+      const auto& p = a_steps[s].micro_batches[m].pieces;
+      const auto& q = b_steps[s].micro_batches[m].pieces;
       ASSERT_EQ(p.size(), q.size());
       for (size_t i = 0; i < p.size(); ++i) EXPECT_EQ(key_of(p[i]), key_of(q[i]));
     }
   }
-  for (size_t s = 0; s < a.steps.size(); ++s) EXPECT_EQ(a.steps[s].rank_batches, b.steps[s].rank_batches);
+  for (size_t s = 0; s < a_steps.size(); ++s) EXPECT_EQ(a_steps[s].rank_batches, b_steps[s].rank_batches);
   EXPECT_EQ(plan_fingerprint(a), plan_fingerprint(b));
 
   const EpochPlan next_epoch = build_epoch_plan(lengths, docs, o, 8, 3);
@@ -205,7 +215,7 @@ TEST(BalancePlan, MicroBatchesRespectTheTokenBudget) {
     o.max_tokens = 1024;
     o.naive_batch_size = 4;
     const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, 4, 0);
-    for (const Step& step : plan.steps) {
+    for (const Step& step : expanded(plan)) {
       uint64_t step_tokens = 0;
       for (const MicroBatch& mb : step.micro_batches) {
         ASSERT_FALSE(mb.pieces.empty());
@@ -238,7 +248,7 @@ TEST(BalancePlan, StepsHoldAboutTokensPerStepAndMixLengths) {
   const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, 8, 0);
   ASSERT_GT(plan.steps.size(), 20u);
   std::vector<double> mean_len;
-  for (const Step& step : plan.steps) {
+  for (const Step& step : expanded(plan)) {
     // Cut piece by piece: within half a context of the target.
     EXPECT_GE(step.target_tokens + o.context / 2, o.tokens_per_step);
     EXPECT_LE(step.target_tokens, o.tokens_per_step + o.context / 2);
@@ -295,8 +305,8 @@ TEST(BalancePlan, TinyCorpusIsOneStepAndIdleRanksAreReported) {
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_EQ(plan.stats.empty_docs, 1u);
   EXPECT_EQ(plan.stats.target_tokens, 60u);
-  EXPECT_EQ(plan.steps[0].rank_batches.size(), 4u);
-  const uint64_t mbs = plan.steps[0].micro_batches.size();
+  EXPECT_EQ(plan.steps[0].world_size(), 4);
+  const uint64_t mbs = plan.steps[0].micro_batch_count();
   EXPECT_LT(mbs, 4u);
   EXPECT_EQ(plan.stats.idle_rank_steps, 4u - mbs);
   EXPECT_EQ(plan.stats.steps_with_idle_ranks, 1u);
@@ -310,18 +320,32 @@ TEST(BalancePlan, NaiveSamplerShape) {
   const int world = 4;
   const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, world, 0);
   ASSERT_GT(plan.steps.size(), 1u);
-  const size_t per_rank = plan.steps[0].rank_batches[0].size();
+  const size_t per_rank = plan.steps[0].expand().rank_batches[0].size();
   ASSERT_GE(per_rank, 1u);
-  for (const Step& step : plan.steps) {
+  // The sequences as a distributed sampler deals them: the step's pieces in the shuffled order
+  // of the epoch, sequence k to rank k mod P. Micro-step j of rank r holds the step's sequences
+  // r + P (3j + i), i < 3.
+  std::vector<Piece> order = cut_documents(lengths, all_documents(lengths.size()), o.context);
+  Xoshiro256 rng(o.seed, 0, RngStream::kNaiveOrder);
+  fisher_yates(order.data(), order.size(), rng);
+  const size_t per_step = per_rank * world * 3;
+  std::vector<Piece> dealt;
+  size_t s = 0;
+  for (const Step& step : expanded(plan)) {
     EXPECT_EQ(step.micro_batches.size(), per_rank * world);
+    dealt.assign(per_step, Piece{});
     for (int r = 0; r < world; ++r) {
       ASSERT_EQ(step.rank_batches[r].size(), per_rank);
       for (size_t j = 0; j < per_rank; ++j) {
-        // Micro-step j of rank r is micro-batch j * P + r: sequences r, r+P, ... of the step.
-        EXPECT_EQ(step.rank_batches[r][j], uint32_t(j * world + r));
-        EXPECT_EQ(step.micro_batches[step.rank_batches[r][j]].pieces.size(), 3u);
+        EXPECT_EQ(step.rank_batches[r][j], uint32_t(r * per_rank + j)) << "stored rank by rank";
+        const MicroBatch& mb = step.micro_batches[step.rank_batches[r][j]];
+        ASSERT_EQ(mb.pieces.size(), 3u);
+        for (size_t i = 0; i < 3; ++i) dealt[r + world * (3 * j + i)] = mb.pieces[i];
       }
     }
+    for (size_t k = 0; k < per_step; ++k)
+      EXPECT_EQ(key_of(dealt[k]), key_of(order[s * per_step + k])) << "step " << s << " sequence " << k;
+    ++s;
   }
   // Naive content depends on the world size (that is the baseline's nature).
   const EpochPlan other = build_epoch_plan(lengths, all_documents(lengths.size()), o, 2, 0);
@@ -338,7 +362,7 @@ TEST(BalancePlan, IdleRanksWhenTheStepIsTooSmallForTheWorldSize) {
   EXPECT_EQ(plan.stats.steps_with_idle_ranks, 16u);
   EXPECT_EQ(plan.stats.idle_rank_steps, 16u * 4u);
   EXPECT_EQ(plan.stats.idle_ranks_max, 4u);
-  for (const Step& step : plan.steps) ASSERT_EQ(step.rank_batches.size(), 8u) << "idle ranks keep their entry";
+  for (const Step& step : expanded(plan)) ASSERT_EQ(step.rank_batches.size(), 8u) << "idle ranks keep their entry";
   const std::string warning = idle_rank_warning(o, 8);
   EXPECT_NE(warning.find("train.tokens_per_step"), std::string::npos) << warning;
   EXPECT_NE(warning.find(std::to_string(8 * 128)), std::string::npos) << "names the step that avoids it: " << warning;
