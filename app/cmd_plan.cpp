@@ -118,7 +118,8 @@ nlohmann::json stats_json(const balance::EpochPlan& plan) {
           {"micro_batches_per_rank_max", s.micro_batches_per_rank_max},
           {"cost_imbalance_bound_p50", s.cost_imbalance_bound_p50},
           {"cost_imbalance_bound_p95", s.cost_imbalance_bound_p95},
-          {"critical_cost_per_token", s.critical_cost_per_token}};
+          {"critical_cost_per_token", s.critical_cost_per_token},
+          {"cost_wait_fraction", s.cost_wait_fraction}};
 }
 
 }  // namespace
@@ -264,6 +265,7 @@ int cmd_plan(int argc, char** argv) {
       std::printf("  padding efficiency %.4f   cost imbalance p50 %.4f  p95 %.4f  max %.4f   (node p95 %.4f)\n",
                   s.padding_efficiency, s.cost_imbalance_p50, s.cost_imbalance_p95, s.cost_imbalance_max,
                   balance::node_cost_imbalance(plan, ranks_per_node, 0.95));
+      std::printf("  rank-time waiting for the busiest rank if step times were the costs: %.4f\n", s.cost_wait_fraction);
       if (s.cost_imbalance_bound_p95 > 0)
         std::printf("  best any division of these steps could do: imbalance p50 %.4f  p95 %.4f\n",
                     s.cost_imbalance_bound_p50, s.cost_imbalance_bound_p95);

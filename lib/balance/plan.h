@@ -117,6 +117,10 @@ struct PlanStats {
   // on the critical path (what the slowest rank makes everyone wait for). naive / balanced of
   // this is the speed-up the plan predicts.
   double critical_cost_per_token = 0;
+  // Sum over steps and ranks of (busiest rank's cost - own cost) / sum over steps of P x the
+  // busiest rank's cost: the share of rank-time spent waiting at the gradient collective if step
+  // times were the costs — what the trainer's sync_wait_fraction would be without noise.
+  double cost_wait_fraction = 0;
   double target_tokens_per_step_mean = 0;
   double target_tokens_per_step_min = 0;
   double target_tokens_per_step_max = 0;

@@ -39,6 +39,8 @@ void PlanSteps::add_piece(const Piece& p) {
 }
 
 void PlanSteps::end_micro_batch() {
+  const uint64_t first = building_mbs_ == 0 ? 0 : mb_piece_end_.back();
+  KILTER_CHECK(building_pieces_ > first, "plan: an empty micro-batch (rank " << building_ranks_ << ")");
   KILTER_CHECK(building_mbs_ < std::numeric_limits<uint32_t>::max(),
                "plan: a step of more than 2^32 micro-batches; lower train.tokens_per_step");
   mb_piece_end_.push_back(uint32_t(building_pieces_));

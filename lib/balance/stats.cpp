@@ -90,7 +90,7 @@ void compute_plan_stats(EpochPlan& plan) {
   std::vector<double> piece_costs;  // the step's piece costs, for step_bound()
   MicroBatch scratch;
   const bool packed = !plan.steps.padded();
-  double critical_cost = 0;
+  double critical_cost = 0, rank_time = 0, wait_time = 0;
   double step_tokens_min = 0, step_tokens_max = 0;
   for (uint64_t i = 0; i < plan.steps.size(); ++i) {
     const StepView step = plan.steps[i];
@@ -112,7 +112,10 @@ void compute_plan_stats(EpochPlan& plan) {
         for (const Piece& p : mb.pieces) piece_costs.push_back(plan.cost.piece(p.len));
     });
     imbalance.push_back(max_over_mean(loads));
-    critical_cost += loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
+    const double busiest = loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
+    critical_cost += busiest;
+    rank_time += busiest * double(loads.size());
+    for (double l : loads) wait_time += busiest - l;
     if (packed) bound.push_back(step_bound(loads, plan.cost.c, piece_costs));
     const double t = double(step.target_tokens());
     step_tokens_min = i == 0 ? t : std::min(step_tokens_min, t);
@@ -123,6 +126,7 @@ void compute_plan_stats(EpochPlan& plan) {
   s.cost_imbalance_p95 = quantile_of(imbalance, 0.95);
   s.cost_imbalance_max = quantile_of(imbalance, 1.0);
   s.critical_cost_per_token = s.target_tokens ? critical_cost / double(s.target_tokens) : 0;
+  s.cost_wait_fraction = rank_time > 0 ? wait_time / rank_time : 0;
   s.cost_imbalance_bound_p50 = packed ? quantile_of(bound, 0.50) : 0;
   s.cost_imbalance_bound_p95 = packed ? quantile_of(bound, 0.95) : 0;
   s.micro_batches_per_step = s.steps_per_epoch ? double(s.micro_batches) / double(s.steps_per_epoch) : 0;

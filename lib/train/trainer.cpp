@@ -319,6 +319,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["cost_imbalance_p50"] = st.cost_imbalance_p50;
   extra["cost_imbalance_p95"] = st.cost_imbalance_p95;
   extra["cost_imbalance_max"] = st.cost_imbalance_max;
+  extra["cost_wait_fraction"] = st.cost_wait_fraction;
   extra["steps_per_epoch"] = st.steps_per_epoch;
   extra["micro_batches_per_step"] = st.micro_batches_per_step;
   extra["sampler"] = cfg.data.sampler;

@@ -82,6 +82,7 @@ TEST(BalancePlanSteps, RefusesWhatItCannotStore) {
   EXPECT_THROW(steps.add_piece(Piece{1, 5, 10}), Error) << "a piece not starting at a multiple of the context";
   EXPECT_THROW(steps.add_piece(Piece{1, 0, 129}), Error) << "longer than the context";
   EXPECT_THROW(steps.add_piece(Piece{1, 0, 0}), Error) << "empty";
+  EXPECT_THROW(steps.end_micro_batch(), Error) << "an empty micro-batch";
   steps.end_rank();
   EXPECT_THROW(steps.end_step(0), Error) << "a step with fewer ranks than the world size";
   steps.end_rank();

@@ -279,6 +279,8 @@ TEST(BalancePlan, BalancedBeatsNaiveOnPaddingAndCost) {
   EXPECT_LT(balanced.stats.critical_cost_per_token, naive.stats.critical_cost_per_token);
   EXPECT_LT(naive.stats.padding_efficiency, balanced.stats.padding_efficiency);
   EXPECT_GT(naive.stats.cost_imbalance_p95, balanced.stats.cost_imbalance_p95);
+  EXPECT_LT(balanced.stats.cost_wait_fraction, naive.stats.cost_wait_fraction);
+  EXPECT_GE(balanced.stats.cost_wait_fraction, 0.0);
 }
 
 TEST(BalancePlan, TailDroppedOrRedistributedAndReported) {
@@ -401,6 +403,8 @@ TEST(BalancePlan, ImbalanceNeverBeatsTheBoundAndMeetsItWhenStepsAreCoarse) {
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_NEAR(plan.stats.cost_imbalance_bound_p95, 20.0 / 15.0, 1e-9);
   EXPECT_NEAR(plan.stats.cost_imbalance_p95, 20.0 / 15.0, 1e-9);
+  // The rank holding one piece waits 10 of the 2 x 20 rank-time units.
+  EXPECT_NEAR(plan.stats.cost_wait_fraction, 10.0 / 40.0, 1e-9);
 }
 
 TEST(BalancePlan, SplitIsDeterministicDisjointAndExact) {
