@@ -269,6 +269,35 @@ TEST(TextCodec, ContinuationKeepsTheSpaceATokenizerDropsAtTheStart) {
   EXPECT_EQ(ids.continuation({1}, {2, 3}), "[2 3]");
 }
 
+// The document starts the trainer records: every document's first token, read through the
+// reader, against the shards read directly; or an evenly spaced subset of documents.
+TEST(DocumentStarts, CountTheFirstTokenOfEveryDocumentOrAnEvenSubset) {
+  kilter::io::testing::ScratchDir scratch;
+  const std::string dir = kilter::io::testing::make_synth(scratch.path("data"), 500, 3, 7, "uniform:1,40");
+  const kilter::io::DatasetIndex index = kilter::io::load_index(dir);
+  std::map<uint32_t, uint64_t> expected;
+  std::vector<uint32_t> firsts;  // by global document id
+  for (uint32_t s = 0; s < 3; ++s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/shard-%05u.h5", s);
+    const std::vector<uint32_t> tokens = kilter::io::testing::shard_tokens(dir + name);
+    for (uint64_t d = 0; d < index.shards[s].num_docs; ++d) {
+      firsts.push_back(tokens[kilter::io::testing::get_offset(dir + name, d)]);
+      ++expected[firsts.back()];
+    }
+  }
+  ASSERT_EQ(firsts.size(), 500u);
+  const auto all = kilter::train::count_document_starts(index, dir, {});
+  EXPECT_EQ(all, (std::vector<std::pair<uint32_t, uint64_t>>(expected.begin(), expected.end())));
+  // A list of documents, and at most 100 of them: every fifth.
+  std::vector<uint64_t> docs(500);
+  for (uint64_t d = 0; d < 500; ++d) docs[d] = d;
+  std::map<uint32_t, uint64_t> fifth;
+  for (uint64_t d = 0; d < 500; d += 5) ++fifth[firsts[d]];
+  EXPECT_EQ(kilter::train::count_document_starts(index, dir, docs, 100),
+            (std::vector<std::pair<uint32_t, uint64_t>>(fifth.begin(), fifth.end())));
+}
+
 // ---- checkpoints carry the tokenizer ----------------------------------------------------------
 
 kilter::io::CheckpointContents tiny_checkpoint() {
