@@ -9,7 +9,8 @@
 #   bench/sample_english.sh [KILTER]        KILTER: the kilter binary (default: build/kilter)
 #   env: TOKENIZER  byte (default) | sentencepiece (trains a SentencePiece BPE model of VOCAB ids
 #                   with `kilter prep tokenizer train` and prepares the corpus with it)
-#        VOCAB (default 2000), STEPS (default 1500), RANKS (default 2), MIN_SCORE (default 0.8),
+#        VOCAB (default 2000), STEPS (default 2000), LR (default 2e-3, peak), WARMUP (default 50),
+#        RANKS (default 2), MIN_SCORE (default 0.8),
 #        SAMPLES (default 8), FORTUNES (default /usr/share/games/fortunes),
 #        TRAIN_ARGS (extra `--section.key=value` overrides of inputs/demo.ini, e.g. "--train.lr=2e-3"),
 #        KEEP=1 keeps the working directory (dataset, tokenizer, run) and prints its path
@@ -23,7 +24,9 @@ set -euo pipefail
 KILTER=$(readlink -f "${1:-build/kilter}")
 TOKENIZER=${TOKENIZER:-byte}
 VOCAB=${VOCAB:-2000}
-STEPS=${STEPS:-1500}
+STEPS=${STEPS:-2000}
+LR=${LR:-2e-3}
+WARMUP=${WARMUP:-50}
 RANKS=${RANKS:-2}
 MIN_SCORE=${MIN_SCORE:-0.8}
 SAMPLES=${SAMPLES:-8}
@@ -55,9 +58,10 @@ case "$TOKENIZER" in
   *) echo "bench/sample_english.sh: TOKENIZER must be byte or sentencepiece" >&2; exit 2 ;;
 esac
 
-echo "== training inputs/demo.ini's model for $STEPS steps on $RANKS ranks ($TOKENIZER tokenizer)"
+echo "== training inputs/demo.ini's model for $STEPS steps (lr $LR, warmup $WARMUP) on $RANKS ranks ($TOKENIZER tokenizer)"
 mpirun -np "$RANKS" "${MPI_FLAGS[@]}" "$KILTER" train --config "$SRC/inputs/demo.ini" --data.dir="$work/data" \
-  --data.eval_fraction=0 --train.eval_every=0 --train.steps="$STEPS" --output.checkpoint_every=0 \
+  --data.eval_fraction=0 --train.eval_every=0 --train.steps="$STEPS" --train.lr="$LR" --train.warmup="$WARMUP" \
+  --output.checkpoint_every=0 \
   --output.trace_steps=0 --output.log_every=100 --output.dir="$work/run" "${TRAIN_EXTRA[@]}"
 
 for seed in $(seq 1 "$SAMPLES"); do
