@@ -116,13 +116,28 @@ void check_info_against_config(const std::string& path, const io::CheckpointInfo
   }
 }
 
+// `line` inserted after the first line of `message` (the headline stays first, details last).
+std::string with_second_line(const std::string& message, const std::string& line) {
+  const size_t newline = message.find('\n');
+  if (newline == std::string::npos) return message + "\n  " + line;
+  return message.substr(0, newline) + "\n  " + line + message.substr(newline);
+}
+
+// "the latest checkpoint stays F" / "no checkpoint of this run exists yet".
+std::string latest_checkpoint_text(const std::string& dir) {
+  auto found = io::list_checkpoints(dir);
+  return found.empty() ? std::string("no checkpoint of this run exists yet")
+                       : "the latest checkpoint stays " + found.back().second;
+}
+
 }  // namespace
 
 struct Checkpointer::Impl {
   MPI_Comm world = MPI_COMM_NULL;
   int rank = 0;
   int world_size = 1;
-  std::string dir;
+  std::string run_dir;
+  std::string dir;  // run_dir/checkpoints
   int keep = 3;
   std::string config_text;
   std::string tokenizer, tokenizer_data;
@@ -133,6 +148,7 @@ struct Checkpointer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   bool job_pending = false;   // a snapshot waits for / is being written
+  bool job_final = false;     // ... and the run ends after it (its failure fails the run)
   bool shutting_down = false;
   std::exception_ptr error;   // the last failed write, rethrown by wait()
   io::CheckpointContents contents;  // reused between saves: no page faults on every snapshot
@@ -149,6 +165,7 @@ struct Checkpointer::Impl {
       cv.wait(lock, [&] { return job_pending || shutting_down; });
       if (!job_pending) return;
       const std::string path = job_path;
+      const bool final_checkpoint = job_final;
       lock.unlock();
       auto t0 = std::chrono::steady_clock::now();
       std::exception_ptr failure;
@@ -159,6 +176,22 @@ struct Checkpointer::Impl {
         failure = std::current_exception();
       }
       const double seconds = seconds_since(t0);
+      if (failure && !final_checkpoint) {
+        // A periodic checkpoint that fails (full disk, quota, ...) costs only that checkpoint:
+        // the previous one stays, and the next interval tries again. Said now, from this thread.
+        std::string message;
+        try {
+          std::rethrow_exception(failure);
+        } catch (const Error& e) {
+          message = e.message();
+        } catch (const std::exception& e) {
+          message = "checkpoint " + path + " not written: " + e.what();
+        }
+        std::fprintf(stderr, "kilter: warning: %s\n", with_second_line(message, latest_checkpoint_text(dir) +
+                                                             "; training goes on and tries again at the next checkpoint")
+                                                           .c_str());
+        failure = nullptr;
+      }
       lock.lock();
       if (failure) error = failure;
       stats.write_seconds = seconds;
@@ -189,6 +222,7 @@ Checkpointer::Checkpointer(MPI_Comm world, const std::string& run_dir, int keep,
   s.world = world;
   MPI_Comm_rank(world, &s.rank);
   MPI_Comm_size(world, &s.world_size);
+  s.run_dir = run_dir;
   s.dir = checkpoints_dir(run_dir);
   s.keep = keep;
   s.config_text = cfg.to_ini();
@@ -224,7 +258,7 @@ Checkpointer::~Checkpointer() {
   s.writer.join();
 }
 
-void Checkpointer::save(const model::Model& model, const TrainState& state) {
+void Checkpointer::save(const model::Model& model, const TrainState& state, bool final_checkpoint) {
   Impl& s = *impl_;
   if (s.rank != 0) return;
   auto t0 = std::chrono::steady_clock::now();
@@ -264,6 +298,7 @@ void Checkpointer::save(const model::Model& model, const TrainState& state) {
 
   s.job_path = s.dir + "/" + io::checkpoint_file_name(state.step);
   s.job_pending = true;
+  s.job_final = final_checkpoint;
   s.stats.waited_seconds = waited;
   s.stats.snapshot_seconds = seconds_since(t0) - waited;
   s.stats.bytes = 3 * layout.num_params * sizeof(float);
@@ -280,9 +315,23 @@ void Checkpointer::set_tokenizer(const std::string& kind, const std::string& fil
 
 void Checkpointer::wait() {
   Impl& s = *impl_;
-  if (s.rank != 0) return;
-  std::unique_lock<std::mutex> lock(s.mu);
-  s.wait_for_writer_and_rethrow(lock);
+  std::string problem;
+  if (s.rank == 0) {
+    std::unique_lock<std::mutex> lock(s.mu);
+    try {
+      s.wait_for_writer_and_rethrow(lock);
+    } catch (const Error& e) {
+      problem = e.message();
+    } catch (const std::exception& e) {
+      problem = std::string("checkpoint not written: ") + e.what();
+    }
+    if (!problem.empty())
+      problem = with_second_line(problem, "this was the run's last checkpoint, so the run fails; " +
+                                              latest_checkpoint_text(s.dir) + ": resume from it with --resume " +
+                                              s.run_dir + " once the cause is fixed");
+  }
+  // Every rank ends with the same error (and a non-zero exit), none waits for rank 0.
+  share_outcome(s.world, 0, problem, "writing the last checkpoint");
 }
 
 Checkpointer::SaveStats Checkpointer::last_save() const {

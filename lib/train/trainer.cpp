@@ -29,6 +29,7 @@
 #include "lib/train/guards.h"
 #include "lib/train/micro_batch.h"
 #include "lib/train/plan_cursor.h"
+#include "lib/train/run_dir.h"
 #include "lib/train/sampling.h"
 #include "lib/train/signals.h"
 #include "lib/train/staging.h"
@@ -97,11 +98,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   cfg.output.dir = run_dir;
   const bool resuming = !opts.resume.empty();
   std::string resume_path;
-  if (resuming) {
-    resume_path = Checkpointer::latest(run_dir);
-    KILTER_CHECK(!resume_path.empty(), "--resume " << opts.resume << ": no checkpoint in "
-                                                   << (fs::path(run_dir) / "checkpoints").string());
-  }
+  if (resuming)
+    resume_path = find_resume_checkpoint(world, run_dir, opts.resume);
+  else
+    check_new_run_dir(world, run_dir, cfg);
   if (rank == 0) {
     fs::create_directories(fs::path(run_dir) / "metrics");
     fs::create_directories(fs::path(run_dir) / "trace");
@@ -293,17 +293,19 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     sampler.maybe_sample(*model, state.step);
     const bool periodic = cfg.output.checkpoint_every > 0 && state.step % cfg.output.checkpoint_every == 0;
     if (stop_requested || periodic || state.step == total_steps) {
-      checkpointer.save(*model, state);
+      // The run ends after a final one: its failure fails the run (Checkpointer::wait), while a
+      // periodic one that fails is a warning and the next interval tries again.
+      checkpointer.save(*model, state, /*final_checkpoint=*/stop_requested || state.step == total_steps);
     }
     if (stop_requested) {
-      if (rank == 0)
-        std::fprintf(stderr, "kilter: stop signal received: checkpoint of step %lld written, exiting with code %d\n",
-                     (long long)state.step, kExitPreempted);
       exit_code = kExitPreempted;
       break;
     }
   }
   checkpointer.wait();
+  if (exit_code == kExitPreempted && rank == 0)
+    std::fprintf(stderr, "kilter: stop signal received: checkpoint of step %lld written, exiting with code %d\n",
+                 (long long)state.step, kExitPreempted);
   const double elapsed = now_seconds() - t_loop;
 
   // ---- summary -------------------------------------------------------------------------------
