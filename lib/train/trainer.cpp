@@ -252,6 +252,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     maybe_fail_for_test(rank, state.step);
     diagnostics.begin_step(state.step);
     model->zero_grads();
+    ctx.step_index = state.step;
     // read -> forward/backward (the reduction starts inside the last backward)
     StepWork work;
     const double local_loss_sum = compute_gradients(ctx, step, work);
@@ -260,7 +261,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     const double loss = reduced.loss;
     stop_requested = reduced.stop_requested;
     // update
-    const UpdateResult updated = update(ctx, cfg.train, loss, state.step, total_steps);
+    const UpdateResult updated = update(ctx, cfg.train, reduced, state.step, total_steps);
     nonfinite_skipped += updated.skipped;
     const double lr = updated.lr, grad_norm = updated.grad_norm;
 

@@ -3,3 +3,4 @@
 # tmpfs as the full disk) exit 77, skipped with the reason, where unshare -m is not allowed.
 kilter_add_e2e_test(e2e_fault_disk_full ${CMAKE_CURRENT_LIST_DIR}/fault_disk_full.sh)
 set_tests_properties(e2e_fault_disk_full PROPERTIES SKIP_RETURN_CODE 77)
+kilter_add_e2e_test(e2e_fault_nonfinite ${CMAKE_CURRENT_LIST_DIR}/fault_nonfinite.sh)
