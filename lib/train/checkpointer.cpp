@@ -97,21 +97,28 @@ void check_info_against_config(const std::string& path, const io::CheckpointInfo
                               << " n_embd=" << info.n_embd << " block_size=" << info.block_size
                               << " vocab_size=" << info.vocab_size << ", but the config asks for n_layer="
                               << gpt.n_layer << " n_head=" << gpt.n_head << " n_embd=" << gpt.n_embd
-                              << " block_size=" << gpt.block_size << " vocab_size=" << gpt.vocab_size);
+                              << " block_size=" << gpt.block_size << " vocab_size=" << gpt.vocab_size
+                              << "; resume with the run's own config (config.ini in its run directory), or set "
+                                 "output.dir to a new folder to start another run");
   }
   const uint64_t now_hash = cfg.hash();
   if (info.config_hash != now_hash) {
     std::vector<std::string> diffs = config_differences(info.config, cfg.to_ini(), true);
     std::string listed;
-    for (const auto& d : diffs) listed += "\n  " + d;
+    for (const auto& d : diffs) listed += "\n    " + d;
     char hashes[96];
     std::snprintf(hashes, sizeof(hashes), "config hash %016llx, now %016llx",
                   (unsigned long long)info.config_hash, (unsigned long long)now_hash);
-    KILTER_FAIL("checkpoint " << path << " was written with a different config (" << hashes << ")"
-                              << (diffs.empty() ? std::string(" but no key differs: was it written by kilter ") +
-                                                      info.kilter_version + " (this is " + KILTER_VERSION + ")?"
-                                                : std::string("; keys that differ (checkpoint vs now):") + listed)
-                              << "\nOnly train.steps, train.threads, output.*, data.dir/stage_dir/prefetch/"
+    KILTER_FAIL("checkpoint " << path << " was written with a different config ("
+                              << (diffs.empty() ? std::string("no key differs, but the hash does")
+                                                : std::to_string(diffs.size()) + " key(s) differ")
+                              << "); resume with the run's own config (config.ini in its run directory), or set "
+                                 "output.dir to a new folder to start another run"
+                              << (diffs.empty() ? std::string("\n  was it written by kilter ") + info.kilter_version +
+                                                      "? (this is " + KILTER_VERSION + ")"
+                                                : std::string("\n  keys that differ (checkpoint vs now):") + listed)
+                              << "\n  " << hashes
+                              << "\n  Only train.steps, train.threads, output.*, data.dir/stage_dir/prefetch/"
                                  "reader_threads and comm.timeout_s may change on --resume.");
   }
 }

@@ -98,15 +98,11 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   cfg.output.dir = run_dir;
   const bool resuming = !opts.resume.empty();
   std::string resume_path;
-  if (resuming)
-    resume_path = find_resume_checkpoint(world, run_dir, opts.resume);
-  else
-    check_new_run_dir(world, run_dir, cfg);
+  if (resuming) resume_path = find_resume_checkpoint(world, run_dir, opts.resume);
   if (rank == 0) {
     fs::create_directories(fs::path(run_dir) / "metrics");
     fs::create_directories(fs::path(run_dir) / "trace");
     fs::create_directories(fs::path(run_dir) / "checkpoints");
-    write_text_file(fs::path(run_dir) / "config.ini", cfg.to_ini());
   }
   MPI_Barrier(world);
 
@@ -118,6 +114,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   KILTER_CHECK(uint32_t(cfg.model.vocab_size) >= index.vocab_size,
                "config key model.vocab_size = " << cfg.model.vocab_size << " is smaller than the vocabulary of "
                                                 << cfg.data.dir << " (" << index.vocab_size << ")");
+  if (!resuming) check_new_run_dir(world, run_dir, cfg);  // with the config resolved as config.ini holds it
   std::string data_dir = cfg.data.dir;
   if (!cfg.data.stage_dir.empty()) data_dir = stage_dataset(index, cfg.data.stage_dir, topo.node, topo.local_rank);
 
@@ -153,6 +150,9 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                    (unsigned long long)state.position.step_in_epoch);
     state.world_size = world_size;
   }
+  // Only now, once a resume has loaded (or a new run was allowed into run_dir): a refused run
+  // leaves the run directory's config.ini as it was.
+  if (rank == 0) write_text_file(fs::path(run_dir) / "config.ini", cfg.to_ini());
 
   const std::string comm_kind = backend == "cuda" ? "nccl" : "mpi";
   std::string algo = cfg.comm.algo;
