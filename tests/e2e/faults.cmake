@@ -5,3 +5,4 @@ kilter_add_e2e_test(e2e_fault_disk_full ${CMAKE_CURRENT_LIST_DIR}/fault_disk_ful
 set_tests_properties(e2e_fault_disk_full PROPERTIES SKIP_RETURN_CODE 77)
 kilter_add_e2e_test(e2e_fault_nonfinite ${CMAKE_CURRENT_LIST_DIR}/fault_nonfinite.sh)
 kilter_add_e2e_test(e2e_fault_run_dir ${CMAKE_CURRENT_LIST_DIR}/fault_run_dir.sh)
+kilter_add_e2e_test(e2e_fault_shard_lost ${CMAKE_CURRENT_LIST_DIR}/fault_shard_lost.sh)
