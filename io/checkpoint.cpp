@@ -24,6 +24,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace kilter::io {
 namespace {
 
+// A file whose H5Fclose failed (its metadata flush met a full disk or a quota) stays in HDF5's
+// tables, and HDF5 1.10's clean-up at exit then crashes closing it again (H5F__close_cb, seen
+// with a file size limit). kilter closes every file it opens itself, so that clean-up has nothing
+// else to do: it is switched off before HDF5 starts (a no-op if HDF5 already has).
+[[maybe_unused]] const bool kHdf5ExitCleanupOff = H5dont_atexit() >= 0;
+
 // ---- HDF5 plumbing ---------------------------------------------------------------------------
 
 // Owns an hid_t and closes it with the matching H5?close.
