@@ -491,7 +491,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   QuietHdf5 quiet;
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   KILTER_CHECK(file.valid(), "checkpoint " << path << " (" << st.st_size
-                                           << " bytes) cannot be opened as HDF5 - truncated or corrupt file: "
+                                           << " bytes) cannot be opened as HDF5 - truncated or corrupt file\n  detail: HDF5: "
                                            << hdf5_error_text());
   hid_t root = file.get();
   CheckpointInfo info;
@@ -582,7 +582,7 @@ void read_checkpoint_tensors(const std::string& path, const std::vector<Checkpoi
                              float* params, float* adam_m, float* adam_v) {
   QuietHdf5 quiet;
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file: "
+  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file\n  detail: HDF5: "
                                            << hdf5_error_text());
   float* buffers[3] = {params, adam_m, adam_v};
   for (int g = 0; g < 3; ++g) read_tensor_group(file.get(), path, g, expected, buffers[g]);
@@ -591,7 +591,7 @@ void read_checkpoint_tensors(const std::string& path, const std::vector<Checkpoi
 void read_checkpoint_params(const std::string& path, const std::vector<CheckpointTensor>& expected, float* params) {
   QuietHdf5 quiet;
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file: "
+  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file\n  detail: HDF5: "
                                            << hdf5_error_text());
   read_tensor_group(file.get(), path, 0, expected, params);
 }

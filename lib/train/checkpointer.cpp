@@ -130,6 +130,13 @@ std::string with_second_line(const std::string& message, const std::string& line
   return message.substr(0, newline) + "\n  " + line + message.substr(newline);
 }
 
+// `advice` appended to the first line of `message` ("...; advice"), the details staying below.
+std::string with_first_line_advice(const std::string& message, const std::string& advice) {
+  const size_t newline = message.find('\n');
+  if (newline == std::string::npos) return message + "; " + advice;
+  return message.substr(0, newline) + "; " + advice + message.substr(newline);
+}
+
 // "the latest checkpoint stays F" / "no checkpoint of this run exists yet".
 std::string latest_checkpoint_text(const std::string& dir) {
   auto found = io::list_checkpoints(dir);
@@ -362,12 +369,20 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
   std::vector<float> params(layout.num_params), adam_m(layout.num_params), adam_v(layout.num_params);
   std::string problem;
   if (rank == 0) {
+    bool checking_config = false;
     try {
       info = io::read_checkpoint_info(path);
+      checking_config = true;
       check_info_against_config(path, info, cfg, model.config());
+      checking_config = false;
       io::read_checkpoint_tensors(path, checkpoint_tensors(layout), params.data(), adam_m.data(), adam_v.data());
     } catch (const Error& e) {
       problem = e.message();
+      // A damaged file (not a config mismatch, whose message says what to do): the way out is
+      // the checkpoint before it.
+      if (!checking_config)
+        problem = with_first_line_advice(problem, "move it aside to resume from the checkpoint before it "
+                                                  "(--resume takes the newest complete one)");
     }
   }
   share_outcome(world, 0, problem, "loading checkpoint " + path);
