@@ -5,7 +5,8 @@
 #     every rank, the folder and the cause named;
 #   a file in the way of the folder -> the same, "cannot create the directory";
 #   a stage folder too small -> refused before a byte is copied, needed and free named (a write
-#     that fails mid-copy gives the same first line: io_stage_test, StorageFaultMidCopy).
+#     that fails mid-copy gives the same first line: io_stage_test, StorageFaultMidCopy);
+#   and `kilter prep` onto that full tmpfs: one plain first line, no partial dataset left.
 # Every time: exit 1 (no hang), the first line says to point data.stage_dir elsewhere or leave it
 # empty, no temp file is left in the stage folder, and the dataset is untouched (validates).
 # Skipped (77) where a mount namespace cannot be made (not root, or no CAP_SYS_ADMIN).
@@ -50,6 +51,16 @@ refused too_small "train failed: rank 0: data.stage_dir small is too small: stag
 [ -z "$(ls -A small)" ] || { ls -la small; fail "too_small: something was copied into the small stage folder"; }
 
 "$KILTER" prep validate data > validate.log 2>&1 || { cat validate.log; fail "the dataset was damaged"; }
+# kilter prep onto the same full disk: one plain first line, HDF5's text once as the detail, no
+# partial dataset left.
+rc=0
+"$KILTER" prep synth --docs 400 --lengths lognormal:5,0.9,1000 --vocab 97 --shards 2 --seed 7 --out small/d > prep.log 2>&1 || rc=$?
+[ $rc -eq 1 ] || { cat prep.log; fail "prep onto a full disk: exit $rc, expected 1"; }
+grep -q "^kilter prep: error: .*/shard-0000[01].h5: cannot write /tokens.*: no space left on the file system of .*; free space there, or write the output elsewhere$" prep.log \
+  || { cat prep.log; fail "prep onto a full disk: no plain first line"; }
+[ "$(grep -c "errno = 28" prep.log)" -eq 1 ] || { cat prep.log; fail "prep onto a full disk: HDF5's text not exactly once"; }
+[ -z "$(ls -A small)" ] || { ls -la small; fail "prep onto a full disk left files"; }
+head -1 prep.log
 # With room, the same run stages and trains.
 mount -o remount,size=16m small
 train ok.log 2 --data.stage_dir=small --output.dir=runs/ok
