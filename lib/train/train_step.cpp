@@ -111,10 +111,11 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
   result.grad_norm = std::sqrt(model.grad_norm_squared());
   if (!reduced.nonfinite_ranks.empty() || !std::isfinite(loss) || !std::isfinite(result.grad_norm)) {
     std::ostringstream what;
-    what << "step " << step_index << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss") << " on "
+    what << "step " << step_index << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss")
          << (reduced.nonfinite_ranks.empty()
-                 ? std::string("the reduced gradient (no rank's own values were caught)")
-                 : (reduced.nonfinite_ranks.size() == 1 ? "rank " : "ranks ") + format_rank_list(reduced.nonfinite_ranks))
+                 ? std::string(" after the reduction (no rank's own values were flagged: this backend does not check them)")
+                 : (reduced.nonfinite_ranks.size() == 1 ? " on rank " : " on ranks ") +
+                       format_rank_list(reduced.nonfinite_ranks))
          << " (loss " << loss << ", grad norm " << result.grad_norm << ")";
     KILTER_CHECK(train.on_nonfinite == "skip",
                  what.str() << "; every rank stops: lower train.lr or raise train.warmup, check that step's data, or "
