@@ -490,10 +490,11 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
 }  // namespace
 
 uint64_t checkpoint_size_estimate(const CheckpointContents& c) {
-  // Tensor data, the two texts, and HDF5's metadata: the superblock and groups (16 kB covers
+  // Tensor data, the two texts, /document_starts (two uint64 a row), and HDF5's metadata: the superblock and groups (16 kB covers
   // them) and an object header with a checksum attribute per dataset (under 1 kB each).
   const uint64_t data = (c.params.size() + c.adam_m.size() + c.adam_v.size()) * sizeof(float);
-  return data + c.info.tokenizer_data.size() + c.info.config.size() + 16 * 1024 + 3 * c.tensors.size() * 1024;
+  return data + c.info.tokenizer_data.size() + c.info.config.size() + c.info.document_starts.size() * 16 +
+         16 * 1024 + 3 * c.tensors.size() * 1024;
 }
 
 void write_checkpoint_file(const std::string& final_path, const CheckpointContents& c,

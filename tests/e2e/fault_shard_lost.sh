@@ -17,15 +17,16 @@ COMMON=(--model.n_layer=1 --model.n_head=2 --model.n_embd=16 --model.block_size=
         --output.trace_steps=0 --comm.timeout_s=30 --output.checkpoint_every=2 --output.keep_checkpoints=1)
 last_step() { [ -f "$1" ] && tail -n +2 "$1" | cut -d, -f1 | sort -n | tail -1 || echo -1; }
 start_and_wait() {  # start_and_wait LOG DATA RUN: a run in the background ($pid), at step >= 3
-  timeout 300 "${MPIRUN[@]}" -np 3 "$KILTER" train "${COMMON[@]}" --train.steps=300 --data.dir="$2" --output.dir="$3" > "$1" 2>&1 &
+  timeout 300 "${MPIRUN[@]}" -np 3 "$KILTER" train "${COMMON[@]}" --train.steps=1000 --data.dir="$2" --output.dir="$3" > "$1" 2>&1 &
   pid=$!
   for _ in $(seq 600); do [ "$(last_step "$3/metrics/rank-00000.csv")" -ge 3 ] 2>/dev/null && return 0; sleep 0.1; done
   cat "$1"; fail "$1: the run did not reach step 3"
 }
 
-# Truncated to its header: any read of its tokens fails.
-start_and_wait truncated.log data runs/t
+# Truncated to its header: any read of its tokens fails. (The offset is found before the run, so
+# the cut comes right after step 3, far from the run's end at step 1000.)
 TOKENS_AT=$("$PY" -c "import h5py; print(h5py.File('data/shard-00001.h5','r')['tokens'].id.get_offset())")
+start_and_wait truncated.log data runs/t
 truncate -s "$TOKENS_AT" data/shard-00001.h5
 rc=0; wait $pid || rc=$?
 [ $rc -ne 0 ] || { cat truncated.log; fail "truncated: the run exited 0"; }
@@ -43,7 +44,7 @@ rm data2/shard-00000.h5
 rc=0; wait $pid || rc=$?
 [ $rc -eq 0 ] || { cat deleted.log; fail "deleted: the running job failed (exit $rc)"; }
 rc=0
-timeout 120 "${MPIRUN[@]}" -np 3 "$KILTER" train "${COMMON[@]}" --data.dir=data2 --resume runs/d --train.steps=302 > after.log 2>&1 || rc=$?
+timeout 120 "${MPIRUN[@]}" -np 3 "$KILTER" train "${COMMON[@]}" --data.dir=data2 --resume runs/d --train.steps=1002 > after.log 2>&1 || rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat after.log; fail "after deletion: exit $rc, expected a refusal"; }
 grep -q "data2/shard-00000.h5" after.log || { cat after.log; fail "after deletion: the missing shard is not named"; }
 grep -m1 "train failed" after.log
