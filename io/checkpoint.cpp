@@ -16,12 +16,19 @@
 #include <thread>
 
 #include "io/error.h"
+#include "io/write_failure.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "checkpoint tensors are pwrite()n as float32 little-endian host bytes");
 
 namespace kilter::io {
 namespace {
+
+// A file whose H5Fclose failed (its metadata flush met a full disk or a quota) stays in HDF5's
+// tables, and HDF5 1.10's clean-up at exit then crashes closing it again (H5F__close_cb, seen
+// with a file size limit). kilter closes every file it opens itself, so that clean-up has nothing
+// else to do: it is switched off before HDF5 starts (a no-op if HDF5 already has).
+[[maybe_unused]] const bool kHdf5ExitCleanupOff = H5dont_atexit() >= 0;
 
 // ---- HDF5 plumbing ---------------------------------------------------------------------------
 
@@ -81,12 +88,18 @@ herr_t collect_hdf5_error(unsigned n, const H5E_error2_t* err, void* data) {
   return 0;
 }
 
-// The messages of HDF5's current error stack, innermost first ("" when empty).
+// The OS errno behind the last failed write of this thread's checkpoint write (0: none seen),
+// from our own write calls or from HDF5's file driver; it picks the message's first line.
+thread_local int t_write_errno = 0;
+
+// The messages of HDF5's current error stack, innermost first, each once ("" when empty).
 std::string hdf5_error_text() {
   std::string text;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_hdf5_error, &text);
   H5Eclear2(H5E_DEFAULT);
-  return text.empty() ? std::string("no HDF5 detail") : text;
+  if (text.empty()) return "no HDF5 detail";
+  if (int err = errno_in_hdf5_text(text)) t_write_errno = err;
+  return compact_hdf5_text(text);
 }
 
 bool has_link(hid_t loc, const std::string& name) {
@@ -289,7 +302,8 @@ void pwrite_all(int fd, const char* data, size_t bytes, off_t offset, const std:
   while (bytes > 0) {
     ssize_t n = ::pwrite(fd, data, bytes, offset);
     if (n < 0 && errno == EINTR) continue;
-    KILTER_CHECK(n > 0, "checkpoint " << path << ": write failed: " << std::strerror(errno));
+    if (n <= 0) t_write_errno = n < 0 ? errno : ENOSPC;
+    KILTER_CHECK(n > 0, "checkpoint " << path << ": write failed: " << std::strerror(t_write_errno));
     data += n;
     bytes -= size_t(n);
     offset += n;
@@ -356,8 +370,9 @@ std::string checkpoint_temp_path(const std::string& final_path) {
   return dir + "." + name + ".tmp";
 }
 
-void write_checkpoint_file(const std::string& final_path, const CheckpointContents& c,
-                           const CheckpointWriteOptions& opts) {
+namespace {
+void write_checkpoint_file_unchecked(const std::string& final_path, const CheckpointContents& c,
+                                     const CheckpointWriteOptions& opts) {
   const std::string tmp = checkpoint_temp_path(final_path);
   const float* buffers[3] = {c.params.data(), c.adam_m.data(), c.adam_v.data()};
   const size_t buffer_sizes[3] = {c.params.size(), c.adam_m.size(), c.adam_v.size()};
@@ -436,8 +451,9 @@ void write_checkpoint_file(const std::string& final_path, const CheckpointConten
 
     // 2. The tensor bytes, straight into the allocated space, then fsync.
     int fd = ::open(tmp.c_str(), O_WRONLY);
+    if (fd < 0) t_write_errno = errno;
     KILTER_CHECK(fd >= 0, "checkpoint " << final_path << ": cannot reopen temp file " << tmp << ": "
-                                        << std::strerror(errno));
+                                        << std::strerror(t_write_errno));
     try {
       size_t total = 0, written = 0;
       for (const auto& p : pending) total += p.count;
@@ -450,14 +466,18 @@ void write_checkpoint_file(const std::string& final_path, const CheckpointConten
           std::this_thread::sleep_for(std::chrono::duration<double>(opts.delay_midway_s));
         }
       }
-      KILTER_CHECK(::fsync(fd) == 0, "checkpoint " << final_path << ": fsync of " << tmp
-                                                   << " failed: " << std::strerror(errno));
+      if (::fsync(fd) != 0) {
+        t_write_errno = errno;
+        KILTER_FAIL("checkpoint " << final_path << ": fsync of " << tmp << " failed: " << std::strerror(t_write_errno));
+      }
     } catch (...) {
       ::close(fd);
       throw;
     }
-    KILTER_CHECK(::close(fd) == 0, "checkpoint " << final_path << ": close of " << tmp
-                                                 << " failed: " << std::strerror(errno));
+    if (::close(fd) != 0) {
+      t_write_errno = errno;
+      KILTER_FAIL("checkpoint " << final_path << ": close of " << tmp << " failed: " << std::strerror(t_write_errno));
+    }
     // 3. Publish atomically.
     KILTER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0,
                  "checkpoint " << final_path << ": rename from " << tmp << " failed: " << std::strerror(errno));
@@ -467,6 +487,45 @@ void write_checkpoint_file(const std::string& final_path, const CheckpointConten
   }
   fsync_directory(parent_dir(final_path));
 }
+}  // namespace
+
+uint64_t checkpoint_size_estimate(const CheckpointContents& c) {
+  // Tensor data, the two texts, /document_starts (two uint64 a row), and HDF5's metadata: the superblock and groups (16 kB covers
+  // them) and an object header with a checksum attribute per dataset (under 1 kB each).
+  const uint64_t data = (c.params.size() + c.adam_m.size() + c.adam_v.size()) * sizeof(float);
+  return data + c.info.tokenizer_data.size() + c.info.config.size() + c.info.document_starts.size() * 16 +
+         16 * 1024 + 3 * c.tensors.size() * 1024;
+}
+
+void write_checkpoint_file(const std::string& final_path, const CheckpointContents& c,
+                           const CheckpointWriteOptions& opts) {
+  // A write that cannot fit is refused before it fills the file system: the other files of the
+  // run (metrics, the next checkpoint) and other jobs keep the space that is left.
+  const std::string dir = parent_dir(final_path);
+  const uint64_t needed = checkpoint_size_estimate(c);
+  const int64_t available = free_bytes(dir);
+  KILTER_CHECK(available < 0 || uint64_t(available) >= needed,
+               "checkpoint " << final_path << " not written: " << describe_write_errno(ENOSPC, dir) << " ("
+                             << human_bytes(needed) << " needed, " << human_bytes(uint64_t(available))
+                             << " free); " << write_errno_advice(ENOSPC, dir, "output.dir"));
+  t_write_errno = 0;
+  try {
+    write_checkpoint_file_unchecked(final_path, c, opts);
+  } catch (const Error& e) {
+    // A storage fault (full, quota, read-only, ...) leads with what happened and what to do;
+    // the failing call and HDF5's own messages follow once, as the detail.
+    const int err = t_write_errno;
+    if (!is_storage_errno(err)) throw;
+    std::string space;
+    if (err == ENOSPC) {
+      const int64_t now_free = free_bytes(dir);
+      space = " (" + human_bytes(needed) + " needed" +
+              (now_free >= 0 ? ", " + human_bytes(uint64_t(now_free)) + " free" : std::string()) + ")";
+    }
+    KILTER_FAIL("checkpoint " << final_path << " not written: " << describe_write_errno(err, dir) << space << "; "
+                              << write_errno_advice(err, dir, "output.dir") << "\n  detail: " << e.message());
+  }
+}
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   struct stat st;
@@ -475,7 +534,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   QuietHdf5 quiet;
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   KILTER_CHECK(file.valid(), "checkpoint " << path << " (" << st.st_size
-                                           << " bytes) cannot be opened as HDF5 - truncated or corrupt file: "
+                                           << " bytes) cannot be opened as HDF5 - truncated or corrupt file\n  detail: HDF5: "
                                            << hdf5_error_text());
   hid_t root = file.get();
   CheckpointInfo info;
@@ -567,7 +626,7 @@ void read_checkpoint_tensors(const std::string& path, const std::vector<Checkpoi
                              float* params, float* adam_m, float* adam_v) {
   QuietHdf5 quiet;
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file: "
+  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file\n  detail: HDF5: "
                                            << hdf5_error_text());
   float* buffers[3] = {params, adam_m, adam_v};
   for (int g = 0; g < 3; ++g) read_tensor_group(file.get(), path, g, expected, buffers[g]);
@@ -576,7 +635,7 @@ void read_checkpoint_tensors(const std::string& path, const std::vector<Checkpoi
 void read_checkpoint_params(const std::string& path, const std::vector<CheckpointTensor>& expected, float* params) {
   QuietHdf5 quiet;
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file: "
+  KILTER_CHECK(file.valid(), "checkpoint " << path << " cannot be opened as HDF5 - truncated or corrupt file\n  detail: HDF5: "
                                            << hdf5_error_text());
   read_tensor_group(file.get(), path, 0, expected, params);
 }
@@ -601,17 +660,23 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int keep) {
   return removed;
 }
 
-std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
-  std::vector<std::string> removed;
+std::vector<std::string> stale_temp_files(const std::string& dir) {
+  std::vector<std::string> found;
   for (const auto& name : directory_entries(dir)) {
     const std::string suffix = ".tmp";
     if (name.size() > 1 + suffix.size() && name[0] == '.' &&
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-        step_of_file_name(name.substr(1, name.size() - 1 - suffix.size())) >= 0) {
-      std::string path = dir + "/" + name;
-      if (::unlink(path.c_str()) == 0) removed.push_back(path);
-    }
+        step_of_file_name(name.substr(1, name.size() - 1 - suffix.size())) >= 0)
+      found.push_back(dir + "/" + name);
   }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
+  std::vector<std::string> removed;
+  for (const auto& path : stale_temp_files(dir))
+    if (::unlink(path.c_str()) == 0) removed.push_back(path);
   return removed;
 }
 

@@ -70,6 +70,9 @@ struct CheckpointWriteOptions {
   double delay_midway_s = 0;
 };
 
+// Bytes the checkpoint file of `contents` takes, rounded up (data plus HDF5 metadata).
+uint64_t checkpoint_size_estimate(const CheckpointContents& contents);
+
 // "step-00000010.h5"
 std::string checkpoint_file_name(int64_t step);
 // Temp name used while `final_path` is being written: ".step-00000010.h5.tmp" in the same folder.
@@ -77,7 +80,12 @@ std::string checkpoint_temp_path(const std::string& final_path);
 
 // Writes `contents` to `final_path` atomically (temp file, fsync, rename, fsync of the folder).
 // The tensor data go straight to the file with pwrite() at each dataset's offset. Throws
-// kilter::Error naming the file on any failure and removes the temp file.
+// kilter::Error naming the file on any failure and removes the temp file; a write that cannot
+// fit in the free space (checkpoint_size_estimate) is refused before it starts. A storage fault
+// (full, quota, read-only, file size limit, I/O error) gives a first line that says so and what
+// to do ("checkpoint F not written: no space left on the file system of D (...); free space
+// there, or set output.dir to a larger file system"), then "  detail: " and the failing call
+// with HDF5's messages, each once.
 void write_checkpoint_file(const std::string& final_path, const CheckpointContents& contents,
                            const CheckpointWriteOptions& opts = {});
 
@@ -100,6 +108,8 @@ void read_checkpoint_params(const std::string& path, const std::vector<Checkpoin
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
 // Deletes all but the newest `keep` checkpoints in `dir`; returns the paths removed.
 std::vector<std::string> prune_checkpoints(const std::string& dir, int keep);
+// Temp files left by a writer that died (kill -9 mid-write), sorted.
+std::vector<std::string> stale_temp_files(const std::string& dir);
 // Deletes temp files left by a writer that died (kill -9 mid-write); returns the paths removed.
 std::vector<std::string> remove_stale_temp_files(const std::string& dir);
 

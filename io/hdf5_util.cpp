@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "io/error.h"
+#include "io/write_failure.h"
 
 namespace kilter::io::h5 {
 
@@ -33,6 +34,19 @@ std::string last_error() {
 static std::string hdf5_says() {
   std::string e = last_error();
   return e.empty() ? std::string() : " (HDF5: " + e + ")";
+}
+
+// A failed write: when HDF5's file driver recorded a storage errno (full disk, quota, read-only,
+// ...), the message leads with that in plain words and HDF5's text follows as the detail line;
+// otherwise HDF5's text follows in parentheses as before.
+static std::string write_failure(const std::string& path, const std::string& doing) {
+  const std::string e = last_error();
+  const int err = errno_in_hdf5_text(e);
+  if (!is_storage_errno(err)) return path + ": " + doing + (e.empty() ? std::string() : " (HDF5: " + e + ")");
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+  return path + ": " + doing + ": " + describe_write_errno(err, dir) +
+         "; free space there, or write the output elsewhere\n  detail: HDF5: " + compact_hdf5_text(e);
 }
 
 Handle open_file(const std::string& path, bool writable) {
@@ -184,7 +198,7 @@ Handle create_contiguous_1d(hid_t file, const std::string& name, hid_t mem_type_
   H5Pset_alloc_time(props, H5D_ALLOC_TIME_EARLY);
   H5Pset_fill_time(props, H5D_FILL_TIME_NEVER);
   hid_t id = H5Dcreate2(file, name.c_str(), mem_type_le, space, H5P_DEFAULT, props, H5P_DEFAULT);
-  KILTER_CHECK(id >= 0, path << ": cannot create dataset " << name << hdf5_says());
+  KILTER_CHECK(id >= 0, write_failure(path, "cannot create dataset " + name));
   return Handle(id, H5Dclose);
 }
 
@@ -213,8 +227,8 @@ void write_range(hid_t dataset, hid_t mem_type, uint64_t first, uint64_t count,
   hsize_t n = count;
   Handle mem_space(H5Screate_simple(1, &n, nullptr), H5Sclose);
   KILTER_CHECK(H5Dwrite(dataset, mem_type, mem_space, file_space, H5P_DEFAULT, buffer) >= 0,
-               path << ": cannot write " << name << "[" << first << ":" << first + count << "]"
-                    << hdf5_says());
+               write_failure(path, "cannot write " + name + "[" + std::to_string(first) + ":" +
+                                       std::to_string(first + count) + "]"));
 }
 
 }  // namespace kilter::io::h5

@@ -353,11 +353,16 @@ void PrefetchReader::Impl::read_batch(const Group& group, size_t first, size_t e
     for (uint64_t done = 0; done < span_bytes;) {
       ssize_t n = ::pread(shard.fd, scratch.data() + done, span_bytes - done, off_t(span_begin + done));
       if (n < 0 && errno == EINTR) continue;
-      KILTER_CHECK(n >= 0, shard.layout.path << ": pread of bytes [" << span_begin + done << ", "
-                                             << span_end << ") failed (" << std::strerror(errno) << ")");
-      KILTER_CHECK(n > 0, shard.layout.path << ": file ends at byte " << span_begin + done
-                                            << " but /tokens extends to byte "
-                                            << span_end << " (truncated?)");
+      // The shard was whole when the run opened it: a short or failed read means it changed or
+      // its storage failed under the run. Say so first, then what the read found.
+      KILTER_CHECK(n >= 0, "shard " << shard.layout.path << " cannot be read (" << std::strerror(errno)
+                                    << "): check its storage, then continue the run with --resume"
+                                    << "\n  detail: pread of bytes [" << span_begin + done << ", " << span_end
+                                    << ") failed");
+      KILTER_CHECK(n > 0, "shard " << shard.layout.path << " was truncated while the run read it: restore the "
+                                   << "dataset (kilter prep validate names damaged shards), then continue the run "
+                                   << "with --resume\n  detail: the file ends at byte " << span_begin + done
+                                   << " but /tokens extends to byte " << span_end);
       done += uint64_t(n);
     }
     uint32_t largest = 0;

@@ -45,6 +45,7 @@ class CpuModel final : public model::Model {
   float* grads() override { return grads_.data(); }
   float* params() override { return params_.data(); }
   double grad_norm_squared() override;
+  bool grads_finite(size_t offset, size_t count) override;
   void adamw_step(const model::AdamWParams& p) override;
   void reserve(int max_tokens, int context) override;
 

@@ -121,6 +121,10 @@ class Model {
   virtual float* grads() = 0;        // device pointer, layout().padded_size floats
   virtual float* params() = 0;       // device pointer
   virtual double grad_norm_squared() = 0;  // over num_params
+  // Whether grads()[offset, offset+count) holds only finite values. Called on this rank's own
+  // gradient before it is reduced, to name the rank a non-finite gradient came from; a backend
+  // that cannot check cheaply returns true (the reduced gradient norm still catches it, unnamed).
+  virtual bool grads_finite(size_t offset, size_t count) { (void)offset, (void)count; return true; }
   virtual void adamw_step(const AdamWParams& p) = 0;
   virtual void synchronize() {}
   // Called by forward_backward when the forward pass is done and backward begins (for the

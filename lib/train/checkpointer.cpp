@@ -97,23 +97,51 @@ void check_info_against_config(const std::string& path, const io::CheckpointInfo
                               << " n_embd=" << info.n_embd << " block_size=" << info.block_size
                               << " vocab_size=" << info.vocab_size << ", but the config asks for n_layer="
                               << gpt.n_layer << " n_head=" << gpt.n_head << " n_embd=" << gpt.n_embd
-                              << " block_size=" << gpt.block_size << " vocab_size=" << gpt.vocab_size);
+                              << " block_size=" << gpt.block_size << " vocab_size=" << gpt.vocab_size
+                              << "; resume with the run's own config (config.ini in its run directory), or set "
+                                 "output.dir to a new folder to start another run");
   }
   const uint64_t now_hash = cfg.hash();
   if (info.config_hash != now_hash) {
     std::vector<std::string> diffs = config_differences(info.config, cfg.to_ini(), true);
     std::string listed;
-    for (const auto& d : diffs) listed += "\n  " + d;
+    for (const auto& d : diffs) listed += "\n    " + d;
     char hashes[96];
     std::snprintf(hashes, sizeof(hashes), "config hash %016llx, now %016llx",
                   (unsigned long long)info.config_hash, (unsigned long long)now_hash);
-    KILTER_FAIL("checkpoint " << path << " was written with a different config (" << hashes << ")"
-                              << (diffs.empty() ? std::string(" but no key differs: was it written by kilter ") +
-                                                      info.kilter_version + " (this is " + KILTER_VERSION + ")?"
-                                                : std::string("; keys that differ (checkpoint vs now):") + listed)
-                              << "\nOnly train.steps, train.threads, output.*, data.dir/stage_dir/prefetch/"
+    KILTER_FAIL("checkpoint " << path << " was written with a different config ("
+                              << (diffs.empty() ? std::string("no key differs, but the hash does")
+                                                : std::to_string(diffs.size()) + " key(s) differ")
+                              << "); resume with the run's own config (config.ini in its run directory), or set "
+                                 "output.dir to a new folder to start another run"
+                              << (diffs.empty() ? std::string("\n  was it written by kilter ") + info.kilter_version +
+                                                      "? (this is " + KILTER_VERSION + ")"
+                                                : std::string("\n  keys that differ (checkpoint vs now):") + listed)
+                              << "\n  " << hashes
+                              << "\n  Only train.steps, train.threads, output.*, data.dir/stage_dir/prefetch/"
                                  "reader_threads and comm.timeout_s may change on --resume.");
   }
+}
+
+// `line` inserted after the first line of `message` (the headline stays first, details last).
+std::string with_second_line(const std::string& message, const std::string& line) {
+  const size_t newline = message.find('\n');
+  if (newline == std::string::npos) return message + "\n  " + line;
+  return message.substr(0, newline) + "\n  " + line + message.substr(newline);
+}
+
+// `advice` appended to the first line of `message` ("...; advice"), the details staying below.
+std::string with_first_line_advice(const std::string& message, const std::string& advice) {
+  const size_t newline = message.find('\n');
+  if (newline == std::string::npos) return message + "; " + advice;
+  return message.substr(0, newline) + "; " + advice + message.substr(newline);
+}
+
+// "the latest checkpoint stays F" / "no checkpoint of this run exists yet".
+std::string latest_checkpoint_text(const std::string& dir) {
+  auto found = io::list_checkpoints(dir);
+  return found.empty() ? std::string("no checkpoint of this run exists yet")
+                       : "the latest checkpoint stays " + found.back().second;
 }
 
 }  // namespace
@@ -122,7 +150,8 @@ struct Checkpointer::Impl {
   MPI_Comm world = MPI_COMM_NULL;
   int rank = 0;
   int world_size = 1;
-  std::string dir;
+  std::string run_dir;
+  std::string dir;  // run_dir/checkpoints
   int keep = 3;
   std::string config_text;
   std::string tokenizer, tokenizer_data;
@@ -134,6 +163,7 @@ struct Checkpointer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   bool job_pending = false;   // a snapshot waits for / is being written
+  bool job_final = false;     // ... and the run ends after it (its failure fails the run)
   bool shutting_down = false;
   std::exception_ptr error;   // the last failed write, rethrown by wait()
   io::CheckpointContents contents;  // reused between saves: no page faults on every snapshot
@@ -150,6 +180,7 @@ struct Checkpointer::Impl {
       cv.wait(lock, [&] { return job_pending || shutting_down; });
       if (!job_pending) return;
       const std::string path = job_path;
+      const bool final_checkpoint = job_final;
       lock.unlock();
       auto t0 = std::chrono::steady_clock::now();
       std::exception_ptr failure;
@@ -160,6 +191,22 @@ struct Checkpointer::Impl {
         failure = std::current_exception();
       }
       const double seconds = seconds_since(t0);
+      if (failure && !final_checkpoint) {
+        // A periodic checkpoint that fails (full disk, quota, ...) costs only that checkpoint:
+        // the previous one stays, and the next interval tries again. Said now, from this thread.
+        std::string message;
+        try {
+          std::rethrow_exception(failure);
+        } catch (const Error& e) {
+          message = e.message();
+        } catch (const std::exception& e) {
+          message = "checkpoint " + path + " not written: " + e.what();
+        }
+        std::fprintf(stderr, "kilter: warning: %s\n", with_second_line(message, latest_checkpoint_text(dir) +
+                                                             "; training goes on and tries again at the next checkpoint")
+                                                           .c_str());
+        failure = nullptr;
+      }
       lock.lock();
       if (failure) error = failure;
       stats.write_seconds = seconds;
@@ -190,6 +237,7 @@ Checkpointer::Checkpointer(MPI_Comm world, const std::string& run_dir, int keep,
   s.world = world;
   MPI_Comm_rank(world, &s.rank);
   MPI_Comm_size(world, &s.world_size);
+  s.run_dir = run_dir;
   s.dir = checkpoints_dir(run_dir);
   s.keep = keep;
   s.config_text = cfg.to_ini();
@@ -225,7 +273,7 @@ Checkpointer::~Checkpointer() {
   s.writer.join();
 }
 
-void Checkpointer::save(const model::Model& model, const TrainState& state) {
+void Checkpointer::save(const model::Model& model, const TrainState& state, bool final_checkpoint) {
   Impl& s = *impl_;
   if (s.rank != 0) return;
   auto t0 = std::chrono::steady_clock::now();
@@ -266,6 +314,7 @@ void Checkpointer::save(const model::Model& model, const TrainState& state) {
 
   s.job_path = s.dir + "/" + io::checkpoint_file_name(state.step);
   s.job_pending = true;
+  s.job_final = final_checkpoint;
   s.stats.waited_seconds = waited;
   s.stats.snapshot_seconds = seconds_since(t0) - waited;
   s.stats.bytes = 3 * layout.num_params * sizeof(float);
@@ -288,9 +337,23 @@ void Checkpointer::set_document_starts(std::vector<std::pair<uint32_t, uint64_t>
 
 void Checkpointer::wait() {
   Impl& s = *impl_;
-  if (s.rank != 0) return;
-  std::unique_lock<std::mutex> lock(s.mu);
-  s.wait_for_writer_and_rethrow(lock);
+  std::string problem;
+  if (s.rank == 0) {
+    std::unique_lock<std::mutex> lock(s.mu);
+    try {
+      s.wait_for_writer_and_rethrow(lock);
+    } catch (const Error& e) {
+      problem = e.message();
+    } catch (const std::exception& e) {
+      problem = std::string("checkpoint not written: ") + e.what();
+    }
+    if (!problem.empty())
+      problem = with_second_line(problem, "this was the run's last checkpoint, so the run fails; " +
+                                              latest_checkpoint_text(s.dir) + ": resume from it with --resume " +
+                                              s.run_dir + " once the cause is fixed");
+  }
+  // Every rank ends with the same error (and a non-zero exit), none waits for rank 0.
+  share_outcome(s.world, 0, problem, "writing the last checkpoint");
 }
 
 Checkpointer::SaveStats Checkpointer::last_save() const {
@@ -314,12 +377,20 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
   std::vector<float> params(layout.num_params), adam_m(layout.num_params), adam_v(layout.num_params);
   std::string problem;
   if (rank == 0) {
+    bool checking_config = false;
     try {
       info = io::read_checkpoint_info(path);
+      checking_config = true;
       check_info_against_config(path, info, cfg, model.config());
+      checking_config = false;
       io::read_checkpoint_tensors(path, checkpoint_tensors(layout), params.data(), adam_m.data(), adam_v.data());
     } catch (const Error& e) {
       problem = e.message();
+      // A damaged file (not a config mismatch, whose message says what to do): the way out is
+      // the checkpoint before it.
+      if (!checking_config)
+        problem = with_first_line_advice(problem, "move it aside to resume from the checkpoint before it "
+                                                  "(--resume takes the newest complete one)");
     }
   }
   share_outcome(world, 0, problem, "loading checkpoint " + path);

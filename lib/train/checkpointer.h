@@ -41,9 +41,15 @@ class Checkpointer {
 
   // Collective (every rank calls it at the same step): snapshots the model state and writes it
   // in the background. Returns quickly; a previous write still in flight is waited for first.
-  void save(const model::Model& model, const TrainState& state);
-  // Waits for the write in flight; throws if it failed. Call it before exiting (the destructor
-  // also waits, but can only print a failure).
+  // A checkpoint that fails to write (full disk, quota, ...) removes its temp file and keeps the
+  // previous checkpoints. When it is periodic (final_checkpoint false) rank 0 prints a warning
+  // naming the cause and the checkpoint that stays the latest, and training goes on (the next
+  // interval tries again). When the run ends after it (its last step, a stop signal:
+  // final_checkpoint true), wait() fails the run on every rank.
+  void save(const model::Model& model, const TrainState& state, bool final_checkpoint = false);
+  // Collective: waits for the write in flight; when it was a final checkpoint and failed, every
+  // rank throws the same kilter::Error (the cause, the latest checkpoint left, how to resume).
+  // Call it before exiting (the destructor also waits, but can only print a failure).
   void wait();
 
   // What the last save() cost (rank 0; zeros elsewhere): the training thread's share

@@ -160,15 +160,18 @@ void check_consistent_across_ranks(MPI_Comm world, uint64_t config_hash, const s
   KILTER_FAIL(msg.str());
 }
 
-void maybe_fail_for_test(int rank, int64_t step) {
-  struct Hook {
-    bool active = false;
-    int rank = -1;
-    int64_t step = -1;
-    std::string mode = "error";
-  };
-  static const Hook hook = [] {
-    Hook h;
+namespace {
+// The fault-injection variables, read once.
+struct TestHook {
+  bool active = false;
+  int rank = -1;
+  int64_t step = -1;
+  std::string mode = "error";
+};
+
+const TestHook& test_hook() {
+  static const TestHook hook = [] {
+    TestHook h;
     const char* r = std::getenv("KILTER_TEST_FAIL_RANK");
     const char* s = std::getenv("KILTER_TEST_FAIL_STEP");
     const char* m = std::getenv("KILTER_TEST_FAIL_MODE");
@@ -180,6 +183,20 @@ void maybe_fail_for_test(int rank, int64_t step) {
     }
     return h;
   }();
+  return hook;
+}
+}  // namespace
+
+bool nonfinite_gradient_injected_for_test(int rank, int64_t step) {
+  const TestHook& hook = test_hook();
+  if (!hook.active || hook.mode != "nonfinite" || hook.rank != rank || hook.step != step) return false;
+  std::fprintf(stderr, "kilter: rank %d: KILTER_TEST_FAIL_MODE=nonfinite at step %lld: this rank's gradient is made NaN (test hook)\n",
+               rank, (long long)step);
+  return true;
+}
+
+void maybe_fail_for_test(int rank, int64_t step) {
+  const TestHook& hook = test_hook();
   if (!hook.active || hook.rank != rank || hook.step != step) return;
   if (hook.mode == "exit") {
     std::fprintf(stderr, "kilter: rank %d: KILTER_TEST_FAIL_MODE=exit at step %lld: exiting with code 3 (test hook)\n",
@@ -201,7 +218,9 @@ void maybe_fail_for_test(int rank, int64_t step) {
     std::fflush(stderr);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  KILTER_CHECK(hook.mode == "error", "KILTER_TEST_FAIL_MODE=" << hook.mode << " is not one of error, exit, hang, sigusr1");
+  if (hook.mode == "nonfinite") return;  // compute_gradients asks nonfinite_gradient_injected_for_test
+  KILTER_CHECK(hook.mode == "error", "KILTER_TEST_FAIL_MODE=" << hook.mode
+                                                              << " is not one of error, exit, hang, sigusr1, nonfinite");
   KILTER_FAIL("injected failure at step " << step << " (test hook KILTER_TEST_FAIL_RANK=" << rank
                                           << " KILTER_TEST_FAIL_STEP=" << step << ")");
 }

@@ -35,7 +35,11 @@ std::string format_rank_list(const std::vector<int>& ranks);
 //   sigusr1          the rank raises SIGUSR1 (a preemption at an exact step: the run checkpoints
 //                    after this step and exits with kExitPreempted; resume tests use it to stop
 //                    a run of train.steps = N early without changing its learning-rate schedule).
+//   nonfinite        nothing here; nonfinite_gradient_injected_for_test() then says yes for this
+//                    rank and step, and the rank's gradient of that step becomes NaN (its loss
+//                    stays finite): a non-finite gradient on one rank only.
 // Without the variables it does nothing (one getenv on the first call).
 void maybe_fail_for_test(int rank, int64_t step);
+bool nonfinite_gradient_injected_for_test(int rank, int64_t step);
 
 }  // namespace kilter::train

@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <sstream>
 
 #include "io/error.h"
 #include "lib/optim/schedule.h"
+#include "lib/train/guards.h"
 #include "lib/train/signals.h"
 
 namespace kilter::train {
@@ -14,8 +17,12 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
   model::Model& model = *ctx.model;
   diag::RankDiagnostics& diagnostics = *ctx.diagnostics;
   const auto [first, end] = step.rank_micro_batches(ctx.rank);
-  const float loss_scale = 1.0f / float(step.target_tokens());
+  // The test hook makes this rank's gradient NaN (its loss stays finite).
+  const float loss_scale = nonfinite_gradient_injected_for_test(ctx.rank, ctx.step_index)
+                               ? std::numeric_limits<float>::quiet_NaN()
+                               : 1.0f / float(step.target_tokens());
   double loss_sum = 0;
+  ctx.local_nonfinite = false;
   if (first == end) {
     // No micro-batch for this rank in this step: contribute zeros to the reduction.
     ctx.reducer->begin();
@@ -54,6 +61,9 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
       ctx.reducer->begin();
       on_ready = [&](size_t offset, size_t count) {
         note_backward();
+        // This rank's own gradient, final before the reduction mixes it with the others':
+        // the only place to tell which rank a non-finite value came from.
+        if (!ctx.local_nonfinite && !model.grads_finite(offset, count)) ctx.local_nonfinite = true;
         ctx.reducer->ready(offset, count);
       };
     } else {
@@ -65,6 +75,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     model.set_backward_start_hook({});
     if (last) diagnostics.mark_arrival();
   }
+  if (!std::isfinite(loss_sum)) ctx.local_nonfinite = true;
   return loss_sum;
 }
 
@@ -72,30 +83,48 @@ ReducedStep reduce(StepContext& ctx, const balance::StepView& step, double local
   ctx.watchdog->enter("gradient reduction", long(step_index));
   const double exposed = ctx.reducer->finish();
   ctx.diagnostics->add_phase_seconds(diag::kCommExposed, exposed);
-  // Loss of the global step and the stop flag in one small collective.
-  double scalars[2] = {local_loss_sum, double(stop_signal_received() != 0)};
-  MPI_Allreduce(MPI_IN_PLACE, scalars, 2, MPI_DOUBLE, MPI_SUM, ctx.world);
-  ctx.watchdog->leave();
+  // Loss of the global step, the stop flag and the non-finite flag in one small collective.
+  double scalars[3] = {local_loss_sum, double(stop_signal_received() != 0), double(ctx.local_nonfinite)};
+  MPI_Allreduce(MPI_IN_PLACE, scalars, 3, MPI_DOUBLE, MPI_SUM, ctx.world);
   ReducedStep reduced;
   reduced.loss = scalars[0] / double(step.target_tokens());
   reduced.stop_requested = scalars[1] > 0;
+  if (scalars[2] > 0) {
+    // Every rank saw the same sum, so every rank joins this allgather.
+    int size = 1;
+    MPI_Comm_size(ctx.world, &size);
+    const int mine = ctx.local_nonfinite ? 1 : 0;
+    std::vector<int> flags(static_cast<size_t>(size));
+    MPI_Allgather(&mine, 1, MPI_INT, flags.data(), 1, MPI_INT, ctx.world);
+    for (int r = 0; r < size; ++r)
+      if (flags[size_t(r)]) reduced.nonfinite_ranks.push_back(r);
+  }
+  ctx.watchdog->leave();
   return reduced;
 }
 
-UpdateResult update(StepContext& ctx, const TrainConfig& train, double loss, int64_t step_index, int64_t total_steps) {
+UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedStep& reduced, int64_t step_index,
+                    int64_t total_steps) {
   model::Model& model = *ctx.model;
   ctx.diagnostics->phase_begin(diag::kOptimizer);
   UpdateResult result;
+  const double loss = reduced.loss;
   result.grad_norm = std::sqrt(model.grad_norm_squared());
-  if (!std::isfinite(loss) || !std::isfinite(result.grad_norm)) {
+  if (!reduced.nonfinite_ranks.empty() || !std::isfinite(loss) || !std::isfinite(result.grad_norm)) {
+    std::ostringstream what;
+    what << "step " << step_index << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss")
+         << (reduced.nonfinite_ranks.empty()
+                 ? std::string(" after the reduction (no rank's own values were flagged: this backend does not check them)")
+                 : (reduced.nonfinite_ranks.size() == 1 ? " on rank " : " on ranks ") +
+                       format_rank_list(reduced.nonfinite_ranks))
+         << " (loss " << loss << ", grad norm " << result.grad_norm << ")";
     KILTER_CHECK(train.on_nonfinite == "skip",
-                 "step " << step_index << ": non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss")
-                         << " (loss " << loss << ", grad norm " << result.grad_norm
-                         << "); lower train.lr or set train.on_nonfinite = skip");
+                 what.str() << "; every rank stops: lower train.lr or raise train.warmup, check that step's data, or "
+                               "set train.on_nonfinite = skip to skip such steps");
     result.skipped = true;
     if (ctx.rank == 0)
-      std::fprintf(stderr, "kilter: step %lld: non-finite loss or gradient norm, update skipped\n",
-                   (long long)step_index);
+      std::fprintf(stderr, "kilter: warning: %s: update skipped on every rank (train.on_nonfinite = skip)\n",
+                   what.str().c_str());
   }
   result.lr = optim::learning_rate(step_index, train.warmup, total_steps, train.lr, train.min_lr_ratio);
   if (!result.skipped) {

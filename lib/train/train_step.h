@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <functional>
+#include <vector>
 
 #include "io/reader.h"
 #include "lib/balance/plan.h"
@@ -28,6 +29,8 @@ struct StepContext {
   diag::RankDiagnostics* diagnostics = nullptr;
   Watchdog* watchdog = nullptr;
   model::Batch batch;  // reused by every micro-batch
+  int64_t step_index = 0;       // the optimizer steps completed (set by the trainer every step)
+  bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite
 };
 
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating
@@ -39,8 +42,11 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
 struct ReducedStep {
   double loss = 0;              // mean over the global step's target tokens
   bool stop_requested = false;  // a rank received a stop signal
+  std::vector<int> nonfinite_ranks;  // ranks whose own loss or gradient was not finite
 };
-// Waits for the gradient reduction and sums the loss and the stop flag over all ranks.
+// Waits for the gradient reduction and sums the loss, the stop flag and the non-finite flag over
+// all ranks; when a rank flagged a non-finite loss or gradient, every rank learns which (one
+// allgather, only then), so every rank takes the same decision on the step.
 ReducedStep reduce(StepContext& ctx, const balance::StepView& step, double local_loss_sum, int64_t step_index);
 
 struct UpdateResult {
@@ -48,7 +54,11 @@ struct UpdateResult {
   double lr = 0;
   bool skipped = false;  // non-finite loss or gradient with train.on_nonfinite = skip
 };
-// Clips and applies AdamW for optimizer step `step_index` (0-based) of `total_steps`.
-UpdateResult update(StepContext& ctx, const TrainConfig& train, double loss, int64_t step_index, int64_t total_steps);
+// Clips and applies AdamW for optimizer step `step_index` (0-based) of `total_steps`. A step is
+// non-finite when a rank flagged its own loss or gradient, or the reduced loss or gradient norm
+// is not finite: inputs every rank shares, so all ranks skip it together (train.on_nonfinite =
+// skip) or all throw the same error naming the ranks (stop).
+UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedStep& reduced, int64_t step_index,
+                    int64_t total_steps);
 
 }  // namespace kilter::train

@@ -29,6 +29,7 @@
 #include "lib/train/guards.h"
 #include "lib/train/micro_batch.h"
 #include "lib/train/plan_cursor.h"
+#include "lib/train/run_dir.h"
 #include "lib/train/sampling.h"
 #include "lib/train/signals.h"
 #include "lib/train/staging.h"
@@ -97,16 +98,11 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   cfg.output.dir = run_dir;
   const bool resuming = !opts.resume.empty();
   std::string resume_path;
-  if (resuming) {
-    resume_path = Checkpointer::latest(run_dir);
-    KILTER_CHECK(!resume_path.empty(), "--resume " << opts.resume << ": no checkpoint in "
-                                                   << (fs::path(run_dir) / "checkpoints").string());
-  }
+  if (resuming) resume_path = find_resume_checkpoint(world, run_dir, opts.resume);
   if (rank == 0) {
     fs::create_directories(fs::path(run_dir) / "metrics");
     fs::create_directories(fs::path(run_dir) / "trace");
     fs::create_directories(fs::path(run_dir) / "checkpoints");
-    write_text_file(fs::path(run_dir) / "config.ini", cfg.to_ini());
   }
   MPI_Barrier(world);
 
@@ -118,6 +114,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   KILTER_CHECK(uint32_t(cfg.model.vocab_size) >= index.vocab_size,
                "config key model.vocab_size = " << cfg.model.vocab_size << " is smaller than the vocabulary of "
                                                 << cfg.data.dir << " (" << index.vocab_size << ")");
+  if (!resuming) check_new_run_dir(world, run_dir, cfg);  // with the config resolved as config.ini holds it
   std::string data_dir = cfg.data.dir;
   if (!cfg.data.stage_dir.empty()) data_dir = stage_dataset(index, cfg.data.stage_dir, topo.node, topo.local_rank);
 
@@ -153,6 +150,9 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                    (unsigned long long)state.position.step_in_epoch);
     state.world_size = world_size;
   }
+  // Only now, once a resume has loaded (or a new run was allowed into run_dir): a refused run
+  // leaves the run directory's config.ini as it was.
+  if (rank == 0) write_text_file(fs::path(run_dir) / "config.ini", cfg.to_ini());
 
   const std::string comm_kind = backend == "cuda" ? "nccl" : "mpi";
   std::string algo = cfg.comm.algo;
@@ -257,6 +257,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     maybe_fail_for_test(rank, state.step);
     diagnostics.begin_step(state.step);
     model->zero_grads();
+    ctx.step_index = state.step;
     // read -> forward/backward (the reduction starts inside the last backward)
     StepWork work;
     const double local_loss_sum = compute_gradients(ctx, step, work);
@@ -265,7 +266,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     const double loss = reduced.loss;
     stop_requested = reduced.stop_requested;
     // update
-    const UpdateResult updated = update(ctx, cfg.train, loss, state.step, total_steps);
+    const UpdateResult updated = update(ctx, cfg.train, reduced, state.step, total_steps);
     nonfinite_skipped += updated.skipped;
     const double lr = updated.lr, grad_norm = updated.grad_norm;
 
@@ -299,17 +300,19 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     sampler.maybe_sample(*model, state.step);
     const bool periodic = cfg.output.checkpoint_every > 0 && state.step % cfg.output.checkpoint_every == 0;
     if (stop_requested || periodic || state.step == total_steps) {
-      checkpointer.save(*model, state);
+      // The run ends after a final one: its failure fails the run (Checkpointer::wait), while a
+      // periodic one that fails is a warning and the next interval tries again.
+      checkpointer.save(*model, state, /*final_checkpoint=*/stop_requested || state.step == total_steps);
     }
     if (stop_requested) {
-      if (rank == 0)
-        std::fprintf(stderr, "kilter: stop signal received: checkpoint of step %lld written, exiting with code %d\n",
-                     (long long)state.step, kExitPreempted);
       exit_code = kExitPreempted;
       break;
     }
   }
   checkpointer.wait();
+  if (exit_code == kExitPreempted && rank == 0)
+    std::fprintf(stderr, "kilter: stop signal received: checkpoint of step %lld written, exiting with code %d\n",
+                 (long long)state.step, kExitPreempted);
   const double elapsed = now_seconds() - t_loop;
 
   // ---- summary -------------------------------------------------------------------------------

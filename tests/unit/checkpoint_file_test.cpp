@@ -16,6 +16,7 @@
 
 #include "io/checkpoint.h"
 #include "io/error.h"
+#include "file_size_limit.h"
 
 namespace {
 
@@ -228,3 +229,39 @@ TEST(CheckpointChecksum, ChangesWithAnyByte) {
 }
 
 }  // namespace
+
+// A storage fault while writing (issue 17), made with a file size limit (EFBIG, as a full disk
+// gives ENOSPC), hit inside HDF5 when it closes the file: a tiny limit (its first metadata write
+// fails) and a limit just under the file's size (extending the file to its end fails). Either
+// way the first line names the file, the cause and what to do; HDF5's messages follow once, as
+// the detail (its file driver's message is repeated at every level of the flush: kept once);
+// nothing is printed (no HDF5 stack on stderr); no temp file or final file is left.
+TEST_F(CheckpointFileTest, StorageFaultIsOnePlainLineThenTheDetail) {
+  CheckpointContents c = sample_contents();
+  const std::string probe = dir_ + "/step-00000001.h5";
+  kilter::io::write_checkpoint_file(probe, c);
+  const off_t full_size = file_size(probe);
+  ASSERT_GT(full_size, 1000);
+  for (off_t limit : {off_t(800), full_size - 8}) {
+    const std::string path = dir_ + "/step-00000042.h5";
+    std::string err;
+    ::testing::internal::CaptureStderr();
+    {
+      kilter::testing::FileSizeLimit limited{rlim_t(limit)};
+      err = error_of([&] { kilter::io::write_checkpoint_file(path, c); });
+    }
+    const std::string printed = ::testing::internal::GetCapturedStderr();
+    SCOPED_TRACE("file size limit " + std::to_string(limit));
+    const std::string first_line = err.substr(0, err.find('\n'));
+    EXPECT_EQ(first_line.find("checkpoint " + path + " not written: file size limit reached in " + dir_), 0u) << err;
+    EXPECT_NE(first_line.find("free space there, or set output.dir to a larger file system"), std::string::npos) << err;
+    EXPECT_NE(err.find("\n  detail: checkpoint " + path), std::string::npos) << err;
+    const size_t driver_message = err.find("file write failed: time = ");
+    ASSERT_NE(driver_message, std::string::npos) << err;
+    EXPECT_EQ(err.find("file write failed: time = ", driver_message + 1), std::string::npos) << err;
+    EXPECT_NE(err.find("errno = 27, error message = 'File too large'"), std::string::npos) << err;
+    EXPECT_EQ(printed, "");
+    EXPECT_EQ(file_size(path), -1);
+    EXPECT_EQ(file_size(kilter::io::checkpoint_temp_path(path)), -1);
+  }
+}

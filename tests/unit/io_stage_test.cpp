@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "io/stage.h"
+#include "file_size_limit.h"
 #include "io_testing.h"
 
 namespace kilter::io {
@@ -62,6 +63,32 @@ TEST(IoStage, StageDirMustNotBeTheDataset) {
   expect_error([&] { stage_shards(index, tmp.path("d")); }, {"is the dataset directory itself"});
   write_file(tmp.path("file"), "x");
   expect_error([&] { stage_shards(index, tmp.path("file/sub")); }, {"data.stage_dir", "cannot create"});
+}
+
+TEST(IoStage, StorageFaultMidCopy) {
+  // A write that fails in the middle of a shard's copy (a file size limit below the shard's
+  // size: EFBIG, as a full node-local disk gives ENOSPC; issue 17) leads with the stage folder,
+  // the cause and what to do, names the shard, and leaves no temp file.
+  ScratchDir tmp;
+  DatasetIndex index = load_index(make_synth(tmp.path("d"), 400, 2));
+  const uintmax_t shard_size = fs::file_size(tmp.path("d/shard-00000.h5"));
+  const std::string stage = tmp.path("stage");
+  std::string err;
+  {
+    kilter::testing::FileSizeLimit limited{rlim_t(shard_size / 2)};
+    try {
+      stage_shards(index, stage);
+    } catch (const Error& e) {
+      err = e.message();
+    }
+  }
+  EXPECT_EQ(err.find("data.stage_dir " + stage + ": file size limit reached in " + stage), 0u) << err;
+  EXPECT_NE(err.find("while copying shard-00000.h5; free space there, or set data.stage_dir to a larger file "
+                     "system; or leave data.stage_dir empty to read " + index.dir + " in place"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("\n  detail: "), std::string::npos) << err;
+  for (const auto& entry : fs::directory_iterator(stage))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
 }
 
 }  // namespace
