@@ -99,7 +99,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   try {
     (void)kilter::io::read_checkpoint_info(path);
-  } catch (const kilter::Error&) {
+  } catch (const kilter::Error& e) {
+    if (h5b::debug()) std::fprintf(stderr, "read_checkpoint_info: %s\n", e.what());
   }
   std::vector<float> read[3];
   for (auto& r : read) r.assign(total, -7.0f);
@@ -108,7 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int g = 0; g < 3; ++g)
       KILTER_FUZZ_EXPECT(std::memcmp(read[g].data(), written[g].data(), total * sizeof(float)) == 0,
                          "a checkpoint that reads gives back other tensors than were written");
-  } catch (const kilter::Error&) {
+  } catch (const kilter::Error& e) {
+    if (h5b::debug()) std::fprintf(stderr, "read_checkpoint_tensors: %s\n", e.what());
   }
   try {
     kilter::io::read_checkpoint_params(path, expected, read[0].data());

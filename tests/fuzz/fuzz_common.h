@@ -33,12 +33,16 @@ namespace kilter::fuzz {
 
 // This process's scratch directory, created on first use and removed at exit.
 inline const std::string& scratch_dir() {
-  static const std::string dir = [] {
+  // Never destroyed: the exit handler that removes the directory runs after static destructors.
+  static const std::string& dir = *[] {
     const char* base = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp";
-    std::string d = std::string(base) + "/kilter-fuzz-" + std::to_string(::getpid());
-    std::filesystem::remove_all(d);
-    std::filesystem::create_directories(d);
-    std::atexit([] { std::error_code ec; std::filesystem::remove_all(scratch_dir(), ec); });
+    auto* d = new std::string(std::string(base) + "/kilter-fuzz-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(*d);
+    std::filesystem::create_directories(*d);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(scratch_dir(), ec);
+    });
     return d;
   }();
   return dir;
@@ -80,8 +84,8 @@ class Input {
   // An integer that is usually `good` and otherwise an edge: 0, good±1, 2^k±1, huge, negative.
   int64_t around(int64_t good) {
     switch (u8() % 16) {
-      case 1: return good + 1;
-      case 2: return good - 1;
+      case 1: return int64_t(uint64_t(good) + 1);  // wraps at the edges, as intended
+      case 2: return int64_t(uint64_t(good) - 1);
       case 3: return 0;
       case 4: return -1;
       case 5: return int64_t(u8());
@@ -91,7 +95,7 @@ class Input {
       case 9: return INT64_MAX;
       case 10: return INT64_MIN;
       case 11: return int64_t(1) << (u8() % 63);
-      case 12: return good * 2;
+      case 12: return int64_t(uint64_t(good) * 2);
       case 13: return int64_t(uint64_t(1) << 32);
       case 14: return -int64_t(u8()) - 1;
       default: return good;

@@ -77,6 +77,7 @@ uint64_t build_shard(const Shard& shard, uint32_t s, uint32_t num_shards, uint32
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Input in(data, size);
+  h5b::fixed_strings() = true;
   const std::string& dir = dataset_dir();
   for (const auto& entry : std::filesystem::directory_iterator(dir)) std::filesystem::remove(entry.path());
 
@@ -138,10 +139,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // kilter reads it.
   const std::vector<std::string> problems = kilter::io::validate_dataset(dir);
+  if (h5b::debug())
+    for (const std::string& p : problems) std::fprintf(stderr, "validate: %s\n", p.c_str());
   kilter::io::DatasetIndex index;
   try {
     index = kilter::io::load_index(dir);
   } catch (const kilter::Error& e) {
+    if (h5b::debug()) std::fprintf(stderr, "load_index: %s\n", e.what());
     KILTER_FUZZ_EXPECT(!problems.empty(), std::string("validate_dataset found no problem but load_index refused: ") + e.what());
     return 0;
   }
