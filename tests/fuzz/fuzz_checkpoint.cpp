@@ -2,9 +2,10 @@
 // file (io/checkpoint.h's format: root attributes, /tokenizer_data, /params, /adam/m, /adam/v with
 // a checksum attribute on every tensor) for a small fixed model, every attribute, group and
 // tensor valid or adversarial as the input picks (tests/fuzz/fuzz_hdf5.h), plus tensors the model
-// does not have. kilter then reads it as a resume and `kilter sample` do: read_checkpoint_info(),
-// read_checkpoint_tensors(), read_checkpoint_params(). Refusals must be kilter::Error; a file
-// that reads must give back the tensors that were written.
+// does not have. kilter then reads it as a resume does: read_checkpoint_info(), then
+// read_checkpoint_tensors() (`kilter sample`'s read_checkpoint_params() is its first group, the
+// same code). Refusals must be kilter::Error; a file that reads must give back the tensors that
+// were written.
 #include <cstring>
 
 #include "fuzz_hdf5.h"
@@ -17,7 +18,6 @@ using namespace kilter::fuzz;
 std::vector<kilter::io::CheckpointTensor> model_tensors() {
   std::vector<kilter::io::CheckpointTensor> tensors = {
       {"transformer.wte.weight", {6, 4}, 0, 0},
-      {"transformer.h.0.attn.c_attn.weight", {12, 4}, 0, 0},
       {"transformer.ln_f.bias", {4}, 0, 0},
   };
   size_t offset = 0;
@@ -111,10 +111,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                          "a checkpoint that reads gives back other tensors than were written");
   } catch (const kilter::Error& e) {
     if (h5b::debug()) std::fprintf(stderr, "read_checkpoint_tensors: %s\n", e.what());
-  }
-  try {
-    kilter::io::read_checkpoint_params(path, expected, read[0].data());
-  } catch (const kilter::Error&) {
   }
   return 0;
 }

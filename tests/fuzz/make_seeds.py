@@ -186,9 +186,9 @@ def builders():
     base = dataset(0, 0, [[[72, 105]]])
     put("dataset", "mutated-attr-array", base[:9] + bytes([0x80 | 5, 3]) + bytes(64))
     put("dataset", "mutated-missing", base[:9] + bytes([0x80]) + bytes(64))
-    # fuzz_checkpoint: 3 x 76 tensor value bytes, then choice bytes (0 = valid).
+    # fuzz_checkpoint: 3 x 28 tensor value bytes, then choice bytes (0 = valid).
     rng = random.Random(8)
-    values = bytes(rng.randrange(256) for _ in range(3 * 76))
+    values = bytes(rng.randrange(256) for _ in range(3 * 28))
     put("checkpoint", "valid", values + bytes(128))
     put("checkpoint", "no-values", b"")
     put("checkpoint", "tokenizer-data", values + bytes(18) + b"\x01\x10" + b"0123456789abcdef" + bytes(64))
