@@ -180,7 +180,7 @@ def builders():
                 out += bytes([len(doc)]) + b"".join(struct.pack("<H", t) for t in doc)
         return out + bytes(64)
     put("dataset", "one-shard", dataset(0, 0, [[[72, 105], [33, 10, 0, 256]]]))
-    put("dataset", "three-shards-u32", dataset(4, 1, [[[1, 2, 3]], [], [[4], [5, 6, 7, 8, 9, 10, 11, 12]]]))
+    put("dataset", "two-shards-u32", dataset(4, 1, [[[1, 2, 3], []], [[4], [5, 6, 7, 8, 9, 10, 11, 12]]]))
     put("dataset", "u16-edge", dataset(2, 2, [[[65534, 0]], [[1]]]))
     # Mutations: the first shard attribute (format) replaced by an array, by a missing value.
     base = dataset(0, 0, [[[72, 105]]])
