@@ -51,7 +51,10 @@ def corpus_readers():
 def tokenizers():
     import sentencepiece as spm
     from tokenizers import ByteLevelBPETokenizer
-    tmp = tempfile.mkdtemp()
+    # A fixed path: the models record their training input's path (deterministic seeds).
+    tmp = os.path.join(tempfile.gettempdir(), "kilter-make-seeds")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
     try:
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w") as f:
@@ -61,7 +64,7 @@ def tokenizers():
             prefix = os.path.join(tmp, kind)
             spm.SentencePieceTrainer.train(input=corpus, model_prefix=prefix, vocab_size=vocab,
                                            model_type=kind, character_coverage=1.0,
-                                           minloglevel=2, normalization_rule_name="identity")
+                                           minloglevel=2, normalization_rule_name="identity", num_threads=1)
             with open(prefix + ".model", "rb") as f:
                 put("sentencepiece", kind + ".model", f.read())
         bpe = ByteLevelBPETokenizer()
