@@ -193,8 +193,7 @@ class HfBpeTokenizer final : public Tokenizer {
     KILTER_CHECK(vocab.is_object(), where_ << ": model.vocab must be an object");
     std::vector<uint32_t> cps;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      uint32_t id = it.value().get<uint32_t>();
-      check_id(id, "model.vocab entry");
+      const uint32_t id = id_of(it.value(), "model.vocab entry");
       vocab_size_ = std::max(vocab_size_, id + 1);
       if (id >= id_text_.size()) id_text_.resize(id + 1);
       // The token's bytes: every character through the inverse byte map (a token with other
@@ -247,18 +246,23 @@ class HfBpeTokenizer final : public Tokenizer {
     }
   }
 
-  void check_id(uint32_t id, const char* what) const {
+  // A token id: a JSON integer from 0, below the number of tokens the file defines (a float or a
+  // negative number is refused rather than converted: 1e113 does not fit any integer type).
+  uint32_t id_of(const json& value, const char* what) const {
+    KILTER_CHECK(value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0),
+                 where_ << ": " << what << " has id " << value.dump() << ", not an integer from 0");
+    const uint64_t id = value.get<uint64_t>();
     KILTER_CHECK(id < id_limit_, where_ << ": " << what << " has id " << id << ", not below the "
                                        << id_limit_ << " tokens the file defines (ids must be "
                                        << "numbered densely from 0)");
+    return uint32_t(id);
   }
 
   void load_added_tokens(const json& tokens) {
     for (const json& entry : tokens) {
       AddedToken token;
       token.content = entry.at("content").get<std::string>();
-      token.id = entry.at("id").get<uint32_t>();
-      check_id(token.id, "added token");
+      token.id = id_of(entry.at("id"), "added token");
       token.special = entry.value("special", false);
       token.lstrip = entry.value("lstrip", false);
       token.rstrip = entry.value("rstrip", false);
