@@ -40,7 +40,8 @@ for h in "${HARNESSES[@]}"; do
 done
 if [[ $SMOKE == 1 ]]; then
   # About 30 s of fuzzing in all, whatever the number of harnesses.
-  SECONDS_EACH=$(( 30 / ${#HARNESSES[@]} ))
+  # About 30 s in all: each harness also spends about a second starting and loading its corpus.
+  SECONDS_EACH=$(( 30 / ${#HARNESSES[@]} - 1 ))
   [[ $SECONDS_EACH -ge 1 ]] || SECONDS_EACH=1
   RUNS=0
 fi
@@ -84,8 +85,12 @@ rows=()
 found=0
 start_all=$(date +%s)
 for h in "${HARNESSES[@]}"; do
-  out="$BUILD/fuzz-out/$h"
+  out="$BUILD/fuzz-out$([[ $SMOKE == 1 ]] && echo -smoke)/$h"  # a smoke never clobbers a long run's log
   corpus="$BUILD/fuzz-corpus/$h"
+  if [[ $SMOKE == 1 ]]; then  # from the seeds alone, like a fresh CI machine: same time every run
+    corpus="$BUILD/fuzz-corpus-smoke/$h"
+    rm -rf "$corpus"
+  fi
   mkdir -p "$out" "$corpus"
   args=(-max_len="$(max_len "$h")" -timeout=10 -rss_limit_mb=2560 -malloc_limit_mb=2048
         -print_final_stats=1 -artifact_prefix="$out/" -close_fd_mask=1)
@@ -103,25 +108,25 @@ for h in "${HARNESSES[@]}"; do
   rc=$?
   set -e
   t1=$(date +%s.%N)
-  execs=$(grep -oP 'stat::number_of_executed_units:\s*\K[0-9]+' "$log" | tail -1 || true)
-  rate=$(grep -oP 'stat::average_exec_per_sec:\s*\K[0-9]+' "$log" | tail -1 || true)
-  last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
+  execs=$(grep -aoP 'stat::number_of_executed_units:\s*\K[0-9]+' "$log" | tail -1 || true)
+  rate=$(grep -aoP 'stat::average_exec_per_sec:\s*\K[0-9]+' "$log" | tail -1 || true)
+  last=$(grep -aE '^#[0-9]+' "$log" | tail -1 || true)
   cov=$(grep -oP 'cov: \K[0-9]+' <<<"$last" || true)
   ft=$(grep -oP 'ft: \K[0-9]+' <<<"$last" || true)
   corp=$(grep -oP 'corp: \K[0-9]+' <<<"$last" || true)
   crashes=$(( $(count_artifacts "$out") - before ))
-  if [[ $rc -ne 0 ]] || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|FUZZ FINDING' "$log"; then
+  if [[ $rc -ne 0 ]] || grep -aqE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|FUZZ FINDING' "$log"; then
     found=1
     [[ $crashes -gt 0 ]] || crashes=1
     echo "fuzz.sh: $h: FINDING (exit $rc), see $log" >&2
-    grep -m5 -E 'ERROR:|runtime error:|FUZZ FINDING|SUMMARY' "$log" >&2 || true
+    grep -am5 -E 'ERROR:|runtime error:|FUZZ FINDING|SUMMARY' "$log" >&2 || true
   fi
   rows+=("$(printf '%-16s %12s %8s %7s %7s %6s %8s %7.1f' "$h" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" \
              "${corp:-?}" "$crashes" "$(echo "$t1 - $t0" | bc)")")
 done
 printf '%-16s %12s %8s %7s %7s %6s %8s %7s\n' harness executions exec/s cov ft corpus crashes seconds
 printf '%s\n' "${rows[@]}"
-echo "fuzz.sh: ${#HARNESSES[@]} harness(es), $(( $(date +%s) - start_all )) s of fuzzing; logs and findings in $BUILD/fuzz-out/"
+echo "fuzz.sh: ${#HARNESSES[@]} harness(es), $(( $(date +%s) - start_all )) s of fuzzing; logs and findings in $BUILD/fuzz-out$([[ $SMOKE == 1 ]] && echo -smoke)/"
 return $found
 }
 main "$@"
