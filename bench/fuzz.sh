@@ -85,7 +85,7 @@ rows=()
 found=0
 start_all=$(date +%s)
 for h in "${HARNESSES[@]}"; do
-  out="$BUILD/fuzz-out$([[ $SMOKE == 1 ]] && echo -smoke)/$h"  # a smoke never clobbers a long run's log
+  out="$BUILD/fuzz-out$([[ $SMOKE == 1 ]] && echo -smoke || true)/$h"  # a smoke never clobbers a long run's log
   corpus="$BUILD/fuzz-corpus/$h"
   if [[ $SMOKE == 1 ]]; then  # from the seeds alone, like a fresh CI machine: same time every run
     corpus="$BUILD/fuzz-corpus-smoke/$h"
@@ -126,7 +126,7 @@ for h in "${HARNESSES[@]}"; do
 done
 printf '%-16s %12s %8s %7s %7s %6s %8s %7s\n' harness executions exec/s cov ft corpus crashes seconds
 printf '%s\n' "${rows[@]}"
-echo "fuzz.sh: ${#HARNESSES[@]} harness(es), $(( $(date +%s) - start_all )) s of fuzzing; logs and findings in $BUILD/fuzz-out$([[ $SMOKE == 1 ]] && echo -smoke)/"
+echo "fuzz.sh: ${#HARNESSES[@]} harness(es), $(( $(date +%s) - start_all )) s of fuzzing; logs and findings in $BUILD/fuzz-out$([[ $SMOKE == 1 ]] && echo -smoke || true)/"
 return $found
 }
 main "$@"
