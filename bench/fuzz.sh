@@ -48,14 +48,15 @@ fi
 
 if [[ $BUILD_IT == 1 ]]; then
   command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is missing (scripts/install-deps.sh --with-test-extras)" >&2; exit 2; }
+  mkdir -p "$BUILD"
   CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DKILTER_FUZZ=ON -DENABLE_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g" >"$BUILD.configure.log" 2>&1 \
-    || { cat "$BUILD.configure.log" >&2; exit 2; }
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g" >"$BUILD/fuzz-configure.log" 2>&1 \
+    || { cat "$BUILD/fuzz-configure.log" >&2; exit 2; }
   targets=()
   for h in "${HARNESSES[@]}"; do targets+=(--target "fuzz_$h"); done
-  cmake --build "$BUILD" -j "$JOBS" "${targets[@]}" >"$BUILD.build.log" 2>&1 \
-    || { tail -50 "$BUILD.build.log" >&2; exit 2; }
+  cmake --build "$BUILD" -j "$JOBS" "${targets[@]}" >"$BUILD/fuzz-build.log" 2>&1 \
+    || { tail -50 "$BUILD/fuzz-build.log" >&2; exit 2; }
 fi
 
 # Per-harness limits: longest input, time per input, memory. Text-like inputs stay short; the
