@@ -11,6 +11,7 @@
 #include "app/commands.h"
 #include "app/launch.h"
 #include "io/error.h"
+#include "lib/core/config.h"
 #include "lib/comm/comm_bench.h"
 
 namespace po = boost::program_options;
@@ -59,8 +60,8 @@ Parsed parse(int argc, char** argv) {
   try {
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
     po::notify(vm);
-  } catch (const po::error& e) {
-    KILTER_FAIL(e.what());
+  } catch (po::error& e) {
+    KILTER_FAIL(program_options_message(e));
   }
   if (vm.count("help")) {
     if (launcher_rank() == 0) std::cout << kUsage << "\n\n" << desc << "\n";

@@ -10,6 +10,7 @@
 #include "app/commands.h"
 #include "io/dataset.h"
 #include "io/error.h"
+#include "lib/core/config.h"
 #include "io/prep.h"
 #include "io/tokenizer_train.h"
 
@@ -194,8 +195,8 @@ int cmd_prep(int argc, char** argv) {
     }
     if (prep_is_import(argc, argv)) return prep_import(argc, argv);
     return prep_corpus(argc, argv);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "kilter prep: %s (see kilter prep --help)\n", e.what());
+  } catch (po::error& e) {
+    std::fprintf(stderr, "kilter prep: %s (see kilter prep --help)\n", program_options_message(e).c_str());
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "kilter prep: error: %s\n", e.what());

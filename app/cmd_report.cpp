@@ -9,6 +9,7 @@
 
 #include "app/commands.h"
 #include "io/error.h"
+#include "lib/core/config.h"
 #include "lib/diag/report.h"
 
 namespace po = boost::program_options;
@@ -61,8 +62,8 @@ int cmd_report(int argc, char** argv) {
       std::cout << "\nreport: " << html_path << "\n";
     }
     return 0;
-  } catch (const po::error& e) {
-    std::cerr << "kilter report: " << e.what() << "\n";
+  } catch (po::error& e) {
+    std::cerr << "kilter report: " << program_options_message(e) << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "kilter report: " << e.what() << "\n";

@@ -134,6 +134,11 @@ Hid open_attribute(hid_t loc, const char* name, const std::string& path, const s
   Hid attr(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
   KILTER_CHECK(attr.valid(), "checkpoint " << path << ": cannot open attribute " << name << ": "
                                            << hdf5_error_text());
+  // The readers read one value: an array attribute would overrun their buffer.
+  Hid space(H5Aget_space(attr.get()), H5Sclose);
+  KILTER_CHECK(H5Sget_simple_extent_npoints(space.get()) == 1,
+               "checkpoint " << path << ": attribute '" << name << "' of " << where
+                             << " is not a single value (corrupt file)");
   return attr;
 }
 

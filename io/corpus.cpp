@@ -131,7 +131,7 @@ class LineReader {
 
 void read_text_file(const InputFile& input, DocumentTracker& doc) {
   File file = open_input(input.path);
-  std::vector<unsigned char> block(size_t(1) << 20);
+  std::vector<unsigned char> block(size_t(64) << 10);  // corpora are often many small files
   while (true) {
     size_t n = std::fread(block.data(), 1, block.size(), file.get());
     doc.add(block.data(), n);

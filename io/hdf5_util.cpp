@@ -144,6 +144,7 @@ std::string read_string_attribute(hid_t obj, const std::string& name, const std:
     // Written by h5py (variable-length strings are its default).
     Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mem, H5T_VARIABLE);
+    H5Tset_cset(mem, H5Tget_cset(type));  // h5py writes UTF-8; HDF5 converts no cset to another
     char* text = nullptr;
     KILTER_CHECK(H5Aread(attr, mem, &text) >= 0,
                  path << ": cannot read attribute " << name << hdf5_says());

@@ -121,10 +121,16 @@ std::vector<std::string> index_problems(const DatasetIndex& index) {
             std::to_string(index.vocab_size));
   if (index.tokenizer.empty()) problem("tokenizer attribute is empty");
   if (index.shards.empty()) problem("the dataset has no shards");
+  // Summed without wrapping around: huge counts that wrap to the right total must not pass.
   uint64_t docs_in_shards = 0;
-  for (const ShardInfo& shard : index.shards) docs_in_shards += shard.num_docs;
-  if (docs_in_shards != index.num_docs()) {
-    problem("shard_num_docs add up to " + std::to_string(docs_in_shards) + ", doc_lengths has " +
+  bool too_many = false;
+  for (const ShardInfo& shard : index.shards) {
+    too_many = too_many || shard.num_docs > index.num_docs() - docs_in_shards;
+    if (!too_many) docs_in_shards += shard.num_docs;
+  }
+  if (too_many || docs_in_shards != index.num_docs()) {
+    problem("shard_num_docs add up to " + std::string(too_many ? "more than " : "") +
+            std::to_string(too_many ? index.num_docs() : docs_in_shards) + ", doc_lengths has " +
             std::to_string(index.num_docs()) + " entries");
     return problems;  // the per-shard sums below would index out of range
   }

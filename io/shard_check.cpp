@@ -98,10 +98,12 @@ static void stream_shard(hid_t file, const std::string& path, uint32_t token_byt
                          const std::function<void(const uint64_t*, uint64_t)>& on_offsets) {
   h5::Handle tokens = h5::open_dataset(file, "tokens", path);
   uint64_t num_tokens = h5::dataset_length(tokens, path, "/tokens");
-  std::vector<unsigned char> buffer(kChunkElements * 8);
+  // Grown to at most one chunk as needed: a small shard does not pay for an 8 MiB buffer.
+  std::vector<unsigned char> buffer;
   hid_t token_type = token_bytes == 2 ? H5T_NATIVE_UINT16 : H5T_NATIVE_UINT32;
   for (uint64_t first = 0; first < num_tokens; first += kChunkElements) {
     uint64_t n = std::min(kChunkElements, num_tokens - first);
+    if (buffer.size() < n * 8) buffer.resize(n * 8);
     h5::read_range(tokens, token_type, first, n, buffer.data(), path, "/tokens");
     on_tokens(buffer.data(), n);
   }
@@ -109,6 +111,7 @@ static void stream_shard(hid_t file, const std::string& path, uint32_t token_byt
   uint64_t num_offsets = h5::dataset_length(offsets, path, "/offsets");
   for (uint64_t first = 0; first < num_offsets; first += kChunkElements) {
     uint64_t n = std::min(kChunkElements, num_offsets - first);
+    if (buffer.size() < n * 8) buffer.resize(n * 8);
     h5::read_range(offsets, H5T_NATIVE_UINT64, first, n, buffer.data(), path, "/offsets");
     on_offsets(reinterpret_cast<const uint64_t*>(buffer.data()), n);
   }

@@ -118,6 +118,13 @@ class HfBpeTokenizer final : public Tokenizer {
     }
     KILTER_CHECK(root.is_object(), where << ": a tokenizer.json must be a JSON object");
     try {
+      // Ids are numbered densely: none reaches the number of tokens the file defines (a huge id
+      // would size the id tables, and the model's vocabulary, by it).
+      const json& model = root.value("model", json());
+      if (model.is_object() && model.contains("vocab") && model["vocab"].is_object())
+        id_limit_ += model["vocab"].size();
+      if (root.contains("added_tokens") && root["added_tokens"].is_array())
+        id_limit_ += root["added_tokens"].size();
       load_model(root.value("model", json()));
       load_normalizer(root.value("normalizer", json()), "normalizer");
       load_added_tokens(root.value("added_tokens", json::array()));
@@ -186,7 +193,7 @@ class HfBpeTokenizer final : public Tokenizer {
     KILTER_CHECK(vocab.is_object(), where_ << ": model.vocab must be an object");
     std::vector<uint32_t> cps;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      uint32_t id = it.value().get<uint32_t>();
+      const uint32_t id = id_of(it.value(), "model.vocab entry");
       vocab_size_ = std::max(vocab_size_, id + 1);
       if (id >= id_text_.size()) id_text_.resize(id + 1);
       // The token's bytes: every character through the inverse byte map (a token with other
@@ -239,11 +246,23 @@ class HfBpeTokenizer final : public Tokenizer {
     }
   }
 
+  // A token id: a JSON integer from 0, below the number of tokens the file defines (a float or a
+  // negative number is refused rather than converted: 1e113 does not fit any integer type).
+  uint32_t id_of(const json& value, const char* what) const {
+    KILTER_CHECK(value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0),
+                 where_ << ": " << what << " has id " << value.dump() << ", not an integer from 0");
+    const uint64_t id = value.get<uint64_t>();
+    KILTER_CHECK(id < id_limit_, where_ << ": " << what << " has id " << id << ", not below the "
+                                       << id_limit_ << " tokens the file defines (ids must be "
+                                       << "numbered densely from 0)");
+    return uint32_t(id);
+  }
+
   void load_added_tokens(const json& tokens) {
     for (const json& entry : tokens) {
       AddedToken token;
       token.content = entry.at("content").get<std::string>();
-      token.id = entry.at("id").get<uint32_t>();
+      token.id = id_of(entry.at("id"), "added token");
       token.special = entry.value("special", false);
       token.lstrip = entry.value("lstrip", false);
       token.rstrip = entry.value("rstrip", false);
@@ -556,6 +575,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::string where_;
   uint64_t serial_ = 0;
   uint32_t vocab_size_ = 0;
+  uint64_t id_limit_ = 0;  // vocab entries + added tokens: ids are below it
   uint32_t eos_ = 0;
   uint32_t unk_ = kNone;
   bool ignore_merges_ = false;

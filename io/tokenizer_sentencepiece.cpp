@@ -13,7 +13,14 @@ class SentencePieceTokenizer final : public Tokenizer {
  public:
   SentencePieceTokenizer(const std::string& model_bytes, const std::string& where)
       : bytes_(model_bytes) {
-    auto status = processor_.LoadFromSerializedProto(model_bytes);
+    sentencepiece::util::Status status;
+    try {
+      status = processor_.LoadFromSerializedProto(model_bytes);
+    } catch (const std::exception& e) {
+      // libsentencepiece throws from its trie builder on some malformed models (e.g. an empty
+      // piece: Darts "zero-length key") instead of returning a status.
+      KILTER_FAIL(where << ": not a valid SentencePiece model (" << e.what() << ")");
+    }
     KILTER_CHECK(status.ok(), where << ": not a SentencePiece model nor a tokenizer.json ("
                                     << status.ToString() << ")");
     const int pieces = processor_.GetPieceSize();

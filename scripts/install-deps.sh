@@ -2,7 +2,8 @@
 # Installs the Debian packages kilter needs to build, test and run its demo.
 # Idempotent: packages already present are skipped; apt-get runs only when something is missing.
 # Usage: scripts/install-deps.sh [--with-test-extras]   (torch/h5py/chromium/slurm/lmod, the
-# tokenizer oracles python3-sentencepiece and HF `tokenizers` from PyPI, for tests)
+# tokenizer oracles python3-sentencepiece and HF `tokenizers` from PyPI, clang for the fuzz
+# harnesses, for tests)
 set -euo pipefail
 
 BUILD_PKGS=(build-essential cmake pkg-config git
@@ -18,7 +19,8 @@ TEST_PKGS=(python3 python3-numpy python3-h5py python3-torch python3-sentencepiec
   chromium
   slurm-wlm munge lmod
   iproute2 util-linux mount
-  procps)
+  procps
+  clang libclang-rt-14-dev)  # libFuzzer + ASan/UBSan runtimes for the fuzz harnesses (bench/fuzz.sh)
 
 want=("${BUILD_PKGS[@]}")
 if [[ "${1:-}" == "--with-test-extras" ]]; then want+=("${TEST_PKGS[@]}"); fi

@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <sstream>
 
@@ -193,6 +194,29 @@ uint64_t Config::hash() const {
   return h;
 }
 
+// The text of a Boost.Program_options error. Boost builds it by replacing placeholders such as
+// %value% and %canonical_option% in a template, over and over until none is left, so an option
+// name or value that itself holds a placeholder ("--x=%value%") made what() loop forever (found by
+// fuzzing, issue 17). The user's text is therefore given to Boost with '%' spelled "%25".
+namespace {
+struct BoostErrorAccess : po::error_with_option_name {
+  static std::map<std::string, std::string> po::error_with_option_name::*substitutions() {
+    return &BoostErrorAccess::m_substitutions;
+  }
+};
+}  // namespace
+
+std::string program_options_message(po::error& e) {
+  if (auto* named = dynamic_cast<po::error_with_option_name*>(&e)) {
+    for (auto& entry : named->*BoostErrorAccess::substitutions()) {
+      std::string safe;
+      for (char c : entry.second) safe += c == '%' ? std::string("%25") : std::string(1, c);
+      entry.second = safe;
+    }
+  }
+  return e.what();
+}
+
 static Config parse_impl(const std::string& ini_path, const std::string* ini_text) {
   Config cfg;
   po::options_description desc;
@@ -208,8 +232,8 @@ static Config parse_impl(const std::string& ini_path, const std::string* ini_tex
       po::store(po::parse_config_file(is, desc, false), vm);
     }
     po::notify(vm);
-  } catch (const po::error& e) {
-    KILTER_FAIL("config file " << (ini_text ? std::string("(text)") : ini_path) << ": " << e.what());
+  } catch (po::error& e) {
+    KILTER_FAIL("config file " << (ini_text ? std::string("(text)") : ini_path) << ": " << program_options_message(e));
   }
   return cfg;
 }
@@ -264,13 +288,13 @@ bool parse_command_line(int argc, char** argv, const std::string& usage,
       KILTER_CHECK(is, "cannot open config file " << path);
       try {
         po::store(po::parse_config_file(is, keys, false), vm);
-      } catch (const po::error& e) {
-        KILTER_FAIL("config file " << path << ": " << e.what());
+      } catch (po::error& e) {
+        KILTER_FAIL("config file " << path << ": " << program_options_message(e));
       }
     }
     po::notify(vm);
-  } catch (const po::error& e) {
-    KILTER_FAIL(e.what());
+  } catch (po::error& e) {
+    KILTER_FAIL(program_options_message(e));
   }
   cfg.validate();
   return true;

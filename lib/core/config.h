@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace boost { namespace program_options { class options_description; class variables_map; } }
+namespace boost { namespace program_options { class options_description; class variables_map; class error; } }
 
 namespace kilter {
 
@@ -105,6 +105,10 @@ void add_config_options(boost::program_options::options_description& desc, Confi
 bool parse_command_line(int argc, char** argv, const std::string& usage,
                         boost::program_options::options_description& extra,
                         boost::program_options::variables_map& vm, Config& cfg);
+
+// The message of a Boost.Program_options error, safe for any user text (Boost's own what() loops
+// forever on an option name or value that holds one of its %placeholders%).
+std::string program_options_message(boost::program_options::error& e);
 
 // Parses an INI file into cfg (keys absent from the file keep their defaults).
 Config parse_config_file(const std::string& path);

@@ -224,5 +224,38 @@ TEST_F(IoBadInput, IndexCountsInconsistent) {
   expect_error([&] { load_index(dir_); }, {"index.h5", "shard 0: shard_num_tokens"});
 }
 
+// Found by fuzzing (issue 17): shard counts that wrap around 2^64 to the right total used to pass
+// the sum check and then index doc_lengths far out of range.
+TEST_F(IoBadInput, ShardDocCountsThatWrapAreRefused) {
+  {
+    h5::Handle f = h5::open_file(dir_ + "/index.h5", true);
+    h5::Handle ds = h5::open_dataset(f, "shard_num_docs", "index.h5");
+    uint64_t counts[3];
+    h5::read_range(ds, H5T_NATIVE_UINT64, 0, 3, counts, "index.h5", "shard_num_docs");
+    counts[1] += counts[0] + 1;  // counts[0] := 2^64 - 1 takes the other 1 + counts[0] back
+    counts[0] = ~uint64_t(0);
+    h5::write_range(ds, H5T_NATIVE_UINT64, 0, 3, counts, "index.h5", "shard_num_docs");
+  }
+  expect_refused("index.h5", "shard_num_docs add up to more than 120");
+}
+
+// Found by fuzzing (issue 17): h5py writes str attributes as variable-length UTF-8 strings, which
+// the reader used to refuse ("no appropriate function for conversion path").
+TEST_F(IoBadInput, VariableLengthUtf8StringAttributesAreRead) {
+  for (const std::string file : {dir_ + "/index.h5", shard(0), shard(1), shard(2)}) {
+    h5::Handle f = h5::open_file(file, true);
+    ASSERT_GE(H5Adelete(f, "tokenizer"), 0);
+    h5::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5T_CSET_UTF8);
+    h5::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    h5::Handle attr(H5Acreate2(f, "tokenizer", type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    const char* value = "synthetic";
+    ASSERT_GE(H5Awrite(attr, type, &value), 0);
+  }
+  EXPECT_EQ(load_index(dir_).tokenizer, "synthetic");
+  EXPECT_TRUE(validate_dataset(dir_).empty()) << join(validate_dataset(dir_));
+}
+
 }  // namespace
 }  // namespace kilter::io

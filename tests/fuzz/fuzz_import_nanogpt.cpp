@@ -1,0 +1,9 @@
+// Fuzz harness (issue 17): raw bytes as a nanoGPT flat uint16 .bin, the input of
+// `kilter prep --format nanogpt` (io/import_formats.cpp).
+#include "fuzz_import.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string path = kilter::fuzz::scratch_dir() + "/input.bin";
+  kilter::fuzz::write_file(path, data, size);
+  return kilter::fuzz::run_import_harness(kilter::io::ImportFormat::nanogpt, path);
+}
