@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Sanitizer runs (issue 17): builds kilter with the given sanitizers (CUDA off) and runs the tests
+# they cover, failing on any report (tests/sanitizers/reports.sh checks every test's report files).
+#   scripts/sanitize.sh address,undefined   ASan + UBSan + LSan, in build-asan: the unit, mpi and
+#                                           e2e tiers (ctest -L 'unit|mpi|e2e', not gpu/cluster)
+#   scripts/sanitize.sh thread              TSan, in build-tsan: the thread-heavy tests (label
+#                                           tsan; the list is KILTER_TSAN_TESTS in
+#                                           cmake/KilterTesting.cmake)
+# Extra arguments go to ctest (e.g. -R e2e_fault_signal). BUILD_DIR overrides the folder.
+# Usage: scripts/sanitize.sh address,undefined|thread [ctest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:-}
+shift || true
+case "$kind" in
+  address,undefined) BUILD_DIR=${BUILD_DIR:-build-asan}; select=(-L '^(unit|mpi|e2e)$' -LE '^(gpu|cluster)$') ;;
+  thread)            BUILD_DIR=${BUILD_DIR:-build-tsan}; select=(-L '^tsan$') ;;
+  *) echo "usage: scripts/sanitize.sh address,undefined|thread [ctest args]" >&2; exit 2 ;;
+esac
+JOBS=${JOBS:-$(nproc)}
+
+scripts/install-deps.sh --with-test-extras
+# RelWithDebInfo: no -O3 to undo; KILTER_SANITIZE adds -O1 -g and the sanitizer flags anyway.
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILTER_SANITIZE="$kind" -DENABLE_CUDA=OFF
+if [[ "$kind" == thread ]]; then
+  # Only what the selected tests run: the TSan build of everything would double the time.
+  targets=$(cd "$BUILD_DIR" && ctest "${select[@]}" --show-only=json-v1 |
+            "${KILTER_PYTHON:-/usr/bin/python3}" -c '
+import json, os, sys
+names = set()
+for t in json.load(sys.stdin)["tests"]:
+    for arg in t.get("command", []):
+        base = os.path.basename(arg)
+        if arg.startswith(sys.argv[1] + "/"):
+            names.add(base)
+print(" ".join(sorted(names | {"kilter"})))' "$(cd "$BUILD_DIR" && pwd)")
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target $targets
+else
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi
+cd "$BUILD_DIR"
+ctest "${select[@]}" --output-on-failure "$@"
