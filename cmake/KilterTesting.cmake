@@ -65,7 +65,7 @@ function(kilter_finish_tests)
     # UBSan report ends the process with a failure; LSan checks for leaks at exit.
     set(log log_path=${reports}/${test})
     if(KILTER_SANITIZE_KIND STREQUAL "asan")
-      set(env "ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:check_initialization_order=1:strict_init_order=1:${log}"
+      set(env "ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:check_initialization_order=1:strict_init_order=1:fast_unwind_on_malloc=0:${log}"
               "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:${log}"
               "LSAN_OPTIONS=suppressions=${dir}/lsan.supp:print_suppressions=0")
     else()
