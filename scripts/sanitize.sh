@@ -2,7 +2,8 @@
 # Sanitizer runs (issue 17): builds kilter with the given sanitizers (CUDA off) and runs the tests
 # they cover, failing on any report (tests/sanitizers/reports.sh checks every test's report files).
 #   scripts/sanitize.sh address,undefined   ASan + UBSan + LSan, in build-asan: the unit, mpi and
-#                                           e2e tiers (ctest -L 'unit|mpi|e2e', not gpu/cluster)
+#                                           e2e tiers (not gpu, cluster, or the few no_asan
+#                                           numerics tests: KILTER_NO_ASAN_TESTS)
 #   scripts/sanitize.sh thread              TSan, in build-tsan: the thread-heavy tests (label
 #                                           tsan; the list is KILTER_TSAN_TESTS in
 #                                           cmake/KilterTesting.cmake)
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 kind=${1:-}
 shift || true
 case "$kind" in
-  address,undefined) BUILD_DIR=${BUILD_DIR:-build-asan}; select=(-L '^(unit|mpi|e2e)$' -LE '^(gpu|cluster)$') ;;
+  address,undefined) BUILD_DIR=${BUILD_DIR:-build-asan}; select=(-L '^(unit|mpi|e2e)$' -LE '^(gpu|cluster|no_asan)$') ;;
   thread)            BUILD_DIR=${BUILD_DIR:-build-tsan}; select=(-L '^tsan$') ;;
   *) echo "usage: scripts/sanitize.sh address,undefined|thread [ctest args]" >&2; exit 2 ;;
 esac
