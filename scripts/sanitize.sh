@@ -42,4 +42,5 @@ else
   cmake --build "$BUILD_DIR" -j "$JOBS"
 fi
 cd "$BUILD_DIR"
-ctest "${select[@]}" --output-on-failure "$@"
+# Tests in parallel (ctest honours each test's PROCESSORS): most of a sanitizer run is waiting.
+ctest "${select[@]}" -j "$JOBS" --output-on-failure "$@"
