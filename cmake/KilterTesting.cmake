@@ -50,6 +50,11 @@ set(KILTER_NO_ASAN_TESTS
     diag_straggler)                                # a 50 ms drill among 4 ASan-slowed ranks is below
                                                    # the straggler threshold (a share of the step)
 
+# Tests whose ranks start without mpirun (srun under a test's own Slurm): every process of
+# theirs records whole allocation stacks, as mpirun's ranks do (see below).
+set(KILTER_ASAN_WHOLE_STACK_TESTS
+    cluster_slurm)
+
 # Called once after every tests/*/*.cmake fragment: labels the TSan and no-ASan selections and, in a sanitizer
 # build, gives every test the sanitizers' run-time options (inherited by the ranks mpirun starts
 # and by every kilter a script runs) and the report check around them (tests/sanitizers/).
@@ -82,7 +87,11 @@ function(kilter_finish_tests)
       # leaks come from Open MPI's libraries, built without frame pointers, and only a whole stack
       # names the library (tests/sanitizers/lsan.supp). Elsewhere the fast unwinder: whole stacks
       # on every malloc make allocation-heavy tools (tokenizers) several times slower.
-      set(env "ASAN_OPTIONS=${asan}"
+      set(asan_here ${asan})
+      if(test IN_LIST KILTER_ASAN_WHOLE_STACK_TESTS)
+        set(asan_here ${asan}:fast_unwind_on_malloc=0)
+      endif()
+      set(env "ASAN_OPTIONS=${asan_here}"
               "OMPI_MCA_mca_base_env_list=ASAN_OPTIONS=${asan}:fast_unwind_on_malloc=0"
               "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:${log}"
               "LSAN_OPTIONS=suppressions=${dir}/lsan.supp:print_suppressions=0")
