@@ -50,7 +50,7 @@ int run_sample(int argc, char** argv) {
       ("help,h", "show this help")
       ("run", po::value(&run), "run directory: its newest checkpoint (RUN_DIR/checkpoints/step-*.h5)")
       ("checkpoint", po::value(&checkpoint), "a checkpoint file")
-      ("prompt", po::value(&prompt)->default_value(""), "text to continue (empty: start from the EOS id)")
+      ("prompt", po::value(&prompt)->default_value(""), "text to continue (empty: a new document, its first token drawn from the training documents' first tokens)")
       ("prompt-tokens", po::value(&prompt_tokens), "the prompt as ids ID,ID,... (for datasets without a tokenizer)")
       ("max-new-tokens", po::value(&options.max_new_tokens)->default_value(options.max_new_tokens), "tokens to generate at most")
       ("temperature", po::value(&options.temperature)->default_value(options.temperature), "softmax temperature; 0 = greedy")
@@ -78,11 +78,19 @@ int run_sample(int argc, char** argv) {
   train::SamplingModel m = train::load_sampling_model(run.empty() ? checkpoint : run);
   if (!m.note.empty()) std::fprintf(stderr, "kilter sample: %s: %s\n", m.checkpoint.c_str(), m.note.c_str());
   const std::vector<int32_t> ids = prompt_tokens.empty() ? std::vector<int32_t>() : parse_ids(prompt_tokens);
-  const std::vector<int32_t> prompt_ids =
+  std::vector<int32_t> prompt_ids =
       train::prompt_ids(m.codec, prompt, ids, !prompt_tokens.empty(), "checkpoint " + m.checkpoint);
+  // An empty prompt: the first token comes from the training documents' first tokens, which the
+  // checkpoint records (or, in older checkpoints, the model continues the EOS id).
+  const bool unprompted = prompt_ids.empty();
+  if (unprompted) {
+    std::string note;
+    prompt_ids = train::unprompted_start(m.codec, m.starts, "checkpoint " + m.checkpoint, note);
+    if (!note.empty()) std::fprintf(stderr, "kilter sample: %s: %s\n", m.checkpoint.c_str(), note.c_str());
+  }
   options.eos_id = ignore_eos ? -1 : m.codec.eos_id;
   model::Generator generator(m.gpt, std::move(m.params));
-  const model::Generation g = model::generate(generator, prompt_ids, options);
+  const model::Generation g = model::generate(generator, prompt_ids, options, &m.starts);
   const std::string completion = m.codec.continuation(prompt_ids, g.tokens);
   const std::string prompt_text = prompt_tokens.empty() ? prompt : m.codec.decode(prompt_ids);
   const double rate = g.decode_seconds > 0 ? double(g.tokens.size()) / g.decode_seconds : 0.0;
@@ -95,6 +103,7 @@ int run_sample(int argc, char** argv) {
     out["prompt_tokens"] = prompt_ids;
     out["new_tokens"] = g.tokens.size();
     out["stop_reason"] = g.stop_reason;
+    out["start"] = !unprompted ? "prompt" : prompt_ids.empty() ? "document_starts" : "eos";
     out["checkpoint"] = m.checkpoint;
     out["step"] = m.step;
     out["tokenizer"] = m.codec.kind;

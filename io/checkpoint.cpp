@@ -232,6 +232,47 @@ std::string read_tokenizer_data(hid_t root, const std::string& path) {
   return bytes;
 }
 
+// The document starts as a [n, 2] uint64 dataset of (id, count) rows, with a checksum.
+void write_document_starts(hid_t root, const std::vector<std::pair<uint32_t, uint64_t>>& starts,
+                           const std::string& path) {
+  std::vector<uint64_t> rows;
+  for (const auto& [id, count] : starts) rows.insert(rows.end(), {uint64_t(id), count});
+  hsize_t dims[2] = {hsize_t(starts.size()), 2};
+  Hid space(H5Screate_simple(2, dims, nullptr), H5Sclose);
+  Hid dset(H5Dcreate2(root, "document_starts", H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+           H5Dclose);
+  KILTER_CHECK(dset.valid() && H5Dwrite(dset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) >= 0,
+               "checkpoint " << path << ": cannot write /document_starts: " << hdf5_error_text());
+  const uint64_t checksum = checkpoint_checksum_bytes(rows.data(), rows.size() * sizeof(uint64_t));
+  write_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, checksum, path);
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> read_document_starts(hid_t root, const std::string& path) {
+  Hid dset(H5Dopen2(root, "document_starts", H5P_DEFAULT), H5Dclose);
+  KILTER_CHECK(dset.valid(), "checkpoint " << path << ": cannot open /document_starts: " << hdf5_error_text());
+  Hid type(H5Dget_type(dset.get()), H5Tclose);
+  Hid space(H5Dget_space(dset.get()), H5Sclose);
+  hsize_t dims[2] = {0, 0};
+  KILTER_CHECK(H5Tget_class(type.get()) == H5T_INTEGER && H5Sget_simple_extent_ndims(space.get()) == 2 &&
+                   H5Sget_simple_extent_dims(space.get(), dims, nullptr) == 2 && dims[1] == 2,
+               "checkpoint " << path << ": /document_starts is not an [n, 2] integer dataset");
+  std::vector<uint64_t> rows(size_t(dims[0]) * 2);
+  KILTER_CHECK(H5Dread(dset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) >= 0,
+               "checkpoint " << path << ": reading /document_starts failed (truncated or corrupt file): "
+                             << hdf5_error_text());
+  const uint64_t stored = read_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_NATIVE_UINT64, path,
+                                                          "/document_starts");
+  KILTER_CHECK(stored == checkpoint_checksum_bytes(rows.data(), rows.size() * sizeof(uint64_t)),
+               "checkpoint " << path << ": /document_starts fails its checksum (the file was damaged after it was written)");
+  std::vector<std::pair<uint32_t, uint64_t>> starts;
+  for (size_t i = 0; i < rows.size(); i += 2) {
+    KILTER_CHECK(rows[i] <= UINT32_MAX, "checkpoint " << path << ": /document_starts row " << i / 2 << " holds id "
+                                                       << rows[i] << ", which is not a token id");
+    starts.emplace_back(uint32_t(rows[i]), rows[i + 1]);
+  }
+  return starts;
+}
+
 // The three tensor groups, in file order, with the flat buffer each one reads from / into.
 const char* const kTensorGroups[3] = {"params", "adam/m", "adam/v"};
 
@@ -389,6 +430,7 @@ void write_checkpoint_file(const std::string& final_path, const CheckpointConten
     write_string_attribute(root, "tokenizer", info.tokenizer, final_path);
     write_scalar_attribute<int64_t>(root, "eos_id", H5T_STD_I64LE, H5T_NATIVE_INT64, info.eos_id, final_path);
     if (!info.tokenizer_data.empty()) write_tokenizer_data(root, info.tokenizer_data, final_path);
+    if (!info.document_starts.empty()) write_document_starts(root, info.document_starts, final_path);
     KILTER_CHECK(file.close() >= 0, "checkpoint " << final_path << ": closing temp file " << tmp
                                                   << " failed: " << hdf5_error_text());
 
@@ -464,6 +506,7 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
     info.eos_id = read_scalar_attribute<int64_t>(root, "eos_id", H5T_NATIVE_INT64, path);
     if (has_link(root, "tokenizer_data")) info.tokenizer_data = read_tokenizer_data(root, path);
   }
+  if (has_link(root, "document_starts")) info.document_starts = read_document_starts(root, path);
   KILTER_CHECK(info.step >= 0 && info.epoch >= 0 && info.step_in_epoch >= 0,
                "checkpoint " << path << ": negative step, epoch or step_in_epoch (corrupt attributes)");
   return info;

@@ -7,6 +7,8 @@
 //   n_layer, n_head, n_embd, block_size, vocab_size; tokenizer (kind, as index.h5 records it)
 //   and eos_id, with the tokenizer file's bytes in /tokenizer_data (uint8, absent when empty), so
 //   a checkpoint decodes on its own. Checkpoints written before these existed read as tokenizer "".
+//   /document_starts (uint64, [n, 2] rows of id and count, absent when empty): how many training
+//   documents start with each id, what an unprompted `kilter sample` draws its first token from.
 // Every tensor dataset carries a `checksum` attribute (64-bit hash of its bytes) so a file that
 // was damaged after it was written is refused instead of silently resumed.
 // Files are written atomically: a hidden temp file next to the final name, fsync, rename, fsync
@@ -49,6 +51,8 @@ struct CheckpointInfo {
   std::string tokenizer;       // the dataset's tokenizer kind ("" in older checkpoints)
   std::string tokenizer_data;  // its file bytes ("" for byte and for kinds without a file)
   int64_t eos_id = -1;         // the dataset's eos_id (-1 in older checkpoints)
+  // (id, count) by id: how many training documents start with the id (empty in older checkpoints).
+  std::vector<std::pair<uint32_t, uint64_t>> document_starts;
 };
 
 // A whole checkpoint in memory: params and moments are flat, in `tensors` order and offsets.

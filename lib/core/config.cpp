@@ -71,7 +71,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("output.sample_every", po::value(&o.sample_every)->default_value(o.sample_every), "rank 0 prints a generated sample every N steps (0: off; CPU, KV cache)")
     ("output.sample_tokens", po::value(&o.sample_tokens)->default_value(o.sample_tokens), "new tokens per training sample (stops early at EOS or the context)")
     ("output.sample_temperature", po::value(&o.sample_temperature)->default_value(o.sample_temperature), "temperature of training samples (0: greedy); seed = train.seed + step")
-    ("output.sample_prompt", po::value(&o.sample_prompt)->default_value(o.sample_prompt), "prompt of training samples (empty: start from the EOS id)");
+    ("output.sample_prompt", po::value(&o.sample_prompt)->default_value(o.sample_prompt), "prompt of training samples (empty: a new document, its first token drawn from the training documents' first tokens)");
   // clang-format on
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "io/error.h"
 #include "lib/model/block_tensors.h"
@@ -150,23 +151,42 @@ int32_t TokenPicker::pick(const float* logits, int vocab_size) {
   return order_[k - 1];  // rounding at the very top of the range
 }
 
-Generation generate(Generator& generator, const std::vector<int32_t>& prompt, const SamplingOptions& options) {
+Generation generate(Generator& generator, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+                    const DocumentStarts* starts) {
   using clock = std::chrono::steady_clock;
-  const int context = generator.config().block_size;
-  KILTER_CHECK(!prompt.empty(), "sampling: the prompt has no token");
+  const int context = generator.config().block_size, vocab = generator.config().vocab_size;
+  KILTER_CHECK(!prompt.empty() || (starts && !starts->empty()),
+               "sampling: the prompt has no token and there are no document starts to draw one from");
   KILTER_CHECK(int64_t(prompt.size()) <= context, "sampling: the prompt has " << prompt.size()
                                                       << " tokens, more than the model's context of " << context
                                                       << " (model.block_size)");
   KILTER_CHECK(options.max_new_tokens >= 0, "--max-new-tokens " << options.max_new_tokens << " must be >= 0");
   TokenPicker picker(options.temperature, options.top_k, options.seed);
   Generation out;
+  out.stop_reason = "max_new_tokens";
   generator.reset();
   auto t0 = clock::now();
-  const float* logits = generator.feed(prompt.data(), int(prompt.size()));
+  const float* logits = nullptr;
+  if (!prompt.empty()) {
+    logits = generator.feed(prompt.data(), int(prompt.size()));
+  } else if (options.max_new_tokens > 0) {
+    // The first token from the document starts: log-counts as logits, so temperature and top-k
+    // act on them as on the model's; ids no document starts with can never be drawn.
+    KILTER_CHECK(starts->ids.size() == starts->counts.size(), "sampling: document start ids and counts differ in number");
+    std::vector<float> start_logits(size_t(vocab), std::numeric_limits<float>::lowest());
+    for (size_t i = 0; i < starts->ids.size(); ++i) {
+      const int32_t id = starts->ids[i];
+      KILTER_CHECK(id >= 0 && id < vocab, "sampling: document start id " << id << " is outside the model's vocabulary of "
+                                                                         << vocab);
+      if (starts->counts[i] > 0) start_logits[size_t(id)] = float(std::log(double(starts->counts[i])));
+    }
+    const int32_t first = picker.pick(start_logits.data(), vocab);
+    out.tokens.push_back(first);
+    if (options.max_new_tokens > 1) logits = generator.feed(&first, 1);
+  }
   auto t1 = clock::now();
-  out.stop_reason = "max_new_tokens";
   while (int(out.tokens.size()) < options.max_new_tokens) {
-    const int32_t next = picker.pick(logits, generator.config().vocab_size);
+    const int32_t next = picker.pick(logits, vocab);
     if (options.eos_id >= 0 && next == options.eos_id) {
       out.stop_reason = "eos";
       break;

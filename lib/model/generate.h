@@ -66,15 +66,29 @@ class TokenPicker {
   std::vector<double> weights_;
 };
 
+// Where a sample without a prompt begins. Training never predicts a document's first token (it
+// is the input at position 0 and no target), and never feeds the EOS id as an input, so the
+// model has no distribution to start a document from; an unprompted sample draws its first token
+// from how often the training documents start with each id (`ids[i]` starts `counts[i]` of
+// them), with the options' temperature and top-k, and the model writes the rest.
+struct DocumentStarts {
+  std::vector<int32_t> ids;
+  std::vector<uint64_t> counts;
+  bool empty() const { return ids.empty(); }
+};
+
 struct Generation {
-  std::vector<int32_t> tokens;  // the new tokens (the EOS that stopped it excluded)
+  std::vector<int32_t> tokens;  // the new tokens (the EOS that stopped it excluded); an
+                                // unprompted sample's first token (drawn from the starts) included
   std::string stop_reason;      // "eos" | "max_new_tokens" | "context"
   double prefill_seconds = 0;   // feeding the prompt
   double decode_seconds = 0;    // generating the new tokens
 };
 
 // Resets `generator`, feeds `prompt` (1 .. block_size tokens) and generates up to
-// options.max_new_tokens tokens, stopping at EOS or when the context is full.
-Generation generate(Generator& generator, const std::vector<int32_t>& prompt, const SamplingOptions& options);
+// options.max_new_tokens tokens, stopping at EOS or when the context is full. An empty `prompt`
+// needs `starts` (non-empty): the first new token is drawn from them, by the same seeded picker.
+Generation generate(Generator& generator, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+                    const DocumentStarts* starts = nullptr);
 
 }  // namespace kilter::model

@@ -127,6 +127,7 @@ struct Checkpointer::Impl {
   std::string config_text;
   std::string tokenizer, tokenizer_data;
   int64_t eos_id = -1;
+  std::vector<std::pair<uint32_t, uint64_t>> document_starts;
   io::CheckpointWriteOptions write_opts;
 
   // The writer thread (rank 0 only) and what it shares with save()/wait().
@@ -261,6 +262,7 @@ void Checkpointer::save(const model::Model& model, const TrainState& state) {
   info.tokenizer = s.tokenizer;
   info.tokenizer_data = s.tokenizer_data;
   info.eos_id = s.eos_id;
+  info.document_starts = s.document_starts;
 
   s.job_path = s.dir + "/" + io::checkpoint_file_name(state.step);
   s.job_pending = true;
@@ -276,6 +278,12 @@ void Checkpointer::set_tokenizer(const std::string& kind, const std::string& fil
   s.tokenizer = kind;
   s.tokenizer_data = file_bytes;
   s.eos_id = eos_id;
+}
+
+void Checkpointer::set_document_starts(std::vector<std::pair<uint32_t, uint64_t>> starts) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.document_starts = std::move(starts);
 }
 
 void Checkpointer::wait() {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lib/balance/plan.h"
@@ -34,6 +35,9 @@ class Checkpointer {
   // The dataset's tokenizer (kind, file bytes, eos_id), recorded in every checkpoint from now on
   // so that `kilter sample` decodes a checkpoint on its own. Not collective.
   void set_tokenizer(const std::string& kind, const std::string& file_bytes, int64_t eos_id);
+  // How many training documents start with each id, (id, count) by id: recorded in every
+  // checkpoint from now on for unprompted samples (lib/train/sampling.h). Not collective.
+  void set_document_starts(std::vector<std::pair<uint32_t, uint64_t>> starts);
 
   // Collective (every rank calls it at the same step): snapshots the model state and writes it
   // in the background. Returns quickly; a previous write still in flight is waited for first.

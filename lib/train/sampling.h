@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/dataset.h"
@@ -30,6 +31,9 @@ struct TextCodec {
   std::string decode(const std::vector<int32_t>& ids) const;
   // The text `completion` adds after `prompt`: decode(prompt + completion) past decode(prompt),
   // since tokenizers such as SentencePiece drop a leading space when ids are decoded on their own.
+  // Where decode(prompt) is no prefix of the whole (a prompt ending inside a character that its
+  // continuation completes), the text past their longest common prefix, cut at a character
+  // boundary. An empty prompt: decode(completion).
   std::string continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& completion) const;
 };
 
@@ -40,6 +44,7 @@ struct SamplingModel {
   model::GPTConfig gpt;
   std::vector<float> params;
   TextCodec codec;
+  model::DocumentStarts starts;  // what an unprompted sample starts from (empty in older checkpoints)
   std::string note;  // e.g. why an older checkpoint decodes as bytes ("" when nothing to say)
 };
 
@@ -48,14 +53,30 @@ struct SamplingModel {
 SamplingModel load_sampling_model(const std::string& source);
 
 // The prompt's ids: text through the tokenizer (refused, naming `where`, when the kind has none),
-// or given ids. An empty prompt starts from the EOS id (what precedes every document).
+// or given ids. Empty for an empty prompt: see unprompted_start().
 std::vector<int32_t> prompt_ids(const TextCodec& codec, const std::string& text, const std::vector<int32_t>& ids,
                                 bool ids_given, const std::string& where);
+
+// How many of `docs` (global ids; every document when empty) start with each id, (id, count) by
+// id: the first tokens of at most `max_docs` of them, evenly spaced, read from the dataset in
+// `dir`. Documents of length 0 start with nothing.
+std::vector<std::pair<uint32_t, uint64_t>> count_document_starts(const io::DatasetIndex& index, const std::string& dir,
+                                                                 const std::vector<uint64_t>& docs,
+                                                                 size_t max_docs = 65536);
+model::DocumentStarts to_document_starts(const std::vector<std::pair<uint32_t, uint64_t>>& counts);
+
+// What a sample with an empty prompt feeds first: nothing when there are document starts (the
+// first token is drawn from them, see model::DocumentStarts); else (a checkpoint written before
+// they were recorded) the EOS id, which the model never saw as an input, so its first tokens are
+// poor: `note` then says so.
+std::vector<int32_t> unprompted_start(const TextCodec& codec, const model::DocumentStarts& starts,
+                                      const std::string& where, std::string& note);
 
 // `output.sample_every`: rank 0 prints a short sample every N optimizer steps (off when 0).
 class TrainingSampler {
  public:
-  TrainingSampler(const Config& cfg, const io::DatasetIndex& index, int rank);
+  // `starts`: the training documents' first tokens (count_document_starts), for an empty prompt.
+  TrainingSampler(const Config& cfg, const io::DatasetIndex& index, int rank, model::DocumentStarts starts);
   // Called after each optimizer step (`step` = steps completed); prints when due.
   void maybe_sample(model::Model& model, int64_t step);
 
@@ -67,6 +88,7 @@ class TrainingSampler {
   std::string prompt_;
   std::vector<int32_t> prompt_ids_;
   TextCodec codec_;
+  model::DocumentStarts starts_;
   bool active_ = false;
 };
 

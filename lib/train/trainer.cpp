@@ -176,7 +176,12 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   diag::RankDiagnostics diagnostics(world, dopts);
   Checkpointer checkpointer(world, run_dir, cfg.output.keep_checkpoints, cfg);
   checkpointer.set_tokenizer(index.tokenizer, index.tokenizer_data, index.eos_id);  // checkpoints decode on their own
-  TrainingSampler sampler(cfg, index, rank);  // output.sample_every
+  // The training documents' first tokens, which the model never predicts: what unprompted samples
+  // start from (rank 0 writes checkpoints and prints samples).
+  std::vector<std::pair<uint32_t, uint64_t>> document_starts;
+  if (rank == 0) document_starts = count_document_starts(index, data_dir, split.train_docs);
+  checkpointer.set_document_starts(document_starts);
+  TrainingSampler sampler(cfg, index, rank, to_document_starts(document_starts));  // output.sample_every
   Watchdog watchdog(world, cfg.comm.timeout_s);
 
   io::ReaderOptions ropts;

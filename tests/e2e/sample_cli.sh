@@ -2,8 +2,9 @@
 # `kilter sample` and training samples (issue 14): a small model trained on generated English-like
 # text; greedy sampling equals an independent PyTorch GPT-2 token for token (>= 64 tokens);
 # seeds, top-k, the context stop, periodic samples in `kilter train`, the tokenizer recorded in
-# checkpoints (and older checkpoints without one), imported datasets with and without a
-# tokenizer, and the errors a user can make.
+# checkpoints (and older checkpoints without one), unprompted samples starting a document (byte
+# and trained SentencePiece vocabularies), imported datasets with and without a tokenizer, and the
+# errors a user can make.
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
@@ -58,12 +59,40 @@ files=(seed5.*.json)
 [ "$(json context.json 'len(d["tokens"])')" -eq 125 ] || fail "context stop after $(json context.json 'len(d["tokens"])') tokens, expected 125"
 [ "$(json context.json 'd["tokens"][:100]')" = "$(json greedy.json 'd["tokens"]')" ] || fail "context run differs from greedy"
 
+# Unprompted samples start a new document: the first token is one of the training documents' first
+# tokens (the checkpoint records their counts), never the model's guess after an EOS it never saw as
+# an input. Here every document starts with 'T', 'A' or 'M'.
+"$PY" - "$ckpt" <<'PY'
+import h5py, sys
+starts = {int(i): int(c) for i, c in h5py.File(sys.argv[1])["document_starts"][()]}
+assert set(starts) == {ord("T"), ord("A"), ord("M")}, starts
+assert 250 <= sum(starts.values()) <= 300, starts  # the training split of 300 documents
+PY
+for s in 1 2 3 4 5; do
+  "$KILTER" sample --run runs/t --temperature 1 --seed $s --max-new-tokens 30 --json > unprompted$s.json
+  [ "$(json unprompted$s.json 'd["start"]')" = document_starts ] || fail "unprompted sample $s: start is not document_starts"
+  [ "$(json unprompted$s.json 'd["prompt_tokens"]')" = "[]" ] || fail "unprompted sample $s has prompt tokens"
+  [ "$(json unprompted$s.json 'd["tokens"][0] in (84, 65, 77) and len(d["completion"]) > 0')" = True ] \
+    || fail "unprompted sample $s does not start a document: $(cat unprompted$s.json)"
+done
+# Training's samples with an empty output.sample_prompt (the default) start the same way.
+timeout 300 "${MPIRUN[@]}" -np 1 "$KILTER" train --data.dir=data --model.n_layer=1 --model.n_head=2 \
+  --model.n_embd=32 --model.block_size=64 --data.max_tokens=512 --train.tokens_per_step=512 --train.steps=2 \
+  --output.trace_steps=0 --output.sample_every=1 --output.sample_tokens=8 \
+  --output.dir=runs/u > unprompted-train.log 2>&1 || { cat unprompted-train.log; fail "kilter train (empty sample_prompt) failed"; }
+[ "$(grep -cE "^sample at step [12]: [TAM]" unprompted-train.log)" -eq 2 ] \
+  || { cat unprompted-train.log; fail "training samples with an empty prompt do not start a document"; }
+
 # A checkpoint written before checkpoints recorded their tokenizer decodes as bytes (vocab 257).
 cp "$ckpt" old.h5
-"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); del f.attrs['tokenizer']; del f.attrs['eos_id']" old.h5
+"$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1],'r+'); del f.attrs['tokenizer']; del f.attrs['eos_id']; del f['document_starts']" old.h5
 "$KILTER" sample --checkpoint old.h5 --prompt "The " --temperature 0 --max-new-tokens 100 --ignore-eos --json > old.json 2> old.err
 grep -q "records no tokenizer" old.err || { cat old.err; fail "no note about the older checkpoint"; }
 [ "$(json old.json 'd["completion"]')" = "$(json greedy.json 'd["completion"]')" ] || fail "older checkpoint decodes differently"
+# Without document starts, an empty prompt falls back to the EOS id, and says so.
+"$KILTER" sample --checkpoint old.h5 --max-new-tokens 5 --json > old-unprompted.json 2> old-unprompted.err
+grep -q "records no document starts" old-unprompted.err || { cat old-unprompted.err; fail "no note about the EOS start"; }
+[ "$(json old-unprompted.json 'd["start"] + str(d["prompt_tokens"])')" = "eos[256]" ] || fail "older checkpoint: no EOS start"
 
 # Errors a user can make: one line, exit code 1, naming the cause.
 expect_error() {  # expect_error NEEDLE ARGS...
@@ -100,4 +129,36 @@ expect_error "no tokenizer to encode a text prompt" --run runs/imp-ids --prompt 
 "$KILTER" sample --run runs/imp-ids --prompt-tokens 84,104,101,32 --max-new-tokens 10 --ignore-eos --json > imp-ids.json
 [ "$(json imp-ids.json 'd["tokenizer"]')" = imported ] || fail "tokenizer kind of the imported dataset"
 [ "$(json imp-ids.json 'd["completion"][0]')" = "[" ] || fail "an ids-only completion prints its ids"
+# A trained SentencePiece vocabulary: unprompted samples are non-empty valid UTF-8 that begins at a
+# word boundary (a "▁" piece that some document starts with), so the text never begins mid-word or
+# with a space; a prompt's continuation keeps the space its first piece stands for.
+"$KILTER" prep tokenizer train --input corpus.txt --format fortune --vocab 80 --out sp.model > /dev/null 2>&1
+"$KILTER" prep --input corpus.txt --format fortune --tokenizer sp.model --shards 1 --out sp-data --quiet > /dev/null
+timeout 300 "${MPIRUN[@]}" -np 1 "$KILTER" train --data.dir=sp-data --model.n_layer=1 --model.n_head=2 \
+  --model.n_embd=32 --model.block_size=64 --data.max_tokens=1024 --train.tokens_per_step=1024 --train.steps=40 \
+  --train.lr=3e-3 --output.trace_steps=0 --output.dir=runs/sp > sp-train.log 2>&1 || { cat sp-train.log; fail "training on sp-data failed"; }
+for s in 1 2 3 4 5; do
+  "$KILTER" sample --run runs/sp --temperature 1 --seed $s --max-new-tokens 20 --json > sp$s.json
+done
+"$KILTER" sample --run runs/sp --prompt "The cat" --temperature 0 --max-new-tokens 5 --ignore-eos --json > sp-prompt.json
+"$PY" - sp.model sp-data/shard-00000.h5 sp*.json <<'PY'
+import h5py, json, sentencepiece, sys
+sp = sentencepiece.SentencePieceProcessor(model_file=sys.argv[1])
+shard = h5py.File(sys.argv[2])
+tokens, offsets = shard["tokens"][()], shard["offsets"][()]
+firsts = {int(tokens[o]) for o, e in zip(offsets[:-1], offsets[1:]) if e > o}
+for path in sys.argv[3:]:
+    raw = open(path, "rb").read()
+    raw.decode("utf-8")  # strict: the JSON holds valid UTF-8
+    d = json.loads(raw)
+    text, ids = d["completion"], d["tokens"]
+    assert ids and text and text == text.strip(" ") or path.endswith("prompt.json"), (path, text)
+    if path.endswith("prompt.json"):
+        assert d["prompt"] == "The cat" and text.startswith(" ") == sp.id_to_piece(ids[0]).startswith("\u2581"), (path, d)
+        assert text == sp.decode(d["prompt_tokens"] + ids)[len("The cat"):], (path, d)
+        continue
+    assert ids[0] in firsts and sp.id_to_piece(ids[0]).startswith("\u2581"), (path, ids[0], sp.id_to_piece(ids[0]))
+    assert text == sp.decode(ids), (path, text, sp.decode(ids))
+PY
+
 echo "sample_cli: passed"

@@ -5,6 +5,8 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -18,6 +20,50 @@
 namespace kilter::io::testing {
 
 namespace fs = std::filesystem;
+
+// A small hand-made byte-level BPE tokenizer.json. Vocabulary: the 256 byte symbols (GPT-2's
+// map: 'Ġ' is the space byte) at ids 0..255 in byte order, then merges "h e" -> 256, "l l" -> 257, "he ll" -> 258, "Ġ w" -> 259, "o r" -> 260.
+inline nlohmann::json tiny_bpe_tokenizer() {
+  using json = nlohmann::json;
+  std::vector<uint32_t> cp(256);
+  std::vector<bool> direct(256, false);
+  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) cp[b] = direct[b] ? b : next++;
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    uint32_t c = cp[b];
+    if (c < 0x80) {
+      s.push_back(char(c));
+    } else {
+      s.push_back(char(0xC0 | (c >> 6)));
+      s.push_back(char(0x80 | (c & 0x3F)));
+    }
+    vocab[s] = b;
+  }
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  vocab["\xC4\xA0w"] = 259;  // "Ġw"
+  vocab["or"] = 260;
+  json root;
+  root["version"] = "1.0";
+  root["added_tokens"] = json::array({{{"id", 261}, {"content", "<|endoftext|>"}, {"special", true},
+                                       {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                                       {"normalized", false}}});
+  root["normalizer"] = nullptr;
+  root["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  root["post_processor"] = nullptr;
+  root["decoder"] = {{"type", "ByteLevel"}};
+  root["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                   {"vocab", vocab},
+                   {"merges", json::array({"h e", "l l", json::array({"he", "ll"}), "\xC4\xA0 w", "o r"})}};
+  return root;
+}
+
 
 // A fresh directory under /tmp, removed when the test ends.
 class ScratchDir {

@@ -15,48 +15,6 @@ namespace {
 using namespace kilter::io::testing;
 using json = nlohmann::json;
 
-// Vocabulary: the 256 byte symbols (GPT-2's map: 'Ġ' is the space byte) at ids 0..255 in byte
-// order, then merges "h e" -> 256, "l l" -> 257, "he ll" -> 258, "Ġ w" -> 259, "o r" -> 260.
-json tiny_tokenizer() {
-  std::vector<uint32_t> cp(256);
-  std::vector<bool> direct(256, false);
-  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
-  uint32_t next = 256;
-  for (int b = 0; b < 256; ++b) cp[b] = direct[b] ? b : next++;
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    uint32_t c = cp[b];
-    if (c < 0x80) {
-      s.push_back(char(c));
-    } else {
-      s.push_back(char(0xC0 | (c >> 6)));
-      s.push_back(char(0x80 | (c & 0x3F)));
-    }
-    vocab[s] = b;
-  }
-  vocab["he"] = 256;
-  vocab["ll"] = 257;
-  vocab["hell"] = 258;
-  vocab["\xC4\xA0w"] = 259;  // "Ġw"
-  vocab["or"] = 260;
-  json root;
-  root["version"] = "1.0";
-  root["added_tokens"] = json::array({{{"id", 261}, {"content", "<|endoftext|>"}, {"special", true},
-                                       {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                                       {"normalized", false}}});
-  root["normalizer"] = nullptr;
-  root["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
-  root["post_processor"] = nullptr;
-  root["decoder"] = {{"type", "ByteLevel"}};
-  root["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                   {"vocab", vocab},
-                   {"merges", json::array({"h e", "l l", json::array({"he", "ll"}), "\xC4\xA0 w", "o r"})}};
-  return root;
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
@@ -87,7 +45,7 @@ TEST(IoTokenizer, ByteTokenizer) {
 }
 
 TEST(IoTokenizer, HfBpeMergesByRank) {
-  auto tokenizer = make_hf_bpe_tokenizer(tiny_tokenizer().dump(), "tok.json");
+  auto tokenizer = make_hf_bpe_tokenizer(tiny_bpe_tokenizer().dump(), "tok.json");
   EXPECT_EQ(tokenizer->kind(), "hf-bpe");
   EXPECT_EQ(tokenizer->vocab_size(), 262u);
   EXPECT_EQ(tokenizer->eos_id(), 261u);
@@ -105,7 +63,7 @@ TEST(IoTokenizer, HfBpeMergesByRank) {
 }
 
 TEST(IoTokenizer, HfBpeRecordedBytesRebuildIt) {
-  auto tokenizer = make_hf_bpe_tokenizer(tiny_tokenizer().dump(), "tok.json");
+  auto tokenizer = make_hf_bpe_tokenizer(tiny_bpe_tokenizer().dump(), "tok.json");
   auto again = load_tokenizer("hf-bpe", tokenizer->file_bytes(), "index.h5");
   EXPECT_EQ(encode(*again, "hello world"), encode(*tokenizer, "hello world"));
   auto imported = load_tokenizer("imported", tokenizer->file_bytes(), "index.h5");
@@ -113,7 +71,7 @@ TEST(IoTokenizer, HfBpeRecordedBytesRebuildIt) {
 }
 
 TEST(IoTokenizer, HfBpeEosRuleWithoutEndOfText) {
-  json root = tiny_tokenizer();
+  json root = tiny_bpe_tokenizer();
   root["added_tokens"] = json::array();
   auto tokenizer = make_hf_bpe_tokenizer(root.dump(), "tok.json");
   EXPECT_EQ(tokenizer->eos_id(), 261u);  // one past the largest id (260)
@@ -121,7 +79,7 @@ TEST(IoTokenizer, HfBpeEosRuleWithoutEndOfText) {
 }
 
 TEST(IoTokenizer, HfBpeNormalizerAndPreTokenizerSteps) {
-  json root = tiny_tokenizer();
+  json root = tiny_bpe_tokenizer();
   root["normalizer"] = {{"type", "Sequence"},
                         {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Lowercase"}}})}};
   auto tokenizer = make_hf_bpe_tokenizer(root.dump(), "tok.json");
@@ -129,7 +87,7 @@ TEST(IoTokenizer, HfBpeNormalizerAndPreTokenizerSteps) {
   EXPECT_EQ(encode(*tokenizer, "HE"), (std::vector<uint32_t>{256}));
   EXPECT_EQ(encode(*tokenizer, "e\xcc\x81"), (std::vector<uint32_t>{0xc3, 0xa9}));
 
-  root = tiny_tokenizer();
+  root = tiny_bpe_tokenizer();
   root["pre_tokenizer"] = {{"type", "Sequence"},
                            {"pretokenizers",
                             json::array({{{"type", "Digits"}, {"individual_digits", true}},
@@ -141,17 +99,17 @@ TEST(IoTokenizer, HfBpeNormalizerAndPreTokenizerSteps) {
 }
 
 TEST(IoTokenizer, UnsupportedComponentsAreRefusedByName) {
-  json root = tiny_tokenizer();
+  json root = tiny_bpe_tokenizer();
   root["model"]["type"] = "WordPiece";
   EXPECT_NE(refusal(root).find("model.type = WordPiece is not supported"), std::string::npos)
       << refusal(root);
-  root = tiny_tokenizer();
+  root = tiny_bpe_tokenizer();
   root["normalizer"] = {{"type", "BertNormalizer"}};
   EXPECT_NE(refusal(root).find("normalizer.type = BertNormalizer is not supported"), std::string::npos);
-  root = tiny_tokenizer();
+  root = tiny_bpe_tokenizer();
   root["pre_tokenizer"] = {{"type", "Metaspace"}};
   EXPECT_NE(refusal(root).find("pre_tokenizer.type = Metaspace is not supported"), std::string::npos);
-  root = tiny_tokenizer();
+  root = tiny_bpe_tokenizer();
   root["pre_tokenizer"] = {{"type", "Sequence"},
                            {"pretokenizers", json::array({{{"type", "Split"},
                                                            {"pattern", {{"Regex", "\\s+"}}},
@@ -159,10 +117,10 @@ TEST(IoTokenizer, UnsupportedComponentsAreRefusedByName) {
   EXPECT_NE(refusal(root).find("pre_tokenizer.pretokenizers[0].behavior = MergedWithNext is not supported"),
             std::string::npos)
       << refusal(root);
-  root = tiny_tokenizer();
+  root = tiny_bpe_tokenizer();
   root["pre_tokenizer"] = nullptr;
   EXPECT_NE(refusal(root).find("no ByteLevel step"), std::string::npos);
-  root = tiny_tokenizer();
+  root = tiny_bpe_tokenizer();
   root["model"]["dropout"] = 0.1;
   EXPECT_NE(refusal(root).find("model.dropout"), std::string::npos);
   EXPECT_NE(refusal(json::array()).find("tok.json"), std::string::npos);
@@ -184,7 +142,7 @@ TEST(IoTokenizer, BadFilesNameThemselves) {
 
 TEST(IoTokenizer, PrepRecordsTheTokenizerAndIgnoresTheThreadCount) {
   ScratchDir tmp;
-  write_file(tmp.path("tok.json"), tiny_tokenizer().dump());
+  write_file(tmp.path("tok.json"), tiny_bpe_tokenizer().dump());
   std::string jsonl;
   for (int i = 0; i < 3000; ++i)
     jsonl += "{\"text\": \"hello world " + std::to_string(i) + (i % 7 ? "" : " <|endoftext|>") + "\"}\n";
@@ -218,7 +176,7 @@ TEST(IoTokenizer, PrepRecordsTheTokenizerAndIgnoresTheThreadCount) {
 
 TEST(IoTokenizer, ValidateChecksTheRecordedTokenizer) {
   ScratchDir tmp;
-  write_file(tmp.path("tok.json"), tiny_tokenizer().dump());
+  write_file(tmp.path("tok.json"), tiny_bpe_tokenizer().dump());
   write_file(tmp.path("in.jsonl"), "{\"text\": \"hello\"}\n{\"text\": \"world\"}\n");
   PrepOptions options;
   options.inputs = {tmp.path("in.jsonl")};
@@ -237,7 +195,7 @@ TEST(IoTokenizer, ValidateChecksTheRecordedTokenizer) {
   write_index(options.out + "/index.h5", index);
   EXPECT_TRUE(has(validate_dataset(options.out), "tokenizer_data: not valid JSON"));
   index = read_index_file(options.out);
-  index.tokenizer_data = tiny_tokenizer().dump();
+  index.tokenizer_data = tiny_bpe_tokenizer().dump();
   index.eos_id = 5;
   write_index(options.out + "/index.h5", index);
   EXPECT_TRUE(has(validate_dataset(options.out), "eos_id is 5 but the recorded tokenizer's is 261"));

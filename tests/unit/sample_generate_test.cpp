@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string_view>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/tokenizer_train.h"
+#include "io_testing.h"
 #include "io/error.h"
 #include "lib/model/generate.h"
 #include "lib/model/model.h"
@@ -116,6 +120,54 @@ TEST(Generate, StopsAtTheContextAtMaxNewTokensAndAtEos) {
   EXPECT_EQ(eos.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + long(first)));
 }
 
+// An empty prompt draws its first token from the document starts (never from the model, which
+// was not trained to predict a document's first token), then the model continues it.
+TEST(Generate, UnpromptedSamplesStartWithADocumentStart) {
+  const GPTConfig cfg = small_config();
+  Generator g(cfg, initialized_params(cfg, 9));
+  kilter::model::DocumentStarts starts;
+  starts.ids = {5, 9, 30};
+  starts.counts = {6, 3, 0};  // 30 starts no document: never drawn
+  kilter::model::SamplingOptions options;
+  options.temperature = 0;
+  options.max_new_tokens = 12;
+  options.eos_id = 36;
+  auto greedy = kilter::model::generate(g, {}, options, &starts);
+  ASSERT_FALSE(greedy.tokens.empty());
+  EXPECT_EQ(greedy.tokens[0], 5);  // the most frequent start
+  // The rest is what the model writes after that token.
+  options.max_new_tokens = 11;
+  auto after = kilter::model::generate(g, {5}, options);
+  EXPECT_EQ(std::vector<int32_t>(greedy.tokens.begin() + 1, greedy.tokens.end()), after.tokens);
+
+  std::map<int32_t, int> firsts;
+  options.temperature = 1.0;
+  options.max_new_tokens = 1;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    options.seed = seed;
+    auto one = kilter::model::generate(g, {}, options, &starts);
+    ASSERT_EQ(one.tokens.size(), 1u);  // never empty: a document start is never the EOS
+    ++firsts[one.tokens[0]];
+  }
+  EXPECT_EQ(firsts.size(), 2u);  // 5 and 9 only
+  EXPECT_GT(firsts[5], firsts[9]);
+  EXPECT_GT(firsts[9], 50);  // 1/3 of 300 expected
+  options.top_k = 1;  // top-k acts on the starts as on the model's logits
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    options.seed = seed;
+    EXPECT_EQ(kilter::model::generate(g, {}, options, &starts).tokens, std::vector<int32_t>{5});
+  }
+  options.max_new_tokens = 0;
+  EXPECT_TRUE(kilter::model::generate(g, {}, options, &starts).tokens.empty());
+
+  options.max_new_tokens = 4;
+  EXPECT_THROW(kilter::model::generate(g, {}, options), kilter::Error);  // nothing to start from
+  kilter::model::DocumentStarts outside;
+  outside.ids = {cfg.vocab_size};
+  outside.counts = {1};
+  EXPECT_THROW(kilter::model::generate(g, {}, options, &outside), kilter::Error);
+}
+
 TEST(TokenPicker, GreedyTopKAndSeeds) {
   const std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f, 1.5f};
   kilter::model::TokenPicker greedy(0.0, 0, 1);
@@ -160,7 +212,19 @@ TEST(TextCodec, ByteTextIdsOnlyKindsAndEmptyPrompts) {
   ASSERT_TRUE(bytes.tokenizer);
   EXPECT_EQ(bytes.decode({72, 105, 256}), "Hi");
   EXPECT_EQ(kilter::train::prompt_ids(bytes, "Hi", {}, false, "test"), (std::vector<int32_t>{72, 105}));
-  EXPECT_EQ(kilter::train::prompt_ids(bytes, "", {}, false, "test"), (std::vector<int32_t>{256}));
+  EXPECT_TRUE(kilter::train::prompt_ids(bytes, "", {}, false, "test").empty());
+  // An empty prompt starts from the document starts; without any (older checkpoints), from the
+  // EOS id, with a note saying why the start may be poor.
+  std::string note;
+  kilter::model::DocumentStarts starts;
+  EXPECT_EQ(kilter::train::unprompted_start(bytes, starts, "test", note), (std::vector<int32_t>{256}));
+  EXPECT_NE(note.find("no document starts"), std::string::npos) << note;
+  note.clear();
+  starts = kilter::train::to_document_starts({{72, 3}, {84, 1}});
+  EXPECT_EQ(starts.ids, (std::vector<int32_t>{72, 84}));
+  EXPECT_EQ(starts.counts, (std::vector<uint64_t>{3, 1}));
+  EXPECT_TRUE(kilter::train::unprompted_start(bytes, starts, "test", note).empty());
+  EXPECT_EQ(note, "");
   TextCodec ids = TextCodec::from_record("imported", "", 50256, "test");
   EXPECT_FALSE(ids.tokenizer);
   EXPECT_EQ(ids.decode({1, 22, 333}), "[1 22 333]");
@@ -205,6 +269,35 @@ TEST(TextCodec, ContinuationKeepsTheSpaceATokenizerDropsAtTheStart) {
   EXPECT_EQ(ids.continuation({1}, {2, 3}), "[2 3]");
 }
 
+// The document starts the trainer records: every document's first token, read through the
+// reader, against the shards read directly; or an evenly spaced subset of documents.
+TEST(DocumentStarts, CountTheFirstTokenOfEveryDocumentOrAnEvenSubset) {
+  kilter::io::testing::ScratchDir scratch;
+  const std::string dir = kilter::io::testing::make_synth(scratch.path("data"), 500, 3, 7, "uniform:1,40");
+  const kilter::io::DatasetIndex index = kilter::io::load_index(dir);
+  std::map<uint32_t, uint64_t> expected;
+  std::vector<uint32_t> firsts;  // by global document id
+  for (uint32_t s = 0; s < 3; ++s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/shard-%05u.h5", s);
+    const std::vector<uint32_t> tokens = kilter::io::testing::shard_tokens(dir + name);
+    for (uint64_t d = 0; d < index.shards[s].num_docs; ++d) {
+      firsts.push_back(tokens[kilter::io::testing::get_offset(dir + name, d)]);
+      ++expected[firsts.back()];
+    }
+  }
+  ASSERT_EQ(firsts.size(), 500u);
+  const auto all = kilter::train::count_document_starts(index, dir, {});
+  EXPECT_EQ(all, (std::vector<std::pair<uint32_t, uint64_t>>(expected.begin(), expected.end())));
+  // A list of documents, and at most 100 of them: every fifth.
+  std::vector<uint64_t> docs(500);
+  for (uint64_t d = 0; d < 500; ++d) docs[d] = d;
+  std::map<uint32_t, uint64_t> fifth;
+  for (uint64_t d = 0; d < 500; d += 5) ++fifth[firsts[d]];
+  EXPECT_EQ(kilter::train::count_document_starts(index, dir, docs, 100),
+            (std::vector<std::pair<uint32_t, uint64_t>>(fifth.begin(), fifth.end())));
+}
+
 // ---- checkpoints carry the tokenizer ----------------------------------------------------------
 
 kilter::io::CheckpointContents tiny_checkpoint() {
@@ -225,6 +318,73 @@ std::string temp_path(const char* name) {
   return std::string("/tmp/kilter-sample-test-") + std::to_string(::getpid()) + "-" + name;
 }
 
+// A real SentencePiece model (BPE, byte fallback) trained on a few sentences.
+std::string sentencepiece_model(const std::string& dir) {
+  const std::string corpus = dir + "/corpus.txt", model = dir + "/sp.model";
+  {
+    std::ofstream f(corpus);
+    for (int i = 0; i < 40; ++i)
+      f << "The cat sat on the mat. A dog ran in the park, and the old man read his paper.\n"
+        << "Hello world, said the teacher to the class of small children.\n";
+  }
+  kilter::io::TokenizerTrainOptions options;
+  options.inputs = {corpus};
+  options.vocab = 320;  // 256 byte pieces, the characters, some merges
+  options.byte_fallback = true;
+  options.out = model;
+  options.progress = false;
+  kilter::io::train_sentencepiece(options);
+  std::ifstream in(model, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::vector<int32_t> encode(const kilter::train::TextCodec& codec, const std::string& text) {
+  std::vector<uint32_t> ids;
+  codec.tokenizer->encode(text, ids);
+  return {ids.begin(), ids.end()};
+}
+
+std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// SentencePiece: "▁" pieces become spaces, except at the very start of a decode; a prompt that
+// ends inside a character (byte-fallback pieces) decodes to U+FFFD on its own.
+TEST(TextCodec, ContinuationWithSentencePiecePieces) {
+  const std::string dir = temp_path("sp");
+  std::filesystem::create_directories(dir);
+  const auto codec = kilter::train::TextCodec::from_record("sentencepiece", sentencepiece_model(dir), -1, "test");
+  const auto prompt = encode(codec, "The cat"), more = encode(codec, "sat on the mat.");
+  EXPECT_EQ(codec.decode(more), "sat on the mat.");  // on its own: no leading space
+  EXPECT_EQ(codec.continuation(prompt, more), " sat on the mat.");
+  EXPECT_EQ(codec.decode(prompt) + codec.continuation(prompt, more), "The cat sat on the mat.");
+  EXPECT_EQ(codec.continuation({}, more), "sat on the mat.");  // an unprompted sample
+  // "€" is not in the model: three byte pieces. A prompt that stops after two of them.
+  const auto euro = encode(codec, "The \xE2\x82\xAC cat");
+  size_t lead = 0;
+  while (lead < euro.size() && codec.decode({euro.begin(), euro.begin() + long(lead) + 1}).find("\xEF\xBF\xBD") ==
+                                   std::string::npos)
+    ++lead;
+  ASSERT_LT(lead + 2, euro.size()) << "no byte-fallback pieces for the euro sign";
+  const std::vector<int32_t> cut(euro.begin(), euro.begin() + long(lead) + 2), tail(euro.begin() + long(lead) + 2, euro.end());
+  EXPECT_EQ(codec.continuation(cut, tail), "\xE2\x82\xAC cat");  // the whole character, not U+FFFD
+  std::filesystem::remove_all(dir);
+}
+
+// Byte-level BPE (tokenizer.json): decoding concatenates bytes, so a prompt that ends inside a
+// character and its continuation join into the text decoded at once.
+TEST(TextCodec, ContinuationWithByteLevelBpe) {
+  const auto codec = kilter::train::TextCodec::from_record("hf-bpe", kilter::io::testing::tiny_bpe_tokenizer().dump(), -1, "test");
+  const auto prompt = encode(codec, "hello"), more = encode(codec, " world \xE2\x82\xAC!");
+  EXPECT_EQ(codec.continuation(prompt, more), " world \xE2\x82\xAC!");
+  const auto all = joined(prompt, more);
+  for (size_t cut = 1; cut < all.size(); ++cut) {  // every split, including inside the euro sign
+    const std::vector<int32_t> head(all.begin(), all.begin() + long(cut)), tail(all.begin() + long(cut), all.end());
+    EXPECT_EQ(codec.decode(head) + codec.continuation(head, tail), "hello world \xE2\x82\xAC!") << cut;
+  }
+}
+
 TEST(CheckpointTokenizer, RoundTripsKindBytesAndEos) {
   auto c = tiny_checkpoint();
   c.info.tokenizer = "hf-bpe";
@@ -236,9 +396,35 @@ TEST(CheckpointTokenizer, RoundTripsKindBytesAndEos) {
   EXPECT_EQ(info.tokenizer, "hf-bpe");
   EXPECT_EQ(info.eos_id, 50256);
   EXPECT_EQ(info.tokenizer_data, c.info.tokenizer_data);
+  EXPECT_TRUE(info.document_starts.empty());
   std::vector<float> params(18, -1.0f);
   kilter::io::read_checkpoint_params(path, c.tensors, params.data());
   EXPECT_EQ(params, c.params);
+  ::unlink(path.c_str());
+}
+
+TEST(CheckpointTokenizer, DocumentStartsRoundTripAndDamageIsRefused) {
+  auto c = tiny_checkpoint();
+  c.info.tokenizer = "byte";
+  c.info.eos_id = 256;
+  c.info.document_starts = {{3, 10}, {65, 7}, {4000000000u, 1}};
+  const std::string path = temp_path("starts.h5");
+  kilter::io::write_checkpoint_file(path, c);
+  EXPECT_EQ(kilter::io::read_checkpoint_info(path).document_starts, c.info.document_starts);
+  {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "document_starts", H5P_DEFAULT);
+    const uint64_t rows[6] = {3, 10, 65, 8, 4000000000u, 1};
+    H5Dwrite(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  try {
+    kilter::io::read_checkpoint_info(path);
+    FAIL() << "damaged document starts were accepted";
+  } catch (const kilter::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("document_starts fails its checksum"), std::string::npos) << e.what();
+  }
   ::unlink(path.c_str());
 }
 
@@ -257,6 +443,7 @@ TEST(CheckpointTokenizer, OlderCheckpointsReadWithoutOneAndDamageIsRefused) {
   }
   const auto info = kilter::io::read_checkpoint_info(old_path);
   EXPECT_EQ(info.tokenizer, "");
+  EXPECT_TRUE(info.document_starts.empty());
   EXPECT_EQ(info.eos_id, -1);
   ::unlink(old_path.c_str());
 
