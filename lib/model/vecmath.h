@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+// Not under TSan: target_clones makes an ifunc resolver, which the dynamic loader runs before
+// TSan's runtime is up, and an instrumented resolver crashes the process at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
+    !defined(__SANITIZE_THREAD__)
 #define KILTER_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define KILTER_SIMD_CLONES

@@ -14,6 +14,7 @@
 
 #include "io/error.h"
 #include "lib/core/config.h"
+#include "lib/train/signals.h"
 
 namespace kilter::train {
 namespace {
@@ -209,7 +210,7 @@ void maybe_fail_for_test(int rank, int64_t step) {
     std::fprintf(stderr, "kilter: rank %d: KILTER_TEST_FAIL_MODE=sigusr1 at step %lld: raising SIGUSR1 (test hook)\n",
                  rank, (long long)step);
     std::fflush(stderr);
-    std::raise(SIGUSR1);
+    raise_stop_signal_for_test(SIGUSR1);
     return;
   }
   if (hook.mode == "hang") {

@@ -27,7 +27,10 @@ rank_pid() {  # rank_pid MPIRUN_PID RANK
 preempt() {  # preempt LOG HOW FROM [train args]: start, wait until step FROM+3, signal, expect 85
   local log=$1 how=$2 from=$3; shift 3
   local csv=runs/sig/metrics/rank-00000.csv
-  timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 &
+  # Rank 0 sleeps 20 ms per step (the diagnostics drill; not in the config hash): the signal must
+  # land before the run's last step, and unslowed these steps take ~3 ms, so on a loaded machine
+  # the run used to finish first (exit 0 instead of 85).
+  timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" --train.inject_delay=0:0.02 "$@" > "$log" 2>&1 &
   local pid=$! mpid=""
   wait_step $csv $((from + 3))
   mpid=$(pgrep -P $pid | head -1)

@@ -1,13 +1,20 @@
 // Guards and signals without MPI: which config keys explain a hash mismatch, rank lists, and the
-// async-signal-safe stop flag set by SIGUSR1 / SIGTERM.
+// stop flag set by SIGUSR1 / SIGTERM (taken by a watcher thread, never by a thread running GEMMs).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/error.h"
 #include "lib/core/config.h"
+#include "lib/model/gemm.h"
 #include "lib/train/guards.h"
 #include "lib/train/signals.h"
 
@@ -80,18 +87,86 @@ TEST(RankList, CompressesRuns) {
 }
 
 TEST(StopSignals, Sigusr1AndSigtermSetTheFlagAndDoNotKill) {
+  using kilter::train::raise_stop_signal_for_test;
   kilter::train::install_stop_signal_handlers();
   kilter::train::reset_stop_signal_for_test();
   EXPECT_EQ(kilter::train::stop_signal_received(), 0);
-  std::raise(SIGUSR1);
+  raise_stop_signal_for_test(SIGUSR1);
   EXPECT_EQ(kilter::train::stop_signal_received(), SIGUSR1);
-  std::raise(SIGTERM);  // a second signal keeps the first
+  raise_stop_signal_for_test(SIGTERM);  // a second signal keeps the first
   EXPECT_EQ(kilter::train::stop_signal_received(), SIGUSR1);
   kilter::train::reset_stop_signal_for_test();
-  std::raise(SIGTERM);
+  raise_stop_signal_for_test(SIGTERM);
   EXPECT_EQ(kilter::train::stop_signal_received(), SIGTERM);
   kilter::train::reset_stop_signal_for_test();
   EXPECT_EQ(kilter::train::kExitPreempted, 85);
+}
+
+TEST(StopSignals, AreBlockedInTheInstallingThreadAndTheThreadsItStarts) {
+  kilter::train::install_stop_signal_handlers();
+  auto blocked = [] {
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    return sigismember(&mask, SIGUSR1) == 1 && sigismember(&mask, SIGTERM) == 1;
+  };
+  EXPECT_TRUE(blocked());
+  bool in_child = false;
+  std::thread([&] { in_child = blocked(); }).join();
+  EXPECT_TRUE(in_child);
+}
+
+// The regression test of e2e_fault_signal's heap corruption: oneDNN's JIT sgemm kernels (Debian's
+// 2.6) point the stack pointer into a heap workspace, so a signal handled on the thread running
+// them wrote its frame into the heap ("corrupted size vs. prev_size" within a few thousand GEMMs
+// when the handler ran on this thread). Stop signals now never land on it: GEMMs of training
+// shapes, checked element by element, while another thread preempts the process non-stop.
+TEST(StopSignals, AStormOfStopSignalsLeavesGemmsIntact) {
+  kilter::train::install_stop_signal_handlers();
+  kilter::train::reset_stop_signal_for_test();
+  kilter::model::set_gemm_threads(1);
+  std::atomic<bool> done{false};
+  std::atomic<long> sent{0};
+  std::thread sender([&] {
+    while (!done.load()) {
+      ::kill(::getpid(), sent.load() % 2 ? SIGTERM : SIGUSR1);
+      sent.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  std::mt19937 rng(7);
+  int wrong = 0;
+  for (int it = 0; it < 3000 && wrong == 0; ++it) {
+    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C) and dinp (N,C) = dout (N,OC) @ weight (OC,C).
+    const int shapes[][2] = {{16, 48}, {16, 16}, {16, 64}, {64, 16}, {16, 97}};
+    const auto& shape = shapes[rng() % 5];
+    const int N = 1 + int(rng() % 256), C = shape[0], OC = shape[1];
+    const bool transposed = rng() % 2;
+    const int M = transposed ? OC : N, K = transposed ? N : OC;
+    std::vector<float> a(size_t(M) * K), b(size_t(K) * C), out(size_t(M) * C + 16, 7.0f), expected(size_t(M) * C);
+    for (float& x : a) x = float(int(rng() % 7) - 3);
+    for (float& x : b) x = float(int(rng() % 5) - 2);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < C; ++j) {
+        double sum = 0;
+        for (int k = 0; k < K; ++k)
+          sum += double(transposed ? a[size_t(k) * M + i] : a[size_t(i) * K + k]) * b[size_t(k) * C + j];
+        expected[size_t(i) * C + j] = float(sum);
+      }
+    kilter::model::sgemm_rowmajor(transposed, false, M, C, K, 1.0f, a.data(), transposed ? M : K, b.data(), C, 0.0f,
+                                  out.data(), C);
+    for (size_t i = 0; i < out.size() && wrong == 0; ++i)
+      if (out[i] != (i < expected.size() ? expected[i] : 7.0f)) {
+        ++wrong;
+        ADD_FAILURE() << "GEMM " << it << " (" << M << "x" << C << "x" << K << ", transposed " << transposed
+                      << "): element " << i << " is " << out[i];
+      }
+  }
+  done = true;
+  sender.join();
+  EXPECT_GT(sent.load(), 0);
+  kilter::train::raise_stop_signal_for_test(SIGUSR1);  // the watcher is still taking them
+  EXPECT_NE(kilter::train::stop_signal_received(), 0);
+  kilter::train::reset_stop_signal_for_test();
 }
 
 TEST(FailHook, DoesNothingWithoutTheEnvironment) {
