@@ -12,16 +12,7 @@
 #   every time: no temp file left, the previous checkpoints intact, and after space is freed the
 #     run resumes and ends bit-identical to a run that never met a full disk.
 # Skipped (77) where a mount namespace cannot be made (not root, or no CAP_SYS_ADMIN).
-if [ -z "${KILTER_IN_MOUNT_NS:-}" ]; then
-  probe=$(mktemp -d /tmp/kilter-mount-probe.XXXXXX)
-  if ! unshare -m --propagation private mount -t tmpfs -o size=64k tmpfs "$probe" 2>/dev/null; then
-    rmdir "$probe"
-    echo "SKIP: cannot mount a tmpfs in a private mount namespace (unshare -m needs root / CAP_SYS_ADMIN)"
-    exit 77
-  fi
-  rmdir "$probe"
-  exec env KILTER_IN_MOUNT_NS=1 unshare -m --propagation private bash "$0" "$@"
-fi
+source "$(dirname "$0")/mount_ns.sh"
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR

@@ -3,6 +3,7 @@
 // and decode any id (out of range ones to "").
 #pragma once
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -35,5 +36,22 @@ constexpr std::string_view kSampleText(
     "\xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80 <|endoftext|> </s> \xff\xfe invalid \x00 nul",
     sizeof("Hello world, it's 2024: 12345 tokens!\n\n  tabs\tand  spaces   \xc3\xa9t\xc3\xa9 "
            "\xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80 <|endoftext|> </s> \xff\xfe invalid \x00 nul") - 1);
+
+// The file harnesses' body: fuzzed bytes as a tokenizer file of `kind`. A refusal is the expected
+// outcome; a tokenizer that loads must pass exercise_tokenizer on the sample text.
+inline int fuzz_tokenizer_file(const uint8_t* data, size_t size, const char* kind, const char* name) {
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  std::unique_ptr<io::Tokenizer> tokenizer;
+  try {
+    tokenizer = io::load_tokenizer(kind, bytes, name);
+  } catch (const Error&) {
+    return 0;  // refused cleanly
+  }
+  try {
+    exercise_tokenizer(*tokenizer, kSampleText);
+  } catch (const Error&) {
+  }
+  return 0;
+}
 
 }  // namespace kilter::fuzz
