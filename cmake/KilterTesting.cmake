@@ -64,6 +64,10 @@ set(KILTER_ASAN_FAST_UNWIND_TESTS
     tokenizer_exact_hf tokenizer_exact_hf-split tokenizer_exact_hf-extras
     tokenizer_exact_sp-bpe tokenizer_exact_sp-unigram)
 
+# Tests that make HDF5 fail to close a file on purpose (storage faults): HDF5 keeps that file's
+# state until exit, so their LSan suppressions are tests/sanitizers/lsan-failed-close.supp.
+set(KILTER_ASAN_FAILED_CLOSE_TESTS checkpoint_file_test)
+
 # Called once after every tests/*/*.cmake fragment: labels the TSan and no-ASan selections and,
 # in a sanitizer build, gives every test the sanitizers' run-time options (inherited by the ranks
 # mpirun starts and by every kilter a script runs) and the report check around them
@@ -96,9 +100,13 @@ function(kilter_finish_tests)
       if(NOT test IN_LIST KILTER_ASAN_FAST_UNWIND_TESTS)
         set(asan ${asan}:fast_unwind_on_malloc=0)
       endif()
+      set(lsan_supp ${dir}/lsan.supp)
+      if(test IN_LIST KILTER_ASAN_FAILED_CLOSE_TESTS)
+        set(lsan_supp ${dir}/lsan-failed-close.supp)
+      endif()
       set(env "ASAN_OPTIONS=${asan}"
               "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:${log}"
-              "LSAN_OPTIONS=suppressions=${dir}/lsan.supp:print_suppressions=0")
+              "LSAN_OPTIONS=suppressions=${lsan_supp}:print_suppressions=0")
     else()
       # Every race of a run is reported (halt_on_error=0), and the process then exits with 66.
       set(env "TSAN_OPTIONS=suppressions=${dir}/tsan.supp:print_suppressions=0:halt_on_error=0:exitcode=66:second_deadlock_stack=1:history_size=3:${log}")
