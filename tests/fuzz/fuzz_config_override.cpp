@@ -2,6 +2,7 @@
 // parse_command_line: `--section.key=value` overrides, with a subcommand's own flags), one
 // argument per line. Inputs naming --config or --help are skipped: the first reads an arbitrary
 // path (a fuzzer may name /dev/zero) and the second only prints.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <vector>
 
@@ -15,7 +16,8 @@ namespace {
 // Whether `arg` could select --config or --help (Boost accepts unambiguous prefixes, `-h`).
 bool names_file_or_help(const std::string& arg) {
   if (arg.size() < 2 || arg[0] != '-') return false;
-  std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
+  // Boost also reads "---h" as a request for help, so every leading dash is stripped.
+  std::string name = arg.substr(std::min(arg.find_first_not_of('-'), arg.size()));
   name = name.substr(0, name.find('='));
   if (arg[1] != '-') return name.find_first_of("h") != std::string::npos || name.empty();
   if (name.empty()) return false;
