@@ -32,6 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string current;
   for (size_t i = 0; i <= size; ++i) {
     if (i == size || data[i] == '\n') {
+      current.resize(std::min(current.find('\0'), current.size()));  // what argv would hold
       if (names_file_or_help(current)) return 0;
       args.push_back(current);
       current.clear();
