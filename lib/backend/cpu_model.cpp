@@ -175,7 +175,7 @@ void CpuModel::forward(const Batch& batch) {
     const BlockActivations a = block_activations(l, N);
     model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C);
     model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
-    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH);
+    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_);
     model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, N, C, C);
     model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
     model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
@@ -275,7 +275,7 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
                                           C, C);
     std::memset(dqkv_.data(), 0, sizeof(float) * NC * 3);
-    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH);
+    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_);
     model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C);
     model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
                               N, C);

@@ -1,7 +1,13 @@
-// Causal attention forward/backward (shapes in attention.h), one (piece, head) at a time with
-// OpenBLAS sgemm. Query rows go in blocks of kQueryBlock; a block only multiplies against the
-// keys it can see (0 .. its last row), so the GEMMs do about half of the full L x L work, as the
-// causal mask allows, while staying large enough for sgemm to run near peak.
+// Causal attention forward/backward (shapes in attention.h), one (piece, head) at a time through
+// gemm.h. Query rows go in blocks of kQueryBlock; a block only multiplies against the keys it can
+// see (0 .. its last row), so the GEMMs do about half of the full L x L work, as the causal mask
+// allows, while staying large enough to run near the engine's peak.
+// fp32: the GEMMs read q, k, v and write the outputs in place (row stride 3C or C).
+// bf16 (train.precision=bf16): each head's q, k, v (and dout) are first copied into contiguous
+// bf16 buffers whose rows are padded with zeros to a multiple of kQueryBlock, and every product
+// is a whole block (kQueryBlock query rows against r0 + kQueryBlock keys) into fp32 scratch. The
+// GEMM shapes are then independent of the piece lengths (context / kQueryBlock per product), so
+// the bf16 matmul primitives, cached per shape and stride, are reused across pieces of any length.
 #include "lib/model/attention.h"
 
 #include <algorithm>
@@ -54,8 +60,148 @@ size_t attention_saved_floats(const int32_t* cu_seqlens, int pieces, int NH) {
   return floats * NH;
 }
 
+namespace {
+
+int padded_rows(int L) { return (L + kQueryBlock - 1) / kQueryBlock * kQueryBlock; }
+
+// dst (Lpad, hs) bf16 = rows [0, L) of the hs columns at src (row stride ld); rows [L, Lpad) zero.
+void pack_head_bf16(bf16* dst, const float* src, int ld, int L, int Lpad, int hs) {
+  to_bf16_rows(dst, static_cast<size_t>(hs), src, static_cast<size_t>(ld), L, hs);
+  std::fill(dst + static_cast<size_t>(L) * hs, dst + static_cast<size_t>(Lpad) * hs, bf16{0});
+}
+
+// dst rows [0, L) at row stride ld, hs columns, += src (L, hs) contiguous.
+void add_head(float* dst, int ld, const float* src, int L, int hs) {
+  for (int i = 0; i < L; ++i) {
+    float* d = dst + static_cast<size_t>(i) * ld;
+    const float* x = src + static_cast<size_t>(i) * hs;
+    for (int j = 0; j < hs; ++j) d[j] += x[j];
+  }
+}
+
+void attention_forward_bf16(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces, int C,
+                            int NH) {
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const int B = kQueryBlock;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  thread_local std::vector<bf16> qb, kb, vb, pb;
+  thread_local std::vector<float> scores, ob;
+  float* att_piece = att;
+  for (int p = 0; p < pieces; ++p) {
+    const int L = cu_seqlens[p + 1] - cu_seqlens[p];
+    const int Lp = padded_rows(L);
+    const size_t head_elems = static_cast<size_t>(Lp) * hs;
+    if (qb.size() < head_elems) qb.resize(head_elems), kb.resize(head_elems), vb.resize(head_elems);
+    if (scores.size() < static_cast<size_t>(B) * Lp) scores.resize(static_cast<size_t>(B) * Lp), pb.resize(scores.size());
+    ob.resize(static_cast<size_t>(B) * hs);
+    const float* qkv_p = qkv + static_cast<size_t>(cu_seqlens[p]) * C3;
+    float* out_p = out + static_cast<size_t>(cu_seqlens[p]) * C;
+    for (int h = 0; h < NH; ++h) {
+      pack_head_bf16(qb.data(), qkv_p + h * hs, C3, L, Lp, hs);
+      pack_head_bf16(kb.data(), qkv_p + C + h * hs, C3, L, Lp, hs);
+      pack_head_bf16(vb.data(), qkv_p + 2 * C + h * hs, C3, L, Lp, hs);
+      float* att_ph = att_piece + static_cast<size_t>(h) * L * L;
+      for (int r0 = 0; r0 < L; r0 += B) {
+        const int r1 = std::min(r0 + B, L);
+        const int rows = r1 - r0;
+        const int r1p = r0 + B;
+        // scores (B, r1p) = scale * q[r0:r0+B] @ k[0:r1p]^T
+        gemm_bf16_rowmajor(false, true, B, r1p, hs, scale, qb.data() + static_cast<size_t>(r0) * hs, hs, kb.data(),
+                           hs, 0.0f, scores.data(), r1p);
+        for (int i = r0; i < r1; ++i) {
+          float* row = scores.data() + static_cast<size_t>(i - r0) * r1p;
+          causal_softmax_row(row, i, r1p);
+          std::memcpy(att_ph + static_cast<size_t>(i) * L, row, sizeof(float) * r1);
+        }
+        to_bf16_rows(pb.data(), r1p, scores.data(), r1p, rows, r1p);
+        std::fill(pb.data() + static_cast<size_t>(rows) * r1p, pb.data() + static_cast<size_t>(B) * r1p, bf16{0});
+        // o (B, hs) = softmax @ v[0:r1p]
+        gemm_bf16_rowmajor(false, false, B, hs, r1p, 1.0f, pb.data(), r1p, vb.data(), hs, 0.0f, ob.data(), hs);
+        for (int i = 0; i < rows; ++i)
+          std::memcpy(out_p + static_cast<size_t>(r0 + i) * C + h * hs, ob.data() + static_cast<size_t>(i) * hs,
+                      sizeof(float) * hs);
+      }
+    }
+    att_piece += static_cast<size_t>(NH) * L * L;
+  }
+}
+
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* att,
+                             const int32_t* cu_seqlens, int pieces, int C, int NH) {
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const int B = kQueryBlock;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  thread_local std::vector<bf16> qb, kb, vb, dob, ab, dsb;
+  thread_local std::vector<float> ds, dq, dk, dv;
+  const float* att_piece = att;
+  for (int p = 0; p < pieces; ++p) {
+    const int L = cu_seqlens[p + 1] - cu_seqlens[p];
+    const int Lp = padded_rows(L);
+    const size_t head_elems = static_cast<size_t>(Lp) * hs;
+    if (qb.size() < head_elems) {
+      for (auto* v : {&qb, &kb, &vb, &dob}) v->resize(head_elems);
+      for (auto* v : {&dq, &dk, &dv}) v->resize(head_elems);
+    }
+    if (ds.size() < static_cast<size_t>(B) * Lp) {
+      ds.resize(static_cast<size_t>(B) * Lp);
+      ab.resize(ds.size());
+      dsb.resize(ds.size());
+    }
+    const float* qkv_p = qkv + static_cast<size_t>(cu_seqlens[p]) * C3;
+    float* dqkv_p = dqkv + static_cast<size_t>(cu_seqlens[p]) * C3;
+    const float* dout_p = dout + static_cast<size_t>(cu_seqlens[p]) * C;
+    for (int h = 0; h < NH; ++h) {
+      pack_head_bf16(qb.data(), qkv_p + h * hs, C3, L, Lp, hs);
+      pack_head_bf16(kb.data(), qkv_p + C + h * hs, C3, L, Lp, hs);
+      pack_head_bf16(vb.data(), qkv_p + 2 * C + h * hs, C3, L, Lp, hs);
+      pack_head_bf16(dob.data(), dout_p + h * hs, C, L, Lp, hs);
+      std::fill(dq.begin(), dq.begin() + head_elems, 0.0f);
+      std::fill(dk.begin(), dk.begin() + head_elems, 0.0f);
+      std::fill(dv.begin(), dv.begin() + head_elems, 0.0f);
+      const float* att_ph = att_piece + static_cast<size_t>(h) * L * L;
+      for (int r0 = 0; r0 < L; r0 += B) {
+        const int r1 = std::min(r0 + B, L);
+        const int rows = r1 - r0;
+        const int r1p = r0 + B;
+        const bf16* do_block = dob.data() + static_cast<size_t>(r0) * hs;
+        // d_att (B, r1p) = dout[r0:r0+B] @ v[0:r1p]^T (padded rows of dout are zero, so are theirs)
+        gemm_bf16_rowmajor(false, true, B, r1p, hs, 1.0f, do_block, hs, vb.data(), hs, 0.0f, ds.data(), r1p);
+        // The saved softmax of this block as bf16: its causal part (zeros up to r1 included), zero beyond.
+        to_bf16_rows(ab.data(), r1p, att_ph + static_cast<size_t>(r0) * L, L, rows, r1);
+        for (int i = 0; i < B; ++i) {
+          bf16* row = ab.data() + static_cast<size_t>(i) * r1p;
+          std::fill(row + (i < rows ? r1 : 0), row + r1p, bf16{0});
+        }
+        // dv[0:r1p] += att^T @ dout[r0:r0+B]
+        gemm_bf16_rowmajor(true, false, r1p, hs, B, 1.0f, ab.data(), r1p, do_block, hs, 1.0f, dv.data(), hs);
+        for (int i = r0; i < r1; ++i)
+          causal_softmax_backward_row(ds.data() + static_cast<size_t>(i - r0) * r1p, att_ph + static_cast<size_t>(i) * L,
+                                      i, r1p, scale);
+        to_bf16(dsb.data(), ds.data(), static_cast<size_t>(B) * r1p);
+        // dq[r0:r0+B] += d_scores @ k[0:r1p];  dk[0:r1p] += d_scores^T @ q[r0:r0+B]
+        gemm_bf16_rowmajor(false, false, B, hs, r1p, 1.0f, dsb.data(), r1p, kb.data(), hs, 1.0f,
+                           dq.data() + static_cast<size_t>(r0) * hs, hs);
+        gemm_bf16_rowmajor(true, false, r1p, hs, B, 1.0f, dsb.data(), r1p, qb.data() + static_cast<size_t>(r0) * hs,
+                           hs, 1.0f, dk.data(), hs);
+      }
+      add_head(dqkv_p + h * hs, C3, dq.data(), L, hs);
+      add_head(dqkv_p + C + h * hs, C3, dk.data(), L, hs);
+      add_head(dqkv_p + 2 * C + h * hs, C3, dv.data(), L, hs);
+    }
+    att_piece += static_cast<size_t>(NH) * L * L;
+  }
+}
+
+}  // namespace
+
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces, int C,
-                       int NH) {
+                       int NH, bool bf16_inputs) {
+  if (bf16_inputs) {
+    attention_forward_bf16(out, att, qkv, cu_seqlens, pieces, C, NH);
+    return;
+  }
   const int hs = C / NH;
   const int C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -87,7 +233,11 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        const int32_t* cu_seqlens, int pieces, int C, int NH) {
+                        const int32_t* cu_seqlens, int pieces, int C, int NH, bool bf16_inputs) {
+  if (bf16_inputs) {
+    attention_backward_bf16(dqkv, dout, qkv, att, cu_seqlens, pieces, C, NH);
+    return;
+  }
   const int hs = C / NH;
   const int C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));

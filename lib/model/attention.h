@@ -13,11 +13,16 @@ size_t attention_saved_floats(const int32_t* cu_seqlens, int pieces, int NH);
 // out (N,C), heads concatenated. att (attention_saved_floats) receives the softmax that backward
 // needs: piece p's heads follow one another, each a (len,len) matrix of which only the causal
 // part (j <= i) is meaningful; piece p starts at NH * sum of the earlier pieces' len^2.
+// bf16_inputs (train.precision=bf16): the score and value products take bf16 inputs (q, k, v and
+// the softmax rounded to bf16) with fp32 accumulation, as torch autocast does; the softmax, the
+// saved att and the outputs stay fp32. Needs gemm_has_bf16().
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces, int C,
-                       int NH);
+                       int NH, bool bf16_inputs = false);
 
 // Accumulates (+=) into dqkv (N,3C). dout (N,C); att as saved by attention_forward.
+// bf16_inputs: the four products take bf16 inputs (dout, q, k, v, att and the score gradient
+// rounded to bf16), fp32 accumulation; the softmax backward and dqkv stay fp32.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        const int32_t* cu_seqlens, int pieces, int C, int NH);
+                        const int32_t* cu_seqlens, int pieces, int C, int NH, bool bf16_inputs = false);
 
 }  // namespace kilter::model

@@ -10,6 +10,10 @@
 #include <tuple>
 #include <unordered_map>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "io/error.h"
 #include "lib/model/vecmath.h"
 
@@ -135,16 +139,56 @@ void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K,
 }
 
 namespace {
+inline bf16 round_one(uint32_t u) {
+  const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<bf16>(nan ? (u >> 16) | 0x40u : rounded >> 16);
+}
+
 KILTER_SIMD_CLONES
-void round_to_bf16(bf16* out, const float* in, size_t n) {
+void round_to_bf16_portable(bf16* out, const float* in, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, in + i, sizeof u);
-    const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    out[i] = static_cast<bf16>(nan ? (u >> 16) | 0x40u : rounded >> 16);
+    out[i] = round_one(u);
   }
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The same bits, 16 lanes at a time (AVX-512F/BW: the 32 -> 16 bit narrowing is one instruction,
+// which AVX2 lacks; the compiler's AVX2 loop ran at about a third of this). Not the AVX512_BF16
+// conversion instruction: that one flushes denormals to zero, and the result must not depend on
+// the ISA.
+__attribute__((target("avx512f,avx512bw"))) void round_to_bf16_avx512(bf16* out, const float* in, size_t n) {
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_loadu_si512(in + i);
+    const __m512i high = _mm512_srli_epi32(u, 16);
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(high, one)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+  }
+  for (; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, sizeof u);
+    out[i] = round_one(u);
+  }
+}
+
+void round_to_bf16(bf16* out, const float* in, size_t n) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  if (avx512)
+    round_to_bf16_avx512(out, in, n);
+  else
+    round_to_bf16_portable(out, in, n);
+}
+#else
+void round_to_bf16(bf16* out, const float* in, size_t n) { round_to_bf16_portable(out, in, n); }
+#endif
 }  // namespace
 
 void to_bf16(bf16* out, const float* in, size_t n) {
@@ -155,6 +199,13 @@ void to_bf16(bf16* out, const float* in, size_t n) {
   const auto start = std::chrono::steady_clock::now();
   round_to_bf16(out, in, n);
   profile.convert_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void to_bf16_rows(bf16* out, size_t ld_out, const float* in, size_t ld_in, int rows, int cols) {
+  const auto start = profile_on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  for (int r = 0; r < rows; ++r) round_to_bf16(out + r * ld_out, in + r * ld_in, static_cast<size_t>(cols));
+  if (profile_on)
+    profile.convert_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 bool gemm_has_bf16() {

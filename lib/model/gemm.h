@@ -30,6 +30,8 @@ void gemm_bf16_rowmajor(bool transpose_a, bool transpose_b, int M, int N, int K,
 
 // out[i] = in[i] rounded to the nearest bf16 (ties to even; NaN stays NaN).
 void to_bf16(bf16* out, const float* in, size_t n);
+// The same for a (rows, cols) block: row r of out starts at out + r * ld_out, of in at in + r * ld_in.
+void to_bf16_rows(bf16* out, size_t ld_out, const float* in, size_t ld_in, int rows, int cols);
 inline float bf16_to_float(bf16 x) {
   const uint32_t bits = static_cast<uint32_t>(x) << 16;
   float f;
