@@ -26,8 +26,10 @@ using model::GPTConfig;
 
 namespace {
 // Rows of logits materialized at once: bounds the head's memory to kHeadChunk x vocab floats
-// while keeping its GEMMs large.
-constexpr int64_t kHeadChunk = 256;
+// (103 MB at GPT-2's vocabulary) while keeping its GEMMs large. 512 rather than 256: the weight
+// gradient's GEMM (vocab x C, summed over the chunk's rows) runs faster with the longer sum;
+// GPT-2 124M, 1 x 1024 tokens, 1 thread: bf16 195 -> 204 tok/s, fp32 121 -> 124.
+constexpr int64_t kHeadChunk = 512;
 
 template <typename T>
 void grow(std::vector<T>& buffer, size_t size) {
