@@ -4,10 +4,11 @@
 // allows, while staying large enough to run near the engine's peak.
 // fp32: the GEMMs read q, k, v and write the outputs in place (row stride 3C or C).
 // bf16 (train.precision=bf16): each head's q, k, v (and dout) are first copied into contiguous
-// bf16 buffers whose rows are padded with zeros to a multiple of kQueryBlock, and every product
-// is a whole block (kQueryBlock query rows against r0 + kQueryBlock keys) into fp32 scratch. The
-// GEMM shapes are then independent of the piece lengths (context / kQueryBlock per product), so
-// the bf16 matmul primitives, cached per shape and stride, are reused across pieces of any length.
+// bf16 buffers whose rows are padded with zeros to a multiple of kPadRows, and a block of rows
+// r0..r1 is computed as Mp = r1 - r0 rounded up to kPadRows query rows against r0 + Mp keys, into
+// fp32 scratch. The GEMM shapes then depend on the context only (about context / kPadRows per
+// product), not on the piece lengths, so the bf16 matmul primitives, cached per shape and stride,
+// are reused across pieces of any length; a short piece computes at most kPadRows - 1 extra rows.
 #include "lib/model/attention.h"
 
 #include <algorithm>
@@ -25,6 +26,7 @@ namespace kilter::model {
 namespace {
 
 constexpr int kQueryBlock = 64;
+constexpr int kPadRows = 16;  // bf16 path: rows padded to this multiple (see above)
 
 // Softmax of scores[0..=i] in place; scores (i, end) are set to 0 so that the following GEMM
 // over the whole block width sees exact zeros for the masked (future) keys.
@@ -62,7 +64,7 @@ size_t attention_saved_floats(const int32_t* cu_seqlens, int pieces, int NH) {
 
 namespace {
 
-int padded_rows(int L) { return (L + kQueryBlock - 1) / kQueryBlock * kQueryBlock; }
+int padded_rows(int L) { return (L + kPadRows - 1) / kPadRows * kPadRows; }
 
 // dst (Lpad, hs) bf16 = rows [0, L) of the hs columns at src (row stride ld); rows [L, Lpad) zero.
 void pack_head_bf16(bf16* dst, const float* src, int ld, int L, int Lpad, int hs) {
@@ -105,9 +107,10 @@ void attention_forward_bf16(float* out, float* att, const float* qkv, const int3
       for (int r0 = 0; r0 < L; r0 += B) {
         const int r1 = std::min(r0 + B, L);
         const int rows = r1 - r0;
-        const int r1p = r0 + B;
-        // scores (B, r1p) = scale * q[r0:r0+B] @ k[0:r1p]^T
-        gemm_bf16_rowmajor(false, true, B, r1p, hs, scale, qb.data() + static_cast<size_t>(r0) * hs, hs, kb.data(),
+        const int Mp = padded_rows(rows);
+        const int r1p = r0 + Mp;
+        // scores (Mp, r1p) = scale * q[r0:r0+Mp] @ k[0:r1p]^T
+        gemm_bf16_rowmajor(false, true, Mp, r1p, hs, scale, qb.data() + static_cast<size_t>(r0) * hs, hs, kb.data(),
                            hs, 0.0f, scores.data(), r1p);
         for (int i = r0; i < r1; ++i) {
           float* row = scores.data() + static_cast<size_t>(i - r0) * r1p;
@@ -115,9 +118,9 @@ void attention_forward_bf16(float* out, float* att, const float* qkv, const int3
           std::memcpy(att_ph + static_cast<size_t>(i) * L, row, sizeof(float) * r1);
         }
         to_bf16_rows(pb.data(), r1p, scores.data(), r1p, rows, r1p);
-        std::fill(pb.data() + static_cast<size_t>(rows) * r1p, pb.data() + static_cast<size_t>(B) * r1p, bf16{0});
-        // o (B, hs) = softmax @ v[0:r1p]
-        gemm_bf16_rowmajor(false, false, B, hs, r1p, 1.0f, pb.data(), r1p, vb.data(), hs, 0.0f, ob.data(), hs);
+        std::fill(pb.data() + static_cast<size_t>(rows) * r1p, pb.data() + static_cast<size_t>(Mp) * r1p, bf16{0});
+        // o (Mp, hs) = softmax @ v[0:r1p]
+        gemm_bf16_rowmajor(false, false, Mp, hs, r1p, 1.0f, pb.data(), r1p, vb.data(), hs, 0.0f, ob.data(), hs);
         for (int i = 0; i < rows; ++i)
           std::memcpy(out_p + static_cast<size_t>(r0 + i) * C + h * hs, ob.data() + static_cast<size_t>(i) * hs,
                       sizeof(float) * hs);
@@ -164,26 +167,27 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
       for (int r0 = 0; r0 < L; r0 += B) {
         const int r1 = std::min(r0 + B, L);
         const int rows = r1 - r0;
-        const int r1p = r0 + B;
+        const int Mp = padded_rows(rows);
+        const int r1p = r0 + Mp;
         const bf16* do_block = dob.data() + static_cast<size_t>(r0) * hs;
-        // d_att (B, r1p) = dout[r0:r0+B] @ v[0:r1p]^T (padded rows of dout are zero, so are theirs)
-        gemm_bf16_rowmajor(false, true, B, r1p, hs, 1.0f, do_block, hs, vb.data(), hs, 0.0f, ds.data(), r1p);
+        // d_att (Mp, r1p) = dout[r0:r0+Mp] @ v[0:r1p]^T (padded rows of dout are zero, so are theirs)
+        gemm_bf16_rowmajor(false, true, Mp, r1p, hs, 1.0f, do_block, hs, vb.data(), hs, 0.0f, ds.data(), r1p);
         // The saved softmax of this block as bf16: its causal part (zeros up to r1 included), zero beyond.
         to_bf16_rows(ab.data(), r1p, att_ph + static_cast<size_t>(r0) * L, L, rows, r1);
-        for (int i = 0; i < B; ++i) {
+        for (int i = 0; i < Mp; ++i) {
           bf16* row = ab.data() + static_cast<size_t>(i) * r1p;
           std::fill(row + (i < rows ? r1 : 0), row + r1p, bf16{0});
         }
-        // dv[0:r1p] += att^T @ dout[r0:r0+B]
-        gemm_bf16_rowmajor(true, false, r1p, hs, B, 1.0f, ab.data(), r1p, do_block, hs, 1.0f, dv.data(), hs);
+        // dv[0:r1p] += att^T @ dout[r0:r0+Mp]
+        gemm_bf16_rowmajor(true, false, r1p, hs, Mp, 1.0f, ab.data(), r1p, do_block, hs, 1.0f, dv.data(), hs);
         for (int i = r0; i < r1; ++i)
           causal_softmax_backward_row(ds.data() + static_cast<size_t>(i - r0) * r1p, att_ph + static_cast<size_t>(i) * L,
                                       i, r1p, scale);
-        to_bf16(dsb.data(), ds.data(), static_cast<size_t>(B) * r1p);
-        // dq[r0:r0+B] += d_scores @ k[0:r1p];  dk[0:r1p] += d_scores^T @ q[r0:r0+B]
-        gemm_bf16_rowmajor(false, false, B, hs, r1p, 1.0f, dsb.data(), r1p, kb.data(), hs, 1.0f,
+        to_bf16(dsb.data(), ds.data(), static_cast<size_t>(Mp) * r1p);
+        // dq[r0:r0+Mp] += d_scores @ k[0:r1p];  dk[0:r1p] += d_scores^T @ q[r0:r0+Mp]
+        gemm_bf16_rowmajor(false, false, Mp, hs, r1p, 1.0f, dsb.data(), r1p, kb.data(), hs, 1.0f,
                            dq.data() + static_cast<size_t>(r0) * hs, hs);
-        gemm_bf16_rowmajor(true, false, r1p, hs, B, 1.0f, dsb.data(), r1p, qb.data() + static_cast<size_t>(r0) * hs,
+        gemm_bf16_rowmajor(true, false, r1p, hs, Mp, 1.0f, dsb.data(), r1p, qb.data() + static_cast<size_t>(r0) * hs,
                            hs, 1.0f, dk.data(), hs);
       }
       add_head(dqkv_p + h * hs, C3, dq.data(), L, hs);

@@ -87,7 +87,7 @@ Bf16Primitive make_bf16_primitive(const Bf16Key& key) {
 
 // Per thread: a packed-batch run sees a handful of token counts per step, so the cache stays
 // small; it is cleared if a long run ever accumulates many shapes.
-constexpr size_t kMaxCachedPrimitives = 512;
+constexpr size_t kMaxCachedPrimitives = 2048;
 #endif
 
 }  // namespace
