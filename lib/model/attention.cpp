@@ -28,7 +28,7 @@ namespace kilter::model {
 namespace {
 
 constexpr int kQueryBlock = 64;
-constexpr int kPadRows = 16;  // bf16 path: rows padded to this multiple (see above)
+constexpr int kPadRows = 16;  // head rows and a block's last rows are padded to this multiple (see above)
 
 // Softmax of scores[0..=i] in place; scores (i, end) are set to 0 so that the following GEMM
 // over the whole block width sees exact zeros for the masked (future) keys.
@@ -119,7 +119,10 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
     const int Lp = padded_rows(L);
     const size_t head_elems = static_cast<size_t>(Lp) * hs;
     if (qb.size() < head_elems) qb.resize(head_elems), kb.resize(head_elems), vb.resize(head_elems);
-    if (scores.size() < static_cast<size_t>(B) * Lp) scores.resize(static_cast<size_t>(B) * Lp), pb.resize(scores.size());
+    if (scores.size() < static_cast<size_t>(B) * Lp) {
+      scores.resize(static_cast<size_t>(B) * Lp);
+      if constexpr (!std::is_same_v<T, float>) pb.resize(scores.size());  // fp32 multiplies scores in place
+    }
     ob.resize(static_cast<size_t>(B) * hs);
     const float* qkv_p = qkv + static_cast<size_t>(cu_seqlens[p]) * C3;
     float* out_p = out + static_cast<size_t>(cu_seqlens[p]) * C;
@@ -142,8 +145,10 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
           std::memcpy(att_ph + static_cast<size_t>(i) * L, row, sizeof(float) * r1);
         }
         // The softmax as T, padded rows zero (fp32: in place).
-        T* probs = reinterpret_cast<T*>(scores.data());
-        if constexpr (!std::is_same_v<T, float>) {
+        T* probs;
+        if constexpr (std::is_same_v<T, float>) {
+          probs = scores.data();
+        } else {
           copy_rows(pb.data(), r1p, scores.data(), r1p, rows, r1p);
           probs = pb.data();
         }
@@ -180,7 +185,7 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
     if (ds.size() < static_cast<size_t>(B) * Lp) {
       ds.resize(static_cast<size_t>(B) * Lp);
       ab.resize(ds.size());
-      dsb.resize(ds.size());
+      if constexpr (!std::is_same_v<T, float>) dsb.resize(ds.size());  // fp32 multiplies ds in place
     }
     const float* qkv_p = qkv + static_cast<size_t>(cu_seqlens[p]) * C3;
     float* dqkv_p = dqkv + static_cast<size_t>(cu_seqlens[p]) * C3;
@@ -213,8 +218,10 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
         for (int i = r0; i < r1; ++i)
           causal_softmax_backward_row(ds.data() + static_cast<size_t>(i - r0) * r1p, att_ph + static_cast<size_t>(i) * L,
                                       i, r1p, scale);
-        const T* dscores = reinterpret_cast<const T*>(ds.data());
-        if constexpr (!std::is_same_v<T, float>) {
+        const T* dscores;
+        if constexpr (std::is_same_v<T, float>) {
+          dscores = ds.data();
+        } else {
           copy_rows(dsb.data(), r1p, ds.data(), r1p, Mp, r1p);
           dscores = dsb.data();
         }

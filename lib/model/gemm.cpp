@@ -85,8 +85,9 @@ Bf16Primitive make_bf16_primitive(const Bf16Key& key) {
   return Bf16Primitive{dnnl::matmul(pd), a, b, c, bias};
 }
 
-// Per thread: a packed-batch run sees a handful of token counts per step, so the cache stays
-// small; it is cleared if a long run ever accumulates many shapes.
+// Per thread: a packed-batch run sees a handful of token counts per step, and attention's padded
+// blocks about context / 16 shapes per product, so the cache stays small; it is cleared if a long
+// run ever accumulates many shapes.
 constexpr size_t kMaxCachedPrimitives = 2048;
 #endif
 
@@ -172,11 +173,7 @@ __attribute__((target("avx512f,avx512bw"))) void round_to_bf16_avx512(bf16* out,
     const __m512i r = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, quiet));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
   }
-  for (; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, in + i, sizeof u);
-    out[i] = round_one(u);
-  }
+  round_to_bf16_portable(out + i, in + i, n - i);
 }
 
 void round_to_bf16(bf16* out, const float* in, size_t n) {
@@ -191,21 +188,28 @@ void round_to_bf16(bf16* out, const float* in, size_t n) { round_to_bf16_portabl
 #endif
 }  // namespace
 
-void to_bf16(bf16* out, const float* in, size_t n) {
+namespace {
+// Runs a conversion, its time added to the profile's convert_seconds when profiling is on.
+template <typename Convert>
+void profiled_convert(Convert&& convert) {
   if (!profile_on) {
-    round_to_bf16(out, in, n);
+    convert();
     return;
   }
   const auto start = std::chrono::steady_clock::now();
-  round_to_bf16(out, in, n);
+  convert();
   profile.convert_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+void to_bf16(bf16* out, const float* in, size_t n) {
+  profiled_convert([&] { round_to_bf16(out, in, n); });
 }
 
 void to_bf16_rows(bf16* out, size_t ld_out, const float* in, size_t ld_in, int rows, int cols) {
-  const auto start = profile_on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  for (int r = 0; r < rows; ++r) round_to_bf16(out + r * ld_out, in + r * ld_in, static_cast<size_t>(cols));
-  if (profile_on)
-    profile.convert_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  profiled_convert([&] {
+    for (int r = 0; r < rows; ++r) round_to_bf16(out + r * ld_out, in + r * ld_in, static_cast<size_t>(cols));
+  });
 }
 
 bool gemm_has_bf16() {

@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<uint64_t> values(bytes.begin(), bytes.end());
     for (uint64_t& b : values) b &= 0xff;
     h5b::Id ds = h5b::dataset<uint64_t>(root, "tokenizer_data", H5T_STD_U8LE, {hsize_t(values.size())}, values, in);
-    if (ds.ok()) h5b::attr_u64(ds, "checksum", 0, in);
+    if (ds.valid()) h5b::attr_u64(ds, "checksum", 0, in);
   }
 
   static const char* const kGroups[3] = {"params", "adam/m", "adam/v"};
@@ -80,17 +80,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     h5b::Id group(H5Gcreate2(root, kGroups[g], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    if (!group.ok()) continue;
+    if (!group.valid()) continue;
     for (const auto& t : expected) {
       std::vector<float> values(written[g].begin() + t.offset, written[g].begin() + t.offset + t.size);
       std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
       h5b::Id ds = h5b::dataset<float>(group, t.name.c_str(), H5T_IEEE_F32LE, dims, values, in);
-      if (ds.ok())
+      if (ds.valid())
         h5b::attr_u64(ds, "checksum", kilter::io::checkpoint_checksum(values.data(), values.size()), in);
     }
     if (h5b::mutate(in, which) && which % 4 == 0) {  // a tensor the model does not have
       h5b::Id ds = h5b::dataset<float>(group, "transformer.extra", H5T_IEEE_F32LE, {2}, {1.0f, 2.0f}, in);
-      if (ds.ok()) h5b::attr_u64(ds, "checksum", kilter::io::checkpoint_checksum(nullptr, 0), in);
+      if (ds.valid()) h5b::attr_u64(ds, "checksum", kilter::io::checkpoint_checksum(nullptr, 0), in);
     }
   }
   const std::string path = scratch_dir() + "/step-00000010.h5";

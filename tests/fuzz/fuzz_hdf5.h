@@ -15,32 +15,12 @@
 #include <vector>
 
 #include "fuzz_common.h"
+#include "io/hdf5_util.h"
 
 namespace kilter::fuzz::h5b {
 
-// Owned hid_t.
-class Id {
- public:
-  Id() = default;
-  Id(hid_t id, herr_t (*closer)(hid_t)) : id_(id), closer_(closer) {}
-  ~Id() {
-    if (id_ >= 0) closer_(id_);
-  }
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-  Id(Id&& o) noexcept : id_(o.id_), closer_(o.closer_) { o.id_ = -1; }
-  Id& operator=(Id&& o) noexcept {
-    std::swap(id_, o.id_);
-    std::swap(closer_, o.closer_);
-    return *this;
-  }
-  operator hid_t() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*closer_)(hid_t) = nullptr;
-};
+// Owned hid_t: the dataset code's own handle.
+using Id = kilter::io::h5::Handle;
 
 // HDF5 setup for speed: no error printing, and free lists without limits, so the large blocks
 // every file open allocates (the metadata cache's hash table) are reused instead of being mapped
@@ -111,7 +91,7 @@ inline Id simple_space(std::vector<hsize_t> dims) {
 inline void write_attr(hid_t obj, const char* name, hid_t file_type, hid_t space, hid_t mem_type,
                        const void* buf) {
   Id attr(H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (attr.ok() && buf) H5Awrite(attr, mem_type, buf);
+  if (attr.valid() && buf) H5Awrite(attr, mem_type, buf);
 }
 
 inline Id string_type(size_t size, bool utf8, H5T_str_t pad = H5T_STR_NULLTERM) {
@@ -391,7 +371,7 @@ inline Id dataset(hid_t loc, const char* name, hid_t file_type, std::vector<hsiz
         Id space = simple_space({hsize_t(values.size())});
         std::string all(values.size() * 8, '7');
         Id ds(H5Dcreate2(loc, name, t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-        if (ds.ok() && !values.empty()) H5Dwrite(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data());
+        if (ds.valid() && !values.empty()) H5Dwrite(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data());
         return ds;
       }
       default:
@@ -400,12 +380,12 @@ inline Id dataset(hid_t loc, const char* name, hid_t file_type, std::vector<hsiz
   }
   Id space = dims.empty() ? scalar_space() : simple_space(dims);
   Id ds(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
-  if (!ds.ok()) {  // e.g. compact storage too large, a zero chunk: fall back to the valid form
+  if (!ds.valid()) {  // e.g. compact storage too large, a zero chunk: fall back to the valid form
     H5Eclear2(H5E_DEFAULT);
     Id fallback_dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     H5Pset_alloc_time(fallback_dcpl, H5D_ALLOC_TIME_EARLY);
     ds = Id(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, fallback_dcpl, H5P_DEFAULT), H5Dclose);
-    if (!ds.ok()) return Id();
+    if (!ds.valid()) return Id();
   }
   if (write_data && !values.empty()) H5Dwrite(ds, native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
   return ds;
