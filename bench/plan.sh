@@ -9,8 +9,9 @@
 #        when absent), SCALE_DOCS (the planning-cost row, default 10000000; 0 skips it).
 #
 # Setup of the issue: model.block_size 2048, data.max_tokens 16384, 0.5M-token steps at
-# P = 8, 16, 64, 256 and 4M-token steps at P = 1024; the Debian corpus at context 4096 with
-# 256k-token steps at P = 8..64. Naive: data.naive_batch_size = max_tokens / context (same memory).
+# P = 8, 16, 64, 256 and 4M-token steps at P = 1024; the Debian corpus at that setup (P = 8..256),
+# and at context 4096 with 256k-token steps at P = 8..64 (where the issue first measured it).
+# Naive: data.naive_batch_size = max_tokens / context (same memory).
 # Columns: pad = padding_efficiency; imb95 = cost_imbalance_p95; bound95 = the p95 of the per-step
 # imbalance no division of the step's pieces can beat (the longest piece alone, k+1 of the kP+1
 # longest on one rank); speed = naive / balanced critical-path cost per token (the slowest rank's
@@ -97,7 +98,14 @@ if compgen -G "$DEBIAN/*/copyright" >/dev/null; then
   if "$KILTER" prep --input "$DEBIAN"/*/copyright --format text --shards 2 --out "$work/debian" >"$work/prep.log" 2>&1; then
     docs=$("$KILTER" plan --data "$work/debian" --world-size 1 --json 2>/dev/null | jq .documents)
     echo
-    echo "Debian copyright files ($DEBIAN/*/copyright, $docs documents, byte tokens), context 4096, 256k-token steps:"
+    echo "Debian copyright files ($DEBIAN/*/copyright, $docs documents, byte tokens), the issue's setup:" \
+      "context 2048, max_tokens 16384, 0.5M-token steps"
+    print_header
+    for shape in $SHAPES; do
+      for world in 8 16 64 256; do row debian-copyright "$shape" 2048 16384 "$world" 524288 --data "$work/debian"; done
+    done
+    echo
+    echo "The same files as the issue first measured them: context 4096, 256k-token steps:"
     print_header
     for shape in $SHAPES; do
       for world in 8 16 32 64; do row debian-copyright "$shape" 4096 16384 "$world" 262144 --data "$work/debian"; done

@@ -98,6 +98,19 @@ CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
   return a;
 }
 
+CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
+  BlockInputsBf16 b;
+  if (!bf16_) return b;
+  const size_t C = cfg_.n_embd;
+  const size_t N = static_cast<size_t>(rows);
+  model::bf16* p = inputs_bf16_.data() + static_cast<size_t>(layer) * capacity_tokens_ * 7 * C;
+  b.ln1 = p;       p += N * C;
+  b.atty = p;      p += N * C;
+  b.ln2 = p;       p += N * C;
+  b.fch_gelu = p;
+  return b;
+}
+
 void CpuModel::reserve(int max_tokens, int context) {
   KILTER_CHECK(max_tokens > 0 && context > 0, "CpuModel::reserve: max_tokens and context must be positive, got "
                                                   << max_tokens << ", " << context);
@@ -113,6 +126,7 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
     capacity_tokens_ = tokens;
     grow(encoded_, tokens * C);
     grow(block_acts_, L * tokens * floats_per_token_block_);
+    if (bf16_) grow(inputs_bf16_, L * tokens * 7 * C);
     grow(lnf_, tokens * C);
     grow(lnf_mean_, tokens);
     grow(lnf_rstd_, tokens);
@@ -175,14 +189,16 @@ void CpuModel::forward(const Batch& batch) {
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_.data(), l);
     const BlockActivations a = block_activations(l, N);
+    const BlockInputsBf16 h = block_inputs_bf16(l, N);
     model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C);
-    model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
+    model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C, h.ln1);
     model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_);
-    model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, N, C, C);
+    model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
     model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
-    model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
+    model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C, h.ln2);
     model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
-    model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C);
+    model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C,
+                                   h.fch_gelu);
     residual = a.residual3;
   }
   model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
@@ -265,20 +281,23 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     const BlockTensors p = block_tensors(params, l);
     const BlockTensors g = block_tensors(grads, l);
     const BlockActivations a = block_activations(l, N);
+    const BlockInputsBf16 h = block_inputs_bf16(l, N);
     const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, N).residual3;
     // MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
     model::matmul_backward_overwrite_dinp(dfch_.data(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu, p.fcproj_w, N,
-                                          4 * C, C);
+                                          4 * C, C, h.fch_gelu);
     model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(N) * 4 * C);
-    model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, N, C, 4 * C);
+    model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, N, C, 4 * C,
+                                          h.ln2);
     model::layernorm_backward(dresidual, g.ln2_w, g.ln2_b, dln_.data(), a.residual2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
                               N, C);
     // Attention: residual2 = residual_in + c_proj(attn(c_attn(ln_1(residual_in))))
     model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
-                                          C, C);
+                                          C, C, h.atty);
     std::memset(dqkv_.data(), 0, sizeof(float) * NC * 3);
     model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_);
-    model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C);
+    model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C,
+                                          h.ln1);
     model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
                               N, C);
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);

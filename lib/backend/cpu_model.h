@@ -55,6 +55,12 @@ class CpuModel final : public model::Model {
 
   BlockTensors block_tensors(float* base, int layer) const;
   BlockActivations block_activations(int layer, int N);
+  // precision=bf16: the bf16 roundings of a block's four Linear inputs, made by the forward and
+  // read by the backward (all null in fp32).
+  struct BlockInputsBf16 {
+    model::bf16 *ln1 = nullptr, *atty = nullptr, *ln2 = nullptr, *fch_gelu = nullptr;
+  };
+  BlockInputsBf16 block_inputs_bf16(int layer, int N);
   // Grows the activations to `tokens` rows and `att` saved-softmax floats per layer.
   void ensure_capacity(size_t tokens, size_t att);
   void forward(const model::Batch& batch);  // fills the activations up to ln_f
@@ -71,6 +77,8 @@ class CpuModel final : public model::Model {
   // precision=bf16: the bf16 copy of params_ the GEMMs read (empty in fp32).
   bool bf16_ = false;
   std::vector<model::bf16> params_bf16_;
+  // precision=bf16: per layer and token, 7 * n_embd bf16s (BlockInputsBf16; empty in fp32).
+  std::vector<model::bf16> inputs_bf16_;
 
   // Activations: sized for capacity_tokens_ (N) and capacity_att_ (NH * sum(len^2)) per layer.
   size_t capacity_tokens_ = 0, capacity_att_ = 0;

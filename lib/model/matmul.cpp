@@ -67,21 +67,24 @@ void column_sums_accumulate(float* dbias, const float* dout, int N, int OC) {
 }
 
 // bf16 mode: out (N,OC) = inp (N,C) @ weight^T + bias + beta * out, the bias added by the GEMM.
+// The rounding of inp goes to keep (when given) or to scratch.
 void linear_gemm_bf16(float* out, float beta, const float* inp, const float* weight, const float* bias, int N, int C,
-                      int OC) {
-  const bf16* a = rounded(scratch.a, inp, static_cast<size_t>(N) * C);
+                      int OC, bf16* keep) {
+  const size_t n = static_cast<size_t>(N) * C;
+  const bf16* a = keep ? keep : rounded(scratch.a, inp, n);
+  if (keep) to_bf16(keep, inp, n);
   const bf16* w = bf16_weight(weight, static_cast<size_t>(OC) * C);
   gemm_bf16_rowmajor(false, true, N, OC, C, 1.0f, a, C, w, C, beta, out, OC, bias);
 }
 
 void matmul_backward_impl(float* dinp, float dinp_beta, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, int N, int C, int OC) {
+                          const float* inp, const float* weight, int N, int C, int OC, const bf16* inp_bf16) {
   if (bf16_state.on) {
     const bf16* d = rounded(scratch.a, dout, static_cast<size_t>(N) * OC);
     if (dinp)
       gemm_bf16_rowmajor(false, false, N, C, OC, 1.0f, d, OC, bf16_weight(weight, static_cast<size_t>(OC) * C), C,
                          dinp_beta, dinp, C);
-    const bf16* x = rounded(scratch.b, inp, static_cast<size_t>(N) * C);
+    const bf16* x = inp_bf16 ? inp_bf16 : rounded(scratch.b, inp, static_cast<size_t>(N) * C);
     gemm_bf16_rowmajor(true, false, OC, C, N, 1.0f, d, OC, x, C, 1.0f, dweight, C);
     if (dbias) column_sums_accumulate(dbias, dout, N, OC);
     return;
@@ -95,9 +98,10 @@ void matmul_backward_impl(float* dinp, float dinp_beta, float* dweight, float* d
 
 }  // namespace
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                    bf16* keep_inp_bf16) {
   if (bf16_state.on) {
-    linear_gemm_bf16(out, 0.0f, inp, weight, bias, N, C, OC);
+    linear_gemm_bf16(out, 0.0f, inp, weight, bias, N, C, OC, keep_inp_bf16);
     return;
   }
   float beta = 0.0f;
@@ -109,10 +113,10 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void matmul_forward_residual(float* out, const float* residual, const float* inp, const float* weight,
-                             const float* bias, int N, int C, int OC) {
+                             const float* bias, int N, int C, int OC, bf16* keep_inp_bf16) {
   if (bf16_state.on) {
     if (out != residual) add_rows(out, residual, nullptr, N, OC);
-    linear_gemm_bf16(out, 1.0f, inp, weight, bias, N, C, OC);
+    linear_gemm_bf16(out, 1.0f, inp, weight, bias, N, C, OC, keep_inp_bf16);
     return;
   }
   if (out != residual || bias) add_rows(out, residual, bias, N, OC);
@@ -120,13 +124,14 @@ void matmul_forward_residual(float* out, const float* residual, const float* inp
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
-  matmul_backward_impl(dinp, 1.0f, dweight, dbias, dout, inp, weight, N, C, OC);
+                     const float* weight, int N, int C, int OC, const bf16* inp_bf16) {
+  matmul_backward_impl(dinp, 1.0f, dweight, dbias, dout, inp, weight, N, C, OC, inp_bf16);
 }
 
 void matmul_backward_overwrite_dinp(float* dinp, float* dweight, float* dbias, const float* dout,
-                                    const float* inp, const float* weight, int N, int C, int OC) {
-  matmul_backward_impl(dinp, 0.0f, dweight, dbias, dout, inp, weight, N, C, OC);
+                                    const float* inp, const float* weight, int N, int C, int OC,
+                                    const bf16* inp_bf16) {
+  matmul_backward_impl(dinp, 0.0f, dweight, dbias, dout, inp, weight, N, C, OC, inp_bf16);
 }
 
 Bf16MatmulScope::Bf16MatmulScope(const float* weights, const bf16* shadow, size_t count)

@@ -132,6 +132,39 @@ TEST(Bf16, LinearLayerMatchesFp32WithinTolerance) {
   EXPECT_EQ(bf16[3], fp32[3]) << "the bias gradient is an fp32 column sum in both precisions";
 }
 
+// The forward's kept bf16 rounding of the input (keep_inp_bf16), handed to the backward
+// (inp_bf16), gives the same bits as the backward rounding the input again: the kept copy is that
+// rounding, not an approximation of it. And it is what the backward reads: a kept copy of other
+// data changes the weight gradient.
+TEST(Bf16, KeptInputRoundingEqualsRoundingAgain) {
+  SKIP_WITHOUT_BF16();
+  const int N = 48, C = 64, OC = 80;
+  const std::vector<float> inp = random_vector(static_cast<size_t>(N) * C, 21);
+  const std::vector<float> weight = random_vector(static_cast<size_t>(OC) * C, 22, 0.1);
+  const std::vector<float> dout = random_vector(static_cast<size_t>(N) * OC, 23);
+  std::vector<bf16> shadow(weight.size());
+  to_bf16(shadow.data(), weight.data(), weight.size());
+  kilter::model::Bf16MatmulScope scope(weight.data(), shadow.data(), weight.size());
+  auto run = [&](bool keep, const std::vector<float>* replace_kept) {
+    std::vector<float> out(static_cast<size_t>(N) * OC), dinp(static_cast<size_t>(N) * C),
+        dweight(static_cast<size_t>(OC) * C, 0.0f);
+    std::vector<bf16> kept(static_cast<size_t>(N) * C, 0);
+    kilter::model::matmul_forward(out.data(), inp.data(), weight.data(), nullptr, N, C, OC,
+                                  keep ? kept.data() : nullptr);
+    if (replace_kept) to_bf16(kept.data(), replace_kept->data(), kept.size());
+    kilter::model::matmul_backward_overwrite_dinp(dinp.data(), dweight.data(), nullptr, dout.data(), inp.data(),
+                                                  weight.data(), N, C, OC, keep ? kept.data() : nullptr);
+    return std::vector<std::vector<float>>{out, dinp, dweight};
+  };
+  const auto again = run(false, nullptr), kept = run(true, nullptr);
+  EXPECT_EQ(kept[0], again[0]) << "out";
+  EXPECT_EQ(kept[1], again[1]) << "dinp";
+  EXPECT_EQ(kept[2], again[2]) << "dweight";
+  const std::vector<float> other = random_vector(inp.size(), 24);
+  const auto stale = run(true, &other);
+  EXPECT_NE(stale[2], again[2]) << "the backward did not read the kept rounding";
+}
+
 // Attention with bf16 products (scores, softmax @ v, and the four backward products) against the
 // fp32 kernels on a packed batch of mixed piece lengths: 1, one under, at and over a query block
 // (64), and a long piece; head sizes 32 and 64. Stated tolerances, norm-wise: out 1e-2, dqkv 2e-2
