@@ -272,6 +272,19 @@ PlanPosition next_position(PlanPosition pos, uint64_t steps_in_epoch);
 std::vector<double> rank_costs(const StepView& step);
 std::vector<double> rank_costs(const Step& step);
 
+// A lower bound on the busiest rank's cost in any division of a step's pieces among `world`
+// ranks: the largest of these, each true of every division (c added: a rank with pieces runs a
+// micro-batch). `piece_costs` is reordered (sorted, longest first) in place. With w_0 >= w_1 >= ...:
+// - k of the kP+1 longest: for every k with kP < n, some rank holds k+1 of the kP+1 longest
+//   pieces, so it costs at least w_{kP} + ... + w_{kP-k} (k = 0: the longest piece alone).
+// - Pairs among the P+q longest (1 <= q <= min(P, n-P, 64)): for i = 1..q, take T, the P+q+1-i
+//   longest, and its top part, the P-q+i longest. Either some rank holds a top piece and another
+//   piece of T, and costs at least w_{P-q+i-1} + w_{P+q-i}; or every top piece is alone among T on
+//   its own rank, and the other 2q+1-2i pieces of T lie on the q-i remaining ranks: then (i < q)
+//   one of those holds three, at least the three shortest of T. (i = q: no rank remains, so the
+//   first case holds.) This sees steps where a few more pieces than ranks must pair up.
+double least_busiest_cost(std::vector<double>& piece_costs, size_t world, double c);
+
 // Recomputes plan.stats' cost, padding, idle and token figures from plan.steps (the builders
 // call it; the counts of pieces, dropped, empty and tail figures are the builder's).
 void compute_plan_stats(EpochPlan& plan);

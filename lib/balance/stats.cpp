@@ -56,11 +56,33 @@ static double max_over_mean(const std::vector<double>& loads) {
   return mean > 0 ? top / mean : 1.0;
 }
 
-// The imbalance no division of a packed step's pieces can beat. With the piece costs sorted
-// longest first (w_0 >= w_1 >= ...), for every k with kP < n some rank holds k+1 of the kP+1
-// longest pieces, so the busiest rank's cost is at least w_{kP} + ... + w_{kP-k} (+ c: it runs a
-// micro-batch); k = 0 is the longest piece alone. Divided by the step's mean rank cost.
-// `piece_costs` holds the step's piece costs (reordered and summed in place).
+double least_busiest_cost(std::vector<double>& piece_costs, size_t world, double c) {
+  const size_t n = piece_costs.size();
+  if (n == 0 || world == 0) return 0;
+  std::sort(piece_costs.begin(), piece_costs.end(), std::greater<double>());
+  const std::vector<double>& w = piece_costs;
+  double least = w[0];
+  // k of the kP+1 longest (k >= 1): the window [kP-k, kP], by prefix sums.
+  thread_local std::vector<double> prefix;
+  prefix.resize(n + 1);
+  prefix[0] = 0;
+  for (size_t j = 0; j < n; ++j) prefix[j + 1] = prefix[j] + w[j];
+  for (size_t k = 1; k * world < n; ++k) least = std::max(least, prefix[k * world + 1] - prefix[k * world - k]);
+  // Pairs among the P+q longest.
+  const size_t P = world;
+  const size_t q_max = std::min<size_t>({P, n > P ? n - P : 0, 64});
+  for (size_t q = 1; q <= q_max; ++q) {
+    for (size_t i = 1; i <= q; ++i) {
+      double bound = w[P - q + i - 1] + w[P + q - i];
+      if (i < q) bound = std::min(bound, w[P + q - i] + w[P + q - i - 1] + w[P + q - i - 2]);
+      least = std::max(least, bound);
+    }
+  }
+  return least + std::max(c, 0.0);
+}
+
+// The imbalance no division of a packed step's pieces can beat: least_busiest_cost over the
+// step's mean rank cost. `piece_costs` holds the step's piece costs (reordered in place).
 static double step_bound(const std::vector<double>& loads, double c, std::vector<double>& piece_costs) {
   const size_t world = loads.size();
   double total = 0;
@@ -68,15 +90,7 @@ static double step_bound(const std::vector<double>& loads, double c, std::vector
   const double mean = world ? total / double(world) : 0;
   if (!(mean > 0)) return 1.0;
   if (piece_costs.empty()) return 1.0;
-  std::sort(piece_costs.begin(), piece_costs.end(), std::greater<double>());
-  // Prefix sums in place: piece_costs[i] becomes the sum of the i+1 largest.
-  for (size_t i = 1; i < piece_costs.size(); ++i) piece_costs[i] += piece_costs[i - 1];
-  double least_top = 0;
-  for (size_t k = 0; k * world < piece_costs.size(); ++k) {
-    const size_t last = k * world, first = last - k;  // the window [first, last]
-    least_top = std::max(least_top, piece_costs[last] - (first > 0 ? piece_costs[first - 1] : 0.0));
-  }
-  return std::max(1.0, (least_top + std::max(c, 0.0)) / mean);
+  return std::max(1.0, least_busiest_cost(piece_costs, world, c) / mean);
 }
 
 void compute_plan_stats(EpochPlan& plan) {

@@ -373,6 +373,43 @@ TEST(BalancePlan, IdleRanksWhenTheStepIsTooSmallForTheWorldSize) {
   EXPECT_EQ(idle_rank_warning(o, 8), "") << "naive ranks always get their sequences";
 }
 
+// least_busiest_cost is a true lower bound: never above the best division, found by trying every
+// assignment of small random steps (ties included). And its pairs see what "k+1 of the kP+1
+// longest" misses: costs 10, 6, 5, 4 on 2 ranks need 14 (10+4 | 6+5), where that rule gives 11.
+TEST(BalancePlan, LeastBusiestCostNeverExceedsTheBestDivision) {
+  std::vector<double> example{4, 10, 5, 6};
+  EXPECT_DOUBLE_EQ(least_busiest_cost(example, 2, 0.0), 14.0);
+  example = {4, 10, 5, 6};
+  EXPECT_DOUBLE_EQ(least_busiest_cost(example, 2, 3.0), 17.0) << "c: the busiest rank runs a micro-batch";
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  int tight = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const size_t P = 1 + next() % 4, n = 1 + next() % 8;
+    std::vector<double> costs(n);
+    for (double& x : costs) x = double(1 + next() % (trial % 2 ? 6 : 100));  // odd trials: many ties
+    // Every assignment of n pieces to P ranks: the least busiest rank.
+    double best = 1e300;
+    std::vector<size_t> rank_of(n, 0);
+    for (;;) {
+      std::vector<double> load(P, 0.0);
+      for (size_t j = 0; j < n; ++j) load[rank_of[j]] += costs[j];
+      best = std::min(best, *std::max_element(load.begin(), load.end()));
+      size_t j = 0;
+      while (j < n && ++rank_of[j] == P) rank_of[j++] = 0;
+      if (j == n) break;
+    }
+    std::vector<double> sorted = costs;
+    const double bound = least_busiest_cost(sorted, P, 0.0);
+    ASSERT_LE(bound, best + 1e-9) << "trial " << trial << ": P " << P << ", n " << n;
+    tight += bound >= best - 1e-9;
+  }
+  EXPECT_GT(tight, 1000) << "the bound meets the best division in most small steps";
+}
+
 TEST(BalancePlan, ImbalanceNeverBeatsTheBoundAndMeetsItWhenStepsAreCoarse) {
   // A share of about one context per rank: full-length pieces cost more than a rank's mean share,
   // so the bound exceeds 1, and the division should reach it.
