@@ -98,18 +98,21 @@ if compgen -G "$DEBIAN/*/copyright" >/dev/null; then
   if "$KILTER" prep --input "$DEBIAN"/*/copyright --format text --shards 2 --out "$work/debian" >"$work/prep.log" 2>&1; then
     docs=$("$KILTER" plan --data "$work/debian" --world-size 1 --json 2>/dev/null | jq .documents)
     echo
+    # debian_rows CONTEXT STEP WORLD...: a header, then a row per shape and world size
+    debian_rows() {
+      local context=$1 step=$2
+      shift 2
+      print_header
+      for shape in $SHAPES; do
+        for world in "$@"; do row debian-copyright "$shape" "$context" 16384 "$world" "$step" --data "$work/debian"; done
+      done
+    }
     echo "Debian copyright files ($DEBIAN/*/copyright, $docs documents, byte tokens), the issue's setup:" \
       "context 2048, max_tokens 16384, 0.5M-token steps"
-    print_header
-    for shape in $SHAPES; do
-      for world in 8 16 64 256; do row debian-copyright "$shape" 2048 16384 "$world" 524288 --data "$work/debian"; done
-    done
+    debian_rows 2048 524288 8 16 64 256
     echo
     echo "The same files as the issue first measured them: context 4096, 256k-token steps:"
-    print_header
-    for shape in $SHAPES; do
-      for world in 8 16 32 64; do row debian-copyright "$shape" 4096 16384 "$world" 262144 --data "$work/debian"; done
-    done
+    debian_rows 4096 262144 8 16 32 64
   else
     echo
     echo "Debian copyright corpus: skipped, \`kilter prep\` failed: $(tail -1 "$work/prep.log")"

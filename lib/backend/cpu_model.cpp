@@ -62,6 +62,8 @@ CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple, const std::string&
   const size_t C = cfg_.n_embd;
   // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics.
   floats_per_token_block_ = C + 3 * C + C + C + C + 4 * C + 4 * C + C + 4;
+  // bf16: the roundings of ln1, atty, ln2 and fch_gelu (block_inputs_bf16).
+  bf16_per_token_block_ = bf16_ ? C + C + C + 4 * C : 0;
 }
 
 std::string CpuModel::describe() const {
@@ -103,7 +105,7 @@ CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
   if (!bf16_) return b;
   const size_t C = cfg_.n_embd;
   const size_t N = static_cast<size_t>(rows);
-  model::bf16* p = inputs_bf16_.data() + static_cast<size_t>(layer) * capacity_tokens_ * 7 * C;
+  model::bf16* p = inputs_bf16_.data() + static_cast<size_t>(layer) * capacity_tokens_ * bf16_per_token_block_;
   b.ln1 = p;       p += N * C;
   b.atty = p;      p += N * C;
   b.ln2 = p;       p += N * C;
@@ -126,7 +128,7 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
     capacity_tokens_ = tokens;
     grow(encoded_, tokens * C);
     grow(block_acts_, L * tokens * floats_per_token_block_);
-    if (bf16_) grow(inputs_bf16_, L * tokens * 7 * C);
+    grow(inputs_bf16_, L * tokens * bf16_per_token_block_);
     grow(lnf_, tokens * C);
     grow(lnf_mean_, tokens);
     grow(lnf_rstd_, tokens);

@@ -77,7 +77,7 @@ class CpuModel final : public model::Model {
   // precision=bf16: the bf16 copy of params_ the GEMMs read (empty in fp32).
   bool bf16_ = false;
   std::vector<model::bf16> params_bf16_;
-  // precision=bf16: per layer and token, 7 * n_embd bf16s (BlockInputsBf16; empty in fp32).
+  // precision=bf16: per layer and token, bf16_per_token_block_ bf16s (BlockInputsBf16; empty in fp32).
   std::vector<model::bf16> inputs_bf16_;
 
   // Activations: sized for capacity_tokens_ (N) and capacity_att_ (NH * sum(len^2)) per layer.
@@ -89,6 +89,7 @@ class CpuModel final : public model::Model {
   std::vector<int32_t> target_rows_, target_ids_;
   std::vector<float> head_inputs_, head_dinputs_, logits_;
   size_t floats_per_token_block_ = 0;  // per-token floats of one block's activations
+  size_t bf16_per_token_block_ = 0;    // per-token bf16s of one block's kept Linear inputs (0 in fp32)
 };
 
 }  // namespace kilter::backend

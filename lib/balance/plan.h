@@ -274,7 +274,7 @@ std::vector<double> rank_costs(const Step& step);
 
 // A lower bound on the busiest rank's cost in any division of a step's pieces among `world`
 // ranks: the largest of these, each true of every division (c added: a rank with pieces runs a
-// micro-batch). `piece_costs` is reordered (sorted, longest first) in place. With w_0 >= w_1 >= ...:
+// micro-batch). `piece_costs` is used as scratch (sorted, then summed in place). With w_0 >= w_1 >= ...:
 // - k of the kP+1 longest: for every k with kP < n, some rank holds k+1 of the kP+1 longest
 //   pieces, so it costs at least w_{kP} + ... + w_{kP-k} (k = 0: the longest piece alone).
 // - Pairs among the P+q longest (1 <= q <= min(P, n-P, 64)): for i = 1..q, take T, the P+q+1-i

@@ -59,15 +59,9 @@ static double max_over_mean(const std::vector<double>& loads) {
 double least_busiest_cost(std::vector<double>& piece_costs, size_t world, double c) {
   const size_t n = piece_costs.size();
   if (n == 0 || world == 0) return 0;
-  std::sort(piece_costs.begin(), piece_costs.end(), std::greater<double>());
-  const std::vector<double>& w = piece_costs;
+  std::vector<double>& w = piece_costs;
+  std::sort(w.begin(), w.end(), std::greater<double>());
   double least = w[0];
-  // k of the kP+1 longest (k >= 1): the window [kP-k, kP], by prefix sums.
-  thread_local std::vector<double> prefix;
-  prefix.resize(n + 1);
-  prefix[0] = 0;
-  for (size_t j = 0; j < n; ++j) prefix[j + 1] = prefix[j] + w[j];
-  for (size_t k = 1; k * world < n; ++k) least = std::max(least, prefix[k * world + 1] - prefix[k * world - k]);
   // Pairs among the P+q longest.
   const size_t P = world;
   const size_t q_max = std::min<size_t>({P, n > P ? n - P : 0, 64});
@@ -78,11 +72,18 @@ double least_busiest_cost(std::vector<double>& piece_costs, size_t world, double
       least = std::max(least, bound);
     }
   }
+  // k of the kP+1 longest (k >= 1): the window [kP-k, kP], by prefix sums made in place (w[j]
+  // becomes the sum of the j+1 longest).
+  for (size_t j = 1; j < n; ++j) w[j] += w[j - 1];
+  for (size_t k = 1; k * P < n; ++k) {
+    const size_t first = k * P - k, last = k * P;
+    least = std::max(least, w[last] - (first > 0 ? w[first - 1] : 0.0));
+  }
   return least + std::max(c, 0.0);
 }
 
 // The imbalance no division of a packed step's pieces can beat: least_busiest_cost over the
-// step's mean rank cost. `piece_costs` holds the step's piece costs (reordered in place).
+// step's mean rank cost. `piece_costs` holds the step's piece costs (used as scratch).
 static double step_bound(const std::vector<double>& loads, double c, std::vector<double>& piece_costs) {
   const size_t world = loads.size();
   double total = 0;

@@ -71,8 +71,8 @@ void column_sums_accumulate(float* dbias, const float* dout, int N, int OC) {
 void linear_gemm_bf16(float* out, float beta, const float* inp, const float* weight, const float* bias, int N, int C,
                       int OC, bf16* keep) {
   const size_t n = static_cast<size_t>(N) * C;
-  const bf16* a = keep ? keep : rounded(scratch.a, inp, n);
   if (keep) to_bf16(keep, inp, n);
+  const bf16* a = keep ? keep : rounded(scratch.a, inp, n);
   const bf16* w = bf16_weight(weight, static_cast<size_t>(OC) * C);
   gemm_bf16_rowmajor(false, true, N, OC, C, 1.0f, a, C, w, C, beta, out, OC, bias);
 }
