@@ -13,10 +13,31 @@
 namespace kilter::balance {
 
 // A piece of a document: input tokens [start, start+len), `len` targets (see io::PieceRequest).
+// A PART of a cut piece (issue 23) is a Piece too: `offset` is how many tokens of its piece come
+// before it (its positions start there; the piece itself starts at start - offset, a multiple of
+// the context). offset == 0 and len == the whole piece: an uncut piece. Parts of one piece lie
+// on different ranks of the same step, never two on one rank, and (the deadlock rule) all parts
+// of one piece sit at the same local micro-batch index on their ranks, so that ranks running
+// their micro-batches in order meet every exchange in the same slot.
 struct Piece {
   uint64_t doc = 0;
   uint32_t start = 0;
   uint32_t len = 0;
+  uint32_t offset = 0;
+  uint32_t piece_start() const { return start - offset; }
+};
+
+// A piece of a step cut into parts, as step_cuts() lists it: the parts in token order.
+struct CutPart {
+  int rank = 0;              // the rank that computes it
+  uint32_t micro_batch = 0;  // its local micro-batch index on that rank (the same for every part)
+  uint32_t offset = 0;       // tokens of the piece before it
+  uint32_t len = 0;
+};
+struct CutPiece {
+  uint64_t doc = 0;
+  uint32_t piece_start = 0;       // the piece's first token in its document
+  std::vector<CutPart> parts;     // >= 2, offsets increasing, contiguous: parts[i+1].offset = parts[i].offset + parts[i].len
 };
 
 // padded_len == 0: a PACKED micro-batch (the balanced plan): the pieces' tokens concatenated,
@@ -267,6 +288,12 @@ std::vector<uint64_t> all_documents(size_t num_docs);
 // The position after `pos` in a plan whose epoch pos.epoch has `steps_in_epoch` steps: the
 // next step, or step 0 of the next epoch.
 PlanPosition next_position(PlanPosition pos, uint64_t steps_in_epoch);
+
+// The cut pieces of one step (lib/balance/cuts.cpp): every piece that has parts on several ranks,
+// ordered by (doc, piece_start). Throws kilter::Error where the step breaks the rules above
+// (parts not contiguous, two parts on one rank, parts at different local micro-batch indices).
+std::vector<CutPiece> step_cuts(const Step& step);
+std::vector<CutPiece> step_cuts(const StepView& step);
 
 // Per-rank cost of one step (sum of its micro-batches' costs).
 std::vector<double> rank_costs(const StepView& step);

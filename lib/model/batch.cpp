@@ -26,10 +26,16 @@ void Batch::clear() {
   targets.clear();
   cu_seqlens.assign(1, 0);
   num_targets = 0;
+  pos_offset.clear();
+  exchange = nullptr;
 }
 
-void Batch::append_piece(const int32_t* piece_inputs, const int32_t* piece_targets, int len, int padding) {
+void Batch::append_piece(const int32_t* piece_inputs, const int32_t* piece_targets, int len, int padding,
+                         int offset) {
   if (cu_seqlens.empty()) cu_seqlens.push_back(0);
+  // pos_offset stays empty until a piece has an offset, then holds one entry per piece.
+  if (offset != 0 && pos_offset.size() + 1 < cu_seqlens.size()) pos_offset.resize(cu_seqlens.size() - 1, 0);
+  if (!pos_offset.empty() || offset != 0) pos_offset.push_back(offset);
   inputs.insert(inputs.end(), piece_inputs, piece_inputs + len);
   if (piece_targets != nullptr) {
     targets.insert(targets.end(), piece_targets, piece_targets + len);

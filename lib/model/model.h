@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/model/kv_exchange.h"
+
 namespace kilter::model {
 
 struct GPTConfig {
@@ -58,16 +60,26 @@ struct Batch {
   std::vector<int32_t> targets;     // N; -1 = no target
   std::vector<int32_t> cu_seqlens;  // pieces + 1 offsets: [0] = 0, back() = N, strictly increasing
   int64_t num_targets = 0;          // targets != -1
+  // Per piece: tokens of its piece held before it by other ranks (a later part of a cut piece,
+  // issue 23): its positions start there and its queries also attend to those tokens' K/V,
+  // which `exchange` delivers. Empty, or all 0: no piece has a prefix.
+  std::vector<int32_t> pos_offset;
+  // Non-null when a piece of this batch is part of a cut piece (as a later part, or as an
+  // earlier part whose K/V others need); not owned. See lib/model/kv_exchange.h.
+  KvExchange* exchange = nullptr;
 
   int num_pieces() const { return cu_seqlens.empty() ? 0 : static_cast<int>(cu_seqlens.size()) - 1; }
   int piece_len(int p) const { return cu_seqlens[p + 1] - cu_seqlens[p]; }
+  int piece_offset(int p) const { return pos_offset.empty() ? 0 : pos_offset[p]; }
   int max_piece_len() const;
   double attention_work() const;  // sum over pieces of len^2 (what attention costs)
   // Empties the batch, keeping its buffers' capacity.
   void clear();
   // Appends one piece of `len` tokens with their targets (targets may be null: all -1) and
   // `padding` more positions of input 0 and target -1 in the same piece (the naive baseline).
-  void append_piece(const int32_t* piece_inputs, const int32_t* piece_targets, int len, int padding = 0);
+  // offset: the piece's pos_offset (a later part of a cut piece; 0 otherwise).
+  void append_piece(const int32_t* piece_inputs, const int32_t* piece_targets, int len, int padding = 0,
+                    int offset = 0);
 };
 
 struct AdamWParams {
