@@ -2,6 +2,9 @@
 // (encoder, layernorm, matmul, attention, gelu, crossentropy) in llm.c's order, and AdamW.
 // A micro-batch is packed (model.h): every op but attention runs on its N token rows, attention
 // runs piece by piece (cost sum(len^2)), and rows without a target are left out of the LM head.
+// A later part of a cut piece (issue 23) continues its piece's positions and attends to the K/V
+// of its earlier tokens, which batch.exchange brings from the ranks holding them; their dK/dV go
+// back the same way (kv_exchange.h gives the order of the calls, made in attention_forward/backward).
 #include "lib/backend/cpu_model.h"
 
 #include <algorithm>
@@ -116,9 +119,9 @@ CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
 void CpuModel::reserve(int max_tokens, int context) {
   KILTER_CHECK(max_tokens > 0 && context > 0, "CpuModel::reserve: max_tokens and context must be positive, got "
                                                   << max_tokens << ", " << context);
-  // sum(len^2) <= N * (longest piece) <= max_tokens * context.
-  ensure_capacity(static_cast<size_t>(max_tokens),
-                  static_cast<size_t>(cfg_.n_head) * max_tokens * std::min(max_tokens, context));
+  // sum(len * (offset + len)) <= N * context: every query sees at most `context` keys (a later
+  // part of a cut piece too, and with context > max_tokens, context parallelism, pieces are cut).
+  ensure_capacity(static_cast<size_t>(max_tokens), static_cast<size_t>(cfg_.n_head) * max_tokens * context);
 }
 
 void CpuModel::ensure_capacity(size_t tokens, size_t att) {
@@ -179,14 +182,77 @@ std::optional<model::Bf16MatmulScope> CpuModel::gemm_precision_scope() const {
   return std::make_optional<model::Bf16MatmulScope>(params_.data(), params_bf16_.data(), params_.size());
 }
 
+model::AttentionPrefix CpuModel::attention_prefix(const Batch& batch) const {
+  model::AttentionPrefix prefix;
+  if (!batch.pos_offset.empty()) {
+    prefix.offset = batch.pos_offset.data();
+    prefix.kv = prefix_kv_.data();
+    prefix.dkv = prefix_dkv_.data();
+  }
+  return prefix;
+}
+
+void CpuModel::attention_forward(const Batch& batch, int layer, const BlockActivations& a) {
+  const int pieces = batch.num_pieces(), C = cfg_.n_embd, NH = cfg_.n_head;
+  const int32_t* cu_seqlens = batch.cu_seqlens.data();
+  model::KvExchange* exchange = batch.exchange;
+  if (exchange == nullptr) {
+    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_);
+    return;
+  }
+  // Post this micro-batch's K/V first (later parts elsewhere may wait on them), compute the pieces
+  // that need nothing from others while the prefixes travel, then the later parts.
+  exchange->forward_send(layer, a.qkv);
+  const model::AttentionPrefix prefix = attention_prefix(batch);
+  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+                           model::AttentionPieces::without_prefix);
+  exchange->forward_wait(layer);
+  if (prefix.offset == nullptr) return;
+  for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
+  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+                           model::AttentionPieces::with_prefix);
+}
+
+void CpuModel::attention_backward(const Batch& batch, int layer, const BlockActivations& a) {
+  const int N = batch.N, pieces = batch.num_pieces(), C = cfg_.n_embd, NH = cfg_.n_head;
+  const int32_t* cu_seqlens = batch.cu_seqlens.data();
+  float* dqkv = dqkv_.data();
+  std::memset(dqkv, 0, sizeof(float) * N * 3 * C);
+  model::KvExchange* exchange = batch.exchange;
+  if (exchange == nullptr) {
+    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_);
+    return;
+  }
+  // The later parts first: their prefixes' dK/dV go back to the owners while this rank computes
+  // the other pieces; then what later parts elsewhere computed for this micro-batch's rows.
+  const model::AttentionPrefix prefix = attention_prefix(batch);
+  if (prefix.offset != nullptr) {
+    for (int p = 0; p < pieces; ++p) {
+      const bool has = prefix.of(p) > 0;
+      prefix_kv_[p] = has ? exchange->prefix_kv(layer, p) : nullptr;
+      prefix_dkv_[p] = has ? exchange->prefix_dkv(layer, p) : nullptr;
+    }
+    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_, prefix,
+                              model::AttentionPieces::with_prefix);
+  }
+  exchange->backward_send(layer);
+  model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_, prefix,
+                            model::AttentionPieces::without_prefix);
+  exchange->backward_wait_add(layer, dqkv);
+}
+
 void CpuModel::forward(const Batch& batch) {
   model::validate_batch(batch, cfg_);
   const int pieces = batch.num_pieces();
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
-  ensure_capacity(static_cast<size_t>(batch.N), model::attention_saved_floats(cu_seqlens, pieces, cfg_.n_head));
-  const int N = batch.N, C = cfg_.n_embd, NH = cfg_.n_head;
+  const int32_t* pos_offset = batch.pos_offset.empty() ? nullptr : batch.pos_offset.data();
+  ensure_capacity(static_cast<size_t>(batch.N),
+                  model::attention_saved_floats(cu_seqlens, pieces, cfg_.n_head, pos_offset));
+  prefix_kv_.assign(static_cast<size_t>(pieces), nullptr);
+  prefix_dkv_.assign(static_cast<size_t>(pieces), nullptr);
+  const int N = batch.N, C = cfg_.n_embd;
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
-                         params_.data() + offsets_.wpe, cu_seqlens, pieces, C);
+                         params_.data() + offsets_.wpe, cu_seqlens, pieces, C, pos_offset);
   const float* residual = encoded_.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_.data(), l);
@@ -194,7 +260,7 @@ void CpuModel::forward(const Batch& batch) {
     const BlockInputsBf16 h = block_inputs_bf16(l, N);
     model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C);
     model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C, h.ln1);
-    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_);
+    attention_forward(batch, l, a);
     model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
     model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
     model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C, h.ln2);
@@ -222,6 +288,14 @@ int64_t CpuModel::gather_target_rows(const Batch& batch) {
 }
 
 double CpuModel::forward_loss(const Batch& batch) {
+  // A cut piece's parts exchange K/V in the forward and dK/dV in the backward, on every rank
+  // holding one (kv_exchange.h); a forward alone would leave the others waiting for the backward.
+  for (int p = 0; p < static_cast<int>(batch.pos_offset.size()); ++p)
+    KILTER_CHECK(batch.pos_offset[p] == 0, "forward_loss (evaluation): piece "
+                                               << p << " is a later part of a cut piece (offset " << batch.pos_offset[p]
+                                               << "); evaluation runs whole pieces only: give it uncut pieces");
+  KILTER_CHECK(batch.exchange == nullptr, "forward_loss (evaluation): the batch has a K/V exchange (it holds parts of "
+                                          "cut pieces); evaluation runs whole pieces only: give it uncut pieces");
   const auto precision = gemm_precision_scope();
   forward(batch);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
@@ -296,8 +370,7 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     // Attention: residual2 = residual_in + c_proj(attn(c_attn(ln_1(residual_in))))
     model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
                                           C, C, h.atty);
-    std::memset(dqkv_.data(), 0, sizeof(float) * NC * 3);
-    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_);
+    attention_backward(batch, l, a);
     model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C,
                                           h.ln1);
     model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
@@ -306,7 +379,7 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   }
 
   model::encoder_backward(grads + offsets_.wte, grads + offsets_.wpe, dresidual, batch.inputs.data(), cu_seqlens,
-                          pieces, C);
+                          pieces, C, batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
   // wte also holds the LM head's gradient, so it (with wpe next to it) is final only now.
   if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
   return loss;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/model/attention.h"
 #include "lib/model/block_tensors.h"
 #include "lib/model/gemm.h"
 #include "lib/model/matmul.h"
@@ -64,6 +65,12 @@ class CpuModel final : public model::Model {
   // Grows the activations to `tokens` rows and `att` saved-softmax floats per layer.
   void ensure_capacity(size_t tokens, size_t att);
   void forward(const model::Batch& batch);  // fills the activations up to ln_f
+  // One layer's attention with the K/V exchange of cut pieces when batch.exchange is set
+  // (the calls in lib/model/kv_exchange.h's order); attention_backward also zeroes dqkv_ first.
+  void attention_forward(const model::Batch& batch, int layer, const BlockActivations& a);
+  void attention_backward(const model::Batch& batch, int layer, const BlockActivations& a);
+  // The batch's prefixes over prefix_kv_ / prefix_dkv_ (offset null when no piece has one).
+  model::AttentionPrefix attention_prefix(const model::Batch& batch) const;
   // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32).
   std::optional<model::Bf16MatmulScope> gemm_precision_scope() const;
   void refresh_bf16_params();  // params_bf16_ = bf16(params_)
@@ -85,6 +92,9 @@ class CpuModel final : public model::Model {
   std::vector<float> encoded_, block_acts_, att_, lnf_, lnf_mean_, lnf_rstd_;
   // Backward scratch: residual-stream gradient and per-op input gradients.
   std::vector<float> dresidual_, dln_, dqkv_, datty_, dfch_;
+  // Per piece of the current batch: its prefix's K/V and dK/dV in the exchange (null: none).
+  std::vector<const float*> prefix_kv_;
+  std::vector<float*> prefix_dkv_;
   // LM head: rows that have a target, gathered; one chunk of logits at a time.
   std::vector<int32_t> target_rows_, target_ids_;
   std::vector<float> head_inputs_, head_dinputs_, logits_;

@@ -10,6 +10,10 @@
 // GEMM shapes depend on the context only (about context / kPadRows per product), not on the piece
 // lengths, so bf16 matmul primitives, cached per shape and stride, are reused across pieces of any
 // length; a short piece computes at most kPadRows - 1 extra rows.
+// A piece with a prefix of s earlier tokens (a later part of a cut piece) packs its keys and
+// values as [prefix; own] and its block r0..r1 multiplies against s + r0 + Mp keys: the same code
+// with the key range shifted by s (uncut pieces run exactly the shapes above). Its GEMM widths
+// depend on s, so its bf16 primitives are new shapes (the cache in gemm.cpp is bounded).
 #include "lib/model/attention.h"
 
 #include <algorithm>
@@ -55,11 +59,12 @@ void causal_softmax_backward_row(float* d_scores, const float* att_row, int i, i
 
 }  // namespace
 
-size_t attention_saved_floats(const int32_t* cu_seqlens, int pieces, int NH) {
+size_t attention_saved_floats(const int32_t* cu_seqlens, int pieces, int NH, const int32_t* pos_offset) {
   size_t floats = 0;
   for (int p = 0; p < pieces; ++p) {
     const size_t len = static_cast<size_t>(cu_seqlens[p + 1] - cu_seqlens[p]);
-    floats += len * len;
+    const size_t prefix = pos_offset == nullptr ? 0 : static_cast<size_t>(pos_offset[p]);
+    floats += len * (prefix + len);
   }
   return floats * NH;
 }
@@ -104,9 +109,25 @@ void add_head(float* dst, int ld, const float* src, int L, int hs) {
   }
 }
 
+// Whether a call for `which` computes a piece with `prefix` earlier tokens.
+bool selected(AttentionPieces which, int prefix) {
+  return which == AttentionPieces::all || (which == AttentionPieces::with_prefix) == (prefix > 0);
+}
+
+// dst (s + Lpad, hs): rows [0, s) = the hs columns at `column` of the prefix (s rows of 2C:
+// k | v), rows [s, s + L) = the piece's own (pack_head, row stride 3C), the rest zero.
+template <typename T>
+void pack_keys(T* dst, const float* prefix, int column, int s, const float* own, int L, int Lpad, int hs, int C) {
+  if (s > 0) copy_rows(dst, static_cast<size_t>(hs), prefix + column, static_cast<size_t>(2) * C, s, hs);
+  pack_head(dst + static_cast<size_t>(s) * hs, own, 3 * C, L, Lpad, hs);
+}
+
+// Piece by piece, head by head: its keys (and values) are [prefix s rows; own L rows], and query i
+// sees keys 0 .. s+i. A query block r0..r1 multiplies against keys 0 .. s+r0+Mp. With s = 0 this
+// is the plain packed attention, shape for shape.
 template <typename T>
 void attention_forward_packed(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces, int C,
-                              int NH) {
+                              int NH, const AttentionPrefix& prefix, AttentionPieces which) {
   const int hs = C / NH;
   const int C3 = 3 * C;
   const int B = kQueryBlock;
@@ -116,57 +137,68 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
   float* att_piece = att;
   for (int p = 0; p < pieces; ++p) {
     const int L = cu_seqlens[p + 1] - cu_seqlens[p];
+    const int s = prefix.of(p);
+    const int Lk = s + L;  // keys of the piece's saved softmax rows
+    float* const att_next = att_piece + static_cast<size_t>(NH) * L * Lk;
+    if (!selected(which, s)) {
+      att_piece = att_next;
+      continue;
+    }
     const int Lp = padded_rows(L);
-    const size_t head_elems = static_cast<size_t>(Lp) * hs;
-    if (qb.size() < head_elems) qb.resize(head_elems), kb.resize(head_elems), vb.resize(head_elems);
-    if (scores.size() < static_cast<size_t>(B) * Lp) {
-      scores.resize(static_cast<size_t>(B) * Lp);
+    const int Kp = s + Lp;
+    const size_t q_elems = static_cast<size_t>(Lp) * hs, k_elems = static_cast<size_t>(Kp) * hs;
+    if (qb.size() < q_elems) qb.resize(q_elems);
+    if (kb.size() < k_elems) kb.resize(k_elems), vb.resize(k_elems);
+    if (scores.size() < static_cast<size_t>(B) * Kp) {
+      scores.resize(static_cast<size_t>(B) * Kp);
       if constexpr (!std::is_same_v<T, float>) pb.resize(scores.size());  // fp32 multiplies scores in place
     }
     ob.resize(static_cast<size_t>(B) * hs);
     const float* qkv_p = qkv + static_cast<size_t>(cu_seqlens[p]) * C3;
+    const float* prefix_kv = s > 0 ? prefix.kv[p] : nullptr;
     float* out_p = out + static_cast<size_t>(cu_seqlens[p]) * C;
     for (int h = 0; h < NH; ++h) {
       pack_head(qb.data(), qkv_p + h * hs, C3, L, Lp, hs);
-      pack_head(kb.data(), qkv_p + C + h * hs, C3, L, Lp, hs);
-      pack_head(vb.data(), qkv_p + 2 * C + h * hs, C3, L, Lp, hs);
-      float* att_ph = att_piece + static_cast<size_t>(h) * L * L;
+      pack_keys(kb.data(), prefix_kv, h * hs, s, qkv_p + C + h * hs, L, Lp, hs, C);
+      pack_keys(vb.data(), prefix_kv, C + h * hs, s, qkv_p + 2 * C + h * hs, L, Lp, hs, C);
+      float* att_ph = att_piece + static_cast<size_t>(h) * L * Lk;
       for (int r0 = 0; r0 < L; r0 += B) {
         const int r1 = std::min(r0 + B, L);
         const int rows = r1 - r0;
         const int Mp = padded_rows(rows);
-        const int r1p = r0 + Mp;
-        // scores (Mp, r1p) = scale * q[r0:r0+Mp] @ k[0:r1p]^T
-        gemm_t(false, true, Mp, r1p, hs, scale, qb.data() + static_cast<size_t>(r0) * hs, hs, kb.data(), hs, 0.0f,
-               scores.data(), r1p);
+        const int width = s + r0 + Mp;  // keys the block multiplies against
+        // scores (Mp, width) = scale * q[r0:r0+Mp] @ k[0:width]^T
+        gemm_t(false, true, Mp, width, hs, scale, qb.data() + static_cast<size_t>(r0) * hs, hs, kb.data(), hs, 0.0f,
+               scores.data(), width);
         for (int i = r0; i < r1; ++i) {
-          float* row = scores.data() + static_cast<size_t>(i - r0) * r1p;
-          causal_softmax_row(row, i, r1p);
-          std::memcpy(att_ph + static_cast<size_t>(i) * L, row, sizeof(float) * r1);
+          float* row = scores.data() + static_cast<size_t>(i - r0) * width;
+          causal_softmax_row(row, s + i, width);
+          std::memcpy(att_ph + static_cast<size_t>(i) * Lk, row, sizeof(float) * (s + r1));
         }
         // The softmax as T, padded rows zero (fp32: in place).
         T* probs;
         if constexpr (std::is_same_v<T, float>) {
           probs = scores.data();
         } else {
-          copy_rows(pb.data(), r1p, scores.data(), r1p, rows, r1p);
+          copy_rows(pb.data(), width, scores.data(), width, rows, width);
           probs = pb.data();
         }
-        std::fill(probs + static_cast<size_t>(rows) * r1p, probs + static_cast<size_t>(Mp) * r1p, T{0});
-        // o (Mp, hs) = softmax @ v[0:r1p]
-        gemm_t(false, false, Mp, hs, r1p, 1.0f, probs, r1p, vb.data(), hs, 0.0f, ob.data(), hs);
+        std::fill(probs + static_cast<size_t>(rows) * width, probs + static_cast<size_t>(Mp) * width, T{0});
+        // o (Mp, hs) = softmax @ v[0:width]
+        gemm_t(false, false, Mp, hs, width, 1.0f, probs, width, vb.data(), hs, 0.0f, ob.data(), hs);
         for (int i = 0; i < rows; ++i)
           std::memcpy(out_p + static_cast<size_t>(r0 + i) * C + h * hs, ob.data() + static_cast<size_t>(i) * hs,
                       sizeof(float) * hs);
       }
     }
-    att_piece += static_cast<size_t>(NH) * L * L;
+    att_piece = att_next;
   }
 }
 
 template <typename T>
 void attention_backward_packed(float* dqkv, const float* dout, const float* qkv, const float* att,
-                               const int32_t* cu_seqlens, int pieces, int C, int NH) {
+                               const int32_t* cu_seqlens, int pieces, int C, int NH, const AttentionPrefix& prefix,
+                               AttentionPieces which) {
   const int hs = C / NH;
   const int C3 = 3 * C;
   const int B = kQueryBlock;
@@ -176,85 +208,105 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
   const float* att_piece = att;
   for (int p = 0; p < pieces; ++p) {
     const int L = cu_seqlens[p + 1] - cu_seqlens[p];
-    const int Lp = padded_rows(L);
-    const size_t head_elems = static_cast<size_t>(Lp) * hs;
-    if (qb.size() < head_elems) {
-      for (auto* v : {&qb, &kb, &vb, &dob}) v->resize(head_elems);
-      for (auto* v : {&dq, &dk, &dv}) v->resize(head_elems);
+    const int s = prefix.of(p);
+    const int Lk = s + L;
+    const float* const att_next = att_piece + static_cast<size_t>(NH) * L * Lk;
+    if (!selected(which, s)) {
+      att_piece = att_next;
+      continue;
     }
-    if (ds.size() < static_cast<size_t>(B) * Lp) {
-      ds.resize(static_cast<size_t>(B) * Lp);
+    const int Lp = padded_rows(L);
+    const int Kp = s + Lp;
+    const size_t q_elems = static_cast<size_t>(Lp) * hs, k_elems = static_cast<size_t>(Kp) * hs;
+    if (qb.size() < q_elems) {
+      for (auto* v : {&qb, &dob}) v->resize(q_elems);
+      dq.resize(q_elems);
+    }
+    if (kb.size() < k_elems) {
+      for (auto* v : {&kb, &vb}) v->resize(k_elems);
+      for (auto* v : {&dk, &dv}) v->resize(k_elems);
+    }
+    if (ds.size() < static_cast<size_t>(B) * Kp) {
+      ds.resize(static_cast<size_t>(B) * Kp);
       ab.resize(ds.size());
       if constexpr (!std::is_same_v<T, float>) dsb.resize(ds.size());  // fp32 multiplies ds in place
     }
     const float* qkv_p = qkv + static_cast<size_t>(cu_seqlens[p]) * C3;
+    const float* prefix_kv = s > 0 ? prefix.kv[p] : nullptr;
+    float* prefix_dkv = s > 0 ? prefix.dkv[p] : nullptr;
     float* dqkv_p = dqkv + static_cast<size_t>(cu_seqlens[p]) * C3;
     const float* dout_p = dout + static_cast<size_t>(cu_seqlens[p]) * C;
     for (int h = 0; h < NH; ++h) {
       pack_head(qb.data(), qkv_p + h * hs, C3, L, Lp, hs);
-      pack_head(kb.data(), qkv_p + C + h * hs, C3, L, Lp, hs);
-      pack_head(vb.data(), qkv_p + 2 * C + h * hs, C3, L, Lp, hs);
+      pack_keys(kb.data(), prefix_kv, h * hs, s, qkv_p + C + h * hs, L, Lp, hs, C);
+      pack_keys(vb.data(), prefix_kv, C + h * hs, s, qkv_p + 2 * C + h * hs, L, Lp, hs, C);
       pack_head(dob.data(), dout_p + h * hs, C, L, Lp, hs);
-      std::fill(dq.begin(), dq.begin() + head_elems, 0.0f);
-      std::fill(dk.begin(), dk.begin() + head_elems, 0.0f);
-      std::fill(dv.begin(), dv.begin() + head_elems, 0.0f);
-      const float* att_ph = att_piece + static_cast<size_t>(h) * L * L;
+      std::fill(dq.begin(), dq.begin() + q_elems, 0.0f);
+      std::fill(dk.begin(), dk.begin() + k_elems, 0.0f);
+      std::fill(dv.begin(), dv.begin() + k_elems, 0.0f);
+      const float* att_ph = att_piece + static_cast<size_t>(h) * L * Lk;
       for (int r0 = 0; r0 < L; r0 += B) {
         const int r1 = std::min(r0 + B, L);
         const int rows = r1 - r0;
         const int Mp = padded_rows(rows);
-        const int r1p = r0 + Mp;
+        const int width = s + r0 + Mp;
         const T* do_block = dob.data() + static_cast<size_t>(r0) * hs;
-        // d_att (Mp, r1p) = dout[r0:r0+Mp] @ v[0:r1p]^T (padded rows of dout are zero, so are theirs)
-        gemm_t(false, true, Mp, r1p, hs, 1.0f, do_block, hs, vb.data(), hs, 0.0f, ds.data(), r1p);
-        // The saved softmax of this block as T: its causal part (zeros up to r1 included), zero beyond.
-        copy_rows(ab.data(), r1p, att_ph + static_cast<size_t>(r0) * L, L, rows, r1);
+        // d_att (Mp, width) = dout[r0:r0+Mp] @ v[0:width]^T (padded rows of dout are zero, so are theirs)
+        gemm_t(false, true, Mp, width, hs, 1.0f, do_block, hs, vb.data(), hs, 0.0f, ds.data(), width);
+        // The saved softmax of this block as T: its causal part (zeros up to s + r1 included), zero beyond.
+        copy_rows(ab.data(), width, att_ph + static_cast<size_t>(r0) * Lk, Lk, rows, s + r1);
         for (int i = 0; i < Mp; ++i) {
-          T* row = ab.data() + static_cast<size_t>(i) * r1p;
-          std::fill(row + (i < rows ? r1 : 0), row + r1p, T{0});
+          T* row = ab.data() + static_cast<size_t>(i) * width;
+          std::fill(row + (i < rows ? s + r1 : 0), row + width, T{0});
         }
-        // dv[0:r1p] += att^T @ dout[r0:r0+Mp]
-        gemm_t(true, false, r1p, hs, Mp, 1.0f, ab.data(), r1p, do_block, hs, 1.0f, dv.data(), hs);
+        // dv[0:width] += att^T @ dout[r0:r0+Mp]
+        gemm_t(true, false, width, hs, Mp, 1.0f, ab.data(), width, do_block, hs, 1.0f, dv.data(), hs);
         for (int i = r0; i < r1; ++i)
-          causal_softmax_backward_row(ds.data() + static_cast<size_t>(i - r0) * r1p, att_ph + static_cast<size_t>(i) * L,
-                                      i, r1p, scale);
+          causal_softmax_backward_row(ds.data() + static_cast<size_t>(i - r0) * width,
+                                      att_ph + static_cast<size_t>(i) * Lk, s + i, width, scale);
         const T* dscores;
         if constexpr (std::is_same_v<T, float>) {
           dscores = ds.data();
         } else {
-          copy_rows(dsb.data(), r1p, ds.data(), r1p, Mp, r1p);
+          copy_rows(dsb.data(), width, ds.data(), width, Mp, width);
           dscores = dsb.data();
         }
-        // dq[r0:r0+Mp] += d_scores @ k[0:r1p];  dk[0:r1p] += d_scores^T @ q[r0:r0+Mp]
-        gemm_t(false, false, Mp, hs, r1p, 1.0f, dscores, r1p, kb.data(), hs, 1.0f,
+        // dq[r0:r0+Mp] += d_scores @ k[0:width];  dk[0:width] += d_scores^T @ q[r0:r0+Mp]
+        gemm_t(false, false, Mp, hs, width, 1.0f, dscores, width, kb.data(), hs, 1.0f,
                dq.data() + static_cast<size_t>(r0) * hs, hs);
-        gemm_t(true, false, r1p, hs, Mp, 1.0f, dscores, r1p, qb.data() + static_cast<size_t>(r0) * hs, hs, 1.0f,
+        gemm_t(true, false, width, hs, Mp, 1.0f, dscores, width, qb.data() + static_cast<size_t>(r0) * hs, hs, 1.0f,
                dk.data(), hs);
       }
       add_head(dqkv_p + h * hs, C3, dq.data(), L, hs);
-      add_head(dqkv_p + C + h * hs, C3, dk.data(), L, hs);
-      add_head(dqkv_p + 2 * C + h * hs, C3, dv.data(), L, hs);
+      // Keys [0, s) are the prefix's: their gradient goes back to the ranks that own those tokens.
+      if (s > 0) {
+        add_head(prefix_dkv + h * hs, 2 * C, dk.data(), s, hs);
+        add_head(prefix_dkv + C + h * hs, 2 * C, dv.data(), s, hs);
+      }
+      add_head(dqkv_p + C + h * hs, C3, dk.data() + static_cast<size_t>(s) * hs, L, hs);
+      add_head(dqkv_p + 2 * C + h * hs, C3, dv.data() + static_cast<size_t>(s) * hs, L, hs);
     }
-    att_piece += static_cast<size_t>(NH) * L * L;
+    att_piece = att_next;
   }
 }
 
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces, int C,
-                       int NH, bool bf16_inputs) {
+                       int NH, bool bf16_inputs, const AttentionPrefix& prefix, AttentionPieces which) {
   if (bf16_inputs)
-    attention_forward_packed<bf16>(out, att, qkv, cu_seqlens, pieces, C, NH);
+    attention_forward_packed<bf16>(out, att, qkv, cu_seqlens, pieces, C, NH, prefix, which);
   else
-    attention_forward_packed<float>(out, att, qkv, cu_seqlens, pieces, C, NH);
+    attention_forward_packed<float>(out, att, qkv, cu_seqlens, pieces, C, NH, prefix, which);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        const int32_t* cu_seqlens, int pieces, int C, int NH, bool bf16_inputs) {
+                        const int32_t* cu_seqlens, int pieces, int C, int NH, bool bf16_inputs,
+                        const AttentionPrefix& prefix, AttentionPieces which) {
   if (bf16_inputs)
-    attention_backward_packed<bf16>(dqkv, dout, qkv, att, cu_seqlens, pieces, C, NH);
+    attention_backward_packed<bf16>(dqkv, dout, qkv, att, cu_seqlens, pieces, C, NH, prefix, which);
   else
-    attention_backward_packed<float>(dqkv, dout, qkv, att, cu_seqlens, pieces, C, NH);
+    attention_backward_packed<float>(dqkv, dout, qkv, att, cu_seqlens, pieces, C, NH, prefix, which);
 }
 
 }  // namespace kilter::model

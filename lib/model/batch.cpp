@@ -14,9 +14,12 @@ int Batch::max_piece_len() const {
   return longest;
 }
 
+// A later part [s, s+len) of a cut piece costs e^2 - s^2 = len * (len + 2 s): its queries also
+// attend to the s earlier tokens (the plan's cost model, lib/balance).
 double Batch::attention_work() const {
   double work = 0;
-  for (int p = 0; p < num_pieces(); ++p) work += static_cast<double>(piece_len(p)) * piece_len(p);
+  for (int p = 0; p < num_pieces(); ++p)
+    work += static_cast<double>(piece_len(p)) * (piece_len(p) + 2.0 * piece_offset(p));
   return work;
 }
 
@@ -60,14 +63,32 @@ void validate_batch(const Batch& batch, const GPTConfig& cfg) {
   KILTER_CHECK(pieces >= 1 && batch.cu_seqlens.front() == 0 && batch.cu_seqlens.back() == N,
                "model batch: cu_seqlens must start at 0 and end at N=" << N << " (got " << batch.cu_seqlens.size()
                                                                        << " offsets)");
+  KILTER_CHECK(batch.pos_offset.empty() || batch.pos_offset.size() == static_cast<size_t>(pieces),
+               "model batch: pos_offset must be empty or hold one offset per piece (" << pieces << "), got "
+                                                                                    << batch.pos_offset.size());
   int64_t num_targets = 0;
   for (int p = 0; p < pieces; ++p) {
     const int begin = batch.cu_seqlens[p], end = batch.cu_seqlens[p + 1];
     KILTER_CHECK(end > begin, "model batch: piece " << p << " is empty or cu_seqlens decreases there (" << begin
                                                     << " -> " << end << ")");
-    KILTER_CHECK(end - begin <= cfg.block_size, "model batch: piece " << p << " has " << end - begin
-                                                                      << " tokens, more than model.block_size="
-                                                                      << cfg.block_size);
+    const int offset = batch.piece_offset(p);
+    if (offset == 0) {
+      KILTER_CHECK(end - begin <= cfg.block_size, "model batch: piece " << p << " has " << end - begin
+                                                                        << " tokens, more than model.block_size="
+                                                                        << cfg.block_size);
+    } else {
+      // A later part of a cut piece: its positions run offset .. offset+len-1.
+      KILTER_CHECK(offset > 0 && static_cast<int64_t>(offset) + (end - begin) <= cfg.block_size,
+                   "model batch: piece " << p << " (a part of a cut piece) has offset " << offset << " and "
+                                         << end - begin << " tokens, reaching position "
+                                         << static_cast<int64_t>(offset) + (end - begin) - 1
+                                         << ", past model.block_size=" << cfg.block_size
+                                         << " (positions 0.." << cfg.block_size - 1 << ")");
+      KILTER_CHECK(batch.exchange != nullptr, "model batch: piece " << p << " has offset " << offset
+                                                                    << " (a later part of a cut piece) but the batch "
+                                                                       "has no K/V exchange to receive its earlier "
+                                                                       "tokens from");
+    }
     for (int i = begin; i < end; ++i) {
       const int32_t input = batch.inputs[i];
       const int32_t target = batch.targets[i];

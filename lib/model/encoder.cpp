@@ -9,12 +9,13 @@ namespace kilter::model {
 
 KILTER_SIMD_CLONES
 void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, const int32_t* cu_seqlens,
-                     int pieces, int C) {
+                     int pieces, int C, const int32_t* pos_offset) {
   for (int p = 0; p < pieces; ++p) {
+    const int first_position = pos_offset == nullptr ? 0 : pos_offset[p];
     for (int i = cu_seqlens[p]; i < cu_seqlens[p + 1]; ++i) {
       float* out_i = out + static_cast<size_t>(i) * C;
       const float* wte_ix = wte + static_cast<size_t>(inp[i]) * C;
-      const float* wpe_t = wpe + static_cast<size_t>(i - cu_seqlens[p]) * C;
+      const float* wpe_t = wpe + static_cast<size_t>(first_position + i - cu_seqlens[p]) * C;
       for (int c = 0; c < C; ++c) out_i[c] = wte_ix[c] + wpe_t[c];
     }
   }
@@ -22,11 +23,12 @@ void encoder_forward(float* out, const int32_t* inp, const float* wte, const flo
 
 KILTER_SIMD_CLONES
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, const int32_t* cu_seqlens,
-                      int pieces, int C) {
+                      int pieces, int C, const int32_t* pos_offset) {
   for (int p = 0; p < pieces; ++p) {
+    const int first_position = pos_offset == nullptr ? 0 : pos_offset[p];
     for (int i = cu_seqlens[p]; i < cu_seqlens[p + 1]; ++i) {
       const float* dout_i = dout + static_cast<size_t>(i) * C;
-      float* dwpe_t = dwpe + static_cast<size_t>(i - cu_seqlens[p]) * C;
+      float* dwpe_t = dwpe + static_cast<size_t>(first_position + i - cu_seqlens[p]) * C;
       float* dwte_ix = dwte + static_cast<size_t>(inp[i]) * C;
       for (int c = 0; c < C; ++c) dwpe_t[c] += dout_i[c];
       for (int c = 0; c < C; ++c) dwte_ix[c] += dout_i[c];

@@ -72,7 +72,7 @@ struct Batch {
   int piece_len(int p) const { return cu_seqlens[p + 1] - cu_seqlens[p]; }
   int piece_offset(int p) const { return pos_offset.empty() ? 0 : pos_offset[p]; }
   int max_piece_len() const;
-  double attention_work() const;  // sum over pieces of len^2 (what attention costs)
+  double attention_work() const;  // sum over pieces of len * (len + 2 offset) (what attention costs)
   // Empties the batch, keeping its buffers' capacity.
   void clear();
   // Appends one piece of `len` tokens with their targets (targets may be null: all -1) and
@@ -154,9 +154,10 @@ class Model {
 };
 
 // Checks a micro-batch against the model: N > 0, sizes, cu_seqlens (starts at 0, strictly
-// increasing, ends at N), every piece within model.block_size, input ids in the vocabulary,
-// targets in [-1, vocab). Throws kilter::Error naming the piece and the position in it. Every
-// backend calls it before using a batch.
+// increasing, ends at N), every piece within model.block_size (a later part of a cut piece:
+// offset + len <= block_size, and `exchange` set), input ids in the vocabulary, targets in
+// [-1, vocab). Throws kilter::Error naming the piece and the position in it. Every backend calls
+// it before using a batch.
 void validate_batch(const Batch& batch, const GPTConfig& cfg);
 
 // The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.
