@@ -5,6 +5,8 @@ kilter_add_unit_test(model_gradcheck_test ${CMAKE_CURRENT_LIST_DIR}/model_gradch
 kilter_add_unit_test(model_optim_test ${CMAKE_CURRENT_LIST_DIR}/model_optim_test.cpp)
 kilter_add_unit_test(model_attention_groups_test ${CMAKE_CURRENT_LIST_DIR}/model_attention_groups_test.cpp)
 kilter_add_unit_test(model_bf16_test ${CMAKE_CURRENT_LIST_DIR}/model_bf16_test.cpp)
+# Cut pieces (issue 23): models in threads joined by tests/unit/thread_kv_exchange.h (label tsan).
+kilter_add_unit_test(model_cut_test ${CMAKE_CURRENT_LIST_DIR}/model_cut_test.cpp)
 
 add_executable(kilter_bench_step ${CMAKE_SOURCE_DIR}/bench/cpu_step.cpp)
 target_link_libraries(kilter_bench_step PRIVATE kilter_lib)
