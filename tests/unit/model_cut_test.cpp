@@ -271,14 +271,21 @@ TEST_F(ModelCut, Bf16CutMatchesUncutWithinBf16Tolerances) {
   };
   EXPECT_LT(norm_error(cut.grads.data(), reference.grads.data(), cut.grads.size()), 1e-2);
   const ParamLayout layout = ParamLayout::build(cfg);
-  for (const ParamTensor& t : layout.tensors)
-    EXPECT_LT(norm_error(cut.grads.data() + t.offset, reference.grads.data() + t.offset, t.size), 2e-2) << t.name;
+  for (const ParamTensor& t : layout.tensors) {
+    const double error = norm_error(cut.grads.data() + t.offset, reference.grads.data() + t.offset, t.size);
+    EXPECT_LT(error, 2e-2) << t.name;
+    // Closer still (measured: loss 6e-16, each tensor <= 4e-7): the same values are rounded to
+    // bf16 on both sides, only fp32 summation orders differ. A lost prefix dK is ~1e-2 here.
+    EXPECT_LT(error, 1e-4) << t.name;
+  }
+  EXPECT_LT(std::fabs(cut.loss - reference.loss) / reference.loss, 1e-6);
 }
 
 // The attention op alone: a later part [s, L) with the earlier tokens' K/V as its prefix gives
 // the whole piece's output rows, and the earlier part's own dqkv plus the prefix's dK/dV give
-// the whole piece's dqkv (fp32 1e-5 of the max; bf16 within model_bf16_test's attention
-// tolerances, out 1e-2 and dqkv 2e-2 norm-wise).
+// the whole piece's dqkv: fp32 within 1e-5 of the max; bf16 within 1e-5 norm-wise (measured
+// <= 7e-8; model_bf16_test's bf16-vs-fp32 attention tolerances are 1e-2 and 2e-2): the prefix
+// K/V are rounded to bf16 exactly as the whole piece's keys are.
 TEST_F(ModelCut, AttentionOfAPrefixedPartEqualsTheWholePiece) {
   const int C = 32, NH = 2, L = 150;
   const std::vector<float> qkv = random_vector(static_cast<size_t>(L) * 3 * C, 61);
@@ -326,8 +333,8 @@ TEST_F(ModelCut, AttentionOfAPrefixedPartEqualsTheWholePiece) {
         }
         return bf16 ? std::sqrt(diff / ref) : worst / max_abs(b.data(), b.size());
       };
-      EXPECT_LT(error(out_cut, out), bf16 ? 1e-2 : 1e-5) << "out";
-      EXPECT_LT(error(dqkv_cut, dqkv), bf16 ? 2e-2 : 1e-5) << "dqkv";
+      EXPECT_LT(error(out_cut, out), 1e-5) << "out";
+      EXPECT_LT(error(dqkv_cut, dqkv), 1e-5) << "dqkv";
       // The prefix changes the later part's output: without it (s = 0) it differs.
       if (!bf16 && s < L - 1) {
         const std::vector<int32_t> alone = {0, L - s};
