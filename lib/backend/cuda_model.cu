@@ -23,6 +23,14 @@
 //
 // Attention engine (train.attention): cuDNN's multi-head attention API (attention_cudnn.cu) or
 // cuBLASLt + a masked softmax (attention.cu), chosen per attention group shape (B,T).
+// Cut pieces (issue 23; docs/model.md, "Cut pieces"): a later part [s, s+L) of a piece takes
+// positions from s and runs on its own (attention_prefix_*: L queries against the s prefix keys
+// from batch.exchange and its own, bottom-right causal mask; cuBLASLt whatever the engine); the
+// other pieces run in the groups. The exchange is called per layer in kv_exchange.h's order; the
+// compute stream is drained before each send and before backward_wait_add, and the exchange's
+// device work is complete or ordered on cuda_compute_stream() when its calls return. A batch with
+// an exchange runs eagerly (no CUDA graphs: host calls sit between the kernels).
+// UNTESTED on a device (docs/gpu.md): compiled in CI; tests/gpu has no cut-piece case yet.
 // CUDA graphs (train.cuda_graphs): forward+loss, the LM-head backward, each block's backward and
 // the embedding backward are captured once per batch layout (N, the pieces, the attention
 // groups) and replayed where the replay is
@@ -153,14 +161,20 @@ class CudaModel final : public model::Model {
     float* attention_workspace;
     float* column_scratch;
     // One block of ints, uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
-    // the groups' row lengths (pieces), padded_token (padded rows).
-    int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token;
+    // the groups' row lengths (pieces), padded_token (padded rows), pos_offset (pieces).
+    int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
     std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
+    std::vector<size_t> prefixed_saved_offset;  // per later part (Layout::prefixed): its att after the groups'
+  };
+  // A later part of a cut piece in the current micro-batch.
+  struct PrefixedPiece {
+    int piece = 0, first_row = 0, offset = 0, len = 0;
   };
   // The current micro-batch's layout (host side).
   struct Layout {
-    int N = 0, pieces = 0, max_len = 0;
-    model::AttentionGroups groups;
+    int N = 0, pieces = 0, max_len = 0;  // max_len: rows of dwpe touched (max offset + length)
+    model::AttentionGroups groups;       // the pieces without a prefix
+    std::vector<PrefixedPiece> prefixed;
     std::vector<char> group_cudnn;  // per group: runs on cuDNN
     std::vector<int32_t> key() const;  // N, pieces, max_len, then the groups' (B,T)
   };
@@ -173,6 +187,10 @@ class CudaModel final : public model::Model {
   // Attention of one block over the current layout's groups (gather, engine, scatter).
   void attention_forward_groups(const BlockActivations& a);
   void attention_backward_groups(const BlockActivations& a);
+  // One layer's attention with the K/V exchange of cut pieces (kv_exchange.h's order): the groups
+  // while the prefixes travel, then the later parts.
+  void attention_forward_layer(int layer, const BlockActivations& a);
+  void attention_backward_layer(int layer, const BlockActivations& a);
   bool cudnn_for_shape(int B, int T);
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
   // forward and backward) and compares them: code that has never met a device must prove
@@ -202,6 +220,7 @@ class CudaModel final : public model::Model {
   std::string cudnn_note_;                     // why cuDNN attention is off, for describe()
   std::map<std::pair<int, int>, bool> cudnn_shapes_;  // decided group shapes: cuDNN or not
   bool batch_cudnn_ = false;                   // some group of the current micro-batch runs on cuDNN
+  model::KvExchange* exchange_ = nullptr;      // the current micro-batch's (cut pieces), or null
   Layout layout_now_;                          // the current micro-batch's layout
   // The stream and GEMM engine the segment kernels go to: stream_/gemm_, or the capture pair
   // while a graph is being captured.
@@ -374,8 +393,16 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& la
     att_slice += align_up(saved);
     workspace = std::max(workspace, scratch);
   }
+  std::vector<size_t> prefixed_saved_offset;
+  for (const PrefixedPiece& part : layout.prefixed) {
+    prefixed_saved_offset.push_back(att_slice);
+    att_slice += align_up(NH * part.len * (static_cast<size_t>(part.offset) + part.len));
+    workspace = std::max(workspace, kc::attention_prefix_workspace_floats(part.offset, part.len, static_cast<int>(C),
+                                                                          static_cast<int>(NH)));
+  }
   Activations a;
   a.saved_offset = std::move(saved_offset);
+  a.prefixed_saved_offset = std::move(prefixed_saved_offset);
   a.encoded = carver.take(tokens * C);
   a.blocks.resize(cfg_.n_layer);
   for (BlockActivations& b : a.blocks) {
@@ -408,12 +435,13 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& la
   a.attention_workspace = carver.take(workspace);
   a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(static_cast<int>(4 * C)));
   const size_t pieces = layout.pieces;
-  a.ints = carver.take_ints(2 * tokens + 2 * pieces + 1 + padded_rows);
+  a.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + padded_rows);
   a.inputs = a.ints;
   a.targets = a.inputs + tokens;
   a.cu_seqlens = a.targets + tokens;
   a.lengths = a.cu_seqlens + pieces + 1;
   a.padded_token = a.lengths + pieces;
+  a.pos_offset = a.padded_token + padded_rows;
   if (acts != nullptr) *acts = std::move(a);
   return carver.used();
 }
@@ -599,8 +627,16 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
   Layout& layout = layout_now_;
   layout.N = batch.N;
   layout.pieces = batch.num_pieces();
-  layout.max_len = batch.max_piece_len();
-  layout.groups.build(batch.cu_seqlens.data(), layout.pieces, cfg_.block_size);
+  layout.max_len = 0;
+  layout.prefixed.clear();
+  for (int p = 0; p < layout.pieces; ++p) {
+    const int offset = batch.piece_offset(p), len = batch.piece_len(p);
+    layout.max_len = std::max(layout.max_len, offset + len);
+    if (offset > 0) layout.prefixed.push_back({p, batch.cu_seqlens[p], offset, len});
+  }
+  exchange_ = batch.exchange;
+  layout.groups.build(batch.cu_seqlens.data(), layout.pieces, cfg_.block_size,
+                      batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
   // Each group's engine (cuDNN's per-shape trial and self-check run here, before any kernel of
   // this micro-batch is queued).
   const size_t num_groups = layout.groups.groups.size();
@@ -617,7 +653,7 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
     carve(carver, &acts_, layout);
   }
   const size_t N = batch.N, pieces = layout.pieces, padded_rows = layout.groups.padded_rows();
-  const size_t ints = 2 * N + 2 * pieces + 1 + padded_rows;
+  const size_t ints = 2 * N + 3 * pieces + 1 + padded_rows;
   UploadSlot& slot = slots_[next_slot_];
   next_slot_ ^= 1;
   // This slot's previous copy must have left the host buffer (it did long ago, normally).
@@ -639,7 +675,9 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
   host = std::copy(batch.targets.begin(), batch.targets.end(), host);
   host = std::copy(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), host);
   host = std::copy(layout.groups.lengths.begin(), layout.groups.lengths.end(), host);
-  std::copy(layout.groups.padded_token.begin(), layout.groups.padded_token.end(), host);
+  host = std::fill_n(host, pieces - layout.groups.lengths.size(), 0);  // later parts have no group row
+  host = std::copy(layout.groups.padded_token.begin(), layout.groups.padded_token.end(), host);
+  for (int p = 0; p < layout.pieces; ++p) *host++ = batch.piece_offset(p);
   // The copy waits only until the compute stream has taken this slot's previous contents, not
   // for the micro-batch in flight: the upload overlaps its compute.
   if (slot.used) KILTER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, slot.consumed, 0));
@@ -656,7 +694,7 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
 
 template <class Body>
 void CudaModel::run_segment(int segment, const Body& body) {
-  if (!options_.cuda_graphs || batch_cudnn_) {
+  if (!options_.cuda_graphs || batch_cudnn_ || exchange_ != nullptr) {
     body();
     return;
   }
@@ -816,18 +854,68 @@ void CudaModel::attention_backward_groups(const BlockActivations& a) {
                           s_);
 }
 
+void CudaModel::attention_forward_layer(int layer, const BlockActivations& a) {
+  if (exchange_ == nullptr) {
+    attention_forward_groups(a);
+    return;
+  }
+  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  // The exchange reads qkv from its own stream or the host side: the rows must be final.
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
+  exchange_->forward_send(layer, a.qkv);
+  attention_forward_groups(a);
+  exchange_->forward_wait(layer);
+  const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
+  for (size_t k = 0; k < prefixed.size(); ++k) {
+    const PrefixedPiece& part = prefixed[k];
+    kc::attention_prefix_forward(*g_, a.atty + static_cast<size_t>(part.first_row) * C,
+                                 a.att + acts_.prefixed_saved_offset[k],
+                                 a.qkv + static_cast<size_t>(part.first_row) * 3 * C,
+                                 exchange_->prefix_kv(layer, part.piece), part.offset, part.len, C, NH,
+                                 acts_.attention_workspace);
+  }
+}
+
+void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
+  if (exchange_ == nullptr) {
+    attention_backward_groups(a);
+    return;
+  }
+  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  const Activations& x = acts_;
+  // The later parts first (their rows of dqkv are not written by the groups' scatter: zero them),
+  // then their prefixes' dK/dV go back while the groups run.
+  const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
+  for (size_t k = 0; k < prefixed.size(); ++k) {
+    const PrefixedPiece& part = prefixed[k];
+    float* dqkv = x.dqkv + static_cast<size_t>(part.first_row) * 3 * C;
+    KILTER_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, sizeof(float) * part.len * 3 * C, s_));
+    kc::attention_prefix_backward(*g_, dqkv, exchange_->prefix_dkv(layer, part.piece),
+                                  x.datty + static_cast<size_t>(part.first_row) * C,
+                                  a.qkv + static_cast<size_t>(part.first_row) * 3 * C,
+                                  exchange_->prefix_kv(layer, part.piece), a.att + x.prefixed_saved_offset[k],
+                                  part.offset, part.len, C, NH, x.attention_workspace);
+  }
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
+  exchange_->backward_send(layer);
+  attention_backward_groups(a);
+  // The groups' scatter overwrites their rows of dqkv: it must be done before the exchange adds.
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
+  exchange_->backward_wait_add(layer, x.dqkv);
+}
+
 void CudaModel::forward_kernels() {
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int N = layout_now_.N;
   kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, params_ + offsets_.wpe, acts_.cu_seqlens,
-                      layout_now_.pieces, N, C, s_);
+                      layout_now_.pieces, N, C, s_, acts_.pos_offset);
   const float* residual = acts_.encoded;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_, l);
     const BlockActivations& a = acts_.blocks[l];
     kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C, s_);
     kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
-    attention_forward_groups(a);
+    attention_forward_layer(l, a);
     kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, N, C, C);
     kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C, s_);
     kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
@@ -855,6 +943,13 @@ double CudaModel::read_loss() {
 }
 
 double CudaModel::forward_loss(const Batch& batch) {
+  // As CpuModel: a forward alone would leave the other parts' ranks waiting for the backward.
+  for (int p = 0; p < static_cast<int>(batch.pos_offset.size()); ++p)
+    KILTER_CHECK(batch.pos_offset[p] == 0, "forward_loss (evaluation): piece "
+                                               << p << " is a later part of a cut piece (offset " << batch.pos_offset[p]
+                                               << "); evaluation runs whole pieces only: give it uncut pieces");
+  KILTER_CHECK(batch.exchange == nullptr, "forward_loss (evaluation): the batch has a K/V exchange (it holds parts of "
+                                          "cut pieces); evaluation runs whole pieces only: give it uncut pieces");
   upload_batch(batch, 0.0f);
   run_segment(0, [&] { forward_kernels(); });
   finish_forward();
@@ -878,7 +973,7 @@ void CudaModel::backward_block_kernels(int l) {
                          N, C, scratch, s_);
   kc::matmul_backward(*g_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, N, C, C, scratch,
                       false);
-  attention_backward_groups(act);
+  attention_backward_layer(l, act);
   kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, N, C, 3 * C, scratch, false);
   kc::layernorm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, N,
                          C, scratch, s_);
@@ -912,7 +1007,7 @@ double CudaModel::forward_backward(const Batch& batch, float loss_scale, const m
 
   run_segment(cfg_.n_layer + 2, [&] {
     kc::encoder_backward(grads_ + offsets_.wte, grads_ + offsets_.wpe, a.dresidual, a.inputs, a.cu_seqlens,
-                         layout_now_.pieces, N, layout_now_.max_len, C, s_);
+                         layout_now_.pieces, N, layout_now_.max_len, C, s_, a.pos_offset);
   });
   if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
   return read_loss();

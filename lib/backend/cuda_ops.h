@@ -47,11 +47,14 @@ class Gemm {
 };
 
 // ---- encoder.cu: a packed micro-batch: out (N,C); inp (N); cu_seqlens (pieces+1, device);
-// positions restart at 0 in every piece. max_len: the longest piece (rows of dwpe touched).
+// positions restart at 0 in every piece, or start at pos_offset[p] (device, pieces; null: all 0)
+// in a later part of a cut piece. max_len: the rows of dwpe touched (the longest piece, or with
+// offsets the largest offset + length).
 void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, const int32_t* cu_seqlens,
-                     int pieces, int N, int C, cudaStream_t stream);
+                     int pieces, int N, int C, cudaStream_t stream, const int32_t* pos_offset = nullptr);
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, const int32_t* cu_seqlens,
-                      int pieces, int N, int max_len, int C, cudaStream_t stream);
+                      int pieces, int N, int max_len, int C, cudaStream_t stream,
+                      const int32_t* pos_offset = nullptr);
 
 // ---- layernorm.cu: inp/out (N,C), mean/rstd (N); eps 1e-5
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -84,6 +87,20 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
 void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float* qkv, const float* att,
                         const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
                         bool accumulate = true);
+
+// A later part of a cut piece (issue 23; the CPU twin is attention_forward/backward with an
+// AttentionPrefix): its L query rows qkv (L,3C) attend to s + L keys, the s rows of its prefix
+// (prefix_kv (s,2C): k | v of the piece's earlier tokens, from other ranks) and then its own, with
+// the bottom-right causal mask (query t sees keys 0 .. s+t). out (L,C); att (NH,L,s+L) is the
+// saved softmax, as the CPU keeps it. The backward ADDS into dqkv (L,3C) and into prefix_dkv
+// (s,2C: dk | dv of the prefix). cuBLASLt strided-batched GEMMs over the NH heads + the masked
+// softmax kernels, whichever engine the whole pieces use.
+size_t attention_prefix_workspace_floats(int s, int L, int C, int NH);
+void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* qkv, const float* prefix_kv, int s,
+                              int L, int C, int NH, float* workspace);
+void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const float* dout, const float* qkv,
+                               const float* prefix_kv, const float* att, int s, int L, int C, int NH,
+                               float* workspace);
 
 // Head layout helpers shared by both attention engines (attention.cu), on `stream`:
 // qkv (B,T,3,NH,hd) -> q, k, v (B,NH,T,hd); y (B,NH,T,hd) -> out (B,T,NH*hd);

@@ -3,6 +3,8 @@
 // backend does, so the twin test compares att too. The products run as strided-batched cuBLASLt
 // GEMMs over the B*NH heads; a masked softmax kernel applies causality, the row lengths (rows
 // t >= lengths[b] are all zero, hence give zero output) and the 1/sqrt(head_dim) scale.
+// A later part of a cut piece (attention_prefix_*) runs the same products with L queries against
+// s + L keys (its prefix's first) and the bottom-right causal mask, on cuBLASLt whatever the engine.
 // The cuBLASLt engine; attention_cudnn.cu is the cuDNN one (train.attention, docs/gpu.md). Row-major (T,hd) per head is column-major (hd,T) to cuBLAS.
 #include <cmath>
 
@@ -101,51 +103,107 @@ __global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float*
   }
 }
 
-// One warp per (b,h,t) row of preatt (already scaled): att = softmax over s <= t; zero elsewhere
-// and on rows t >= lengths[b]. preatt and att may alias.
+// One warp per (b,h,t) row of preatt (already scaled; rows of Tk keys): att = softmax over the
+// keys s <= t + key_offset; zero elsewhere and on rows t >= lengths[b] (lengths may be null: no
+// padded rows). key_offset = 0, Tk = T: the square causal mask; a later part of a cut piece has
+// Tk = key_offset + T (its prefix's keys first): the bottom-right causal mask. preatt and att may
+// alias.
 __global__ void masked_softmax_kernel(float* att, const float* preatt, const int32_t* lengths, int B, int NH,
-                                      int T) {
+                                      int T, int Tk, int key_offset) {
   const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (row >= rows) return;
   const int lane = threadIdx.x;
   const int t = static_cast<int>(row % T);
   const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
-  const float* in = preatt + row * T;
-  float* out = att + row * T;
-  if (t >= lengths[b]) {
-    for (int s = lane; s < T; s += kWarp) out[s] = 0.0f;
+  const float* in = preatt + row * Tk;
+  float* out = att + row * Tk;
+  if (lengths != nullptr && t >= lengths[b]) {
+    for (int s = lane; s < Tk; s += kWarp) out[s] = 0.0f;
     return;
   }
+  const int last = t + key_offset;
   float row_max = -INFINITY;
-  for (int s = lane; s <= t; s += kWarp) row_max = fmaxf(row_max, in[s]);
+  for (int s = lane; s <= last; s += kWarp) row_max = fmaxf(row_max, in[s]);
   row_max = warp_max(row_max);
   float sum = 0.0f;
-  for (int s = lane; s <= t; s += kWarp) sum += expf(in[s] - row_max);
+  for (int s = lane; s <= last; s += kWarp) sum += expf(in[s] - row_max);
   const float inv_sum = 1.0f / warp_sum(sum);
-  for (int s = lane; s < T; s += kWarp) out[s] = s <= t ? expf(in[s] - row_max) * inv_sum : 0.0f;
+  for (int s = lane; s < Tk; s += kWarp) out[s] = s <= last ? expf(in[s] - row_max) * inv_sum : 0.0f;
 }
 
 // One warp per row: dpreatt = att * (datt - sum(att * datt)) * scale on the causal, in-length
-// part; zero elsewhere. In place on datt.
+// part (keys s <= t + key_offset); zero elsewhere. In place on datt.
 __global__ void masked_softmax_backward_kernel(float* datt, const float* att, const int32_t* lengths, int B,
-                                               int NH, int T, float scale) {
+                                               int NH, int T, float scale, int Tk, int key_offset) {
   const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (row >= rows) return;
   const int lane = threadIdx.x;
   const int t = static_cast<int>(row % T);
   const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
-  float* d = datt + row * T;
-  const float* a = att + row * T;
-  if (t >= lengths[b]) {
-    for (int s = lane; s < T; s += kWarp) d[s] = 0.0f;
+  float* d = datt + row * Tk;
+  const float* a = att + row * Tk;
+  if (lengths != nullptr && t >= lengths[b]) {
+    for (int s = lane; s < Tk; s += kWarp) d[s] = 0.0f;
     return;
   }
+  const int last = t + key_offset;
   float dot = 0.0f;
-  for (int s = lane; s <= t; s += kWarp) dot += a[s] * d[s];
+  for (int s = lane; s <= last; s += kWarp) dot += a[s] * d[s];
   dot = warp_sum(dot);
-  for (int s = lane; s < T; s += kWarp) d[s] = s <= t ? a[s] * (d[s] - dot) * scale : 0.0f;
+  for (int s = lane; s < Tk; s += kWarp) d[s] = s <= last ? a[s] * (d[s] - dot) * scale : 0.0f;
+}
+
+// A later part of a cut piece: q (NH,L,hd) from its own rows of qkv (L,3C); k and v (NH,s+L,hd):
+// rows j < s from the prefix (s,2C: k | v), rows j >= s from qkv row j - s.
+__global__ void split_prefixed_heads_kernel(float* q, float* k, float* v, const float* qkv, const float* prefix_kv,
+                                            int s, int L, int NH, int hd) {
+  const int Tk = s + L;
+  const size_t C = static_cast<size_t>(NH) * hd;
+  const size_t total = static_cast<size_t>(NH) * Tk * hd;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % hd);
+    const int j = static_cast<int>((i / hd) % Tk);
+    const int h = static_cast<int>(i / (static_cast<size_t>(hd) * Tk));
+    const size_t column = static_cast<size_t>(h) * hd + d;
+    if (j < s) {
+      k[i] = prefix_kv[static_cast<size_t>(j) * 2 * C + column];
+      v[i] = prefix_kv[static_cast<size_t>(j) * 2 * C + C + column];
+    } else {
+      const size_t src = static_cast<size_t>(j - s) * 3 * C + column;
+      k[i] = qkv[src + C];
+      v[i] = qkv[src + 2 * C];
+      q[(static_cast<size_t>(h) * L + (j - s)) * hd + d] = qkv[src];
+    }
+  }
+}
+
+// The gradients of a later part: dq (NH,L,hd) added into dqkv's q columns; dk, dv (NH,s+L,hd):
+// rows j >= s added into dqkv's k and v columns of row j - s, rows j < s into the prefix's
+// gradient (s,2C: dk | dv), which goes back to the ranks owning those tokens.
+__global__ void merge_prefixed_grads_kernel(float* dqkv, float* prefix_dkv, const float* dq, const float* dk,
+                                            const float* dv, int s, int L, int NH, int hd) {
+  const int Tk = s + L;
+  const size_t C = static_cast<size_t>(NH) * hd;
+  const size_t total = static_cast<size_t>(NH) * Tk * hd;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % hd);
+    const int j = static_cast<int>((i / hd) % Tk);
+    const int h = static_cast<int>(i / (static_cast<size_t>(hd) * Tk));
+    const size_t column = static_cast<size_t>(h) * hd + d;
+    if (j < s) {
+      prefix_dkv[static_cast<size_t>(j) * 2 * C + column] += dk[i];
+      prefix_dkv[static_cast<size_t>(j) * 2 * C + C + column] += dv[i];
+    } else {
+      const size_t dst = static_cast<size_t>(j - s) * 3 * C + column;
+      dqkv[dst] += dq[(static_cast<size_t>(h) * L + (j - s)) * hd + d];
+      dqkv[dst + C] += dk[i];
+      dqkv[dst + 2 * C] += dv[i];
+    }
+  }
 }
 
 unsigned row_blocks(int B, int NH, int T) {
@@ -226,7 +284,7 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
   gemm.run(att, k, q, nullptr, T, T, hd, true, false, scale, 0.0f, nullptr, heads, head_stride, head_stride,
            score_stride);
   masked_softmax_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(att, att, lengths, B,
-                                                                                       NH, T);
+                                                                                       NH, T, T, 0);
   KILTER_CUDA_LAUNCH_CHECK();
   // y'(d,t) = V' (hd,T) att' (T,T)
   gemm.run(y, v, att, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
@@ -252,7 +310,7 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
            head_stride);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   masked_softmax_backward_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(
-      datt, att, lengths, B, NH, T, scale);
+      datt, att, lengths, B, NH, T, scale, T, 0);
   KILTER_CUDA_LAUNCH_CHECK();
   // dQ'(d,t) = K' (hd,T) dP' (T,T)   (dq[t] = sum_s dP[t][s] k[s])
   gemm.run(dq, k, datt, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
@@ -261,6 +319,91 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
   gemm.run(dk, q, datt, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
   attention_merge_qkv_grad(dqkv, dq, dk, dv, B, T, NH, hd, accumulate, stream);
+}
+
+// ---- a later part of a cut piece (issue 23): L queries against s + L keys -------------------
+
+size_t attention_prefix_workspace_floats(int s, int L, int C, int NH) {
+  // q, y/dy, dq (L*C each); k, v, dk, dv ((s+L)*C each); one (NH, L, s+L) score matrix.
+  const size_t Tk = static_cast<size_t>(s) + L;
+  return 3 * static_cast<size_t>(L) * C + 4 * Tk * C + static_cast<size_t>(NH) * L * Tk;
+}
+
+namespace {
+
+// The workspace slices of a prefixed part and its heads split from qkv and the prefix.
+struct PrefixProblem {
+  int hd, Tk;
+  int64_t q_stride, k_stride, score_stride;
+  float *q, *k, *v, *y, *dq, *dk, *dv, *scores;
+  PrefixProblem(const char* op, const float* qkv, const float* prefix_kv, int s, int L, int C, int NH,
+                float* workspace, cudaStream_t stream) {
+    KILTER_CHECK(C % NH == 0, op << ": n_embd " << C << " is not a multiple of n_head " << NH);
+    hd = C / NH;
+    Tk = s + L;
+    q_stride = static_cast<int64_t>(L) * hd;
+    k_stride = static_cast<int64_t>(Tk) * hd;
+    score_stride = static_cast<int64_t>(L) * Tk;
+    const size_t lc = static_cast<size_t>(L) * C, kc = static_cast<size_t>(Tk) * C;
+    q = workspace, y = q + lc, dq = y + lc;
+    k = dq + lc, v = k + kc, dk = v + kc, dv = dk + kc;
+    scores = dv + kc;
+    const size_t n = static_cast<size_t>(NH) * Tk * hd;
+    split_prefixed_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, prefix_kv, s, L, NH, hd);
+    KILTER_CUDA_LAUNCH_CHECK();
+  }
+};
+
+}  // namespace
+
+void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* qkv, const float* prefix_kv, int s,
+                              int L, int C, int NH, float* workspace) {
+  if (L == 0) return;
+  cudaStream_t stream = gemm.stream();
+  const PrefixProblem p("attention_prefix_forward", qkv, prefix_kv, s, L, C, NH, workspace, stream);
+  const int hd = p.hd, Tk = p.Tk;
+  // preatt'(j,t) = K'^T Q' * scale: (Tk, L) column-major = att (L, Tk) row-major.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  gemm.run(att, p.k, p.q, nullptr, Tk, L, hd, true, false, scale, 0.0f, nullptr, NH, p.k_stride, p.q_stride,
+           p.score_stride);
+  masked_softmax_kernel<<<row_blocks(1, NH, L), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(att, att, nullptr, 1, NH,
+                                                                                       L, Tk, s);
+  KILTER_CUDA_LAUNCH_CHECK();
+  // y'(d,t) = V' (hd,Tk) att' (Tk,L)
+  gemm.run(p.y, p.v, att, nullptr, hd, L, Tk, false, false, 1.0f, 0.0f, nullptr, NH, p.k_stride, p.score_stride,
+           p.q_stride);
+  attention_merge_heads(out, p.y, 1, L, NH, hd, stream);
+}
+
+void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const float* dout, const float* qkv,
+                               const float* prefix_kv, const float* att, int s, int L, int C, int NH,
+                               float* workspace) {
+  if (L == 0) return;
+  cudaStream_t stream = gemm.stream();
+  const PrefixProblem p("attention_prefix_backward", qkv, prefix_kv, s, L, C, NH, workspace, stream);
+  const int hd = p.hd, Tk = p.Tk;
+  float *dy = p.y, *datt = p.scores;
+  attention_split_grad(dy, dout, 1, L, NH, hd, stream);
+  // datt'(j,t) = V'^T dY'
+  gemm.run(datt, p.v, dy, nullptr, Tk, L, hd, true, false, 1.0f, 0.0f, nullptr, NH, p.k_stride, p.q_stride,
+           p.score_stride);
+  // dV'(d,j) = dY' (hd,L) att'^T (L,Tk)
+  gemm.run(p.dv, dy, att, nullptr, hd, Tk, L, false, true, 1.0f, 0.0f, nullptr, NH, p.q_stride, p.score_stride,
+           p.k_stride);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  masked_softmax_backward_kernel<<<row_blocks(1, NH, L), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(
+      datt, att, nullptr, 1, NH, L, scale, Tk, s);
+  KILTER_CUDA_LAUNCH_CHECK();
+  // dQ'(d,t) = K' (hd,Tk) dP' (Tk,L)
+  gemm.run(p.dq, p.k, datt, nullptr, hd, L, Tk, false, false, 1.0f, 0.0f, nullptr, NH, p.k_stride, p.score_stride,
+           p.q_stride);
+  // dK'(d,j) = Q' (hd,L) dP'^T (L,Tk)
+  gemm.run(p.dk, p.q, datt, nullptr, hd, Tk, L, false, true, 1.0f, 0.0f, nullptr, NH, p.q_stride, p.score_stride,
+           p.k_stride);
+  const size_t n = static_cast<size_t>(NH) * Tk * hd;
+  merge_prefixed_grads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, prefix_dkv, p.dq, p.dk, p.dv, s, L,
+                                                                             NH, hd);
+  KILTER_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace kilter::model::cuda

@@ -17,7 +17,7 @@ int attention_padded_length(int len, int context) {
   return std::min(context, (len + step - 1) / step * step);
 }
 
-void AttentionGroups::build(const int32_t* cu_seqlens, int pieces, int context) {
+void AttentionGroups::build(const int32_t* cu_seqlens, int pieces, int context, const int32_t* pos_offset) {
   groups.clear();
   lengths.clear();
   padded_token.clear();
@@ -29,6 +29,7 @@ void AttentionGroups::build(const int32_t* cu_seqlens, int pieces, int context) 
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return padded[a] > padded[b]; });
   for (int p : order) {
+    if (pos_offset != nullptr && pos_offset[p] > 0) continue;
     const int T = padded[p];
     if (groups.empty() || groups.back().T != T) {
       AttentionGroup g;

@@ -28,7 +28,9 @@ struct AttentionGroups {
   std::vector<int32_t> shape_key;      // (B, T) of every group, for caches keyed by layout
 
   // Groups the pieces of a packed batch (cu_seqlens, pieces+1 offsets). Reuses its buffers.
-  void build(const int32_t* cu_seqlens, int pieces, int context);
+  // pos_offset (may be null): pieces with an offset > 0, later parts of cut pieces, are left out
+  // (no padded rows; the backend runs them with their prefix on their own).
+  void build(const int32_t* cu_seqlens, int pieces, int context, const int32_t* pos_offset = nullptr);
   size_t padded_rows() const { return padded_token.size(); }
   double padded_work() const;  // sum over groups of B * T^2
 };

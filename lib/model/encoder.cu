@@ -1,5 +1,6 @@
 // CUDA twin of lib/model/encoder.cpp: token + position embedding of a packed micro-batch,
-// forward and backward. Positions restart at 0 in every piece (cu_seqlens, on the device).
+// forward and backward. Positions restart at 0 in every piece (cu_seqlens, on the device), or
+// continue from pos_offset[p] in a later part of a cut piece.
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 
@@ -19,20 +20,22 @@ __device__ int piece_of(const int32_t* cu_seqlens, int pieces, int i) {
 }
 
 __global__ void encoder_forward_kernel(float* out, const int32_t* inp, const float* wte, const float* wpe,
-                                       const int32_t* cu_seqlens, int pieces, int C, size_t total) {
+                                       const int32_t* cu_seqlens, const int32_t* pos_offset, int pieces, int C,
+                                       size_t total) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int row = static_cast<int>(i / C);
     const int c = static_cast<int>(i % C);
-    const int t = row - cu_seqlens[piece_of(cu_seqlens, pieces, row)];
+    const int p = piece_of(cu_seqlens, pieces, row);
+    const int t = row - cu_seqlens[p] + (pos_offset == nullptr ? 0 : pos_offset[p]);
     out[i] = wte[static_cast<size_t>(inp[row]) * C + c] + wpe[static_cast<size_t>(t) * C + c];
   }
 }
 
 // One thread per (t, c): sums the pieces that reach position t in piece order, so dwpe is
 // deterministic.
-__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, const int32_t* cu_seqlens, int pieces,
-                                            int max_len, int C) {
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, const int32_t* cu_seqlens,
+                                            const int32_t* pos_offset, int pieces, int max_len, int C) {
   const size_t total = static_cast<size_t>(max_len) * C;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -40,8 +43,9 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, cons
     const int c = static_cast<int>(i % C);
     float sum = 0.0f;
     for (int p = 0; p < pieces; ++p) {
-      const int row = cu_seqlens[p] + t;
-      if (row < cu_seqlens[p + 1]) sum += dout[static_cast<size_t>(row) * C + c];
+      const int first = pos_offset == nullptr ? 0 : pos_offset[p];
+      const int row = cu_seqlens[p] + t - first;
+      if (t >= first && row < cu_seqlens[p + 1]) sum += dout[static_cast<size_t>(row) * C + c];
     }
     dwpe[i] += sum;
   }
@@ -58,21 +62,21 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
 }  // namespace
 
 void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, const int32_t* cu_seqlens,
-                     int pieces, int N, int C, cudaStream_t stream) {
+                     int pieces, int N, int C, cudaStream_t stream, const int32_t* pos_offset) {
   const size_t total = static_cast<size_t>(N) * C;
   if (total == 0) return;
-  encoder_forward_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(out, inp, wte, wpe, cu_seqlens, pieces, C,
-                                                                            total);
+  encoder_forward_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(out, inp, wte, wpe, cu_seqlens, pos_offset,
+                                                                            pieces, C, total);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, const int32_t* cu_seqlens,
-                      int pieces, int N, int max_len, int C, cudaStream_t stream) {
+                      int pieces, int N, int max_len, int C, cudaStream_t stream, const int32_t* pos_offset) {
   const size_t total = static_cast<size_t>(N) * C;
   if (total == 0) return;
   const size_t wpe_total = static_cast<size_t>(max_len) * C;
-  encoder_backward_wpe_kernel<<<backend::grid_for(wpe_total, 256), 256, 0, stream>>>(dwpe, dout, cu_seqlens, pieces,
-                                                                                     max_len, C);
+  encoder_backward_wpe_kernel<<<backend::grid_for(wpe_total, 256), 256, 0, stream>>>(dwpe, dout, cu_seqlens,
+                                                                                     pos_offset, pieces, max_len, C);
   KILTER_CUDA_LAUNCH_CHECK();
   encoder_backward_wte_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(dwte, dout, inp, C, total);
   KILTER_CUDA_LAUNCH_CHECK();

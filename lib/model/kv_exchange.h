@@ -14,7 +14,12 @@
 //             backward_wait_add(l, dqkv) ... then the QKV projection's backward.
 // Sends are posted before waits on every rank and every slot, so no order of ranks deadlocks
 // (lib/balance/plan.h: all parts of a piece share one local micro-batch index).
-// Pointers are the backend's memory (host for the CPU backend, device for CUDA).
+// Pointers are the backend's memory (host for the CPU backend, device for CUDA). The CUDA backend
+// drains its compute stream before forward_send, backward_send and backward_wait_add, and expects
+// the exchange's device work (the prefix rows arriving, the adds into dqkv) to be complete, or
+// ordered on cuda_compute_stream(), when forward_wait and backward_wait_add return.
+// Evaluation (Model::forward_loss) never sees an exchange: both backends refuse a batch with one.
+// tests/unit/thread_kv_exchange.h is a reference implementation between threads of one process.
 #pragma once
 
 namespace kilter::model {

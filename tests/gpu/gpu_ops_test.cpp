@@ -89,6 +89,63 @@ void test_encoder(Checker& check, cudaStream_t stream) {
   check.near("encoder_backward dwpe (packed)", d_dwpe.download(), dwpe, kRowTol);
 }
 
+// Pieces that are later parts of cut pieces (issue 23): positions start at the piece's offset.
+void test_encoder_offsets(Checker& check, cudaStream_t stream) {
+  const int C = 37, V = 61, maxT = 40;
+  const std::vector<int32_t> lengths = {13, 1, 7, 9}, offset = {0, 30, 5, 31};
+  const std::vector<int32_t> cu = offsets_of(lengths);
+  const int N = cu.back(), pieces = static_cast<int>(lengths.size());
+  std::vector<int32_t> inp(N);
+  for (int32_t& id : inp) id = random_int(0, V - 1);
+  const auto wte = random_floats(static_cast<size_t>(V) * C), wpe = random_floats(static_cast<size_t>(maxT) * C);
+  std::vector<float> out_cpu(static_cast<size_t>(N) * C);
+  km::encoder_forward(out_cpu.data(), inp.data(), wte.data(), wpe.data(), cu.data(), pieces, C, offset.data());
+  DeviceBuffer<int32_t> d_inp(inp), d_cu(cu), d_offset(offset);
+  DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(out_cpu.size());
+  kc::encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), d_cu.get(), pieces, N, C, stream,
+                      d_offset.get());
+  check.near("encoder_forward out (offsets)", d_out.download(), out_cpu, kRowTol);
+  const auto dout = random_floats(out_cpu.size());
+  auto dwte = random_floats(wte.size()), dwpe = random_floats(wpe.size());
+  DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
+  km::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), cu.data(), pieces, C, offset.data());
+  kc::encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_inp.get(), d_cu.get(), pieces, N, maxT, C, stream,
+                       d_offset.get());
+  check.near("encoder_backward dwte (offsets)", d_dwte.download(), dwte, kRowTol);
+  check.near("encoder_backward dwpe (offsets)", d_dwpe.download(), dwpe, kRowTol);
+}
+
+// A later part of a cut piece (L queries, s prefix keys) against the CPU's attention with an
+// AttentionPrefix: out, the accumulated dqkv and the prefix's dK/dV.
+void test_prefix_attention(Checker& check, kc::Gemm& gemm, int C, int NH, int s, int L, double tol) {
+  const std::string tag = std::string(gemm.math() == kc::GemmMath::bf16 ? "[bf16] " : "") + "prefix attention s" +
+                          std::to_string(s) + " L" + std::to_string(L) + " C" + std::to_string(C) + " NH" +
+                          std::to_string(NH) + " ";
+  const std::vector<int32_t> cu = {0, L}, offset = {s};
+  const auto qkv = random_floats(static_cast<size_t>(L) * 3 * C, 2.0f);
+  const auto prefix = random_floats(static_cast<size_t>(s) * 2 * C, 2.0f);
+  const auto dout = random_floats(static_cast<size_t>(L) * C);
+  auto dqkv = random_floats(qkv.size()), dprefix = random_floats(prefix.size());  // accumulate onto these
+  DeviceBuffer<float> d_qkv(qkv), d_prefix(prefix), d_dout(dout), d_dqkv(dqkv), d_dprefix(dprefix);
+  const float* kv[1] = {prefix.data()};
+  float* dkv[1] = {dprefix.data()};
+  km::AttentionPrefix with;
+  with.offset = offset.data();
+  with.kv = kv;
+  with.dkv = dkv;
+  std::vector<float> out(static_cast<size_t>(L) * C), att(km::attention_saved_floats(cu.data(), 1, NH, offset.data()));
+  km::attention_forward(out.data(), att.data(), qkv.data(), cu.data(), 1, C, NH, false, with);
+  km::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), cu.data(), 1, C, NH, false, with);
+  DeviceBuffer<float> d_out(out.size()), d_att(att.size()), workspace(kc::attention_prefix_workspace_floats(s, L, C, NH));
+  kc::attention_prefix_forward(gemm, d_out.get(), d_att.get(), d_qkv.get(), d_prefix.get(), s, L, C, NH,
+                               workspace.get());
+  check.near(tag + "forward out", d_out.download(), out, tol);
+  kc::attention_prefix_backward(gemm, d_dqkv.get(), d_dprefix.get(), d_dout.get(), d_qkv.get(), d_prefix.get(),
+                                d_att.get(), s, L, C, NH, workspace.get());
+  check.near(tag + "backward dqkv (accumulated)", d_dqkv.download(), dqkv, tol);
+  check.near(tag + "backward prefix dK/dV (accumulated)", d_dprefix.download(), dprefix, tol);
+}
+
 void test_layernorm(Checker& check, cudaStream_t stream) {
   const int N = 150, C = 67;
   const auto inp = random_floats(static_cast<size_t>(N) * C, 2.0f);
@@ -384,6 +441,10 @@ int main() {
     test_attention(check, gemm, 2, 64, 128, 2, kGemmTol);
     test_attention(check, gemm_bf16, 2, 64, 128, 2, kBf16Tol);
     test_packed_attention(check, gemm, 24, 4, 70, kGemmTol);  // head_dim 6
+    test_encoder_offsets(check, stream);
+    test_prefix_attention(check, gemm, 24, 4, 37, 70, kGemmTol);  // head_dim 6, two 64-row blocks on the CPU
+    test_prefix_attention(check, gemm, 128, 2, 1, 5, kGemmTol);
+    test_prefix_attention(check, gemm_bf16, 128, 2, 200, 64, kBf16Tol);
 #ifdef KILTER_WITH_CUDNN
     try {
       if (test_attention_cudnn(check, stream, kc::GemmMath::fp32, 3, 17, 24, 4)) {  // head_dim 6, ragged rows
