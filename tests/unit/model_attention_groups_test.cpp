@@ -20,6 +20,22 @@ std::vector<int32_t> offsets_of(const std::vector<int>& lengths) {
   return cu;
 }
 
+// Later parts of cut pieces (an offset > 0) are left out: the CUDA backend runs them with their
+// prefix on their own. Every other token lands once; theirs never.
+TEST(AttentionGroups, LaterPartsOfCutPiecesAreLeftOut) {
+  const std::vector<int> lengths = {40, 7, 40, 1, 19};
+  const std::vector<int32_t> offset = {0, 30, 0, 0, 100};
+  const std::vector<int32_t> cu = offsets_of(lengths);
+  AttentionGroups groups;
+  groups.build(cu.data(), static_cast<int>(lengths.size()), 256, offset.data());
+  std::vector<int> seen(cu.back(), 0);
+  for (int32_t token : groups.padded_token)
+    if (token >= 0) ++seen[token];
+  for (int p = 0; p < static_cast<int>(lengths.size()); ++p)
+    for (int i = cu[p]; i < cu[p + 1]; ++i) ASSERT_EQ(seen[i], offset[p] > 0 ? 0 : 1) << "piece " << p << " token " << i;
+  EXPECT_EQ(groups.lengths, (std::vector<int32_t>{40, 40, 1}));
+}
+
 TEST(AttentionGroups, EveryTokenOnceAndPaddingBounded) {
   const int context = 2048;
   SplitMix64 rng(3);
