@@ -4,7 +4,10 @@ add_executable(kilter_model_dump ${CMAKE_SOURCE_DIR}/tests/unit/model_dump_tool.
 target_link_libraries(kilter_model_dump PRIVATE kilter_lib nlohmann_json::nlohmann_json)
 add_test(NAME model_torch_parity
          COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/torch_parity.sh $<TARGET_FILE:kilter_model_dump>)
-set_tests_properties(model_torch_parity PROPERTIES LABELS e2e TIMEOUT 600
+# The same with kilter's side computing two of the pieces cut between 3 ranks (issue 23).
+add_test(NAME model_torch_parity_cut
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/torch_parity.sh $<TARGET_FILE:kilter_model_dump> --cut)
+set_tests_properties(model_torch_parity model_torch_parity_cut PROPERTIES LABELS e2e TIMEOUT 600
                      ENVIRONMENT "KILTER_SOURCE_DIR=${CMAKE_SOURCE_DIR};KILTER_PYTHON=${KILTER_PYTHON};OPENBLAS_NUM_THREADS=1")
 
 # bf16 on the CPU backend (issue 16): a fortunes training run in bf16 tracks fp32 (2%) and is

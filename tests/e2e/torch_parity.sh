@@ -2,7 +2,8 @@
 # PyTorch parity of the CPU model (issue 2): kilter_model_dump writes weights, a packed batch,
 # kilter's loss, gradients and one AdamW step; tests/python/torch_parity.py recomputes them with
 # torch (float64) and requires every gradient within 1e-4 of the tensor's max |grad|.
-# usage: torch_parity.sh PATH/TO/kilter_model_dump
+# Extra arguments go to kilter_model_dump (--cut: kilter's side computes pieces cut between ranks).
+# usage: torch_parity.sh PATH/TO/kilter_model_dump [--cut]
 set -euo pipefail
 dump_tool=${1:?usage: torch_parity.sh PATH/TO/kilter_model_dump}
 source_dir=${KILTER_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -13,5 +14,5 @@ if ! "$python" -c "import torch, numpy" 2>/dev/null; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$dump_tool" "$work"
+"$dump_tool" "$work" "${@:2}"
 "$python" "$source_dir/tests/python/torch_parity.py" "$work"

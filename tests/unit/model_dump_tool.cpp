@@ -4,15 +4,22 @@
 // in layout order). The weights are random (not GPT-2 init) so biases and LayerNorms matter,
 // and the batch is packed: pieces of mixed lengths (a full-context one, one of length 1, one
 // longer than a 64-row attention block) and positions without a target.
+// kilter_model_dump OUT_DIR --cut (issue 23): the same batch, but its loss and gradients are
+// those of the pieces of 80 and 66 tokens cut between three "ranks" (CpuModels in threads joined
+// by tests/unit/thread_kv_exchange.h), summed over the ranks; the batch written is the uncut one,
+// so torch_parity.py compares a cut computation with PyTorch running whole pieces.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "lib/backend/cpu_model.h"
 #include "tests/unit/model_testing.h"
+#include "tests/unit/thread_kv_exchange.h"
 
 namespace {
 
@@ -27,9 +34,50 @@ void write_floats(const std::string& path, const float* data, size_t n) {
 
 }  // namespace
 
+// The ranks' summed loss of `batch` cut as `ranks` says; their summed gradients in `grads`.
+double cut_forward_backward(const kilter::model::GPTConfig& cfg, const std::vector<float>& params,
+                            const kilter::model::Batch& batch,
+                            const std::vector<std::vector<kilter::model::testing::RankPart>>& ranks, float loss_scale,
+                            float* grads) {
+  namespace kt = kilter::model::testing;
+  const kt::CutBatches setup = kt::cut_batches(batch, ranks);
+  const int n = static_cast<int>(ranks.size());
+  kt::ThreadKvHub hub(n, cfg.n_layer, cfg.n_embd, setup.cuts);
+  std::vector<std::unique_ptr<kilter::backend::CpuModel>> models;
+  std::vector<kilter::model::Batch> batches = setup.batches;
+  for (int r = 0; r < n; ++r) {
+    models.push_back(std::make_unique<kilter::backend::CpuModel>(cfg, 1));
+    models[r]->set_params(params.data());
+    models[r]->zero_grads();
+    batches[r].exchange = hub.endpoint(r);
+  }
+  std::vector<double> losses(n);
+  const std::vector<std::string> failures =
+      kt::run_ranks(n, [&](int r) { losses[r] = models[r]->forward_backward(batches[r], loss_scale, {}); });
+  for (int r = 0; r < n; ++r)
+    if (!failures[r].empty()) {
+      std::fprintf(stderr, "kilter_model_dump: rank %d of the cut run failed: %s\n", r, failures[r].c_str());
+      std::exit(1);
+    }
+  for (const std::string& error : hub.errors()) {
+    std::fprintf(stderr, "kilter_model_dump: exchange contract: %s\n", error.c_str());
+    std::exit(1);
+  }
+  const size_t count = models[0]->layout().num_params;
+  double loss = 0;
+  std::vector<double> sum(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    loss += losses[r];
+    for (size_t i = 0; i < count; ++i) sum[i] += models[r]->grads()[i];
+  }
+  for (size_t i = 0; i < count; ++i) grads[i] = static_cast<float>(sum[i]);
+  return loss;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: kilter_model_dump OUT_DIR\n");
+  const bool cut = argc == 3 && std::strcmp(argv[2], "--cut") == 0;
+  if (argc != 2 && !cut) {
+    std::fprintf(stderr, "usage: kilter_model_dump OUT_DIR [--cut]\n");
     return 2;
   }
   const std::string dir = argv[1];
@@ -47,7 +95,12 @@ int main(int argc, char** argv) {
       kilter::model::testing::make_batch({80, 45, 1, 7, 66}, cfg.vocab_size, 99, {{0, 79}, {1, 44}, {1, 10}});
   const float loss_scale = 1.0f / static_cast<float>(batch.num_targets);
   model.zero_grads();
-  const double loss_sum = model.forward_backward(batch, loss_scale, {});
+  // Pieces 0 (80 tokens) and 4 (66) cut: [0,30) [30,61) [61,80) and [0,50) [50,66); rank 1 holds a
+  // middle part, rank 2 two later parts.
+  const std::vector<std::vector<kilter::model::testing::RankPart>> ranks = {
+      {{0, 0, 30}, {1}, {4, 0, 50}}, {{2}, {0, 30, 61}, {3}}, {{4, 50, -1}, {0, 61, -1}}};
+  const double loss_sum = cut ? cut_forward_backward(cfg, params, batch, ranks, loss_scale, model.grads())
+                              : model.forward_backward(batch, loss_scale, {});
   write_floats(dir + "/params.f32", params.data(), layout.num_params);
   write_floats(dir + "/grads.f32", model.grads(), layout.num_params);
 
@@ -69,12 +122,14 @@ int main(int argc, char** argv) {
   meta["batch"] = {{"N", batch.N}, {"inputs", batch.inputs}, {"targets", batch.targets},
                    {"cu_seqlens", batch.cu_seqlens}};
   meta["loss_sum"] = loss_sum;
+  meta["cut"] = cut ? "pieces 0 and 4 cut between 3 ranks, losses and gradients summed" : "none";
   meta["loss_scale"] = loss_scale;
   meta["adamw"] = {{"lr", adamw.lr},       {"beta1", adamw.beta1}, {"beta2", adamw.beta2},
                    {"eps", adamw.eps},     {"weight_decay", adamw.weight_decay},
                    {"grad_scale", adamw.grad_scale}};
   std::ofstream(dir + "/layout.json") << meta.dump(1) << "\n";
-  std::printf("kilter_model_dump: %zu parameters, %lld targets, loss sum %.6f -> %s\n", layout.num_params,
-              static_cast<long long>(batch.num_targets), loss_sum, dir.c_str());
+  std::printf("kilter_model_dump: %zu parameters, %lld targets, loss sum %.6f%s -> %s\n", layout.num_params,
+              static_cast<long long>(batch.num_targets), loss_sum, cut ? " (cut pieces on 3 ranks)" : "",
+              dir.c_str());
   return 0;
 }
