@@ -288,14 +288,7 @@ int64_t CpuModel::gather_target_rows(const Batch& batch) {
 }
 
 double CpuModel::forward_loss(const Batch& batch) {
-  // A cut piece's parts exchange K/V in the forward and dK/dV in the backward, on every rank
-  // holding one (kv_exchange.h); a forward alone would leave the others waiting for the backward.
-  for (int p = 0; p < static_cast<int>(batch.pos_offset.size()); ++p)
-    KILTER_CHECK(batch.pos_offset[p] == 0, "forward_loss (evaluation): piece "
-                                               << p << " is a later part of a cut piece (offset " << batch.pos_offset[p]
-                                               << "); evaluation runs whole pieces only: give it uncut pieces");
-  KILTER_CHECK(batch.exchange == nullptr, "forward_loss (evaluation): the batch has a K/V exchange (it holds parts of "
-                                          "cut pieces); evaluation runs whole pieces only: give it uncut pieces");
+  model::check_evaluation_batch(batch);
   const auto precision = gemm_precision_scope();
   forward(batch);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;

@@ -943,13 +943,7 @@ double CudaModel::read_loss() {
 }
 
 double CudaModel::forward_loss(const Batch& batch) {
-  // As CpuModel: a forward alone would leave the other parts' ranks waiting for the backward.
-  for (int p = 0; p < static_cast<int>(batch.pos_offset.size()); ++p)
-    KILTER_CHECK(batch.pos_offset[p] == 0, "forward_loss (evaluation): piece "
-                                               << p << " is a later part of a cut piece (offset " << batch.pos_offset[p]
-                                               << "); evaluation runs whole pieces only: give it uncut pieces");
-  KILTER_CHECK(batch.exchange == nullptr, "forward_loss (evaluation): the batch has a K/V exchange (it holds parts of "
-                                          "cut pieces); evaluation runs whole pieces only: give it uncut pieces");
+  model::check_evaluation_batch(batch);
   upload_batch(batch, 0.0f);
   run_segment(0, [&] { forward_kernels(); });
   finish_forward();

@@ -157,25 +157,39 @@ __global__ void masked_softmax_backward_kernel(float* datt, const float* att, co
 
 // A later part of a cut piece: q (NH,L,hd) from its own rows of qkv (L,3C); k and v (NH,s+L,hd):
 // rows j < s from the prefix (s,2C: k | v), rows j >= s from qkv row j - s.
-__global__ void split_prefixed_heads_kernel(float* q, float* k, float* v, const float* qkv, const float* prefix_kv,
-                                            int s, int L, int NH, int hd) {
-  const int Tk = s + L;
-  const size_t C = static_cast<size_t>(NH) * hd;
-  const size_t total = static_cast<size_t>(NH) * Tk * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+// Element i of a later part's (NH, s+L, hd) keys: key row j of head h, and where it lives: the
+// prefix's row j (s,2C) when j < s, else qkv's row j - s (L,3C), and q's index (NH,L,hd).
+struct PrefixedElement {
+  size_t C, column, prefix_row, own_row, q_index;
+  bool in_prefix;
+  __device__ PrefixedElement(size_t i, int s, int L, int NH, int hd) {
+    const int Tk = s + L;
     const int d = static_cast<int>(i % hd);
     const int j = static_cast<int>((i / hd) % Tk);
     const int h = static_cast<int>(i / (static_cast<size_t>(hd) * Tk));
-    const size_t column = static_cast<size_t>(h) * hd + d;
-    if (j < s) {
-      k[i] = prefix_kv[static_cast<size_t>(j) * 2 * C + column];
-      v[i] = prefix_kv[static_cast<size_t>(j) * 2 * C + C + column];
+    C = static_cast<size_t>(NH) * hd;
+    column = static_cast<size_t>(h) * hd + d;
+    in_prefix = j < s;
+    prefix_row = static_cast<size_t>(j) * 2 * C;
+    own_row = static_cast<size_t>(j - s) * 3 * C;
+    q_index = in_prefix ? 0 : (static_cast<size_t>(h) * L + (j - s)) * hd + d;
+  }
+};
+
+__global__ void split_prefixed_heads_kernel(float* q, float* k, float* v, const float* qkv, const float* prefix_kv,
+                                            int s, int L, int NH, int hd) {
+  const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const PrefixedElement e(i, s, L, NH, hd);
+    if (e.in_prefix) {
+      k[i] = prefix_kv[e.prefix_row + e.column];
+      v[i] = prefix_kv[e.prefix_row + e.C + e.column];
     } else {
-      const size_t src = static_cast<size_t>(j - s) * 3 * C + column;
-      k[i] = qkv[src + C];
-      v[i] = qkv[src + 2 * C];
-      q[(static_cast<size_t>(h) * L + (j - s)) * hd + d] = qkv[src];
+      const size_t src = e.own_row + e.column;
+      k[i] = qkv[src + e.C];
+      v[i] = qkv[src + 2 * e.C];
+      q[e.q_index] = qkv[src];
     }
   }
 }
@@ -185,23 +199,18 @@ __global__ void split_prefixed_heads_kernel(float* q, float* k, float* v, const 
 // gradient (s,2C: dk | dv), which goes back to the ranks owning those tokens.
 __global__ void merge_prefixed_grads_kernel(float* dqkv, float* prefix_dkv, const float* dq, const float* dk,
                                             const float* dv, int s, int L, int NH, int hd) {
-  const int Tk = s + L;
-  const size_t C = static_cast<size_t>(NH) * hd;
-  const size_t total = static_cast<size_t>(NH) * Tk * hd;
+  const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % hd);
-    const int j = static_cast<int>((i / hd) % Tk);
-    const int h = static_cast<int>(i / (static_cast<size_t>(hd) * Tk));
-    const size_t column = static_cast<size_t>(h) * hd + d;
-    if (j < s) {
-      prefix_dkv[static_cast<size_t>(j) * 2 * C + column] += dk[i];
-      prefix_dkv[static_cast<size_t>(j) * 2 * C + C + column] += dv[i];
+    const PrefixedElement e(i, s, L, NH, hd);
+    if (e.in_prefix) {
+      prefix_dkv[e.prefix_row + e.column] += dk[i];
+      prefix_dkv[e.prefix_row + e.C + e.column] += dv[i];
     } else {
-      const size_t dst = static_cast<size_t>(j - s) * 3 * C + column;
-      dqkv[dst] += dq[(static_cast<size_t>(h) * L + (j - s)) * hd + d];
-      dqkv[dst + C] += dk[i];
-      dqkv[dst + 2 * C] += dv[i];
+      const size_t dst = e.own_row + e.column;
+      dqkv[dst] += dq[e.q_index];
+      dqkv[dst + e.C] += dk[i];
+      dqkv[dst + 2 * e.C] += dv[i];
     }
   }
 }

@@ -104,4 +104,16 @@ void validate_batch(const Batch& batch, const GPTConfig& cfg) {
                                                                              << num_targets << " targets are set");
 }
 
+// A cut piece's parts exchange K/V in the forward and dK/dV in the backward, on every rank that
+// holds one (kv_exchange.h): a forward alone would leave the other parts' ranks waiting for the
+// backward, so evaluation takes whole pieces only.
+void check_evaluation_batch(const Batch& batch) {
+  for (int p = 0; p < static_cast<int>(batch.pos_offset.size()); ++p)
+    KILTER_CHECK(batch.pos_offset[p] == 0, "forward_loss (evaluation): piece "
+                                               << p << " is a later part of a cut piece (offset " << batch.pos_offset[p]
+                                               << "); evaluation runs whole pieces only: give it uncut pieces");
+  KILTER_CHECK(batch.exchange == nullptr, "forward_loss (evaluation): the batch has a K/V exchange (it holds parts of "
+                                          "cut pieces); evaluation runs whole pieces only: give it uncut pieces");
+}
+
 }  // namespace kilter::model

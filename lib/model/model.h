@@ -159,6 +159,9 @@ class Model {
 // [-1, vocab). Throws kilter::Error naming the piece and the position in it. Every backend calls
 // it before using a batch.
 void validate_batch(const Batch& batch, const GPTConfig& cfg);
+// What Model::forward_loss (evaluation) takes on top: no part of a cut piece (no offset, no
+// exchange); throws kilter::Error naming the piece otherwise. Every backend calls it.
+void check_evaluation_batch(const Batch& batch);
 
 // The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.
 std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg,

@@ -64,55 +64,34 @@ void unpack_rows(std::vector<float>& padded, const std::vector<float>& packed, c
       std::copy(packed.begin() + row * W, packed.begin() + (row + 1) * W, padded.begin() + (b * T + t) * W);
 }
 
-void test_encoder(Checker& check, cudaStream_t stream) {
-  // Packed pieces (one of length 1): positions restart in every piece.
-  const int C = 37, V = 61, maxT = 13;
-  const std::vector<int32_t> lengths = {13, 1, 7, 13, 4};
+// Packed pieces: positions restart in every piece, or start at `offset` (later parts of cut
+// pieces, issue 23; empty: none). maxT: rows of wpe, >= the last position reached.
+void test_encoder(Checker& check, cudaStream_t stream, const std::vector<int32_t>& lengths,
+                  const std::vector<int32_t>& offset, int maxT, const std::string& tag) {
+  const int C = 37, V = 61;
   const std::vector<int32_t> cu = offsets_of(lengths);
   const int N = cu.back(), pieces = static_cast<int>(lengths.size());
   std::vector<int32_t> inp(N);
   for (int32_t& id : inp) id = random_int(0, V - 1);
   const auto wte = random_floats(static_cast<size_t>(V) * C), wpe = random_floats(static_cast<size_t>(maxT) * C);
+  const int32_t* host_offset = offset.empty() ? nullptr : offset.data();
   std::vector<float> out_cpu(static_cast<size_t>(N) * C);
-  km::encoder_forward(out_cpu.data(), inp.data(), wte.data(), wpe.data(), cu.data(), pieces, C);
-  DeviceBuffer<int32_t> d_inp(inp), d_cu(cu);
+  km::encoder_forward(out_cpu.data(), inp.data(), wte.data(), wpe.data(), cu.data(), pieces, C, host_offset);
+  DeviceBuffer<int32_t> d_inp(inp), d_cu(cu), d_offset(offset);
+  const int32_t* device_offset = offset.empty() ? nullptr : d_offset.get();
   DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(out_cpu.size());
-  kc::encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), d_cu.get(), pieces, N, C, stream);
-  check.near("encoder_forward out (packed)", d_out.download(), out_cpu, kRowTol);
+  kc::encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), d_cu.get(), pieces, N, C, stream,
+                      device_offset);
+  check.near("encoder_forward out (" + tag + ")", d_out.download(), out_cpu, kRowTol);
 
   const auto dout = random_floats(out_cpu.size());
   auto dwte = random_floats(wte.size()), dwpe = random_floats(wpe.size());  // accumulate onto these
   DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
-  km::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), cu.data(), pieces, C);
-  kc::encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_inp.get(), d_cu.get(), pieces, N, maxT, C, stream);
-  check.near("encoder_backward dwte (packed)", d_dwte.download(), dwte, kRowTol);
-  check.near("encoder_backward dwpe (packed)", d_dwpe.download(), dwpe, kRowTol);
-}
-
-// Pieces that are later parts of cut pieces (issue 23): positions start at the piece's offset.
-void test_encoder_offsets(Checker& check, cudaStream_t stream) {
-  const int C = 37, V = 61, maxT = 40;
-  const std::vector<int32_t> lengths = {13, 1, 7, 9}, offset = {0, 30, 5, 31};
-  const std::vector<int32_t> cu = offsets_of(lengths);
-  const int N = cu.back(), pieces = static_cast<int>(lengths.size());
-  std::vector<int32_t> inp(N);
-  for (int32_t& id : inp) id = random_int(0, V - 1);
-  const auto wte = random_floats(static_cast<size_t>(V) * C), wpe = random_floats(static_cast<size_t>(maxT) * C);
-  std::vector<float> out_cpu(static_cast<size_t>(N) * C);
-  km::encoder_forward(out_cpu.data(), inp.data(), wte.data(), wpe.data(), cu.data(), pieces, C, offset.data());
-  DeviceBuffer<int32_t> d_inp(inp), d_cu(cu), d_offset(offset);
-  DeviceBuffer<float> d_wte(wte), d_wpe(wpe), d_out(out_cpu.size());
-  kc::encoder_forward(d_out.get(), d_inp.get(), d_wte.get(), d_wpe.get(), d_cu.get(), pieces, N, C, stream,
-                      d_offset.get());
-  check.near("encoder_forward out (offsets)", d_out.download(), out_cpu, kRowTol);
-  const auto dout = random_floats(out_cpu.size());
-  auto dwte = random_floats(wte.size()), dwpe = random_floats(wpe.size());
-  DeviceBuffer<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
-  km::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), cu.data(), pieces, C, offset.data());
+  km::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), cu.data(), pieces, C, host_offset);
   kc::encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_inp.get(), d_cu.get(), pieces, N, maxT, C, stream,
-                       d_offset.get());
-  check.near("encoder_backward dwte (offsets)", d_dwte.download(), dwte, kRowTol);
-  check.near("encoder_backward dwpe (offsets)", d_dwpe.download(), dwpe, kRowTol);
+                       device_offset);
+  check.near("encoder_backward dwte (" + tag + ")", d_dwte.download(), dwte, kRowTol);
+  check.near("encoder_backward dwpe (" + tag + ")", d_dwpe.download(), dwpe, kRowTol);
 }
 
 // A later part of a cut piece (L queries, s prefix keys) against the CPU's attention with an
@@ -432,7 +411,7 @@ int main() {
     Checker check;
     kc::Gemm gemm(stream, kc::GemmMath::fp32);
     kc::Gemm gemm_bf16(stream, kc::GemmMath::bf16);
-    test_encoder(check, stream);
+    test_encoder(check, stream, {13, 1, 7, 13, 4}, {}, 13, "packed");  // one piece of length 1
     test_layernorm(check, stream);
     test_matmul(check, gemm, 45, 37, 29, kGemmTol);       // odd: unaligned operands
     test_matmul(check, gemm, 256, 128, 384, kGemmTol);    // aligned: tensor-core friendly shapes
@@ -441,7 +420,7 @@ int main() {
     test_attention(check, gemm, 2, 64, 128, 2, kGemmTol);
     test_attention(check, gemm_bf16, 2, 64, 128, 2, kBf16Tol);
     test_packed_attention(check, gemm, 24, 4, 70, kGemmTol);  // head_dim 6
-    test_encoder_offsets(check, stream);
+    test_encoder(check, stream, {13, 1, 7, 9}, {0, 30, 5, 31}, 40, "offsets");
     test_prefix_attention(check, gemm, 24, 4, 37, 70, kGemmTol);  // head_dim 6, two 64-row blocks on the CPU
     test_prefix_attention(check, gemm, 128, 2, 1, 5, kGemmTol);
     test_prefix_attention(check, gemm_bf16, 128, 2, 200, 64, kBf16Tol);
