@@ -217,7 +217,7 @@ void CpuModel::attention_backward(const Batch& batch, int layer, const BlockActi
   const int N = batch.N, pieces = batch.num_pieces(), C = cfg_.n_embd, NH = cfg_.n_head;
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
   float* dqkv = dqkv_.data();
-  std::memset(dqkv, 0, sizeof(float) * N * 3 * C);
+  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(N) * 3 * C);
   model::KvExchange* exchange = batch.exchange;
   if (exchange == nullptr) {
     model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_);
@@ -309,7 +309,7 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
   // chunk, so it is counted with backward.
   if (backward_start_hook_) backward_start_hook_();
-  const int N = batch.N, C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
+  const int N = batch.N, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int pieces = batch.num_pieces();
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
   const size_t NC = static_cast<size_t>(N) * C;
