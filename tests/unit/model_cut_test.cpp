@@ -195,6 +195,19 @@ TEST_F(ModelCut, PieceCutInThreeMatchesTheUncutPiece) {
   }
 }
 
+// Context parallelism: a context no rank's micro-batch holds (160 tokens, 40 per rank) as a chain
+// of four parts on four ranks, each later part receiving from all the ranks before it.
+TEST_F(ModelCut, ContextLongerThanAnyMicroBatchOnFourRanks) {
+  const GPTConfig cfg = cut_config();
+  const std::vector<float> params = parameters(cfg, 81, false);
+  const Batch whole = make_batch({160}, cfg.vocab_size, 82, {{0, 159}});
+  const float scale = 1.0f / whole.num_targets;
+  const CutBatches setup = cut_batches(whole, {{{0, 0, 40}}, {{0, 40, 80}}, {{0, 80, 120}}, {{0, 120, -1}}});
+  for (const Batch& batch : setup.batches) ASSERT_EQ(batch.N, 40);
+  expect_same(run_cut(cfg, params, setup, scale), run_whole(cfg, params, whole, scale), ParamLayout::build(cfg), 1e-6,
+              1e-5);
+}
+
 // Each rank holds whole pieces, an earlier part and a later part, in different orders; each waits
 // on the other in every layer (rank 0 needs rank 1's K/V for piece 0, rank 1 needs rank 0's for
 // piece 1): only sends posted before waits let this finish.
