@@ -18,41 +18,6 @@
 
 namespace kilter::comm {
 
-int64_t KvPeer::rows() const {
-  int64_t n = 0;
-  for (const KvRun& r : runs) n += r.rows;
-  return n;
-}
-
-int64_t KvSchedule::kv_tokens() const {
-  int64_t n = 0;
-  for (const KvPieceInfo& p : pieces) n += p.offset;
-  return n;
-}
-
-int64_t KvSchedule::sent_rows() const {
-  int64_t n = 0;
-  for (const KvPeer& p : later) n += p.rows();
-  return n;
-}
-
-int64_t KvSchedule::bytes_per_step(int n_layer, int n_embd) const {
-  int64_t rows = sent_rows();
-  for (const KvPeer& p : earlier) rows += p.rows();
-  // Each row travels forward (k|v) and back (dk|dv): 2 x 2C floats per layer.
-  return rows * 2 * 2 * int64_t(n_embd) * int64_t(sizeof(float)) * n_layer;
-}
-
-std::string KvSchedule::describe_piece(int piece) const {
-  std::ostringstream os;
-  if (piece < 0 || size_t(piece) >= pieces.size()) return "no piece";
-  const KvPieceInfo& p = pieces[size_t(piece)];
-  const uint64_t first = uint64_t(p.piece_start) + p.offset;
-  os << "document " << p.doc << ", tokens " << first << "-" << first + p.len - 1 << " (part at offset " << p.offset
-     << " of the piece at token " << p.piece_start << ")";
-  return os.str();
-}
-
 int kv_exchange_tag(MPI_Comm comm, uint32_t slot, int layer, bool backward, int n_layer) {
   int* tag_ub = nullptr;
   int flag = 0;
@@ -292,24 +257,7 @@ void MpiKvExchange::forward_wait(int layer) {
   Impl::Layer& l = d.layers[size_t(layer)];
   const int64_t begin = now_ns();
   const int last = wait_bounded(l.fwd_recv, d.timeout_s, [&](const std::vector<int>& missing) {
-    std::ostringstream os;
-    os << "K/V exchange: step " << schedule_.step << ", micro-batch " << schedule_.slot << ", layer " << layer
-       << " (forward): rank " << d.rank << " waited " << d.timeout_s << " s (comm.timeout_s) for the K/V of";
-    for (int i : missing) {
-      const KvPeer& peer = schedule_.earlier[size_t(i)];
-      os << " rank " << peer.rank << " [";
-      for (size_t k = 0; k < peer.runs.size(); ++k) {
-        const KvRun& run = peer.runs[k];
-        const KvPieceInfo& piece = schedule_.pieces[size_t(run.piece)];
-        os << (k ? "; " : "") << "document " << piece.doc << ", tokens " << piece.piece_start + uint64_t(run.row)
-           << "-" << piece.piece_start + uint64_t(run.row + run.rows) - 1 << ", needed by "
-           << schedule_.describe_piece(run.piece);
-      }
-      os << "]";
-    }
-    os << "; that rank holds the earlier part of a cut piece and did not deliver it (it died, hung or is that much "
-          "slower): check its log; raise comm.timeout_s only if it is merely slow";
-    return os.str();
+    return describe_missing_kv(schedule_, d.rank, layer, false, missing, d.timeout_s);
   });
   l.fwd_recv.clear();
   l.forward_done = true;
@@ -389,19 +337,7 @@ void MpiKvExchange::backward_wait_add(int layer, float* dqkv) {
   KILTER_CHECK(!l.backward_done, "K/V exchange: backward_wait_add(" << layer << ") called twice");
   const int64_t begin = now_ns();
   const int last = wait_bounded(l.bwd_recv, d.timeout_s, [&](const std::vector<int>& missing) {
-    std::ostringstream os;
-    os << "K/V exchange: step " << schedule_.step << ", micro-batch " << schedule_.slot << ", layer " << layer
-       << " (backward): rank " << d.rank << " waited " << d.timeout_s << " s (comm.timeout_s) for the dK/dV of";
-    for (int i : missing) {
-      const KvPeer& peer = schedule_.later[size_t(i)];
-      os << " rank " << peer.rank << " [";
-      for (size_t k = 0; k < peer.runs.size(); ++k)
-        os << (k ? "; " : "") << schedule_.describe_piece(peer.runs[k].piece);
-      os << "]";
-    }
-    os << "; that rank holds a later part of a cut piece and did not deliver it (it died, hung or is that much "
-          "slower): check its log; raise comm.timeout_s only if it is merely slow";
-    return os.str();
+    return describe_missing_kv(schedule_, d.rank, layer, true, missing, d.timeout_s);
   });
   l.bwd_recv.clear();
   l.backward_done = true;

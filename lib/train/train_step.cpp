@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include "io/error.h"
-#include "lib/comm/kv_exchange_mpi.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/cut_schedule.h"
 #include "lib/train/guards.h"
@@ -39,7 +38,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
   kv_options.n_layer = model.config().n_layer;
   kv_options.n_embd = model.config().n_embd;
   kv_options.timeout_s = ctx.kv_timeout_s;
-  std::unique_ptr<comm::MpiKvExchange> exchange;
+  std::unique_ptr<comm::CutExchange> exchange;
   kv_options.on_wait = [&](const comm::KvWaitEvent& e) {
     diag::RankDiagnostics::KvWait wait;
     wait.begin_ns = e.begin_ns;
@@ -57,10 +56,10 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     comm::KvSchedule schedule = cuts.schedule(mb, ctx.rank, id - first, ctx.step_index);
     exchange.reset();
     if (!schedule.empty()) {
-      KILTER_CHECK(ctx.kv_comm != MPI_COMM_NULL, "step " << ctx.step_index << " holds a piece cut between ranks "
-                                                         << "but this trainer has no K/V exchange communicator");
+      KILTER_CHECK(ctx.make_kv_exchange, "step " << ctx.step_index << " holds a piece cut between ranks "
+                                                  << "but this trainer has no K/V exchange");
       work.kv_tokens += schedule.kv_tokens();
-      exchange = std::make_unique<comm::MpiKvExchange>(ctx.kv_comm, std::move(schedule), kv_options);
+      exchange = ctx.make_kv_exchange(std::move(schedule), kv_options);
     }
     ctx.fill_prefetch();
     diagnostics.phase_begin(diag::kDataWait);

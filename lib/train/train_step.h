@@ -5,11 +5,13 @@
 #include <mpi.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "io/reader.h"
 #include "lib/balance/plan.h"
 #include "lib/comm/communicator.h"
+#include "lib/comm/kv_schedule.h"
 #include "lib/core/config.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
@@ -28,10 +30,12 @@ struct StepContext {
   comm::GradientReducer* reducer = nullptr;
   diag::RankDiagnostics* diagnostics = nullptr;
   Watchdog* watchdog = nullptr;
-  // The K/V exchange of cut pieces (issue 23): its own communicator (the trainer's duplicate of
-  // `world`; MPI_COMM_NULL: a step with a cut piece is refused) and its bound, comm.timeout_s.
-  MPI_Comm kv_comm = MPI_COMM_NULL;
-  double kv_timeout_s = 300;
+  // The K/V exchange of cut pieces (issue 23): makes one micro-batch's exchange (the trainer
+  // picks MPI or NCCL, on a communicator of the exchange's own); empty: a step with a cut piece
+  // is refused.
+  std::function<std::unique_ptr<comm::CutExchange>(comm::KvSchedule, const comm::KvExchangeOptions&)>
+      make_kv_exchange;
+  double kv_timeout_s = 300;  // comm.timeout_s
   model::Batch batch;  // reused by every micro-batch
   int64_t step_index = 0;       // the optimizer steps completed (set by the trainer every step)
   bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite

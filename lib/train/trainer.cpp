@@ -21,6 +21,7 @@
 #include "lib/balance/plan.h"
 #include "lib/balance/plan_config.h"
 #include "lib/comm/communicator.h"
+#include "lib/comm/kv_schedule.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/model/gemm.h"
 #include "lib/model/model.h"
@@ -244,8 +245,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   // trainer's or the reducer's (freed at the end of the run; an error ends the job instead).
   MPI_Comm kv_comm = MPI_COMM_NULL;
   KILTER_CHECK(MPI_Comm_dup(world, &kv_comm) == MPI_SUCCESS, "MPI_Comm_dup (K/V exchange) failed");
-  ctx.kv_comm = kv_comm;
   ctx.kv_timeout_s = cfg.comm.timeout_s;
+  ctx.make_kv_exchange = comm::kv_exchange_factory(comm_kind, kv_comm, cfg.comm.timeout_s);
   double last_loss = NAN, eval_loss = NAN;
   double tokens_this_run = 0;
   const int64_t first_step = state.step;
