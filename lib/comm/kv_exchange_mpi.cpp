@@ -263,18 +263,7 @@ void MpiKvExchange::forward_wait(int layer) {
   l.forward_done = true;
   const int64_t end = now_ns();
   wait_seconds_ += double(end - begin) * 1e-9;
-  if (d.on_wait) {
-    KvWaitEvent e;
-    e.layer = layer;
-    e.backward = false;
-    e.begin_ns = begin;
-    e.end_ns = end;
-    if (last >= 0) {
-      e.last_rank = schedule_.earlier[size_t(last)].rank;
-      e.last_piece = schedule_.earlier[size_t(last)].runs.front().piece;
-    }
-    d.on_wait(e);
-  }
+  if (d.on_wait) d.on_wait(kv_wait_event(layer, false, begin, end, schedule_.earlier, last));
 }
 
 const float* MpiKvExchange::prefix_kv(int layer, int piece) {
@@ -356,18 +345,7 @@ void MpiKvExchange::backward_wait_add(int layer, float* dqkv) {
   }
   std::vector<float>().swap(l.recv_dkv);
   std::vector<float>().swap(l.prefix_kv);  // valid until now (kv_exchange.h)
-  if (d.on_wait) {
-    KvWaitEvent e;
-    e.layer = layer;
-    e.backward = true;
-    e.begin_ns = begin;
-    e.end_ns = end;
-    if (last >= 0) {
-      e.last_rank = schedule_.later[size_t(last)].rank;
-      e.last_piece = schedule_.later[size_t(last)].runs.front().piece;
-    }
-    d.on_wait(e);
-  }
+  if (d.on_wait) d.on_wait(kv_wait_event(layer, true, begin, end, schedule_.later, last));
   d.reap_sends();
 }
 

@@ -321,16 +321,9 @@ class NcclKvExchange final : public CutExchange {
     });
     const int64_t end = now_ns();
     wait_seconds_ += double(end - begin) * 1e-9;
-    if (opts_.on_wait && !peers.empty()) {
-      KvWaitEvent e;
-      e.layer = layer;
-      e.backward = backward;
-      e.begin_ns = begin;
-      e.end_ns = end;
-      e.last_rank = peers.back().rank;  // a group completes as one: the last peer stands for it
-      e.last_piece = peers.back().runs.front().piece;
-      opts_.on_wait(e);
-    }
+    // A group completes as one: its last peer stands for it.
+    if (opts_.on_wait && !peers.empty())
+      opts_.on_wait(kv_wait_event(layer, backward, begin, end, peers, int(peers.size()) - 1));
   }
   static int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(

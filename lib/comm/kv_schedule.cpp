@@ -41,6 +41,20 @@ std::string KvSchedule::describe_piece(int piece) const {
   return os.str();
 }
 
+KvWaitEvent kv_wait_event(int layer, bool backward, int64_t begin_ns, int64_t end_ns, const std::vector<KvPeer>& peers,
+                          int last) {
+  KvWaitEvent e;
+  e.layer = layer;
+  e.backward = backward;
+  e.begin_ns = begin_ns;
+  e.end_ns = end_ns;
+  if (last >= 0) {
+    e.last_rank = peers[size_t(last)].rank;
+    e.last_piece = peers[size_t(last)].runs.front().piece;
+  }
+  return e;
+}
+
 std::string describe_missing_kv(const KvSchedule& schedule, int rank, int layer, bool backward,
                                 const std::vector<int>& missing, double timeout_s) {
   std::ostringstream os;

@@ -76,6 +76,11 @@ struct KvWaitEvent {
   int last_piece = -1;  // a batch piece that peer's message carried
 };
 
+// The event of a wait over [begin_ns, end_ns); `last`: the index into `peers` of the peer whose
+// message completed it (-1: there was nothing to wait for).
+KvWaitEvent kv_wait_event(int layer, bool backward, int64_t begin_ns, int64_t end_ns, const std::vector<KvPeer>& peers,
+                          int last);
+
 struct KvExchangeOptions {
   int n_layer = 0;
   int n_embd = 0;
