@@ -296,8 +296,9 @@ void RankDiagnostics::add_phase_seconds(Phase p, double seconds) {
 void RankDiagnostics::mark_arrival() { impl_->arrival_ns = steady_now_ns(); }
 
 void RankDiagnostics::set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches,
-                                    int64_t kv_tokens) {
+                                    int64_t kv_tokens, int64_t kv_bytes) {
   impl_->current.kv_tokens = kv_tokens;
+  impl_->current.kv_bytes = kv_bytes;
   impl_->current.tokens_computed = tokens_computed;
   impl_->current.micro_batches = micro_batches;
   impl_->current.attn_work = attn_work;

@@ -70,8 +70,10 @@ class RankDiagnostics {
   void kv_wait(const KvWait& wait);
   // The work this rank did in the current step, for cost-model calibration: padded tokens
   // computed (padding included), sum(len^2) over its attention segments, and its micro-batches.
-  // kv_tokens: earlier tokens of cut pieces whose K/V the rank received in the step.
-  void set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches, int64_t kv_tokens = 0);
+  // kv_tokens: earlier tokens of cut pieces whose K/V the rank received in the step; kv_bytes:
+  // the bytes of K/V and dK/dV it sent and received.
+  void set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches, int64_t kv_tokens = 0,
+                     int64_t kv_bytes = 0);
   // Optional: peak device memory of this rank so far (bytes; GPU backends), kept per step.
   void set_device_peak_bytes(uint64_t bytes);
   // Collective: writes this rank's CSV row and trace events, gathers every rank's record of the

@@ -129,6 +129,7 @@ void RunStatistics::add_step(const StepRecord* ranks) {
     peak_rss_[r] = std::max(peak_rss_[r], rec.peak_rss_bytes);
     if (rec.kv_wait_peer >= 0) kv_wait_peers_[size_t(r)][rec.kv_wait_peer] += 1;
     kv_tokens_ += rec.kv_tokens;
+    kv_bytes_ += rec.kv_bytes;
     kv_wait_seconds_ += rec.phase[kKvWait];
     device_peak_[r] = std::max(device_peak_[r], rec.device_peak_bytes);
   }
@@ -259,6 +260,8 @@ nlohmann::json RunStatistics::to_json() const {
   // tokens whose K/V crossed between ranks per step (all ranks).
   j["kv_wait_fraction"] = step_total_seconds_ > 0 ? kv_wait_seconds_ / step_total_seconds_ : 0.0;
   j["kv_tokens_per_step"] = steps_.empty() ? 0.0 : double(kv_tokens_) / double(steps());
+  // Every byte is counted by its sender and its receiver.
+  j["kv_bytes_per_step"] = steps_.empty() ? 0.0 : double(kv_bytes_) / 2.0 / double(steps());
 
   StragglerVerdict v = straggler();
   j["straggler_rank"] = v.rank;

@@ -104,6 +104,7 @@ class RunStatistics {
   std::vector<uint64_t> device_peak_;
   std::vector<std::map<int, int64_t>> kv_wait_peers_;  // per rank: steps it waited longest for each rank
   int64_t kv_tokens_ = 0;                // sum over ranks and steps
+  int64_t kv_bytes_ = 0;                 // sum over ranks and steps (each byte counted at both ends)
   double kv_wait_seconds_ = 0;           // sum over ranks and steps
   double wait_seconds_ = 0;              // sum over ranks and steps of (last arrival - arrival)
   double step_total_seconds_ = 0;        // sum over ranks and steps of step_total

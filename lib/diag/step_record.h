@@ -27,6 +27,7 @@ struct StepRecord {
   int32_t rank = 0;
   int32_t micro_batches = 0;     // this rank's micro-batches in the step
   int64_t kv_tokens = 0;         // earlier tokens of cut pieces whose K/V this rank received
+  int64_t kv_bytes = 0;          // bytes of K/V and dK/dV this rank sent and received
   int32_t kv_wait_peer = -1;     // the rank this one waited for longest in kv_wait (-1: none)
   int32_t reserved = 0;
 };

@@ -18,12 +18,13 @@ namespace kilter::train {
 void assemble_batch(const io::ReadyGroup& group, const balance::MicroBatch& mb, model::Batch& batch);
 
 // One rank's work in one step (metrics columns tokens_computed, attn_work, micro_batches,
-// kv_tokens).
+// kv_tokens, kv_bytes).
 struct StepWork {
   int64_t tokens_computed = 0;  // sum of N: padding included
   double attn_work = 0;         // sum of len^2 over the attention segments
   int32_t micro_batches = 0;
   int64_t kv_tokens = 0;        // earlier tokens of cut pieces whose K/V this rank received
+  int64_t kv_bytes = 0;         // bytes of K/V and dK/dV it sent and received
   void add(const model::Batch& batch) {
     tokens_computed += batch.N;
     attn_work += batch.attention_work();

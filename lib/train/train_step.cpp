@@ -59,6 +59,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
       KILTER_CHECK(ctx.make_kv_exchange, "step " << ctx.step_index << " holds a piece cut between ranks "
                                                   << "but this trainer has no K/V exchange");
       work.kv_tokens += schedule.kv_tokens();
+      work.kv_bytes += schedule.bytes_per_step(kv_options.n_layer, kv_options.n_embd);
       exchange = ctx.make_kv_exchange(std::move(schedule), kv_options);
     }
     ctx.fill_prefetch();

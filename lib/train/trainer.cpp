@@ -277,7 +277,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     nonfinite_skipped += updated.skipped;
     const double lr = updated.lr, grad_norm = updated.grad_norm;
 
-    diagnostics.set_step_work(work.tokens_computed, work.attn_work, work.micro_batches, work.kv_tokens);
+    diagnostics.set_step_work(work.tokens_computed, work.attn_work, work.micro_batches, work.kv_tokens,
+                              work.kv_bytes);
     const double step_tokens = double(step.target_tokens());
     diagnostics.end_step(state.step, int64_t(step.target_tokens()), loss);
     last_loss = loss;

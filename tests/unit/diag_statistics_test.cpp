@@ -228,6 +228,7 @@ TEST(DiagStragglerWatch, KvWaitNamesTheRankWaitedFor) {
     auto recs = make_step(world, s, s * 0.3, 2, kKvWait, 0.05);
     recs[2].kv_wait_peer = s % 4 == 0 ? 1 : 0;  // mostly rank 0
     recs[2].kv_tokens = 64;
+    recs[2].kv_bytes = 4096;
     stats.add_step(recs.data());
     std::string w = watch.add_step(recs.data());
     if (!w.empty() && warning.empty()) warning = w;
@@ -241,6 +242,7 @@ TEST(DiagStragglerWatch, KvWaitNamesTheRankWaitedFor) {
   EXPECT_EQ(v.kv_wait_for_rank, 0);
   const nlohmann::json j = stats.to_json();
   EXPECT_EQ(j["kv_tokens_per_step"], 64.0);
+  EXPECT_EQ(j["kv_bytes_per_step"], 2048.0);
   EXPECT_GT(j["kv_wait_fraction"].get<double>(), 0.0);
   // kv_wait is waiting, not the rank's own compute.
   EXPECT_NEAR(stats.compute_mean(2), stats.compute_mean(1), 1e-9);
@@ -312,6 +314,7 @@ TEST_F(DiagFiles, MetricsCsvRoundTripAndTruncatedTail) {
       r.attn_work = 1e6;
       r.phase[kKvWait] = 0.0125;
       r.kv_tokens = 300 + s;
+      r.kv_bytes = 1 << 20;
       r.kv_wait_peer = s == 0 ? -1 : 3;
       w.append(r);
     }
@@ -326,6 +329,7 @@ TEST_F(DiagFiles, MetricsCsvRoundTripAndTruncatedTail) {
   EXPECT_EQ(back[0].peak_rss_bytes, recs[1].peak_rss_bytes);
   EXPECT_NEAR(back[1].phase[kKvWait], 0.0125, 1e-12);
   EXPECT_EQ(back[2].kv_tokens, 302);
+  EXPECT_EQ(back[2].kv_bytes, 1 << 20);
   EXPECT_EQ(back[0].kv_wait_peer, -1);
   EXPECT_EQ(back[1].kv_wait_peer, 3);
   // A crash mid-row: the partial row is dropped, earlier rows stay.
