@@ -1,4 +1,4 @@
-// MpiKvExchange and KvSchedule (kv_exchange_mpi.h). Per layer and direction each peer gets one
+// MpiKvExchange (kv_exchange_mpi.h). Per layer and direction each peer gets one
 // message: forward, the k|v of our rows that its later parts need (packed from qkv's k and v
 // columns) and, from each earlier peer, its rows received straight into the pieces' prefixes (an
 // indexed datatype over the prefix buffer); backward, the prefixes' dk|dv sent back with the
@@ -48,7 +48,8 @@ int mpi_int(int64_t n, const char* what) {
 }
 
 // Send buffers whose requests were still open when an exchange was destroyed (an error unwinds
-// and MPI_Abort follows): MPI may still read them, so they stay allocated.
+// and MPI_Abort follows): MPI may still read them, so they stay allocated. Only the training
+// thread creates and destroys exchanges.
 std::vector<std::vector<float>>& abandoned_send_buffers() {
   static std::vector<std::vector<float>> buffers;
   return buffers;
