@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <algorithm>
 #include <map>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -167,6 +169,55 @@ TEST(KvExchange, RepeatedStepsStayApart) {
   double waited = 0;
   for (int repeat = 0; repeat < 4; ++repeat) bad += run_step(step, ranks, &first, &waited);
   EXPECT_EQ(bad, 0) << "rank " << ranks.rank << ": " << first;
+}
+
+// Random steps (the same on every rank from one seed): pieces cut into 1..P parts over random
+// ranks, several cut pieces between the same ranks in one slot, three slots, uncut pieces mixed in
+// and the batch order shuffled.
+balance::Step random_step(int world, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto pick = [&](int n) { return int(rng() % uint32_t(n)); };
+  const int slots = 3;
+  std::vector<std::vector<std::vector<balance::Piece>>> ranks(static_cast<size_t>(world),
+                                                               std::vector<std::vector<balance::Piece>>(slots));
+  uint64_t doc = 100;
+  for (int slot = 0; slot < slots; ++slot) {
+    for (int r = 0; r < world; ++r)
+      ranks[size_t(r)][size_t(slot)].push_back(kilter::testing::part(doc++, 0, 0, 1 + uint32_t(pick(5))));
+    const int pieces = 1 + pick(4);
+    for (int k = 0; k < pieces; ++k, ++doc) {
+      std::vector<int> order(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) order[size_t(r)] = r;
+      std::shuffle(order.begin(), order.end(), rng);
+      const int parts = 1 + pick(world);
+      uint32_t offset = 0;
+      const uint32_t piece_start = uint32_t(pick(4)) * 256;
+      for (int i = 0; i < parts; ++i) {
+        const uint32_t len = 1 + uint32_t(pick(6));
+        ranks[size_t(order[size_t(i)])][size_t(slot)].push_back(kilter::testing::part(doc, piece_start, offset, len));
+        offset += len;
+      }
+    }
+    for (auto& rank_slots : ranks) std::shuffle(rank_slots[size_t(slot)].begin(), rank_slots[size_t(slot)].end(), rng);
+  }
+  return kilter::testing::make_step(ranks);
+}
+
+TEST(KvExchange, RandomStepsDeliverEveryRowAndSum) {
+  Ranks ranks;
+  if (ranks.size < 2) GTEST_SKIP() << "needs 2 ranks";
+  long bad = 0;
+  std::string first;
+  double waited = 0;
+  int cut = 0;
+  for (uint32_t seed = 1; seed <= 12; ++seed) {
+    const balance::Step step = random_step(ranks.size, seed);
+    cut += int(train::StepCuts::of(step).cuts().size());
+    bad += run_step(step, ranks, &first, &waited);
+  }
+  EXPECT_GT(cut, 12);  // the generator really cuts
+  EXPECT_EQ(bad, 0) << "rank " << ranks.rank << ": " << first;
+  EXPECT_EQ(testing::global_failures(bad), 0);
 }
 
 // Rank 0 holds the earlier part of a cut piece and never sends: rank 1 fails within the timeout
