@@ -8,3 +8,7 @@ if(TARGET GTest::gtest)
   kilter_add_mpi_test(kv_exchange_np3 kv_exchange_test 3)
   kilter_add_mpi_test(kv_exchange_np4 kv_exchange_test 4)
 endif()
+
+# The exchange's benchmark program (bench/kv_exchange.sh runs it; it is not a test).
+add_executable(kilter_bench_kv ${CMAKE_SOURCE_DIR}/bench/kv_exchange.cpp)
+target_link_libraries(kilter_bench_kv PRIVATE kilter_lib)
