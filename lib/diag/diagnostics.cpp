@@ -28,8 +28,8 @@
 namespace kilter::diag {
 
 namespace {
-constexpr const char* kPhaseNames[kNumPhases] = {"data_wait",    "h2d",       "forward",   "backward",
-                                                 "comm_exposed", "optimizer", "step_total"};
+constexpr const char* kPhaseNames[kNumPhases] = {"data_wait", "h2d",          "forward",   "backward",
+                                                 "kv_wait",   "comm_exposed", "optimizer", "step_total"};
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -95,7 +95,7 @@ InjectDelay parse_inject_delay(const std::string& text) {
   Phase phase = kForward;
   if (parts.size() == 3) {
     int p = phase_from_name(parts[2]);
-    KILTER_CHECK(p >= 0 && p != kCommExposed && p != kStepTotal,
+    KILTER_CHECK(p >= 0 && p != kCommExposed && p != kKvWait && p != kStepTotal,
                  "config key train.inject_delay = '" << text << "': PHASE '" << parts[2]
                      << "' must be one of data_wait | h2d | forward | backward | optimizer");
     phase = Phase(p);
@@ -118,6 +118,7 @@ struct RankDiagnostics::Impl {
     int phase;
     int64_t begin_ns;
     int64_t end_ns;
+    int detail = -1;  // kv_wait: index into kv_details
   };
 
   MPI_Comm comm = MPI_COMM_NULL;
@@ -140,6 +141,12 @@ struct RankDiagnostics::Impl {
   bool in_step = false;
   uint64_t device_peak = 0;
   std::vector<PhaseEvent> events;
+  std::vector<std::string> kv_details;  // trace args of this step's kv_wait spans
+  // kv_wait nests in forward and backward: the running total of the step's kv_wait and its value
+  // when each phase began, so phase_end takes the waits inside it out.
+  int64_t kv_wait_ns = 0;
+  int64_t kv_wait_at_begin[kNumPhases] = {};
+  std::vector<std::pair<int, double>> kv_wait_by_peer;  // this step: (rank, seconds waited for it)
   int64_t steps_done = 0;
   int64_t tokens_total = 0;
   double last_loss = 0;
@@ -232,9 +239,15 @@ void RankDiagnostics::begin_step(int64_t step) {
   d.delay_done = false;
   d.in_step = true;
   d.events.clear();
+  d.kv_details.clear();
+  d.kv_wait_ns = 0;
+  d.kv_wait_by_peer.clear();
 }
 
-void RankDiagnostics::phase_begin(Phase p) { impl_->phase_begin_ns[p] = steady_now_ns(); }
+void RankDiagnostics::phase_begin(Phase p) {
+  impl_->phase_begin_ns[p] = steady_now_ns();
+  impl_->kv_wait_at_begin[p] = impl_->kv_wait_ns;
+}
 
 void RankDiagnostics::phase_end(Phase p) {
   Impl& d = *impl_;
@@ -244,8 +257,30 @@ void RankDiagnostics::phase_end(Phase p) {
     d.delay_done = true;
   }
   int64_t now = steady_now_ns();
-  d.current.phase[p] += double(now - d.phase_begin_ns[p]) * 1e-9;
+  const int64_t nested_kv_wait = d.kv_wait_ns - d.kv_wait_at_begin[p];
+  d.current.phase[p] += double(now - d.phase_begin_ns[p] - nested_kv_wait) * 1e-9;
   if (d.trace && d.steps_done < d.opts.trace_steps) d.events.push_back({p, d.phase_begin_ns[p], now});
+}
+
+void RankDiagnostics::kv_wait(const KvWait& wait) {
+  Impl& d = *impl_;
+  const int64_t ns = std::max<int64_t>(0, wait.end_ns - wait.begin_ns);
+  d.kv_wait_ns += ns;
+  d.current.phase[kKvWait] += double(ns) * 1e-9;
+  if (wait.peer >= 0) {
+    auto it = std::find_if(d.kv_wait_by_peer.begin(), d.kv_wait_by_peer.end(),
+                           [&](const std::pair<int, double>& e) { return e.first == wait.peer; });
+    if (it == d.kv_wait_by_peer.end()) it = d.kv_wait_by_peer.insert(it, {wait.peer, 0.0});
+    it->second += double(ns) * 1e-9;
+  }
+  if (d.trace && d.steps_done < d.opts.trace_steps) {
+    nlohmann::json args = {{"layer", wait.layer},
+                           {"direction", wait.backward ? "backward" : "forward"},
+                           {"waited_for_rank", wait.peer},
+                           {"piece", wait.piece}};
+    d.events.push_back({kKvWait, wait.begin_ns, wait.end_ns, int(d.kv_details.size())});
+    d.kv_details.push_back(args.dump());
+  }
 }
 
 void RankDiagnostics::add_phase_seconds(Phase p, double seconds) {
@@ -260,7 +295,10 @@ void RankDiagnostics::add_phase_seconds(Phase p, double seconds) {
 
 void RankDiagnostics::mark_arrival() { impl_->arrival_ns = steady_now_ns(); }
 
-void RankDiagnostics::set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches) {
+void RankDiagnostics::set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches,
+                                    int64_t kv_tokens, int64_t kv_bytes) {
+  impl_->current.kv_tokens = kv_tokens;
+  impl_->current.kv_bytes = kv_bytes;
   impl_->current.tokens_computed = tokens_computed;
   impl_->current.micro_batches = micro_batches;
   impl_->current.attn_work = attn_work;
@@ -287,6 +325,13 @@ void RankDiagnostics::end_step(int64_t step, int64_t tokens, double loss) {
   r.rss_bytes = current_rss_bytes(d.statm_fd);
   // getrusage and statm count slightly differently; the peak is never below a sample.
   r.peak_rss_bytes = std::max(peak_rss_bytes(), r.rss_bytes);
+  r.kv_wait_peer = -1;
+  double longest = 0;
+  for (const auto& [peer, seconds] : d.kv_wait_by_peer)
+    if (r.kv_wait_peer < 0 || seconds > longest) {
+      r.kv_wait_peer = peer;
+      longest = seconds;
+    }
   d.csv->append(r);
   d.tokens_total += tokens;
   d.last_loss = loss;
@@ -295,7 +340,8 @@ void RankDiagnostics::end_step(int64_t step, int64_t tokens, double loss) {
     d.trace->add_complete("step " + std::to_string(step), d.aligned_us(d.step_begin_ns),
                           double(now - d.step_begin_ns) * 1e-3, step);
     for (const auto& e : d.events)
-      d.trace->add_complete(phase_name(e.phase), d.aligned_us(e.begin_ns), double(e.end_ns - e.begin_ns) * 1e-3, step);
+      d.trace->add_complete(phase_name(e.phase), d.aligned_us(e.begin_ns), double(e.end_ns - e.begin_ns) * 1e-3, step,
+                            e.detail >= 0 ? d.kv_details[size_t(e.detail)] : std::string());
     d.trace->add_instant("arrival", d.aligned_us(arrival), step);
     d.trace->flush();
   }

@@ -12,7 +12,10 @@
 
 namespace kilter::diag {
 
-enum Phase { kDataWait = 0, kH2D, kForward, kBackward, kCommExposed, kOptimizer, kStepTotal, kNumPhases };
+// kv_wait (issue 23) is time blocked in the K/V exchange of cut pieces. It happens inside forward
+// and backward and is taken out of them (forward and backward are the rank's own work, kv_wait
+// waiting for another rank's K/V or dK/dV), so the phases still add up to the step.
+enum Phase { kDataWait = 0, kH2D, kForward, kBackward, kKvWait, kCommExposed, kOptimizer, kStepTotal, kNumPhases };
 const char* phase_name(int phase);
 // The phase called `name` (as phase_name writes it), or -1.
 int phase_from_name(const std::string& name);
@@ -53,9 +56,24 @@ class RankDiagnostics {
   void phase_end(Phase p);    // accumulates; a phase may be entered several times per step
   void add_phase_seconds(Phase p, double seconds);  // for time measured elsewhere (e.g. comm_exposed)
   void mark_arrival();        // just before this rank enters the gradient collective
+  // One wait of the K/V exchange (steady clock, steady_now_ns()), inside forward or backward:
+  // added to kv_wait and taken out of the phase it lies in; a trace span "kv_wait" whose args
+  // name the layer, the direction, the rank waited for and the piece.
+  struct KvWait {
+    int64_t begin_ns = 0;
+    int64_t end_ns = 0;
+    int layer = 0;
+    bool backward = false;
+    int peer = -1;      // the rank whose message arrived last
+    std::string piece;  // the piece that message carried, in document tokens
+  };
+  void kv_wait(const KvWait& wait);
   // The work this rank did in the current step, for cost-model calibration: padded tokens
   // computed (padding included), sum(len^2) over its attention segments, and its micro-batches.
-  void set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches);
+  // kv_tokens: earlier tokens of cut pieces whose K/V the rank received in the step; kv_bytes:
+  // the bytes of K/V and dK/dV it sent and received.
+  void set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches, int64_t kv_tokens = 0,
+                     int64_t kv_bytes = 0);
   // Optional: peak device memory of this rank so far (bytes; GPU backends), kept per step.
   void set_device_peak_bytes(uint64_t bytes);
   // Collective: writes this rank's CSV row and trace events, gathers every rank's record of the

@@ -22,19 +22,19 @@ std::string trace_path(const std::string& run_dir, int rank) {
 }
 
 std::string metrics_csv_header() {
-  return "step,tokens,loss,data_wait,h2d,forward,backward,comm_exposed,optimizer,step_total,"
+  return "step,tokens,loss,data_wait,h2d,forward,backward,kv_wait,comm_exposed,optimizer,step_total,"
          "compute,outside,start,arrival,tokens_computed,attn_work,rss_bytes,peak_rss_bytes,"
-         "device_peak_bytes,micro_batches";
+         "device_peak_bytes,micro_batches,kv_tokens,kv_bytes,kv_wait_peer";
 }
 
 std::string metrics_csv_row(const StepRecord& r) {
-  return fmt::format("{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},"
-                     "{:.9f},{:.9f},{},{:.9g},{},{},{},{}",
+  return fmt::format("{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},"
+                     "{:.9f},{:.9f},{},{:.9g},{},{},{},{},{},{},{}",
                      r.step, r.tokens, r.loss, r.phase[kDataWait], r.phase[kH2D], r.phase[kForward],
-                     r.phase[kBackward], r.phase[kCommExposed], r.phase[kOptimizer],
+                     r.phase[kBackward], r.phase[kKvWait], r.phase[kCommExposed], r.phase[kOptimizer],
                      r.phase[kStepTotal], compute_seconds(r), r.outside, r.start, r.arrival,
                      r.tokens_computed, r.attn_work, r.rss_bytes, r.peak_rss_bytes,
-                     r.device_peak_bytes, r.micro_batches);
+                     r.device_peak_bytes, r.micro_batches, r.kv_tokens, r.kv_bytes, r.kv_wait_peer);
 }
 
 MetricsCsvWriter::MetricsCsvWriter(const std::string& path, bool append) : path_(path) {
@@ -120,6 +120,9 @@ std::vector<StepRecord> read_metrics_csv(const std::string& path, int rank) {
     r.peak_rss_bytes = uint64_t(num("peak_rss_bytes", double(r.rss_bytes)));
     r.device_peak_bytes = uint64_t(num("device_peak_bytes", 0));
     r.micro_batches = int32_t(num("micro_batches", 0));
+    r.kv_tokens = int64_t(num("kv_tokens", 0));
+    r.kv_bytes = int64_t(num("kv_bytes", 0));
+    r.kv_wait_peer = int32_t(num("kv_wait_peer", -1));
     rows.push_back(r);
   }
   // A resumed run appends the steps after its checkpoint again: the later row of a step wins.

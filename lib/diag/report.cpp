@@ -145,6 +145,9 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
      << json_number(st, "step_time_imbalance_p50") << " p95 " << json_number(st, "step_time_imbalance_p95")
      << " (max/mean of per-rank compute time), sync_wait_fraction " << json_number(st, "sync_wait_fraction")
      << "\n";
+  if (st.value("kv_tokens_per_step", 0.0) > 0)
+    os << "  cut pieces: " << json_number(st, "kv_tokens_per_step") << " earlier tokens' K/V received per step, "
+       << "kv_wait_fraction " << json_number(st, "kv_wait_fraction") << " (share of rank-time waiting for them)\n";
 
   const nlohmann::json& sg = st["straggler"];
   if (st["straggler_rank"].get<int>() >= 0) {
@@ -153,6 +156,9 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
                       sg["candidate"].get<int>(), 100 * sg["share"].get<double>(),
                       100 * sg["threshold"].get<double>(), sg["mean_lag_seconds"].get<double>(),
                       sg["phase"].get<std::string>(), sg["phase_excess_seconds"].get<double>());
+    if (sg.value("kv_wait_for_rank", -1) >= 0)
+      os << fmt::format("  (its kv_wait is time spent waiting for the K/V of cut pieces held by rank {})\n",
+                        sg["kv_wait_for_rank"].get<int>());
   } else if (sg["candidate"].get<int>() >= 0) {
     os << fmt::format("  straggler: none beyond noise (rank {} was last in {:.0f}% of steps; naming needs "
                       ">= {:.0f}%)\n",
@@ -201,14 +207,15 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
   } else {
     os << "mean seconds per step per rank:\n";
   }
-  const std::vector<std::string> cols = {"data_wait", "h2d",     "forward", "backward", "comm_exposed",
+  const std::vector<std::string> cols = {"data_wait", "h2d",     "forward", "backward", "kv_wait",   "comm_exposed",
                                          "optimizer", "other",   "outside", "compute",  "step_total"};
   os << fmt::format("{:>6}", "rank");
   for (const auto& c : cols) os << fmt::format(" {:>12}", c);
   os << fmt::format(" {:>7}\n", "last%");
   for (int r : ranks) {
     os << fmt::format("{:>6}", r);
-    for (const auto& c : cols) os << fmt::format(" {:>12.6f}", means[c][r].get<double>());
+    // A summary written before a phase existed has no column for it.
+    for (const auto& c : cols) os << fmt::format(" {:>12.6f}", means.contains(c) ? means[c][r].get<double>() : 0.0);
     os << fmt::format(" {:>7.1f}\n", 100 * st["last_arrival_share"][r].get<double>());
   }
   return os.str();

@@ -84,6 +84,17 @@ int slowest_component(const std::vector<double>& sums, int world_size, int rank,
   return best;
 }
 
+int most_common_peer(const std::map<int, int64_t>& counts) {
+  int best = -1;
+  int64_t best_count = 0;
+  for (const auto& [peer, count] : counts)
+    if (count > best_count) {
+      best = peer;
+      best_count = count;
+    }
+  return best;
+}
+
 RunStatistics::RunStatistics(int world_size, double stall_factor)
     : world_size_(world_size),
       stall_factor_(stall_factor),
@@ -92,7 +103,8 @@ RunStatistics::RunStatistics(int world_size, double stall_factor)
       last_counts_(world_size, 0),
       last_lag_sums_(world_size, 0.0),
       peak_rss_(world_size, 0),
-      device_peak_(world_size, 0) {
+      device_peak_(world_size, 0),
+      kv_wait_peers_(size_t(world_size)) {
   KILTER_CHECK(world_size >= 1, "diagnostics: world size " << world_size << " must be positive");
 }
 
@@ -115,6 +127,10 @@ void RunStatistics::add_step(const StepRecord* ranks) {
     last_arrival = std::max(last_arrival, rec.arrival);
     step_total_seconds_ += rec.phase[kStepTotal];
     peak_rss_[r] = std::max(peak_rss_[r], rec.peak_rss_bytes);
+    if (rec.kv_wait_peer >= 0) kv_wait_peers_[size_t(r)][rec.kv_wait_peer] += 1;
+    kv_tokens_ += rec.kv_tokens;
+    kv_bytes_ += rec.kv_bytes;
+    kv_wait_seconds_ += rec.phase[kKvWait];
     device_peak_[r] = std::max(device_peak_[r], rec.device_peak_bytes);
   }
   for (int r = 0; r < world_size_; ++r) wait_seconds_ += last_arrival - ranks[r].arrival;
@@ -160,6 +176,7 @@ StragglerVerdict RunStatistics::straggler() const {
   int comp = slowest_component(component_sums_, world_size_, cand, &excess);
   v.phase = comp >= 0 ? component_name(comp) : "";
   v.phase_excess_seconds = excess / double(n);
+  if (comp == kCompKvWait) v.kv_wait_for_rank = most_common_peer(kv_wait_peers_[size_t(cand)]);
   if (n >= kMinStepsForVerdict && v.share >= v.threshold) v.rank = cand;
   return v;
 }
@@ -239,6 +256,12 @@ nlohmann::json RunStatistics::to_json() const {
   j["step_time_imbalance_max"] = step_time_imbalance_percentile(100);
   j["sync_wait_fraction"] = sync_wait_fraction();
   j["median_step_seconds"] = median_step_seconds();
+  // Cut pieces (issue 23): the share of rank-time blocked in the K/V exchange, and the earlier
+  // tokens whose K/V crossed between ranks per step (all ranks).
+  j["kv_wait_fraction"] = step_total_seconds_ > 0 ? kv_wait_seconds_ / step_total_seconds_ : 0.0;
+  j["kv_tokens_per_step"] = steps_.empty() ? 0.0 : double(kv_tokens_) / double(steps());
+  // Every byte is counted by its sender and its receiver.
+  j["kv_bytes_per_step"] = steps_.empty() ? 0.0 : double(kv_bytes_) / 2.0 / double(steps());
 
   StragglerVerdict v = straggler();
   j["straggler_rank"] = v.rank;
@@ -251,6 +274,7 @@ nlohmann::json RunStatistics::to_json() const {
   detail["phase"] = v.phase;
   detail["phase_excess_seconds"] = v.phase_excess_seconds;
   detail["named"] = v.rank >= 0;
+  detail["kv_wait_for_rank"] = v.kv_wait_for_rank;
   j["straggler"] = detail;
   json last_share = json::array();
   for (int r = 0; r < world_size_; ++r)
@@ -299,7 +323,7 @@ nlohmann::json RunStatistics::to_json() const {
   means["compute"] = compute;
   json step_total = json::array();
   for (int r = 0; r < world_size_; ++r)
-    step_total.push_back(compute_mean(r) + component_mean(r, kCompCommExposed));
+    step_total.push_back(compute_mean(r) + component_mean(r, kCompCommExposed) + component_mean(r, kCompKvWait));
   means["step_total"] = step_total;
   j["phase_means_seconds"] = means;
   return j;

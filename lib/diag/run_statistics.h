@@ -5,6 +5,7 @@
 // per-step aggregates and per-rank sums are kept, never the full rank x step table.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,13 @@ struct StragglerVerdict {
   double mean_lag_seconds = 0;
   std::string phase;          // its slowest component relative to the other ranks' median
   double phase_excess_seconds = 0;  // per step, over that median
+  // phase kv_wait: the rank whose K/V (or dK/dV) the candidate waited for in most steps: the
+  // rank that really held it back (-1 otherwise).
+  int kv_wait_for_rank = -1;
 };
+
+// The rank with the highest count in `counts` (rank -> steps), the lowest rank on ties; -1 when empty.
+int most_common_peer(const std::map<int, int64_t>& counts);
 
 struct Stall {
   int64_t step = 0;
@@ -95,6 +102,10 @@ class RunStatistics {
   std::vector<double> last_lag_sums_;
   std::vector<uint64_t> peak_rss_;
   std::vector<uint64_t> device_peak_;
+  std::vector<std::map<int, int64_t>> kv_wait_peers_;  // per rank: steps it waited longest for each rank
+  int64_t kv_tokens_ = 0;                // sum over ranks and steps
+  int64_t kv_bytes_ = 0;                 // sum over ranks and steps (each byte counted at both ends)
+  double kv_wait_seconds_ = 0;           // sum over ranks and steps
   double wait_seconds_ = 0;              // sum over ranks and steps of (last arrival - arrival)
   double step_total_seconds_ = 0;        // sum over ranks and steps of step_total
 };

@@ -26,22 +26,26 @@ struct StepRecord {
   uint64_t device_peak_bytes = 0;
   int32_t rank = 0;
   int32_t micro_batches = 0;     // this rank's micro-batches in the step
+  int64_t kv_tokens = 0;         // earlier tokens of cut pieces whose K/V this rank received
+  int64_t kv_bytes = 0;          // bytes of K/V and dK/dV this rank sent and received
+  int32_t kv_wait_peer = -1;     // the rank this one waited for longest in kv_wait (-1: none)
+  int32_t reserved = 0;
 };
 static_assert(std::is_trivially_copyable<StepRecord>::value, "StepRecord travels as MPI_BYTE");
 
 // Compute time: what the rank spent on its own work, i.e. the step minus the exposed wait in the
-// gradient collective (which only reflects the other ranks).
+// gradient collective and the waits for other ranks' K/V (which only reflect the other ranks).
 inline double compute_seconds(const StepRecord& r) {
-  double c = r.phase[kStepTotal] - r.phase[kCommExposed];
+  double c = r.phase[kStepTotal] - r.phase[kCommExposed] - r.phase[kKvWait];
   return c > 0 ? c : 0;
 }
 
 // The components a step's time is split into for attributions ("which phase made it slow"):
-// the six timed phases, `other` (inside the step but in no phase: logging, the loss reduction)
+// the seven timed phases, `other` (inside the step but in no phase: logging, the loss reduction)
 // and `outside` (between steps: checkpoints, evaluation, anything the trainer does not time).
 enum Component {
   kCompDataWait = kDataWait, kCompH2D = kH2D, kCompForward = kForward, kCompBackward = kBackward,
-  kCompCommExposed = kCommExposed, kCompOptimizer = kOptimizer, kCompOther, kCompOutside,
+  kCompKvWait = kKvWait, kCompCommExposed = kCommExposed, kCompOptimizer = kOptimizer, kCompOther, kCompOutside,
   kNumComponents
 };
 const char* component_name(int component);

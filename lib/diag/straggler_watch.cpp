@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "io/error.h"
 #include "lib/diag/run_statistics.h"
@@ -17,7 +18,8 @@ StragglerWatch::StragglerWatch(int world_size, int window, double share)
       last_rank_(window_, -1),
       lag_(window_, 0.0),
       step_seconds_(window_, 0.0),
-      components_(size_t(window_) * world_size * kNumComponents, 0.0) {
+      components_(size_t(window_) * world_size * kNumComponents, 0.0),
+      kv_wait_peers_(size_t(window_) * world_size, -1) {
   KILTER_CHECK(world_size >= 1, "diagnostics: world size " << world_size << " must be positive");
 }
 
@@ -30,6 +32,7 @@ std::string StragglerWatch::add_step(const StepRecord* ranks) {
   std::vector<double> totals;
   for (int r = 0; r < world_size_; ++r) {
     totals.push_back(ranks[r].phase[kStepTotal]);
+    kv_wait_peers_[size_t(slot) * world_size_ + r] = ranks[r].kv_wait_peer;
     for (int c = 0; c < kNumComponents; ++c)
       components_[(size_t(slot) * world_size_ + r) * kNumComponents + c] = component_seconds(ranks[r], c);
   }
@@ -74,7 +77,18 @@ std::string StragglerWatch::add_step(const StepRecord* ranks) {
                 "over the other ranks' median)",
                 rank, counts[rank], window_, mean_lag, mean_step > 0 ? 100.0 * mean_lag / mean_step : 0.0,
                 comp >= 0 ? component_name(comp) : "none", excess / window_);
-  return line;
+  std::string warning = line;
+  if (comp == kCompKvWait) {
+    // Waiting for a cut piece's K/V: the rank that held it back is the one to look at.
+    std::map<int, int64_t> peers;
+    for (int s = 0; s < window_; ++s) {
+      const int peer = kv_wait_peers_[size_t(s) * world_size_ + rank];
+      if (peer >= 0) peers[peer] += 1;
+    }
+    const int peer = most_common_peer(peers);
+    if (peer >= 0) warning += "; it waited for the K/V of cut pieces held by rank " + std::to_string(peer);
+  }
+  return warning;
 }
 
 }  // namespace kilter::diag

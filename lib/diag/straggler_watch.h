@@ -28,6 +28,7 @@ class StragglerWatch {
   std::vector<double> lag_;              // ring: its lag (s)
   std::vector<double> step_seconds_;     // ring: median step_total of the step
   std::vector<double> components_;       // ring: [slot][rank][component] seconds
+  std::vector<int> kv_wait_peers_;       // ring: [slot][rank] the rank it waited for longest in kv_wait
   int warned_rank_ = -1;
   int warned_component_ = -1;
   int64_t warned_at_ = -1;

@@ -43,11 +43,14 @@ void TraceWriter::append_event(const std::string& json) {
   pending_ += json;
 }
 
-void TraceWriter::add_complete(const std::string& name, double ts_us, double dur_us, int64_t step) {
+void TraceWriter::add_complete(const std::string& name, double ts_us, double dur_us, int64_t step,
+                               const std::string& args) {
+  // args is an object "{...}": its members follow the step's.
+  const std::string more = args.size() > 2 ? "," + args.substr(1, args.size() - 2) : std::string();
   append_event(fmt::format(
       "{{\"name\":\"{}\",\"cat\":\"phase\",\"ph\":\"X\",\"pid\":{},\"tid\":0,\"ts\":{:.3f},"
-      "\"dur\":{:.3f},\"args\":{{\"step\":{}}}}}",
-      name, rank_, ts_us, dur_us < 0 ? 0.0 : dur_us, step));
+      "\"dur\":{:.3f},\"args\":{{\"step\":{}{}}}}}",
+      name, rank_, ts_us, dur_us < 0 ? 0.0 : dur_us, step, more));
 }
 
 void TraceWriter::add_instant(const std::string& name, double ts_us, int64_t step) {

@@ -16,8 +16,10 @@ class TraceWriter {
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
 
-  // Buffers a complete ("X") event; ts and dur in microseconds on the aligned clock.
-  void add_complete(const std::string& name, double ts_us, double dur_us, int64_t step);
+  // Buffers a complete ("X") event; ts and dur in microseconds on the aligned clock. `args`: a
+  // JSON object whose members join the event's args after the step ("" for none).
+  void add_complete(const std::string& name, double ts_us, double dur_us, int64_t step,
+                    const std::string& args = "");
   // Buffers an instant ("i") event.
   void add_instant(const std::string& name, double ts_us, int64_t step);
   // Writes the buffered events and the closing bracket.

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/error.h"
 #include "lib/train/micro_batch.h"
 
 namespace kilter::train {
@@ -28,6 +29,9 @@ double evaluate(StepContext& ctx, PlanCache& eval_plans, const io::DatasetIndex&
       piece_requests(mb, pieces);
       reader.enqueue(std::move(pieces));
       assemble_batch(reader.next(), mb, batch);
+      // Evaluation runs forward only, without a K/V exchange: its plans never cut a piece.
+      KILTER_CHECK(batch.pos_offset.empty(), "evaluation step " << s << " holds a part of a cut piece; evaluation "
+                                                                << "plans must keep pieces whole");
       sums[0] += ctx.model->forward_loss(batch);
       sums[1] += double(batch.num_targets);
     }

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include "io/error.h"
 #include "lib/optim/schedule.h"
+#include "lib/train/cut_schedule.h"
 #include "lib/train/guards.h"
 #include "lib/train/signals.h"
 
@@ -30,16 +32,43 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     ctx.reducer->ready(0, model.layout().padded_size);
     return 0;
   }
+  // Pieces cut between ranks: every rank lists them alike from the plan, no message needed.
+  const StepCuts cuts = StepCuts::of(step);
+  comm::KvExchangeOptions kv_options;
+  kv_options.n_layer = model.config().n_layer;
+  kv_options.n_embd = model.config().n_embd;
+  kv_options.timeout_s = ctx.kv_timeout_s;
+  std::unique_ptr<comm::CutExchange> exchange;
+  kv_options.on_wait = [&](const comm::KvWaitEvent& e) {
+    diag::RankDiagnostics::KvWait wait;
+    wait.begin_ns = e.begin_ns;
+    wait.end_ns = e.end_ns;
+    wait.layer = e.layer;
+    wait.backward = e.backward;
+    wait.peer = e.last_rank;
+    if (e.last_piece >= 0) wait.piece = exchange->schedule().describe_piece(e.last_piece);
+    diagnostics.kv_wait(wait);
+  };
   balance::MicroBatch mb;
   for (uint32_t id = first; id < end; ++id) {
     step.micro_batch(id, mb);
     const bool last = id + 1 == end;
+    comm::KvSchedule schedule = cuts.schedule(mb, ctx.rank, id - first, ctx.step_index);
+    exchange.reset();
+    if (!schedule.empty()) {
+      KILTER_CHECK(ctx.make_kv_exchange, "step " << ctx.step_index << " holds a piece cut between ranks "
+                                                  << "but this trainer has no K/V exchange");
+      work.kv_tokens += schedule.kv_tokens();
+      work.kv_bytes += schedule.bytes_per_step(kv_options.n_layer, kv_options.n_embd);
+      exchange = ctx.make_kv_exchange(std::move(schedule), kv_options);
+    }
     ctx.fill_prefetch();
     diagnostics.phase_begin(diag::kDataWait);
     const io::ReadyGroup& group = ctx.reader->next();
     diagnostics.phase_end(diag::kDataWait);
     diagnostics.phase_begin(diag::kH2D);
     assemble_batch(group, mb, ctx.batch);
+    ctx.batch.exchange = exchange.get();
     diagnostics.phase_end(diag::kH2D);
     ctx.fill_prefetch();
     work.add(ctx.batch);
@@ -70,6 +99,8 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
       on_ready = [&](size_t, size_t) { note_backward(); };
     }
     loss_sum += model.forward_backward(ctx.batch, loss_scale, on_ready);
+    if (exchange) exchange->finish();  // its last sends, before the next micro-batch's
+    ctx.batch.exchange = nullptr;
     note_backward();
     diagnostics.phase_end(diag::kBackward);
     model.set_backward_start_hook({});

@@ -5,11 +5,13 @@
 #include <mpi.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "io/reader.h"
 #include "lib/balance/plan.h"
 #include "lib/comm/communicator.h"
+#include "lib/comm/kv_schedule.h"
 #include "lib/core/config.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
@@ -28,6 +30,12 @@ struct StepContext {
   comm::GradientReducer* reducer = nullptr;
   diag::RankDiagnostics* diagnostics = nullptr;
   Watchdog* watchdog = nullptr;
+  // The K/V exchange of cut pieces (issue 23): makes one micro-batch's exchange (the trainer
+  // picks MPI or NCCL, on a communicator of the exchange's own); empty: a step with a cut piece
+  // is refused.
+  std::function<std::unique_ptr<comm::CutExchange>(comm::KvSchedule, const comm::KvExchangeOptions&)>
+      make_kv_exchange;
+  double kv_timeout_s = 300;  // comm.timeout_s
   model::Batch batch;  // reused by every micro-batch
   int64_t step_index = 0;       // the optimizer steps completed (set by the trainer every step)
   bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite
@@ -36,7 +44,9 @@ struct StepContext {
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating
 // gradients of (loss sum / step.target_tokens). The gradient reduction starts inside the last
 // micro-batch's backward; an idle rank (no micro-batch) starts it at once with zero gradients,
-// so every rank joins every collective. Returns this rank's loss sum; `work` gets its work.
+// so every rank joins every collective. A micro-batch holding a part of a cut piece gets a K/V
+// exchange (lib/comm/kv_exchange_mpi.h) for its forward/backward; its waits are the kv_wait
+// phase. Returns this rank's loss sum; `work` gets its work.
 double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWork& work);
 
 struct ReducedStep {

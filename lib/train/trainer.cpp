@@ -21,6 +21,7 @@
 #include "lib/balance/plan.h"
 #include "lib/balance/plan_config.h"
 #include "lib/comm/communicator.h"
+#include "lib/comm/kv_schedule.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/model/gemm.h"
 #include "lib/model/model.h"
@@ -240,6 +241,12 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   ctx.reducer = reducer.get();
   ctx.diagnostics = &diagnostics;
   ctx.watchdog = &watchdog;
+  // The K/V exchange of cut pieces gets its own communicator: its messages never meet the
+  // trainer's or the reducer's (freed at the end of the run; an error ends the job instead).
+  MPI_Comm kv_comm = MPI_COMM_NULL;
+  KILTER_CHECK(MPI_Comm_dup(world, &kv_comm) == MPI_SUCCESS, "MPI_Comm_dup (K/V exchange) failed");
+  ctx.kv_timeout_s = cfg.comm.timeout_s;
+  ctx.make_kv_exchange = comm::kv_exchange_factory(comm_kind, kv_comm, cfg.comm.timeout_s);
   double last_loss = NAN, eval_loss = NAN;
   double tokens_this_run = 0;
   const int64_t first_step = state.step;
@@ -270,7 +277,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     nonfinite_skipped += updated.skipped;
     const double lr = updated.lr, grad_norm = updated.grad_norm;
 
-    diagnostics.set_step_work(work.tokens_computed, work.attn_work, work.micro_batches);
+    diagnostics.set_step_work(work.tokens_computed, work.attn_work, work.micro_batches, work.kv_tokens,
+                              work.kv_bytes);
     const double step_tokens = double(step.target_tokens());
     diagnostics.end_step(state.step, int64_t(step.target_tokens()), loss);
     last_loss = loss;
@@ -349,6 +357,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                  (fs::path(run_dir) / "summary.json").string().c_str());
     if (opts.json) std::printf("%s\n", summary.dump(2).c_str());
   }
+  MPI_Comm_free(&kv_comm);
   comm::free_topology(topo);
   return exit_code;
 }

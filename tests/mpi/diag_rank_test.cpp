@@ -1,7 +1,9 @@
 // MPI test of RankDiagnostics on 4 ranks without a trainer: a fake step loop (sleeps stand in
 // for the phases, a real MPI_Allreduce for the gradient collective) where rank 2 sleeps longer
 // in backward must name rank 2 and backward; the inject_delay drill on rank 1 must name rank 1
-// and forward; a balanced loop must name nobody. Also checks the files every rank writes.
+// and forward; a balanced loop must name nobody; rank 1 blocked in the K/V exchange of a cut
+// piece (kv_wait, inside forward) must be named with kv_wait and the rank it waited for, with
+// kv_wait taken out of forward so the phases still add up. Also checks the files every rank writes.
 // With an argument DIR the run directories are written under DIR and kept (for report tests).
 #include <mpi.h>
 
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/error.h"
+#include "lib/diag/clock_sync.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/diag/metrics_csv.h"
 
@@ -40,9 +43,13 @@ std::vector<std::string> g_temp_dirs;  // rank 0: removed at the end
 
 void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
-// One run of `steps` fake steps; `slow_rank` sleeps `extra` more seconds in backward.
+constexpr int kKvPeer = 3;   // the rank kv_rank waits for
+constexpr int kKvTokens = 96;
+
+// One run of `steps` fake steps; `slow_rank` sleeps `extra` more seconds in backward; `kv_rank`
+// waits `extra` seconds for rank kKvPeer's K/V inside its second forward.
 nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double extra,
-                        const std::string& inject_delay) {
+                        const std::string& inject_delay, int kv_rank = -1) {
   DiagOptions opts;
   opts.run_dir = dir;
   opts.trace_steps = 5;
@@ -59,12 +66,22 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
     for (int micro = 0; micro < 2; ++micro) {  // gradient accumulation: phases entered twice
       diag.phase_begin(kilter::diag::kForward);
       sleep_seconds(0.010);
+      if (rank == kv_rank && micro == 1) {
+        RankDiagnostics::KvWait wait;
+        wait.begin_ns = kilter::diag::steady_now_ns();
+        sleep_seconds(extra);
+        wait.end_ns = kilter::diag::steady_now_ns();
+        wait.layer = 2;
+        wait.peer = kKvPeer;
+        wait.piece = "document 5, tokens 512-1023";
+        diag.kv_wait(wait);
+      }
       diag.phase_end(kilter::diag::kForward);
       diag.phase_begin(kilter::diag::kBackward);
       sleep_seconds(0.015 + (rank == slow_rank && micro == 1 ? extra : 0));
       diag.phase_end(kilter::diag::kBackward);
     }
-    diag.set_step_work(1024 * (rank + 1), 1e5, 1);
+    diag.set_step_work(1024 * (rank + 1), 1e5, 1, rank == kv_rank ? kKvTokens : 0);
     diag.mark_arrival();
     auto t0 = std::chrono::steady_clock::now();
     MPI_Allreduce(MPI_IN_PLACE, grads.data(), int(grads.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -170,7 +187,46 @@ int main(int argc, char** argv) {
       EXPECT(s["straggler_rank"] == -1, "no straggler when balanced");
     }
 
-    // 4. A drill naming a rank that does not exist is refused, naming the key.
+    // 4. Rank 1 waits 40 ms per step for the K/V of rank 3 (a cut piece): kv_wait, not forward,
+    // and rank 3 is named as the one it waited for.
+    dir = make_run_dir("kv-wait");
+    s = fake_run(dir, steps, -1, 0.04, "", /*kv_rank=*/1);
+    {
+      const auto rows = kilter::diag::read_metrics_csv(kilter::diag::metrics_path(dir, g_rank), g_rank);
+      EXPECT(int(rows.size()) == steps, "one CSV row per step (kv_wait run)");
+      for (const auto& r : rows) {
+        using namespace kilter::diag;
+        double named = 0;
+        for (int p = 0; p < kStepTotal; ++p) named += r.phase[p];
+        // kv_wait lies inside forward: counted once, so the phases never exceed the step.
+        EXPECT(named <= r.phase[kStepTotal] + 1e-6, "phases add up to at most step_total");
+        EXPECT(g_rank == 1 ? r.phase[kKvWait] >= 0.04 : r.phase[kKvWait] == 0, "kv_wait recorded on rank 1 only");
+        EXPECT(r.kv_tokens == (g_rank == 1 ? kKvTokens : 0), "kv_tokens recorded");
+        EXPECT(r.kv_wait_peer == (g_rank == 1 ? kKvPeer : -1), "kv_wait_peer recorded");
+      }
+      std::ifstream trace(kilter::diag::trace_path(dir, g_rank));
+      nlohmann::json events = nlohmann::json::parse(trace, nullptr, false);
+      int spans = 0;
+      for (const auto& e : events)
+        if (e.value("ph", "") == "X" && e.value("name", "") == "kv_wait") {
+          ++spans;
+          EXPECT(e["args"]["layer"] == 2 && e["args"]["waited_for_rank"] == kKvPeer &&
+                     e["args"]["direction"] == "forward" && e["args"]["piece"] == "document 5, tokens 512-1023",
+                 "kv_wait span names the layer, direction, rank and piece");
+        }
+      EXPECT(spans == (g_rank == 1 ? 5 : 0), "one kv_wait span per wait of the traced steps");
+    }
+    if (g_rank == 0) {
+      std::printf("kv_wait on rank 1: straggler %s kv_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
+                  s["kv_wait_fraction"].get<double>());
+      EXPECT(s["straggler_rank"] == 1, "rank 1 named straggler (kv_wait)");
+      EXPECT(s["straggler"]["phase"] == "kv_wait", "its phase is kv_wait");
+      EXPECT(s["straggler"]["kv_wait_for_rank"] == kKvPeer, "the rank it waited for is named");
+      EXPECT(s["kv_tokens_per_step"] == double(kKvTokens), "kv_tokens_per_step in the summary");
+      EXPECT(s["kv_wait_fraction"].get<double>() > 0, "kv_wait_fraction in the summary");
+    }
+
+    // 5. A drill naming a rank that does not exist is refused, naming the key.
     bool refused = false;
     try {
       DiagOptions opts;

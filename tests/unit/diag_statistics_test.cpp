@@ -41,7 +41,7 @@ std::vector<StepRecord> make_step(int world, int64_t step, double t0, int slow_r
     rec.phase[kForward] = 0.05 + (rng ? jitter * u(*rng) : 0);
     rec.phase[kBackward] = 0.1 + (rng ? jitter * u(*rng) : 0);
     if (r == slow_rank) rec.phase[extra_phase] += extra;
-    double before = rec.phase[kDataWait] + rec.phase[kForward] + rec.phase[kBackward];
+    double before = rec.phase[kDataWait] + rec.phase[kForward] + rec.phase[kBackward] + rec.phase[kKvWait];
     rec.arrival = t0 + before;
     last_arrival = std::max(last_arrival, rec.arrival);
     rec.peak_rss_bytes = 1000000 + 1000 * uint64_t(r);
@@ -217,6 +217,37 @@ TEST(DiagStragglerWatch, WarnsOnceNamingRankAndPhase) {
   EXPECT_EQ(warnings[0].find('\n'), std::string::npos);
 }
 
+// A rank last because it waited for a cut piece's K/V: the warning names kv_wait and the rank
+// it waited for; the run statistics say the same.
+TEST(DiagStragglerWatch, KvWaitNamesTheRankWaitedFor) {
+  const int world = 4, window = 10;
+  StragglerWatch watch(world, window);
+  RunStatistics stats(world);
+  std::string warning;
+  for (int s = 0; s < 12; ++s) {
+    auto recs = make_step(world, s, s * 0.3, 2, kKvWait, 0.05);
+    recs[2].kv_wait_peer = s % 4 == 0 ? 1 : 0;  // mostly rank 0
+    recs[2].kv_tokens = 64;
+    recs[2].kv_bytes = 4096;
+    stats.add_step(recs.data());
+    std::string w = watch.add_step(recs.data());
+    if (!w.empty() && warning.empty()) warning = w;
+  }
+  EXPECT_NE(warning.find("rank 2 "), std::string::npos) << warning;
+  EXPECT_NE(warning.find("slowest phase: kv_wait"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("held by rank 0"), std::string::npos) << warning;
+  const StragglerVerdict v = stats.straggler();
+  EXPECT_EQ(v.rank, 2);
+  EXPECT_EQ(v.phase, "kv_wait");
+  EXPECT_EQ(v.kv_wait_for_rank, 0);
+  const nlohmann::json j = stats.to_json();
+  EXPECT_EQ(j["kv_tokens_per_step"], 64.0);
+  EXPECT_EQ(j["kv_bytes_per_step"], 2048.0);
+  EXPECT_GT(j["kv_wait_fraction"].get<double>(), 0.0);
+  // kv_wait is waiting, not the rank's own compute.
+  EXPECT_NEAR(stats.compute_mean(2), stats.compute_mean(1), 1e-9);
+}
+
 TEST(DiagStragglerWatch, NewRankIsReportedAtOnce) {
   StragglerWatch watch(4, 10);
   std::vector<int> warned_at;
@@ -281,6 +312,10 @@ TEST_F(DiagFiles, MetricsCsvRoundTripAndTruncatedTail) {
       r.step = s;
       r.tokens_computed = 4096 + s;
       r.attn_work = 1e6;
+      r.phase[kKvWait] = 0.0125;
+      r.kv_tokens = 300 + s;
+      r.kv_bytes = 1 << 20;
+      r.kv_wait_peer = s == 0 ? -1 : 3;
       w.append(r);
     }
   }
@@ -292,6 +327,11 @@ TEST_F(DiagFiles, MetricsCsvRoundTripAndTruncatedTail) {
   EXPECT_NEAR(back[0].phase[kForward], recs[1].phase[kForward], 1e-9);
   EXPECT_NEAR(back[0].arrival, recs[1].arrival, 1e-9);
   EXPECT_EQ(back[0].peak_rss_bytes, recs[1].peak_rss_bytes);
+  EXPECT_NEAR(back[1].phase[kKvWait], 0.0125, 1e-12);
+  EXPECT_EQ(back[2].kv_tokens, 302);
+  EXPECT_EQ(back[2].kv_bytes, 1 << 20);
+  EXPECT_EQ(back[0].kv_wait_peer, -1);
+  EXPECT_EQ(back[1].kv_wait_peer, 3);
   // A crash mid-row: the partial row is dropped, earlier rows stay.
   { std::ofstream(path, std::ios::app) << "3,1000,4.9,0.001"; }
   EXPECT_EQ(read_metrics_csv(path, 1).size(), 3u);

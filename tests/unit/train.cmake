@@ -1,3 +1,4 @@
 # Unit tests of the training loop's arithmetic (the lead's).
 kilter_add_unit_test(unit_train_accumulation ${CMAKE_CURRENT_LIST_DIR}/train_accumulation.cpp)
 kilter_add_unit_test(unit_train_micro_batch ${CMAKE_CURRENT_LIST_DIR}/train_micro_batch_test.cpp)
+kilter_add_unit_test(unit_train_cut_schedule ${CMAKE_CURRENT_LIST_DIR}/train_cut_schedule_test.cpp)

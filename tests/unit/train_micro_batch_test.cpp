@@ -71,5 +71,22 @@ TEST(TrainMicroBatch, NaivePiecesArePaddedAndThePaddingIsComputed) {
   EXPECT_THROW(assemble_batch(bad.group, bad.mb, batch), kilter::Error);
 }
 
+// A later part of a cut piece (issue 23) keeps its offset as pos_offset; a batch of whole pieces
+// has none, also after a batch that had one.
+TEST(TrainMicroBatch, PartsOfCutPiecesKeepTheirOffset) {
+  Group g({5, 1, 3}, 0);
+  g.mb.pieces[1].offset = 512;
+  g.mb.pieces[1].start = 512;
+  model::Batch batch;
+  assemble_batch(g.group, g.mb, batch);
+  EXPECT_EQ(batch.pos_offset, (std::vector<int32_t>{0, 512, 0}));
+  EXPECT_EQ(batch.piece_offset(1), 512);
+  EXPECT_EQ(batch.cu_seqlens, (std::vector<int32_t>{0, 5, 6, 9}));
+  Group whole({5, 1, 3}, 0);
+  assemble_batch(whole.group, whole.mb, batch);
+  EXPECT_TRUE(batch.pos_offset.empty());
+  EXPECT_EQ(batch.exchange, nullptr);
+}
+
 }  // namespace
 }  // namespace kilter::train

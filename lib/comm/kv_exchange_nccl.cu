@@ -1,0 +1,357 @@
+// NcclKvChannel and the NCCL K/V exchange (kv_exchange_nccl.h). NCCL has no datatypes, so each
+// run of a peer (one cut piece's rows) is its own ncclSend/ncclRecv inside the layer's group; both
+// ends list a pair's runs in the step's cut order, and NCCL matches the operations between two
+// ranks in the order they were issued. Buffers are stream-ordered allocations
+// (cudaMallocAsync/cudaFreeAsync), freed on the stream that used them last.
+#include <nccl.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_model.h"
+#include "lib/comm/kv_exchange_nccl.h"
+
+namespace kilter::comm {
+
+namespace {
+
+#define KILTER_KV_NCCL_CHECK(call)                                                                 \
+  do {                                                                                             \
+    ncclResult_t kilter_kv_nccl_status_ = (call);                                                  \
+    if (kilter_kv_nccl_status_ != ncclSuccess && kilter_kv_nccl_status_ != ncclInProgress)        \
+      KILTER_FAIL("NCCL call " << #call << " failed: " << ncclGetErrorString(kilter_kv_nccl_status_)); \
+  } while (0)
+
+// dqkv rows += the packed dk|dv rows of one run: dqkv (rows, 3C) from its k column, in (rows, 2C).
+__global__ void add_kv_rows_kernel(float* dqkv, const float* in, int rows, int C) {
+  const int64_t n = int64_t(rows) * 2 * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / (2 * C), col = i % (2 * C);
+    dqkv[row * 3 * C + C + col] += in[i];
+  }
+}
+
+}  // namespace
+
+class NcclKvChannel {
+ public:
+  NcclKvChannel(MPI_Comm comm, double timeout_s) : timeout_s_(timeout_s) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &size_);
+    device_ = backend::cuda_device_index();
+    ncclUniqueId id{};
+    if (rank_ == 0) KILTER_KV_NCCL_CHECK(ncclGetUniqueId(&id));
+    KILTER_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
+                 "K/V exchange: MPI_Bcast of the ncclUniqueId failed on rank " << rank_);
+    KILTER_KV_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~NcclKvChannel() {
+    if (!aborted_) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+    cudaStreamDestroy(stream_);
+  }
+  NcclKvChannel(const NcclKvChannel&) = delete;
+  NcclKvChannel& operator=(const NcclKvChannel&) = delete;
+
+  ncclComm_t comm() const { return comm_; }
+  cudaStream_t stream() const { return stream_; }
+  int rank() const { return rank_; }
+  double timeout_s() const { return timeout_s_; }
+
+  // Polls `done` until it completed. An asynchronous NCCL error, a CUDA error or the timeout
+  // aborts the communicator (no later exchange can use it) and throws with describe()'s message.
+  void wait(cudaEvent_t done, const std::function<std::string()>& describe) {
+    KILTER_CHECK(!aborted_, "K/V exchange: the NCCL communicator was aborted after an earlier failure");
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(20);
+    for (;;) {
+      const cudaError_t query = cudaEventQuery(done);
+      if (query == cudaSuccess) return;
+      if (query != cudaErrorNotReady) {
+        abort();
+        KILTER_FAIL(describe() << " (CUDA error " << cudaGetErrorString(query) << ")");
+      }
+      ncclResult_t async_status = ncclSuccess;
+      const ncclResult_t status = ncclCommGetAsyncError(comm_, &async_status);
+      if (status != ncclSuccess || (async_status != ncclSuccess && async_status != ncclInProgress)) {
+        abort();
+        KILTER_FAIL(describe() << " (NCCL: " << ncclGetErrorString(status != ncclSuccess ? status : async_status)
+                               << ")");
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_) {
+        abort();
+        KILTER_FAIL(describe() << "; NCCL communicator aborted");
+      }
+      std::this_thread::sleep_for(pause);
+      if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    }
+  }
+
+ private:
+  void abort() {
+    if (aborted_) return;
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0, size_ = 1, device_ = 0;
+  double timeout_s_;
+  bool aborted_ = false;
+};
+
+namespace {
+
+class NcclKvExchange final : public CutExchange {
+ public:
+  NcclKvExchange(std::shared_ptr<NcclKvChannel> channel, KvSchedule schedule, const KvExchangeOptions& opts)
+      : channel_(std::move(channel)), schedule_(std::move(schedule)), opts_(opts), C_(opts.n_embd) {
+    KILTER_CHECK(opts.n_layer > 0 && opts.n_embd > 0,
+                 "K/V exchange: model shape " << opts.n_layer << " x " << opts.n_embd);
+    compute_ = backend::cuda_compute_stream();
+    for (const KvPieceInfo& p : schedule_.pieces) {
+      prefix_base_.push_back(prefix_rows_);
+      prefix_rows_ += p.offset;
+    }
+    for (const KvPeer& peer : schedule_.later) {
+      later_offset_.push_back(later_rows_);
+      later_rows_ += peer.rows();
+    }
+    layers_.resize(size_t(opts.n_layer));
+    for (Layer& l : layers_) {
+      KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&l.forward_done, cudaEventDisableTiming));
+      KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&l.backward_done, cudaEventDisableTiming));
+    }
+    KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  }
+
+  ~NcclKvExchange() override {
+    // Stream-ordered frees: after whatever still uses the buffers on their streams.
+    for (Layer& l : layers_) {
+      if (l.prefix_kv) cudaFreeAsync(l.prefix_kv, compute_);
+      if (l.prefix_dkv) cudaFreeAsync(l.prefix_dkv, channel_->stream());
+      if (l.recv_dkv) cudaFreeAsync(l.recv_dkv, compute_);
+      cudaEventDestroy(l.forward_done);
+      cudaEventDestroy(l.backward_done);
+    }
+    cudaEventDestroy(ready_);
+  }
+
+  void forward_send(int layer, const float* qkv) override {
+    Layer& l = at(layer);
+    KILTER_CHECK(!l.forward_posted, "K/V exchange: forward_send(" << layer << ") called twice");
+    l.forward_posted = true;
+    const cudaStream_t s = after_compute();
+    const int64_t row_floats = 2 * C_;
+    float* send = nullptr;
+    if (later_rows_ > 0) {
+      KILTER_CUDA_CHECK(cudaMallocAsync(&send, size_t(later_rows_ * row_floats) * sizeof(float), s));
+      float* out = send;
+      for (const KvPeer& peer : schedule_.later)
+        for (const KvRun& run : peer.runs) {
+          // The k|v columns of the run's rows, packed: rows of 3C floats in, rows of 2C out.
+          KILTER_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(row_floats) * sizeof(float),
+                                              qkv + int64_t(run.row) * 3 * C_ + C_, size_t(3 * C_) * sizeof(float),
+                                              size_t(row_floats) * sizeof(float), size_t(run.rows),
+                                              cudaMemcpyDeviceToDevice, s));
+          out += int64_t(run.rows) * row_floats;
+        }
+    }
+    if (prefix_rows_ > 0)
+      KILTER_CUDA_CHECK(cudaMallocAsync(&l.prefix_kv, size_t(prefix_rows_ * row_floats) * sizeof(float), s));
+    KILTER_KV_NCCL_CHECK(ncclGroupStart());
+    for (const KvPeer& peer : schedule_.earlier)
+      for (const KvRun& run : peer.runs)
+        KILTER_KV_NCCL_CHECK(ncclRecv(l.prefix_kv + (prefix_base_[size_t(run.piece)] + run.row) * row_floats,
+                                      size_t(run.rows * row_floats), ncclFloat32, peer.rank, channel_->comm(), s));
+    const float* in = send;
+    for (const KvPeer& peer : schedule_.later)
+      for (const KvRun& run : peer.runs) {
+        KILTER_KV_NCCL_CHECK(
+            ncclSend(in, size_t(run.rows * row_floats), ncclFloat32, peer.rank, channel_->comm(), s));
+        in += int64_t(run.rows) * row_floats;
+      }
+    KILTER_KV_NCCL_CHECK(ncclGroupEnd());
+    if (send) KILTER_CUDA_CHECK(cudaFreeAsync(send, s));
+    KILTER_CUDA_CHECK(cudaEventRecord(l.forward_done, s));
+  }
+
+  void forward_wait(int layer) override {
+    Layer& l = at(layer);
+    KILTER_CHECK(l.forward_posted, "K/V exchange: forward_wait(" << layer << ") before forward_send");
+    timed_wait(layer, false, l.forward_done, schedule_.earlier);
+    KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, l.forward_done, 0));
+    l.forward_done_waited = true;
+  }
+
+  const float* prefix_kv(int layer, int piece) override {
+    Layer& l = at(layer);
+    KILTER_CHECK(l.forward_done_waited && l.prefix_kv != nullptr && has_prefix(piece),
+                 "K/V exchange: prefix_kv(" << layer << ", " << piece << ") outside forward_wait..backward_wait_add");
+    return l.prefix_kv + prefix_base_[size_t(piece)] * 2 * C_;
+  }
+
+  float* prefix_dkv(int layer, int piece) override {
+    Layer& l = at(layer);
+    KILTER_CHECK(!l.backward_posted && has_prefix(piece),
+                 "K/V exchange: prefix_dkv(" << layer << ", " << piece << ") after backward_send or without a prefix");
+    if (!l.prefix_dkv) {
+      const size_t bytes = size_t(prefix_rows_ * 2 * C_) * sizeof(float);
+      KILTER_CUDA_CHECK(cudaMallocAsync(&l.prefix_dkv, bytes, compute_));
+      KILTER_CUDA_CHECK(cudaMemsetAsync(l.prefix_dkv, 0, bytes, compute_));
+    }
+    return l.prefix_dkv + prefix_base_[size_t(piece)] * 2 * C_;
+  }
+
+  void backward_send(int layer) override {
+    Layer& l = at(layer);
+    KILTER_CHECK(l.forward_done_waited && !l.backward_posted,
+                 "K/V exchange: backward_send(" << layer << ") out of order");
+    l.backward_posted = true;
+    const cudaStream_t s = after_compute();
+    const int64_t row_floats = 2 * C_;
+    if (prefix_rows_ > 0 && !l.prefix_dkv) {
+      // A backend that wrote no prefix gradient still sends zeros: the owners wait for them.
+      const size_t bytes = size_t(prefix_rows_ * row_floats) * sizeof(float);
+      KILTER_CUDA_CHECK(cudaMallocAsync(&l.prefix_dkv, bytes, s));
+      KILTER_CUDA_CHECK(cudaMemsetAsync(l.prefix_dkv, 0, bytes, s));
+    }
+    if (later_rows_ > 0)
+      KILTER_CUDA_CHECK(cudaMallocAsync(&l.recv_dkv, size_t(later_rows_ * row_floats) * sizeof(float), s));
+    KILTER_KV_NCCL_CHECK(ncclGroupStart());
+    for (size_t i = 0; i < schedule_.later.size(); ++i) {
+      float* out = l.recv_dkv + later_offset_[i] * row_floats;
+      for (const KvRun& run : schedule_.later[i].runs) {
+        KILTER_KV_NCCL_CHECK(ncclRecv(out, size_t(run.rows * row_floats), ncclFloat32, schedule_.later[i].rank,
+                                      channel_->comm(), s));
+        out += int64_t(run.rows) * row_floats;
+      }
+    }
+    for (const KvPeer& peer : schedule_.earlier)
+      for (const KvRun& run : peer.runs)
+        KILTER_KV_NCCL_CHECK(ncclSend(l.prefix_dkv + (prefix_base_[size_t(run.piece)] + run.row) * row_floats,
+                                      size_t(run.rows * row_floats), ncclFloat32, peer.rank, channel_->comm(), s));
+    KILTER_KV_NCCL_CHECK(ncclGroupEnd());
+    if (l.prefix_dkv) {
+      KILTER_CUDA_CHECK(cudaFreeAsync(l.prefix_dkv, s));
+      l.prefix_dkv = nullptr;
+    }
+    KILTER_CUDA_CHECK(cudaEventRecord(l.backward_done, s));
+  }
+
+  void backward_wait_add(int layer, float* dqkv) override {
+    Layer& l = at(layer);
+    KILTER_CHECK(l.backward_posted && !l.backward_done_waited,
+                 "K/V exchange: backward_wait_add(" << layer << ") out of order");
+    timed_wait(layer, true, l.backward_done, schedule_.later);
+    l.backward_done_waited = true;
+    KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, l.backward_done, 0));
+    const float* in = l.recv_dkv;
+    for (const KvPeer& peer : schedule_.later)
+      for (const KvRun& run : peer.runs) {
+        const unsigned threads = 256;
+        add_kv_rows_kernel<<<backend::grid_for(size_t(run.rows) * 2 * C_, threads), threads, 0, compute_>>>(
+            dqkv + int64_t(run.row) * 3 * C_, in, run.rows, int(C_));
+        KILTER_CUDA_LAUNCH_CHECK();
+        in += int64_t(run.rows) * 2 * C_;
+      }
+    // Valid until now (kv_exchange.h): freed after the compute stream's last use.
+    if (l.recv_dkv) KILTER_CUDA_CHECK(cudaFreeAsync(l.recv_dkv, compute_));
+    if (l.prefix_kv) KILTER_CUDA_CHECK(cudaFreeAsync(l.prefix_kv, compute_));
+    l.recv_dkv = nullptr;
+    l.prefix_kv = nullptr;
+  }
+
+  void finish() override {
+    for (size_t layer = 0; layer < layers_.size(); ++layer)
+      KILTER_CHECK(!layers_[layer].forward_posted || layers_[layer].backward_done_waited,
+                   "K/V exchange: finish() before backward_wait_add(" << layer << ")");
+    // Every send of this micro-batch was in a group whose completion some wait saw, except the
+    // last layers' sends to peers we never wait on: drain the channel's stream.
+    KILTER_CUDA_CHECK(cudaEventRecord(ready_, channel_->stream()));
+    channel_->wait(ready_, [&]() {
+      return "K/V exchange: step " + std::to_string(schedule_.step) + ", micro-batch " +
+             std::to_string(schedule_.slot) + ": rank " + std::to_string(channel_->rank()) +
+             "'s last sends did not complete within comm.timeout_s; check the other ranks' logs";
+    });
+  }
+
+  const KvSchedule& schedule() const override { return schedule_; }
+  double wait_seconds() const override { return wait_seconds_; }
+
+ private:
+  struct Layer {
+    float* prefix_kv = nullptr;
+    float* prefix_dkv = nullptr;
+    float* recv_dkv = nullptr;
+    cudaEvent_t forward_done = nullptr, backward_done = nullptr;
+    bool forward_posted = false, forward_done_waited = false, backward_posted = false, backward_done_waited = false;
+  };
+
+  Layer& at(int layer) {
+    KILTER_CHECK(layer >= 0 && size_t(layer) < layers_.size(), "K/V exchange: layer " << layer);
+    return layers_[size_t(layer)];
+  }
+  bool has_prefix(int piece) const {
+    return piece >= 0 && size_t(piece) < schedule_.pieces.size() && schedule_.pieces[size_t(piece)].offset > 0;
+  }
+  // The channel's stream, made to wait for the work queued so far on the compute stream.
+  cudaStream_t after_compute() {
+    KILTER_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+    KILTER_CUDA_CHECK(cudaStreamWaitEvent(channel_->stream(), ready_, 0));
+    return channel_->stream();
+  }
+  // Waits for a layer's group; a timeout names every peer of the direction (NCCL does not say
+  // which of a group's operations is missing).
+  void timed_wait(int layer, bool backward, cudaEvent_t done, const std::vector<KvPeer>& peers) {
+    const int64_t begin = now_ns();
+    std::vector<int> all;
+    for (size_t i = 0; i < peers.size(); ++i) all.push_back(int(i));
+    channel_->wait(done, [&]() {
+      return describe_missing_kv(schedule_, channel_->rank(), layer, backward, all, channel_->timeout_s());
+    });
+    const int64_t end = now_ns();
+    wait_seconds_ += double(end - begin) * 1e-9;
+    // A group completes as one: its last peer stands for it.
+    if (opts_.on_wait && !peers.empty())
+      opts_.on_wait(kv_wait_event(layer, backward, begin, end, peers, int(peers.size()) - 1));
+  }
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  std::shared_ptr<NcclKvChannel> channel_;
+  KvSchedule schedule_;
+  KvExchangeOptions opts_;
+  int64_t C_;
+  cudaStream_t compute_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::vector<int64_t> prefix_base_, later_offset_;
+  int64_t prefix_rows_ = 0, later_rows_ = 0;
+  std::vector<Layer> layers_;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<NcclKvChannel> make_nccl_kv_channel(MPI_Comm comm, double timeout_s) {
+  return std::make_shared<NcclKvChannel>(comm, timeout_s);
+}
+
+std::unique_ptr<CutExchange> make_nccl_kv_exchange(std::shared_ptr<NcclKvChannel> channel, KvSchedule schedule,
+                                                   const KvExchangeOptions& opts) {
+  return std::make_unique<NcclKvExchange>(std::move(channel), std::move(schedule), opts);
+}
+
+}  // namespace kilter::comm
