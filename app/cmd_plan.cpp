@@ -119,7 +119,20 @@ nlohmann::json stats_json(const balance::EpochPlan& plan) {
           {"cost_imbalance_bound_p50", s.cost_imbalance_bound_p50},
           {"cost_imbalance_bound_p95", s.cost_imbalance_bound_p95},
           {"critical_cost_per_token", s.critical_cost_per_token},
-          {"cost_wait_fraction", s.cost_wait_fraction}};
+          {"cost_wait_fraction", s.cost_wait_fraction},
+          {"cuts_per_step_p50", s.cuts_per_step_p50},
+          {"cuts_per_step_max", s.cuts_per_step_max},
+          {"cuts", s.cuts},
+          {"cut_pieces", s.cut_pieces},
+          {"cut_piece_ranks_max", s.cut_piece_ranks_max},
+          {"kv_bytes_per_step_p50", s.kv_bytes_per_step_p50},
+          {"kv_bytes_per_step_max", s.kv_bytes_per_step_max},
+          {"kv_bytes_per_rank_max", s.kv_bytes_per_rank_max},
+          {"cost_imbalance_uncut_p50", s.cost_imbalance_uncut_p50},
+          {"cost_imbalance_uncut_p95", s.cost_imbalance_uncut_p95},
+          {"cost_imbalance_uncut_max", s.cost_imbalance_uncut_max},
+          {"long_pieces", s.long_pieces},
+          {"long_piece_ranks_max", s.long_piece_ranks_max}};
 }
 
 }  // namespace
@@ -206,7 +219,7 @@ int cmd_plan(int argc, char** argv) {
                          " in one step); idle ranks still join every collective; raise train.tokens_per_step to >= " +
                          std::to_string(uint64_t(world_size) * opts.context) + " (world size x model.block_size)");
     }
-    if (s.cost_imbalance_bound_p95 > 1.02) {
+    if (s.cost_imbalance_p95 > 1.02 && s.cost_imbalance_bound_p95 > 1.02) {
       char line[400];
       std::snprintf(line, sizeof line,
                     "the steps are too coarse for %d ranks: no division of their pieces gets cost_imbalance_p95 below "
@@ -240,6 +253,9 @@ int cmd_plan(int argc, char** argv) {
       out["cost_a"] = plan.cost.a;
       out["cost_b"] = plan.cost.b;
       out["cost_c"] = plan.cost.c;
+      out["cost_t"] = plan.cost.t;
+      out["cut_pieces_enabled"] = opts.cut_pieces;
+      out["kv_bytes_per_token"] = opts.kv_bytes_per_token;
       out["index_load_seconds"] = load_seconds;
       out["plan_build_seconds"] = plan_seconds;
       out["plan_build_cpu_seconds"] = plan_cpu_seconds;
@@ -267,8 +283,21 @@ int cmd_plan(int argc, char** argv) {
                   balance::node_cost_imbalance(plan, ranks_per_node, 0.95));
       std::printf("  rank-time waiting for the busiest rank if step times were the costs: %.4f\n", s.cost_wait_fraction);
       if (s.cost_imbalance_bound_p95 > 0)
-        std::printf("  best any division of these steps could do: imbalance p50 %.4f  p95 %.4f\n",
+        std::printf("  best any division of whole pieces could do: imbalance p50 %.4f  p95 %.4f\n",
                     s.cost_imbalance_bound_p50, s.cost_imbalance_bound_p95);
+      std::printf("  cuts: %s; per step p50 %.0f  max %.0f (%llu pieces cut, at most over %llu ranks); whole pieces only: "
+                  "imbalance p50 %.4f  p95 %.4f  max %.4f\n",
+                  opts.cut_pieces ? "on" : "off (data.cut_pieces)", s.cuts_per_step_p50, s.cuts_per_step_max,
+                  static_cast<unsigned long long>(s.cut_pieces), static_cast<unsigned long long>(s.cut_piece_ranks_max),
+                  s.cost_imbalance_uncut_p50, s.cost_imbalance_uncut_p95, s.cost_imbalance_uncut_max);
+      std::printf("  K/V exchanged (forward K/V + backward dK/dV): per step p50 %.3g B  max %.3g B; one rank at most %.3g B "
+                  "a step (%.0f B per token, transfer cost t=%.4g)\n",
+                  s.kv_bytes_per_step_p50, s.kv_bytes_per_step_max, s.kv_bytes_per_rank_max, opts.kv_bytes_per_token,
+                  plan.cost.t);
+      if (s.long_pieces > 0)
+        std::printf("  context parallelism: %llu pieces longer than data.max_tokens = %llu, each cut over up to %llu ranks\n",
+                    static_cast<unsigned long long>(s.long_pieces), static_cast<unsigned long long>(opts.max_tokens),
+                    static_cast<unsigned long long>(s.long_piece_ranks_max));
       std::printf("  idle: %llu rank-steps in %llu steps (at most %llu ranks in one step); at most %.0f micro-batches per rank\n",
                   static_cast<unsigned long long>(s.idle_rank_steps), static_cast<unsigned long long>(s.steps_with_idle_ranks),
                   static_cast<unsigned long long>(s.idle_ranks_max), s.micro_batches_per_rank_max);
