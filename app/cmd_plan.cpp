@@ -58,6 +58,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
   const std::vector<balance::CostSample> samples = balance::read_cost_samples(run_dir, skip_steps);
   const balance::CostFit fit = balance::fit_cost_model(samples);
+  const balance::TransferFit transfer = balance::fit_transfer_cost(samples);
   const double b_over_a = fit.a > 0 ? std::max(0.0, fit.b_over_a()) : 0.0;
   const double c_over_a = fit.a > 0 ? std::max(0.0, fit.c_over_a()) : 0.0;
   if (json) {
@@ -66,7 +67,10 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
                           {"b_seconds_per_l2", fit.b},   {"c_seconds_per_micro_batch", fit.c},
                           {"intercept_seconds", fit.intercept}, {"c_from_intercept", fit.c_from_intercept},
                           {"r2", fit.r2},                {"cost_a", 1.0},
-                          {"cost_b", b_over_a},          {"cost_c", c_over_a}};
+                          {"cost_b", b_over_a},          {"cost_c", c_over_a},
+                          {"kv_samples", transfer.samples}, {"t_seconds_per_kv_token", transfer.seconds_per_token}};
+    // cost_t only where kv_wait was measured; else null: keep the t derived from comm.link_gbps.
+    out["cost_t"] = transfer.measured ? nlohmann::json(transfer.cost_t(fit.a)) : nlohmann::json(nullptr);
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("kilter plan --calibrate %s: %llu (rank, step) samples, steps < %lld skipped\n", run_dir.c_str(),
@@ -77,6 +81,12 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
       std::printf("  (micro_batches did not vary: c is the fixed time per rank-step divided by its micro-batches)\n");
     std::printf("config lines (only the ratios b/a and c/a matter to the plan):\n[data]\ncost_a = 1\ncost_b = %.6g\n"
                 "cost_c = %.6g\n", b_over_a, c_over_a);
+    if (transfer.measured)
+      std::printf("cost_t = %.6g\n  (kv_wait = %.4g s x kv_tokens over %llu (rank, step) rows with cut pieces)\n",
+                  transfer.cost_t(fit.a), transfer.seconds_per_token, static_cast<unsigned long long>(transfer.samples));
+    else
+      std::printf("# cost_t: not measured (no kv_wait/kv_tokens columns, or no cut piece in the run); the plan keeps t\n"
+                  "# derived from the model shape, comm.link_gbps and comm.device_tflops\n");
   }
   if (fit.r2 < 0.5)
     std::fprintf(stderr, "kilter plan: warning: R^2 = %.3f: the measured times hardly follow the cost model (a shared or "

@@ -710,8 +710,10 @@ void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
     shares_.swap(best_shares_);
   }
   // The whole-piece division's imbalance, as packed.
+  double uncut_top = 0;
   {
-    double top = 0, total = 0;
+    double& top = uncut_top;
+    double total = 0;
     for (int r = 0; r < world_size_; ++r) {
       const double l = shares_[r].piece_cost + cost_.c * double(assign_bins(r));
       top = std::max(top, l);
@@ -719,7 +721,16 @@ void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
     }
     uncut_imbalance_ = total > 0 ? top * world_size_ / total : 1.0;
   }
-  cut_for_balance();
+  if (cut_pieces_ && world_size_ > 1) {
+    // The cuts weigh loads with the fewest micro-batches a share can pack into; where packing
+    // needs more and the busiest rank ends above the whole-piece division's, that one stays.
+    best_shares_ = shares_;
+    cut_for_balance();
+    if (balance_cuts_ > 0 && packed_busiest_load() > uncut_top) {
+      shares_.swap(best_shares_);
+      balance_cuts_ = 0;
+    }
+  }
 
   for (int r = 0; r < world_size_; ++r) pack(r, out);
   out.end_step(target_tokens);

@@ -65,7 +65,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s), "a collective not done within this many seconds ends the job (s)")
     ("comm.bucket_mb", po::value(&k.bucket_mb)->default_value(k.bucket_mb), "gradient bucket size (MiB)")
     ("comm.overlap", po::value(&k.overlap)->default_value(k.overlap), "reduce gradient buckets while backward runs")
-    ("comm.link_gbps", po::value(&k.link_gbps)->default_value(k.link_gbps), "per-rank link rate of the K/V exchange of cut pieces (Gbit/s; InfiniBand HDR: 200)")
+    ("comm.link_gbps", po::value(&k.link_gbps)->default_value(k.link_gbps), "per-rank link rate of the K/V exchange of cut pieces (Gbit/s; InfiniBand NDR, one port per GPU: 400; HDR: 200)")
     ("comm.device_tflops", po::value(&k.device_tflops)->default_value(k.device_tflops), "sustained rate of one rank (TFLOP/s; the plan's transfer cost; H100 bf16 ~400, a CPU core ~0.1)")
     ("output.dir", po::value(&o.dir)->default_value(o.dir), "run directory")
     ("output.log_every", po::value(&o.log_every)->default_value(o.log_every), "progress line every N steps")

@@ -66,7 +66,7 @@ struct CommConfig {
   double timeout_s = 300;             // watchdog: a collective slower than this ends the job
   double bucket_mb = 4.0;             // gradient bucket size for overlapped reduction
   bool overlap = true;                // reduce buckets while backward runs
-  double link_gbps = 200;             // per-rank link of the K/V exchange of cut pieces (Gbit/s)
+  double link_gbps = 400;             // per-rank link of the K/V exchange of cut pieces (Gbit/s)
   double device_tflops = 400;         // sustained FLOP rate of one rank (TFLOP/s), turns link time into plan cost
 };
 
