@@ -277,6 +277,19 @@ bool StepDivider::improve_busiest() {
   return true;
 }
 
+// The share's items, longest first, each into the first micro-batch of bin_tokens_ with room,
+// else a new one (first fit decreasing).
+void StepDivider::first_fit(const Share& share) {
+  for (size_t i = 0; i < share.items.size(); ++i) {
+    const uint32_t len = pieces_[share.items[i]].len;
+    size_t b = 0;
+    while (b < bin_tokens_.size() && bin_tokens_[b] + len > max_tokens_) ++b;
+    if (b == bin_tokens_.size()) bin_tokens_.push_back(0);
+    bin_tokens_[b] += len;
+    bin_of_[i] = uint32_t(b);
+  }
+}
+
 size_t StepDivider::assign_bins(int rank) {
   const Share& share = shares_[rank];
   const size_t n = share.items.size();
@@ -286,14 +299,7 @@ size_t StepDivider::assign_bins(int rank) {
     // The parts' slots come first; the pieces go first fit into what they leave, then into new
     // micro-batches.
     bin_tokens_.assign(share.slot_tokens.begin(), share.slot_tokens.end());
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t len = pieces_[share.items[i]].len;
-      size_t b = 0;
-      while (b < bin_tokens_.size() && bin_tokens_[b] + len > max_tokens_) ++b;
-      if (b == bin_tokens_.size()) bin_tokens_.push_back(0);
-      bin_tokens_[b] += len;
-      bin_of_[i] = uint32_t(b);
-    }
+    first_fit(share);
     return bin_tokens_.size();
   }
   if (n == 0) return 0;
@@ -311,14 +317,7 @@ size_t StepDivider::assign_bins(int rank) {
     }
     if (bin_tokens_.size() > fewest) {
       bin_tokens_.clear();
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t len = pieces_[share.items[i]].len;
-        size_t b = 0;
-        while (b < bin_tokens_.size() && bin_tokens_[b] + len > max_tokens_) ++b;
-        if (b == bin_tokens_.size()) bin_tokens_.push_back(0);
-        bin_tokens_[b] += len;
-        bin_of_[i] = uint32_t(b);
-      }
+      first_fit(share);
     }
   }
   return bin_tokens_.size();
