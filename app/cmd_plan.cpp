@@ -36,7 +36,8 @@ const char* kUsage =
     "Builds one epoch of the batch plan without training and prints its statistics\n"
     "(padding_efficiency, cost_imbalance_p50|p95|max, steps_per_epoch, micro_batches_per_step, ...).\n"
     "Honors --config FILE and --section.key=value like `kilter train` (model.block_size, data.max_tokens,\n"
-    "train.tokens_per_step, train.seed, data.sampler, data.tail, data.cost_a, data.cost_b, data.cost_c, ...).";
+    "train.tokens_per_step, train.seed, data.sampler, data.tail, data.cost_a, data.cost_b, data.cost_c, data.cost_t,\n"
+    "data.cut_pieces, comm.link_gbps, comm.device_tflops, ...).";
 
 uint64_t current_rss_bytes() {
   std::ifstream statm("/proc/self/statm");
