@@ -35,7 +35,7 @@ int cmd_report(int argc, char** argv) {
   positional.add("run-dir", 1);
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
+    po::store(parse_exact(argc, argv, desc, "kilter report", &positional), vm);
     if (vm.count("help")) {
       std::cout << usage << "\n\n" << desc << "\n";
       return 0;
@@ -50,10 +50,10 @@ int cmd_report(int argc, char** argv) {
     if (html_path.empty()) html_path = run_dir + "/report.html";
     {
       std::ofstream out(html_path);
-      KILTER_CHECK(out, "kilter report: cannot create " << html_path);
+      KILTER_USER_CHECK(out, "cannot create " << html_path << ": check that its folder exists and is writable");
       out << diag::report_html(run, stats);
       out.close();
-      KILTER_CHECK(out, "kilter report: cannot write " << html_path);
+      KILTER_USER_CHECK(out, "cannot write " << html_path << " (disk full?)");
     }
     if (json) {
       std::cout << stats.dump(2) << "\n";

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/did_you_mean.h"
 #include "io/error.h"
 
 namespace kilter::io {
@@ -21,7 +22,9 @@ InputFormat parse_input_format(const std::string& name) {
   if (name == "text") return InputFormat::text;
   if (name == "jsonl") return InputFormat::jsonl;
   if (name == "fortune") return InputFormat::fortune;
-  KILTER_FAIL("--format: '" << name << "' is not one of text, jsonl, fortune");
+  const std::vector<std::string> formats = {"text", "jsonl", "fortune", "llmc", "nanogpt", "megatron", "npy"};
+  KILTER_USER_FAIL("--format " << name << ": not a format kilter prep reads" << did_you_mean_hint(name, formats)
+                   << " (documents: text | jsonl | fortune; already tokenized: llmc | nanogpt | megatron | npy)");
 }
 
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, InputFormat format) {
