@@ -65,6 +65,9 @@ int cmd_report(int argc, char** argv) {
   } catch (po::error& e) {
     std::cerr << "kilter report: " << program_options_message(e) << "\n";
     return 2;
+  } catch (const Error& e) {
+    std::cerr << "kilter report: " << e.what() << "\n";
+    return e.is_user_error() ? 2 : 1;
   } catch (const std::exception& e) {
     std::cerr << "kilter report: " << e.what() << "\n";
     return 1;

@@ -47,7 +47,7 @@ std::string did_you_mean(const std::string& word_in, const std::vector<std::stri
   }
   if (prefixes == 1 && word.size() >= 3) return only_prefix;
   // The nearest by edit distance, over the whole name and over the part after the section.
-  const size_t limit = std::min<size_t>(3, std::max<size_t>(1, word.size() / 3));
+  const size_t limit = word.size() < 3 ? 1 : std::min<size_t>(3, std::max<size_t>(2, word.size() / 3));
   std::string best;
   size_t best_distance = limit + 1;
   for (const std::string& name : names) {

@@ -12,8 +12,8 @@ namespace kilter {
 // Optimal string alignment distance between a and b.
 size_t edit_distance(const std::string& a, const std::string& b);
 
-// The name of `names` nearest to `word`, or "" when none is near enough (at most a third of the
-// word's length in edits, at least 1, at most 3).
+// The name of `names` nearest to `word`, or "" when none is near enough (a third of the word's length
+// in edits, at least 2 (1 for words under 3 letters), at most 3).
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& names);
 
 // "; did you mean X?" for the nearest name, or "" when none is near.

@@ -56,12 +56,12 @@ std::string json_number(const nlohmann::json& j, const char* key, const char* fo
 RunData load_run(const std::string& run_dir) {
   RunData run;
   run.run_dir = run_dir;
-  KILTER_CHECK(fs::is_directory(run_dir), "kilter report: " << run_dir << " is not a directory");
+  KILTER_USER_CHECK(fs::is_directory(run_dir), run_dir << " is not a directory: name the output.dir of a kilter train run");
   const std::string summary_path = run_dir + "/summary.json";
   if (fs::exists(summary_path)) {
     std::ifstream in(summary_path);
     run.summary = nlohmann::json::parse(in, nullptr, false);
-    KILTER_CHECK(!run.summary.is_discarded(), "kilter report: " << summary_path << " is not valid JSON");
+    KILTER_USER_CHECK(!run.summary.is_discarded(), "" << summary_path << " is not valid JSON");
   }
   const std::string config_path = run_dir + "/config.ini";
   if (fs::exists(config_path)) {
@@ -74,7 +74,7 @@ RunData load_run(const std::string& run_dir) {
 
   // The ranks: from summary.json, else the CSV files present.
   const std::string metrics_dir = run_dir + "/metrics";
-  KILTER_CHECK(fs::is_directory(metrics_dir), "kilter report: no metrics directory " << metrics_dir);
+  KILTER_USER_CHECK(fs::is_directory(metrics_dir), "no metrics directory " << metrics_dir);
   int files = 0;
   const std::regex name_re("rank-([0-9]{5})\\.csv");
   for (const auto& entry : fs::directory_iterator(metrics_dir)) {
@@ -85,7 +85,7 @@ RunData load_run(const std::string& run_dir) {
   run.world_size = run.summary.is_object() && run.summary.contains("world_size")
                        ? run.summary["world_size"].get<int>()
                        : files;
-  KILTER_CHECK(run.world_size > 0, "kilter report: no metrics/rank-NNNNN.csv in " << metrics_dir);
+  KILTER_USER_CHECK(run.world_size > 0, "no metrics/rank-NNNNN.csv in " << metrics_dir);
   run.rows.resize(run.world_size);
   std::set<int64_t> common;
   for (int r = 0; r < run.world_size; ++r) {
