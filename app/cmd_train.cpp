@@ -20,6 +20,7 @@ int cmd_train(int argc, char** argv) {
   Config cfg;
   train::RunOptions opts;
   bool force = false;
+  bool print_config = false;
   po::variables_map vm;
   po::options_description extra("Train");
   extra.add_options()
@@ -27,7 +28,9 @@ int cmd_train(int argc, char** argv) {
                                           "(a re-run into an output.dir with checkpoints of the same config continues by default)")
       ("force", po::bool_switch(&force), "start over in an output.dir that holds a run: the old run is moved to "
                                          "OUTPUT_DIR.old-TIMESTAMP (nothing is deleted)")
-      ("json", po::bool_switch(&opts.json), "print the summary object last on rank 0's stdout");
+      ("json", po::bool_switch(&opts.json), "print the summary object last on rank 0's stdout")
+      ("print-config", po::bool_switch(&print_config), "print the config as the run would record it (config.ini: every key, "
+                                                       "the value in force) and exit; checks nothing beyond the keys");
   // Everything the config and the dataset's index can tell is checked here, before MPI starts,
   // on every rank alike; only the launcher's rank 0 prints, and every rank exits 2.
   train::RunDirDecision decision;
@@ -40,6 +43,10 @@ int cmd_train(int argc, char** argv) {
                             "refused naming the keys that differ; --force moves the old run aside and starts over.",
                             extra, vm, cfg))
       return 0;
+    if (print_config) {
+      if (launcher_rank() == 0) std::printf("%s", cfg.to_ini().c_str());
+      return 0;
+    }
     train::check_dataset_before_launch(cfg);
     decision = train::decide_run_dir(cfg, opts.resume, force);
   } catch (const Error& e) {
