@@ -10,3 +10,7 @@ kilter_add_e2e_test(e2e_rerun ${CMAKE_CURRENT_LIST_DIR}/rerun.sh)
 set_tests_properties(e2e_rerun PROPERTIES PROCESSORS 2)
 kilter_add_e2e_test(e2e_sbatch_ini ${CMAKE_CURRENT_LIST_DIR}/sbatch_ini.sh)
 kilter_add_e2e_test(e2e_no_outside_docs ${CMAKE_CURRENT_LIST_DIR}/no_outside_docs.sh)
+#   e2e_report_compare: kilter report --compare on two runs, rendered in headless Chromium (skips
+#                   with exit 77 where chromium is absent).
+kilter_add_e2e_test(e2e_report_compare ${CMAKE_CURRENT_LIST_DIR}/report_compare.sh)
+set_tests_properties(e2e_report_compare PROPERTIES PROCESSORS 2 SKIP_RETURN_CODE 77)

@@ -15,6 +15,7 @@
 #include "io/error.h"
 #include "lib/core/config.h"
 #include "lib/diag/metrics_csv.h"
+#include "lib/diag/report.h"
 
 namespace po = boost::program_options;
 using kilter::Config;
@@ -150,4 +151,15 @@ TEST(TrainCsv, RowsReadBackAndLaterStepWins) {
   std::string header;
   std::getline(in, header);
   EXPECT_EQ(header, "step,tokens,loss,lr,grad_norm,tokens_per_second,eval_loss,eval_perplexity,elapsed_seconds");
+}
+
+TEST(Report, StallsBetweenStepsNameTheirCause) {
+  kilter::diag::RunData run;
+  run.eval_every = 50;
+  run.checkpoint_every = 100;
+  EXPECT_EQ(kilter::diag::stall_cause(run, 50, "outside"), "evaluation (train.eval_every = 50)");
+  EXPECT_EQ(kilter::diag::stall_cause(run, 100, "outside"),
+            "evaluation (train.eval_every = 50) + checkpoint (output.checkpoint_every = 100)");
+  EXPECT_EQ(kilter::diag::stall_cause(run, 51, "outside"), "");
+  EXPECT_EQ(kilter::diag::stall_cause(run, 50, "forward"), "");  // grown inside the step: not ours
 }
