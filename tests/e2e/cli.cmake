@@ -4,7 +4,7 @@
 #   e2e_rerun:      an interrupted run re-run with the same command continues with its metrics
 #                   intact; another config is refused (exit 2); --force keeps the old run.
 #   e2e_sbatch_ini: slurm/train.sbatch's INI reader against kilter's on every inputs/*.ini.
-#   e2e_no_outside_docs: no doc or comment points at a DESIGN.md outside the repository.
+#   e2e_no_outside_docs: no doc or comment sends readers to a design file outside the repository.
 kilter_add_e2e_test(e2e_cli_errors ${CMAKE_CURRENT_LIST_DIR}/cli_errors.sh)
 kilter_add_e2e_test(e2e_rerun ${CMAKE_CURRENT_LIST_DIR}/rerun.sh)
 set_tests_properties(e2e_rerun PROPERTIES PROCESSORS 2)
