@@ -4,7 +4,7 @@
 #include <boost/lexical_cast.hpp>
 #include <algorithm>
 #include <boost/program_options.hpp>
-#include <fmt/format.h>
+#include <charconv>
 #include <fstream>
 #include <map>
 #include <iostream>
@@ -23,9 +23,15 @@ namespace {
 // value (0.0003, not Boost's 17-digit 0.00029999999999999997).
 template <class T>
 std::string shortest_text(const T& value) {
-  if constexpr (std::is_floating_point_v<T>)
-    return fmt::format("{}", value);
-  else
+  if constexpr (std::is_floating_point_v<T>) {
+    // The shortest text that reads back exactly, in plain decimals when that stays short
+    // (0.0003 rather than 3e-04), else in the shortest form (1e-08).
+    char text[400];
+    const auto fixed = std::to_chars(text, text + sizeof text, value, std::chars_format::fixed);
+    if (fixed.ec == std::errc() && fixed.ptr - text <= 8) return std::string(text, fixed.ptr);
+    const auto shortest = std::to_chars(text, text + sizeof text, value);
+    return std::string(text, shortest.ptr);
+  } else
     return boost::lexical_cast<std::string>(value);
 }
 }  // namespace
