@@ -102,7 +102,13 @@ RunDirDecision decide_run_dir(const Config& cfg, const std::string& resume_arg, 
   const std::string& newest = checkpoints.back().second;
   const int64_t newest_step = checkpoints.back().first;
   const std::string old_ini = read_text(d.run_dir + "/config.ini");
-  if (!old_ini.empty()) {
+  bool same_hash = false;  // the usual case; also covers a config.ini that lacks keys added since
+  try {
+    same_hash = !old_ini.empty() && config_from_ini_text(old_ini).hash() == cfg.hash();
+  } catch (const Error&) {
+    // written by another kilter version: the differences below say which keys
+  }
+  if (!old_ini.empty() && !same_hash) {
     const std::vector<std::string> diffs = config_differences(old_ini, cfg.to_ini(), true);
     if (!diffs.empty()) {
       std::ostringstream os;

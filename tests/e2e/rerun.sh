@@ -80,4 +80,10 @@ cmp -s done.csv "$old/metrics/train.csv" || fail "--force: the old run's train.c
 [ -f "$old/checkpoints/step-00000006.h5" ] || fail "--force: the old run's checkpoint is gone"
 grep -q "^step      1/6" forced.log || { cat forced.log; fail "--force: did not start at step 1"; }
 grep -q "^lr = 0.01$" runs/a/config.ini || fail "--force: the new run's config.ini"
+# output.checkpoint_minutes: rank 0's clock makes every rank checkpoint at the same step. A
+# limit of 1e-9 minutes has passed after every step, so each step writes one (no timing assumed).
+COMMON=("${COMMON[@]/--output.dir=runs\/a/--output.dir=runs/timed}")
+train timed.log 2 --output.checkpoint_minutes=1e-9 --output.keep_checkpoints=10
+[ "$(ls runs/timed/checkpoints | tr '\n' ' ')" = "step-00000001.h5 step-00000002.h5 step-00000003.h5 step-00000004.h5 step-00000005.h5 step-00000006.h5 " ] \
+  || fail "checkpoint_minutes: checkpoints $(ls runs/timed/checkpoints | tr '\n' ' ')"
 echo PASS
