@@ -58,6 +58,8 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.eval_batches", po::value(&t.eval_batches)->default_value(t.eval_batches), "micro-batches per rank in one evaluation")
     ("train.inject_delay", po::value(&t.inject_delay)->default_value(t.inject_delay), "diagnostics drill: RANK:SECONDS[:PHASE] makes one rank slow on purpose")
     ("train.on_nonfinite", po::value(&t.on_nonfinite)->default_value(t.on_nonfinite), "non-finite loss or gradient norm: stop | skip")
+    ("train.init_from", po::value(&t.init_from)->default_value(t.init_from), "start from these weights: a Hugging Face GPT-2 directory (config.json + model.safetensors) or a kilter checkpoint (file or run directory); optimizer state and data position start fresh (empty: random init)")
+    ("train.init_vocab", po::value(&t.init_vocab)->default_value(t.init_vocab), "init_from weights whose vocabulary differs from the dataset's: strict (refuse) | resize (keep the first embedding rows, initialize the rest)")
     ("comm.algo", po::value(&k.algo)->default_value(k.algo), "gradient reduction: flat | hierarchical")
     ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
     ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s), "a collective not done within this many seconds ends the job (s)")
@@ -128,6 +130,7 @@ void Config::validate() const {
   KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");
   KILTER_CHECK_KEY(train.eval_batches >= 1, "train.eval_batches", train.eval_batches, "must be >= 1");
   check_one_of("train.on_nonfinite", train.on_nonfinite, {"stop", "skip"});
+  check_one_of("train.init_vocab", train.init_vocab, {"strict", "resize"});
   check_one_of("comm.algo", comm.algo, {"flat", "hierarchical"});
   KILTER_CHECK_KEY(comm.ranks_per_node >= 0, "comm.ranks_per_node", comm.ranks_per_node, "must be >= 0");
   KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");
@@ -180,6 +183,7 @@ uint64_t Config::hash() const {
   c.train.steps = 0;
   c.train.threads = 0;
   c.train.inject_delay.clear();
+  c.train.init_from.clear();  // a path, like data.dir; a resumed run continues from its checkpoint
   // How the CUDA backend computes, not what: a run may resume with the other attention engine
   // (cuDNN missing on another cluster) or with graphs toggled, like with other BLAS threads.
   c.train.attention.clear();

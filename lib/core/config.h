@@ -56,6 +56,8 @@ struct TrainConfig {
   int64_t eval_batches = 8;        // micro-batches per rank in one evaluation
   std::string inject_delay;        // diagnostics drill: RANK:SECONDS[:PHASE]
   std::string on_nonfinite = "stop";  // stop | skip
+  std::string init_from;           // HF GPT-2 directory or kilter checkpoint to start from ("": random init)
+  std::string init_vocab = "strict";  // strict | resize: a vocabulary other than the dataset's
 };
 
 struct CommConfig {

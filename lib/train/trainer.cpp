@@ -25,6 +25,7 @@
 #include "lib/model/gemm.h"
 #include "lib/model/model.h"
 #include "lib/train/checkpointer.h"
+#include "lib/train/hf_interop.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
 #include "lib/train/micro_batch.h"
@@ -135,6 +136,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, backend_options);
   model->init_params(cfg.train.seed);
+  if (!resuming && !cfg.train.init_from.empty()) {  // a resumed run continues from its own checkpoint
+    const std::string note = load_initial_weights(world, cfg, index, *model);
+    if (rank == 0) std::fprintf(stderr, "kilter: %s\n", note.c_str());
+  }
   // A micro-batch holds at most max_tokens tokens in pieces of at most block_size.
   model->reserve(int(cfg.data.max_tokens), cfg.model.block_size);
 
