@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "io/error.h"
+#include "lib/balance/mixture.h"
 
 namespace po = boost::program_options;
 
@@ -27,6 +28,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("model.block_size", po::value(&m.block_size)->default_value(m.block_size), "context length in tokens; longer documents are cut")
     ("model.vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size), "vocabulary (0: from the dataset index)")
     ("data.dir", po::value(&d.dir)->default_value(d.dir), "dataset directory (index.h5 + shard-*.h5)")
+    ("data.sources", po::value(&d.sources)->default_value(d.sources), "weighted mixture of datasets instead of data.dir: DIR:W, DIR:W, ... (weights normalized; each step draws from every source by weight, sources wrap independently)")
     ("data.max_tokens", po::value(&d.max_tokens)->default_value(d.max_tokens), "token budget of a micro-batch, padding included (tokens)")
     ("data.prefetch", po::value(&d.prefetch)->default_value(d.prefetch), "micro-batches read ahead per rank")
     ("data.reader_threads", po::value(&d.reader_threads)->default_value(d.reader_threads), "reader worker threads per rank")
@@ -131,6 +133,9 @@ void Config::validate() const {
   KILTER_CHECK_KEY(train.eval_batches >= 1, "train.eval_batches", train.eval_batches, "must be >= 1");
   check_one_of("train.on_nonfinite", train.on_nonfinite, {"stop", "skip"});
   check_one_of("train.init_vocab", train.init_vocab, {"strict", "resize"});
+  KILTER_CHECK(data.sources.empty() || data.dir.empty(),
+               "config keys data.dir and data.sources are both set: give one (data.dir is the one-source case)");
+  if (!data.sources.empty()) balance::parse_sources(data.sources);  // refused here, naming the key
   check_one_of("comm.algo", comm.algo, {"flat", "hierarchical"});
   KILTER_CHECK_KEY(comm.ranks_per_node >= 0, "comm.ranks_per_node", comm.ranks_per_node, "must be >= 0");
   KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");
@@ -172,11 +177,21 @@ std::string Config::to_ini() const {
   return os.str();
 }
 
+// data.sources without its paths: "0.7,0.2,0.1" (the weights change the numbers; where the
+// datasets lie does not, as for data.dir).
+static std::string mixture_weights_only(const std::string& sources) {
+  std::string out, item;
+  std::istringstream is(sources);
+  while (std::getline(is, item, ',')) out += (out.empty() ? "" : ",") + item.substr(item.rfind(':') + 1);
+  return out;
+}
+
 uint64_t Config::hash() const {
   // Everything that changes the numbers of a run; output paths and logging do not count.
   Config c = *this;
   c.output = OutputConfig();
   c.data.dir.clear();
+  c.data.sources = mixture_weights_only(c.data.sources);  // paths out, weights in: like data.dir
   c.data.stage_dir.clear();
   c.data.prefetch = 0;
   c.data.reader_threads = 0;

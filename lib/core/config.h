@@ -22,6 +22,7 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string dir;                 // dataset directory (index.h5 + shards)
+  std::string sources;             // weighted mixture "DIR:W, DIR:W, ..." (instead of dir; lib/balance/mixture.h)
   int64_t max_tokens = 2048;       // token budget of one micro-batch (padded tokens)
   int prefetch = 4;                // micro-batches read ahead per rank
   int reader_threads = 2;          // pread() worker threads per rank
