@@ -7,3 +7,5 @@ foreach(name hf_export hf_import)
   set_tests_properties(e2e_${name} PROPERTIES LABELS e2e TIMEOUT 600
                        ENVIRONMENT "KILTER_SOURCE_DIR=${CMAKE_SOURCE_DIR};KILTER_PYTHON=${KILTER_PYTHON};KILTER_HF_PYTHON=${KILTER_HF_PYTHON};MPIEXEC=${MPIEXEC_EXECUTABLE};KILTER_MPIRUN_FLAGS=${KILTER_MPIRUN_FLAGS_STR};OPENBLAS_NUM_THREADS=1")
 endforeach()
+# Weighted mixtures of datasets (data.sources): shares, wraps, world-size invariance, resume.
+kilter_add_e2e_test(e2e_mixture ${CMAKE_CURRENT_LIST_DIR}/mixture.sh)
