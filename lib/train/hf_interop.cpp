@@ -61,14 +61,15 @@ SourceWeights read_source(const std::string& source) {
     w.detail = source;
     return w;
   }
-  const std::string path = Checkpointer::latest(source);
-  KILTER_CHECK(!path.empty(), "train.init_from = " << source << ": neither a Hugging Face GPT-2 directory (config.json + "
-                              "model.safetensors) nor a kilter checkpoint (a step-*.h5 file, or a run directory holding "
-                              "checkpoints): give one of those");
-  const io::CheckpointInfo info = io::read_checkpoint_info(path);
-  const model::ParamLayout layout = model::ParamLayout::build(gpt_of(info));
-  std::vector<float> params(layout.num_params);
-  io::read_checkpoint_params(path, io_tensors(layout), params.data());
+  KILTER_CHECK(!Checkpointer::latest(source).empty(),
+               "train.init_from = " << source << ": neither a Hugging Face GPT-2 directory (config.json + "
+               "model.safetensors) nor a kilter checkpoint (a step-*.h5 file, or a run directory holding "
+               "checkpoints): give one of those");
+  const CheckpointWeights c = read_checkpoint_weights(source);
+  const io::CheckpointInfo& info = c.info;
+  const model::ParamLayout& layout = c.layout;
+  const std::vector<float>& params = c.params;
+  const std::string& path = c.path;
   w.kind = "kilter checkpoint";
   w.shape = {info.n_layer, info.n_head, info.n_embd, info.block_size, info.vocab_size};
   for (const auto& t : layout.tensors) {
@@ -104,21 +105,30 @@ std::vector<std::string> write_hf_model(const std::string& out, const io::Checkp
   return io::write_hf_gpt2(out, info, io_tensors(layout), params, options);
 }
 
+CheckpointWeights read_checkpoint_weights(const std::string& source) {
+  CheckpointWeights c;
+  c.path = Checkpointer::latest(source);
+  KILTER_CHECK(!c.path.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
+                                          "holding checkpoints/step-*.h5)");
+  c.info = io::read_checkpoint_info(c.path);
+  c.gpt = gpt_of(c.info);
+  c.layout = model::ParamLayout::build(c.gpt);
+  c.params.resize(c.layout.num_params);
+  io::read_checkpoint_params(c.path, io_tensors(c.layout), c.params.data());
+  return c;
+}
+
 HfExportResult export_hf(const std::string& source, const std::string& out, const io::HfExportOptions& options) {
+  const CheckpointWeights c = read_checkpoint_weights(source);
+  const io::CheckpointInfo& info = c.info;
   HfExportResult result;
-  result.checkpoint = Checkpointer::latest(source);
-  KILTER_CHECK(!result.checkpoint.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
-                                                     "holding checkpoints/step-*.h5)");
-  const io::CheckpointInfo info = io::read_checkpoint_info(result.checkpoint);
+  result.checkpoint = c.path;
   result.step = info.step;
-  const model::ParamLayout layout = model::ParamLayout::build(gpt_of(info));
-  std::vector<float> params(layout.num_params);
-  io::read_checkpoint_params(result.checkpoint, io_tensors(layout), params.data());
   io::HfExportOptions opts = options;
   opts.metadata["kilter_version"] = KILTER_VERSION;
   opts.metadata["kilter_step"] = std::to_string(info.step);
   opts.metadata["kilter_tokenizer"] = info.tokenizer;
-  result.files = write_hf_model(out, info, layout, params.data(), opts);
+  result.files = write_hf_model(out, info, c.layout, c.params.data(), opts);
   return result;
 }
 

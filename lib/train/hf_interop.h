@@ -17,6 +17,18 @@
 
 namespace kilter::train {
 
+// A checkpoint's weights and attributes: what `kilter export`, `kilter sample` and
+// train.init_from read from a checkpoint file, a run directory (its newest) or a checkpoints folder.
+struct CheckpointWeights {
+  std::string path;            // the checkpoint file
+  io::CheckpointInfo info;
+  model::GPTConfig gpt;
+  model::ParamLayout layout;
+  std::vector<float> params;   // layout order
+};
+// Throws kilter::Error naming `source` when it holds no checkpoint, or the file and the problem.
+CheckpointWeights read_checkpoint_weights(const std::string& source);
+
 struct HfExportResult {
   std::string checkpoint;          // the checkpoint file exported
   int64_t step = 0;

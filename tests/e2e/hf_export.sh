@@ -9,22 +9,10 @@ source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 TOOL=$(readlink -f "$2")
-HFPY=${KILTER_HF_PYTHON:-/opt/kilter-test-venv/bin/python}
-"$HFPY" -c "import transformers, safetensors, torch" 2>/dev/null \
-  || fail "$HFPY lacks transformers/safetensors (scripts/install-deps.sh --with-test-extras sets up the venv)"
+hf_python
 
-# A corpus of simple sentences (fortune format) and a small model trained on it.
-"$PY" - <<'PY'
-import random
-random.seed(3)
-subjects = ["The cat", "A dog", "The old man", "My friend", "The teacher", "A small bird"]
-verbs = ["sees", "likes", "finds", "wants", "keeps", "brings"]
-objects = ["the red ball.", "a warm house.", "the long road.", "some fresh bread.", "the blue sea."]
-with open("corpus.txt", "w") as f:
-    for _ in range(300):
-        f.write(" ".join(f"{random.choice(subjects)} {random.choice(verbs)} {random.choice(objects)}" for _ in range(8)))
-        f.write("\n%\n")
-PY
+# A corpus of simple sentences and a small model trained on it.
+sentence_corpus corpus.txt
 "$KILTER" prep --input corpus.txt --format fortune --shards 1 --out data --quiet >/dev/null
 MODEL=(--model.n_layer=2 --model.n_head=2 --model.n_embd=64 --model.block_size=128 --data.max_tokens=1024)
 timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train --data.dir=data "${MODEL[@]}" --train.tokens_per_step=1024 \

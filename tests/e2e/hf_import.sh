@@ -9,9 +9,7 @@ source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
 TOOL=$(readlink -f "$2")
-HFPY=${KILTER_HF_PYTHON:-/opt/kilter-test-venv/bin/python}
-"$HFPY" -c "import transformers, safetensors, torch, h5py" 2>/dev/null \
-  || fail "$HFPY lacks transformers/safetensors/h5py (scripts/install-deps.sh --with-test-extras sets up the venv)"
+hf_python
 
 # A random GPT-2 (larger init than GPT-2's so every tensor matters) saved the way users get one.
 "$HFPY" - <<'PY'
