@@ -12,7 +12,7 @@
 #include "io/error.h"
 #include "lib/core/config.h"
 #include "io/prep.h"
-#include "io/tokenizer_train.h"
+#include "io/tokenizer/tokenizer_train.h"
 
 namespace po = boost::program_options;
 

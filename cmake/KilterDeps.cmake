@@ -15,7 +15,7 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(GTest)
 
-# Tokenizers (io/tokenizer_*.cpp): SentencePiece (libsentencepiece-dev, no CMake package: found
+# Tokenizers (io/tokenizer/*.cpp): SentencePiece (libsentencepiece-dev, no CMake package: found
 # by pkg-config), PCRE2 for tokenizer.json split regexes, ICU for its Unicode normalizers.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)

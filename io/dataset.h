@@ -37,7 +37,7 @@ struct DatasetIndex {
   uint32_t vocab_size = 0;
   uint32_t eos_id = 0;
   std::string tokenizer;               // "byte" | "sentencepiece" | "hf-bpe" | "imported" | "synthetic"
-  std::string tokenizer_data;          // the tokenizer file's bytes (empty for "byte"): see io/tokenizer.h
+  std::string tokenizer_data;          // the tokenizer file's bytes (empty for "byte"): see io/tokenizer/tokenizer.h
   std::vector<ShardInfo> shards;
   std::vector<uint32_t> doc_lengths;   // every document's token count, by global id
   uint64_t total_tokens() const;

@@ -21,7 +21,7 @@
 #include "io/error.h"
 #include "io/progress.h"
 #include "io/shard_writer.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 namespace kilter::io {
 

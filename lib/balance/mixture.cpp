@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
-#include <sstream>
 
 #include "io/error.h"
 #include "lib/balance/divide.h"
@@ -102,40 +100,6 @@ EpochPlan MixturePlanner::build(uint64_t epoch, int world_size, std::vector<Sour
   plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
   return plan;
-}
-
-std::vector<std::pair<std::string, double>> parse_sources(const std::string& text) {
-  std::vector<std::pair<std::string, double>> sources;
-  std::set<std::string> seen;
-  double sum = 0;
-  std::istringstream is(text);
-  for (std::string item; std::getline(is, item, ',');) {
-    const auto trim = [](std::string s) {
-      const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-      return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-    };
-    item = trim(item);
-    const size_t colon = item.rfind(':');
-    KILTER_CHECK(colon != std::string::npos && colon > 0,
-                 "config key data.sources: '" << item << "' is not DIR:WEIGHT (e.g. data/web:0.7, data/code:0.3)");
-    const std::string dir = trim(item.substr(0, colon)), weight_text = trim(item.substr(colon + 1));
-    double weight = 0;
-    size_t used = 0;
-    try {
-      weight = std::stod(weight_text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    KILTER_CHECK(used > 0 && used == weight_text.size() && std::isfinite(weight) && weight > 0,
-                 "config key data.sources: the weight of " << dir << " ('" << weight_text
-                                                           << "') is not a positive number");
-    KILTER_CHECK(seen.insert(dir).second, "config key data.sources: " << dir << " is listed twice");
-    sources.emplace_back(dir, weight);
-    sum += weight;
-  }
-  KILTER_CHECK(!sources.empty(), "config key data.sources is empty: give DIR:WEIGHT, DIR:WEIGHT, ...");
-  for (auto& s : sources) s.second /= sum;
-  return sources;
 }
 
 std::vector<uint64_t> tokens_by_source(const StepView& step, const std::vector<uint64_t>& doc_begin) {

@@ -66,11 +66,6 @@ class MixturePlanner {
   std::vector<uint64_t> order_epoch_;
 };
 
-// Parses `data.sources`: "DIR:W, DIR:W, ..." (spaces allowed) into (dir, weight) with the weights
-// normalized to sum 1. Throws kilter::Error naming data.sources: an entry without ":W", a weight
-// that is not a positive number, a directory given twice.
-std::vector<std::pair<std::string, double>> parse_sources(const std::string& text);
-
 // Target tokens of `step` per source, sources given by their first global document id (plus the
 // end).
 std::vector<uint64_t> tokens_by_source(const StepView& step, const std::vector<uint64_t>& doc_begin);

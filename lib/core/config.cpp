@@ -3,12 +3,13 @@
 
 #include <boost/program_options.hpp>
 #include <fstream>
+#include <set>
+#include <cmath>
 #include <map>
 #include <iostream>
 #include <sstream>
 
 #include "io/error.h"
-#include "lib/balance/mixture.h"
 
 namespace po = boost::program_options;
 
@@ -135,7 +136,7 @@ void Config::validate() const {
   check_one_of("train.init_vocab", train.init_vocab, {"strict", "resize"});
   KILTER_CHECK(data.sources.empty() || data.dir.empty(),
                "config keys data.dir and data.sources are both set: give one (data.dir is the one-source case)");
-  if (!data.sources.empty()) balance::parse_sources(data.sources);  // refused here, naming the key
+  if (!data.sources.empty()) parse_data_sources(data.sources);  // refused here, naming the key
   check_one_of("comm.algo", comm.algo, {"flat", "hierarchical"});
   KILTER_CHECK_KEY(comm.ranks_per_node >= 0, "comm.ranks_per_node", comm.ranks_per_node, "must be >= 0");
   KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");
@@ -175,6 +176,40 @@ std::string Config::to_ini() const {
     os << "\n";
   }
   return os.str();
+}
+
+std::vector<std::pair<std::string, double>> parse_data_sources(const std::string& text) {
+  std::vector<std::pair<std::string, double>> sources;
+  std::set<std::string> seen;
+  double sum = 0;
+  std::istringstream is(text);
+  for (std::string item; std::getline(is, item, ',');) {
+    const auto trim = [](std::string s) {
+      const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+      return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+    };
+    item = trim(item);
+    const size_t colon = item.rfind(':');
+    KILTER_CHECK(colon != std::string::npos && colon > 0,
+                 "config key data.sources: '" << item << "' is not DIR:WEIGHT (e.g. data/web:0.7, data/code:0.3)");
+    const std::string dir = trim(item.substr(0, colon)), weight_text = trim(item.substr(colon + 1));
+    double weight = 0;
+    size_t used = 0;
+    try {
+      weight = std::stod(weight_text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KILTER_CHECK(used > 0 && used == weight_text.size() && std::isfinite(weight) && weight > 0,
+                 "config key data.sources: the weight of " << dir << " ('" << weight_text
+                                                           << "') is not a positive number");
+    KILTER_CHECK(seen.insert(dir).second, "config key data.sources: " << dir << " is listed twice");
+    sources.emplace_back(dir, weight);
+    sum += weight;
+  }
+  KILTER_CHECK(!sources.empty(), "config key data.sources is empty: give DIR:WEIGHT, DIR:WEIGHT, ...");
+  for (auto& s : sources) s.second /= sum;
+  return sources;
 }
 
 // data.sources without its paths: "0.7,0.2,0.1" (the weights change the numbers; where the

@@ -123,4 +123,9 @@ std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& 
 // Parse an INI text (the resolved config of a run directory) into a Config.
 Config config_from_ini_text(const std::string& text);
 
+// Parses `data.sources`: "DIR:W, DIR:W, ..." (spaces allowed) into (dir, weight) with the weights
+// normalized to sum 1 (lib/balance/mixture.h draws from them). Throws kilter::Error naming
+// data.sources: an entry without ":W", a weight that is not a positive number, a directory given twice.
+std::vector<std::pair<std::string, double>> parse_data_sources(const std::string& text);
+
 }  // namespace kilter

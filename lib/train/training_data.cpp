@@ -27,7 +27,7 @@ TrainingData load_training_data(const Config& cfg) {
   KILTER_CHECK(cfg.data.stage_dir.empty(), "config key data.stage_dir is set with data.sources: staging a mixture "
                                            "is not supported yet; leave data.stage_dir empty to read the sources in place");
   std::vector<io::DatasetIndex> indexes;
-  for (const auto& [dir, weight] : balance::parse_sources(cfg.data.sources)) {
+  for (const auto& [dir, weight] : parse_data_sources(cfg.data.sources)) {
     indexes.push_back(io::load_index(dir));
     data.sources.push_back(dir);
     data.weights.push_back(weight);
