@@ -195,16 +195,18 @@ void CpuModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
   }
 }
 
-void CpuModel::get_optimizer_shard(float* m, float* v) const {
+void CpuModel::get_optimizer_shard(float* m, float* v, size_t first, size_t count) const {
   size_t total = 0;
   for (const model::ParamRange& r : owned_) total += r.count;
+  KILTER_CHECK(first + count <= total, "CpuModel::get_optimizer_shard: [" << first << ", " << first + count
+                                                                          << ") beyond the " << total << " held");
   if (adam_m_.empty()) {  // no step taken yet
-    std::fill(m, m + total, 0.0f);
-    std::fill(v, v + total, 0.0f);
+    std::fill(m, m + count, 0.0f);
+    std::fill(v, v + count, 0.0f);
     return;
   }
-  std::memcpy(m, adam_m_.data(), sizeof(float) * total);
-  std::memcpy(v, adam_v_.data(), sizeof(float) * total);
+  std::memcpy(m, adam_m_.data() + first, sizeof(float) * count);
+  std::memcpy(v, adam_v_.data() + first, sizeof(float) * count);
 }
 
 void CpuModel::set_params(const float* host) {
@@ -215,7 +217,7 @@ void CpuModel::get_params(float* host) const { std::memcpy(host, params_.data(),
 
 void CpuModel::get_optimizer_state(float* m, float* v) const {
   KILTER_CHECK(!sharded_, "CpuModel::get_optimizer_state: the optimizer is sharded; use get_optimizer_shard");
-  get_optimizer_shard(m, v);
+  get_optimizer_shard(m, v, 0, layout_.num_params);
 }
 
 void CpuModel::set_optimizer_state(const float* m, const float* v) {

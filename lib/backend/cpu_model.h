@@ -40,7 +40,7 @@ class CpuModel final : public model::Model {
   bool supports_optimizer_shard() const override { return true; }
   void shard_optimizer(const std::vector<model::ParamRange>& owned) override;
   std::vector<model::ParamRange> optimizer_ranges() const override { return owned_; }
-  void get_optimizer_shard(float* m, float* v) const override;
+  void get_optimizer_shard(float* m, float* v, size_t first, size_t count) const override;
   void params_changed() override { refresh_bf16_params(); }
 
   double forward_backward(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) override;

@@ -39,7 +39,7 @@ std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& c
   return make_model(backend, cfg, pad_multiple, options);
 }
 
-void Model::shard_optimizer(const std::vector<ParamRange>&) {
+void Model::shard_optimizer_unsupported() const {
   KILTER_FAIL("train.shard_optimizer = true: the " << backend_name()
                                                    << " backend has no sharded optimizer yet; set train.shard_optimizer = false");
 }

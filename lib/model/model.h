@@ -135,14 +135,22 @@ class Model {
   // there (the caller sums over ranks). Moments already held are kept for the owned part. The
   // other parameters are the caller's to fill (all-gather), then params_changed().
   virtual bool supports_optimizer_shard() const { return false; }
-  virtual void shard_optimizer(const std::vector<ParamRange>& owned);  // throws unless supported
-  // The ranges whose moments this rank holds ({[0, num_params)} unless sharded), and those
-  // moments range after range (the sum of the ranges' counts, floats each).
+  virtual void shard_optimizer(const std::vector<ParamRange>& owned) {  // throws unless supported
+    (void)owned;
+    shard_optimizer_unsupported();
+  }
+  // The ranges whose moments this rank holds ({[0, num_params)} unless sharded), and `count` of
+  // those moments from the `first`-th on, counting range after range (a checkpoint streams them in
+  // pieces, so that no rank copies a whole shard). Only a sharded backend implements it.
   virtual std::vector<ParamRange> optimizer_ranges() const { return {{0, layout().num_params}}; }
-  virtual void get_optimizer_shard(float* m, float* v) const { get_optimizer_state(m, v); }
+  virtual void get_optimizer_shard(float* m, float* v, size_t first, size_t count) const {
+    (void)m, (void)v, (void)first, (void)count;
+    shard_optimizer_unsupported();
+  }
   // params() changed outside the model (the sharded step's all-gather): refresh what the backend
   // derives from them (the CPU backend's bf16 copy).
   virtual void params_changed() {}
+  [[noreturn]] void shard_optimizer_unsupported() const;
 
   // Forward + backward of one micro-batch. Returns the SUM over real targets of the
   // cross-entropy; gradients of (sum * loss_scale) ACCUMULATE into grads(). The trainer passes

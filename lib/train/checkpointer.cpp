@@ -153,65 +153,82 @@ bool optimizer_sharded(const model::Model& model) {
 }
 
 // Sends (rank != 0) or receives and places (rank 0, into m and v: num_params floats each) every
-// rank's optimizer shard, over `comm` (the checkpointer's own).
+// rank's optimizer shard, over `comm` (the checkpointer's own), in pieces of kShardPiece floats:
+// no rank copies a whole shard (lib/train/memory_plan.cpp counts two pieces per rank).
+constexpr size_t kShardPiece = size_t(1) << 22;
+
 void gather_optimizer_shards(MPI_Comm comm, const model::Model& model, float* m, float* v) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   const size_t num_params = model.layout().num_params;
-  std::vector<model::ParamRange> ranges = model.optimizer_ranges();
   auto total_of = [](const std::vector<model::ParamRange>& rs) {
     size_t n = 0;
     for (const model::ParamRange& r : rs) n += r.count;
     return n;
   };
-  std::vector<float> shard_m(total_of(ranges)), shard_v(shard_m.size());
-  model.get_optimizer_shard(shard_m.data(), shard_v.data());
-  // MPI counts are int: large shards travel in pieces.
-  constexpr size_t kPiece = size_t(1) << 28;
-  auto send_floats = [&](const float* data, size_t n) {
-    for (size_t done = 0; done < n; done += kPiece)
-      MPI_Send(data + done, int(std::min(kPiece, n - done)), MPI_FLOAT, 0, 1, comm);
-  };
-  auto recv_floats = [&](float* data, size_t n, int from) {
-    for (size_t done = 0; done < n; done += kPiece)
-      MPI_Recv(data + done, int(std::min(kPiece, n - done)), MPI_FLOAT, from, 1, comm, MPI_STATUS_IGNORE);
-  };
+  const std::vector<model::ParamRange> ranges = model.optimizer_ranges();
+  std::vector<float> piece_m, piece_v;
   if (rank != 0) {
     std::vector<unsigned long long> header{ranges.size()};
     for (const model::ParamRange& r : ranges) header.insert(header.end(), {r.offset, r.count});
     unsigned long long n = header.size();
     MPI_Send(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, 0, comm);
     MPI_Send(header.data(), int(n), MPI_UNSIGNED_LONG_LONG, 0, 0, comm);
-    send_floats(shard_m.data(), shard_m.size());
-    send_floats(shard_v.data(), shard_v.size());
+    const size_t total = total_of(ranges);
+    piece_m.resize(std::min(total, kShardPiece));
+    piece_v.resize(piece_m.size());
+    for (size_t first = 0; first < total; first += kShardPiece) {
+      const size_t count = std::min(kShardPiece, total - first);
+      model.get_optimizer_shard(piece_m.data(), piece_v.data(), first, count);
+      MPI_Send(piece_m.data(), int(count), MPI_FLOAT, 0, 1, comm);
+      MPI_Send(piece_v.data(), int(count), MPI_FLOAT, 0, 1, comm);
+    }
     return;
   }
-  auto place = [&](const std::vector<model::ParamRange>& rs, const float* from_m, const float* from_v) {
-    size_t src = 0;
+  // Moments [first, first + count) of a shard laid out range after range go to their offsets
+  // (the padding beyond num_params is not saved).
+  auto place = [&](const std::vector<model::ParamRange>& rs, size_t first, size_t count) {
+    size_t at = 0;  // where the current range starts in the shard's sequence
     for (const model::ParamRange& r : rs) {
-      const size_t end = std::min(r.offset + r.count, num_params);  // the padding is not saved
-      if (r.offset < end) {
-        std::memcpy(m + r.offset, from_m + src, sizeof(float) * (end - r.offset));
-        std::memcpy(v + r.offset, from_v + src, sizeof(float) * (end - r.offset));
+      const size_t lo = std::max(first, at), hi = std::min(first + count, at + r.count);
+      if (lo < hi) {
+        const size_t dst = r.offset + (lo - at);
+        const size_t end = std::min(dst + (hi - lo), num_params);
+        if (dst < end) {
+          std::memcpy(m + dst, piece_m.data() + (lo - first), sizeof(float) * (end - dst));
+          std::memcpy(v + dst, piece_v.data() + (lo - first), sizeof(float) * (end - dst));
+        }
       }
-      src += r.count;
+      at += r.count;
     }
   };
-  place(ranges, shard_m.data(), shard_v.data());
-  for (int from = 1; from < size; ++from) {
-    unsigned long long n = 0;
-    MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
-    std::vector<unsigned long long> header(n);
-    MPI_Recv(header.data(), int(n), MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
-    KILTER_CHECK(n >= 1 && n == 1 + 2 * header[0], "checkpoint: malformed optimizer shard header from rank " << from);
-    std::vector<model::ParamRange> theirs;
-    for (size_t k = 0; k < header[0]; ++k) theirs.push_back({size_t(header[1 + 2 * k]), size_t(header[2 + 2 * k])});
-    shard_m.resize(total_of(theirs));
-    shard_v.resize(shard_m.size());
-    recv_floats(shard_m.data(), shard_m.size(), from);
-    recv_floats(shard_v.data(), shard_v.size(), from);
-    place(theirs, shard_m.data(), shard_v.data());
+  for (int from = 0; from < size; ++from) {
+    std::vector<model::ParamRange> theirs = ranges;
+    if (from != 0) {
+      unsigned long long n = 0;
+      MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
+      std::vector<unsigned long long> header(n);
+      MPI_Recv(header.data(), int(n), MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
+      KILTER_CHECK(n >= 1 && n == 1 + 2 * header[0], "checkpoint: malformed optimizer shard header from rank " << from);
+      theirs.clear();
+      for (size_t k = 0; k < header[0]; ++k) theirs.push_back({size_t(header[1 + 2 * k]), size_t(header[2 + 2 * k])});
+    }
+    const size_t total = total_of(theirs);
+    for (size_t first = 0; first < total; first += kShardPiece) {
+      const size_t count = std::min(kShardPiece, total - first);
+      if (piece_m.size() < count) {
+        piece_m.resize(count);
+        piece_v.resize(count);
+      }
+      if (from == 0) {
+        model.get_optimizer_shard(piece_m.data(), piece_v.data(), first, count);
+      } else {
+        MPI_Recv(piece_m.data(), int(count), MPI_FLOAT, from, 1, comm, MPI_STATUS_IGNORE);
+        MPI_Recv(piece_v.data(), int(count), MPI_FLOAT, from, 1, comm, MPI_STATUS_IGNORE);
+      }
+      place(theirs, first, count);
+    }
   }
 }
 

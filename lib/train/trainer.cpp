@@ -27,6 +27,7 @@
 #include "lib/train/checkpointer.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
+#include "lib/train/memory_plan.h"
 #include "lib/train/micro_batch.h"
 #include "lib/train/plan_cursor.h"
 #include "lib/train/run_dir.h"
@@ -125,6 +126,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   // ---- model, reduction, diagnostics, checkpoints --------------------------------------------
   std::string backend = cfg.train.backend;
   if (backend == "auto") backend = model::cuda_available() ? "cuda" : "cpu";
+  // A run that cannot fit is refused here, before any rank allocates model memory.
+  check_memory_plan(world, cfg, topo.local_size, resuming, backend);
   model::GPTConfig gpt{cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
                        cfg.model.vocab_size};
   // Node shards of the flat gradient buffer are contiguous and 64-float aligned; sharded (ZeRO-1),

@@ -8,3 +8,4 @@ kilter_add_e2e_test(e2e_fault_bad_checkpoint ${CMAKE_CURRENT_LIST_DIR}/fault_bad
 kilter_add_e2e_test(e2e_fault_config_mismatch ${CMAKE_CURRENT_LIST_DIR}/fault_config_mismatch.sh)
 kilter_add_e2e_test(e2e_fault_rank_error ${CMAKE_CURRENT_LIST_DIR}/fault_rank_error.sh)
 kilter_add_e2e_test(e2e_shard_optimizer ${CMAKE_CURRENT_LIST_DIR}/shard_optimizer.sh)
+kilter_add_e2e_test(e2e_memory_plan ${CMAKE_CURRENT_LIST_DIR}/memory_plan.sh)
