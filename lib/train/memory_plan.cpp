@@ -252,11 +252,13 @@ void check_memory_plan(MPI_Comm world, const Config& cfg, int ranks_per_node, bo
   in.ranks_per_node = ranks_per_node;
   in.resuming = resuming;
   const MemoryPlan plan = plan_memory(in);
-  if (rank == 0) std::fprintf(stderr, "kilter: %s", format_memory_plan(plan).c_str());
-  // The first rank whose node cannot hold the run tells the others why.
+  // The first rank whose node cannot hold the run tells the others why (its plan in the error).
   int refusing = plan.fits ? in.world_size : rank;
   MPI_Allreduce(MPI_IN_PLACE, &refusing, 1, MPI_INT, MPI_MIN, world);
-  if (refusing == in.world_size) return;
+  if (refusing == in.world_size) {
+    if (rank == 0) std::fprintf(stderr, "kilter: %s", format_memory_plan(plan).c_str());
+    return;
+  }
   std::string message = rank == refusing ? memory_refusal(plan) : std::string();
   long long length = (long long)message.size();
   MPI_Bcast(&length, 1, MPI_LONG_LONG, refusing, world);

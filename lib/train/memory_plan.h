@@ -59,8 +59,8 @@ nlohmann::json memory_plan_json(const MemoryPlan& plan);
 std::string memory_refusal(const MemoryPlan& plan);
 
 // The start of `kilter train`, collective over `world`, before the model exists: every rank
-// plans for its own machine, rank 0 prints the plan, and when any rank's node cannot hold the
-// run every rank throws the same kilter::Error (memory_refusal of the rank that found it). The
+// plans for its own machine; when every node can hold the run rank 0 prints the plan, else every
+// rank throws the same kilter::Error (memory_refusal of the first rank that found it). The
 // cuda backend's plan is not checked yet (its buffers differ); it prints nothing there.
 void check_memory_plan(MPI_Comm world, const Config& cfg, int ranks_per_node, bool resuming,
                        const std::string& backend);
