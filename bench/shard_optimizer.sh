@@ -58,4 +58,15 @@ print("unsharded tok/s:", " ".join(f"{x:.0f}" for x in u))
 print("sharded   tok/s:", " ".join(f"{x:.0f}" for x in s))
 mu, ms = statistics.median(u), statistics.median(s)
 print(f"median: unsharded {mu:.0f}, sharded {ms:.0f}, sharded/unsharded {ms / mu:.3f} (target >= 0.98)")
+# The phases sharding changes, per step (median over steps after the first, both ranks, all
+# repeats): less noisy than tokens/s on a shared machine.
+def phases(prefix):
+    rows = [r for i in range(1, n + 1) for rank in (0, 1)
+            for r in list(csv.DictReader(open(f"runs/{prefix}{i}/metrics/rank-0000{rank}.csv")))[1:]]
+    return {k: statistics.median(float(r[k]) for r in rows) for k in ("optimizer", "comm_exposed", "step_total")}
+pu, ps = phases("u"), phases("s")
+for k in pu:
+    print(f"median {k:13s} s/step: unsharded {pu[k]:.4f}, sharded {ps[k]:.4f}")
+print(f"optimizer + comm_exposed share of the step: unsharded {(pu['optimizer'] + pu['comm_exposed']) / pu['step_total']:.4f}, "
+      f"sharded {(ps['optimizer'] + ps['comm_exposed']) / ps['step_total']:.4f}")
 PY
