@@ -2,7 +2,7 @@
 # The memory plan (issue 24):
 # - `kilter plan --memory --json`: the optimizer state per rank falls as 1/P (P = 1, 2, 4);
 # - the estimate agrees with the measured peak RSS of each rank within 10% (2 ranks, sharded and
-#   not, a model big enough that the buffers, not the runtime, dominate);
+#   not, a model big enough that the buffers, not the runtime, dominate; not asserted under ASan);
 # - a run whose node total exceeds the machine (KILTER_TEST_NODE_MEMORY_BYTES stands a small
 #   machine in) is refused on every rank, naming the figure and the cheapest setting that fits
 #   (here train.shard_optimizer = true), and the sharded run then starts;
@@ -31,7 +31,7 @@ measure sharded
 measure unsharded --train.shard_optimizer=false
 
 "$PY" - <<'PY'
-import json
+import json, os
 plans = {p: json.load(open(f"plan{p}.json"))["memory"] for p in (1, 2, 4)}
 opt = {p: plans[p]["optimizer_bytes"] for p in plans}
 print("optimizer bytes per rank:", opt)
@@ -43,7 +43,10 @@ for run, plan in [("sharded", plans[2]), ("unsharded", json.load(open("plan2u.js
         measured = int(open(f"{run}.rss.{rank}").read().split()[-1]) * 1024
         ratio = plan[key] / measured
         print(f"{run} rank {rank}: estimate {plan[key] / 2**20:.1f} MiB, peak RSS {measured / 2**20:.1f} MiB, ratio {ratio:.3f}")
-        assert 0.9 <= ratio <= 1.1, f"{run} rank {rank}: estimate {plan[key]} vs peak RSS {measured}"
+        # ASan's shadow memory and quarantine are no part of the plan: the sanitizer builds run
+        # everything else of this test.
+        if "ASAN_OPTIONS" not in os.environ:
+            assert 0.9 <= ratio <= 1.1, f"{run} rank {rank}: estimate {plan[key]} vs peak RSS {measured}"
 # A machine between the two: the unsharded run does not fit, the sharded one does.
 u, s = json.load(open("plan2u.json"))["memory"]["node_bytes"], plans[2]["node_bytes"]
 assert s < u, (s, u)
@@ -70,7 +73,11 @@ timeout 300 "${MPIRUN[@]}" -np 2 bash -c 'exec /usr/bin/time -o "$0.rss.$OMPI_CO
   --data.max_tokens=1024 --train.tokens_per_step=4096 --train.steps=2 --output.dir=runs/huge \
   > huge.log 2>&1 || rc=$?
 [ $rc -ne 0 ] && grep -q "GiB per node" huge.log || { cat huge.log; fail "a 13B model was not refused by the memory plan"; }
-# mpirun may end the other rank before time(1) writes its figure once rank 0 has exited.
-kib=$(tail -1 huge.rss.0)
-[ -n "$kib" ] && [ "$kib" -lt 1048576 ] || fail "rank 0 of the refused run peaked at '$kib' KiB: it allocated the model"
+# Allocating ~13B parameters would have ended in bad_alloc or the OOM killer, not this message;
+# where time(1) could write its figure before MPI_Abort ended the job, it says so too.
+! grep -q "backend cpu" huge.log || { cat huge.log; fail "the refused run started training"; }
+for r in 0 1; do
+  kib=$(tail -1 "huge.rss.$r" 2>/dev/null | grep -E '^[0-9]+$' || true)
+  [ -z "$kib" ] || [ "$kib" -lt 1048576 ] || fail "rank $r of the refused run peaked at $kib KiB: it allocated the model"
+done
 echo "memory_plan: 1 passed, 0 failed"
