@@ -36,7 +36,8 @@ const char* kUsage =
     "Builds one epoch of the batch plan without training and prints its statistics\n"
     "(padding_efficiency, cost_imbalance_p50|p95|max, steps_per_epoch, micro_batches_per_step, ...).\n"
     "Honors --config FILE and --section.key=value like `kilter train` (model.block_size, data.max_tokens,\n"
-    "train.tokens_per_step, train.seed, data.sampler, data.tail, data.cost_a, data.cost_b, data.cost_c, ...).";
+    "train.tokens_per_step, train.seed, data.sampler, data.tail, data.cost_a, data.cost_b, data.cost_c, data.cost_t,\n"
+    "data.cut_pieces, comm.link_gbps, comm.device_tflops, ...).";
 
 uint64_t current_rss_bytes() {
   std::ifstream statm("/proc/self/statm");
@@ -58,6 +59,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
   const std::vector<balance::CostSample> samples = balance::read_cost_samples(run_dir, skip_steps);
   const balance::CostFit fit = balance::fit_cost_model(samples);
+  const balance::TransferFit transfer = balance::fit_transfer_cost(samples);
   const double b_over_a = fit.a > 0 ? std::max(0.0, fit.b_over_a()) : 0.0;
   const double c_over_a = fit.a > 0 ? std::max(0.0, fit.c_over_a()) : 0.0;
   if (json) {
@@ -66,7 +68,10 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
                           {"b_seconds_per_l2", fit.b},   {"c_seconds_per_micro_batch", fit.c},
                           {"intercept_seconds", fit.intercept}, {"c_from_intercept", fit.c_from_intercept},
                           {"r2", fit.r2},                {"cost_a", 1.0},
-                          {"cost_b", b_over_a},          {"cost_c", c_over_a}};
+                          {"cost_b", b_over_a},          {"cost_c", c_over_a},
+                          {"kv_samples", transfer.samples}, {"t_seconds_per_kv_token", transfer.seconds_per_token}};
+    // cost_t only where kv_wait was measured; else null: keep the t derived from comm.link_gbps.
+    out["cost_t"] = transfer.measured ? nlohmann::json(transfer.cost_t(fit.a)) : nlohmann::json(nullptr);
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("kilter plan --calibrate %s: %llu (rank, step) samples, steps < %lld skipped\n", run_dir.c_str(),
@@ -77,6 +82,12 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
       std::printf("  (micro_batches did not vary: c is the fixed time per rank-step divided by its micro-batches)\n");
     std::printf("config lines (only the ratios b/a and c/a matter to the plan):\n[data]\ncost_a = 1\ncost_b = %.6g\n"
                 "cost_c = %.6g\n", b_over_a, c_over_a);
+    if (transfer.measured)
+      std::printf("cost_t = %.6g\n  (kv_wait = %.4g s x kv_tokens over %llu (rank, step) rows with cut pieces)\n",
+                  transfer.cost_t(fit.a), transfer.seconds_per_token, static_cast<unsigned long long>(transfer.samples));
+    else
+      std::printf("# cost_t: not measured (no kv_wait/kv_tokens columns, or no cut piece in the run); the plan keeps t\n"
+                  "# derived from the model shape, comm.link_gbps and comm.device_tflops\n");
   }
   if (fit.r2 < 0.5)
     std::fprintf(stderr, "kilter plan: warning: R^2 = %.3f: the measured times hardly follow the cost model (a shared or "
@@ -119,7 +130,20 @@ nlohmann::json stats_json(const balance::EpochPlan& plan) {
           {"cost_imbalance_bound_p50", s.cost_imbalance_bound_p50},
           {"cost_imbalance_bound_p95", s.cost_imbalance_bound_p95},
           {"critical_cost_per_token", s.critical_cost_per_token},
-          {"cost_wait_fraction", s.cost_wait_fraction}};
+          {"cost_wait_fraction", s.cost_wait_fraction},
+          {"cuts_per_step_p50", s.cuts_per_step_p50},
+          {"cuts_per_step_max", s.cuts_per_step_max},
+          {"cuts", s.cuts},
+          {"cut_pieces", s.cut_pieces},
+          {"cut_piece_ranks_max", s.cut_piece_ranks_max},
+          {"kv_bytes_per_step_p50", s.kv_bytes_per_step_p50},
+          {"kv_bytes_per_step_max", s.kv_bytes_per_step_max},
+          {"kv_bytes_per_rank_max", s.kv_bytes_per_rank_max},
+          {"cost_imbalance_uncut_p50", s.cost_imbalance_uncut_p50},
+          {"cost_imbalance_uncut_p95", s.cost_imbalance_uncut_p95},
+          {"cost_imbalance_uncut_max", s.cost_imbalance_uncut_max},
+          {"long_pieces", s.long_pieces},
+          {"long_piece_ranks_max", s.long_piece_ranks_max}};
 }
 
 }  // namespace
@@ -206,7 +230,7 @@ int cmd_plan(int argc, char** argv) {
                          " in one step); idle ranks still join every collective; raise train.tokens_per_step to >= " +
                          std::to_string(uint64_t(world_size) * opts.context) + " (world size x model.block_size)");
     }
-    if (s.cost_imbalance_bound_p95 > 1.02) {
+    if (s.cost_imbalance_p95 > 1.02 && s.cost_imbalance_bound_p95 > 1.02) {
       char line[400];
       std::snprintf(line, sizeof line,
                     "the steps are too coarse for %d ranks: no division of their pieces gets cost_imbalance_p95 below "
@@ -240,6 +264,9 @@ int cmd_plan(int argc, char** argv) {
       out["cost_a"] = plan.cost.a;
       out["cost_b"] = plan.cost.b;
       out["cost_c"] = plan.cost.c;
+      out["cost_t"] = plan.cost.t;
+      out["cut_pieces_enabled"] = opts.cut_pieces;
+      out["kv_bytes_per_token"] = opts.kv_bytes_per_token;
       out["index_load_seconds"] = load_seconds;
       out["plan_build_seconds"] = plan_seconds;
       out["plan_build_cpu_seconds"] = plan_cpu_seconds;
@@ -267,8 +294,21 @@ int cmd_plan(int argc, char** argv) {
                   balance::node_cost_imbalance(plan, ranks_per_node, 0.95));
       std::printf("  rank-time waiting for the busiest rank if step times were the costs: %.4f\n", s.cost_wait_fraction);
       if (s.cost_imbalance_bound_p95 > 0)
-        std::printf("  best any division of these steps could do: imbalance p50 %.4f  p95 %.4f\n",
+        std::printf("  best any division of whole pieces could do: imbalance p50 %.4f  p95 %.4f\n",
                     s.cost_imbalance_bound_p50, s.cost_imbalance_bound_p95);
+      std::printf("  cuts: %s; per step p50 %.0f  max %.0f (%llu pieces cut, at most over %llu ranks); whole pieces only: "
+                  "imbalance p50 %.4f  p95 %.4f  max %.4f\n",
+                  opts.cut_pieces ? "on" : "off (data.cut_pieces)", s.cuts_per_step_p50, s.cuts_per_step_max,
+                  static_cast<unsigned long long>(s.cut_pieces), static_cast<unsigned long long>(s.cut_piece_ranks_max),
+                  s.cost_imbalance_uncut_p50, s.cost_imbalance_uncut_p95, s.cost_imbalance_uncut_max);
+      std::printf("  K/V exchanged (forward K/V + backward dK/dV): per step p50 %.3g B  max %.3g B; one rank at most %.3g B "
+                  "a step (%.0f B per token, transfer cost t=%.4g)\n",
+                  s.kv_bytes_per_step_p50, s.kv_bytes_per_step_max, s.kv_bytes_per_rank_max, opts.kv_bytes_per_token,
+                  plan.cost.t);
+      if (s.long_pieces > 0)
+        std::printf("  context parallelism: %llu pieces longer than data.max_tokens = %llu, each cut over up to %llu ranks\n",
+                    static_cast<unsigned long long>(s.long_pieces), static_cast<unsigned long long>(opts.max_tokens),
+                    static_cast<unsigned long long>(s.long_piece_ranks_max));
       std::printf("  idle: %llu rank-steps in %llu steps (at most %llu ranks in one step); at most %.0f micro-batches per rank\n",
                   static_cast<unsigned long long>(s.idle_rank_steps), static_cast<unsigned long long>(s.steps_with_idle_ranks),
                   static_cast<unsigned long long>(s.idle_ranks_max), s.micro_batches_per_rank_max);

@@ -116,6 +116,20 @@ CostFit fit_cost_model(const std::vector<CostSample>& samples) {
   return fit;
 }
 
+TransferFit fit_transfer_cost(const std::vector<CostSample>& samples) {
+  TransferFit fit;
+  double wk = 0, kk = 0;
+  for (const CostSample& s : samples) {
+    if (!(s.kv_tokens > 0)) continue;
+    wk += s.kv_wait * s.kv_tokens;
+    kk += s.kv_tokens * s.kv_tokens;
+    ++fit.samples;
+  }
+  fit.measured = fit.samples > 0 && kk > 0;
+  fit.seconds_per_token = fit.measured ? wk / kk : 0;
+  return fit;
+}
+
 namespace {
 
 std::vector<std::string> split_csv_line(const std::string& line) {
@@ -183,7 +197,10 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
     const long c_fwd = find_column(header, {"forward", "forward_s"}, file);
     const long c_bwd = find_column(header, {"backward", "backward_s"}, file);
     const long c_mb = find_optional_column(header, {"micro_batches"});
-    const size_t needed = 1 + static_cast<size_t>(std::max({c_step, c_tokens, c_attn, c_fwd, c_bwd, c_mb}));
+    const long c_kv_wait = find_optional_column(header, {"kv_wait", "kv_wait_s"});
+    const long c_kv_tokens = find_optional_column(header, {"kv_tokens"});
+    const size_t needed =
+        1 + static_cast<size_t>(std::max({c_step, c_tokens, c_attn, c_fwd, c_bwd, c_mb, c_kv_wait, c_kv_tokens}));
     for (size_t line_no = 2; std::getline(in, line); ++line_no) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::vector<std::string> f = split_csv_line(line);
@@ -196,6 +213,10 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
       s.seconds = parse_number(f[c_fwd], file, line_no, header[c_fwd]) +
                   parse_number(f[c_bwd], file, line_no, header[c_bwd]);
       if (c_mb >= 0) s.micro_batches = parse_number(f[c_mb], file, line_no, "micro_batches");
+      if (c_kv_wait >= 0 && c_kv_tokens >= 0) {
+        s.kv_wait = parse_number(f[c_kv_wait], file, line_no, header[c_kv_wait]);
+        s.kv_tokens = parse_number(f[c_kv_tokens], file, line_no, "kv_tokens");
+      }
       if (s.tokens_computed <= 0) continue;  // an idle rank in this step
       samples.push_back(s);
     }

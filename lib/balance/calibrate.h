@@ -2,6 +2,7 @@
 // from measured step times: a least-squares fit over the (rank, step) rows of a run's
 // metrics/rank-NNNNN.csv files.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,7 +16,22 @@ struct CostSample {
   double attn_work = 0;      // sum over the rank's segments of len^2
   double seconds = 0;        // forward + backward
   double micro_batches = 1;  // micro-batches the rank ran in the step
+  double kv_wait = 0;        // seconds waiting for the K/V of earlier parts (issue 23; 0 when not recorded)
+  double kv_tokens = 0;      // earlier tokens whose K/V the rank received in the step
 };
+
+// The transfer coefficient from measured waits: kv_wait ~ seconds_per_token x kv_tokens, least
+// squares through the origin over the rows with kv_tokens > 0. measured = false where the
+// columns are absent or all zero (no cut piece in the run): keep the derived t.
+struct TransferFit {
+  bool measured = false;
+  double seconds_per_token = 0;
+  uint64_t samples = 0;
+  double cost_t(double a_seconds_per_token) const {
+    return measured && a_seconds_per_token > 0 ? std::max(0.0, seconds_per_token / a_seconds_per_token) : 0;
+  }
+};
+TransferFit fit_transfer_cost(const std::vector<CostSample>& samples);
 
 struct CostFit {
   double a = 0;          // seconds per computed token
@@ -41,7 +57,8 @@ CostFit fit_cost_model(const std::vector<CostSample>& samples);
 // Reads RUN_DIR/metrics/rank-*.csv: the header names the columns `step`, `tokens_computed`,
 // `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted), and
 // `micro_batches` when the run recorded it (older runs: 1 per row). Rows with step < skip_steps
-// (warm-up) and rows of idle ranks (tokens_computed = 0) are skipped.
+// (warm-up) and rows of idle ranks (tokens_computed = 0) are skipped. `kv_wait` and `kv_tokens`
+// are read where the header names them (runs with cut pieces), else 0.
 // Throws kilter::Error naming the file and the missing column or bad value.
 std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t skip_steps);
 

@@ -6,9 +6,15 @@
 // the search stops at the step's lower bound. The c-per-micro-batch term enters every load as
 // c x ceil(tokens / max_tokens), so a rank whose share needs one more micro-batch is charged
 // for it while dividing.
+// Then (issue 23) cuts: while the busiest rank is above the mean, the cut of one of its pieces or
+// parts with one of the least-loaded ranks that lowers the larger of the two loads most (the
+// later part pays t per earlier token) goes in; each part of a piece lies in the same micro-batch
+// slot on its rank, and a rank's slots with parts are its first micro-batches. Pieces longer than
+// max_tokens are first cut into equal chains of ceil(len / max_tokens) parts laid out in rows.
 #include "lib/balance/divide.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <iterator>
 #include <utility>
@@ -31,16 +37,24 @@ constexpr int kSwapPartners = 8;
 // The rounds stop once the busiest rank is within this share of the mean load: closer than that
 // is below the noise of measured step times and only costs planning time.
 constexpr double kGoodEnoughImbalance = 1e-3;
+// Cuts: partners tried per cut; a cut must lower the busiest rank by this share of the mean at
+// least (smaller cuts are below the noise of measured step times and only add exchanges).
+constexpr int kCutPartners = 8;
+constexpr double kMinCutGain = 5e-4;
+// Cuts stop once the busiest rank is within this share of the mean (the issue's goal is 1.01).
+constexpr double kCutGoodEnough = 3e-3;
 
 }  // namespace
 
-StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size)
-    : cost_(cost), max_tokens_(max_tokens), world_size_(world_size) {
+StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces)
+    : cost_(cost), max_tokens_(max_tokens), world_size_(world_size), cut_pieces_(cut_pieces) {
   KILTER_CHECK(world_size >= 1, "StepDivider: world size " << world_size << " must be >= 1");
   KILTER_CHECK(max_tokens >= 1, "StepDivider: max_tokens must be >= 1");
-  KILTER_CHECK(cost.a >= 0 && cost.b >= 0 && cost.c >= 0,
-               "StepDivider: unresolved cost model a=" << cost.a << " b=" << cost.b << " c=" << cost.c);
+  KILTER_CHECK(cost.a >= 0 && cost.b >= 0 && cost.c >= 0 && cost.t >= 0,
+               "StepDivider: unresolved cost model a=" << cost.a << " b=" << cost.b << " c=" << cost.c
+               << " t=" << cost.t);
   shares_.resize(world_size);
+  base_shares_.resize(world_size);
 }
 
 void StepDivider::insert_sorted(std::vector<uint32_t>& items, uint32_t item) const {
@@ -52,10 +66,82 @@ void StepDivider::insert_sorted(std::vector<uint32_t>& items, uint32_t item) con
 }
 
 void StepDivider::reset_shares() {
-  for (Share& share : shares_) {
+  for (int r = 0; r < world_size_; ++r) {
+    Share& share = shares_[r];
     share.items.clear();
-    share.piece_cost = 0;
-    share.tokens = 0;
+    if (has_chains_) {
+      const Share& base = base_shares_[r];
+      share.parts = base.parts;
+      share.slot_tokens = base.slot_tokens;
+      share.piece_cost = base.piece_cost;
+      share.tokens = base.tokens;
+    } else {
+      share.parts.clear();
+      share.slot_tokens.clear();
+      share.piece_cost = 0;
+      share.tokens = 0;
+    }
+  }
+}
+
+// Pieces longer than max_tokens: each is cut into k = ceil(len / max_tokens) parts of equal length
+// (to a token), one per rank, all in one slot. The chains are packed into rows of P ranks (first
+// fit, widest first); rows sorted widest first and row j laid on ranks 0..width_j-1 keep every
+// rank's slots with parts a prefix 0..m-1 (no empty micro-batch before a slot). Within a row the
+// costliest parts go to the least-loaded ranks.
+void StepDivider::build_chains(const std::vector<uint32_t>& long_items) {
+  for (Share& share : base_shares_) share = Share{};
+  has_chains_ = !long_items.empty();
+  if (!has_chains_) return;
+  const uint64_t P = uint64_t(world_size_);
+  std::vector<std::pair<uint64_t, uint32_t>> chains;  // (ranks it spans, item), widest first
+  for (uint32_t item : long_items) {
+    const uint64_t k = (uint64_t(pieces_[item].len) + max_tokens_ - 1) / max_tokens_;
+    KILTER_CHECK(k <= P, "plan: a piece of " << pieces_[item].len << " tokens needs " << k << " ranks of data.max_tokens = "
+                 << max_tokens_ << ", more than the world size " << P << "; run on >= " << k << " ranks or raise data.max_tokens");
+    chains.push_back({k, item});
+  }
+  std::sort(chains.begin(), chains.end(), [](const auto& x, const auto& y) {
+    return x.first > y.first || (x.first == y.first && x.second < y.second);
+  });
+  std::vector<uint64_t> width;
+  std::vector<std::vector<uint32_t>> row_chains;
+  for (size_t c = 0; c < chains.size(); ++c) {
+    size_t row = 0;
+    while (row < width.size() && width[row] + chains[c].first > P) ++row;
+    if (row == width.size()) width.push_back(0), row_chains.emplace_back();
+    width[row] += chains[c].first;
+    row_chains[row].push_back(uint32_t(c));
+  }
+  std::vector<size_t> rows(width.size());
+  for (size_t j = 0; j < rows.size(); ++j) rows[j] = j;
+  std::stable_sort(rows.begin(), rows.end(), [&](size_t x, size_t y) { return width[x] > width[y]; });
+  std::vector<Part> row_parts;
+  std::vector<int> ranks;
+  for (size_t slot = 0; slot < rows.size(); ++slot) {
+    row_parts.clear();
+    for (uint32_t c : row_chains[rows[slot]]) {
+      const uint32_t item = chains[c].second, len = pieces_[item].len;
+      const uint64_t k = chains[c].first;
+      for (uint64_t i = 0; i < k; ++i) {
+        const uint32_t begin = uint32_t(i * len / k), end = uint32_t((i + 1) * len / k);
+        row_parts.push_back(Part{item, begin, end - begin, uint32_t(slot)});
+      }
+    }
+    const auto part_cost = [this](const Part& p) { return cost_.part(p.offset, p.len); };
+    std::stable_sort(row_parts.begin(), row_parts.end(),
+                     [&](const Part& x, const Part& y) { return part_cost(x) > part_cost(y); });
+    ranks.resize(row_parts.size());
+    for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = int(r);
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [&](int x, int y) { return base_shares_[x].piece_cost < base_shares_[y].piece_cost; });
+    for (size_t i = 0; i < row_parts.size(); ++i) {
+      Share& share = base_shares_[ranks[i]];
+      share.parts.push_back(row_parts[i]);
+      share.slot_tokens.push_back(row_parts[i].len);
+      share.piece_cost += part_cost(row_parts[i]);
+      share.tokens += row_parts[i].len;
+    }
   }
 }
 
@@ -71,7 +157,7 @@ double StepDivider::busiest_load() const {
 // long piece to every rank first, then the rest) often misses.
 void StepDivider::best_fit(double capacity) {
   by_load_.clear();
-  for (int r = 0; r < world_size_; ++r) by_load_.insert({0.0, r});
+  for (int r = 0; r < world_size_; ++r) by_load_.insert({load(r), r});  // 0 but for chains
   for (uint64_t key : order_) {
     const uint32_t item = uint32_t(key);
     const uint32_t len = pieces_[item].len;
@@ -83,7 +169,7 @@ void StepDivider::best_fit(double capacity) {
     for (int tries = 0; tries < 4 && it != by_load_.begin(); ++tries) {
       --it;
       const Share& s = shares_[it->second];
-      if (load_of(s.piece_cost + w, s.tokens + len) <= capacity) {
+      if (load_of(s.piece_cost + w, s.tokens + len, s.slot_tokens.size()) <= capacity) {
         rank = it->second;
         break;
       }
@@ -100,9 +186,10 @@ void StepDivider::best_fit(double capacity) {
 
 void StepDivider::longest_first() {
   heap_.clear();
-  for (int r = 0; r < world_size_; ++r) heap_.push_back({0.0, r});
+  for (int r = 0; r < world_size_; ++r) heap_.push_back({load(r), r});  // 0 but for chains
   // A min-heap of (load, rank): ties go to the lower rank.
   const std::greater<std::pair<double, int>> later;
+  std::make_heap(heap_.begin(), heap_.end(), later);
   for (uint64_t key : order_) {
     const uint32_t item = uint32_t(key);
     std::pop_heap(heap_.begin(), heap_.end(), later);
@@ -141,8 +228,9 @@ bool StepDivider::improve_busiest() {
       const double w_x = piece_cost_[x];
       // Move x.
       {
-        const double pair_max = std::max(load_of(mine.piece_cost - w_x, mine.tokens - len_x),
-                                         load_of(theirs.piece_cost + w_x, theirs.tokens + len_x));
+        const double pair_max =
+            std::max(load_of(mine.piece_cost - w_x, mine.tokens - len_x, mine.slot_tokens.size()),
+                     load_of(theirs.piece_cost + w_x, theirs.tokens + len_x, theirs.slot_tokens.size()));
         if (pair_max < best_pair_max) best_pair_max = pair_max, best_partner = partner, best_x = xi, best_y = -1;
       }
       // Swap x for a shorter y, best near w_y = w_x - gap / 2; the partner's items are sorted
@@ -156,8 +244,9 @@ bool StepDivider::improve_busiest() {
         const uint32_t len_y = pieces_[y].len;
         if (len_y >= len_x) continue;
         const double d = w_x - piece_cost_[y];
-        const double pair_max = std::max(load_of(mine.piece_cost - d, mine.tokens - (len_x - len_y)),
-                                         load_of(theirs.piece_cost + d, theirs.tokens + (len_x - len_y)));
+        const double pair_max =
+            std::max(load_of(mine.piece_cost - d, mine.tokens - (len_x - len_y), mine.slot_tokens.size()),
+                     load_of(theirs.piece_cost + d, theirs.tokens + (len_x - len_y), theirs.slot_tokens.size()));
         if (pair_max < best_pair_max) best_pair_max = pair_max, best_partner = partner, best_x = xi, best_y = yi;
       }
     }
@@ -188,11 +277,31 @@ bool StepDivider::improve_busiest() {
   return true;
 }
 
+// The share's items, longest first, each into the first micro-batch of bin_tokens_ with room,
+// else a new one (first fit decreasing).
+void StepDivider::first_fit(const Share& share) {
+  for (size_t i = 0; i < share.items.size(); ++i) {
+    const uint32_t len = pieces_[share.items[i]].len;
+    size_t b = 0;
+    while (b < bin_tokens_.size() && bin_tokens_[b] + len > max_tokens_) ++b;
+    if (b == bin_tokens_.size()) bin_tokens_.push_back(0);
+    bin_tokens_[b] += len;
+    bin_of_[i] = uint32_t(b);
+  }
+}
+
 size_t StepDivider::assign_bins(int rank) {
   const Share& share = shares_[rank];
   const size_t n = share.items.size();
   bin_of_.assign(n, 0);
   bin_tokens_.clear();
+  if (!share.slot_tokens.empty()) {
+    // The parts' slots come first; the pieces go first fit into what they leave, then into new
+    // micro-batches.
+    bin_tokens_.assign(share.slot_tokens.begin(), share.slot_tokens.end());
+    first_fit(share);
+    return bin_tokens_.size();
+  }
   if (n == 0) return 0;
   const uint64_t fewest = min_micro_batches(share.tokens);
   if (fewest <= 1) {
@@ -208,14 +317,7 @@ size_t StepDivider::assign_bins(int rank) {
     }
     if (bin_tokens_.size() > fewest) {
       bin_tokens_.clear();
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t len = pieces_[share.items[i]].len;
-        size_t b = 0;
-        while (b < bin_tokens_.size() && bin_tokens_[b] + len > max_tokens_) ++b;
-        if (b == bin_tokens_.size()) bin_tokens_.push_back(0);
-        bin_tokens_[b] += len;
-        bin_of_[i] = uint32_t(b);
-      }
+      first_fit(share);
     }
   }
   return bin_tokens_.size();
@@ -229,10 +331,14 @@ double StepDivider::packed_busiest_load() {
 }
 
 void StepDivider::pack(int rank, PlanSteps& out) {
-  const Share& share = shares_[rank];
+  Share& share = shares_[rank];
   const size_t n = share.items.size();
-  if (n > 0) {
+  if (n > 0 || !share.parts.empty()) {
     assign_bins(rank);
+    std::sort(share.parts.begin(), share.parts.end(), [](const Part& x, const Part& y) {
+      return x.slot < y.slot || (x.slot == y.slot && x.item < y.item);
+    });
+    size_t part = 0;
     // The pieces micro-batch by micro-batch, each keeping the share's longest-first order: a
     // counting sort of the items by bin.
     std::vector<uint64_t>& next = bin_tokens_;  // reused as each bin's next slot
@@ -243,8 +349,13 @@ void StepDivider::pack(int rank, PlanSteps& out) {
     by_bin_.resize(n);
     for (size_t i = 0; i < n; ++i) by_bin_[next[bin_of_[i]]++] = share.items[i];
     size_t i = 0;
-    for (uint64_t end : next) {
-      for (; i < end; ++i) out.add_piece(pieces_[by_bin_[i]]);
+    for (size_t bin = 0; bin < next.size(); ++bin) {
+      for (; part < share.parts.size() && share.parts[part].slot == bin; ++part) {
+        const Part& p = share.parts[part];
+        const Piece& whole = pieces_[p.item];
+        out.add_piece(Piece{whole.doc, whole.start + p.offset, p.len, p.offset});
+      }
+      for (; i < next[bin]; ++i) out.add_piece(pieces_[by_bin_[i]]);
       out.end_micro_batch();
     }
   }
@@ -273,41 +384,309 @@ double StepDivider::refine() {
   return std::prev(by_load_.end())->first;
 }
 
+// The largest end e >= o + 1 of a part [o, e) whose cost stays <= budget (cost_.part is
+// a e + b e^2 + const in e: the root of the quadratic), or o when even one token costs more.
+uint32_t StepDivider::largest_end(uint32_t o, double budget) const {
+  const double od = double(o);
+  const double r = budget - cost_.t * od + cost_.a * od + cost_.b * od * od;  // b e^2 + a e <= r
+  double e;
+  if (cost_.b > 0) e = (-cost_.a + std::sqrt(cost_.a * cost_.a + 4 * cost_.b * std::max(r, 0.0))) / (2 * cost_.b);
+  else if (cost_.a > 0) e = r / cost_.a;
+  else e = 4e9;
+  uint64_t end = uint64_t(std::clamp(std::floor(e), od, 4e9));
+  while (end > o && cost_.part(o, uint32_t(end - o)) > budget) --end;
+  return uint32_t(std::max<uint64_t>(end, o));
+}
+
+// Water filling of one piece over a chain of ranks, in token order: the smallest level T such that
+// every holder i, given base[i] (its load without this piece) plus its part, stays <= T, each part
+// >= 1 token and <= room[i]. Each holder in turn takes the longest part that keeps it at T
+// (where t < a, more for the earlier ranks only makes the later parts cheaper); binary search on
+// T. Returns false when no level below `ceiling` works; else `ends` holds each part's end.
+bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, const std::vector<uint64_t>& room,
+                             double ceiling, std::vector<uint32_t>& ends) const {
+  const size_t k = base.size();
+  ends.resize(k);
+  const auto fill = [&](double level, std::vector<uint32_t>& out) {
+    uint32_t o = 0;
+    for (size_t i = 0; i < k; ++i) {
+      const uint32_t latest = uint32_t(len - (k - 1 - i));  // a token for each later holder
+      uint32_t e;
+      if (i + 1 == k) {
+        e = len;
+        if (base[i] + cost_.part(o, e - o) > level) return false;
+      } else {
+        e = largest_end(o, level - base[i]);
+        e = std::min<uint64_t>({uint64_t(e), uint64_t(latest), uint64_t(o) + room[i]});
+      }
+      if (e <= o || uint64_t(e - o) > room[i]) return false;
+      out[i] = e;
+      o = e;
+    }
+    return true;
+  };
+  if (!fill(ceiling, ends)) return false;
+  double lo = *std::max_element(base.begin(), base.end()), hi = ceiling;
+  std::vector<uint32_t>& trial = fill_scratch_;
+  trial.resize(k);
+  for (int iter = 0; iter < 40 && hi - lo > 1e-5 * hi; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    if (fill(mid, trial)) hi = mid, ends.swap(trial);
+    else lo = mid;
+  }
+  return true;
+}
+
+// A chain for `item` (uncut on the busiest rank, or already cut) over `ranks` in token order, in
+// `slot`: water-filled, scored by its holders' new loads, kept in `best` when it scores lower.
+void StepDivider::try_chain(uint32_t item, uint32_t slot, const std::vector<int>& ranks, int new_cuts, double mean,
+                            Cut& best) const {
+  const uint32_t len = pieces_[item].len;
+  const size_t k = ranks.size();
+  if (k < 2 || k > len) return;
+  base_scratch_.resize(k);
+  room_scratch_.resize(k);
+  for (size_t i = 0; i < k; ++i) {
+    const Share& s = shares_[ranks[i]];
+    double cost = s.piece_cost;
+    uint64_t tokens = s.tokens;
+    uint64_t in_slot = slot < s.slot_tokens.size() ? s.slot_tokens[slot] : 0;
+    size_t slots = std::max<size_t>(s.slot_tokens.size(), slot + 1);
+    const Part* own = find_part(s, item);
+    if (own) {
+      cost -= cost_.part(own->offset, own->len);
+      tokens -= own->len;
+      in_slot -= own->len;
+    } else if (std::find(s.items.begin(), s.items.end(), item) != s.items.end()) {
+      cost -= piece_cost_[item];
+      tokens -= len;
+    }
+    base_scratch_[i] = load_of(cost, tokens, slots);
+    room_scratch_[i] = max_tokens_ - std::min<uint64_t>(max_tokens_, in_slot);
+  }
+  std::vector<uint32_t>& ends = ends_scratch_;
+  if (!water_fill(len, base_scratch_, room_scratch_, best.score, ends)) return;
+  // The exact loads (the micro-batch count follows the tokens).
+  double score = mean;
+  uint32_t o = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const Share& s = shares_[ranks[i]];
+    double cost = s.piece_cost;
+    uint64_t tokens = s.tokens;
+    const Part* own = find_part(s, item);
+    if (own) cost -= cost_.part(own->offset, own->len), tokens -= own->len;
+    else if (std::find(s.items.begin(), s.items.end(), item) != s.items.end()) cost -= piece_cost_[item], tokens -= len;
+    score = std::max(score, load_of(cost + cost_.part(o, ends[i] - o), tokens + (ends[i] - o),
+                                    std::max<size_t>(s.slot_tokens.size(), slot + 1)));
+    o = ends[i];
+  }
+  // Ties (both at the mean): the fewer new cuts.
+  if (score < best.score ||
+      (score == best.score && (best.move || !best.ranks.empty()) && new_cuts < best.new_cuts)) {
+    best = Cut{};
+    best.score = score;
+    best.item = item;
+    best.slot = slot;
+    best.ranks = ranks;
+    best.ends = ends;
+    best.new_cuts = new_cuts;
+  }
+}
+
+const StepDivider::Part* StepDivider::find_part(const Share& share, uint32_t item) {
+  for (const Part& p : share.parts)
+    if (p.item == item) return &p;
+  return nullptr;
+}
+
+void StepDivider::apply_cut(int busiest, const Cut& cut) {
+  if (cut.move) {
+    Share& mine = shares_[busiest];
+    Share& theirs = shares_[cut.partner];
+    const uint32_t x = mine.items[cut.index];
+    mine.items.erase(mine.items.begin() + long(cut.index));
+    mine.piece_cost -= piece_cost_[x];
+    mine.tokens -= pieces_[x].len;
+    theirs.piece_cost += piece_cost_[x];
+    theirs.tokens += pieces_[x].len;
+    insert_sorted(theirs.items, x);
+    return;
+  }
+  const uint32_t item = cut.item, len = pieces_[item].len;
+  uint32_t o = 0;
+  for (size_t i = 0; i < cut.ranks.size(); ++i) {
+    Share& s = shares_[cut.ranks[i]];
+    const Part part{item, o, cut.ends[i] - o, cut.slot};
+    o = cut.ends[i];
+    if (cut.slot == s.slot_tokens.size()) s.slot_tokens.push_back(0);
+    auto own = std::find_if(s.parts.begin(), s.parts.end(), [&](const Part& p) { return p.item == item; });
+    if (own != s.parts.end()) {
+      s.piece_cost -= cost_.part(own->offset, own->len);
+      s.tokens -= own->len;
+      s.slot_tokens[cut.slot] -= own->len;
+      *own = part;
+    } else {
+      auto whole = std::find(s.items.begin(), s.items.end(), item);
+      if (whole != s.items.end()) {
+        s.items.erase(whole);
+        s.piece_cost -= piece_cost_[item];
+        s.tokens -= len;
+      }
+      s.parts.push_back(part);
+    }
+    s.piece_cost += cost_.part(part.offset, part.len);
+    s.tokens += part.len;
+    s.slot_tokens[cut.slot] += part.len;
+  }
+  holders_[item] = cut.ranks;
+}
+
+// Cuts for balance: while the busiest rank is more than kGoodEnoughImbalance above the mean, the
+// best of: water filling again a cut piece it holds a part of; adding one of the kCutPartners
+// least-loaded ranks at the front or the back of such a piece, or of an uncut piece it holds
+// (a new cut); moving one of its uncut pieces whole. It must lower the busiest load by more than
+// kMinCutGain of the mean (the transfer cost counted); at most P - 1 cuts per step (the
+// wrap-around rule's count).
+void StepDivider::cut_for_balance() {
+  balance_cuts_ = 0;
+  if (!cut_pieces_ || world_size_ <= 1) return;
+  holders_.clear();
+  for (int r = 0; r < world_size_; ++r)
+    for (const Part& p : shares_[r].parts) holders_[p.item].push_back(r);
+  for (auto& [item, ranks] : holders_)
+    std::sort(ranks.begin(), ranks.end(), [&](int x, int y) {
+      return find_part(shares_[x], item)->offset < find_part(shares_[y], item)->offset;
+    });
+  by_load_.clear();
+  double total = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    by_load_.insert({load(r), r});
+    total += load(r);
+  }
+  std::vector<int> chain;
+  const size_t max_rounds = 4 * size_t(world_size_) + 64;
+  for (size_t round = 0; round < max_rounds; ++round) {
+    const auto top_entry = std::prev(by_load_.end());
+    const double top = top_entry->first;
+    const int busiest = top_entry->second;
+    const double mean = total / world_size_;
+    if (top <= mean * (1 + kCutGoodEnough)) break;
+    const bool may_cut = balance_cuts_ + 1 < uint64_t(world_size_);
+    Cut best;
+    best.score = top - mean * kMinCutGain;
+    const Share& mine = shares_[busiest];
+    // The cut pieces it holds a part of: water filled again, or one rank longer.
+    for (const Part& part : mine.parts) {
+      const std::vector<int>& ranks = holders_.at(part.item);
+      try_chain(part.item, part.slot, ranks, 0, mean, best);
+      if (!may_cut) continue;
+      int examined = 0;
+      for (auto it = by_load_.begin(); it != top_entry && examined < kCutPartners; ++it, ++examined) {
+        const int partner = it->second;
+        if (top - it->first <= mean * kMinCutGain) break;
+        if (part.slot > shares_[partner].slot_tokens.size() || find_part(shares_[partner], part.item)) continue;
+        chain.assign(1, partner);
+        chain.insert(chain.end(), ranks.begin(), ranks.end());
+        try_chain(part.item, part.slot, chain, 1, mean, best);
+        chain.assign(ranks.begin(), ranks.end());
+        chain.push_back(partner);
+        try_chain(part.item, part.slot, chain, 1, mean, best);
+      }
+    }
+    // Its uncut pieces: cut in two with a partner, or moved whole.
+    int examined = 0;
+    for (auto it = by_load_.begin(); it != top_entry && examined < kCutPartners; ++it, ++examined) {
+      if (top - it->first <= mean * kMinCutGain) break;
+      const int partner = it->second;
+      const Share& theirs = shares_[partner];
+      // The lowest slot both ranks can share or open (a prefix on both).
+      const size_t last_slot = std::min(mine.slot_tokens.size(), theirs.slot_tokens.size());
+      for (size_t xi = 0; xi < mine.items.size(); ++xi) {
+        const uint32_t x = mine.items[xi], len = pieces_[x].len;
+        if (xi > 0 && pieces_[mine.items[xi - 1]].len == len) continue;
+        const double score = std::max({load_of(mine.piece_cost - piece_cost_[x], mine.tokens - len, mine.slot_tokens.size()),
+                                       load_of(theirs.piece_cost + piece_cost_[x], theirs.tokens + len, theirs.slot_tokens.size()),
+                                       mean});
+        if (score < best.score || (score == best.score && best.new_cuts > 0)) {
+          best = Cut{};
+          best.score = score;
+          best.partner = partner;
+          best.index = xi;
+          best.move = true;
+        }
+        if (!may_cut || len < 2) continue;
+        for (size_t slot = 0; slot <= last_slot; ++slot) {
+          const auto room = [&](const Share& sh) {
+            return slot < sh.slot_tokens.size() ? max_tokens_ - std::min<uint64_t>(max_tokens_, sh.slot_tokens[slot]) : max_tokens_;
+          };
+          if (room(mine) < 1 || room(theirs) < 1 || room(mine) + room(theirs) < len) continue;
+          chain = {partner, busiest};
+          try_chain(x, uint32_t(slot), chain, 1, mean, best);
+          chain = {busiest, partner};
+          try_chain(x, uint32_t(slot), chain, 1, mean, best);
+          break;
+        }
+      }
+    }
+    if (!best.move && best.ranks.empty()) break;
+    // The ranks whose loads change: out of the ordered set, changed, back in.
+    chain = best.move ? std::vector<int>{busiest, best.partner} : best.ranks;
+    if (std::find(chain.begin(), chain.end(), busiest) == chain.end()) chain.push_back(busiest);
+    double before = 0;
+    for (int r : chain) {
+      before += load(r);
+      by_load_.erase({load(r), r});
+    }
+    apply_cut(busiest, best);
+    for (int r : chain) {
+      total += load(r);
+      by_load_.insert({load(r), r});
+    }
+    total -= before;
+    balance_cuts_ += uint64_t(best.new_cuts);
+  }
+}
+
 void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
   KILTER_CHECK(n < (uint64_t(1) << 32), "plan: a step of " << n << " pieces is too large");
   KILTER_CHECK(out.world_size() == world_size_,
                "plan: steps for " << out.world_size() << " ranks given to a divider for " << world_size_);
   pieces_ = pieces;
-  order_.resize(n);
+  order_.clear();
   piece_cost_.resize(n);
+  std::vector<uint32_t> long_items;
   uint64_t target_tokens = 0;
   for (size_t i = 0; i < n; ++i) {
-    KILTER_CHECK(pieces[i].len >= 1 && pieces[i].len <= max_tokens_,
-                 "plan: a piece of " << pieces[i].len << " tokens does not fit data.max_tokens = " << max_tokens_);
-    order_[i] = (uint64_t(~pieces[i].len) << 32) | i;
+    KILTER_CHECK(pieces[i].len >= 1 && pieces[i].offset == 0, "plan: a step's pieces must be uncut and non-empty");
     piece_cost_[i] = cost_.piece(pieces[i].len);
     target_tokens += pieces[i].len;
+    if (pieces[i].len > max_tokens_) long_items.push_back(uint32_t(i));
+    else order_.push_back((uint64_t(~pieces[i].len) << 32) | i);
   }
   std::sort(order_.begin(), order_.end());
+  build_chains(long_items);
+  const size_t n_items = order_.size();
   // What no division beats (as in stats.cpp): for every k with kP < n, some rank holds k+1 of
-  // the kP+1 longest pieces, and it runs a micro-batch.
-  prefix_cost_.resize(n + 1);
+  // the kP+1 longest pieces, and it runs a micro-batch. (With chains, no early stop.)
+  prefix_cost_.resize(n_items + 1);
   prefix_cost_[0] = 0;
-  for (size_t i = 0; i < n; ++i) prefix_cost_[i + 1] = prefix_cost_[i] + piece_cost_[uint32_t(order_[i])];
+  for (size_t i = 0; i < n_items; ++i) prefix_cost_[i + 1] = prefix_cost_[i] + piece_cost_[uint32_t(order_[i])];
   least_busiest_ = 0;
-  for (size_t k = 0, P = size_t(world_size_); k * P < n; ++k)
-    least_busiest_ = std::max(least_busiest_, prefix_cost_[k * P + 1] - prefix_cost_[k * P - k]);
-  least_busiest_ += cost_.c;
+  if (!has_chains_) {
+    for (size_t k = 0, P = size_t(world_size_); k * P < n_items; ++k)
+      least_busiest_ = std::max(least_busiest_, prefix_cost_[k * P + 1] - prefix_cost_[k * P - k]);
+    least_busiest_ += cost_.c;
+  }
   reset_shares();
   longest_first();
   refine();
-  if (world_size_ > 1 && n > size_t(world_size_)) {
+  if (world_size_ > 1 && n_items > size_t(world_size_)) {
     // Best fit against the mean share and a little above it as well (just above the mean,
     // a rank can take two long pieces that leave another rank free for the shorter ones); the
     // division whose busiest rank ends lowest, once refined and packed, goes on (ties: the
     // earlier one).
-    double total_piece_cost = 0;
-    for (size_t i = 0; i < n; ++i) total_piece_cost += piece_cost_[i];
+    double total_piece_cost = prefix_cost_[n_items];
+    for (const Share& base : base_shares_) total_piece_cost += has_chains_ ? base.piece_cost : 0;
     const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(target_tokens), uint64_t(world_size_));
     const double mean = (total_piece_cost + cost_.c * double(micro_batches)) / world_size_;
     double best_top = packed_busiest_load();
@@ -328,6 +707,28 @@ void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
       }
     }
     shares_.swap(best_shares_);
+  }
+  // The whole-piece division's imbalance, as packed.
+  double uncut_top = 0;
+  {
+    double& top = uncut_top;
+    double total = 0;
+    for (int r = 0; r < world_size_; ++r) {
+      const double l = shares_[r].piece_cost + cost_.c * double(assign_bins(r));
+      top = std::max(top, l);
+      total += l;
+    }
+    uncut_imbalance_ = total > 0 ? top * world_size_ / total : 1.0;
+  }
+  if (cut_pieces_ && world_size_ > 1) {
+    // The cuts weigh loads with the fewest micro-batches a share can pack into; where packing
+    // needs more and the busiest rank ends above the whole-piece division's, that one stays.
+    best_shares_ = shares_;
+    cut_for_balance();
+    if (balance_cuts_ > 0 && packed_busiest_load() > uncut_top) {
+      shares_.swap(best_shares_);
+      balance_cuts_ = 0;
+    }
   }
 
   for (int r = 0; r < world_size_; ++r) pack(r, out);

@@ -1,9 +1,14 @@
-// Division of one global step's pieces among P ranks by cost, piece by piece, and the packing of
-// each rank's share into as few micro-batches of at most max_tokens tokens as it can
-// (DESIGN.md, "Batch plan"). A pure function of (pieces, cost model, max_tokens, P): every rank
-// computes the same division. Internal to lib/balance; build_epoch_plan() runs it step by step.
+// Division of one global step's pieces among P ranks by cost, piece by piece, then cuts of pieces
+// between ranks where a cut lowers the busiest rank's cost by more than it costs (issue 23), and
+// the packing of each rank's share into as few micro-batches of at most max_tokens tokens as it
+// can (DESIGN.md, "Batch plan"). A piece longer than max_tokens is always cut, one part per rank
+// (context parallelism). A pure function of (pieces, cost model, max_tokens, P, cut_pieces):
+// every rank computes the same division. Internal to lib/balance; build_epoch_plan() runs it
+// step by step.
 #pragma once
 #include <cstdint>
+#include <algorithm>
+#include <map>
 #include <memory_resource>
 #include <set>
 #include <utility>
@@ -17,30 +22,74 @@ namespace kilter::balance {
 // does not allocate per step beyond the plan's own vectors.
 class StepDivider {
  public:
-  // `cost` must be resolved (b >= 0, c >= 0); every piece must be <= max_tokens long.
-  StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size);
+  // `cost` must be resolved (b >= 0, c >= 0, t >= 0). cut_pieces: cut for balance (pieces longer
+  // than max_tokens are cut whatever it says; at most world_size parts each).
+  StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces = false);
 
-  // Divides pieces[0, n) (one step, any order) and appends the step to `out`: rank by rank, each
-  // rank's micro-batches, the pieces of each longest first. `out` must be for this world size.
+  // Divides pieces[0, n) (one step, any order, uncut) and appends the step to `out`: rank by
+  // rank, each rank's micro-batches; the parts of cut pieces first, in the micro-batch (slot) their
+  // piece's parts share on every rank, then the uncut pieces longest first. `out` must be for this
+  // world size.
   void divide(const Piece* pieces, size_t n, PlanSteps& out);
+
+  // The last step's busiest rank over its mean cost before the cuts for balance (packed).
+  double uncut_imbalance() const { return uncut_imbalance_; }
+  // Cuts made for balance in the last step (chains of long pieces not counted); at most P - 1.
+  uint64_t balance_cuts() const { return balance_cuts_; }
 
   // The micro-batches a rank holding `tokens` tokens needs at the least: ceil(tokens / max_tokens).
   uint64_t min_micro_batches(uint64_t tokens) const { return (tokens + max_tokens_ - 1) / max_tokens_; }
 
  private:
-  // A rank's share while dividing: its pieces (indices into the step, longest first), their
-  // summed piece cost and tokens.
+  // A part of a cut piece on a rank: [offset, offset + len) of step piece `item`, in the rank's
+  // micro-batch `slot` (the same on every rank holding a part of that piece).
+  struct Part {
+    uint32_t item;
+    uint32_t offset;
+    uint32_t len;
+    uint32_t slot;
+  };
+  // A rank's share while dividing: its uncut pieces (indices into the step, longest first), its
+  // parts, the tokens of parts in each of its first micro-batches (slots 0..m-1: the parts'
+  // micro-batches are always a prefix), and the summed cost (pieces and parts) and tokens.
   struct Share {
     std::vector<uint32_t> items;
+    std::vector<Part> parts;
+    std::vector<uint64_t> slot_tokens;
     double piece_cost = 0;
     uint64_t tokens = 0;
   };
-  // While dividing, a share is charged the fewest micro-batches it can pack into; the packed
-  // result decides between the initial divisions (packed_busiest_load).
-  double load_of(double piece_cost, uint64_t tokens) const {
-    return piece_cost + cost_.c * double(min_micro_batches(tokens));
+  // While dividing, a share is charged the fewest micro-batches it can pack into (at least its
+  // parts' slots); the packed result decides between the initial divisions (packed_busiest_load).
+  double load_of(double piece_cost, uint64_t tokens, size_t slots) const {
+    return piece_cost + cost_.c * double(std::max<uint64_t>(slots, min_micro_batches(tokens)));
   }
-  double load(int rank) const { return load_of(shares_[rank].piece_cost, shares_[rank].tokens); }
+  double load(int rank) const {
+    const Share& s = shares_[rank];
+    return load_of(s.piece_cost, s.tokens, s.slot_tokens.size());
+  }
+  // A change the cut phase weighs: a piece water-filled over a chain of ranks (a new cut when
+  // the chain is one rank longer), or an uncut piece moved whole.
+  struct Cut {
+    double score = 0;        // max(the changed ranks' loads, the mean): lower is better
+    bool move = false;       // move: the busiest share's item `index` to `partner`
+    int partner = -1;
+    size_t index = 0;
+    uint32_t item = 0;       // chain: the piece, its slot, its ranks in token order, their parts' ends
+    uint32_t slot = 0;
+    std::vector<int> ranks;
+    std::vector<uint32_t> ends;
+    int new_cuts = 0;
+  };
+  void build_chains(const std::vector<uint32_t>& long_items);
+  static const Part* find_part(const Share& share, uint32_t item);
+  uint32_t largest_end(uint32_t offset, double budget) const;
+  bool water_fill(uint32_t len, const std::vector<double>& base, const std::vector<uint64_t>& room, double ceiling,
+                  std::vector<uint32_t>& ends) const;
+  void try_chain(uint32_t item, uint32_t slot, const std::vector<int>& ranks, int new_cuts, double mean,
+                 Cut& best) const;
+  void apply_cut(int busiest, const Cut& cut);
+  void cut_for_balance();
   void reset_shares();
   double busiest_load() const;
   void longest_first();
@@ -48,6 +97,7 @@ class StepDivider {
   double refine();
   bool improve_busiest();
   void insert_sorted(std::vector<uint32_t>& items, uint32_t item) const;
+  void first_fit(const Share& share);
   size_t assign_bins(int rank);  // fills bin_of_, bin_tokens_; returns the micro-batches
   double packed_busiest_load();
   void pack(int rank, PlanSteps& out);
@@ -55,6 +105,15 @@ class StepDivider {
   CostModel cost_;
   uint64_t max_tokens_;
   int world_size_;
+  bool cut_pieces_;
+  double uncut_imbalance_ = 1.0;
+  uint64_t balance_cuts_ = 0;
+  std::vector<Share> base_shares_;    // the chains of long pieces, before any uncut piece
+  bool has_chains_ = false;
+  std::map<uint32_t, std::vector<int>> holders_;  // cut item -> ranks holding its parts, in token order
+  mutable std::vector<double> base_scratch_;
+  mutable std::vector<uint64_t> room_scratch_;
+  mutable std::vector<uint32_t> ends_scratch_, fill_scratch_;
   double tolerance_ = 0;
   double least_busiest_ = 0;  // the current step's lower bound on the busiest rank's load
   // Scratch of the current step.

@@ -55,12 +55,39 @@ StepCut cut_steps(const std::vector<Piece>& pieces, uint64_t target, uint32_t co
 double MicroBatch::attention_work() const {
   if (!packed()) return double(pieces.size()) * double(padded_len) * double(padded_len);
   double sum_sq = 0;
-  for (const Piece& p : pieces) sum_sq += double(p.len) * double(p.len);
+  for (const Piece& p : pieces) {
+    const double s = double(p.offset), e = double(p.offset) + double(p.len);
+    sum_sq += e * e - s * s;
+  }
   return sum_sq;
 }
 
+double MicroBatch::kv_tokens() const {
+  double earlier = 0;
+  for (const Piece& p : pieces) earlier += double(p.offset);
+  return earlier;
+}
+
 double CostModel::operator()(const MicroBatch& mb) const {
-  return a * double(mb.tokens_computed()) + b * mb.attention_work() + std::max(c, 0.0);
+  return a * double(mb.tokens_computed()) + b * mb.attention_work() + t * mb.kv_tokens() + std::max(c, 0.0);
+}
+
+double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes) {
+  return 2.0 * double(n_embd) * double(n_layer) * kv_value_bytes;
+}
+
+double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+                                 double device_tflops) {
+  KILTER_CHECK(n_layer >= 1 && n_embd >= 1 && vocab_size >= 0 && kv_value_bytes > 0,
+               "transfer_cost_coefficient: bad model shape n_layer=" << n_layer << " n_embd=" << n_embd
+               << " vocab=" << vocab_size << " bytes=" << kv_value_bytes);
+  KILTER_CHECK(link_gbps > 0, "comm.link_gbps = " << link_gbps << ": must be > 0");
+  KILTER_CHECK(device_tflops > 0, "comm.device_tflops = " << device_tflops << ": must be > 0");
+  // K/V forward plus dK/dV backward.
+  const double transfer_s = 2.0 * kv_bytes_per_token(n_layer, n_embd, kv_value_bytes) / (link_gbps * 1e9 / 8);
+  const double dense_flops = 6.0 * (12.0 * n_layer * double(n_embd) * n_embd + double(n_embd) * vocab_size);
+  const double token_s = dense_flops / (device_tflops * 1e12);
+  return transfer_s / token_s;
 }
 
 double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size) {
@@ -87,10 +114,13 @@ void check_plan_options(const PlanOptions& opts, int world_size) {
   KILTER_CHECK(opts.tail == "drop" || opts.tail == "redistribute",
                "data.tail = '" << opts.tail << "': expected drop | redistribute");
   KILTER_CHECK(opts.context >= 1, "model.block_size (the plan's context) = " << opts.context << ": must be >= 1");
-  KILTER_CHECK(opts.max_tokens >= opts.context,
+  KILTER_CHECK(opts.max_tokens >= 1, "data.max_tokens = " << opts.max_tokens << ": must be >= 1");
+  // The balanced plan cuts a piece longer than a micro-batch over several ranks (context
+  // parallelism; long_piece_ranks() checks the world size); the naive baseline cannot.
+  KILTER_CHECK(opts.sampler != "naive" || opts.max_tokens >= opts.context,
                "data.max_tokens = " << opts.max_tokens << " is smaller than the context model.block_size = "
-               << opts.context << ": a full-length piece must fit one micro-batch; raise data.max_tokens to >= "
-               << opts.context << " or lower model.block_size");
+               << opts.context << " with data.sampler = naive, which cannot cut a piece between ranks; raise "
+               "data.max_tokens to >= " << opts.context << ", lower model.block_size or use data.sampler = balanced");
   KILTER_CHECK(opts.tokens_per_step >= 1, "train.tokens_per_step = " << opts.tokens_per_step
                << ": a step must hold at least one token (e.g. " << 8 * opts.max_tokens << ")");
   KILTER_CHECK(opts.naive_batch_size >= 1, "data.naive_batch_size = " << opts.naive_batch_size << ": must be >= 1");
@@ -98,12 +128,18 @@ void check_plan_options(const PlanOptions& opts, int world_size) {
   KILTER_CHECK(opts.cost.a >= 0 && std::isfinite(opts.cost.a), "data.cost_a = " << opts.cost.a << ": must be >= 0");
   KILTER_CHECK(std::isfinite(opts.cost.b), "data.cost_b = " << opts.cost.b << ": must be a number");
   KILTER_CHECK(std::isfinite(opts.cost.c), "data.cost_c = " << opts.cost.c << ": must be a number");
+  KILTER_CHECK(opts.cost.t >= 0 && std::isfinite(opts.cost.t), "data.cost_t = " << opts.cost.t << ": must be >= 0");
   KILTER_CHECK(opts.cost.a > 0 || opts.cost.b > 0,
                "data.cost_a = 0 with data.cost_b = " << opts.cost.b << ": the cost model needs a > 0 or b > 0");
 }
 
+uint64_t long_piece_ranks(uint32_t longest_piece, uint64_t max_tokens) {
+  return std::max<uint64_t>(1, (uint64_t(longest_piece) + max_tokens - 1) / max_tokens);
+}
+
 std::string idle_rank_warning(const PlanOptions& opts, int world_size) {
-  if (opts.sampler != "balanced" || world_size <= 1) return "";
+  // Cutting pieces between ranks balances steps of less than a context per rank.
+  if (opts.sampler != "balanced" || world_size <= 1 || opts.cut_pieces) return "";
   const uint64_t per_rank = opts.tokens_per_step / uint64_t(world_size);
   if (per_rank >= opts.context) return "";
   const uint64_t step_needed = uint64_t(world_size) * opts.context;
@@ -198,6 +234,19 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   // the same for every world size.
   std::vector<Piece> pieces = cut_documents(doc_lengths, docs, opts.context, &stats.empty_docs);
   stats.pieces = pieces.size();
+  // A piece longer than a micro-batch is cut over ranks, one part each: the world size must hold it.
+  uint32_t longest = 0;
+  for (const Piece& p : pieces) {
+    longest = std::max(longest, p.len);
+    stats.long_pieces += p.len > opts.max_tokens;
+  }
+  const uint64_t ranks_needed = long_piece_ranks(longest, opts.max_tokens);
+  stats.long_piece_ranks_max = stats.long_pieces > 0 ? ranks_needed : 0;
+  KILTER_CHECK(ranks_needed <= uint64_t(world_size),
+               "the data holds pieces of " << longest << " tokens (model.block_size = " << opts.context
+               << ") and a micro-batch holds data.max_tokens = " << opts.max_tokens << ": such a piece is cut over "
+               << ranks_needed << " ranks, more than the world size " << world_size << "; run on >= " << ranks_needed
+               << " ranks, or raise data.max_tokens to >= " << longest << " or lower model.block_size");
   Xoshiro256 piece_rng(opts.seed, epoch, RngStream::kPieceOrder);
   fisher_yates(pieces.data(), pieces.size(), piece_rng);
 
@@ -224,7 +273,9 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   // Every piece but a dropped tail goes into the plan; the micro-batches' count is known only
   // once packed (shrink_to_fit() below trims that one array).
   plan.steps.reserve(n_steps, spread_tail ? pieces.size() : cut.tail_begin, 0);
-  StepDivider divider(cost, opts.max_tokens, world_size);
+  StepDivider divider(cost, opts.max_tokens, world_size, opts.cut_pieces);
+  plan.kv_bytes_per_token = opts.kv_bytes_per_token;
+  plan.uncut_imbalance.reserve(n_steps);
   std::vector<Piece> with_tail;  // a step's pieces plus its share of a redistributed tail
   uint64_t tail_next = cut.tail_begin;
   for (uint64_t s = 0; s < n_steps; ++s) {
@@ -232,6 +283,7 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
     const uint64_t end = cut.step_end[s];
     if (!spread_tail) {
       divider.divide(pieces.data() + begin, end - begin, plan.steps);
+      plan.uncut_imbalance.push_back(divider.uncut_imbalance());
       continue;
     }
     // The tail's pieces spread evenly over the epoch's steps: piece j goes to step j n_steps / n_tail.
@@ -239,6 +291,7 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
     for (; tail_next < pieces.size() && ((tail_next - cut.tail_begin) * n_steps) / n_tail == s; ++tail_next)
       with_tail.push_back(pieces[tail_next]);
     divider.divide(with_tail.data(), with_tail.size(), plan.steps);
+    plan.uncut_imbalance.push_back(divider.uncut_imbalance());
   }
   plan.steps.shrink_to_fit();
   compute_plan_stats(plan);

@@ -53,8 +53,12 @@ struct MicroBatch {
   uint64_t tokens_computed() const {
     return packed() ? target_tokens : uint64_t(pieces.size()) * padded_len;
   }
-  // The attention work: sum of L^2 over the segments (packed), rows x padded_len^2 (naive).
+  // The attention work: sum over the segments of e^2 - s^2 for a part [s, e) of its piece (L^2 for
+  // an uncut piece), rows x padded_len^2 (naive).
   double attention_work() const;
+  // Earlier tokens whose K/V the micro-batch's parts receive (and whose dK/dV they send back):
+  // the sum of the parts' offsets (0 for uncut pieces and for the naive plan).
+  double kv_tokens() const;
 };
 
 // One step as plain vectors: what StepView::expand() returns (tests and tools; the plan itself
@@ -65,16 +69,32 @@ struct Step {
   uint64_t target_tokens = 0;                     // the step's pieces: independent of the world size
 };
 
-// cost = a * tokens_computed + b * attention_work + c per micro-batch (all in one unit; with
-// a = 1, the unit is one token of the dense layers).
+// cost = a * tokens_computed + b * attention_work + t * kv_tokens + c per micro-batch (all in one
+// unit; with a = 1, the unit is one token of the dense layers).
 struct CostModel {
   double a = 1.0;  // per computed token (padding included)
   double b = 0.0;  // per unit of attention work (sum of L^2); <= 0: default_attention_cost
   double c = -1.0; // per micro-batch (launches, weight reads); < 0: default_micro_batch_cost
+  double t = 0.0;  // per earlier token whose K/V a part receives and whose dK/dV it sends back
   double operator()(const MicroBatch& mb) const;
   // Cost of one piece of `len` tokens inside a packed micro-batch, without the c term.
   double piece(uint32_t len) const { return a * double(len) + b * double(len) * double(len); }
+  // Cost of the part [offset, offset + len) of a piece: a len + b (e^2 - s^2) + t s.
+  double part(uint32_t offset, uint32_t len) const {
+    const double s = double(offset), e = double(offset) + double(len);
+    return a * double(len) + b * (e * e - s * s) + t * s;
+  }
 };
+
+// t from the model shape and the link: a part at offset s receives the K and V of its s earlier
+// tokens in every layer (2 n_embd n_layer values of kv_value_bytes each) and sends their
+// gradients back, 2 x that over a link of link_gbps Gbit/s; a dense token costs
+// 6 (12 n_layer n_embd^2 + n_embd vocab) FLOPs at device_tflops. t = transfer seconds per earlier
+// token / seconds per dense token (for a = 1).
+double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+                                 double device_tflops);
+// Bytes of K and V of one token over all layers, one direction: 2 n_embd n_layer kv_value_bytes.
+double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes);
 
 // b from the model shape, the same derivation as the trainer's: FLOPs (forward + backward) per
 // (query, key) pair of causal attention, 6 n_layer n_embd, over FLOPs per computed token of the
@@ -104,6 +124,10 @@ struct PlanOptions {
   std::string tail = "drop";         // drop | redistribute
   uint64_t seed = 1337;
   CostModel cost;
+  // Balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost by more
+  // than the cut costs (data.cut_pieces). Pieces longer than max_tokens are cut whatever it says.
+  bool cut_pieces = true;
+  double kv_bytes_per_token = 0;     // K/V bytes of one token, all layers, one direction (statistics)
 };
 
 struct PlanStats {
@@ -145,6 +169,26 @@ struct PlanStats {
   double target_tokens_per_step_mean = 0;
   double target_tokens_per_step_min = 0;
   double target_tokens_per_step_max = 0;
+  // Cut pieces (issue 23). A cut is a boundary between two parts of a piece; a piece in k parts
+  // has k - 1 cuts. kv bytes count K/V forward and dK/dV backward, each byte once per step; a
+  // rank's figure is what it sends plus what it receives in one step.
+  double cuts_per_step_p50 = 0;
+  double cuts_per_step_max = 0;
+  uint64_t cut_pieces = 0;             // pieces in >= 2 parts, over the epoch
+  uint64_t cuts = 0;                   // over the epoch
+  double kv_bytes_per_step_p50 = 0;
+  double kv_bytes_per_step_max = 0;
+  double kv_bytes_per_rank_max = 0;    // the most one rank moves in one step
+  // The imbalance of each step's whole-piece division, before any cut for balance (long pieces
+  // still cut into their chains): what the plan would give with data.cut_pieces = false.
+  double cost_imbalance_uncut_p50 = 0;
+  double cost_imbalance_uncut_p95 = 0;
+  double cost_imbalance_uncut_max = 0;
+  uint64_t cut_piece_ranks_max = 0;    // most parts (ranks) one cut piece spans
+  // Pieces longer than max_tokens (context parallelism): always cut, each over
+  // ceil(len / max_tokens) ranks; the most ranks one of them spans (0: none).
+  uint64_t long_pieces = 0;
+  uint64_t long_piece_ranks_max = 0;
 };
 
 class PlanSteps;
@@ -175,10 +219,13 @@ class StepView {
 // step, rank, micro-batch order; per micro-batch only the end of its pieces, per (step, rank)
 // only the end of its micro-batches, both as 32-bit offsets into the step; per step its first
 // piece, first micro-batch and target tokens. What follows from the pieces (a micro-batch's
-// tokens, padded length and cost) is recomputed when read.
+// tokens, padded length and cost) is recomputed when read. The later parts of cut pieces
+// (offset > 0) add 8 bytes each to a side table (their index in the step and their offset); a
+// first part (offset 0) is stored like an uncut piece of its length.
 class PlanSteps {
  public:
-  // context: every piece starts at a multiple of it and is at most that long (cut_documents);
+  // context: every piece starts at a multiple of it and is at most that long (cut_documents); a
+  // part lies inside such a piece;
   // padded: naive micro-batches (rows padded to the longest piece) instead of packed ones.
   PlanSteps(uint32_t context = 1, int world_size = 1, bool padded = false, CostModel cost = {});
 
@@ -201,6 +248,8 @@ class PlanSteps {
 
   // Bytes the arrays hold (capacity, not size).
   uint64_t heap_bytes() const;
+  // Whether step s holds a later part of a cut piece (else step_cuts() of it is empty).
+  bool step_has_parts(uint64_t s) const { return step_part_end_.at(s) > step_part_begin(s); }
 
  private:
   friend class StepView;
@@ -211,12 +260,20 @@ class PlanSteps {
     uint32_t doc;
     uint32_t last;
   };
-  Piece piece(uint64_t i) const {
+  // offset: the part's offset from the side table (0: an uncut piece or a first part).
+  Piece piece(uint64_t i, uint32_t offset = 0) const {
     const StoredPiece& p = pieces_[i];
-    const uint32_t offset = p.last % context_;
-    return Piece{p.doc, p.last - offset, offset + 1};
+    const uint32_t end = p.last % context_ + 1;  // the part's end within its piece
+    const uint32_t piece_start = p.last - (end - 1);
+    return Piece{p.doc, piece_start + offset, end - offset, offset};
   }
+  // A later part: its piece's index within the step and its offset.
+  struct StoredPart {
+    uint32_t index;
+    uint32_t offset;
+  };
   uint64_t step_piece_begin(uint64_t s) const { return s == 0 ? 0 : step_piece_end_[s - 1]; }
+  uint64_t step_part_begin(uint64_t s) const { return s == 0 ? 0 : step_part_end_[s - 1]; }
   uint64_t step_mb_begin(uint64_t s) const { return s == 0 ? 0 : step_mb_end_[s - 1]; }
 
   uint32_t context_;
@@ -229,6 +286,8 @@ class PlanSteps {
   std::vector<uint64_t> step_piece_end_;   // per step: end of its pieces in pieces_
   std::vector<uint64_t> step_mb_end_;      // per step: end of its micro-batches in mb_piece_end_
   std::vector<uint64_t> step_target_tokens_;
+  std::vector<StoredPart> parts_;          // later parts, step by step, by index
+  std::vector<uint64_t> step_part_end_;    // per step: end of its later parts in parts_
   // While building the current step.
   uint64_t building_pieces_ = 0, building_mbs_ = 0;
   int building_ranks_ = 0;
@@ -240,6 +299,10 @@ struct EpochPlan {
   PlanSteps steps;
   PlanStats stats;
   CostModel cost;  // the resolved cost model the micro-batch costs are computed with
+  double kv_bytes_per_token = 0;  // PlanOptions::kv_bytes_per_token (statistics)
+  // Per step: max / mean rank cost of the whole-piece division before the cuts for balance
+  // (empty: no such figure, e.g. the naive plan).
+  std::vector<double> uncut_imbalance;
 };
 
 // Documents of the training and the held-out split: deterministic from (seed, eval_fraction).
@@ -254,9 +317,14 @@ EpochPlan build_epoch_plan(const std::vector<uint32_t>& doc_lengths,
                            const std::vector<uint64_t>& docs, const PlanOptions& opts,
                            int world_size, uint64_t epoch);
 
+// Ranks a piece of `longest_piece` tokens spans when micro-batches hold max_tokens (>= 1): the
+// smallest world size that can train it.
+uint64_t long_piece_ranks(uint32_t longest_piece, uint64_t max_tokens);
+
 // One line for the user when tokens_per_step / world_size is below one context (balanced
-// sampler): a rank given a full-length piece then holds more than its share while others idle or
-// wait. Says which step size (or world size) avoids it; "" when the step is large enough.
+// sampler without cut_pieces): a rank given a full-length piece then holds more than its share
+// while others idle or wait. Says which step size (or world size) avoids it; "" when the step is
+// large enough or pieces may be cut.
 std::string idle_rank_warning(const PlanOptions& opts, int world_size);
 
 // The options' errors, each naming its config key (model.block_size > data.max_tokens, a zero

@@ -3,6 +3,10 @@
 
 namespace kilter::balance {
 
+double kv_value_bytes(const Config& cfg) {
+  return cfg.train.precision == "bf16" && cfg.train.backend != "cpu" ? 2.0 : 4.0;
+}
+
 PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) {
   PlanOptions opts;
   opts.sampler = cfg.data.sampler;
@@ -14,14 +18,21 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   opts.seed = cfg.train.seed;
   opts.cost.a = cfg.data.cost_a;
   opts.cost.c = cfg.data.cost_c;  // < 0: resolve_cost_model() derives it
+  const int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size
+                    : dataset_vocab > 0      ? static_cast<int>(dataset_vocab)
+                                             : 256;
   if (cfg.data.cost_b >= 0) {
     opts.cost.b = cfg.data.cost_b;
   } else {
-    const int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size
-                      : dataset_vocab > 0      ? static_cast<int>(dataset_vocab)
-                                               : 256;
     opts.cost.b = attention_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd, vocab);
   }
+  opts.cut_pieces = cfg.data.cut_pieces;
+  const double value_bytes = kv_value_bytes(cfg);
+  opts.kv_bytes_per_token = kv_bytes_per_token(cfg.model.n_layer, cfg.model.n_embd, value_bytes);
+  opts.cost.t = cfg.data.cost_t >= 0 ? cfg.data.cost_t
+                                     : cfg.data.cost_a * transfer_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd,
+                                                                                    vocab, value_bytes, cfg.comm.link_gbps,
+                                                                                    cfg.comm.device_tflops);
   return opts;
 }
 

@@ -12,8 +12,14 @@ namespace kilter::balance {
 // data.naive_batch_size, data.tail, train.seed, and the cost model: a = data.cost_a; b =
 // data.cost_b, or when that is < 0, attention_cost_coefficient(model shape, vocab) with vocab =
 // model.vocab_size, else `dataset_vocab`, else 256 (byte tokens) — as the trainer derives it;
-// c = data.cost_c, or when that is < 0, default_micro_batch_cost(a).
+// c = data.cost_c, or when that is < 0, default_micro_batch_cost(a); t = data.cost_t, or when
+// that is < 0, a x transfer_cost_coefficient(shape, vocab, kv_value_bytes, comm.link_gbps,
+// comm.device_tflops); data.cut_pieces; kv_bytes_per_token from the shape.
 PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab);
+
+// Bytes of one exchanged K/V value: 2 (bf16) where train.precision = bf16 on a GPU backend
+// (train.backend auto or cuda), else 4 (the CPU backend exchanges fp32).
+double kv_value_bytes(const Config& cfg);
 
 // Heap bytes the plan holds (vectors' capacities): what a rank keeps in memory for one epoch.
 uint64_t plan_heap_bytes(const EpochPlan& plan);

@@ -22,18 +22,21 @@ void PlanSteps::reserve(uint64_t steps, uint64_t pieces, uint64_t micro_batches)
   step_piece_end_.reserve(steps);
   step_mb_end_.reserve(steps);
   step_target_tokens_.reserve(steps);
+  step_part_end_.reserve(steps);
 }
 
 void PlanSteps::add_piece(const Piece& p) {
   KILTER_CHECK(p.doc <= std::numeric_limits<uint32_t>::max(),
                "plan: document id " << p.doc << " does not fit the plan's 32-bit document ids; split the dataset "
                "into parts of fewer than 2^32 documents");
-  KILTER_CHECK(p.len >= 1 && p.len <= context_ && p.start % context_ == 0 &&
+  KILTER_CHECK(p.len >= 1 && p.offset <= p.start && p.piece_start() % context_ == 0 &&
+                   uint64_t(p.offset) + p.len <= context_ &&
                    uint64_t(p.start) + p.len - 1 <= std::numeric_limits<uint32_t>::max(),
-               "plan: piece (document " << p.doc << ", start " << p.start << ", " << p.len
-               << " tokens) is not a cut of the context " << context_ << " (cut_documents makes them)");
+               "plan: piece (document " << p.doc << ", start " << p.start << ", offset " << p.offset << ", " << p.len
+               << " tokens) is not a part of a cut of the context " << context_ << " (cut_documents makes them)");
   KILTER_CHECK(building_pieces_ < std::numeric_limits<uint32_t>::max(),
                "plan: a step of more than 2^32 pieces; lower train.tokens_per_step");
+  if (p.offset > 0) parts_.push_back(StoredPart{uint32_t(building_pieces_), p.offset});
   pieces_.push_back(StoredPiece{uint32_t(p.doc), p.start + p.len - 1});
   ++building_pieces_;
 }
@@ -59,6 +62,7 @@ void PlanSteps::end_step(uint64_t target_tokens) {
   step_piece_end_.push_back(pieces_.size());
   step_mb_end_.push_back(mb_piece_end_.size());
   step_target_tokens_.push_back(target_tokens);
+  step_part_end_.push_back(parts_.size());
   building_pieces_ = building_mbs_ = 0;
   building_ranks_ = 0;
 }
@@ -70,12 +74,16 @@ void PlanSteps::shrink_to_fit() {
   step_piece_end_.shrink_to_fit();
   step_mb_end_.shrink_to_fit();
   step_target_tokens_.shrink_to_fit();
+  parts_.shrink_to_fit();
+  step_part_end_.shrink_to_fit();
 }
 
 uint64_t PlanSteps::heap_bytes() const {
   return pieces_.capacity() * sizeof(StoredPiece) + mb_piece_end_.capacity() * sizeof(uint32_t) +
          rank_mb_end_.capacity() * sizeof(uint32_t) +
-         (step_piece_end_.capacity() + step_mb_end_.capacity() + step_target_tokens_.capacity()) * sizeof(uint64_t);
+         (step_piece_end_.capacity() + step_mb_end_.capacity() + step_target_tokens_.capacity() +
+          step_part_end_.capacity()) * sizeof(uint64_t) +
+         parts_.capacity() * sizeof(StoredPart);
 }
 
 // ---- StepView ---------------------------------------------------------------------------------
@@ -108,8 +116,14 @@ void StepView::micro_batch(uint32_t id, MicroBatch& out) const {
   out.padded_len = 0;
   out.target_tokens = 0;
   uint32_t longest = 0;
+  // The step's later parts are sorted by index: the first at or after this micro-batch's.
+  const auto parts_end = st.parts_.begin() + long(st.step_part_end_[index_]);
+  auto part = std::lower_bound(st.parts_.begin() + long(st.step_part_begin(index_)), parts_end, uint32_t(first - base),
+                               [](const PlanSteps::StoredPart& x, uint32_t i) { return x.index < i; });
   for (uint64_t i = first; i < last; ++i) {
-    const Piece p = st.piece(i);
+    uint32_t offset = 0;
+    if (part != parts_end && part->index == i - base) offset = (part++)->offset;
+    const Piece p = st.piece(i, offset);
     out.pieces.push_back(p);
     out.target_tokens += p.len;
     longest = std::max(longest, p.len);

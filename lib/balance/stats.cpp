@@ -100,7 +100,10 @@ void compute_plan_stats(EpochPlan& plan) {
   s.micro_batches = s.target_tokens = s.tokens_computed = 0;
   s.idle_rank_steps = s.steps_with_idle_ranks = s.idle_ranks_max = 0;
   s.micro_batches_per_rank_max = 0;
-  std::vector<double> imbalance, bound;
+  std::vector<double> imbalance, bound, cuts_per_step, kv_bytes_per_step;
+  s.cuts = s.cut_pieces = 0;
+  s.kv_bytes_per_rank_max = 0;
+  s.cut_piece_ranks_max = 0;
   imbalance.reserve(plan.steps.size());
   std::vector<double> piece_costs;  // the step's piece costs, for step_bound()
   MicroBatch scratch;
@@ -124,8 +127,42 @@ void compute_plan_stats(EpochPlan& plan) {
       s.target_tokens += mb.target_tokens;
       s.tokens_computed += mb.tokens_computed();
       if (packed)
-        for (const Piece& p : mb.pieces) piece_costs.push_back(plan.cost.piece(p.len));
+        for (const Piece& p : mb.pieces)
+          if (p.offset == 0) piece_costs.push_back(plan.cost.piece(p.len));  // parts: below
     });
+    // Cut pieces: checked against the rules (step_cuts throws), counted, their K/V traffic, and
+    // their whole length for the whole-piece bound (the first part was counted as a piece above).
+    uint64_t step_cuts_count = 0;
+    double step_kv_bytes = 0;
+    if (packed && plan.steps.step_has_parts(i)) {
+      std::vector<double> rank_bytes(size_t(step.world_size()), 0.0);
+      for (const CutPiece& cut : step_cuts(step)) {
+        step_cuts_count += cut.parts.size() - 1;
+        ++s.cut_pieces;
+        const CutPart& last = cut.parts.back();
+        const uint32_t whole = last.offset + last.len;
+        if (whole > 0) piece_costs.push_back(plan.cost.piece(whole));
+        for (size_t k = 0; k < cut.parts.size(); ++k) {
+          if (k == 0) {
+            // Its first part was counted as a piece of its own length above: take it back.
+            auto it = std::find(piece_costs.begin(), piece_costs.end(), plan.cost.piece(cut.parts[0].len));
+            if (it != piece_costs.end()) piece_costs.erase(it);
+          }
+          // Part k receives the K/V of the tokens before it and sends their gradients back; part
+          // j < k sends its own tokens' K/V to it and receives their gradients.
+          const double bytes = 2.0 * double(cut.parts[k].offset) * plan.kv_bytes_per_token;
+          step_kv_bytes += bytes;
+          rank_bytes[size_t(cut.parts[k].rank)] += bytes;
+          for (size_t j = 0; j < k; ++j)
+            rank_bytes[size_t(cut.parts[j].rank)] += 2.0 * double(cut.parts[j].len) * plan.kv_bytes_per_token;
+        }
+        s.cut_piece_ranks_max = std::max<uint64_t>(s.cut_piece_ranks_max, cut.parts.size());
+      }
+      for (double b : rank_bytes) s.kv_bytes_per_rank_max = std::max(s.kv_bytes_per_rank_max, b);
+    }
+    s.cuts += step_cuts_count;
+    cuts_per_step.push_back(double(step_cuts_count));
+    kv_bytes_per_step.push_back(step_kv_bytes);
     imbalance.push_back(max_over_mean(loads));
     const double busiest = loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
     critical_cost += busiest;
@@ -148,6 +185,19 @@ void compute_plan_stats(EpochPlan& plan) {
   s.target_tokens_per_step_mean = s.steps_per_epoch ? double(s.target_tokens) / double(s.steps_per_epoch) : 0;
   s.target_tokens_per_step_min = step_tokens_min;
   s.target_tokens_per_step_max = step_tokens_max;
+  s.cuts_per_step_p50 = quantile_of(cuts_per_step, 0.50);
+  s.cuts_per_step_max = quantile_of(cuts_per_step, 1.0);
+  s.kv_bytes_per_step_p50 = quantile_of(kv_bytes_per_step, 0.50);
+  s.kv_bytes_per_step_max = quantile_of(kv_bytes_per_step, 1.0);
+  if (plan.uncut_imbalance.size() == plan.steps.size()) {
+    s.cost_imbalance_uncut_p50 = quantile_of(plan.uncut_imbalance, 0.50);
+    s.cost_imbalance_uncut_p95 = quantile_of(plan.uncut_imbalance, 0.95);
+    s.cost_imbalance_uncut_max = quantile_of(plan.uncut_imbalance, 1.0);
+  } else {
+    s.cost_imbalance_uncut_p50 = s.cost_imbalance_p50;
+    s.cost_imbalance_uncut_p95 = s.cost_imbalance_p95;
+    s.cost_imbalance_uncut_max = s.cost_imbalance_max;
+  }
 }
 
 double node_cost_imbalance(const EpochPlan& plan, int ranks_per_node, double quantile) {
@@ -175,6 +225,7 @@ uint64_t plan_fingerprint(const EpochPlan& plan) {
       for (const Piece& p : mb.pieces) {
         add(p.doc);
         add((uint64_t(p.start) << 32) | p.len);
+        if (p.offset != 0) add(p.offset);  // parts (uncut plans keep their fingerprints)
       }
     }
     for (int r = 0; r < step.world_size(); ++r) {

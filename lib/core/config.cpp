@@ -37,6 +37,8 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("data.cost_a", po::value(&d.cost_a)->default_value(d.cost_a), "cost model: weight of computed tokens")
     ("data.cost_b", po::value(&d.cost_b)->default_value(d.cost_b), "cost model: weight of sum(L^2) (<0: derived from the model shape)")
     ("data.cost_c", po::value(&d.cost_c)->default_value(d.cost_c), "cost model: fixed cost of one micro-batch, in the unit of cost_a per token (<0: 256 x cost_a)")
+    ("data.cost_t", po::value(&d.cost_t)->default_value(d.cost_t), "cost model: per earlier token whose K/V a cut piece's later part receives, in the unit of cost_a per token (<0: from the model shape, comm.link_gbps and comm.device_tflops)")
+    ("data.cut_pieces", po::value(&d.cut_pieces)->default_value(d.cut_pieces), "balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost (pieces longer than data.max_tokens are always cut)")
     ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir), "node-local directory to stage shards into (empty: read in place)")
     ("train.steps", po::value(&t.steps)->default_value(t.steps), "total optimizer steps of the run")
     ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step), "target tokens per global step, all ranks together")
@@ -63,6 +65,8 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s), "a collective not done within this many seconds ends the job (s)")
     ("comm.bucket_mb", po::value(&k.bucket_mb)->default_value(k.bucket_mb), "gradient bucket size (MiB)")
     ("comm.overlap", po::value(&k.overlap)->default_value(k.overlap), "reduce gradient buckets while backward runs")
+    ("comm.link_gbps", po::value(&k.link_gbps)->default_value(k.link_gbps), "per-rank link rate of the K/V exchange of cut pieces (Gbit/s; InfiniBand NDR, one port per GPU: 400; HDR: 200)")
+    ("comm.device_tflops", po::value(&k.device_tflops)->default_value(k.device_tflops), "sustained rate of one rank (TFLOP/s; the plan's transfer cost; H100 bf16 ~400, a CPU core ~0.1)")
     ("output.dir", po::value(&o.dir)->default_value(o.dir), "run directory")
     ("output.log_every", po::value(&o.log_every)->default_value(o.log_every), "progress line every N steps")
     ("output.checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every), "checkpoint every N steps (0: at the end and on signals only)")
@@ -97,9 +101,13 @@ void Config::validate() const {
                    model.n_embd, "must be a positive multiple of model.n_head");
   KILTER_CHECK_KEY(model.block_size >= 2, "model.block_size", model.block_size, "must be >= 2");
   KILTER_CHECK_KEY(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "must be >= 0");
-  KILTER_CHECK_KEY(data.max_tokens >= model.block_size, "data.max_tokens", data.max_tokens,
+  // A context longer than a micro-batch is cut over ranks (balanced sampler; the plan checks the
+  // world size); the naive sampler cannot cut.
+  KILTER_CHECK_KEY(data.max_tokens >= 1, "data.max_tokens", data.max_tokens, "must be >= 1");
+  KILTER_CHECK_KEY(data.max_tokens >= model.block_size || data.sampler != "naive", "data.max_tokens", data.max_tokens,
                    "is smaller than the context model.block_size = " << model.block_size
-                   << ": a full-length piece must fit one micro-batch; raise data.max_tokens or lower model.block_size");
+                   << " with data.sampler = naive, which cannot cut a piece between ranks; raise data.max_tokens, "
+                   "lower model.block_size or use data.sampler = balanced");
   KILTER_CHECK_KEY(data.prefetch >= 1, "data.prefetch", data.prefetch, "must be >= 1");
   KILTER_CHECK_KEY(data.reader_threads >= 1, "data.reader_threads", data.reader_threads, "must be >= 1");
   check_one_of("data.sampler", data.sampler, {"balanced", "naive"});
@@ -132,6 +140,8 @@ void Config::validate() const {
   KILTER_CHECK_KEY(comm.ranks_per_node >= 0, "comm.ranks_per_node", comm.ranks_per_node, "must be >= 0");
   KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");
   KILTER_CHECK_KEY(comm.bucket_mb > 0, "comm.bucket_mb", comm.bucket_mb, "must be > 0");
+  KILTER_CHECK_KEY(comm.link_gbps > 0, "comm.link_gbps", comm.link_gbps, "must be > 0");
+  KILTER_CHECK_KEY(comm.device_tflops > 0, "comm.device_tflops", comm.device_tflops, "must be > 0");
   KILTER_CHECK_KEY(output.log_every >= 1, "output.log_every", output.log_every, "must be >= 1");
   KILTER_CHECK_KEY(output.checkpoint_every >= 0, "output.checkpoint_every", output.checkpoint_every, "must be >= 0");
   KILTER_CHECK_KEY(output.keep_checkpoints >= 1, "output.keep_checkpoints", output.keep_checkpoints, "must be >= 1");

@@ -32,6 +32,8 @@ struct DataConfig {
   double cost_a = 1.0;             // cost model: a * tokens_computed + b * sum(L^2) + c * micro-batches
   double cost_b = -1.0;            // <0: default from the model shape
   double cost_c = -1.0;            // <0: default, 256 x cost_a (balance::kDefaultMicroBatchTokens)
+  double cost_t = -1.0;            // per earlier token a cut piece's later part exchanges (<0: from comm.link_gbps)
+  bool cut_pieces = true;          // balanced sampler: cut pieces between ranks where it evens the step
   std::string stage_dir;           // node-local directory to stage shards into ("" = read in place)
 };
 
@@ -64,6 +66,8 @@ struct CommConfig {
   double timeout_s = 300;             // watchdog: a collective slower than this ends the job
   double bucket_mb = 4.0;             // gradient bucket size for overlapped reduction
   bool overlap = true;                // reduce buckets while backward runs
+  double link_gbps = 400;             // per-rank link of the K/V exchange of cut pieces (Gbit/s)
+  double device_tflops = 400;         // sustained FLOP rate of one rank (TFLOP/s), turns link time into plan cost
 };
 
 struct OutputConfig {

@@ -15,9 +15,22 @@ grep -q "padding" human.txt || fail "human summary lacks padding efficiency"
 grep -q "idle" human.txt || fail "human summary lacks the idle figures"
 if "$KILTER" plan --data data --world-size 8 --data.max_tokenz=5 2> bad.txt; then fail "unknown key accepted"; fi
 grep -q "max_tokenz" bad.txt || fail "error does not name the unknown key: $(cat bad.txt)"
-if "$KILTER" plan --data data --world-size 8 --model.block_size=1024 --data.max_tokens=512 2> bad.txt; then
-  fail "a context larger than max_tokens accepted"; fi
+# A context longer than a micro-batch: pieces are cut over ranks (context parallelism); too few
+# ranks to hold the longest piece are refused, naming the keys and the smallest world size.
+if "$KILTER" plan --data data --world-size 1 --model.block_size=1024 --data.max_tokens=512 2> bad.txt; then
+  fail "a piece needing 2 ranks planned on 1"; fi
 grep -q "data.max_tokens" bad.txt || fail "error does not name data.max_tokens: $(cat bad.txt)"
+grep -q ">= 2 ranks" bad.txt || fail "error does not name the smallest world size: $(cat bad.txt)"
+"$KILTER" plan --data data --world-size 4 --model.block_size=1024 --data.max_tokens=512 \
+  --train.tokens_per_step=16384 --json > long.json
+"$KILTER" plan --data data --world-size 4 --model.block_size=1024 --data.max_tokens=512 \
+  --train.tokens_per_step=16384 > long.txt
+grep -q "context parallelism" long.txt || fail "the summary does not say how many ranks long pieces span: $(cat long.txt)"
+# Coarse steps (a quarter context per rank): cut pieces on and off.
+for cut in true false; do
+  "$KILTER" plan --data data --world-size 64 --model.block_size=512 --data.max_tokens=2048 \
+    --train.tokens_per_step=8192 --data.cut_pieces=$cut --data.cost_t=0.05 --json > cut-$cut.json 2>/dev/null
+done
 if "$KILTER" plan --data data --world-size 8 --train.tokens_per_step=0 2> bad.txt; then fail "a zero step accepted"; fi
 grep -q "train.tokens_per_step" bad.txt || fail "error does not name train.tokens_per_step: $(cat bad.txt)"
 
@@ -53,10 +66,25 @@ assert b["padding_efficiency"] == 1.0, b["padding_efficiency"]
 assert b["cost_imbalance_p95"] <= 1.02, b["cost_imbalance_p95"]
 assert n["padding_efficiency"] < b["padding_efficiency"]
 assert b["critical_cost_per_token"] < n["critical_cost_per_token"]
+for k in ["cuts_per_step_p50", "cuts_per_step_max", "kv_bytes_per_step_p50", "kv_bytes_per_step_max",
+          "kv_bytes_per_rank_max", "cost_imbalance_uncut_p50", "cost_imbalance_uncut_p95", "cost_imbalance_uncut_max",
+          "long_pieces", "long_piece_ranks_max", "cut_pieces", "cost_t", "cut_pieces_enabled", "kv_bytes_per_token"]:
+    assert k in b, k
+assert b["cost_t"] > 0 and b["kv_bytes_per_token"] > 0, b
+longp = json.load(open("long.json"))
+assert longp["long_pieces"] > 0 and longp["long_piece_ranks_max"] == 2, longp
+assert longp["cuts"] > 0 and longp["cut_piece_ranks_max"] >= 2, longp
+on, off = json.load(open("cut-true.json")), json.load(open("cut-false.json"))
+assert on["cuts_per_step_max"] <= 63 and on["cuts_per_step_p50"] > 0, on
+assert off["cuts"] == 0 and off["kv_bytes_per_step_max"] == 0, off
+assert on["cost_imbalance_p95"] < off["cost_imbalance_p95"], (on["cost_imbalance_p95"], off["cost_imbalance_p95"])
+assert abs(on["cost_imbalance_uncut_p95"] - off["cost_imbalance_p95"]) < 1e-9
+assert on["cost_imbalance_bound_p95"] > 0 and on["kv_bytes_per_rank_max"] > 0
 idle = json.load(open("idle.json"))
 assert idle["idle_rank_steps"] > 0 and idle["warnings"], idle
 fit = json.load(open("fit.json"))
 assert abs(fit["cost_b"] / 1.5e-3 - 1) < 1e-3 and abs(fit["cost_c"] / 500 - 1) < 1e-3, fit
 assert fit["r2"] > 0.999, fit
+assert fit["cost_t"] is None, fit  # no kv_wait column: the derived t stays
 print("plan_cli: 1 passed, 0 failed")
 PY

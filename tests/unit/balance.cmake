@@ -4,3 +4,4 @@ kilter_add_unit_test(balance_plan_test ${CMAKE_CURRENT_LIST_DIR}/balance_plan_te
 kilter_add_unit_test(balance_divide_test ${CMAKE_CURRENT_LIST_DIR}/balance_divide_test.cpp)
 kilter_add_unit_test(balance_calibrate_test ${CMAKE_CURRENT_LIST_DIR}/balance_calibrate_test.cpp)
 kilter_add_unit_test(balance_plan_steps_test ${CMAKE_CURRENT_LIST_DIR}/balance_plan_steps_test.cpp)
+kilter_add_unit_test(balance_cut_test ${CMAKE_CURRENT_LIST_DIR}/balance_cut_test.cpp)

@@ -141,5 +141,21 @@ TEST(BalanceSynthetic, LengthSpecsParseAndGenerateDeterministically) {
   EXPECT_THROW(parse_length_spec("lognormal:5,x"), Error);
 }
 
+TEST(BalanceCalibrate, TransferCostFromKvWaitOrKeptDerived) {
+  std::vector<CostSample> samples(6);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    samples[i].tokens_computed = 1000;
+    samples[i].kv_tokens = i % 2 ? double(100 * i) : 0;  // ranks without cut pieces: no wait
+    samples[i].kv_wait = 3e-7 * samples[i].kv_tokens;
+  }
+  const TransferFit fit = fit_transfer_cost(samples);
+  ASSERT_TRUE(fit.measured);
+  EXPECT_EQ(fit.samples, 3u);
+  EXPECT_NEAR(fit.seconds_per_token, 3e-7, 1e-15);
+  EXPECT_NEAR(fit.cost_t(1e-6), 0.3, 1e-9) << "in dense tokens: 3e-7 s over 1e-6 s per token";
+  for (CostSample& s : samples) s.kv_tokens = s.kv_wait = 0;
+  EXPECT_FALSE(fit_transfer_cost(samples).measured) << "no cut piece in the run: keep the derived t";
+}
+
 }  // namespace
 }  // namespace kilter::balance

@@ -116,9 +116,12 @@ TEST(BalanceDivide, RefusesAnUnresolvedCostModelAndOversizedPieces) {
   EXPECT_THROW(StepDivider(unit_cost(-1, 0), 128, 2), Error);
   EXPECT_THROW(StepDivider(unit_cost(0, 0), 128, 0), Error);
   StepDivider divider(unit_cost(0, 0), 128, 2);
-  const std::vector<Piece> pieces = {{0, 0, 129}};
-  PlanSteps steps(256, 2);
+  const std::vector<Piece> pieces = {{0, 0, 257}};  // 3 parts of <= 128 tokens, 2 ranks
+  PlanSteps steps(512, 2);
   EXPECT_THROW(divider.divide(pieces.data(), pieces.size(), steps), Error);
+  const std::vector<Piece> two = {{0, 0, 256}};  // a chain over both ranks
+  EXPECT_NO_THROW(divider.divide(two.data(), two.size(), steps));
+  EXPECT_EQ(step_cuts(steps[0]).size(), 1u);
   PlanSteps other_world(256, 3);
   EXPECT_THROW(divider.divide(pieces.data(), 0, other_world), Error) << "steps for another world size";
 }

@@ -42,11 +42,14 @@ std::vector<Step> expanded(const EpochPlan& plan) {
   return steps;
 }
 
-// The pieces of one step, sorted: what the step trains on, whatever the division.
+// The pieces of one step, sorted: what the step trains on, whatever the division (the parts of a
+// cut piece joined again: cuts decide who computes which tokens, never which tokens a step holds).
 std::vector<PieceKey> step_pieces(const Step& step) {
-  std::vector<PieceKey> keys;
+  std::map<std::pair<uint64_t, uint32_t>, uint32_t> tokens;  // (doc, piece start) -> tokens
   for (const MicroBatch& mb : step.micro_batches)
-    for (const Piece& p : mb.pieces) keys.push_back(key_of(p));
+    for (const Piece& p : mb.pieces) tokens[{p.doc, p.piece_start()}] += p.len;
+  std::vector<PieceKey> keys;
+  for (const auto& [key, len] : tokens) keys.push_back(key_of(Piece{key.first, key.second, len}));
   std::sort(keys.begin(), keys.end());
   return keys;
 }
@@ -146,7 +149,7 @@ TEST(BalancePlan, StepPieceSetsAreIndependentOfWorldSize) {
     o.tail = tail;
     const EpochPlan one = build_epoch_plan(lengths, docs, o, 1, 3);
     ASSERT_GT(one.steps.size(), 5u);
-    for (int world : {2, 3, 8, 64, 1024}) {
+    for (int world : {2, 3, 8, 64, 256}) {
       const EpochPlan plan = build_epoch_plan(lengths, docs, o, world, 3);
       expect_same_step_pieces(one, plan);
       EXPECT_EQ(plan.stats.steps_per_epoch, one.stats.steps_per_epoch);
@@ -303,6 +306,7 @@ TEST(BalancePlan, TailDroppedOrRedistributedAndReported) {
 TEST(BalancePlan, TinyCorpusIsOneStepAndIdleRanksAreReported) {
   const std::vector<uint32_t> lengths = {10, 20, 0, 30};
   PlanOptions o = small_options();
+  o.cut_pieces = false;  // cuts would give every rank a part (balance_cut_test)
   const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, 4, 0);
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_EQ(plan.stats.empty_docs, 1u);
@@ -358,6 +362,7 @@ TEST(BalancePlan, IdleRanksWhenTheStepIsTooSmallForTheWorldSize) {
   // Every document one full context: a step of 4 contexts over 8 ranks leaves 4 idle.
   const std::vector<uint32_t> lengths(64, 128);
   PlanOptions o = small_options();
+  o.cut_pieces = false;  // with cuts, no rank idles and no warning is due
   o.tokens_per_step = 4 * 128;
   const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), o, 8, 0);
   ASSERT_EQ(plan.steps.size(), 16u);
@@ -369,6 +374,8 @@ TEST(BalancePlan, IdleRanksWhenTheStepIsTooSmallForTheWorldSize) {
   EXPECT_NE(warning.find("train.tokens_per_step"), std::string::npos) << warning;
   EXPECT_NE(warning.find(std::to_string(8 * 128)), std::string::npos) << "names the step that avoids it: " << warning;
   EXPECT_EQ(idle_rank_warning(o, 4), "") << "4 ranks x 128 = the step";
+  o.cut_pieces = true;
+  EXPECT_EQ(idle_rank_warning(o, 8), "") << "cut pieces fill every rank";
   o.sampler = "naive";
   EXPECT_EQ(idle_rank_warning(o, 8), "") << "naive ranks always get their sequences";
 }
@@ -415,6 +422,7 @@ TEST(BalancePlan, ImbalanceNeverBeatsTheBoundAndMeetsItWhenStepsAreCoarse) {
   // so the bound exceeds 1, and the division should reach it.
   const auto lengths = lognormal_corpus(6000, 5.0, 1.2, 4000);
   PlanOptions o = small_options();
+  o.cut_pieces = false;  // whole pieces: the bound holds
   o.context = 256;
   o.max_tokens = 4096;
   o.tokens_per_step = 64 * 200;
@@ -422,6 +430,18 @@ TEST(BalancePlan, ImbalanceNeverBeatsTheBoundAndMeetsItWhenStepsAreCoarse) {
   EXPECT_GT(coarse.stats.cost_imbalance_bound_p95, 1.02);
   EXPECT_GE(coarse.stats.cost_imbalance_p95, coarse.stats.cost_imbalance_bound_p95 - 1e-12);
   EXPECT_LE(coarse.stats.cost_imbalance_p95, coarse.stats.cost_imbalance_bound_p95 * 1.01);
+  EXPECT_EQ(coarse.stats.cuts, 0u);
+  // Cut pieces go below the whole-piece bound, which stays reported; the whole-piece division
+  // before the cuts is the plan without them.
+  o.cut_pieces = true;
+  const EpochPlan cut = build_epoch_plan(lengths, all_documents(lengths.size()), o, 64, 0);
+  EXPECT_LE(cut.stats.cost_imbalance_p95, 1.02);
+  EXPECT_GT(cut.stats.cuts, 0u);
+  // (Against a mean that now holds the micro-batches of every rank: c each.)
+  EXPECT_GT(cut.stats.cost_imbalance_bound_p95, 1.02);
+  EXPECT_LE(cut.stats.cost_imbalance_bound_p95, coarse.stats.cost_imbalance_bound_p95 + 1e-12);
+  EXPECT_NEAR(cut.stats.cost_imbalance_uncut_p95, coarse.stats.cost_imbalance_p95, 1e-9);
+  o.cut_pieces = false;
   // 3200 tokens per rank: one micro-batch each (a share just above a multiple of max_tokens would
   // force one rank into one more micro-batch, an imbalance of c that no division avoids).
   const EpochPlan fine = build_epoch_plan(lengths, all_documents(lengths.size()), o, 4, 0);
@@ -432,6 +452,7 @@ TEST(BalancePlan, ImbalanceNeverBeatsTheBoundAndMeetsItWhenStepsAreCoarse) {
 
   // Three equal pieces on two ranks: one rank holds two of them, 2/1.5 of the mean.
   PlanOptions three = small_options();
+  three.cut_pieces = false;
   three.context = 16;
   three.max_tokens = 64;
   three.tokens_per_step = 30;
@@ -470,13 +491,19 @@ TEST(BalancePlan, PositionAdvancesAcrossEpochs) {
 TEST(BalancePlan, RefusesBadOptionsNamingTheKey) {
   const std::vector<uint32_t> lengths = {10, 20};
   PlanOptions o = small_options();
-  o.max_tokens = 64;  // < context
+  o.max_tokens = 50;  // < context: a 128-token piece spans 3 ranks
   try {
-    build_epoch_plan(lengths, all_documents(2), o, 2, 0);
-    FAIL() << "max_tokens < context must be refused";
+    build_epoch_plan({10, 200}, all_documents(2), o, 2, 0);
+    FAIL() << "a piece needing more ranks than the world size must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("data.max_tokens"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("data.max_tokens"), std::string::npos) << what;
+    EXPECT_NE(what.find("model.block_size"), std::string::npos) << what;
+    EXPECT_NE(what.find(">= 3 ranks"), std::string::npos) << "names the smallest world size: " << what;
   }
+  EXPECT_NO_THROW(build_epoch_plan({10, 200}, all_documents(2), o, 3, 0));
+  o.sampler = "naive";
+  EXPECT_THROW(build_epoch_plan(lengths, all_documents(2), o, 2, 0), Error) << "naive cannot cut";
   o = small_options();
   o.tokens_per_step = 0;
   try {

@@ -1,0 +1,258 @@
+// Unit tests of cut pieces (issue 23): the plan cuts pieces between ranks for balance and cuts
+// pieces longer than a micro-batch over several ranks; every step obeys step_cuts()'s rules, holds
+// the same tokens with cuts on and off and on every world size, and cuts never raise the busiest
+// rank's cost.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "io/error.h"
+#include "lib/balance/divide.h"
+#include "lib/balance/plan.h"
+#include "lib/balance/synthetic_lengths.h"
+
+namespace kilter::balance {
+namespace {
+
+std::vector<uint32_t> corpus(uint64_t docs, const char* spec, uint64_t seed) {
+  return synthetic_lengths(parse_length_spec(spec), docs, seed);
+}
+
+// Coarse steps (about half a context per rank on the larger world sizes): cuts are needed.
+PlanOptions cut_options(double t) {
+  PlanOptions o;
+  o.context = 256;
+  o.max_tokens = 1024;
+  o.tokens_per_step = 4096;
+  o.seed = 7;
+  o.cost.b = 1.0 / 1536;
+  o.cost.c = 16;
+  o.cost.t = t;
+  return o;
+}
+
+// (doc, token) targets of a step as merged intervals: what the step trains on.
+std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> step_targets(const Step& step) {
+  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> spans;
+  for (const MicroBatch& mb : step.micro_batches)
+    for (const Piece& p : mb.pieces) spans.emplace_back(p.doc, p.start, p.start + p.len);
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> merged;
+  for (const auto& [doc, begin, end] : spans) {
+    if (!merged.empty() && std::get<0>(merged.back()) == doc && std::get<2>(merged.back()) == begin)
+      std::get<2>(merged.back()) = end;
+    else
+      merged.emplace_back(doc, begin, end);
+  }
+  return merged;
+}
+
+double busiest(const StepView& step) {
+  const std::vector<double> loads = rank_costs(step);
+  return *std::max_element(loads.begin(), loads.end());
+}
+
+uint64_t cuts_in(const std::vector<CutPiece>& cuts) {
+  uint64_t n = 0;
+  for (const CutPiece& c : cuts) n += c.parts.size() - 1;
+  return n;
+}
+
+TEST(BalanceCut, RandomCorporaObeyTheRulesHoldTheSameTokensAndNeverRaiseTheBusiest) {
+  uint64_t total_cuts = 0;
+  for (uint64_t seed : {1, 2, 3}) {
+    const auto lengths = corpus(1500, seed == 2 ? "uniform:1,600" : "lognormal:4.8,1.1", seed);
+    const auto docs = all_documents(lengths.size());
+    for (double t : {0.0, 0.3}) {
+      PlanOptions on = cut_options(t), off = cut_options(t);
+      off.cut_pieces = false;
+      const EpochPlan one = build_epoch_plan(lengths, docs, off, 1, 0);
+      for (int world : {2, 3, 7, 16, 24}) {
+        const EpochPlan cut = build_epoch_plan(lengths, docs, on, world, 0);
+        const EpochPlan whole = build_epoch_plan(lengths, docs, off, world, 0);
+        ASSERT_EQ(cut.steps.size(), one.steps.size());
+        ASSERT_EQ(whole.steps.size(), one.steps.size());
+        for (uint64_t s = 0; s < cut.steps.size(); ++s) {
+          const Step step = cut.steps[s].expand();
+          std::vector<CutPiece> cuts;
+          ASSERT_NO_THROW(cuts = step_cuts(step)) << "seed " << seed << " world " << world << " step " << s;
+          EXPECT_LE(cuts_in(cuts), uint64_t(world - 1)) << "the wrap-around rule's count";
+          total_cuts += cuts_in(cuts);
+          EXPECT_EQ(step_targets(step), step_targets(one.steps[s].expand())) << "step " << s << " world " << world;
+          EXPECT_EQ(step_targets(whole.steps[s].expand()), step_targets(one.steps[s].expand()));
+          for (const MicroBatch& mb : step.micro_batches) EXPECT_LE(mb.target_tokens, on.max_tokens);
+          EXPECT_LE(busiest(cut.steps[s]), busiest(whole.steps[s]) * (1 + 1e-12))
+              << "cuts lowered, never raised, the busiest rank: world " << world << " step " << s;
+        }
+        EXPECT_NEAR(cut.stats.cost_imbalance_uncut_p95, whole.stats.cost_imbalance_p95, 1e-9)
+            << "the figure without cuts is the plan without cuts";
+        EXPECT_LE(cut.stats.cost_imbalance_p95, whole.stats.cost_imbalance_p95 + 1e-12);
+        EXPECT_LE(cut.stats.cuts_per_step_max, double(world - 1));
+      }
+    }
+  }
+  EXPECT_GT(total_cuts, 100u) << "the corpora exercise cuts";
+}
+
+TEST(BalanceCut, CoarseStepsBalanceWithCutsAndTheTransferCostIsCounted) {
+  const auto lengths = corpus(3000, "lognormal:5,1.0", 4);
+  const auto docs = all_documents(lengths.size());
+  PlanOptions o = cut_options(0.1);
+  o.kv_bytes_per_token = 1000;
+  o.cut_pieces = false;
+  const EpochPlan whole = build_epoch_plan(lengths, docs, o, 16, 0);
+  o.cut_pieces = true;
+  const EpochPlan cut = build_epoch_plan(lengths, docs, o, 16, 0);
+  EXPECT_GT(whole.stats.cost_imbalance_p95, 1.05) << "one context per rank";
+  EXPECT_LT(cut.stats.cost_imbalance_p95, 1.02);
+  EXPECT_GT(cut.stats.cuts_per_step_p50, 0);
+  EXPECT_GT(cut.stats.kv_bytes_per_step_max, 0);
+  EXPECT_GE(cut.stats.kv_bytes_per_step_max, cut.stats.kv_bytes_per_rank_max / 2);
+  EXPECT_EQ(whole.stats.kv_bytes_per_step_max, 0);
+  // A part's cost: a len + b (e^2 - s^2) + t s, in the micro-batch costs the stats sum.
+  bool seen_part = false;
+  for (uint64_t s = 0; s < cut.steps.size() && !seen_part; ++s)
+    for (uint32_t m = 0; m < cut.steps[s].micro_batch_count(); ++m) {
+      const MicroBatch mb = cut.steps[s].micro_batch(m);
+      double expect = cut.cost.c;
+      for (const Piece& p : mb.pieces) {
+        expect += cut.cost.part(p.offset, p.len);
+        seen_part |= p.offset > 0;
+      }
+      EXPECT_NEAR(mb.cost, expect, 1e-9 * expect);
+    }
+  EXPECT_TRUE(seen_part);
+  // A prohibitive transfer cost: cutting never pays, and the plan is the whole-piece one.
+  o.cost.t = 1e6;
+  EXPECT_EQ(plan_fingerprint(build_epoch_plan(lengths, docs, o, 16, 0)), plan_fingerprint(whole));
+}
+
+TEST(BalanceCut, DeterministicAndTheFingerprintCoversParts) {
+  const auto lengths = corpus(2000, "lognormal:5,1.0", 5);
+  const auto docs = all_documents(lengths.size());
+  const PlanOptions o = cut_options(0.05);
+  const EpochPlan a = build_epoch_plan(lengths, docs, o, 12, 1);
+  const EpochPlan b = build_epoch_plan(lengths, docs, o, 12, 1);
+  EXPECT_EQ(plan_fingerprint(a), plan_fingerprint(b));
+  ASSERT_GT(a.stats.cuts, 0u);
+  PlanOptions off = o;
+  off.cut_pieces = false;
+  EXPECT_NE(plan_fingerprint(a), plan_fingerprint(build_epoch_plan(lengths, docs, off, 12, 1)));
+  // Moving one cut changes the fingerprint: the same pieces with another offset.
+  PlanSteps x(256, 2), y(256, 2);
+  for (uint32_t cut_at : {100u, 101u}) {
+    PlanSteps& steps = cut_at == 100 ? x : y;
+    steps.add_piece(Piece{3, 0, cut_at, 0});
+    steps.end_micro_batch();
+    steps.end_rank();
+    steps.add_piece(Piece{3, cut_at, 256 - cut_at, cut_at});
+    steps.end_micro_batch();
+    steps.end_rank();
+    steps.end_step(256);
+  }
+  EpochPlan px, py;
+  px.steps = std::move(x);
+  py.steps = std::move(y);
+  EXPECT_NE(plan_fingerprint(px), plan_fingerprint(py));
+}
+
+TEST(BalanceCut, PartsAreStoredWithTheirOffsets) {
+  PlanSteps steps(512, 3, false, CostModel{1.0, 0.01, 0.0, 0.5});
+  steps.add_piece(Piece{9, 1024, 200, 0});   // the first part of the piece at 1024
+  steps.add_piece(Piece{4, 0, 17, 0});       // an uncut piece beside it
+  steps.end_micro_batch();
+  steps.end_rank();
+  steps.add_piece(Piece{9, 1224, 250, 200});
+  steps.end_micro_batch();
+  steps.end_rank();
+  steps.add_piece(Piece{9, 1474, 62, 450});
+  steps.end_micro_batch();
+  steps.end_rank();
+  steps.end_step(529);
+  const MicroBatch mid = steps[0].micro_batch(1);
+  ASSERT_EQ(mid.pieces.size(), 1u);
+  EXPECT_EQ(mid.pieces[0].start, 1224u);
+  EXPECT_EQ(mid.pieces[0].len, 250u);
+  EXPECT_EQ(mid.pieces[0].offset, 200u);
+  EXPECT_EQ(mid.pieces[0].piece_start(), 1024u);
+  EXPECT_DOUBLE_EQ(mid.attention_work(), 450.0 * 450 - 200.0 * 200);
+  EXPECT_DOUBLE_EQ(mid.kv_tokens(), 200);
+  EXPECT_DOUBLE_EQ(mid.cost, 250 + 0.01 * (450.0 * 450 - 200.0 * 200) + 0.5 * 200);
+  EXPECT_EQ(steps[0].micro_batch(2).pieces[0].offset, 450u);
+  EXPECT_EQ(steps[0].micro_batch(0).pieces[1].offset, 0u);
+  const std::vector<CutPiece> cuts = step_cuts(steps[0]);
+  ASSERT_EQ(cuts.size(), 1u);
+  EXPECT_EQ(cuts[0].piece_start, 1024u);
+  ASSERT_EQ(cuts[0].parts.size(), 3u);
+  EXPECT_EQ(cuts[0].parts[2].rank, 2);
+  EXPECT_EQ(cuts[0].parts[2].offset, 450u);
+  // A part reaching past its piece's context is refused.
+  PlanSteps bad(512, 1);
+  EXPECT_THROW(bad.add_piece(Piece{9, 1224, 400, 200}), Error);
+}
+
+TEST(BalanceCut, TheSlotRuleIsChecked) {
+  // Two parts of one piece at local micro-batches 0 and 1: step_cuts refuses the step.
+  PlanSteps steps(256, 2);
+  steps.add_piece(Piece{1, 0, 100, 0});
+  steps.end_micro_batch();
+  steps.end_rank();
+  steps.add_piece(Piece{2, 0, 50, 0});
+  steps.end_micro_batch();
+  steps.add_piece(Piece{1, 100, 50, 100});
+  steps.end_micro_batch();
+  steps.end_rank();
+  steps.end_step(200);
+  EXPECT_THROW(step_cuts(steps[0]), Error);
+}
+
+TEST(BalanceCut, LongContextsAreChainsOfPartsWithinMaxTokens) {
+  const auto lengths = corpus(600, "lognormal:6.5,0.8", 6);
+  const auto docs = all_documents(lengths.size());
+  for (bool cut : {false, true}) {
+    PlanOptions o = cut_options(0.2);
+    o.context = 1024;
+    o.max_tokens = 256;
+    o.tokens_per_step = 8192;
+    o.cut_pieces = cut;
+    const EpochPlan one = build_epoch_plan(lengths, docs, [&] { PlanOptions w = o; w.max_tokens = 1024; return w; }(), 1, 0);
+    for (int world : {4, 5, 8}) {
+      const EpochPlan plan = build_epoch_plan(lengths, docs, o, world, 0);
+      EXPECT_GT(plan.stats.long_pieces, 0u);
+      EXPECT_EQ(plan.stats.long_piece_ranks_max, 4u);
+      ASSERT_EQ(plan.steps.size(), one.steps.size());
+      for (uint64_t s = 0; s < plan.steps.size(); ++s) {
+        const Step step = plan.steps[s].expand();
+        std::vector<CutPiece> cuts;
+        ASSERT_NO_THROW(cuts = step_cuts(step)) << "world " << world << " step " << s;
+        for (const MicroBatch& mb : step.micro_batches) ASSERT_LE(mb.target_tokens, 256u);
+        for (const CutPiece& c : cuts) EXPECT_LE(c.parts.size(), size_t(world));
+        EXPECT_EQ(step_targets(step), step_targets(one.steps[s].expand()));
+      }
+    }
+    try {
+      build_epoch_plan(lengths, docs, o, 3, 0);
+      FAIL() << "3 ranks cannot hold a 1024-token piece in 256-token micro-batches";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(">= 4 ranks"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(BalanceCut, TransferCoefficientFromShapeAndLink) {
+  // GPT-2 124M, bf16 K/V: 2 x 2 x 768 x 12 x 2 bytes per earlier token over 25 GB/s, against
+  // 6 (12 x 12 x 768^2 + 768 x 50257) FLOPs at 400 TFLOP/s.
+  const double t = transfer_cost_coefficient(12, 768, 50257, 2, 200, 400);
+  const double expect = (4.0 * 768 * 12 * 2 / 25e9) / (6.0 * (12.0 * 12 * 768 * 768 + 768.0 * 50257) / 400e12);
+  EXPECT_NEAR(t, expect, 1e-12 * expect);
+  EXPECT_NEAR(transfer_cost_coefficient(12, 768, 50257, 2, 400, 400), t / 2, 1e-12);
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(12, 768, 2), 2.0 * 768 * 12 * 2);
+  EXPECT_THROW(transfer_cost_coefficient(12, 768, 50257, 2, 0, 400), Error);
+}
+
+}  // namespace
+}  // namespace kilter::balance
