@@ -22,6 +22,7 @@
 #include "lib/balance/plan_config.h"
 #include "lib/balance/synthetic_lengths.h"
 #include "lib/core/config.h"
+#include "lib/train/training_data.h"
 
 namespace po = boost::program_options;
 
@@ -180,24 +181,26 @@ int cmd_plan(int argc, char** argv) {
     if (ranks_per_node <= 0) ranks_per_node = cfg.comm.ranks_per_node > 0 ? cfg.comm.ranks_per_node : world_size;
     KILTER_CHECK(ranks_per_node >= 1 && world_size % ranks_per_node == 0,
                  "--ranks-per-node " << ranks_per_node << ": must divide --world-size " << world_size);
-    KILTER_CHECK(lengths_spec.empty() != cfg.data.dir.empty(),
-                 "give either --data DIR (or --data.dir) or --lengths SPEC --docs N, not both and not neither");
+    KILTER_CHECK(lengths_spec.empty() != (cfg.data.dir.empty() && cfg.data.sources.empty()),
+                 "give either --data DIR (or --data.dir, or a mixture --data.sources) or --lengths SPEC --docs N, "
+                 "not both and not neither");
 
     // The corpus: the index's lengths, or synthetic ones.
     const auto load_start = std::chrono::steady_clock::now();
     std::vector<uint32_t> doc_lengths;
     uint32_t dataset_vocab = 0;
     std::string source;
+    train::TrainingData mixture;
     if (!lengths_spec.empty()) {
       KILTER_CHECK(docs >= 1, "--lengths needs --docs N >= 1");
       const balance::LengthSpec spec = balance::parse_length_spec(lengths_spec);
       doc_lengths = balance::synthetic_lengths(spec, docs, vm.count("seed") ? synth_seed : cfg.train.seed);
       source = lengths_spec;
     } else {
-      io::DatasetIndex index = io::load_index(cfg.data.dir);
-      dataset_vocab = index.vocab_size;
-      doc_lengths = std::move(index.doc_lengths);
-      source = cfg.data.dir;
+      mixture = train::load_training_data(cfg);  // data.dir, or data.sources merged
+      dataset_vocab = mixture.index.vocab_size;
+      doc_lengths = mixture.index.doc_lengths;
+      source = cfg.data.sources.empty() ? cfg.data.dir : cfg.data.sources;
     }
     const double load_seconds = seconds_since(load_start);
 
@@ -206,7 +209,22 @@ int cmd_plan(int argc, char** argv) {
     const auto plan_start = std::chrono::steady_clock::now();
     const std::clock_t plan_cpu_start = std::clock();
     const balance::Split split = balance::split_documents(doc_lengths, cfg.data.eval_fraction, cfg.train.seed);
-    const balance::EpochPlan plan = balance::build_epoch_plan(doc_lengths, split.train_docs, opts, world_size, epoch);
+    std::unique_ptr<train::PlanCache> mixture_plans;  // data.sources: the mixture's draw
+    if (mixture.mixture()) mixture_plans = train::make_plan_cache(mixture, split.train_docs, opts, world_size);
+    const balance::EpochPlan plan = mixture_plans ? mixture_plans->get(epoch)
+                                                  : balance::build_epoch_plan(doc_lengths, split.train_docs, opts, world_size, epoch);
+    // Tokens per source over the epoch, and where sources wrap.
+    nlohmann::json per_source;
+    std::vector<uint64_t> source_tokens(mixture.sources.size(), 0);
+    for (uint64_t i = 0; mixture_plans && i < plan.steps.size(); ++i) {
+      const std::vector<uint64_t> t = balance::tokens_by_source(plan.steps[i], mixture.doc_begin);
+      for (size_t k = 0; k < t.size(); ++k) source_tokens[k] += t[k];
+    }
+    for (size_t k = 0; k < mixture.sources.size(); ++k)
+      per_source[mixture.sources[k]] = {{"weight", mixture.weights[k]}, {"tokens", source_tokens[k]},
+                                        {"share", double(source_tokens[k]) / double(std::max<uint64_t>(1, plan.stats.target_tokens))}};
+    const std::vector<std::string> wraps = mixture_plans ? train::wrap_messages(mixture, mixture_plans->wraps(epoch))
+                                                         : std::vector<std::string>();
     const double plan_seconds = seconds_since(plan_start);
     // CPU seconds too: on a shared node the wall time says more about the neighbours.
     const double plan_cpu_seconds = double(std::clock() - plan_cpu_start) / CLOCKS_PER_SEC;
@@ -276,6 +294,10 @@ int cmd_plan(int argc, char** argv) {
       out["peak_rss_bytes"] = peak_rss;
       out["fingerprint"] = fingerprint;
       out["warnings"] = warnings;
+      if (mixture.mixture()) {
+        out["tokens_per_source"] = per_source;
+        out["source_wraps"] = wraps;
+      }
       std::cout << out.dump(2) << "\n";
     } else {
       std::printf("kilter plan: %s sampler, world size %d (%d per node), epoch %llu, seed %llu, data %s\n",
@@ -318,6 +340,10 @@ int cmd_plan(int argc, char** argv) {
       else if (s.dropped_pieces > 0)
         std::printf("  tail: %llu pieces (%llu tokens) dropped\n", static_cast<unsigned long long>(s.dropped_pieces),
                     static_cast<unsigned long long>(s.dropped_tokens));
+      for (const auto& [dir, v] : per_source.items())
+        std::printf("  source %s: weight %.4f, %llu tokens this epoch (share %.4f)\n", dir.c_str(), v["weight"].get<double>(),
+                    static_cast<unsigned long long>(v["tokens"].get<uint64_t>()), v["share"].get<double>());
+      for (const std::string& line : wraps) std::printf("  %s\n", line.c_str());
       std::printf("  cost model a=%.4g b=%.4g c=%.4g; planned in %.3f s (%.3f s CPU); %.1f bytes/document held (peak +%.1f)\n",
                   plan.cost.a, plan.cost.b, plan.cost.c, plan_seconds, plan_cpu_seconds, bytes_per_doc, peak_extra_per_doc);
     }

@@ -12,7 +12,7 @@
 #include "io/error.h"
 #include "lib/core/config.h"
 #include "io/prep.h"
-#include "io/tokenizer_train.h"
+#include "io/tokenizer/tokenizer_train.h"
 
 namespace po = boost::program_options;
 
@@ -28,7 +28,12 @@ void print_report(const io::PrepReport& report, const char* what) {
   if (report.input_bytes > 0)
     std::printf(", %llu empty documents dropped, %.1f MB read",
                 (unsigned long long)report.empty_documents, report.input_bytes / 1e6);
+  if (report.bad_lines > 0) std::printf(", %llu bad lines skipped", (unsigned long long)report.bad_lines);
   std::printf(", %.2f s\n", report.seconds);
+  for (const std::string& example : report.bad_line_examples) std::fprintf(stderr, "prep: skipped %s\n", example.c_str());
+  if (report.bad_lines > report.bad_line_examples.size())
+    std::fprintf(stderr, "prep: ... and %llu more bad lines skipped\n",
+                 (unsigned long long)(report.bad_lines - report.bad_line_examples.size()));
   if (report.tokenizer != "byte" && report.tokenizer != "synthetic")
     std::printf("tokenizer: %s, vocab_size %u, eos_id %u (recorded in index.h5)\n",
                 report.tokenizer.c_str(), report.vocab_size, report.eos_id);
@@ -57,9 +62,15 @@ int prep_corpus(int argc, char** argv) {
   desc.add_options()
       ("help,h", "show this help")
       ("input", po::value(&options.inputs)->multitoken()->required(),
-       "input files or directories (a directory: its regular files, sorted; fortune: *.dat skipped)")
+       "input files or directories (a directory: its regular files, sorted; fortune: *.dat skipped); "
+       "gzip (.gz) and zstd (.zst) files are decompressed as they stream")
       ("format", po::value(&format)->default_value("text"),
        "text (a file is one document) | jsonl ({\"text\": ...} per line) | fortune (documents between '%' lines)")
+      ("text-key", po::value(&options.corpus.text_key)->default_value(options.corpus.text_key),
+       "jsonl: the field holding the text; a dotted path (meta.content) reaches into objects")
+      ("max-bad-lines", po::value(&options.corpus.max_bad_lines)->default_value(options.corpus.max_bad_lines),
+       "jsonl: lines that are not JSON or lack the text field are skipped and counted up to N "
+       "(0: the first is an error naming FILE:LINE)")
       ("shards", po::value(&options.shards)->default_value(1), "number of shards (roughly equal token counts)")
       ("tokenizer", po::value(&options.tokenizer),
        "a SentencePiece *.model or a Hugging Face tokenizer.json (byte-level BPE); default: bytes")

@@ -1,5 +1,5 @@
 // `kilter prep --format llmc|nanogpt|megatron|npy`: imports an already tokenized corpus
-// (io/import.h). cmd_prep hands over here when --format names an import format.
+// (io/import/import.h). cmd_prep hands over here when --format names an import format.
 #include <boost/program_options.hpp>
 
 #include <cstdio>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "app/commands.h"
-#include "io/import.h"
+#include "io/import/import.h"
 
 namespace po = boost::program_options;
 

@@ -9,6 +9,7 @@ int cmd_train(int argc, char** argv);
 int cmd_report(int argc, char** argv);
 int cmd_bench_comm(int argc, char** argv);
 int cmd_sample(int argc, char** argv);
+int cmd_export(int argc, char** argv);
 // `kilter prep --format llmc|nanogpt|megatron|npy` (app/cmd_prep_import.cpp).
 bool prep_is_import(int argc, char** argv);
 int prep_import(int argc, char** argv);

@@ -13,6 +13,7 @@ static void print_usage() {
       "  plan        dry-run of the balanced batch plan: statistics per world size\n"
       "  train       data-parallel training (launch with mpirun or srun)\n"
       "  sample      generate text from a checkpoint (KV cache, CPU)\n"
+      "  export      a checkpoint as a Hugging Face GPT-2 directory (config.json, model.safetensors)\n"
       "  report      text summary and report.html of a run directory\n"
       "  bench-comm  allreduce benchmark, flat vs hierarchical (nccl-tests style)\n"
       "  --version   version and compiled backends\n");
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   if (cmd == "plan") return kilter::app::cmd_plan(argc - 1, argv + 1);
   if (cmd == "train") return kilter::app::cmd_train(argc - 1, argv + 1);
   if (cmd == "sample") return kilter::app::cmd_sample(argc - 1, argv + 1);
+  if (cmd == "export") return kilter::app::cmd_export(argc - 1, argv + 1);
   if (cmd == "report") return kilter::app::cmd_report(argc - 1, argv + 1);
   if (cmd == "bench-comm") return kilter::app::cmd_bench_comm(argc - 1, argv + 1);
   std::fprintf(stderr, "kilter: unknown command '%s'\n\n", cmd.c_str());

@@ -19,7 +19,7 @@ main() {
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${KILTER_FUZZ_BUILD:-$ROOT/build-fuzz}
 ALL=(text jsonl fortune sentencepiece tokenizer_json bpe_encode config_ini config_override
-     import_llmc import_nanogpt import_megatron import_npy dataset checkpoint)
+     import_llmc import_nanogpt import_megatron import_npy dataset checkpoint safetensors)
 RUNS=1000000 SECONDS_EACH=0 JOBS=2 SMOKE=0 BUILD_IT=1
 HARNESSES=()
 while [[ $# -gt 0 ]]; do
@@ -65,14 +65,14 @@ max_len() {
   case "$1" in
     text|jsonl|fortune|bpe_encode|config_ini|config_override) echo 4096 ;;
     sentencepiece|tokenizer_json) echo 16384 ;;
-    import_*) echo 8192 ;;
+    import_*|safetensors) echo 8192 ;;
     dataset|checkpoint) echo 2048 ;;
   esac
 }
 dict_of() {
   case "$1" in
     config_ini|config_override) echo "$ROOT/tests/fuzz/config.dict" ;;
-    jsonl|tokenizer_json) echo "$ROOT/tests/fuzz/json.dict" ;;
+    jsonl|tokenizer_json|safetensors) echo "$ROOT/tests/fuzz/json.dict" ;;
   esac
 }
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc < 4) {

@@ -15,16 +15,20 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(GTest)
 
-# Tokenizers (io/tokenizer_*.cpp): SentencePiece (libsentencepiece-dev, no CMake package: found
+# Tokenizers (io/tokenizer/*.cpp): SentencePiece (libsentencepiece-dev, no CMake package: found
 # by pkg-config), PCRE2 for tokenizer.json split regexes, ICU for its Unicode normalizers.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 find_package(ICU REQUIRED COMPONENTS uc)
 find_library(SENTENCEPIECE_TRAIN_LIBRARY sentencepiece_train HINTS ${SENTENCEPIECE_LIBRARY_DIRS} REQUIRED)
+# Compressed corpora for `kilter prep` (io/compressed_input.cpp): zlib (zlib1g-dev) for .gz,
+# libzstd (libzstd-dev, found by pkg-config) for .zst.
+find_package(ZLIB REQUIRED)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 add_library(kilter::text INTERFACE IMPORTED)
 target_link_libraries(kilter::text INTERFACE PkgConfig::SENTENCEPIECE ${SENTENCEPIECE_TRAIN_LIBRARY}
-                      PkgConfig::PCRE2 ICU::uc nlohmann_json::nlohmann_json)
+                      PkgConfig::PCRE2 ICU::uc nlohmann_json::nlohmann_json ZLIB::ZLIB PkgConfig::ZSTD)
 
 # The CPU GEMM engine behind kilter::blas (lib/model/gemm.cpp). oneDNN (Debian libdnnl-dev) picks
 # its AVX-512 / AVX512_BF16 / AMX kernels at run time and gives bf16 GEMMs (train.precision=bf16 on

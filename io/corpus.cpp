@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/compressed_input.h"
 #include "io/error.h"
 
 namespace kilter::io {
@@ -52,17 +53,6 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
 
 namespace {
 
-struct FileCloser {
-  void operator()(FILE* f) const { std::fclose(f); }
-};
-using File = std::unique_ptr<FILE, FileCloser>;
-
-File open_input(const std::string& path) {
-  File file(std::fopen(path.c_str(), "rb"));
-  KILTER_CHECK(file, "input " << path << ": cannot open (" << std::strerror(errno) << ")");
-  return file;
-}
-
 // Tracks the current document so that empty ones are counted instead of passed on.
 class DocumentTracker {
  public:
@@ -100,47 +90,16 @@ class DocumentTracker {
   uint64_t since_report_ = 0;
 };
 
-// POSIX getline: one line at a time (bytes, NULs included), the buffer reused.
-class LineReader {
- public:
-  explicit LineReader(const std::string& path) : path_(path), file_(open_input(path)) {}
-  ~LineReader() { std::free(line_); }
-  // The next line including its '\n' (if any); false at the end of the file.
-  bool next(const unsigned char*& data, size_t& size) {
-    errno = 0;
-    ssize_t n = ::getline(&line_, &capacity_, file_.get());
-    if (n < 0) {
-      KILTER_CHECK(!std::ferror(file_.get()), "input " << path_ << ": read error ("
-                                                         << std::strerror(errno) << ")");
-      return false;
-    }
-    ++line_number_;
-    data = reinterpret_cast<const unsigned char*>(line_);
-    size = size_t(n);
-    return true;
-  }
-  uint64_t line_number() const { return line_number_; }
-
- private:
-  std::string path_;
-  File file_;
-  char* line_ = nullptr;
-  size_t capacity_ = 0;
-  uint64_t line_number_ = 0;
-};
-
 void read_text_file(const InputFile& input, DocumentTracker& doc) {
-  File file = open_input(input.path);
+  InputStream stream(input.path);
   std::vector<unsigned char> block(size_t(64) << 10);  // corpora are often many small files
-  while (true) {
-    size_t n = std::fread(block.data(), 1, block.size(), file.get());
+  uint64_t reported = 0;
+  while (size_t n = stream.read(block.data(), block.size())) {
     doc.add(block.data(), n);
-    doc.consumed(n);
-    if (n < block.size()) {
-      KILTER_CHECK(!std::ferror(file.get()), "input " << input.path << ": read error");
-      break;
-    }
+    doc.consumed(stream.file_bytes() - reported);
+    reported = stream.file_bytes();
   }
+  doc.consumed(stream.file_bytes() - reported);
   doc.end();
 }
 
@@ -153,30 +112,64 @@ bool is_separator_line(const unsigned char* data, size_t size) {
 }
 
 void read_fortune_file(const InputFile& input, DocumentTracker& doc) {
-  LineReader lines(input.path);
+  StreamLineReader lines(input.path);
   const unsigned char* data = nullptr;
   size_t size = 0;
   bool any_line = false;
   while (lines.next(data, size)) {
     any_line = true;
-    doc.consumed(size);
+    doc.consumed(lines.take_file_bytes());
     if (is_separator_line(data, size)) {
       doc.end();
     } else {
       doc.add(data, size);
     }
   }
+  doc.consumed(lines.take_file_bytes());
   // The text after the last separator is a document too (files need not end with `%`); a file
   // that ends with its separator has nothing pending and adds no empty document.
   if (doc.open_document() || !any_line) doc.end();
 }
 
-void read_jsonl_file(const InputFile& input, DocumentTracker& doc) {
-  LineReader lines(input.path);
+// The string at `key` in `record`: the key itself, else the dotted path; null when absent or not
+// a string.
+const std::string* text_at(const nlohmann::json& record, const std::string& key) {
+  if (!record.is_object()) return nullptr;
+  auto direct = record.find(key);
+  if (direct != record.end()) return direct->is_string() ? &direct->get_ref<const std::string&>() : nullptr;
+  const nlohmann::json* node = &record;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!node->is_object()) return nullptr;
+    auto it = node->find(part);
+    if (it == node->end()) return nullptr;
+    node = &*it;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return node->is_string() ? &node->get_ref<const std::string&>() : nullptr;
+}
+
+void read_jsonl_file(const InputFile& input, DocumentTracker& doc, const CorpusOptions& options,
+                     CorpusCounts& counts) {
+  StreamLineReader lines(input.path);
   const unsigned char* data = nullptr;
   size_t size = 0;
+  // A bad line: skipped and counted while the budget lasts, else the error that names it.
+  const auto bad_line = [&](const std::string& what) {
+    const std::string place = input.path + ":" + std::to_string(lines.line_number()) + ": " + what;
+    KILTER_CHECK(counts.bad_lines < options.max_bad_lines,
+                 "input " << place << (options.max_bad_lines == 0 ? std::string()
+                                                                  : "; that is more than --max-bad-lines " +
+                                                                        std::to_string(options.max_bad_lines) + " bad lines")
+                          << ". Fix the line, or pass --max-bad-lines N to skip and count up to N such lines");
+    ++counts.bad_lines;
+    if (counts.bad_line_examples.size() < 5) counts.bad_line_examples.push_back(place);
+  };
   while (lines.next(data, size)) {
-    doc.consumed(size);
+    doc.consumed(lines.take_file_bytes());
     const char* text = reinterpret_cast<const char*>(data);
     bool blank = std::all_of(text, text + size, [](char c) { return std::isspace((unsigned char)c); });
     if (blank) continue;  // blank lines (e.g. a trailing empty line) are not records
@@ -184,28 +177,31 @@ void read_jsonl_file(const InputFile& input, DocumentTracker& doc) {
     try {
       record = nlohmann::json::parse(text, text + size);
     } catch (const nlohmann::json::exception& e) {
-      KILTER_FAIL("input " << input.path << ":" << lines.line_number() << ": not valid JSON ("
-                           << e.what() << ")");
+      bad_line(std::string("not valid JSON (") + e.what() + ")");
+      continue;
     }
-    KILTER_CHECK(record.is_object() && record.contains("text") && record["text"].is_string(),
-                 "input " << input.path << ":" << lines.line_number()
-                          << ": expected an object with a string field \"text\"");
-    const std::string& value = record["text"].get_ref<const std::string&>();
-    doc.add(reinterpret_cast<const unsigned char*>(value.data()), value.size());
+    const std::string* value = text_at(record, options.text_key);
+    if (!value) {
+      bad_line("expected an object with a string field \"" + options.text_key + "\"" +
+               (options.text_key == "text" ? " (name another with --text-key KEY, dotted paths allowed)" : ""));
+      continue;
+    }
+    doc.add(reinterpret_cast<const unsigned char*>(value->data()), value->size());
     doc.end();
   }
+  doc.consumed(lines.take_file_bytes());
 }
 
 }  // namespace
 
 CorpusCounts read_corpus(const std::vector<InputFile>& inputs, InputFormat format,
-                         DocumentSink& sink) {
+                         DocumentSink& sink, const CorpusOptions& options) {
   CorpusCounts counts;
   DocumentTracker doc(sink, counts);
   for (const InputFile& input : inputs) {
     switch (format) {
       case InputFormat::text: read_text_file(input, doc); break;
-      case InputFormat::jsonl: read_jsonl_file(input, doc); break;
+      case InputFormat::jsonl: read_jsonl_file(input, doc, options, counts); break;
       case InputFormat::fortune: read_fortune_file(input, doc); break;
     }
     doc.report();

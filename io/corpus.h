@@ -1,6 +1,7 @@
 // Input corpora for `kilter prep`: expands the user's paths into input files and streams their
-// documents (text: one file = one document; jsonl: the "text" field of each line; fortune: the
-// texts between lines holding only `%`). Documents are passed on as raw bytes in pieces, so a
+// documents (text: one file = one document; jsonl: the text field of each line, "text" unless
+// --text-key names another, dotted paths included; fortune: the texts between lines holding only
+// `%`). Files may be gzip or zstd compressed (io/compressed_input.h). Documents are passed on as raw bytes in pieces, so a
 // document is never held whole; empty documents are counted and dropped here.
 #pragma once
 #include <cstddef>
@@ -39,12 +40,23 @@ struct CorpusCounts {
   uint64_t documents = 0;        // non-empty documents passed to the sink
   uint64_t empty_documents = 0;  // dropped
   uint64_t document_bytes = 0;   // bytes in the documents passed on
-  uint64_t input_bytes = 0;      // bytes read from the input files
+  uint64_t input_bytes = 0;      // bytes read from the input files (compressed bytes for .gz/.zst)
+  uint64_t bad_lines = 0;        // jsonl lines skipped under max_bad_lines
+  std::vector<std::string> bad_line_examples;  // "FILE:LINE: what" of the first few
+};
+
+struct CorpusOptions {
+  // jsonl: the field holding a document's text; "a.b" is field b of object a (a key that itself
+  // holds the dot is found first).
+  std::string text_key = "text";
+  // jsonl lines that are not JSON or lack a string text_key: skipped and counted up to this many;
+  // one more is an error naming FILE:LINE. 0: the first is an error.
+  uint64_t max_bad_lines = 0;
 };
 
 // Streams every document of `inputs` in order into `sink`. Throws naming the file (and line, for
 // jsonl) on unreadable files and malformed lines.
 CorpusCounts read_corpus(const std::vector<InputFile>& inputs, InputFormat format,
-                         DocumentSink& sink);
+                         DocumentSink& sink, const CorpusOptions& options = {});
 
 }  // namespace kilter::io

@@ -24,6 +24,11 @@ struct ShardInfo {
   uint64_t num_tokens = 0;
   uint64_t first_doc = 0;  // global id of the shard's first document
   std::string hash;        // content hash (hex) of the shard's /tokens and /offsets
+  // Set in a mixture's merged index (io/mixture_index.h) only: the shard file's path, and its
+  // number and the shard count in its own dataset (what its attributes say). Empty path: the
+  // shard is DIR/shard_file_name(its position in this index).
+  std::string path;
+  uint32_t own_index = 0, own_count = 0;
 };
 
 // Everything a rank needs to plan: loaded from index.h5 alone (shards are not opened).
@@ -32,7 +37,7 @@ struct DatasetIndex {
   uint32_t vocab_size = 0;
   uint32_t eos_id = 0;
   std::string tokenizer;               // "byte" | "sentencepiece" | "hf-bpe" | "imported" | "synthetic"
-  std::string tokenizer_data;          // the tokenizer file's bytes (empty for "byte"): see io/tokenizer.h
+  std::string tokenizer_data;          // the tokenizer file's bytes (empty for "byte"): see io/tokenizer/tokenizer.h
   std::vector<ShardInfo> shards;
   std::vector<uint32_t> doc_lengths;   // every document's token count, by global id
   uint64_t total_tokens() const;

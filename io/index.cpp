@@ -9,7 +9,7 @@
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/hdf5_util.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 namespace kilter::io {
 

@@ -21,7 +21,7 @@
 #include "io/error.h"
 #include "io/progress.h"
 #include "io/shard_writer.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 namespace kilter::io {
 
@@ -347,7 +347,7 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   SpillFile spill(out.scratch("tokens"), token_bytes);
   Progress tokenize_progress("prep tokenize", input_bytes, options.progress);
   TokenizingSink sink(*tokenizer, threads, spill, tokenize_progress);
-  CorpusCounts first_pass = read_corpus(inputs, options.format, sink);
+  CorpusCounts first_pass = read_corpus(inputs, options.format, sink, options.corpus);
   sink.finish();
   tokenize_progress.update(sink.lengths.size(), first_pass.input_bytes);
   tokenize_progress.finish();
@@ -385,6 +385,8 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   fill_report(report, index, options.out);
   report.empty_documents = first_pass.empty_documents + sink.empty_documents;
   report.input_bytes = first_pass.input_bytes;
+  report.bad_lines = first_pass.bad_lines;
+  report.bad_line_examples = first_pass.bad_line_examples;
   report.seconds = seconds_since(start);
   return report;
 }
@@ -400,7 +402,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   AtomicDirectory out(options.out, options.force);  // refuses an existing --out before the scan
   Progress scan_progress("prep scan", input_bytes, options.progress);
   LengthCollector collector(scan_progress);
-  CorpusCounts first_pass = read_corpus(inputs, options.format, collector);
+  CorpusCounts first_pass = read_corpus(inputs, options.format, collector, options.corpus);
   scan_progress.update(first_pass.documents, first_pass.input_bytes);
   scan_progress.finish();
   KILTER_CHECK(first_pass.documents > 0,
@@ -410,7 +412,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   DatasetBuilder builder(out, collector.lengths, options.shards, kByteVocabSize, kByteEosId, "byte");
   Progress write_progress("prep write", input_bytes, options.progress);
   ShardFiller filler(builder, write_progress);
-  CorpusCounts second_pass = read_corpus(inputs, options.format, filler);
+  CorpusCounts second_pass = read_corpus(inputs, options.format, filler, options.corpus);
   write_progress.update(second_pass.documents, second_pass.input_bytes);
   write_progress.finish();
   const DatasetIndex& index = builder.finish();
@@ -420,6 +422,8 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   fill_report(report, index, options.out);
   report.empty_documents = first_pass.empty_documents;
   report.input_bytes = first_pass.input_bytes;
+  report.bad_lines = first_pass.bad_lines;
+  report.bad_line_examples = first_pass.bad_line_examples;
   report.seconds = seconds_since(start);
   return report;
 }

@@ -26,6 +26,7 @@ struct PrepOptions {
   bool progress = true;   // progress on stderr
   std::string tokenizer;  // a SentencePiece *.model or a tokenizer.json; empty: bytes
   unsigned threads = 0;   // tokenizer threads (0: every core)
+  CorpusOptions corpus;   // jsonl: --text-key, --max-bad-lines
 };
 
 struct PrepReport {
@@ -36,7 +37,9 @@ struct PrepReport {
   uint64_t documents = 0;
   uint64_t empty_documents = 0;  // dropped (prep only)
   uint64_t tokens = 0;
-  uint64_t input_bytes = 0;
+  uint64_t input_bytes = 0;        // read from the files (compressed bytes for .gz/.zst)
+  uint64_t bad_lines = 0;          // jsonl lines skipped under --max-bad-lines
+  std::vector<std::string> bad_line_examples;  // "FILE:LINE: what" of the first few
   uint32_t shards = 0;
   uint64_t min_shard_tokens = 0;
   uint64_t max_shard_tokens = 0;

@@ -14,13 +14,15 @@ namespace kilter::io {
 
 constexpr uint64_t kChunkElements = uint64_t(1) << 20;
 
-static std::string shard_path(const std::string& dir, uint32_t shard) {
+static std::string shard_path(const DatasetIndex& index, const std::string& dir, uint32_t shard) {
+  const ShardInfo& info = index.shards.at(shard);
+  if (!info.path.empty()) return info.path;  // a mixture's merged index
   return (std::filesystem::path(dir) / shard_file_name(shard)).string();
 }
 
 std::vector<std::string> check_shard_header(const DatasetIndex& index, const std::string& dir,
                                             uint32_t shard, ShardLayout* layout) {
-  const std::string path = shard_path(dir, shard);
+  const std::string path = shard_path(index, dir, shard);
   const ShardInfo& info = index.shards.at(shard);
   std::vector<std::string> problems;
   auto problem = [&](const std::string& what) { problems.push_back(path + ": " + what); };
@@ -46,8 +48,8 @@ std::vector<std::string> check_shard_header(const DatasetIndex& index, const std
     };
     expect("vocab_size", index.vocab_size);
     expect("eos_id", index.eos_id);
-    expect("shard_index", shard);
-    expect("num_shards", index.shards.size());
+    expect("shard_index", info.path.empty() ? shard : info.own_index);
+    expect("num_shards", info.path.empty() ? index.shards.size() : info.own_count);
     std::string tokenizer = h5::read_string_attribute(file, "tokenizer", path);
     if (tokenizer != index.tokenizer)
       problem("tokenizer is '" + tokenizer + "' but the index says '" + index.tokenizer + "'");
@@ -136,7 +138,7 @@ std::vector<std::string> check_shard_content(const DatasetIndex& index, const st
                                              uint32_t shard) {
   std::vector<std::string> problems = check_shard_header(index, dir, shard);
   if (!problems.empty()) return problems;  // the content cannot be interpreted safely
-  const std::string path = shard_path(dir, shard);
+  const std::string path = shard_path(index, dir, shard);
   const ShardInfo& info = index.shards[shard];
   auto problem = [&](const std::string& what) { problems.push_back(path + ": " + what); };
   const uint32_t token_bytes = token_bytes_for_vocab(index.vocab_size);

@@ -14,8 +14,9 @@ BUILD_PKGS=(build-essential cmake pkg-config git
   libgtest-dev googletest
   nlohmann-json3-dev libfmt-dev
   libsentencepiece-dev libpcre2-dev libicu-dev
+  zlib1g-dev libzstd-dev
   fortunes fortunes-min)
-TEST_PKGS=(python3 python3-numpy python3-h5py python3-torch python3-sentencepiece python3-pip
+TEST_PKGS=(python3 python3-numpy python3-h5py python3-torch python3-sentencepiece python3-pip python3-venv
   chromium
   slurm-wlm munge lmod
   iproute2 util-linux mount
@@ -55,5 +56,23 @@ if [[ "${1:-}" == "--with-test-extras" ]]; then
     echo "install-deps: pip installing tokenizers==$TOKENIZERS_VERSION for $PY"
     $SUDO "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
       --break-system-packages "tokenizers==$TOKENIZERS_VERSION"
+  fi
+fi
+
+# Hugging Face `transformers` and `safetensors` (the oracles of the HF export/import tests,
+# tests/e2e/hf_export.sh and hf_import.sh) in a test-only virtual environment that also sees
+# Debian's python3-torch (1.13): transformers 4.44 still supports torch 1.x, and it pins
+# tokenizers < 0.20, so it lives apart from the system python's tokenizers 0.23 above.
+if [[ "${1:-}" == "--with-test-extras" ]]; then
+  HF_VENV=${KILTER_HF_VENV:-/opt/kilter-test-venv}
+  TRANSFORMERS_VERSION=${KILTER_TRANSFORMERS_VERSION:-4.44.2}
+  SAFETENSORS_VERSION=${KILTER_SAFETENSORS_VERSION:-0.4.5}
+  if "$HF_VENV/bin/python" -c "import transformers, safetensors, torch" 2>/dev/null; then
+    echo "install-deps: $HF_VENV has transformers and safetensors"
+  else
+    echo "install-deps: pip installing transformers==$TRANSFORMERS_VERSION safetensors==$SAFETENSORS_VERSION into $HF_VENV"
+    $SUDO "${KILTER_PYTHON:-/usr/bin/python3}" -m venv --system-site-packages "$HF_VENV"
+    $SUDO "$HF_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+      "transformers==$TRANSFORMERS_VERSION" "safetensors==$SAFETENSORS_VERSION"
   fi
 fi

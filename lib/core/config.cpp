@@ -3,6 +3,8 @@
 
 #include <boost/program_options.hpp>
 #include <fstream>
+#include <set>
+#include <cmath>
 #include <map>
 #include <iostream>
 #include <sstream>
@@ -27,6 +29,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("model.block_size", po::value(&m.block_size)->default_value(m.block_size), "context length in tokens; longer documents are cut")
     ("model.vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size), "vocabulary (0: from the dataset index)")
     ("data.dir", po::value(&d.dir)->default_value(d.dir), "dataset directory (index.h5 + shard-*.h5)")
+    ("data.sources", po::value(&d.sources)->default_value(d.sources), "weighted mixture of datasets instead of data.dir: DIR:W, DIR:W, ... (weights normalized; each step draws from every source by weight, sources wrap independently)")
     ("data.max_tokens", po::value(&d.max_tokens)->default_value(d.max_tokens), "token budget of a micro-batch, padding included (tokens)")
     ("data.prefetch", po::value(&d.prefetch)->default_value(d.prefetch), "micro-batches read ahead per rank")
     ("data.reader_threads", po::value(&d.reader_threads)->default_value(d.reader_threads), "reader worker threads per rank")
@@ -60,6 +63,8 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.eval_batches", po::value(&t.eval_batches)->default_value(t.eval_batches), "micro-batches per rank in one evaluation")
     ("train.inject_delay", po::value(&t.inject_delay)->default_value(t.inject_delay), "diagnostics drill: RANK:SECONDS[:PHASE] makes one rank slow on purpose")
     ("train.on_nonfinite", po::value(&t.on_nonfinite)->default_value(t.on_nonfinite), "non-finite loss or gradient norm: stop | skip")
+    ("train.init_from", po::value(&t.init_from)->default_value(t.init_from), "start from these weights: a Hugging Face GPT-2 directory (config.json + model.safetensors) or a kilter checkpoint (file or run directory); optimizer state and data position start fresh (empty: random init)")
+    ("train.init_vocab", po::value(&t.init_vocab)->default_value(t.init_vocab), "init_from weights whose vocabulary differs from the dataset's: strict (refuse) | resize (keep the first embedding rows, initialize the rest)")
     ("comm.algo", po::value(&k.algo)->default_value(k.algo), "gradient reduction: flat | hierarchical")
     ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
     ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s), "a collective not done within this many seconds ends the job (s)")
@@ -136,6 +141,10 @@ void Config::validate() const {
   KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");
   KILTER_CHECK_KEY(train.eval_batches >= 1, "train.eval_batches", train.eval_batches, "must be >= 1");
   check_one_of("train.on_nonfinite", train.on_nonfinite, {"stop", "skip"});
+  check_one_of("train.init_vocab", train.init_vocab, {"strict", "resize"});
+  KILTER_CHECK(data.sources.empty() || data.dir.empty(),
+               "config keys data.dir and data.sources are both set: give one (data.dir is the one-source case)");
+  if (!data.sources.empty()) parse_data_sources(data.sources);  // refused here, naming the key
   check_one_of("comm.algo", comm.algo, {"flat", "hierarchical"});
   KILTER_CHECK_KEY(comm.ranks_per_node >= 0, "comm.ranks_per_node", comm.ranks_per_node, "must be >= 0");
   KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");
@@ -179,17 +188,62 @@ std::string Config::to_ini() const {
   return os.str();
 }
 
+std::vector<std::pair<std::string, double>> parse_data_sources(const std::string& text) {
+  std::vector<std::pair<std::string, double>> sources;
+  std::set<std::string> seen;
+  double sum = 0;
+  std::istringstream is(text);
+  for (std::string item; std::getline(is, item, ',');) {
+    const auto trim = [](std::string s) {
+      const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+      return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+    };
+    item = trim(item);
+    const size_t colon = item.rfind(':');
+    KILTER_CHECK(colon != std::string::npos && colon > 0,
+                 "config key data.sources: '" << item << "' is not DIR:WEIGHT (e.g. data/web:0.7, data/code:0.3)");
+    const std::string dir = trim(item.substr(0, colon)), weight_text = trim(item.substr(colon + 1));
+    double weight = 0;
+    size_t used = 0;
+    try {
+      weight = std::stod(weight_text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KILTER_CHECK(used > 0 && used == weight_text.size() && std::isfinite(weight) && weight > 0,
+                 "config key data.sources: the weight of " << dir << " ('" << weight_text
+                                                           << "') is not a positive number");
+    KILTER_CHECK(seen.insert(dir).second, "config key data.sources: " << dir << " is listed twice");
+    sources.emplace_back(dir, weight);
+    sum += weight;
+  }
+  KILTER_CHECK(!sources.empty(), "config key data.sources is empty: give DIR:WEIGHT, DIR:WEIGHT, ...");
+  for (auto& s : sources) s.second /= sum;
+  return sources;
+}
+
+// data.sources without its paths: "0.7,0.2,0.1" (the weights change the numbers; where the
+// datasets lie does not, as for data.dir).
+static std::string mixture_weights_only(const std::string& sources) {
+  std::string out, item;
+  std::istringstream is(sources);
+  while (std::getline(is, item, ',')) out += (out.empty() ? "" : ",") + item.substr(item.rfind(':') + 1);
+  return out;
+}
+
 uint64_t Config::hash() const {
   // Everything that changes the numbers of a run; output paths and logging do not count.
   Config c = *this;
   c.output = OutputConfig();
   c.data.dir.clear();
+  c.data.sources = mixture_weights_only(c.data.sources);  // paths out, weights in: like data.dir
   c.data.stage_dir.clear();
   c.data.prefetch = 0;
   c.data.reader_threads = 0;
   c.train.steps = 0;
   c.train.threads = 0;
   c.train.inject_delay.clear();
+  c.train.init_from.clear();  // a path, like data.dir; a resumed run continues from its checkpoint
   // How the CUDA backend computes, not what: a run may resume with the other attention engine
   // (cuDNN missing on another cluster) or with graphs toggled, like with other BLAS threads.
   c.train.attention.clear();

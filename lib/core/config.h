@@ -22,6 +22,7 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string dir;                 // dataset directory (index.h5 + shards)
+  std::string sources;             // weighted mixture "DIR:W, DIR:W, ..." (instead of dir; lib/balance/mixture.h)
   int64_t max_tokens = 2048;       // token budget of one micro-batch (padded tokens)
   int prefetch = 4;                // micro-batches read ahead per rank
   int reader_threads = 2;          // pread() worker threads per rank
@@ -58,6 +59,8 @@ struct TrainConfig {
   int64_t eval_batches = 8;        // micro-batches per rank in one evaluation
   std::string inject_delay;        // diagnostics drill: RANK:SECONDS[:PHASE]
   std::string on_nonfinite = "stop";  // stop | skip
+  std::string init_from;           // HF GPT-2 directory or kilter checkpoint to start from ("": random init)
+  std::string init_vocab = "strict";  // strict | resize: a vocabulary other than the dataset's
 };
 
 struct CommConfig {
@@ -123,5 +126,10 @@ std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& 
 
 // Parse an INI text (the resolved config of a run directory) into a Config.
 Config config_from_ini_text(const std::string& text);
+
+// Parses `data.sources`: "DIR:W, DIR:W, ..." (spaces allowed) into (dir, weight) with the weights
+// normalized to sum 1 (lib/balance/mixture.h draws from them). Throws kilter::Error naming
+// data.sources: an entry without ":W", a weight that is not a positive number, a directory given twice.
+std::vector<std::pair<std::string, double>> parse_data_sources(const std::string& text);
 
 }  // namespace kilter

@@ -11,9 +11,13 @@ PlanCache::PlanCache(const io::DatasetIndex& index, std::vector<uint64_t> docs, 
                      int world_size)
     : index_(index), docs_(std::move(docs)), opts_(std::move(opts)), world_size_(world_size) {}
 
+PlanCache::PlanCache(const io::DatasetIndex& index, std::shared_ptr<balance::MixturePlanner> mixture, int world_size)
+    : index_(index), world_size_(world_size), mixture_(std::move(mixture)) {}
+
 const balance::EpochPlan& PlanCache::get(uint64_t epoch) {
   auto it = plans_.find(epoch);
   if (it != plans_.end()) return it->second;
+  if (mixture_) return plans_.emplace(epoch, mixture_->build(epoch, world_size_, &wraps_[epoch])).first->second;
   balance::EpochPlan plan = balance::build_epoch_plan(index_.doc_lengths, docs_, opts_, world_size_, epoch);
   KILTER_CHECK(!plan.steps.empty(),
                "dataset " << index_.dir << ": the plan of epoch " << epoch

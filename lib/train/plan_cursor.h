@@ -4,10 +4,12 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "io/dataset.h"
 #include "io/reader.h"
+#include "lib/balance/mixture.h"
 #include "lib/balance/plan.h"
 
 namespace kilter::train {
@@ -16,9 +18,13 @@ namespace kilter::train {
 class PlanCache {
  public:
   PlanCache(const io::DatasetIndex& index, std::vector<uint64_t> docs, balance::PlanOptions opts, int world_size);
+  // A mixture's plans (data.sources): drawn by `mixture` over the merged index.
+  PlanCache(const io::DatasetIndex& index, std::shared_ptr<balance::MixturePlanner> mixture, int world_size);
   // Throws kilter::Error when the epoch has no step (too few tokens for train.tokens_per_step).
   const balance::EpochPlan& get(uint64_t epoch);
   void drop_before(uint64_t epoch);
+  // A mixture's sources that wrap into their next epoch during `epoch` (after get(epoch)).
+  const std::vector<balance::SourceWrap>& wraps(uint64_t epoch) { return wraps_[epoch]; }
 
  private:
   const io::DatasetIndex& index_;
@@ -26,6 +32,8 @@ class PlanCache {
   balance::PlanOptions opts_;
   int world_size_;
   std::map<uint64_t, balance::EpochPlan> plans_;
+  std::shared_ptr<balance::MixturePlanner> mixture_;
+  std::map<uint64_t, std::vector<balance::SourceWrap>> wraps_;
 };
 
 // Walks this rank's micro-batches across steps and epochs from a plan position.

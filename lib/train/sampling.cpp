@@ -11,6 +11,7 @@
 #include "io/prep.h"
 #include "io/reader.h"
 #include "lib/train/checkpointer.h"
+#include "lib/train/hf_interop.h"
 
 namespace kilter::train {
 
@@ -74,18 +75,12 @@ std::string TextCodec::continuation(const std::vector<int32_t>& prompt, const st
 
 SamplingModel load_sampling_model(const std::string& source) {
   SamplingModel m;
-  m.checkpoint = Checkpointer::latest(source);
-  KILTER_CHECK(!m.checkpoint.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
-                                                "holding checkpoints/step-*.h5)");
-  const io::CheckpointInfo info = io::read_checkpoint_info(m.checkpoint);
+  CheckpointWeights c = read_checkpoint_weights(source);
+  const io::CheckpointInfo& info = c.info;
+  m.checkpoint = c.path;
   m.step = info.step;
-  m.gpt = model::GPTConfig{int(info.n_layer), int(info.n_head), int(info.n_embd), int(info.block_size),
-                           int(info.vocab_size)};
-  const model::ParamLayout layout = model::ParamLayout::build(m.gpt);
-  std::vector<io::CheckpointTensor> tensors;
-  for (const auto& t : layout.tensors) tensors.push_back({t.name, t.shape, t.offset, t.size});
-  m.params.resize(layout.num_params);
-  io::read_checkpoint_params(m.checkpoint, tensors, m.params.data());
+  m.gpt = c.gpt;
+  m.params = std::move(c.params);
 
   const std::string where = "checkpoint " + m.checkpoint;
   if (!info.tokenizer.empty()) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "io/dataset.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 #include "lib/core/config.h"
 #include "lib/model/generate.h"
 #include "lib/model/model.h"

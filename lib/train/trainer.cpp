@@ -26,6 +26,8 @@
 #include "lib/model/gemm.h"
 #include "lib/model/model.h"
 #include "lib/train/checkpointer.h"
+#include "lib/train/hf_interop.h"
+#include "lib/train/training_data.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
 #include "lib/train/micro_batch.h"
@@ -108,20 +110,20 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   MPI_Barrier(world);
 
   // ---- data --------------------------------------------------------------------------------
-  KILTER_CHECK(!cfg.data.dir.empty(), "config key data.dir is empty: name a dataset directory "
-                                      "(kilter prep ... --out DIR)");
-  io::DatasetIndex index = io::load_index(cfg.data.dir);
+  TrainingData data = load_training_data(cfg);  // data.dir, or data.sources merged into one index
+  io::DatasetIndex& index = data.index;
   if (cfg.model.vocab_size == 0) cfg.model.vocab_size = int(index.vocab_size);
   KILTER_CHECK(uint32_t(cfg.model.vocab_size) >= index.vocab_size,
                "config key model.vocab_size = " << cfg.model.vocab_size << " is smaller than the vocabulary of "
-                                                << cfg.data.dir << " (" << index.vocab_size << ")");
+                                                << index.dir << " (" << index.vocab_size << ")");
   if (!resuming) check_new_run_dir(world, run_dir, cfg);  // with the config resolved as config.ini holds it
   std::string data_dir = cfg.data.dir;
   if (!cfg.data.stage_dir.empty()) data_dir = stage_dataset(index, cfg.data.stage_dir, topo.node, topo.local_rank);
 
   balance::Split split = balance::split_documents(index.doc_lengths, cfg.data.eval_fraction, cfg.train.seed);
   const balance::PlanOptions plan_opts = balance::plan_options_from_config(cfg, index.vocab_size);
-  PlanCache plans(index, split.train_docs, plan_opts, world_size);
+  std::unique_ptr<PlanCache> train_plans = make_plan_cache(data, split.train_docs, plan_opts, world_size);
+  PlanCache& plans = *train_plans;
 
   // ---- model, reduction, diagnostics, checkpoints --------------------------------------------
   std::string backend = cfg.train.backend;
@@ -136,6 +138,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, backend_options);
   model->init_params(cfg.train.seed);
+  if (!resuming && !cfg.train.init_from.empty()) {  // a resumed run continues from its own checkpoint
+    const std::string note = load_initial_weights(world, cfg, index, *model);
+    if (rank == 0) std::fprintf(stderr, "kilter: %s\n", note.c_str());
+  }
   // A micro-batch holds at most max_tokens tokens in pieces of at most block_size.
   model->reserve(int(cfg.data.max_tokens), cfg.model.block_size);
 
@@ -199,6 +205,14 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                                            << " needs held-out documents: set data.eval_fraction > 0");
     eval_plans = std::make_unique<PlanCache>(index, split.eval_docs, plan_opts, world_size);
   }
+  // A mixture also evaluates every source on its own held-out documents.
+  std::vector<std::unique_ptr<PlanCache>> source_eval_plans(data.sources.size());
+  nlohmann::json eval_loss_per_source;
+  for (size_t k = 0; eval_plans && k < data.sources.size(); ++k) {
+    std::vector<uint64_t> docs = data.docs_of(k, split.eval_docs);
+    if (!docs.empty()) source_eval_plans[k] = std::make_unique<PlanCache>(index, std::move(docs), plan_opts, world_size);
+  }
+  std::vector<uint64_t> tokens_per_source(data.sources.size(), 0);
 
   // The statistics of the epoch the run starts in: logged now and reported in the summary (a
   // copy, since the plan itself is dropped once its epoch is done).
@@ -280,6 +294,13 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     diagnostics.set_step_work(work.tokens_computed, work.attn_work, work.micro_batches, work.kv_tokens,
                               work.kv_bytes);
     const double step_tokens = double(step.target_tokens());
+    if (data.mixture()) {
+      if (rank == 0 && (state.position.step_in_epoch == 0 || state.step == first_step))
+        for (const std::string& line : wrap_messages(data, plans.wraps(state.position.epoch)))
+          std::fprintf(stderr, "kilter: mixture epoch %llu: %s\n", (unsigned long long)state.position.epoch + 1, line.c_str());
+      const std::vector<uint64_t> by_source = balance::tokens_by_source(step, data.doc_begin);
+      for (size_t k = 0; k < by_source.size(); ++k) tokens_per_source[k] += by_source[k];
+    }
     diagnostics.end_step(state.step, int64_t(step.target_tokens()), loss);
     last_loss = loss;
     tokens_this_run += step_tokens;
@@ -293,6 +314,13 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     if (cfg.train.eval_every > 0 && state.step % cfg.train.eval_every == 0) {
       eval_loss = evaluate(ctx, *eval_plans, index, data_dir, ropts, cfg.train.eval_batches, state.step);
       if (rank == 0) std::fprintf(stderr, "kilter: step %lld eval loss %.4f\n", (long long)state.step, eval_loss);
+      for (size_t k = 0; k < source_eval_plans.size(); ++k) {
+        if (!source_eval_plans[k]) continue;
+        const double loss_k = evaluate(ctx, *source_eval_plans[k], index, data_dir, ropts, cfg.train.eval_batches, state.step);
+        eval_loss_per_source[data.sources[k]] = loss_k;
+        if (rank == 0) std::fprintf(stderr, "kilter: step %lld eval loss %.4f on %s\n", (long long)state.step, loss_k,
+                                    data.sources[k].c_str());
+      }
     }
     if (rank == 0 && (state.step % cfg.output.log_every == 0 || state.step == total_steps || state.step == first_step + 1)) {
       const double t = now_seconds();
@@ -350,6 +378,13 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["startup_seconds"] = t_loop - t_start;
   extra["preempted"] = exit_code == kExitPreempted;
   extra["resumed_from_step"] = first_step;
+  if (data.mixture()) {  // this run's steps (not those before a resume)
+    for (size_t k = 0; k < data.sources.size(); ++k) {
+      extra["tokens_per_source"][data.sources[k]] = tokens_per_source[k];
+      extra["source_weights"][data.sources[k]] = data.weights[k];
+    }
+    extra["eval_loss_per_source"] = eval_loss_per_source;
+  }
   nlohmann::json summary = diagnostics.finish(extra);
   if (rank == 0) {
     std::fprintf(stderr, "kilter: done: %lld steps, final loss %.4f, %.0f tokens/s, summary in %s\n",

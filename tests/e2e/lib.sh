@@ -29,3 +29,24 @@ stop_after() {  # stop_after LOG NP N [args]: a preemption drill (test hook: ran
     "$KILTER" train "${COMMON[@]}" "$@" > "$log" 2>&1 || rc=$?
   [ $rc -eq 85 ] || { cat "$log"; fail "$log: exit code $rc, expected 85 (kExitPreempted)"; }
 }
+
+# Corpora and oracles shared by several scripts.
+sentence_corpus() {  # sentence_corpus FILE: simple English-like sentences in the fortune format,
+  # long enough that EOS is rare within a 128-token context (300 documents of 8 sentences).
+  "$PY" - "$1" <<'PY'
+import random, sys
+random.seed(3)
+subjects = ["The cat", "A dog", "The old man", "My friend", "The teacher", "A small bird"]
+verbs = ["sees", "likes", "finds", "wants", "keeps", "brings"]
+objects = ["the red ball.", "a warm house.", "the long road.", "some fresh bread.", "the blue sea."]
+with open(sys.argv[1], "w") as f:
+    for _ in range(300):
+        f.write(" ".join(f"{random.choice(subjects)} {random.choice(verbs)} {random.choice(objects)}" for _ in range(8)))
+        f.write("\n%\n")
+PY
+}
+hf_python() {  # hf_python: sets HFPY to the test-only venv with transformers + safetensors, or fails
+  HFPY=${KILTER_HF_PYTHON:-/opt/kilter-test-venv/bin/python}
+  "$HFPY" -c "import transformers, safetensors, torch, h5py" 2>/dev/null \
+    || fail "$HFPY lacks transformers/safetensors/h5py (scripts/install-deps.sh --with-test-extras sets up the venv)"
+}

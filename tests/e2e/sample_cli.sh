@@ -11,18 +11,7 @@ trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" 
 "$PY" -c "import torch, h5py" 2>/dev/null || fail "$PY lacks torch/h5py (Debian: python3-torch python3-h5py)"
 json() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {'d': d}))" "$@"; }
 
-# A corpus of simple sentences (fortune format), long enough that EOS is rare within the context.
-"$PY" - <<'PY'
-import random
-random.seed(3)
-subjects = ["The cat", "A dog", "The old man", "My friend", "The teacher", "A small bird"]
-verbs = ["sees", "likes", "finds", "wants", "keeps", "brings"]
-objects = ["the red ball.", "a warm house.", "the long road.", "some fresh bread.", "the blue sea."]
-with open("corpus.txt", "w") as f:
-    for _ in range(300):
-        f.write(" ".join(f"{random.choice(subjects)} {random.choice(verbs)} {random.choice(objects)}" for _ in range(8)))
-        f.write("\n%\n")
-PY
+sentence_corpus corpus.txt
 "$KILTER" prep --input corpus.txt --format fortune --shards 1 --out data --quiet >/dev/null
 timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train --data.dir=data --model.n_layer=2 --model.n_head=2 \
   --model.n_embd=64 --model.block_size=128 --data.max_tokens=1024 --train.tokens_per_step=1024 \

@@ -11,7 +11,7 @@ option(KILTER_FUZZ "Build the libFuzzer harnesses of tests/fuzz (needs clang, EN
 set(KILTER_FUZZ_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(KILTER_FUZZ_HARNESSES
     text jsonl fortune sentencepiece tokenizer_json bpe_encode config_ini config_override
-    import_llmc import_nanogpt import_megatron import_npy dataset checkpoint)
+    import_llmc import_nanogpt import_megatron import_npy dataset checkpoint safetensors)
 
 # The INI parser lives in kilter_lib; the harnesses need only lib/core/config.cpp from it, so the
 # fuzz build compiles that file on its own instead of all of kilter_lib.

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "io/import_source.h"
+#include "io/import/import_source.h"
 
 namespace kilter::fuzz {
 

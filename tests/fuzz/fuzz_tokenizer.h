@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 namespace kilter::fuzz {
 

@@ -17,7 +17,7 @@
 #define KILTER_FUZZ_ALL(X)                                                                         \
   X(text) X(jsonl) X(fortune) X(sentencepiece) X(tokenizer_json) X(bpe_encode) X(config_ini)       \
   X(config_override) X(import_llmc) X(import_nanogpt) X(import_megatron) X(import_npy) X(dataset)  \
-  X(checkpoint)
+  X(checkpoint) X(safetensors)
 KILTER_FUZZ_ALL(KILTER_FUZZ_HARNESS)
 
 namespace {

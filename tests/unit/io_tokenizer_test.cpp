@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 #include "io_testing.h"
 
 namespace kilter::io {

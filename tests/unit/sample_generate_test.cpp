@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
-#include "io/tokenizer_train.h"
+#include "io/tokenizer/tokenizer_train.h"
 #include "io_testing.h"
 #include "io/error.h"
 #include "lib/model/generate.h"

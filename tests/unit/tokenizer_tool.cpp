@@ -6,7 +6,7 @@
 #include <string>
 
 #include "io/error.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

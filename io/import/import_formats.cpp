@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "io/error.h"
-#include "io/import_source.h"
+#include "io/import/import_source.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the importers read little-endian files by memcpy; add byte swaps for big-endian hosts");

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "io/import.h"
+#include "io/import/import.h"
 
 namespace kilter::io::import_detail {
 

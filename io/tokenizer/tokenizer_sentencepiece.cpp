@@ -3,7 +3,7 @@
 #include <sentencepiece_processor.h>
 
 #include "io/error.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 namespace kilter::io {
 

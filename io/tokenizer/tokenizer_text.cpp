@@ -1,5 +1,5 @@
 // Text primitives for tokenizers (see tokenizer_text.h): PCRE2 and ICU behind std::string.
-#include "io/tokenizer_text.h"
+#include "io/tokenizer/tokenizer_text.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

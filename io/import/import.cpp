@@ -2,7 +2,7 @@
 // pass 1 splits the token stream into documents (lengths, largest id, range checks with the byte
 // offset of a bad id), pass 2 streams the tokens into shard writers; the directory is built under
 // a temporary name and renamed into place when complete.
-#include "io/import.h"
+#include "io/import/import.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,11 +15,11 @@
 #include "io/dataset.h"
 #include "io/dataset_output.h"
 #include "io/error.h"
-#include "io/import_source.h"
+#include "io/import/import_source.h"
 #include "io/prep.h"
 #include "io/progress.h"
 #include "io/shard_writer.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 namespace kilter::io {
 

@@ -1,7 +1,7 @@
 // `kilter prep tokenizer train` (see tokenizer_train.h). The corpus is streamed once; a
 // reservoir keeps a uniform sample of its lines (memory bounded by --sample, deterministic for a
 // seed), which SentencePiece's trainer then reads through its SentenceIterator.
-#include "io/tokenizer_train.h"
+#include "io/tokenizer/tokenizer_train.h"
 
 #include <sentencepiece_trainer.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 
 #include "io/error.h"
 #include "io/progress.h"
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 namespace kilter::io {
 

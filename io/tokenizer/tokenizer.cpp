@@ -1,5 +1,5 @@
 // The byte tokenizer and the one place that rebuilds a recorded tokenizer by kind.
-#include "io/tokenizer.h"
+#include "io/tokenizer/tokenizer.h"
 
 #include <cerrno>
 #include <cstring>

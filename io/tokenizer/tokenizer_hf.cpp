@@ -18,8 +18,8 @@
 #include <unordered_map>
 
 #include "io/error.h"
-#include "io/tokenizer.h"
-#include "io/tokenizer_text.h"
+#include "io/tokenizer/tokenizer.h"
+#include "io/tokenizer/tokenizer_text.h"
 
 namespace kilter::io {
 

@@ -1,0 +1,8 @@
+# Models and data in and out (issue 26): the safetensors reader/writer and the HF directory, the
+# compressed corpus streams, the mixture draw (unit), and the tool the HF export/import e2e tests
+# (tests/e2e/interop.cmake) run for kilter's side.
+kilter_add_unit_test(io_safetensors_test ${CMAKE_CURRENT_LIST_DIR}/io_safetensors_test.cpp)
+add_executable(kilter_hf_tool ${CMAKE_CURRENT_LIST_DIR}/hf_tool.cpp)
+target_link_libraries(kilter_hf_tool PRIVATE kilter_lib)
+kilter_add_unit_test(io_compressed_test ${CMAKE_CURRENT_LIST_DIR}/io_compressed_test.cpp)
+kilter_add_unit_test(balance_mixture_test ${CMAKE_CURRENT_LIST_DIR}/balance_mixture_test.cpp)
