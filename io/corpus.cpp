@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/did_you_mean.h"
 #include "io/error.h"
 
 namespace kilter::io {
@@ -21,16 +22,18 @@ InputFormat parse_input_format(const std::string& name) {
   if (name == "text") return InputFormat::text;
   if (name == "jsonl") return InputFormat::jsonl;
   if (name == "fortune") return InputFormat::fortune;
-  KILTER_FAIL("--format: '" << name << "' is not one of text, jsonl, fortune");
+  const std::vector<std::string> formats = {"text", "jsonl", "fortune", "llmc", "nanogpt", "megatron", "npy"};
+  KILTER_USER_FAIL("--format " << name << ": not a format kilter prep reads" << did_you_mean_hint(name, formats)
+                   << " (documents: text | jsonl | fortune; already tokenized: llmc | nanogpt | megatron | npy)");
 }
 
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, InputFormat format) {
-  KILTER_CHECK(!paths.empty(), "--input: no input paths given");
+  KILTER_USER_CHECK(!paths.empty(), "--input: no input paths given");
   std::vector<InputFile> files;
   for (const std::string& path : paths) {
     std::error_code ec;
     fs::file_status status = fs::status(path, ec);
-    KILTER_CHECK(!ec && fs::exists(status), "input " << path << " does not exist");
+    KILTER_USER_CHECK(!ec && fs::exists(status), "input " << path << " does not exist");
     if (fs::is_directory(status)) {
       std::vector<std::string> entries;
       for (const fs::directory_entry& entry : fs::directory_iterator(path)) {
@@ -39,11 +42,11 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
         if (format == InputFormat::fortune && entry.path().extension() == ".dat") continue;
         entries.push_back(entry.path().string());
       }
-      KILTER_CHECK(!entries.empty(), "input directory " << path << " holds no regular files");
+      KILTER_USER_CHECK(!entries.empty(), "input directory " << path << " holds no regular files");
       std::sort(entries.begin(), entries.end());
       for (const std::string& entry : entries) files.push_back({entry, fs::file_size(entry)});
     } else {
-      KILTER_CHECK(fs::is_regular_file(status), "input " << path << " is not a regular file");
+      KILTER_USER_CHECK(fs::is_regular_file(status), "input " << path << " is not a regular file");
       files.push_back({path, fs::file_size(path)});
     }
   }
@@ -59,7 +62,7 @@ using File = std::unique_ptr<FILE, FileCloser>;
 
 File open_input(const std::string& path) {
   File file(std::fopen(path.c_str(), "rb"));
-  KILTER_CHECK(file, "input " << path << ": cannot open (" << std::strerror(errno) << ")");
+  KILTER_USER_CHECK(file, "input " << path << ": cannot open (" << std::strerror(errno) << ")");
   return file;
 }
 
@@ -184,10 +187,10 @@ void read_jsonl_file(const InputFile& input, DocumentTracker& doc) {
     try {
       record = nlohmann::json::parse(text, text + size);
     } catch (const nlohmann::json::exception& e) {
-      KILTER_FAIL("input " << input.path << ":" << lines.line_number() << ": not valid JSON ("
+      KILTER_USER_FAIL("input " << input.path << ":" << lines.line_number() << ": not valid JSON ("
                            << e.what() << ")");
     }
-    KILTER_CHECK(record.is_object() && record.contains("text") && record["text"].is_string(),
+    KILTER_USER_CHECK(record.is_object() && record.contains("text") && record["text"].is_string(),
                  "input " << input.path << ":" << lines.line_number()
                           << ": expected an object with a string field \"text\"");
     const std::string& value = record["text"].get_ref<const std::string&>();

@@ -1,6 +1,6 @@
 // Division of one global step's pieces among P ranks by cost, piece by piece, and the packing of
 // each rank's share into as few micro-batches of at most max_tokens tokens as it can
-// (DESIGN.md, "Batch plan"). A pure function of (pieces, cost model, max_tokens, P): every rank
+// (docs/design.md, "Batch plan"). A pure function of (pieces, cost model, max_tokens, P): every rank
 // computes the same division. Internal to lib/balance; build_epoch_plan() runs it step by step.
 #pragma once
 #include <cstdint>

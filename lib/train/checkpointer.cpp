@@ -50,7 +50,8 @@ std::string make_directories(const std::string& path) {
 }
 
 // Rank `root`'s outcome ("" = success) reaches every rank; every rank throws the same error.
-void share_outcome(MPI_Comm world, int root, const std::string& local_error, const std::string& what) {
+void share_outcome(MPI_Comm world, int root, const std::string& local_error, const std::string& what,
+                   ErrorKind kind = ErrorKind::internal) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   long long length = rank == root ? (long long)local_error.size() : 0;
@@ -58,8 +59,8 @@ void share_outcome(MPI_Comm world, int root, const std::string& local_error, con
   if (length == 0) return;
   std::string message = rank == root ? local_error : std::string(size_t(length), '\0');
   MPI_Bcast(message.data(), int(length), MPI_CHAR, root, world);
-  if (rank == root) KILTER_FAIL(message);
-  KILTER_FAIL(what << " failed on rank " << root << ": " << message);
+  if (rank == root) KILTER_FAIL_KIND(kind, message);
+  KILTER_FAIL_KIND(kind, what << " failed on rank " << root << ": " << message);
 }
 
 // MPI counts are int: large buffers go in slices.
@@ -393,7 +394,8 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
                                                   "(--resume takes the newest complete one)");
     }
   }
-  share_outcome(world, 0, problem, "loading checkpoint " + path);
+  // The file the user named (damaged, or of another config): its message says what to do.
+  share_outcome(world, 0, problem, "loading checkpoint " + path, ErrorKind::user);
 
   long long scalars[6] = {info.step, info.epoch, info.step_in_epoch, (long long)info.seed,
                           (long long)info.config_hash, info.world_size};
