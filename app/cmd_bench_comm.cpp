@@ -58,10 +58,10 @@ Parsed parse(int argc, char** argv) {
   // clang-format on
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::store(parse_exact(argc, argv, desc, "kilter bench-comm"), vm);
     po::notify(vm);
   } catch (po::error& e) {
-    KILTER_FAIL(program_options_message(e));
+    KILTER_USER_FAIL(program_options_message(e));
   }
   if (vm.count("help")) {
     if (launcher_rank() == 0) std::cout << kUsage << "\n\n" << desc << "\n";

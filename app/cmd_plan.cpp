@@ -7,6 +7,7 @@
 
 #include <boost/program_options.hpp>
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -177,11 +178,11 @@ int cmd_plan(int argc, char** argv) {
     if (!sampler.empty()) cfg.data.sampler = sampler;
     if (!data_dir.empty()) cfg.data.dir = data_dir;
     cfg.validate();
-    KILTER_CHECK(world_size >= 1, "--world-size " << world_size << ": must be >= 1");
+    KILTER_USER_CHECK(world_size >= 1, "--world-size " << world_size << ": must be >= 1");
     if (ranks_per_node <= 0) ranks_per_node = cfg.comm.ranks_per_node > 0 ? cfg.comm.ranks_per_node : world_size;
-    KILTER_CHECK(ranks_per_node >= 1 && world_size % ranks_per_node == 0,
+    KILTER_USER_CHECK(ranks_per_node >= 1 && world_size % ranks_per_node == 0,
                  "--ranks-per-node " << ranks_per_node << ": must divide --world-size " << world_size);
-    KILTER_CHECK(lengths_spec.empty() != (cfg.data.dir.empty() && cfg.data.sources.empty()),
+    KILTER_USER_CHECK(lengths_spec.empty() != (cfg.data.dir.empty() && cfg.data.sources.empty()),
                  "give either --data DIR (or --data.dir, or a mixture --data.sources) or --lengths SPEC --docs N, "
                  "not both and not neither");
 
@@ -256,7 +257,10 @@ int cmd_plan(int argc, char** argv) {
                     "train.tokens_per_step (e.g. to %llu) to balance",
                     world_size, s.cost_imbalance_bound_p95,
                     double(opts.tokens_per_step) / double(world_size) / double(opts.context),
-                    static_cast<unsigned long long>(2 * opts.tokens_per_step));
+                    // Never below what the idle-rank warning asks (>= world size x block_size), so the
+                    // two suggestions agree.
+                    static_cast<unsigned long long>(std::max<uint64_t>(
+                        2 * uint64_t(opts.tokens_per_step), 2 * uint64_t(world_size) * uint64_t(opts.context))));
       warnings.push_back(line);
     }
     if (s.steps_per_epoch == 0) warnings.push_back("the plan has no steps: the split holds no tokens");
@@ -351,7 +355,7 @@ int cmd_plan(int argc, char** argv) {
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "kilter plan: %s\n", e.what());
-    return 1;
+    return e.is_user_error() ? 2 : 1;
   }
 }
 

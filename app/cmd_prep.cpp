@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -41,17 +42,32 @@ void print_report(const io::PrepReport& report, const char* what) {
 
 // Parses argv with `desc` (+ positional), printing help for --help. Returns false on --help.
 bool parse(int argc, char** argv, po::options_description& desc, po::variables_map& vm,
-           const char* usage, const po::positional_options_description* positional = nullptr) {
-  po::command_line_parser parser(argc, argv);
-  parser.options(desc);
-  if (positional) parser.positional(*positional);
-  po::store(parser.run(), vm);
+           const char* usage, const std::string& help_command,
+           const po::positional_options_description* positional = nullptr) {
+  po::store(parse_exact(argc, argv, desc, help_command, positional), vm);
   if (vm.count("help")) {
     std::cout << usage << "\n" << desc << "\n";
     return false;
   }
   po::notify(vm);
   return true;
+}
+
+// The format the inputs' extensions name (.jsonl/.json: jsonl, .txt: text), "" when they name
+// none or disagree. Directories are not looked into.
+std::string format_of_extensions(const std::vector<std::string>& inputs) {
+  std::string found;
+  for (const std::string& input : inputs) {
+    const std::string ext = std::filesystem::path(input).extension().string();
+    std::string format;
+    if (ext == ".jsonl" || ext == ".json") format = "jsonl";
+    else if (ext == ".txt") format = "text";
+    else if (std::filesystem::is_directory(input) || ext.empty()) continue;
+    else return "";
+    if (!found.empty() && found != format) return "";
+    found = format;
+  }
+  return found;
 }
 
 int prep_corpus(int argc, char** argv) {
@@ -92,8 +108,21 @@ int prep_corpus(int argc, char** argv) {
              "from the tokenizer (its </s>, <|endoftext|>, <|end_of_text|> or <eos>; a tokenizer with\n"
              "none gets one extra id, eos_id = its vocabulary size). No BOS or other special token is\n"
              "added. The file is recorded in index.h5, so training and sampling decode with it.\n"
-             "Empty documents (and documents that encode to no ids) are dropped and counted."))
+             "Empty documents (and documents that encode to no ids) are dropped and counted.",
+             "kilter prep"))
     return 0;
+  // A .jsonl file read as text would become one document of raw JSON: the extension decides when
+  // --format is not given, and a --format that disagrees gets a warning.
+  const std::string by_extension = format_of_extensions(options.inputs);
+  if (vm["format"].defaulted() && !by_extension.empty()) {
+    if (by_extension != format && !quiet)
+      std::fprintf(stderr, "kilter prep: --format %s, from the inputs' extension (give --format to override)\n",
+                   by_extension.c_str());
+    format = by_extension;
+  } else if (!by_extension.empty() && by_extension != format) {
+    std::fprintf(stderr, "kilter prep: warning: --format %s, but the inputs' extension says %s; reading them as %s\n",
+                 format.c_str(), by_extension.c_str(), format.c_str());
+  }
   options.format = io::parse_input_format(format);
   options.progress = !quiet;
   print_report(io::prepare_dataset(options), "prep");
@@ -120,7 +149,8 @@ int prep_synth(int argc, char** argv) {
   po::variables_map vm;
   if (!parse(argc, argv, desc, vm,
              "usage: kilter prep synth --docs N --lengths lognormal:MU,SIGMA[,MAX]|uniform:MIN,MAX "
-             "--vocab V --shards N --seed S --out DIR"))
+             "--vocab V --shards N --seed S --out DIR",
+             "kilter prep synth"))
     return 0;
   options.progress = !quiet;
   print_report(io::synthesize_dataset(options), "prep synth");
@@ -150,7 +180,8 @@ int prep_tokenizer_train(int argc, char** argv) {
   if (!parse(argc, argv, desc, vm,
              "usage: kilter prep tokenizer train --input PATH... --vocab N [--kind bpe|unigram] --out FILE.model\n\n"
              "Trains a SentencePiece model with the library's trainer on the lines of the corpus\n"
-             "(read as kilter prep reads it); use it with kilter prep --tokenizer FILE.model."))
+             "(read as kilter prep reads it); use it with kilter prep --tokenizer FILE.model.",
+             "kilter prep tokenizer train"))
     return 0;
   options.format = io::parse_input_format(format);
   options.progress = !quiet;
@@ -168,7 +199,7 @@ int prep_validate(int argc, char** argv) {
   po::options_description desc("options");
   desc.add_options()
       ("help,h", "show this help")
-      ("dir", po::value(&dir)->required(), "dataset directory (also the first positional argument)");
+      ("dir", po::value(&dir), "dataset directory (the positional argument DIR)");
   po::positional_options_description positional;
   positional.add("dir", 1);
   po::variables_map vm;
@@ -176,8 +207,9 @@ int prep_validate(int argc, char** argv) {
              "usage: kilter prep validate DIR\n\n"
              "Checks index.h5 and every shard: attributes, dtypes, layout, offsets, token range and\n"
              "content hashes. Prints OK or one line per problem; exits 1 on problems.",
-             &positional))
+             "kilter prep validate", &positional))
     return 0;
+  if (dir.empty()) throw po::error("prep validate needs the dataset directory: kilter prep validate DIR");
   std::vector<std::string> problems = io::validate_dataset(dir);
   if (problems.empty()) {
     io::DatasetIndex index = io::read_index_file(dir);
@@ -195,6 +227,12 @@ int prep_validate(int argc, char** argv) {
 }  // namespace
 
 int cmd_prep(int argc, char** argv) {
+  // The help that fits the subcommand, for option errors.
+  std::string help = "kilter prep --help";
+  if (argc >= 2 && (!std::strcmp(argv[1], "synth") || !std::strcmp(argv[1], "validate")))
+    help = std::string("kilter prep ") + argv[1] + " --help";
+  else if (argc >= 2 && !std::strcmp(argv[1], "tokenizer"))
+    help = "kilter prep tokenizer train --help";
   try {
     if (argc >= 2 && !std::strcmp(argv[1], "synth")) return prep_synth(argc - 1, argv + 1);
     if (argc >= 2 && !std::strcmp(argv[1], "validate")) return prep_validate(argc - 1, argv + 1);
@@ -207,7 +245,11 @@ int cmd_prep(int argc, char** argv) {
     if (prep_is_import(argc, argv)) return prep_import(argc, argv);
     return prep_corpus(argc, argv);
   } catch (po::error& e) {
-    std::fprintf(stderr, "kilter prep: %s (see kilter prep --help)\n", program_options_message(e).c_str());
+    const std::string message = program_options_message(e);
+    if (message.find("--help") != std::string::npos)  // names its help already
+      std::fprintf(stderr, "kilter prep: %s\n", message.c_str());
+    else
+      std::fprintf(stderr, "kilter prep: %s (see %s)\n", message.c_str(), help.c_str());
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "kilter prep: error: %s\n", e.what());

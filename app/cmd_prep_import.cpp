@@ -10,6 +10,7 @@
 
 #include "app/commands.h"
 #include "io/import/import.h"
+#include "lib/core/config.h"
 
 namespace po = boost::program_options;
 
@@ -23,6 +24,17 @@ bool prep_is_import(int argc, char** argv) {
   }
   return false;
 }
+
+namespace {
+std::string format_argument(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--format=", 0) == 0) return arg.substr(9);
+    if (arg == "--format" && i + 1 < argc) return argv[i + 1];
+  }
+  return "";
+}
+}  // namespace
 
 int prep_import(int argc, char** argv) {
   io::ImportOptions options;
@@ -50,7 +62,7 @@ int prep_import(int argc, char** argv) {
       ("force", po::bool_switch(&options.force), "replace an existing non-empty output directory")
       ("quiet", po::bool_switch(&quiet), "no progress on stderr");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  po::store(parse_exact(argc, argv, desc, "kilter prep --format " + format_argument(argc, argv)), vm);
   if (vm.count("help")) {
     std::cout << "usage: kilter prep --format llmc|nanogpt|megatron|npy --input FILE... [--eot ID] [--vocab V]\n"
                  "                   [--tokenizer FILE] --shards N --out DIR\n\n"

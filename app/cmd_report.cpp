@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "app/commands.h"
 #include "io/error.h"
@@ -16,31 +17,63 @@ namespace po = boost::program_options;
 
 namespace kilter::app {
 
+namespace {
+void write_html(const std::string& path, const std::string& html) {
+  std::ofstream out(path);
+  KILTER_USER_CHECK(out, "cannot create " << path << ": check that its folder exists and is writable");
+  out << html;
+  out.close();
+  KILTER_USER_CHECK(out, "cannot write " << path << " (disk full?)");
+}
+}  // namespace
+
 int cmd_report(int argc, char** argv) {
   const char* usage =
-      "usage: kilter report RUN_DIR [--html PATH] [--json]\n\n"
+      "usage: kilter report RUN_DIR [--html PATH] [--json]\n"
+      "       kilter report --compare RUN_A RUN_B ... [--html PATH]\n\n"
       "Reads RUN_DIR/metrics/rank-*.csv, summary.json and config.ini of a kilter train run (finished or\n"
       "not), prints per-rank phase times, the straggler verdict, stalls and the plan statistics, and\n"
       "writes a self-contained report.html (charts: rank x step heatmap, phases per rank, loss,\n"
-      "tokens/s). See docs/diagnostics.md.";
+      "tokens/s, train and eval loss against tokens from metrics/train.csv). Stalls caused by evaluation,\n"
+      "checkpoints or samples are named. --compare puts runs side by side on one page (default\n"
+      "compare.html): loss curves, tokens/s, and throughput, balance and phase figures. See docs/diagnostics.md.";
   std::string run_dir, html_path;
   bool json = false;
+  std::vector<std::string> compare;
   po::options_description desc("options");
   desc.add_options()
       ("help,h", "show this help")
       ("run-dir", po::value(&run_dir), "run directory (the positional argument)")
       ("html", po::value(&html_path), "where to write the HTML report (default RUN_DIR/report.html)")
-      ("json", po::bool_switch(&json), "print the recomputed statistics as JSON instead of text");
+      ("json", po::bool_switch(&json), "print the recomputed statistics as JSON instead of text")
+      ("compare", po::value(&compare)->multitoken(), "RUN_A RUN_B ...: the runs side by side on one page");
   po::positional_options_description positional;
   positional.add("run-dir", 1);
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
+    po::store(parse_exact(argc, argv, desc, "kilter report", &positional), vm);
     if (vm.count("help")) {
       std::cout << usage << "\n\n" << desc << "\n";
       return 0;
     }
     po::notify(vm);
+    if (!compare.empty()) {
+      if (!run_dir.empty()) compare.insert(compare.begin(), run_dir);
+      if (compare.size() < 2) {
+        std::cerr << "kilter report: --compare needs at least two run directories\n" << usage << "\n";
+        return 2;
+      }
+      std::vector<diag::RunData> runs;
+      std::vector<nlohmann::json> stats;
+      for (const std::string& dir : compare) {
+        runs.push_back(diag::load_run(dir));
+        stats.push_back(diag::recompute_statistics(runs.back()));
+      }
+      if (html_path.empty()) html_path = "compare.html";
+      write_html(html_path, diag::compare_html(runs, stats));
+      std::cout << diag::compare_text(runs, stats) << "\nreport: " << html_path << "\n";
+      return 0;
+    }
     if (run_dir.empty()) {
       std::cerr << "kilter report: RUN_DIR is required\n" << usage << "\n";
       return 2;
@@ -48,13 +81,7 @@ int cmd_report(int argc, char** argv) {
     diag::RunData run = diag::load_run(run_dir);
     nlohmann::json stats = diag::recompute_statistics(run);
     if (html_path.empty()) html_path = run_dir + "/report.html";
-    {
-      std::ofstream out(html_path);
-      KILTER_CHECK(out, "kilter report: cannot create " << html_path);
-      out << diag::report_html(run, stats);
-      out.close();
-      KILTER_CHECK(out, "kilter report: cannot write " << html_path);
-    }
+    write_html(html_path, diag::report_html(run, stats));
     if (json) {
       std::cout << stats.dump(2) << "\n";
     } else {
@@ -65,6 +92,9 @@ int cmd_report(int argc, char** argv) {
   } catch (po::error& e) {
     std::cerr << "kilter report: " << program_options_message(e) << "\n";
     return 2;
+  } catch (const Error& e) {
+    std::cerr << "kilter report: " << e.what() << "\n";
+    return e.is_user_error() ? 2 : 1;
   } catch (const std::exception& e) {
     std::cerr << "kilter report: " << e.what() << "\n";
     return 1;

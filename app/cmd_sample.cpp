@@ -11,6 +11,7 @@
 
 #include "app/commands.h"
 #include "io/error.h"
+#include "lib/core/config.h"
 #include "lib/model/gemm.h"
 #include "lib/train/sampling.h"
 
@@ -60,7 +61,7 @@ int run_sample(int argc, char** argv) {
       ("threads", po::value(&threads)->default_value(0), "GEMM threads (0: the engine's default, OMP_NUM_THREADS for oneDNN)")
       ("json", po::bool_switch(&json), "print one JSON object: prompt, completion, tokens, stop_reason, timings");
   po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  po::store(parse_exact(argc, argv, desc, "kilter sample"), vm);
   if (vm.count("help")) {
     std::cout << "usage: kilter sample (--run RUN_DIR | --checkpoint FILE) --prompt TEXT [--max-new-tokens N]\n"
                  "                     [--temperature T] [--top-k K] [--seed S] [--json]\n\n"
@@ -131,7 +132,7 @@ int cmd_sample(int argc, char** argv) {
   try {
     return run_sample(argc, argv);
   } catch (const po::error& e) {
-    std::fprintf(stderr, "kilter sample: %s (see kilter sample --help)\n", e.what());
+    std::fprintf(stderr, "kilter sample: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kilter sample: error: %s\n", e.what());

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "io/did_you_mean.h"
 
 static void print_usage() {
   std::printf(
@@ -33,7 +34,9 @@ int main(int argc, char** argv) {
   if (cmd == "export") return kilter::app::cmd_export(argc - 1, argv + 1);
   if (cmd == "report") return kilter::app::cmd_report(argc - 1, argv + 1);
   if (cmd == "bench-comm") return kilter::app::cmd_bench_comm(argc - 1, argv + 1);
-  std::fprintf(stderr, "kilter: unknown command '%s'\n\n", cmd.c_str());
+  const std::string hint = kilter::did_you_mean_hint(
+      cmd, {"prep", "plan", "train", "sample", "report", "bench-comm", "version"}, "kilter ");
+  std::fprintf(stderr, "kilter: unknown command '%s'%s\n\n", cmd.c_str(), hint.c_str());
   print_usage();
   return 2;
 }

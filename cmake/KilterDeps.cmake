@@ -81,8 +81,30 @@ if(NOT ENABLE_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # The GPUs to compile for: the ones in this machine when nvidia-smi sees any ("native", CMake
+    # >= 3.24), else A100 and H100/H200 (80;90). -DCMAKE_CUDA_ARCHITECTURES=86;89 (A40, L40) etc.
+    # overrides; the choice is printed, since a kernel built for another GPU fails only at run time.
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)   # H100/H200; override with -DCMAKE_CUDA_ARCHITECTURES
+      set(_kilter_gpu_seen OFF)
+      find_program(KILTER_NVIDIA_SMI nvidia-smi)
+      if(KILTER_NVIDIA_SMI)
+        execute_process(COMMAND ${KILTER_NVIDIA_SMI} -L RESULT_VARIABLE _smi_rc OUTPUT_VARIABLE _smi_out
+                        ERROR_QUIET TIMEOUT 20)
+        if(_smi_rc EQUAL 0 AND _smi_out MATCHES "GPU [0-9]")
+          set(_kilter_gpu_seen ON)
+        endif()
+      endif()
+      if(_kilter_gpu_seen AND CMAKE_VERSION VERSION_GREATER_EQUAL 3.24)
+        set(CMAKE_CUDA_ARCHITECTURES native)
+        set(_kilter_arch_why "the GPUs nvidia-smi sees")
+      else()
+        set(CMAKE_CUDA_ARCHITECTURES "80;90")
+        set(_kilter_arch_why "no GPU visible at configure time: A100 and H100/H200")
+      endif()
+      message(STATUS "kilter: CMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES} (${_kilter_arch_why}; "
+                     "set -DCMAKE_CUDA_ARCHITECTURES=... for other GPUs, e.g. 86;89 for A40/L40)")
+    else()
+      message(STATUS "kilter: CMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES} (given)")
     endif()
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)

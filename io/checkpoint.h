@@ -1,4 +1,4 @@
-// The checkpoint file format (DESIGN.md "Run directory"; issue 8): one HDF5 file per checkpoint,
+// The checkpoint file format (docs/design.md "Run directory"; issue 8): one HDF5 file per checkpoint,
 // RUN_DIR/checkpoints/step-NNNNNNNN.h5, readable by h5py without kilter:
 //   /params/<nanoGPT name>   float32, torch shape (Linear weights [out, in])
 //   /adam/m/<name>, /adam/v/<name>   AdamW first and second moments, same shapes

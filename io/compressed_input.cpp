@@ -25,7 +25,7 @@ struct InputStream::Codec {
 
 InputStream::InputStream(const std::string& path) : path_(path), codec_(std::make_unique<Codec>()) {
   file_ = std::fopen(path.c_str(), "rb");
-  KILTER_CHECK(file_, "input " << path << ": cannot open (" << std::strerror(errno) << ")");
+  KILTER_USER_CHECK(file_, "input " << path << ": cannot open (" << std::strerror(errno) << ")");
   raw_.resize(size_t(256) << 10);
   fill_raw();
   const unsigned char* m = raw_.data();
@@ -81,7 +81,7 @@ size_t InputStream::read(unsigned char* data, size_t size) {
     if (raw_begin_ == raw_end_ && fill_raw() == 0) {
       // The end of the file: it must end where a gzip member or zstd frame ends.
       const bool complete = kind_ == Kind::gzip ? codec_->z_member_done : codec_->zstd_last == 0;
-      KILTER_CHECK(complete, "input " << path_ << ": the " << kind() << " stream ends early (truncated file?)");
+      KILTER_USER_CHECK(complete, "input " << path_ << ": the " << kind() << " stream ends early (truncated file?)");
       return 0;
     }
     const size_t available = raw_end_ - raw_begin_;
@@ -96,7 +96,7 @@ size_t InputStream::read(unsigned char* data, size_t size) {
       z.next_out = data;
       z.avail_out = uInt(size);
       const int rc = inflate(&z, Z_NO_FLUSH);
-      KILTER_CHECK(rc == Z_OK || rc == Z_STREAM_END || rc == Z_BUF_ERROR,
+      KILTER_USER_CHECK(rc == Z_OK || rc == Z_STREAM_END || rc == Z_BUF_ERROR,
                    "input " << path_ << ": not valid gzip data near byte " << file_bytes_ << " ("
                             << (z.msg ? z.msg : "zlib error " + std::to_string(rc)) << ")");
       const size_t used = available - z.avail_in;
@@ -108,7 +108,7 @@ size_t InputStream::read(unsigned char* data, size_t size) {
       ZSTD_inBuffer in{raw_.data() + raw_begin_, available, 0};
       ZSTD_outBuffer out{data, size, 0};
       const size_t rc = ZSTD_decompressStream(codec_->zstd, &out, &in);
-      KILTER_CHECK(!ZSTD_isError(rc), "input " << path_ << ": not valid zstd data near byte " << file_bytes_ << " ("
+      KILTER_USER_CHECK(!ZSTD_isError(rc), "input " << path_ << ": not valid zstd data near byte " << file_bytes_ << " ("
                                                << ZSTD_getErrorName(rc) << ")");
       codec_->zstd_last = rc;
       raw_begin_ += in.pos;

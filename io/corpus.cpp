@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/compressed_input.h"
+#include "io/did_you_mean.h"
 #include "io/error.h"
 
 namespace kilter::io {
@@ -22,16 +23,18 @@ InputFormat parse_input_format(const std::string& name) {
   if (name == "text") return InputFormat::text;
   if (name == "jsonl") return InputFormat::jsonl;
   if (name == "fortune") return InputFormat::fortune;
-  KILTER_FAIL("--format: '" << name << "' is not one of text, jsonl, fortune");
+  const std::vector<std::string> formats = {"text", "jsonl", "fortune", "llmc", "nanogpt", "megatron", "npy"};
+  KILTER_USER_FAIL("--format " << name << ": not a format kilter prep reads" << did_you_mean_hint(name, formats)
+                   << " (documents: text | jsonl | fortune; already tokenized: llmc | nanogpt | megatron | npy)");
 }
 
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, InputFormat format) {
-  KILTER_CHECK(!paths.empty(), "--input: no input paths given");
+  KILTER_USER_CHECK(!paths.empty(), "--input: no input paths given");
   std::vector<InputFile> files;
   for (const std::string& path : paths) {
     std::error_code ec;
     fs::file_status status = fs::status(path, ec);
-    KILTER_CHECK(!ec && fs::exists(status), "input " << path << " does not exist");
+    KILTER_USER_CHECK(!ec && fs::exists(status), "input " << path << " does not exist");
     if (fs::is_directory(status)) {
       std::vector<std::string> entries;
       for (const fs::directory_entry& entry : fs::directory_iterator(path)) {
@@ -40,11 +43,11 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
         if (format == InputFormat::fortune && entry.path().extension() == ".dat") continue;
         entries.push_back(entry.path().string());
       }
-      KILTER_CHECK(!entries.empty(), "input directory " << path << " holds no regular files");
+      KILTER_USER_CHECK(!entries.empty(), "input directory " << path << " holds no regular files");
       std::sort(entries.begin(), entries.end());
       for (const std::string& entry : entries) files.push_back({entry, fs::file_size(entry)});
     } else {
-      KILTER_CHECK(fs::is_regular_file(status), "input " << path << " is not a regular file");
+      KILTER_USER_CHECK(fs::is_regular_file(status), "input " << path << " is not a regular file");
       files.push_back({path, fs::file_size(path)});
     }
   }
@@ -160,7 +163,7 @@ void read_jsonl_file(const InputFile& input, DocumentTracker& doc, const CorpusO
   // A bad line: skipped and counted while the budget lasts, else the error that names it.
   const auto bad_line = [&](const std::string& what) {
     const std::string place = input.path + ":" + std::to_string(lines.line_number()) + ": " + what;
-    KILTER_CHECK(counts.bad_lines < options.max_bad_lines,
+    KILTER_USER_CHECK(counts.bad_lines < options.max_bad_lines,
                  "input " << place << (options.max_bad_lines == 0 ? std::string()
                                                                   : "; that is more than --max-bad-lines " +
                                                                         std::to_string(options.max_bad_lines) + " bad lines")

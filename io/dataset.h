@@ -1,4 +1,4 @@
-// The dataset format (DESIGN.md, "Dataset format"): index.h5 + shard-NNNNN.h5, and the index
+// The dataset format (docs/design.md, "Dataset format"): index.h5 + shard-NNNNN.h5, and the index
 // every rank plans from. Owner: io (issue 3).
 #pragma once
 #include <cstdint>

@@ -23,13 +23,13 @@ void fsync_path(const std::string& path) {
 }  // namespace
 
 AtomicDirectory::AtomicDirectory(const std::string& out, bool force) {
-  KILTER_CHECK(!out.empty(), "--out: no output directory given");
+  KILTER_USER_CHECK(!out.empty(), "--out: no output directory given");
   fs::path target = fs::absolute(out).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
   std::error_code ec;
   if (fs::exists(target, ec)) {
-    KILTER_CHECK(fs::is_directory(target), "--out " << out << " exists and is not a directory");
-    KILTER_CHECK(force || fs::is_empty(target),
+    KILTER_USER_CHECK(fs::is_directory(target), "--out " << out << " exists and is not a directory");
+    KILTER_USER_CHECK(force || fs::is_empty(target),
                  "--out " << out << " exists and is not empty (pass --force to replace it)");
   }
   fs::create_directories(target.parent_path());

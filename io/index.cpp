@@ -1,5 +1,5 @@
 // index.h5: reading, writing and consistency checks of the dataset index, and load_index(),
-// the cheap check every rank runs before planning (DESIGN.md "Dataset format").
+// the cheap check every rank runs before planning (docs/design.md "Dataset format").
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>

@@ -28,8 +28,8 @@ namespace kilter::io {
 
 std::vector<uint64_t> assign_shards(const std::vector<uint32_t>& lengths, uint32_t num_shards) {
   const uint64_t num_docs = lengths.size();
-  KILTER_CHECK(num_shards >= 1, "--shards must be at least 1");
-  KILTER_CHECK(num_shards <= num_docs, "--shards " << num_shards << " exceeds the number of "
+  KILTER_USER_CHECK(num_shards >= 1, "--shards must be at least 1");
+  KILTER_USER_CHECK(num_shards <= num_docs, "--shards " << num_shards << " exceeds the number of "
                                                    << "non-empty documents (" << num_docs << ")");
   uint64_t total = 0;
   for (uint32_t length : lengths) total += length;
@@ -351,7 +351,7 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   sink.finish();
   tokenize_progress.update(sink.lengths.size(), first_pass.input_bytes);
   tokenize_progress.finish();
-  KILTER_CHECK(!sink.lengths.empty(),
+  KILTER_USER_CHECK(!sink.lengths.empty(),
                "the inputs hold no documents with tokens (" << first_pass.empty_documents
                    << " empty ones and " << sink.empty_documents
                    << " that encode to nothing were dropped)");
@@ -405,7 +405,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   CorpusCounts first_pass = read_corpus(inputs, options.format, collector, options.corpus);
   scan_progress.update(first_pass.documents, first_pass.input_bytes);
   scan_progress.finish();
-  KILTER_CHECK(first_pass.documents > 0,
+  KILTER_USER_CHECK(first_pass.documents > 0,
                "the inputs hold no non-empty documents (" << first_pass.empty_documents
                                                          << " empty ones were dropped)");
 
@@ -438,33 +438,33 @@ LengthDistribution LengthDistribution::parse(const std::string& spec) {
     while (std::getline(list, item, ',')) {
       char* end = nullptr;
       double value = std::strtod(item.c_str(), &end);
-      KILTER_CHECK(!item.empty() && end && *end == '\0',
+      KILTER_USER_CHECK(!item.empty() && end && *end == '\0',
                    "--lengths " << spec << ": '" << item << "' is not a number");
       values.push_back(value);
     }
   }
   LengthDistribution d;
   if (kind == "lognormal") {
-    KILTER_CHECK(values.size() == 2 || values.size() == 3,
+    KILTER_USER_CHECK(values.size() == 2 || values.size() == 3,
                  "--lengths " << spec << ": expected lognormal:MU,SIGMA[,MAX]");
     d.kind = Kind::lognormal;
     d.mu = values[0];
     d.sigma = values[1];
-    KILTER_CHECK(d.sigma >= 0, "--lengths " << spec << ": SIGMA must be >= 0");
+    KILTER_USER_CHECK(d.sigma >= 0, "--lengths " << spec << ": SIGMA must be >= 0");
     if (values.size() == 3) {
-      KILTER_CHECK(values[2] >= 1 && values[2] <= UINT32_MAX,
+      KILTER_USER_CHECK(values[2] >= 1 && values[2] <= UINT32_MAX,
                    "--lengths " << spec << ": MAX must be in [1, 2^32-1]");
       d.max = uint64_t(values[2]);
     }
   } else if (kind == "uniform") {
-    KILTER_CHECK(values.size() == 2, "--lengths " << spec << ": expected uniform:MIN,MAX");
-    KILTER_CHECK(values[0] >= 1 && values[1] >= values[0] && values[1] <= UINT32_MAX,
+    KILTER_USER_CHECK(values.size() == 2, "--lengths " << spec << ": expected uniform:MIN,MAX");
+    KILTER_USER_CHECK(values[0] >= 1 && values[1] >= values[0] && values[1] <= UINT32_MAX,
                  "--lengths " << spec << ": need 1 <= MIN <= MAX < 2^32");
     d.kind = Kind::uniform;
     d.min = uint64_t(values[0]);
     d.max = uint64_t(values[1]);
   } else {
-    KILTER_FAIL("--lengths " << spec << ": expected lognormal:MU,SIGMA[,MAX] or uniform:MIN,MAX");
+    KILTER_USER_FAIL("--lengths " << spec << ": expected lognormal:MU,SIGMA[,MAX] or uniform:MIN,MAX");
   }
   return d;
 }
@@ -502,8 +502,8 @@ uint64_t shard_seed(uint64_t seed, uint32_t shard) {
 
 PrepReport synthesize_dataset(const SynthOptions& options) {
   auto start = std::chrono::steady_clock::now();
-  KILTER_CHECK(options.docs >= 1, "--docs must be at least 1");
-  KILTER_CHECK(options.vocab >= 2, "--vocab must be at least 2 (one token plus EOS)");
+  KILTER_USER_CHECK(options.docs >= 1, "--docs must be at least 1");
+  KILTER_USER_CHECK(options.vocab >= 2, "--vocab must be at least 2 (one token plus EOS)");
   LengthDistribution distribution = LengthDistribution::parse(options.lengths);
 
   std::mt19937_64 length_rng(options.seed);

@@ -1,4 +1,4 @@
-// Writes one dataset shard (DESIGN.md "Dataset format") in a single streaming pass: the
+// Writes one dataset shard (docs/design.md "Dataset format") in a single streaming pass: the
 // document lengths are known in advance (prep's first pass), so /tokens is created contiguous at
 // its final size and filled in order through a bounded buffer while the content hash is updated.
 #pragma once

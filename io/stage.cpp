@@ -120,13 +120,13 @@ void fsync_directory(const std::string& dir) {
 
 StageReport stage_shards(const DatasetIndex& index, const std::string& stage_dir) {
   auto start = std::chrono::steady_clock::now();
-  KILTER_CHECK(!stage_dir.empty(), "data.stage_dir is empty");
+  KILTER_USER_CHECK(!stage_dir.empty(), "data.stage_dir is empty");
   std::error_code ec;
-  KILTER_CHECK(!fs::equivalent(index.dir, stage_dir, ec),
+  KILTER_USER_CHECK(!fs::equivalent(index.dir, stage_dir, ec),
                "data.stage_dir " << stage_dir << " is the dataset directory itself");
   const std::string in_place = "; or leave data.stage_dir empty to read " + index.dir + " in place";
   fs::create_directories(stage_dir, ec);
-  KILTER_CHECK(!ec && fs::is_directory(stage_dir),
+  KILTER_USER_CHECK(!ec && fs::is_directory(stage_dir),
                "data.stage_dir " << stage_dir << ": cannot create the directory ("
                                  << (ec ? ec.message() : std::string("a file of that name is in the way"))
                                  << "); set data.stage_dir to a writable node-local folder" << in_place);
@@ -151,7 +151,7 @@ StageReport stage_shards(const DatasetIndex& index, const std::string& stage_dir
     }
   }
   const int64_t available = free_bytes(stage_dir);
-  KILTER_CHECK(available < 0 || uint64_t(available) >= needed,
+  KILTER_USER_CHECK(available < 0 || uint64_t(available) >= needed,
                "data.stage_dir " << stage_dir << " is too small: staging needs " << human_bytes(needed) << ", "
                                  << human_bytes(uint64_t(available)) << " free; free space there, or set "
                                  << "data.stage_dir to a larger node-local disk" << in_place);

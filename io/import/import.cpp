@@ -36,7 +36,7 @@ ImportFormat parse_import_format(const std::string& name) {
   if (name == "nanogpt") return ImportFormat::nanogpt;
   if (name == "megatron") return ImportFormat::megatron;
   if (name == "npy") return ImportFormat::npy;
-  KILTER_FAIL("--format " << name << ": not an import format (llmc | nanogpt | megatron | npy)");
+  KILTER_USER_FAIL("--format " << name << ": not an import format (llmc | nanogpt | megatron | npy)");
 }
 
 const char* import_format_name(ImportFormat format) {
@@ -208,10 +208,10 @@ void warn(ImportReport& report, const std::string& text) {
 
 ImportReport import_dataset(const ImportOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  KILTER_CHECK(!options.inputs.empty(), "--input: no input files given");
-  KILTER_CHECK(options.shards >= 1, "--shards must be at least 1");
-  KILTER_CHECK(options.eot >= -1 && options.eot < int64_t(UINT32_MAX), "--eot " << options.eot << ": not a token id");
-  KILTER_CHECK(options.vocab >= 0 && options.vocab <= int64_t(UINT32_MAX), "--vocab " << options.vocab << ": out of range");
+  KILTER_USER_CHECK(!options.inputs.empty(), "--input: no input files given");
+  KILTER_USER_CHECK(options.shards >= 1, "--shards must be at least 1");
+  KILTER_USER_CHECK(options.eot >= -1 && options.eot < int64_t(UINT32_MAX), "--eot " << options.eot << ": not a token id");
+  KILTER_USER_CHECK(options.vocab >= 0 && options.vocab <= int64_t(UINT32_MAX), "--vocab " << options.vocab << ": out of range");
   ImportReport report;
 
   // Every input is opened and its structure checked before anything is written.
@@ -243,7 +243,7 @@ ImportReport import_dataset(const ImportOptions& options) {
     if (vocab == 0) vocab = tokenizer->vocab_size();
   }
   if (vocab > 0)
-    KILTER_CHECK(eot < vocab, "--eot " << eot << " is not below the vocabulary size " << vocab
+    KILTER_USER_CHECK(eot < vocab, "--eot " << eot << " is not below the vocabulary size " << vocab
                                        << (options.eot >= 0 ? "" : " (the EOT id is the format's convention; pass --eot ID)"));
   const char* limit_why = options.vocab > 0 ? "--vocab" : tokenizer ? "the vocabulary of --tokenizer" : "ids are stored as uint32";
 

@@ -1,6 +1,6 @@
 // `kilter prep --format llmc|nanogpt|megatron|npy`: imports corpora that another pipeline already
 // tokenized (llm.c `.bin`, nanoGPT's flat uint16 `.bin`, Megatron-LM's indexed `.idx`+`.bin`, a
-// 1-D integer `.npy`) into a kilter dataset (DESIGN.md, "Dataset format"). Inputs are memory-mapped
+// 1-D integer `.npy`) into a kilter dataset (docs/design.md, "Dataset format"). Inputs are memory-mapped
 // and streamed twice (document lengths, then tokens), so memory holds the document lengths only.
 // Documents are split at the EOT id (which is not stored: the reader appends eos_id after every
 // document) and, for Megatron, at its document index. Every structural fault of an input is an

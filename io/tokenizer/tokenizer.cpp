@@ -67,12 +67,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& kind, const std::st
 
 std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
-  KILTER_CHECK(file, "--tokenizer " << path << ": cannot open (" << std::strerror(errno) << ")");
+  KILTER_USER_CHECK(file, "--tokenizer " << path << ": cannot open (" << std::strerror(errno) << ")");
   std::ostringstream bytes;
   bytes << file.rdbuf();
-  KILTER_CHECK(!file.bad(), "--tokenizer " << path << ": read error");
+  KILTER_USER_CHECK(!file.bad(), "--tokenizer " << path << ": read error");
   std::string data = bytes.str();
-  KILTER_CHECK(!data.empty(), "--tokenizer " << path << ": the file is empty");
+  KILTER_USER_CHECK(!data.empty(), "--tokenizer " << path << ": the file is empty");
   if (looks_like_json(data)) return make_hf_bpe_tokenizer(data, path);
   return make_sentencepiece_tokenizer(data, path);
 }

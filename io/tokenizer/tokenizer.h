@@ -1,4 +1,4 @@
-// Tokenizers as the dataset records them (DESIGN.md, "Dataset format": index.h5 holds the kind
+// Tokenizers as the dataset records them (docs/design.md, "Dataset format": index.h5 holds the kind
 // and the tokenizer file's bytes): one interface for prep (encode), `kilter sample` and the
 // training samples (decode). The byte tokenizer is built in; "sentencepiece" and "hf-bpe" load
 // from the recorded file bytes; "imported" corpora may carry either, or none (ids only).

@@ -1,7 +1,7 @@
 // Division of one global step's pieces among P ranks by cost, piece by piece, then cuts of pieces
 // between ranks where a cut lowers the busiest rank's cost by more than it costs (issue 23), and
 // the packing of each rank's share into as few micro-batches of at most max_tokens tokens as it
-// can (DESIGN.md, "Batch plan"). A piece longer than max_tokens is always cut, one part per rank
+// can (docs/design.md, "Batch plan"). A piece longer than max_tokens is always cut, one part per rank
 // (context parallelism). A pure function of (pieces, cost model, max_tokens, P, cut_pieces):
 // every rank computes the same division. Internal to lib/balance; build_epoch_plan() runs it
 // step by step.

@@ -1,4 +1,4 @@
-// The balanced batch plan (DESIGN.md, "Batch plan"): documents cut to the context, the pieces
+// The balanced batch plan (docs/design.md, "Batch plan"): documents cut to the context, the pieces
 // shuffled from (seed, epoch), global steps of ~tokens_per_step target tokens cut from that order
 // (world-size independent), the tail dropped or redistributed, and each step divided among the
 // ranks piece by piece and packed (divide.cpp).

@@ -1,4 +1,4 @@
-// The batch plan (DESIGN.md, "Batch plan"): documents cut to the context, the pieces shuffled
+// The batch plan (docs/design.md, "Batch plan"): documents cut to the context, the pieces shuffled
 // from (seed, epoch) and cut into global steps of ~tokens_per_step target tokens whose piece sets
 // do not depend on the world size; each step's pieces are then divided among the P ranks piece by
 // piece by cost, and each rank's share packed into micro-batches of at most max_tokens tokens.
@@ -141,7 +141,7 @@ struct PlanStats {
   uint64_t dropped_pieces = 0;     // tail handling
   uint64_t dropped_tokens = 0;
   uint64_t empty_docs = 0;
-  // Beyond DESIGN.md's list:
+  // Beyond docs/design.md's list:
   uint64_t documents = 0;              // documents given to the plan (empty ones included)
   uint64_t micro_batches = 0;          // in the epoch's steps
   uint64_t target_tokens = 0;          // real target tokens in the epoch's steps

@@ -1,4 +1,4 @@
-// Statistics of an epoch plan (DESIGN.md's padding_efficiency, cost_imbalance_p50|p95|max,
+// Statistics of an epoch plan (docs/design.md's padding_efficiency, cost_imbalance_p50|p95|max,
 // steps_per_epoch, micro_batches_per_step, plus idle ranks and token figures) and the plan's
 // fingerprint that ranks compare to prove they planned the same epoch.
 #include <algorithm>

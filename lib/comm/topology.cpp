@@ -1,4 +1,4 @@
-// The node / cross-node layout of the ranks (DESIGN.md, "Communication"): which ranks share a
+// The node / cross-node layout of the ranks (docs/design.md, "Communication"): which ranks share a
 // node (MPI_Comm_split_type SHARED, or `comm.ranks_per_node` consecutive ranks so one machine can
 // stand in for several nodes), the communicator of ranks with the same local rank, and the checks
 // that keep a hierarchical reduction honest (uniform nodes, the launcher's task count).

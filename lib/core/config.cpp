@@ -1,19 +1,42 @@
 // Config keys, defaults, parsing and validation (see config.h).
 #include "lib/core/config.h"
 
+#include <boost/lexical_cast.hpp>
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <fstream>
 #include <set>
 #include <cmath>
 #include <map>
 #include <iostream>
 #include <sstream>
+#include <type_traits>
 
+#include "io/did_you_mean.h"
 #include "io/error.h"
 
 namespace po = boost::program_options;
 
 namespace kilter {
+
+namespace {
+// A default as `--help` and config.ini show it: the shortest text that reads back as the same
+// value (0.0003, not Boost's 17-digit 0.00029999999999999997).
+template <class T>
+std::string shortest_text(const T& value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    // The shortest text that reads back exactly, in plain decimals when that stays short
+    // (0.0003 rather than 3e-04), else in the shortest form (1e-08).
+    char text[400];
+    const auto fixed = std::to_chars(text, text + sizeof text, value, std::chars_format::fixed);
+    if (fixed.ec == std::errc() && fixed.ptr - text <= 8) return std::string(text, fixed.ptr);
+    const auto shortest = std::to_chars(text, text + sizeof text, value);
+    return std::string(text, shortest.ptr);
+  } else
+    return boost::lexical_cast<std::string>(value);
+}
+}  // namespace
 
 void add_config_options(po::options_description& desc, Config& c) {
   auto& m = c.model;
@@ -23,65 +46,66 @@ void add_config_options(po::options_description& desc, Config& c) {
   auto& o = c.output;
   // clang-format off
   desc.add_options()
-    ("model.n_layer", po::value(&m.n_layer)->default_value(m.n_layer), "transformer blocks")
-    ("model.n_head", po::value(&m.n_head)->default_value(m.n_head), "attention heads")
-    ("model.n_embd", po::value(&m.n_embd)->default_value(m.n_embd), "channels")
-    ("model.block_size", po::value(&m.block_size)->default_value(m.block_size), "context length in tokens; longer documents are cut")
-    ("model.vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size), "vocabulary (0: from the dataset index)")
-    ("data.dir", po::value(&d.dir)->default_value(d.dir), "dataset directory (index.h5 + shard-*.h5)")
-    ("data.sources", po::value(&d.sources)->default_value(d.sources), "weighted mixture of datasets instead of data.dir: DIR:W, DIR:W, ... (weights normalized; each step draws from every source by weight, sources wrap independently)")
-    ("data.max_tokens", po::value(&d.max_tokens)->default_value(d.max_tokens), "token budget of a micro-batch, padding included (tokens)")
-    ("data.prefetch", po::value(&d.prefetch)->default_value(d.prefetch), "micro-batches read ahead per rank")
-    ("data.reader_threads", po::value(&d.reader_threads)->default_value(d.reader_threads), "reader worker threads per rank")
-    ("data.sampler", po::value(&d.sampler)->default_value(d.sampler), "balanced | naive")
-    ("data.naive_batch_size", po::value(&d.naive_batch_size)->default_value(d.naive_batch_size), "naive sampler: sequences per rank per micro-batch")
-    ("data.eval_fraction", po::value(&d.eval_fraction)->default_value(d.eval_fraction), "share of documents held out for evaluation (0..0.5)")
-    ("data.tail", po::value(&d.tail)->default_value(d.tail), "last partial step of an epoch: drop | redistribute")
-    ("data.cost_a", po::value(&d.cost_a)->default_value(d.cost_a), "cost model: weight of computed tokens")
-    ("data.cost_b", po::value(&d.cost_b)->default_value(d.cost_b), "cost model: weight of sum(L^2) (<0: derived from the model shape)")
-    ("data.cost_c", po::value(&d.cost_c)->default_value(d.cost_c), "cost model: fixed cost of one micro-batch, in the unit of cost_a per token (<0: 256 x cost_a)")
-    ("data.cost_t", po::value(&d.cost_t)->default_value(d.cost_t), "cost model: per earlier token whose K/V a cut piece's later part receives, in the unit of cost_a per token (<0: from the model shape, comm.link_gbps and comm.device_tflops)")
-    ("data.cut_pieces", po::value(&d.cut_pieces)->default_value(d.cut_pieces), "balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost (pieces longer than data.max_tokens are always cut)")
-    ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir), "node-local directory to stage shards into (empty: read in place)")
-    ("train.steps", po::value(&t.steps)->default_value(t.steps), "total optimizer steps of the run")
-    ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step), "target tokens per global step, all ranks together")
-    ("train.lr", po::value(&t.lr)->default_value(t.lr), "peak learning rate")
-    ("train.min_lr_ratio", po::value(&t.min_lr_ratio)->default_value(t.min_lr_ratio), "final learning rate / peak (cosine)")
-    ("train.warmup", po::value(&t.warmup)->default_value(t.warmup), "linear warmup (steps)")
-    ("train.weight_decay", po::value(&t.weight_decay)->default_value(t.weight_decay), "AdamW decoupled weight decay (2-D weights only)")
-    ("train.beta1", po::value(&t.beta1)->default_value(t.beta1), "AdamW beta1")
-    ("train.beta2", po::value(&t.beta2)->default_value(t.beta2), "AdamW beta2")
-    ("train.eps", po::value(&t.eps)->default_value(t.eps), "AdamW epsilon")
-    ("train.grad_clip", po::value(&t.grad_clip)->default_value(t.grad_clip), "global gradient-norm clip (0: off)")
-    ("train.seed", po::value(&t.seed)->default_value(t.seed), "seed of initialization and data order")
-    ("train.precision", po::value(&t.precision)->default_value(t.precision), "fp32 | bf16 (bf16 GEMM inputs, fp32 accumulation and weights; on the cpu backend it needs AVX512_BF16 or AMX)")
-    ("train.backend", po::value(&t.backend)->default_value(t.backend), "auto | cpu | cuda")
-    ("train.attention", po::value(&t.attention)->default_value(t.attention), "CUDA attention engine: auto (cuDNN when usable, else cuBLASLt) | cudnn | cublaslt")
-    ("train.cuda_graphs", po::value(&t.cuda_graphs)->default_value(t.cuda_graphs), "replay each micro-batch shape as CUDA graphs (cuda backend, cuBLASLt attention shapes)")
-    ("train.threads", po::value(&t.threads)->default_value(t.threads), "BLAS threads per rank")
-    ("train.eval_every", po::value(&t.eval_every)->default_value(t.eval_every), "evaluate on the held-out split every N steps (0: off)")
-    ("train.eval_batches", po::value(&t.eval_batches)->default_value(t.eval_batches), "micro-batches per rank in one evaluation")
-    ("train.inject_delay", po::value(&t.inject_delay)->default_value(t.inject_delay), "diagnostics drill: RANK:SECONDS[:PHASE] makes one rank slow on purpose")
-    ("train.on_nonfinite", po::value(&t.on_nonfinite)->default_value(t.on_nonfinite), "non-finite loss or gradient norm: stop | skip")
-    ("train.init_from", po::value(&t.init_from)->default_value(t.init_from), "start from these weights: a Hugging Face GPT-2 directory (config.json + model.safetensors) or a kilter checkpoint (file or run directory); optimizer state and data position start fresh (empty: random init)")
-    ("train.init_vocab", po::value(&t.init_vocab)->default_value(t.init_vocab), "init_from weights whose vocabulary differs from the dataset's: strict (refuse) | resize (keep the first embedding rows, initialize the rest)")
-    ("comm.algo", po::value(&k.algo)->default_value(k.algo), "gradient reduction: flat | hierarchical")
-    ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
-    ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s), "a collective not done within this many seconds ends the job (s)")
-    ("comm.bucket_mb", po::value(&k.bucket_mb)->default_value(k.bucket_mb), "gradient bucket size (MiB)")
-    ("comm.overlap", po::value(&k.overlap)->default_value(k.overlap), "reduce gradient buckets while backward runs")
-    ("comm.link_gbps", po::value(&k.link_gbps)->default_value(k.link_gbps), "per-rank link rate of the K/V exchange of cut pieces (Gbit/s; InfiniBand NDR, one port per GPU: 400; HDR: 200)")
-    ("comm.device_tflops", po::value(&k.device_tflops)->default_value(k.device_tflops), "sustained rate of one rank (TFLOP/s; the plan's transfer cost; H100 bf16 ~400, a CPU core ~0.1)")
-    ("output.dir", po::value(&o.dir)->default_value(o.dir), "run directory")
-    ("output.log_every", po::value(&o.log_every)->default_value(o.log_every), "progress line every N steps")
-    ("output.checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every), "checkpoint every N steps (0: at the end and on signals only)")
-    ("output.keep_checkpoints", po::value(&o.keep_checkpoints)->default_value(o.keep_checkpoints), "checkpoints kept in RUN_DIR/checkpoints")
-    ("output.trace_steps", po::value(&o.trace_steps)->default_value(o.trace_steps), "steps recorded in the Chrome trace (0: none)")
-    ("output.stall_factor", po::value(&o.stall_factor)->default_value(o.stall_factor), "steps slower than this times the median are reported as stalls")
-    ("output.sample_every", po::value(&o.sample_every)->default_value(o.sample_every), "rank 0 prints a generated sample every N steps (0: off; CPU, KV cache)")
-    ("output.sample_tokens", po::value(&o.sample_tokens)->default_value(o.sample_tokens), "new tokens per training sample (stops early at EOS or the context)")
-    ("output.sample_temperature", po::value(&o.sample_temperature)->default_value(o.sample_temperature), "temperature of training samples (0: greedy); seed = train.seed + step")
-    ("output.sample_prompt", po::value(&o.sample_prompt)->default_value(o.sample_prompt), "prompt of training samples (empty: a new document, its first token drawn from the training documents' first tokens)");
+    ("model.n_layer", po::value(&m.n_layer)->default_value(m.n_layer, shortest_text(m.n_layer)), "transformer blocks")
+    ("model.n_head", po::value(&m.n_head)->default_value(m.n_head, shortest_text(m.n_head)), "attention heads")
+    ("model.n_embd", po::value(&m.n_embd)->default_value(m.n_embd, shortest_text(m.n_embd)), "channels")
+    ("model.block_size", po::value(&m.block_size)->default_value(m.block_size, shortest_text(m.block_size)), "context length in tokens; longer documents are cut")
+    ("model.vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size, shortest_text(m.vocab_size)), "vocabulary (0: from the dataset index)")
+    ("data.dir", po::value(&d.dir)->default_value(d.dir, shortest_text(d.dir)), "dataset directory (index.h5 + shard-*.h5)")
+    ("data.sources", po::value(&d.sources)->default_value(d.sources, shortest_text(d.sources)), "weighted mixture of datasets instead of data.dir: DIR:W, DIR:W, ... (weights normalized; each step draws from every source by weight, sources wrap independently)")
+    ("data.max_tokens", po::value(&d.max_tokens)->default_value(d.max_tokens, shortest_text(d.max_tokens)), "token budget of a micro-batch, padding included (tokens)")
+    ("data.prefetch", po::value(&d.prefetch)->default_value(d.prefetch, shortest_text(d.prefetch)), "micro-batches read ahead per rank")
+    ("data.reader_threads", po::value(&d.reader_threads)->default_value(d.reader_threads, shortest_text(d.reader_threads)), "reader worker threads per rank")
+    ("data.sampler", po::value(&d.sampler)->default_value(d.sampler, shortest_text(d.sampler)), "balanced | naive")
+    ("data.naive_batch_size", po::value(&d.naive_batch_size)->default_value(d.naive_batch_size, shortest_text(d.naive_batch_size)), "naive sampler: sequences per rank per micro-batch")
+    ("data.eval_fraction", po::value(&d.eval_fraction)->default_value(d.eval_fraction, shortest_text(d.eval_fraction)), "share of documents held out for evaluation (0..0.5)")
+    ("data.tail", po::value(&d.tail)->default_value(d.tail, shortest_text(d.tail)), "last partial step of an epoch: drop | redistribute")
+    ("data.cost_a", po::value(&d.cost_a)->default_value(d.cost_a, shortest_text(d.cost_a)), "cost model: weight of computed tokens")
+    ("data.cost_b", po::value(&d.cost_b)->default_value(d.cost_b, shortest_text(d.cost_b)), "cost model: weight of sum(L^2) (<0: derived from the model shape)")
+    ("data.cost_c", po::value(&d.cost_c)->default_value(d.cost_c, shortest_text(d.cost_c)), "cost model: fixed cost of one micro-batch, in the unit of cost_a per token (<0: 256 x cost_a)")
+    ("data.cost_t", po::value(&d.cost_t)->default_value(d.cost_t, shortest_text(d.cost_t)), "cost model: per earlier token whose K/V a cut piece's later part receives, in the unit of cost_a per token (<0: from the model shape, comm.link_gbps and comm.device_tflops)")
+    ("data.cut_pieces", po::value(&d.cut_pieces)->default_value(d.cut_pieces, shortest_text(d.cut_pieces)), "balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost (pieces longer than data.max_tokens are always cut)")
+    ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir, shortest_text(d.stage_dir)), "node-local directory to stage shards into (empty: read in place)")
+    ("train.steps", po::value(&t.steps)->default_value(t.steps, shortest_text(t.steps)), "total optimizer steps of the run")
+    ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step, shortest_text(t.tokens_per_step)), "target tokens per global step, all ranks together")
+    ("train.lr", po::value(&t.lr)->default_value(t.lr, shortest_text(t.lr)), "peak learning rate")
+    ("train.min_lr_ratio", po::value(&t.min_lr_ratio)->default_value(t.min_lr_ratio, shortest_text(t.min_lr_ratio)), "final learning rate / peak (cosine)")
+    ("train.warmup", po::value(&t.warmup)->default_value(t.warmup, shortest_text(t.warmup)), "linear warmup (steps)")
+    ("train.weight_decay", po::value(&t.weight_decay)->default_value(t.weight_decay, shortest_text(t.weight_decay)), "AdamW decoupled weight decay (2-D weights only)")
+    ("train.beta1", po::value(&t.beta1)->default_value(t.beta1, shortest_text(t.beta1)), "AdamW beta1")
+    ("train.beta2", po::value(&t.beta2)->default_value(t.beta2, shortest_text(t.beta2)), "AdamW beta2")
+    ("train.eps", po::value(&t.eps)->default_value(t.eps, shortest_text(t.eps)), "AdamW epsilon")
+    ("train.grad_clip", po::value(&t.grad_clip)->default_value(t.grad_clip, shortest_text(t.grad_clip)), "global gradient-norm clip (0: off)")
+    ("train.seed", po::value(&t.seed)->default_value(t.seed, shortest_text(t.seed)), "seed of initialization and data order")
+    ("train.precision", po::value(&t.precision)->default_value(t.precision, shortest_text(t.precision)), "fp32 | bf16 (bf16 GEMM inputs, fp32 accumulation and weights; on the cpu backend it needs AVX512_BF16 or AMX)")
+    ("train.backend", po::value(&t.backend)->default_value(t.backend, shortest_text(t.backend)), "auto | cpu | cuda")
+    ("train.attention", po::value(&t.attention)->default_value(t.attention, shortest_text(t.attention)), "CUDA attention engine: auto (cuDNN when usable, else cuBLASLt) | cudnn | cublaslt")
+    ("train.cuda_graphs", po::value(&t.cuda_graphs)->default_value(t.cuda_graphs, shortest_text(t.cuda_graphs)), "replay each micro-batch shape as CUDA graphs (cuda backend, cuBLASLt attention shapes)")
+    ("train.threads", po::value(&t.threads)->default_value(t.threads, shortest_text(t.threads)), "BLAS threads per rank")
+    ("train.eval_every", po::value(&t.eval_every)->default_value(t.eval_every, shortest_text(t.eval_every)), "evaluate on the held-out split every N steps (0: off)")
+    ("train.eval_batches", po::value(&t.eval_batches)->default_value(t.eval_batches, shortest_text(t.eval_batches)), "micro-batches per rank in one evaluation")
+    ("train.inject_delay", po::value(&t.inject_delay)->default_value(t.inject_delay, shortest_text(t.inject_delay)), "diagnostics drill: RANK:SECONDS[:PHASE] makes one rank slow on purpose")
+    ("train.on_nonfinite", po::value(&t.on_nonfinite)->default_value(t.on_nonfinite, shortest_text(t.on_nonfinite)), "non-finite loss or gradient norm: stop | skip")
+    ("train.init_from", po::value(&t.init_from)->default_value(t.init_from, shortest_text(t.init_from)), "start from these weights: a Hugging Face GPT-2 directory (config.json + model.safetensors) or a kilter checkpoint (file or run directory); optimizer state and data position start fresh (empty: random init)")
+    ("train.init_vocab", po::value(&t.init_vocab)->default_value(t.init_vocab, shortest_text(t.init_vocab)), "init_from weights whose vocabulary differs from the dataset's: strict (refuse) | resize (keep the first embedding rows, initialize the rest)")
+    ("comm.algo", po::value(&k.algo)->default_value(k.algo, shortest_text(k.algo)), "gradient reduction: flat | hierarchical")
+    ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node, shortest_text(k.ranks_per_node)), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
+    ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s, shortest_text(k.timeout_s)), "a collective not done within this many seconds ends the job (s)")
+    ("comm.bucket_mb", po::value(&k.bucket_mb)->default_value(k.bucket_mb, shortest_text(k.bucket_mb)), "gradient bucket size (MiB)")
+    ("comm.overlap", po::value(&k.overlap)->default_value(k.overlap, shortest_text(k.overlap)), "reduce gradient buckets while backward runs")
+    ("comm.link_gbps", po::value(&k.link_gbps)->default_value(k.link_gbps, shortest_text(k.link_gbps)), "per-rank link rate of the K/V exchange of cut pieces (Gbit/s; InfiniBand NDR, one port per GPU: 400; HDR: 200)")
+    ("comm.device_tflops", po::value(&k.device_tflops)->default_value(k.device_tflops, shortest_text(k.device_tflops)), "sustained rate of one rank (TFLOP/s; the plan's transfer cost; H100 bf16 ~400, a CPU core ~0.1)")
+    ("output.dir", po::value(&o.dir)->default_value(o.dir, shortest_text(o.dir)), "run directory")
+    ("output.log_every", po::value(&o.log_every)->default_value(o.log_every, shortest_text(o.log_every)), "progress line every N steps")
+    ("output.checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every, shortest_text(o.checkpoint_every)), "checkpoint every N steps (0: at the end and on signals only)")
+    ("output.checkpoint_minutes", po::value(&o.checkpoint_minutes)->default_value(o.checkpoint_minutes, shortest_text(o.checkpoint_minutes)), "also checkpoint when this many minutes passed since the last one (0: off); signals always checkpoint")
+    ("output.keep_checkpoints", po::value(&o.keep_checkpoints)->default_value(o.keep_checkpoints, shortest_text(o.keep_checkpoints)), "checkpoints kept in RUN_DIR/checkpoints")
+    ("output.trace_steps", po::value(&o.trace_steps)->default_value(o.trace_steps, shortest_text(o.trace_steps)), "steps recorded in the Chrome trace (0: none)")
+    ("output.stall_factor", po::value(&o.stall_factor)->default_value(o.stall_factor, shortest_text(o.stall_factor)), "steps slower than this times the median are reported as stalls")
+    ("output.sample_every", po::value(&o.sample_every)->default_value(o.sample_every, shortest_text(o.sample_every)), "rank 0 prints a generated sample every N steps (0: off; CPU, KV cache)")
+    ("output.sample_tokens", po::value(&o.sample_tokens)->default_value(o.sample_tokens, shortest_text(o.sample_tokens)), "new tokens per training sample (stops early at EOS or the context)")
+    ("output.sample_temperature", po::value(&o.sample_temperature)->default_value(o.sample_temperature, shortest_text(o.sample_temperature)), "temperature of training samples (0: greedy); seed = train.seed + step")
+    ("output.sample_prompt", po::value(&o.sample_prompt)->default_value(o.sample_prompt, shortest_text(o.sample_prompt)), "prompt of training samples (empty: a new document, its first token drawn from the training documents' first tokens)");
   // clang-format on
 }
 
@@ -93,11 +117,12 @@ static void check_one_of(const std::string& key, const std::string& v,
     if (!list.empty()) list += " | ";
     list += a;
   }
-  KILTER_FAIL("config key " << key << " = '" << v << "': expected " << list);
+  KILTER_USER_FAIL("config key " << key << " = '" << v << "': expected " << list
+                                   << did_you_mean_hint(v, std::vector<std::string>(allowed.begin(), allowed.end())));
 }
 
 #define KILTER_CHECK_KEY(cond, key, value, what) \
-  KILTER_CHECK(cond, "config key " << key << " = " << (value) << ": " << what)
+  KILTER_USER_CHECK(cond, "config key " << key << " = " << (value) << ": " << what)
 
 void Config::validate() const {
   KILTER_CHECK_KEY(model.n_layer >= 1, "model.n_layer", model.n_layer, "must be >= 1");
@@ -139,6 +164,9 @@ void Config::validate() const {
   check_one_of("train.attention", train.attention, {"auto", "cudnn", "cublaslt"});
   KILTER_CHECK_KEY(train.threads >= 1, "train.threads", train.threads, "must be >= 1");
   KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");
+  KILTER_CHECK_KEY(train.eval_every == 0 || data.eval_fraction > 0, "train.eval_every", train.eval_every,
+                   "needs held-out documents, but data.eval_fraction = 0: set data.eval_fraction (e.g. 0.05) "
+                   "or train.eval_every = 0");
   KILTER_CHECK_KEY(train.eval_batches >= 1, "train.eval_batches", train.eval_batches, "must be >= 1");
   check_one_of("train.on_nonfinite", train.on_nonfinite, {"stop", "skip"});
   check_one_of("train.init_vocab", train.init_vocab, {"strict", "resize"});
@@ -153,6 +181,7 @@ void Config::validate() const {
   KILTER_CHECK_KEY(comm.device_tflops > 0, "comm.device_tflops", comm.device_tflops, "must be > 0");
   KILTER_CHECK_KEY(output.log_every >= 1, "output.log_every", output.log_every, "must be >= 1");
   KILTER_CHECK_KEY(output.checkpoint_every >= 0, "output.checkpoint_every", output.checkpoint_every, "must be >= 0");
+  KILTER_CHECK_KEY(output.checkpoint_minutes >= 0, "output.checkpoint_minutes", output.checkpoint_minutes, "must be >= 0");
   KILTER_CHECK_KEY(output.keep_checkpoints >= 1, "output.keep_checkpoints", output.keep_checkpoints, "must be >= 1");
   KILTER_CHECK_KEY(output.trace_steps >= 0, "output.trace_steps", output.trace_steps, "must be >= 0");
   KILTER_CHECK_KEY(output.stall_factor > 1, "output.stall_factor", output.stall_factor, "must be > 1");
@@ -179,7 +208,6 @@ std::string Config::to_ini() const {
     // desc was built from `copy`, so each key's default is the value in force; format_parameter()
     // renders it as "arg (=VALUE)".
     os << name.substr(dot + 1) << " = ";
-    // format_parameter() gives "arg (=VALUE)"; take VALUE.
     std::string fp = opt->format_parameter();
     auto p = fp.find("(=");
     if (p != std::string::npos) os << fp.substr(p + 2, fp.size() - p - 3);
@@ -281,25 +309,131 @@ std::string program_options_message(po::error& e) {
   return e.what();
 }
 
+namespace {
+
+// Names other trainers (nanoGPT, Megatron-LM, Hugging Face) give to what kilter calls by another
+// name: the last part of an unknown key is looked up here before edit distance.
+const std::map<std::string, std::string>& key_aliases() {
+  static const std::map<std::string, std::string> aliases = {
+      {"learning_rate", "train.lr"},        {"max_iters", "train.steps"},
+      {"max_steps", "train.steps"},         {"train_iters", "train.steps"},
+      {"iters", "train.steps"},             {"warmup_iters", "train.warmup"},
+      {"warmup_steps", "train.warmup"},     {"lr_warmup_iters", "train.warmup"},
+      {"min_lr", "train.min_lr_ratio"},     {"batch_size", "train.tokens_per_step"},
+      {"global_batch_size", "train.tokens_per_step"}, {"micro_batch_size", "data.max_tokens"},
+      {"seq_len", "model.block_size"},      {"seq_length", "model.block_size"},
+      {"context_length", "model.block_size"}, {"max_seq_len", "model.block_size"},
+      {"num_layers", "model.n_layer"},      {"n_layers", "model.n_layer"},
+      {"num_attention_heads", "model.n_head"}, {"n_heads", "model.n_head"},
+      {"hidden_size", "model.n_embd"},      {"d_model", "model.n_embd"},
+      {"eval_interval", "train.eval_every"}, {"eval_iters", "train.eval_batches"},
+      {"log_interval", "output.log_every"}, {"save_interval", "output.checkpoint_every"},
+      {"out_dir", "output.dir"},            {"data_dir", "data.dir"},
+      {"data_path", "data.dir"},            {"clip_grad", "train.grad_clip"},
+      {"dtype", "train.precision"},         {"num_workers", "data.reader_threads"},
+  };
+  return aliases;
+}
+
+std::vector<std::string> long_names(const po::options_description& desc) {
+  std::vector<std::string> names;
+  for (const auto& opt : desc.options()) names.push_back(opt->long_name());
+  return names;
+}
+
+std::string strip_dashes(std::string name) {
+  while (!name.empty() && name.front() == '-') name.erase(0, 1);
+  const size_t eq = name.find('=');
+  return eq == std::string::npos ? name : name.substr(0, eq);
+}
+
+// The nearest known name (an alias of another trainer first), or "".
+std::string suggest_name(const std::string& unknown, const std::vector<std::string>& names) {
+  const size_t dot = unknown.rfind('.');
+  const std::string last = dot == std::string::npos ? unknown : unknown.substr(dot + 1);
+  auto alias = key_aliases().find(last);
+  if (alias != key_aliases().end() &&
+      std::find(names.begin(), names.end(), alias->second) != names.end())
+    return alias->second;
+  return did_you_mean(unknown, names);
+}
+
+bool names_world_size(const std::string& name) {
+  for (const char* w : {"world-size", "world_size", "world", "np", "nproc", "nprocs", "nproc_per_node",
+                        "nproc-per-node", "nnodes", "ranks", "num-ranks", "n"})
+    if (name == w) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string unknown_option_message(const std::string& option, const po::options_description& desc,
+                                   const std::string& help_command) {
+  const std::string name = strip_dashes(option);
+  const std::vector<std::string> names = long_names(desc);
+  std::ostringstream os;
+  os << "unknown option --" << name;
+  if (names_world_size(name) && std::find(names.begin(), names.end(), "world-size") == names.end()) {
+    os << ": the launcher sets the world size, not an option (mpirun -np 4 " << help_command
+       << " ..., or srun -n 4 ...)";
+    return os.str();
+  }
+  const std::string best = suggest_name(name, names);
+  if (!best.empty()) os << "; did you mean --" << best << "?";
+  os << " (" << help_command << " --help lists every option)";
+  return os.str();
+}
+
+int exact_option_style() {
+  return po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+}
+
+po::parsed_options parse_exact(int argc, char** argv, const po::options_description& desc,
+                               const std::string& help_command,
+                               const po::positional_options_description* positional) {
+  po::command_line_parser parser(argc, argv);
+  parser.options(desc).style(exact_option_style());
+  if (positional) parser.positional(*positional);
+  try {
+    return parser.run();
+  } catch (po::unknown_option& e) {
+    throw po::error(unknown_option_message(e.get_option_name(), desc, help_command));
+  }
+}
+
 static Config parse_impl(const std::string& ini_path, const std::string* ini_text) {
   Config cfg;
   po::options_description desc;
   add_config_options(desc, cfg);
   po::variables_map vm;
+  const std::string where = ini_text ? std::string("(text)") : ini_path;
   try {
     if (ini_text) {
       std::istringstream is(*ini_text);
       po::store(po::parse_config_file(is, desc, false), vm);
     } else {
       std::ifstream is(ini_path);
-      KILTER_CHECK(is, "cannot open config file " << ini_path);
+      KILTER_USER_CHECK(is, "cannot open config file " << ini_path);
       po::store(po::parse_config_file(is, desc, false), vm);
     }
     po::notify(vm);
+  } catch (po::unknown_option& e) {
+    KILTER_USER_FAIL("config file " << where << ": " << unknown_key_message(e.get_option_name(), desc));
   } catch (po::error& e) {
-    KILTER_FAIL("config file " << (ini_text ? std::string("(text)") : ini_path) << ": " << program_options_message(e));
+    KILTER_USER_FAIL("config file " << where << ": " << program_options_message(e));
   }
   return cfg;
+}
+
+std::string unknown_key_message(const std::string& key, const po::options_description& desc) {
+  const std::string best = suggest_name(strip_dashes(key), long_names(desc));
+  std::ostringstream os;
+  os << "unknown key " << strip_dashes(key);
+  if (!best.empty()) {
+    const size_t dot = best.find('.');
+    os << "; did you mean " << best << " ([" << best.substr(0, dot) << "] " << best.substr(dot + 1) << ")?";
+  }
+  return os.str();
 }
 
 static std::string trim_blanks(const std::string& s) {
@@ -333,6 +467,7 @@ Config config_from_ini_text(const std::string& text) { return parse_impl("", &te
 bool parse_command_line(int argc, char** argv, const std::string& usage,
                         po::options_description& extra, po::variables_map& vm, Config& cfg) {
   std::string config_file;
+  const std::string command = std::string("kilter ") + (argc > 0 ? argv[0] : "");
   po::options_description general("General");
   general.add_options()("help,h", "show this help")(
       "config", po::value(&config_file), "INI config file; --section.key=value overrides it");
@@ -341,7 +476,7 @@ bool parse_command_line(int argc, char** argv, const std::string& usage,
   po::options_description all;
   all.add(general).add(extra).add(keys);
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    po::store(parse_exact(argc, argv, all, command), vm);
     if (vm.count("help")) {
       std::cout << usage << "\n" << all << "\n";
       return false;
@@ -349,16 +484,18 @@ bool parse_command_line(int argc, char** argv, const std::string& usage,
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
       std::ifstream is(path);
-      KILTER_CHECK(is, "cannot open config file " << path);
+      KILTER_USER_CHECK(is, "cannot open config file " << path << " (--config): check the path");
       try {
         po::store(po::parse_config_file(is, keys, false), vm);
+      } catch (po::unknown_option& e) {
+        KILTER_USER_FAIL("config file " << path << ": " << unknown_key_message(e.get_option_name(), keys));
       } catch (po::error& e) {
-        KILTER_FAIL("config file " << path << ": " << program_options_message(e));
+        KILTER_USER_FAIL("config file " << path << ": " << program_options_message(e));
       }
     }
     po::notify(vm);
   } catch (po::error& e) {
-    KILTER_FAIL(program_options_message(e));
+    KILTER_USER_FAIL(program_options_message(e));
   }
   cfg.validate();
   return true;

@@ -8,7 +8,10 @@
 #include <utility>
 #include <vector>
 
-namespace boost { namespace program_options { class options_description; class variables_map; class error; } }
+namespace boost { namespace program_options {
+class options_description; class positional_options_description; class variables_map; class error;
+template <class charT> class basic_parsed_options;
+} }
 
 namespace kilter {
 
@@ -77,6 +80,7 @@ struct OutputConfig {
   std::string dir = "runs/kilter";
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;      // 0: only at the end of the run or on a signal
+  double checkpoint_minutes = 30;    // also when this many minutes passed since the last (0: off)
   int keep_checkpoints = 3;
   int64_t trace_steps = 50;          // steps recorded in trace/rank-N.json (0: none)
   double stall_factor = 2.0;         // a step slower than this times the median is a stall
@@ -116,6 +120,24 @@ bool parse_command_line(int argc, char** argv, const std::string& usage,
 // The message of a Boost.Program_options error, safe for any user text (Boost's own what() loops
 // forever on an option name or value that holds one of its %placeholders%).
 std::string program_options_message(boost::program_options::error& e);
+
+// Boost.Program_options' parser style without prefix guessing: `--train.step` is not taken for
+// train.steps, nor `--world` for --world-size. Every subcommand parses with it.
+int exact_option_style();
+
+// Parses a subcommand's argv with exact names (exact_option_style()). An unknown option becomes a
+// program_options error whose message names it, suggests the nearest option ("did you mean") and
+// points at `help_command --help`.
+boost::program_options::basic_parsed_options<char> parse_exact(
+    int argc, char** argv, const boost::program_options::options_description& desc, const std::string& help_command,
+    const boost::program_options::positional_options_description* positional = nullptr);
+
+// "unknown option --NAME; did you mean --X? (CMD --help lists every option)"; for a world-size
+// option that the command lacks, that the launcher sets it.
+std::string unknown_option_message(const std::string& option, const boost::program_options::options_description& desc,
+                                   const std::string& help_command);
+// "unknown key KEY; did you mean X ([section] key)?" for an INI file.
+std::string unknown_key_message(const std::string& key, const boost::program_options::options_description& desc);
 
 // Parses an INI file into cfg (keys absent from the file keep their defaults).
 Config parse_config_file(const std::string& path);

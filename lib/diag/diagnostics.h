@@ -1,4 +1,4 @@
-// Per-rank diagnostics (DESIGN.md, "Run directory"; issue 6): phase timers, the time each rank
+// Per-rank diagnostics (docs/design.md, "Run directory"; issue 6): phase timers, the time each rank
 // arrives at the gradient collective, metrics/rank-NNNNN.csv, trace/rank-NNNNN.json, live
 // straggler warnings on rank 0 and summary.json. Owner: diag (issue 6).
 #pragma once

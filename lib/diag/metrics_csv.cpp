@@ -2,6 +2,7 @@
 #include "lib/diag/metrics_csv.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -37,25 +38,45 @@ std::string metrics_csv_row(const StepRecord& r) {
                      r.device_peak_bytes, r.micro_batches, r.kv_tokens, r.kv_bytes, r.kv_wait_peer);
 }
 
-MetricsCsvWriter::MetricsCsvWriter(const std::string& path, bool append) : path_(path) {
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+CsvAppender::CsvAppender(const std::string& path, const std::string& header, bool append) : path_(path) {
+  if (!append) {
+    // A new run never truncates rows another run wrote (run_dir.h moves such a run aside first).
+    std::FILE* existing = std::fopen(path.c_str(), "r");
+    if (existing) {
+      std::fseek(existing, 0, SEEK_END);
+      const long size = std::ftell(existing);
+      std::fclose(existing);
+      KILTER_USER_CHECK(size <= 0, "metrics file " << path << " already holds rows of another run; it is kept: "
+                                                   << "continue that run, or start over with --force (moves it aside)");
+    }
+  }
+  file_ = std::fopen(path.c_str(), "a");
   KILTER_CHECK(file_, "cannot create metrics file " << path << ": " << std::strerror(errno));
   std::fseek(file_, 0, SEEK_END);
-  if (std::ftell(file_) == 0) {
-    std::fprintf(file_, "%s\n", metrics_csv_header().c_str());
-    std::fflush(file_);
-  }
+  if (std::ftell(file_) == 0) append_line(header);
 }
 
-MetricsCsvWriter::~MetricsCsvWriter() {
+CsvAppender::~CsvAppender() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsCsvWriter::append(const StepRecord& r) {
-  std::string row = metrics_csv_row(r);
-  row += '\n';
-  if (std::fwrite(row.data(), 1, row.size(), file_) != row.size() || std::fflush(file_) != 0)
+void CsvAppender::append_line(std::string line) {
+  line += '\n';
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     KILTER_FAIL("cannot write metrics file " << path_ << ": " << std::strerror(errno));
+}
+
+std::string train_csv_path(const std::string& run_dir) { return run_dir + "/metrics/train.csv"; }
+
+std::string train_csv_header() {
+  return "step,tokens,loss,lr,grad_norm,tokens_per_second,eval_loss,eval_perplexity,elapsed_seconds";
+}
+
+std::string train_csv_row(const TrainRow& r) {
+  std::string eval = ",";
+  if (std::isfinite(r.eval_loss)) eval = fmt::format("{:.9g},{:.9g}", r.eval_loss, std::exp(r.eval_loss));
+  return fmt::format("{},{:.0f},{:.9g},{:.9g},{:.9g},{:.9g},{},{:.3f}", r.step, r.tokens, r.loss, r.lr,
+                     r.grad_norm, r.tokens_per_second, eval, r.elapsed_seconds);
 }
 
 namespace {
@@ -132,6 +153,41 @@ std::vector<StepRecord> read_metrics_csv(const std::string& path, int rank) {
     rows.clear();
     for (const auto& kv : by_step) rows.push_back(kv.second);
   }
+  return rows;
+}
+
+std::vector<TrainRow> read_train_csv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::string line;
+  if (!std::getline(in, line)) return {};
+  const std::vector<std::string> header = split_csv_line(line);
+  std::map<std::string, size_t> col;
+  for (size_t i = 0; i < header.size(); ++i) col[header[i]] = i;
+  KILTER_USER_CHECK(col.count("step") && col.count("tokens") && col.count("loss"),
+                    "metrics file " << path << ": not a train.csv (no step, tokens, loss columns)");
+  std::map<int64_t, TrainRow> by_step;
+  for (size_t line_no = 2; std::getline(in, line); ++line_no) {
+    const std::vector<std::string> cells = split_csv_line(line);
+    if (cells.size() < header.size()) continue;  // a row cut short by a crash
+    auto num = [&](const char* name) -> double {
+      auto it = col.find(name);
+      if (it == col.end() || cells[it->second].empty()) return NAN;
+      return std::strtod(cells[it->second].c_str(), nullptr);
+    };
+    TrainRow r;
+    r.step = int64_t(num("step"));
+    r.tokens = num("tokens");
+    r.loss = num("loss");
+    r.lr = num("lr");
+    r.grad_norm = num("grad_norm");
+    r.tokens_per_second = num("tokens_per_second");
+    r.eval_loss = num("eval_loss");
+    r.elapsed_seconds = num("elapsed_seconds");
+    by_step[r.step] = r;
+  }
+  std::vector<TrainRow> rows;
+  for (const auto& kv : by_step) rows.push_back(kv.second);
   return rows;
 }
 

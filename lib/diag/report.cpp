@@ -56,12 +56,12 @@ std::string json_number(const nlohmann::json& j, const char* key, const char* fo
 RunData load_run(const std::string& run_dir) {
   RunData run;
   run.run_dir = run_dir;
-  KILTER_CHECK(fs::is_directory(run_dir), "kilter report: " << run_dir << " is not a directory");
+  KILTER_USER_CHECK(fs::is_directory(run_dir), run_dir << " is not a directory: name the output.dir of a kilter train run");
   const std::string summary_path = run_dir + "/summary.json";
   if (fs::exists(summary_path)) {
     std::ifstream in(summary_path);
     run.summary = nlohmann::json::parse(in, nullptr, false);
-    KILTER_CHECK(!run.summary.is_discarded(), "kilter report: " << summary_path << " is not valid JSON");
+    KILTER_USER_CHECK(!run.summary.is_discarded(), "" << summary_path << " is not valid JSON");
   }
   const std::string config_path = run_dir + "/config.ini";
   if (fs::exists(config_path)) {
@@ -70,11 +70,18 @@ RunData load_run(const std::string& run_dir) {
     auto it = run.config.find("output.stall_factor");
     if (it != run.config.end()) run.stall_factor = std::atof(it->second.c_str());
     if (!(run.stall_factor > 1)) run.stall_factor = 2.0;
+    auto integer = [&](const char* key) -> int64_t {
+      auto found = run.config.find(key);
+      return found == run.config.end() ? 0 : std::atoll(found->second.c_str());
+    };
+    run.eval_every = integer("train.eval_every");
+    run.checkpoint_every = integer("output.checkpoint_every");
+    run.sample_every = integer("output.sample_every");
   }
 
   // The ranks: from summary.json, else the CSV files present.
   const std::string metrics_dir = run_dir + "/metrics";
-  KILTER_CHECK(fs::is_directory(metrics_dir), "kilter report: no metrics directory " << metrics_dir);
+  KILTER_USER_CHECK(fs::is_directory(metrics_dir), "no metrics directory " << metrics_dir);
   int files = 0;
   const std::regex name_re("rank-([0-9]{5})\\.csv");
   for (const auto& entry : fs::directory_iterator(metrics_dir)) {
@@ -85,7 +92,7 @@ RunData load_run(const std::string& run_dir) {
   run.world_size = run.summary.is_object() && run.summary.contains("world_size")
                        ? run.summary["world_size"].get<int>()
                        : files;
-  KILTER_CHECK(run.world_size > 0, "kilter report: no metrics/rank-NNNNN.csv in " << metrics_dir);
+  KILTER_USER_CHECK(run.world_size > 0, "no metrics/rank-NNNNN.csv in " << metrics_dir);
   run.rows.resize(run.world_size);
   std::set<int64_t> common;
   for (int r = 0; r < run.world_size; ++r) {
@@ -102,7 +109,21 @@ RunData load_run(const std::string& run_dir) {
     }
   }
   run.steps.assign(common.begin(), common.end());
+  run.train = read_train_csv(train_csv_path(run_dir));
   return run;
+}
+
+std::string stall_cause(const RunData& run, int64_t step, const std::string& phase) {
+  if (phase != "outside" || step <= 0) return "";
+  std::string cause;
+  auto add = [&](int64_t every, const char* what, const char* key) {
+    if (every > 0 && step % every == 0)
+      cause += (cause.empty() ? "" : " + ") + fmt::format("{} ({} = {})", what, key, every);
+  };
+  add(run.eval_every, "evaluation", "train.eval_every");
+  add(run.checkpoint_every, "checkpoint", "output.checkpoint_every");
+  add(run.sample_every, "sample", "output.sample_every");
+  return cause;
 }
 
 nlohmann::json recompute_statistics(const RunData& run) {
@@ -179,8 +200,10 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
       os << "    ...\n";
       break;
     }
-    os << fmt::format("    step {}: {:.4f} s, {} +{:.4f} s\n", s["step"].get<int64_t>(), s["seconds"].get<double>(),
-                      s["phase"].get<std::string>(), s["excess_seconds"].get<double>());
+    const std::string cause = stall_cause(run, s["step"].get<int64_t>(), s["phase"].get<std::string>());
+    os << fmt::format("    step {}: {:.4f} s, {} +{:.4f} s{}\n", s["step"].get<int64_t>(), s["seconds"].get<double>(),
+                      s["phase"].get<std::string>(), s["excess_seconds"].get<double>(),
+                      cause.empty() ? "" : ": " + cause);
   }
 
   const nlohmann::json& mem = st["memory"];

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/diag/metrics_csv.h"
 #include "lib/diag/step_record.h"
 
 namespace kilter::diag {
@@ -22,7 +23,32 @@ struct RunData {
   std::map<std::string, std::string> config;   // "section.key" -> value from config.ini
   std::string config_text;
   double stall_factor = 2.0;
+  std::vector<TrainRow> train;                 // metrics/train.csv ([] for runs without one)
+  int64_t eval_every = 0, checkpoint_every = 0, sample_every = 0;  // from config.ini: stall causes
 };
+
+// What made a stalled step slow when the run itself did it between steps: "evaluation
+// (train.eval_every = 50)", "checkpoint (output.checkpoint_every = 100)", "sample
+// (output.sample_every = ...)", or "" when none of them falls there. Work done after step k's
+// update is timed as the `outside` time of the next record, so a stall at record step j whose
+// grown phase is `outside` is an evaluation when j is a multiple of train.eval_every.
+std::string stall_cause(const RunData& run, int64_t step, const std::string& phase);
+
+// `kilter report --compare RUN_A RUN_B ...`: one self-contained page with the runs side by side:
+// train and eval loss against tokens, tokens/s over steps, a table of throughput and balance
+// figures and one of mean phase times. stats[i] is recompute_statistics(runs[i]).
+std::string compare_html(const std::vector<RunData>& runs, const std::vector<nlohmann::json>& stats);
+// The same figures as text, one column per run.
+std::string compare_text(const std::vector<RunData>& runs, const std::vector<nlohmann::json>& stats);
+
+// The JavaScript of a line chart of several series, shared by report.html and the compare page:
+// a global kilterMultiLine(id, series, xLabel, yLabel) with series [{name, color, dashed,
+// points: [[x, y], ...]}]; each drawn series is a polyline of class "curve" with data-points =
+// its number of points, named in a legend; returns 1 when it drew any. Self-contained.
+const char* multi_line_chart_js();
+
+// Text made safe inside HTML (& < > " ').
+std::string html_escape(const std::string& s);
 
 // Reads RUN_DIR. Throws kilter::Error naming the file when the run directory or its metrics are
 // missing or malformed.

@@ -118,6 +118,17 @@ nlohmann::json chart_data(const RunData& run, const nlohmann::json& stats) {
   }
   d["loss"] = loss;
   d["tokens_per_second"] = tps;
+  // metrics/train.csv: train and eval loss against tokens seen (absent in older runs).
+  json train_points = json::array(), eval_points = json::array();
+  for (const TrainRow& r : run.train) {
+    if (std::isfinite(r.loss)) train_points.push_back({r.tokens, r.loss});
+    if (std::isfinite(r.eval_loss)) eval_points.push_back({r.tokens, r.eval_loss});
+  }
+  json curves = json::array();
+  if (!train_points.empty()) curves.push_back({{"name", "train loss"}, {"color", "#1f77b4"}, {"points", train_points}});
+  if (!eval_points.empty())
+    curves.push_back({{"name", "eval loss"}, {"color", "#d62728"}, {"dashed", true}, {"points", eval_points}});
+  d["curves"] = curves;
 
   // Figures for the tables: the summary's scalars (plan statistics among them), then ours.
   json figures = json::array();
@@ -286,11 +297,14 @@ constexpr const char* kScript = R"JS(
   rendered += lineChart('loss', D.loss, 'loss', '#1f77b4');
   rendered += lineChart('tps', D.tokens_per_second, 'tokens/s (step tokens / slowest rank\'s step time)', '#2ca02c');
   rendered += figures();
+  if (D.curves.length) rendered += kilterMultiLine('curves', D.curves, 'tokens seen', 'loss');
   document.body.setAttribute('data-charts-rendered', rendered);
 })();
 )JS";
 
 }  // namespace
+
+std::string html_escape(const std::string& s) { return escape_html(s); }
 
 std::string report_html(const RunData& run, const nlohmann::json& stats) {
   nlohmann::json data = chart_data(run, stats);
@@ -313,9 +327,10 @@ std::string report_html(const RunData& run, const nlohmann::json& stats) {
 
   std::ostringstream stall_rows;
   for (const auto& s : stats["stalls"]["steps"])
-    stall_rows << fmt::format("<tr><td>{}</td><td>{:.4f}</td><td>{}</td><td>{:.4f}</td></tr>", s["step"].get<int64_t>(),
-                              s["seconds"].get<double>(), escape_html(s["phase"].get<std::string>()),
-                              s["excess_seconds"].get<double>());
+    stall_rows << fmt::format("<tr><td>{}</td><td>{:.4f}</td><td>{}</td><td>{:.4f}</td><td>{}</td></tr>",
+                              s["step"].get<int64_t>(), s["seconds"].get<double>(),
+                              escape_html(s["phase"].get<std::string>()), s["excess_seconds"].get<double>(),
+                              escape_html(stall_cause(run, s["step"].get<int64_t>(), s["phase"].get<std::string>())));
   int64_t period = stats["stalls"]["period"].get<int64_t>();
 
   std::ostringstream html;
@@ -327,16 +342,19 @@ std::string report_html(const RunData& run, const nlohmann::json& stats) {
   html << "<h2>Compute time per rank and step</h2>\n<div id=\"heatmap\"></div>\n";
   html << "<h2>Phases per rank</h2>\n<div id=\"phases\"></div>\n";
   html << "<h2>Loss</h2>\n<div id=\"loss\"></div>\n";
+  if (!run.train.empty())
+    html << "<h2>Train and eval loss against tokens (metrics/train.csv)</h2>\n<div id=\"curves\"></div>\n";
   html << "<h2>Throughput</h2>\n<div id=\"tps\"></div>\n";
   html << "<h2>Run and plan statistics</h2>\n<table id=\"figures\"><tr><th>figure</th><th>value</th></tr></table>\n";
   html << fmt::format("<h2>Stalls</h2>\n<p>{} step(s) slower than {:.1f}&times; the median step{}.</p>\n",
                       stats["stalls"]["count"].get<int>(), stats["stalls"]["factor"].get<double>(),
                       period > 0 ? fmt::format(", recurring every {} steps", period) : "");
   if (!stall_rows.str().empty())
-    html << "<table id=\"stalls\"><tr><th>step</th><th>seconds</th><th>phase that grew</th><th>excess (s)</th></tr>"
+    html << "<table id=\"stalls\"><tr><th>step</th><th>seconds</th><th>phase that grew</th><th>excess (s)</th><th>cause</th></tr>"
          << stall_rows.str() << "</table>\n";
   if (!run.config_text.empty()) html << "<h2>Configuration</h2>\n<pre>" << escape_html(run.config_text) << "</pre>\n";
   html << "<script type=\"application/json\" id=\"kilter-data\">" << data_json << "</script>\n";
+  html << "<script>" << multi_line_chart_js() << "</script>\n";
   html << "<script>" << kScript << "</script>\n</body></html>\n";
   return html.str();
 }

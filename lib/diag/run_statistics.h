@@ -83,7 +83,7 @@ class RunStatistics {
   uint64_t device_peak_bytes(int rank) const { return device_peak_[rank]; }
   int64_t times_last(int rank) const { return last_counts_[rank]; }
 
-  // The summary.json fields this module owns (DESIGN.md plus the diagnostics detail).
+  // The summary.json fields this module owns (docs/design.md plus the diagnostics detail).
   nlohmann::json to_json() const;
 
  private:

@@ -1,4 +1,4 @@
-// Text generation with the GPT-2 model (DESIGN.md, "Model") on the CPU: a forward pass over new
+// Text generation with the GPT-2 model (docs/design.md, "Model") on the CPU: a forward pass over new
 // tokens only, with every layer's keys and values kept in a cache, so a generated token costs
 // O(context) (one row through the dense layers, attention over the cached positions) rather than
 // a full forward over the whole sequence. Used by `kilter sample` and by training's periodic

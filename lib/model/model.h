@@ -1,4 +1,4 @@
-// The GPT-2 model as the trainer sees it (DESIGN.md, "Model"), whatever the backend.
+// The GPT-2 model as the trainer sees it (docs/design.md, "Model"), whatever the backend.
 // Parameters, gradients and AdamW moments live in flat float buffers on the backend's device,
 // laid out by ParamLayout: wte, wpe, then each block's tensors contiguous (h.0 .. h.{L-1}),
 // then ln_f. Backward finishes blocks from the last to the first, so gradient buckets become

@@ -365,7 +365,8 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
                                                   "(--resume takes the newest complete one)");
     }
   }
-  share_outcome(world, 0, problem, "loading checkpoint " + path);
+  // The file the user named (damaged, or of another config): its message says what to do.
+  share_outcome(world, 0, problem, "loading checkpoint " + path, ErrorKind::user);
 
   long long scalars[6] = {info.step, info.epoch, info.step_in_epoch, (long long)info.seed,
                           (long long)info.config_hash, info.world_size};

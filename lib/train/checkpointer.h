@@ -1,4 +1,4 @@
-// Checkpoints of a training run (DESIGN.md "Run directory"; issue 8): the state is copied at a
+// Checkpoints of a training run (docs/design.md "Run directory"; issue 8): the state is copied at a
 // step boundary, then written in the background as RUN_DIR/checkpoints/step-NNNNNNNN.h5 (temp
 // file, fsync, rename), keeping the newest `keep` files. Owner: checkpoints (issue 8).
 #pragma once

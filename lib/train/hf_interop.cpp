@@ -222,7 +222,7 @@ std::string load_initial_weights(MPI_Comm world, const Config& cfg, const io::Da
       problem = e.message();
     }
   }
-  share_outcome(world, 0, problem, "loading train.init_from = " + cfg.train.init_from);
+  share_outcome(world, 0, problem, "loading train.init_from = " + cfg.train.init_from, ErrorKind::user);
   broadcast_floats(world, params, 0);
   model.set_params(params.data());
   return note;

@@ -7,7 +7,8 @@
 
 namespace kilter::train {
 
-void share_outcome(MPI_Comm world, int root, const std::string& local_error, const std::string& what) {
+void share_outcome(MPI_Comm world, int root, const std::string& local_error, const std::string& what,
+                   ErrorKind kind) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   long long length = rank == root ? (long long)local_error.size() : 0;
@@ -15,8 +16,8 @@ void share_outcome(MPI_Comm world, int root, const std::string& local_error, con
   if (length == 0) return;
   std::string message = rank == root ? local_error : std::string(size_t(length), '\0');
   MPI_Bcast(message.data(), int(length), MPI_CHAR, root, world);
-  if (rank == root) KILTER_FAIL(message);
-  KILTER_FAIL(what << " failed on rank " << root << ": " << message);
+  if (rank == root) KILTER_FAIL_KIND(kind, message);
+  KILTER_FAIL_KIND(kind, what << " failed on rank " << root << ": " << message);
 }
 
 void broadcast_floats(MPI_Comm world, std::vector<float>& data, int root) {

@@ -6,11 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "io/error.h"
+
 namespace kilter::train {
 
 // Rank `root`'s outcome ("" = success) reaches every rank; every rank throws the same error
 // (the others prefixed with "<what> failed on rank <root>: ").
-void share_outcome(MPI_Comm world, int root, const std::string& local_error, const std::string& what);
+void share_outcome(MPI_Comm world, int root, const std::string& local_error, const std::string& what,
+                   ErrorKind kind = ErrorKind::internal);
 // Broadcasts from `root`; the other ranks' vectors are resized to match (floats: in slices, since
 // MPI counts are int).
 void broadcast_floats(MPI_Comm world, std::vector<float>& data, int root);

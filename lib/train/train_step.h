@@ -39,6 +39,7 @@ struct StepContext {
   model::Batch batch;  // reused by every micro-batch
   int64_t step_index = 0;       // the optimizer steps completed (set by the trainer every step)
   bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite
+  bool checkpoint_due = false;   // rank 0: output.checkpoint_minutes passed (travels with the stop flag)
 };
 
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating
@@ -52,6 +53,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
 struct ReducedStep {
   double loss = 0;              // mean over the global step's target tokens
   bool stop_requested = false;  // a rank received a stop signal
+  bool checkpoint_due = false;  // rank 0's clock says a timed checkpoint is due (every rank agrees)
   std::vector<int> nonfinite_ranks;  // ranks whose own loss or gradient was not finite
 };
 // Waits for the gradient reduction and sums the loss, the stop flag and the non-finite flag over

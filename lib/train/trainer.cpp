@@ -23,6 +23,7 @@
 #include "lib/comm/communicator.h"
 #include "lib/comm/kv_schedule.h"
 #include "lib/diag/diagnostics.h"
+#include "lib/diag/metrics_csv.h"
 #include "lib/model/gemm.h"
 #include "lib/model/model.h"
 #include "lib/train/checkpointer.h"
@@ -100,6 +101,12 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   const std::string run_dir = resolve_run_dir(cfg, opts);
   cfg.output.dir = run_dir;
   const bool resuming = !opts.resume.empty();
+  if (rank == 0 && !opts.note.empty()) std::fprintf(stderr, "kilter: %s\n", opts.note.c_str());
+  if (rank == 0 && opts.move_aside) {  // --force: the old run is kept under a new name
+    const std::string moved = move_run_aside(run_dir);
+    std::fprintf(stderr, "kilter: --force: moved the run in %s to %s; starting over\n", run_dir.c_str(), moved.c_str());
+  }
+  MPI_Barrier(world);
   std::string resume_path;
   if (resuming) resume_path = find_resume_checkpoint(world, run_dir, opts.resume);
   if (rank == 0) {
@@ -190,6 +197,9 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   checkpointer.set_document_starts(document_starts);
   TrainingSampler sampler(cfg, index, rank, to_document_starts(document_starts));  // output.sample_every
   Watchdog watchdog(world, cfg.comm.timeout_s);
+  // metrics/train.csv: rank 0 writes what it already logs, so no rank waits for it.
+  std::unique_ptr<diag::CsvAppender> train_csv;
+  if (rank == 0) train_csv = std::make_unique<diag::CsvAppender>(diag::train_csv_path(run_dir), diag::train_csv_header(), resuming);
 
   io::ReaderOptions ropts;
   ropts.prefetch = cfg.data.prefetch;
@@ -270,6 +280,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   int exit_code = 0;
   bool stop_requested = false;
   int64_t nonfinite_skipped = 0;
+  // output.checkpoint_minutes: rank 0's clock decides, and the step's reduction tells every rank.
+  double t_last_checkpoint = t_loop;
 
   while (state.step < total_steps) {
     // plan
@@ -279,6 +291,8 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     diagnostics.begin_step(state.step);
     model->zero_grads();
     ctx.step_index = state.step;
+    ctx.checkpoint_due = rank == 0 && cfg.output.checkpoint_minutes > 0 &&
+                         now_seconds() - t_last_checkpoint >= cfg.output.checkpoint_minutes * 60;
     // read -> forward/backward (the reduction starts inside the last backward)
     StepWork work;
     const double local_loss_sum = compute_gradients(ctx, step, work);
@@ -311,9 +325,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     state.position = balance::next_position(state.position, plan.steps.size());
     if (state.position.step_in_epoch == 0) plans.drop_before(state.position.epoch);
 
-    if (cfg.train.eval_every > 0 && state.step % cfg.train.eval_every == 0) {
-      eval_loss = evaluate(ctx, *eval_plans, index, data_dir, ropts, cfg.train.eval_batches, state.step);
-      if (rank == 0) std::fprintf(stderr, "kilter: step %lld eval loss %.4f\n", (long long)state.step, eval_loss);
+    const bool eval_now = cfg.train.eval_every > 0 && state.step % cfg.train.eval_every == 0;
+    double step_eval_loss = NAN;
+    if (eval_now) {
+      step_eval_loss = eval_loss = evaluate(ctx, *eval_plans, index, data_dir, ropts, cfg.train.eval_batches, state.step);
       for (size_t k = 0; k < source_eval_plans.size(); ++k) {
         if (!source_eval_plans[k]) continue;
         const double loss_k = evaluate(ctx, *source_eval_plans[k], index, data_dir, ropts, cfg.train.eval_batches, state.step);
@@ -322,20 +337,38 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                                     data.sources[k].c_str());
       }
     }
-    if (rank == 0 && (state.step % cfg.output.log_every == 0 || state.step == total_steps || state.step == first_step + 1)) {
+    const bool log_now = state.step % cfg.output.log_every == 0 || state.step == total_steps || state.step == first_step + 1;
+    if (rank == 0 && (log_now || eval_now)) {
       const double t = now_seconds();
       const double rate = tokens_since_log / std::max(1e-9, t - t_last_log);
       const double per_step = (t - t_loop) / double(state.step - first_step);
-      std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | eta %s\n",
-                  (long long)state.step, (long long)total_steps, loss, lr, grad_norm, rate,
-                  format_duration(per_step * double(total_steps - state.step)).c_str());
+      // The progress line and the eval line share stdout; train.csv gets both as one row.
+      if (log_now)
+        std::printf("step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %8.0f tok/s | eta %s\n",
+                    (long long)state.step, (long long)total_steps, loss, lr, grad_norm, rate,
+                    format_duration(per_step * double(total_steps - state.step)).c_str());
+      if (eval_now)
+        std::printf("step %6lld/%lld | eval loss %.4f | perplexity %.2f\n", (long long)state.step,
+                    (long long)total_steps, step_eval_loss, std::exp(step_eval_loss));
       std::fflush(stdout);
+      diag::TrainRow row;
+      row.step = state.step;
+      row.tokens = state.tokens_seen;
+      row.loss = loss;
+      row.lr = lr;
+      row.grad_norm = grad_norm;
+      row.tokens_per_second = rate;
+      row.eval_loss = step_eval_loss;
+      row.elapsed_seconds = t - t_loop;
+      train_csv->append_line(diag::train_csv_row(row));
       t_last_log = t;
       tokens_since_log = 0;
     }
     sampler.maybe_sample(*model, state.step);
-    const bool periodic = cfg.output.checkpoint_every > 0 && state.step % cfg.output.checkpoint_every == 0;
+    const bool periodic = (cfg.output.checkpoint_every > 0 && state.step % cfg.output.checkpoint_every == 0) ||
+                          reduced.checkpoint_due;
     if (stop_requested || periodic || state.step == total_steps) {
+      t_last_checkpoint = now_seconds();
       // The run ends after a final one: its failure fails the run (Checkpointer::wait), while a
       // periodic one that fails is a warning and the next interval tries again.
       checkpointer.save(*model, state, /*final_checkpoint=*/stop_requested || state.step == total_steps);

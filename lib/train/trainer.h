@@ -12,6 +12,8 @@ namespace kilter::train {
 struct RunOptions {
   std::string resume;   // "" | RUN_DIR | "latest" (= the config's output.dir)
   bool json = false;    // print summary.json's object last on rank 0's stdout
+  bool move_aside = false;  // --force: rank 0 renames the run in output.dir first (move_run_aside)
+  std::string note;         // rank 0 prints it first (the run directory's decision, run_dir.h)
 };
 
 // Runs the whole job on `world`; returns the process exit code (0, or kExitPreempted after a

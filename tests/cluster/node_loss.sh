@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster (issue 15): losing a node mid-run ends the whole job (DESIGN.md invariant 4, across
+# cluster (issue 15): losing a node mid-run ends the whole job (docs/design.md invariant 4, across
 # real nodes). A 2 nodes x 2 run is started on scripts/vcluster and, once it trains, node2 is lost:
 #   1. its link goes down (`ip link set eth0 down` in node2): the ranks of node1 wait in the
 #      gradient reduction, their watchdog fires after comm.timeout_s and names ranks 2 and 3 as

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One rank failing ends every rank within comm.timeout_s plus a few seconds, with a message that
-# names the rank and the cause (issue 8; DESIGN.md invariant 4). Three failures of rank 1 at step
+# names the rank and the cause (issue 8; docs/design.md invariant 4). Three failures of rank 1 at step
 # 3, injected by the test hook in lib/train/guards.cpp (KILTER_TEST_FAIL_RANK/STEP/MODE):
 #   error  an exception (kilter::Error) -> the app's MPI_Abort names rank 1 and the cause
 #   exit   the process dies without MPI_Abort (like a crash) -> the launcher ends the job

@@ -5,9 +5,10 @@
 #   --resume on a folder that does not exist    -> "... does not exist", the folder not created;
 #   --resume on a folder without checkpoints    -> "no checkpoint in DIR/checkpoints";
 #   ... whose only file is an unfinished write  -> names the temp file;
-#   a new run into the folder of another config -> names the keys, config.ini and checkpoints kept;
+#   a new run into the folder of another config -> refused before MPI (exit 2), names the keys,
+#                                                  config.ini and checkpoints kept;
 #   --resume with another config                -> names the keys (and fault_bad_checkpoint.sh);
-#   a new run into a folder of the same config  -> a warning, and it trains from step 0.
+#   a re-run into a folder of the same config   -> continues from its checkpoint (tests/e2e/rerun.sh).
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
@@ -22,7 +23,7 @@ refused() {  # refused NAME PATTERN [train args]: non-zero exit (not a timeout),
   [ $rc -ne 0 ] || { cat "$name.log"; fail "$name: the run was not refused"; }
   [ $rc -ne 124 ] || { cat "$name.log"; fail "$name: hung until the timeout"; }
   grep -q -- "$pattern" "$name.log" || { cat "$name.log"; fail "$name: message lacks '$pattern'"; }
-  grep -m1 "train failed" "$name.log"
+  grep -m1 "train failed\|kilter train:" "$name.log"
 }
 
 refused missing "train failed: rank 0: --resume runs/none: the run directory runs/none does not exist; name the output.dir of the run to continue, or start a new run without --resume" \
@@ -43,7 +44,7 @@ refused unfinished "only runs/unfinished/checkpoints/.step-00000002.h5.tmp, a wr
 train first.log 2 --output.dir=runs/a
 cp runs/a/config.ini first.ini
 ls runs/a/checkpoints > first.list
-refused other_config "train failed: rank 0: output.dir runs/a holds a run of another config (1 checkpoint(s), the newest runs/a/checkpoints/step-00000002.h5; 1 key(s) differ); set output.dir to a new folder" \
+refused other_config "kilter train: output.dir runs/a holds a run of another config (1 checkpoint(s), the newest runs/a/checkpoints/step-00000002.h5; 1 key(s) differ); --force starts over" \
   --output.dir=runs/a --train.lr=0.01
 grep -q "    train.lr = .* vs 0.01" other_config.log || { cat other_config.log; fail "other_config: the key is not named"; }
 cmp -s first.ini runs/a/config.ini || fail "other_config: config.ini of the existing run was overwritten"
@@ -53,9 +54,10 @@ refused resume_other "checkpoint runs/a/checkpoints/step-00000002.h5 was written
   --resume runs/a --train.lr=0.01
 grep -q "    train.lr = " resume_other.log || { cat resume_other.log; fail "resume_other: the key is not named"; }
 
-# The same config again without --resume: a warning, and a run from step 0.
+# The same config again without --resume, 1 step more: it continues from step 2.
+COMMON=("${COMMON[@]/--train.steps=2/--train.steps=3}")
 train same.log 2 --output.dir=runs/a
-grep -q "kilter: warning: output.dir runs/a already holds checkpoints of this config (the newest runs/a/checkpoints/step-00000002.h5); this run starts again at step 0" same.log \
-  || { cat same.log; fail "same: no warning"; }
-grep -q "resumed from" same.log && fail "same: resumed without --resume"
+grep -q "kilter: output.dir runs/a holds checkpoints of this config: continuing from runs/a/checkpoints/step-00000002.h5 (step 2)" same.log \
+  || { cat same.log; fail "same: no note that the run continues"; }
+grep -q "resumed from runs/a/checkpoints/step-00000002.h5 at step 2" same.log || { cat same.log; fail "same: did not resume"; }
 echo "fault_run_dir: 1 passed, 0 failed"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# World-size invariance (DESIGN.md invariant 1) and flat == hierarchical: the same config on 1, 2
+# World-size invariance (docs/design.md invariant 1) and flat == hierarchical: the same config on 1, 2
 # and 4 ranks, and on 4 ranks as 2 nodes x 2 with both algorithms, gives the same losses (1e-5
 # relative) and the same final weights (to 1% of the most Adam can move a weight, see below).
 # Determinism (invariant 2): two runs of the same config are bit-identical.

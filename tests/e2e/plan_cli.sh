@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `kilter plan` on a prepared dataset: --json prints one object with the DESIGN.md statistics;
+# `kilter plan` on a prepared dataset: --json prints one object with the docs/design.md statistics;
 # the balanced (packed) plan computes no padding and beats the naive one on the critical path;
 # the human summary prints; a step too small for the world size is warned about with the step
 # that avoids it; bad keys and bad values are refused naming the key; --calibrate fits a, b, c.

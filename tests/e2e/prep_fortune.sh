@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # e2e (issue 3): prepare the demo corpus (Debian's fortunes), validate it, show its structure
 # with h5dump -H, and read every shard with h5py: documents equal an independent Python parse
-# of the fortune files, attributes are as DESIGN.md says, and the content hash recomputes.
+# of the fortune files, attributes are as docs/design.md says, and the content hash recomputes.
 # Usage: prep_fortune.sh /path/to/kilter
 set -euo pipefail
 KILTER=$(readlink -f "$1")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Resume equality (DESIGN.md invariant 3, issue 8): a run of train.steps = 8 straight == the same
+# Resume equality (docs/design.md invariant 3, issue 8): a run of train.steps = 8 straight == the same
 # run stopped after 3 steps, resumed and stopped after 5, resumed to 8 — bit-identical parameters and AdamW moments in the final checkpoints, identical
 # losses step by step, and the same data-plan position. The dataset has 5 steps per epoch, so one
 # resume lands mid-epoch and the other exactly on the epoch boundary. The stops are preemptions

@@ -1,5 +1,5 @@
 // Fuzz harness (issue 17), structure-aware: the fuzz input drives the building of a dataset
-// directory (index.h5 + shard-NNNNN.h5, DESIGN.md "Dataset format"): its shape (shards,
+// directory (index.h5 + shard-NNNNN.h5, docs/design.md "Dataset format"): its shape (shards,
 // documents, lengths, tokens, vocabulary, tokenizer) and, for every attribute and dataset kilter
 // reads, the valid form or an adversarial one (tests/fuzz/fuzz_hdf5.h). Then kilter's paths run
 // as a rank and `kilter prep validate` would: validate_dataset(), load_index(), and the

@@ -1,4 +1,4 @@
-"""GPT-2 in PyTorch exactly as DESIGN.md specifies it: the oracle kilter's CPU model is checked
+"""GPT-2 in PyTorch exactly as docs/design.md specifies it: the oracle kilter's CPU model is checked
 against (tests/python/torch_parity.py) and the baseline bench/torch_step.py times.
 
 nanoGPT's model without dropout: token + learned position embeddings (positions restart at 0 in
