@@ -56,6 +56,7 @@ struct TrainConfig {
   int64_t eval_batches = 8;        // micro-batches per rank in one evaluation
   std::string inject_delay;        // diagnostics drill: RANK:SECONDS[:PHASE]
   std::string on_nonfinite = "stop";  // stop | skip
+  bool shard_optimizer = true;     // ZeRO-1: each rank keeps the AdamW state of 1/P of the parameters
 };
 
 struct CommConfig {

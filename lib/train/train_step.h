@@ -31,6 +31,9 @@ struct StepContext {
   model::Batch batch;  // reused by every micro-batch
   int64_t step_index = 0;       // the optimizer steps completed (set by the trainer every step)
   bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite
+  // train.shard_optimizer in force: the reducer leaves each rank 1/P of the gradient, update()
+  // sums the norm over ranks and all-gathers the parameters.
+  bool shard_optimizer = false;
 };
 
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating
