@@ -24,6 +24,7 @@
 #include "lib/balance/synthetic_lengths.h"
 #include "lib/core/config.h"
 #include "lib/train/training_data.h"
+#include "lib/train/memory_plan.h"
 
 namespace po = boost::program_options;
 
@@ -32,7 +33,7 @@ namespace kilter::app {
 namespace {
 
 const char* kUsage =
-    "usage: kilter plan --data DIR --world-size P [--ranks-per-node L] [--sampler balanced|naive] [--json]\n"
+    "usage: kilter plan --data DIR --world-size P [--ranks-per-node L] [--sampler balanced|naive] [--memory] [--json]\n"
     "       kilter plan --lengths lognormal:MU,SIGMA[,MAX]|uniform:MIN,MAX --docs N [--seed S] --world-size P ...\n"
     "       kilter plan --calibrate RUN_DIR [--skip-steps N] [--json]\n"
     "Builds one epoch of the batch plan without training and prints its statistics\n"
@@ -148,6 +149,17 @@ nlohmann::json stats_json(const balance::EpochPlan& plan) {
           {"long_piece_ranks_max", s.long_piece_ranks_max}};
 }
 
+// --memory: the plan of `kilter train`'s start, for this world size (lib/train/memory_plan.h).
+train::MemoryPlan memory_plan(Config cfg, uint32_t dataset_vocab, int world_size, int ranks_per_node) {
+  if (cfg.model.vocab_size == 0) cfg.model.vocab_size = int(dataset_vocab);
+  KILTER_USER_CHECK(cfg.model.vocab_size > 0, "--memory needs the vocabulary: give --data DIR or --model.vocab_size");
+  train::MemoryPlanInput in;
+  in.cfg = cfg;
+  in.world_size = world_size;
+  in.ranks_per_node = ranks_per_node;
+  return train::plan_memory(in);
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
@@ -165,6 +177,7 @@ int cmd_plan(int argc, char** argv) {
         ("sampler", po::value(&sampler), "balanced | naive (same as --data.sampler)")
         ("epoch", po::value(&epoch)->default_value(0), "epoch to plan (the plan is deterministic from train.seed and the epoch)")
         ("json", "print one JSON object")
+        ("memory", "also the memory plan: bytes per rank (parameters, gradients, optimizer state, activations, checkpoint, prefetch) and the node's total against this machine's memory")
         ("lengths", po::value(&lengths_spec), "synthetic lengths instead of --data: lognormal:MU,SIGMA[,MAX] | uniform:MIN,MAX")
         ("docs", po::value(&docs)->default_value(0), "synthetic documents (with --lengths)")
         ("seed", po::value(&synth_seed), "seed of the synthetic lengths (default: train.seed)")
@@ -193,7 +206,7 @@ int cmd_plan(int argc, char** argv) {
     std::string source;
     train::TrainingData mixture;
     if (!lengths_spec.empty()) {
-      KILTER_CHECK(docs >= 1, "--lengths needs --docs N >= 1");
+      KILTER_USER_CHECK(docs >= 1, "--lengths needs --docs N >= 1");
       const balance::LengthSpec spec = balance::parse_length_spec(lengths_spec);
       doc_lengths = balance::synthetic_lengths(spec, docs, vm.count("seed") ? synth_seed : cfg.train.seed);
       source = lengths_spec;
@@ -302,6 +315,7 @@ int cmd_plan(int argc, char** argv) {
         out["tokens_per_source"] = per_source;
         out["source_wraps"] = wraps;
       }
+      if (vm.count("memory")) out["memory"] = train::memory_plan_json(memory_plan(cfg, dataset_vocab, world_size, ranks_per_node));
       std::cout << out.dump(2) << "\n";
     } else {
       std::printf("kilter plan: %s sampler, world size %d (%d per node), epoch %llu, seed %llu, data %s\n",
@@ -351,6 +365,8 @@ int cmd_plan(int argc, char** argv) {
       std::printf("  cost model a=%.4g b=%.4g c=%.4g; planned in %.3f s (%.3f s CPU); %.1f bytes/document held (peak +%.1f)\n",
                   plan.cost.a, plan.cost.b, plan.cost.c, plan_seconds, plan_cpu_seconds, bytes_per_doc, peak_extra_per_doc);
     }
+    if (vm.count("memory") && !json)
+      std::printf("%s", train::format_memory_plan(memory_plan(cfg, dataset_vocab, world_size, ranks_per_node)).c_str());
     for (const std::string& w : warnings) std::fprintf(stderr, "kilter plan: warning: %s\n", w.c_str());
     return 0;
   } catch (const Error& e) {

@@ -59,8 +59,7 @@ CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple, const std::string&
   params_.assign(layout_.padded_size, 0.0f);
   if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
   grads_.assign(layout_.padded_size, 0.0f);
-  adam_m_.assign(layout_.num_params, 0.0f);
-  adam_v_.assign(layout_.num_params, 0.0f);
+  owned_ = {{0, layout_.num_params}};
   offsets_ = model::LayoutOffsets::of(layout_, cfg_.n_layer);
   const size_t C = cfg_.n_embd;
   // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics.
@@ -160,6 +159,59 @@ void CpuModel::init_params(uint64_t seed) {
   std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
 }
 
+void CpuModel::ensure_moments() {
+  size_t total = 0;
+  for (const model::ParamRange& r : owned_) total += r.count;
+  if (adam_m_.size() != total) {
+    adam_m_.assign(total, 0.0f);
+    adam_v_.assign(total, 0.0f);
+  }
+}
+
+void CpuModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
+  for (const model::ParamRange& r : owned)
+    KILTER_CHECK(r.offset + r.count <= layout_.padded_size, "CpuModel::shard_optimizer: range [" << r.offset << ", "
+                                                               << r.offset + r.count << ") beyond the buffer ("
+                                                               << layout_.padded_size << ")");
+  // Keep what is held for the new ranges (a resume that loaded the full moments first).
+  std::vector<float> held_m = std::move(adam_m_), held_v = std::move(adam_v_);
+  const std::vector<model::ParamRange> held_ranges = owned_;
+  owned_ = owned;
+  sharded_ = true;
+  adam_m_.clear();
+  adam_v_.clear();
+  if (held_m.empty()) return;  // nothing held yet: allocated on first use
+  ensure_moments();
+  // held_ranges is either the full [0, num_params) or a previous shard; copy the overlap.
+  size_t dst = 0;
+  for (const model::ParamRange& r : owned_) {
+    size_t src = 0;
+    for (const model::ParamRange& h : held_ranges) {
+      const size_t lo = std::max(r.offset, h.offset), hi = std::min(r.offset + r.count, h.offset + h.count);
+      if (lo < hi) {
+        std::memcpy(adam_m_.data() + dst + (lo - r.offset), held_m.data() + src + (lo - h.offset), sizeof(float) * (hi - lo));
+        std::memcpy(adam_v_.data() + dst + (lo - r.offset), held_v.data() + src + (lo - h.offset), sizeof(float) * (hi - lo));
+      }
+      src += h.count;
+    }
+    dst += r.count;
+  }
+}
+
+void CpuModel::get_optimizer_shard(float* m, float* v, size_t first, size_t count) const {
+  size_t total = 0;
+  for (const model::ParamRange& r : owned_) total += r.count;
+  KILTER_CHECK(first + count <= total, "CpuModel::get_optimizer_shard: [" << first << ", " << first + count
+                                                                          << ") beyond the " << total << " held");
+  if (adam_m_.empty()) {  // no step taken yet
+    std::fill(m, m + count, 0.0f);
+    std::fill(v, v + count, 0.0f);
+    return;
+  }
+  std::memcpy(m, adam_m_.data() + first, sizeof(float) * count);
+  std::memcpy(v, adam_v_.data() + first, sizeof(float) * count);
+}
+
 void CpuModel::set_params(const float* host) {
   std::memcpy(params_.data(), host, sizeof(float) * layout_.num_params);
   refresh_bf16_params();
@@ -167,13 +219,22 @@ void CpuModel::set_params(const float* host) {
 void CpuModel::get_params(float* host) const { std::memcpy(host, params_.data(), sizeof(float) * layout_.num_params); }
 
 void CpuModel::get_optimizer_state(float* m, float* v) const {
-  std::memcpy(m, adam_m_.data(), sizeof(float) * layout_.num_params);
-  std::memcpy(v, adam_v_.data(), sizeof(float) * layout_.num_params);
+  KILTER_CHECK(!sharded_, "CpuModel::get_optimizer_state: the optimizer is sharded; use get_optimizer_shard");
+  get_optimizer_shard(m, v, 0, layout_.num_params);
 }
 
 void CpuModel::set_optimizer_state(const float* m, const float* v) {
-  std::memcpy(adam_m_.data(), m, sizeof(float) * layout_.num_params);
-  std::memcpy(adam_v_.data(), v, sizeof(float) * layout_.num_params);
+  ensure_moments();
+  size_t dst = 0;
+  for (const model::ParamRange& r : owned_) {
+    // Only the first num_params floats exist in m and v; the padding's moments stay 0.
+    const size_t end = std::min(r.offset + r.count, layout_.num_params);
+    if (r.offset < end) {
+      std::memcpy(adam_m_.data() + dst, m + r.offset, sizeof(float) * (end - r.offset));
+      std::memcpy(adam_v_.data() + dst, v + r.offset, sizeof(float) * (end - r.offset));
+    }
+    dst += r.count;
+  }
 }
 
 
@@ -396,24 +457,40 @@ bool CpuModel::grads_finite(size_t offset, size_t count) {
 
 double CpuModel::grad_norm_squared() {
   // Fixed-order partial sums in double: deterministic and accurate for 10^8 elements.
-  double acc[8] = {0};
-  const float* g = grads_.data();
-  const size_t n = layout_.num_params;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(g[i + j]) * g[i + j];
+  // Per owned range, then over the ranges (unsharded: one range, the same sum as ever).
   double total = 0.0;
-  for (int j = 0; j < 8; ++j) total += acc[j];
-  for (; i < n; ++i) total += static_cast<double>(g[i]) * g[i];
+  for (const model::ParamRange& r : owned_) {
+    const size_t end = std::min(r.offset + r.count, layout_.num_params);
+    if (r.offset >= end) continue;
+    const float* g = grads_.data() + r.offset;
+    const size_t n = end - r.offset;
+    double acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(g[i + j]) * g[i + j];
+    double range_total = 0.0;
+    for (int j = 0; j < 8; ++j) range_total += acc[j];
+    for (; i < n; ++i) range_total += static_cast<double>(g[i]) * g[i];
+    total += range_total;
+  }
   return total;
 }
 
 void CpuModel::adamw_step(const model::AdamWParams& p) {
-  for (const model::ParamTensor& tensor : layout_.tensors) {
-    optim::adamw_update(params_.data() + tensor.offset, grads_.data() + tensor.offset, adam_m_.data() + tensor.offset,
-                        adam_v_.data() + tensor.offset, tensor.size, p.lr, p.beta1, p.beta2, p.eps,
-                        tensor.decay ? p.weight_decay : 0.0f, p.grad_scale, p.t);
-    if (bf16_) model::to_bf16(params_bf16_.data() + tensor.offset, params_.data() + tensor.offset, tensor.size);
+  ensure_moments();
+  // Every tensor's part inside every owned range (unsharded: every tensor whole).
+  size_t base = 0;
+  for (const model::ParamRange& r : owned_) {
+    for (const model::ParamTensor& tensor : layout_.tensors) {
+      const size_t lo = std::max(r.offset, tensor.offset), hi = std::min(r.offset + r.count, tensor.offset + tensor.size);
+      if (lo >= hi) continue;
+      const size_t k = base + (lo - r.offset);
+      optim::adamw_update(params_.data() + lo, grads_.data() + lo, adam_m_.data() + k, adam_v_.data() + k, hi - lo,
+                          p.lr, p.beta1, p.beta2, p.eps, tensor.decay ? p.weight_decay : 0.0f, p.grad_scale, p.t);
+      // Sharded, the all-gather brings the other ranks' ranges and params_changed() rounds them.
+      if (bf16_ && !sharded_) model::to_bf16(params_bf16_.data() + lo, params_.data() + lo, hi - lo);
+    }
+    base += r.count;
   }
 }
 

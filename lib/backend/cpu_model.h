@@ -38,6 +38,11 @@ class CpuModel final : public model::Model {
   void get_params(float* host) const override;
   void get_optimizer_state(float* m, float* v) const override;
   void set_optimizer_state(const float* m, const float* v) override;
+  bool supports_optimizer_shard() const override { return true; }
+  void shard_optimizer(const std::vector<model::ParamRange>& owned) override;
+  std::vector<model::ParamRange> optimizer_ranges() const override { return owned_; }
+  void get_optimizer_shard(float* m, float* v, size_t first, size_t count) const override;
+  void params_changed() override { refresh_bf16_params(); }
 
   double forward_backward(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) override;
   double forward_loss(const model::Batch& batch) override;
@@ -79,7 +84,13 @@ class CpuModel final : public model::Model {
 
   model::GPTConfig cfg_;
   model::ParamLayout layout_;
-  std::vector<float> params_, grads_, adam_m_, adam_v_;
+  std::vector<float> params_, grads_;
+  // AdamW moments of the owned ranges, range after range ({[0, num_params)} unless sharded).
+  // Allocated on first use, so that a sharded model never holds the full moments.
+  std::vector<model::ParamRange> owned_;
+  bool sharded_ = false;
+  std::vector<float> adam_m_, adam_v_;
+  void ensure_moments();
   model::LayoutOffsets offsets_;
   // precision=bf16: the bf16 copy of params_ the GEMMs read (empty in fp32).
   bool bf16_ = false;

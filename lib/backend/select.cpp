@@ -2,6 +2,7 @@
 // with KILTER_WITH_CUDA, through lib/backend/cuda_model.h.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/error.h"
 #include "lib/backend/cpu_model.h"
@@ -36,6 +37,11 @@ std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& c
   BackendOptions options;
   options.precision = precision;
   return make_model(backend, cfg, pad_multiple, options);
+}
+
+void Model::shard_optimizer_unsupported() const {
+  KILTER_FAIL("train.shard_optimizer = true: the " << backend_name()
+                                                   << " backend has no sharded optimizer yet; set train.shard_optimizer = false");
 }
 
 bool cuda_available() {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kilter::comm {
 
@@ -33,6 +34,12 @@ Topology make_topology_from_node_ids(MPI_Comm world, int node_id);
 void free_topology(Topology& topo);
 
 enum class DType { f32, f64, i64 };
+
+// [offset, offset + count) of a flat buffer, in elements.
+struct BufferRange {
+  size_t offset = 0;
+  size_t count = 0;
+};
 size_t dtype_size(DType t);
 
 // An in-flight collective.
@@ -82,7 +89,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Comm comm, double timeout_s = 300.0);
 
 // Reduces the flat gradient buffer (sum) over the world, flat or hierarchically (node
-// reduce-scatter -> cross-node allreduce of the 1/L shard -> node allgather), in buckets started
+// reduce-scatter -> cross-node allreduce of the 1/L shard -> node allgather), or only scatters it
+// (ReducerOptions::shard: node reduce-scatter -> cross-node reduce-scatter), in buckets started
 // as backward reports them ready. Call begin() before the last micro-batch's backward, ready()
 // from the model's GradReadyFn, finish() after backward: it completes the remaining buckets and
 // returns the seconds it blocked (comm_exposed).
@@ -99,6 +107,16 @@ class GradientReducer {
   // ones whose reduction could overlap backward).
   virtual size_t num_buckets() const { return 0; }
   virtual size_t buckets_started_early() const { return 0; }
+
+  // Sharded reduction (ReducerOptions::shard, ZeRO-1): the ranges of the buffer this rank holds
+  // fully reduced after finish(), one per bucket, in bucket order; together over the ranks they
+  // tile the buffer, 1/P of it each. Unsharded: the whole buffer.
+  virtual std::vector<BufferRange> owned() const = 0;
+  // Collective, sharded reduction only: every rank's owned ranges of `params` (a buffer laid out
+  // as the gradients) reach every rank, bucket by bucket in bucket order, over communicators of
+  // their own (the reverse of the scatter: across nodes, then inside the node). Call it between
+  // finish() and the next begin(). Unsharded: does nothing.
+  virtual void gather(float* params) = 0;
 };
 
 // How bucket reductions make progress while backward computes.
@@ -128,9 +146,16 @@ struct ReducerOptions {
   // algorithms; a thread inside them spins on its core) or nonblocking ones tested every 50 us
   // (pipelined stages, little CPU). Poll mode is always nonblocking.
   bool blocking_collectives = true;
+  // ZeRO-1 (train.shard_optimizer): the reduction stops after the scatter, so each rank ends with
+  // 1/P of every bucket fully reduced (owned()) and the rest of the buffer unspecified. Flat: one
+  // reduce-scatter over the world per bucket; hierarchical: a reduce-scatter inside the node,
+  // then one across nodes of the node shard. padded_size must then be a multiple of the world
+  // size (buckets are whole multiples of P * 64 elements where the buffer allows).
+  bool shard = false;
 };
 
-// buf: padded_size floats; padded_size must be a multiple of topo.local_size (the node shards).
+// buf: padded_size floats; padded_size must be a multiple of topo.local_size (the node shards),
+// and of topo.size when opts.shard.
 std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, float* buf,
                                                        size_t padded_size, const ReducerOptions& opts);
 // The original form: overlap true = automatic, false = off; every element is reported.

@@ -1,6 +1,8 @@
 // The gradient reducer: sums the flat gradient buffer over all ranks in buckets, flat (one
 // allreduce per bucket) or hierarchically (node reduce-scatter -> cross-node allreduce of the
-// 1/L shard -> node allgather), launching each bucket as soon as backward has finished it.
+// 1/L shard -> node allgather), launching each bucket as soon as backward has finished it. Sharded
+// (ZeRO-1), the reduction stops after the scatter stages and gather() later all-gathers the
+// owned ranges of the updated parameters along the same bucket layout.
 //
 // Ordering is what keeps this correct across ranks: every stage has its own communicator (a dup
 // of the world, node or cross communicator) and launches buckets strictly in bucket order
@@ -52,8 +54,20 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// world_allreduce reduces the whole bucket over its communicator (the world, or the only node).
-enum class StageOp { node_reduce_scatter, cross_allreduce, node_allgather, world_allreduce };
+// world_allreduce reduces the whole bucket over its communicator (the world, or the only node);
+// world_reduce_scatter scatters it over that communicator (sharded). cross_reduce_scatter
+// scatters the node shard across nodes (sharded); cross_allgather / world_allgather are the
+// gathers of the owned ranges that undo the scatters (sharded, parameters).
+enum class StageOp {
+  node_reduce_scatter,
+  cross_allreduce,
+  node_allgather,
+  world_allreduce,
+  cross_reduce_scatter,
+  world_reduce_scatter,
+  cross_allgather,
+  world_allgather
+};
 
 struct Stage {
   StageOp op;
@@ -62,7 +76,9 @@ struct Stage {
 
 struct Bucket {
   size_t offset = 0;
-  size_t count = 0;                   // a multiple of the node size
+  size_t count = 0;                   // a multiple of the node size (of the world size, sharded)
+  size_t owned_offset = 0;            // what this rank holds reduced after the stages
+  size_t owned_count = 0;
   size_t missing = 0;                 // elements not yet reported ready this step
   size_t completed = 0;               // stages finished this step
   std::unique_ptr<Request> in_flight;  // the stage running now (poll mode)
@@ -77,6 +93,7 @@ struct ReducerState {
   int local_rank = 0;
   int local_size = 1;
   std::vector<Stage> stages;
+  std::vector<Stage> gather_stages;   // sharded: the all-gather of the owned ranges
   std::vector<MPI_Comm> owned_comms;  // dups made for the stages, freed with the state
   std::vector<Bucket> buckets;        // launch order: highest offset first
 
@@ -95,6 +112,7 @@ struct ReducerState {
 
   ~ReducerState() {
     stages.clear();  // communicators first, then the MPI communicators under them
+    gather_stages.clear();
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized)
@@ -102,29 +120,52 @@ struct ReducerState {
   }
 
   size_t shard(const Bucket& b) const { return b.count / size_t(local_size); }
-  float* own_shard(const Bucket& b) const { return buf + b.offset + size_t(local_rank) * shard(b); }
+  float* own_shard(float* base, const Bucket& b) const { return base + b.offset + size_t(local_rank) * shard(b); }
 
   std::unique_ptr<Request> launch(const Stage& s, const Bucket& b) {
     switch (s.op) {
       case StageOp::node_reduce_scatter:
-        return s.comm->ireduce_scatter(buf + b.offset, own_shard(b), shard(b), DType::f32);
-      case StageOp::cross_allreduce: return s.comm->iallreduce(own_shard(b), shard(b), DType::f32);
-      case StageOp::node_allgather: return s.comm->iallgather(own_shard(b), buf + b.offset, shard(b), DType::f32);
+        return s.comm->ireduce_scatter(buf + b.offset, own_shard(buf, b), shard(b), DType::f32);
+      case StageOp::cross_allreduce: return s.comm->iallreduce(own_shard(buf, b), shard(b), DType::f32);
+      case StageOp::node_allgather:
+        return s.comm->iallgather(own_shard(buf, b), buf + b.offset, shard(b), DType::f32);
       case StageOp::world_allreduce: return s.comm->iallreduce(buf + b.offset, b.count, DType::f32);
+      case StageOp::cross_reduce_scatter:
+        return s.comm->ireduce_scatter(own_shard(buf, b), buf + b.owned_offset, b.owned_count, DType::f32);
+      case StageOp::world_reduce_scatter:
+        return s.comm->ireduce_scatter(buf + b.offset, buf + b.owned_offset, b.owned_count, DType::f32);
+      case StageOp::cross_allgather:
+      case StageOp::world_allgather: break;  // gathers run only through run_blocking
     }
     KILTER_FAIL("unknown reduction stage");
   }
 
-  void run_blocking(const Stage& s, const Bucket& b) {
+  // `base`: the buffer the stage works on (the gradients; the parameters for the gathers).
+  void run_blocking(const Stage& s, const Bucket& b, float* base) {
     switch (s.op) {
       case StageOp::node_reduce_scatter:
-        s.comm->reduce_scatter(buf + b.offset, own_shard(b), shard(b), DType::f32);
+        s.comm->reduce_scatter(base + b.offset, own_shard(base, b), shard(b), DType::f32);
         return;
-      case StageOp::cross_allreduce: s.comm->allreduce(own_shard(b), shard(b), DType::f32); return;
-      case StageOp::node_allgather: s.comm->allgather(own_shard(b), buf + b.offset, shard(b), DType::f32); return;
-      case StageOp::world_allreduce: s.comm->allreduce(buf + b.offset, b.count, DType::f32); return;
+      case StageOp::cross_allreduce: s.comm->allreduce(own_shard(base, b), shard(b), DType::f32); return;
+      case StageOp::node_allgather:
+        s.comm->allgather(own_shard(base, b), base + b.offset, shard(b), DType::f32);
+        return;
+      case StageOp::world_allreduce: s.comm->allreduce(base + b.offset, b.count, DType::f32); return;
+      case StageOp::cross_reduce_scatter:
+        s.comm->reduce_scatter(own_shard(base, b), base + b.owned_offset, b.owned_count, DType::f32);
+        return;
+      case StageOp::world_reduce_scatter:
+        s.comm->reduce_scatter(base + b.offset, base + b.owned_offset, b.owned_count, DType::f32);
+        return;
+      case StageOp::cross_allgather:
+        s.comm->allgather(base + b.owned_offset, own_shard(base, b), b.owned_count, DType::f32);
+        return;
+      case StageOp::world_allgather:
+        s.comm->allgather(base + b.owned_offset, base + b.offset, b.owned_count, DType::f32);
+        return;
     }
   }
+  void run_blocking(const Stage& s, const Bucket& b) { run_blocking(s, b, buf); }
 
   void run_bucket_blocking(Bucket& b) {
     for (const Stage& s : stages) run_blocking(s, b);
@@ -227,6 +268,23 @@ class BucketGradientReducer final : public GradientReducer {
   }
 
   size_t num_buckets() const override { return state_->buckets.size(); }
+
+  std::vector<BufferRange> owned() const override {
+    std::vector<BufferRange> ranges;
+    for (const Bucket& b : state_->buckets) ranges.push_back({b.owned_offset, b.owned_count});
+    return ranges;
+  }
+
+  void gather(float* params) override {
+    ReducerState& s = *state_;
+    if (s.gather_stages.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      KILTER_CHECK(!s.active, "gradient reducer: gather() called between begin() and finish()");
+    }
+    for (const Bucket& b : s.buckets)
+      for (const Stage& stage : s.gather_stages) s.run_blocking(stage, b, params);
+  }
   size_t buckets_started_early() const override {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->started_early;
@@ -403,6 +461,9 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
   KILTER_CHECK(opts.reported_size <= padded_size,
                "gradient reducer: reported_size " << opts.reported_size << " exceeds the buffer (" << padded_size << ")");
   KILTER_CHECK(buf != nullptr || padded_size == 0, "gradient reducer: null gradient buffer");
+  KILTER_CHECK(!opts.shard || padded_size % size_t(topo.size) == 0,
+               "gradient buffer of " << padded_size << " floats is not a multiple of the " << topo.size
+                                     << " ranks (pad it so a sharded reduction gives every rank the same share)");
 
   bool hierarchical = opts.algo == "hierarchical";
   if (hierarchical && !topo.uniform) hierarchical = false;  // make_topology has warned on rank 0
@@ -416,12 +477,32 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
 
   // Stages a rank would run alone are skipped: one rank per node needs no node steps; a world
   // of one rank needs nothing.
-  auto add_stage = [&](StageOp op, MPI_Comm base, const char* what) {
+  auto add_stage_to = [&](std::vector<Stage>& stages, StageOp op, MPI_Comm base, const char* what) {
     MPI_Comm dup = dup_comm(base, what);
     state->owned_comms.push_back(dup);
-    state->stages.push_back(Stage{op, make_communicator(opts.kind, dup, opts.timeout_s)});
+    stages.push_back(Stage{op, make_communicator(opts.kind, dup, opts.timeout_s)});
   };
-  if (hierarchical && topo.num_nodes == 1) {
+  auto add_stage = [&](StageOp op, MPI_Comm base, const char* what) { add_stage_to(state->stages, op, base, what); };
+  auto add_gather = [&](StageOp op, MPI_Comm base, const char* what) {
+    add_stage_to(state->gather_stages, op, base, what);
+  };
+  if (opts.shard) {
+    // The scatter stages, and the gathers that undo them in reverse order.
+    if (hierarchical && topo.num_nodes == 1) {
+      if (topo.size > 1) {
+        add_stage(StageOp::world_reduce_scatter, topo.node, "node");
+        add_gather(StageOp::world_allgather, topo.node, "node");
+      }
+    } else if (hierarchical) {
+      if (topo.local_size > 1) add_stage(StageOp::node_reduce_scatter, topo.node, "node");
+      add_stage(StageOp::cross_reduce_scatter, topo.cross, "cross");
+      add_gather(StageOp::cross_allgather, topo.cross, "cross");
+      if (topo.local_size > 1) add_gather(StageOp::node_allgather, topo.node, "node");
+    } else if (topo.size > 1) {
+      add_stage(StageOp::world_reduce_scatter, topo.world, "world");
+      add_gather(StageOp::world_allgather, topo.world, "world");
+    }
+  } else if (hierarchical && topo.num_nodes == 1) {
     // One node: reduce-scatter + allgather inside it is an allreduce done in two calls; one
     // call lets MPI pick its best single-node algorithm.
     if (topo.size > 1) add_stage(StageOp::world_allreduce, topo.node, "node");
@@ -435,7 +516,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
 
   // Buckets of whole node shards; 64-element shards keep every shard 256-byte aligned when the
   // buffer itself is (the trainer pads to local_size * 64).
-  const size_t unit = size_t(state->local_size);
+  const size_t unit = opts.shard ? size_t(topo.size) : size_t(state->local_size);
   size_t bucket_elems = std::max<size_t>(opts.bucket_bytes / sizeof(float), 1);
   const size_t aligned_unit = unit * 64;
   bucket_elems = bucket_elems >= aligned_unit ? bucket_elems / aligned_unit * aligned_unit
@@ -445,6 +526,19 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
     Bucket b;
     b.offset = begin;
     b.count = end - begin;
+    // What this rank holds reduced once the stages ran: each scatter keeps this rank's block of
+    // what the previous one left it.
+    b.owned_offset = b.offset;
+    b.owned_count = b.count;
+    for (const Stage& stage : state->stages) {
+      if (stage.op == StageOp::node_reduce_scatter) {
+        b.owned_count /= size_t(state->local_size);
+        b.owned_offset += size_t(state->local_rank) * b.owned_count;
+      } else if (stage.op == StageOp::cross_reduce_scatter || stage.op == StageOp::world_reduce_scatter) {
+        b.owned_count /= size_t(stage.comm->size());
+        b.owned_offset += size_t(stage.comm->rank()) * b.owned_count;
+      }
+    }
     state->buckets.push_back(std::move(b));
     end = begin;
   }

@@ -88,6 +88,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.on_nonfinite", po::value(&t.on_nonfinite)->default_value(t.on_nonfinite, shortest_text(t.on_nonfinite)), "non-finite loss or gradient norm: stop | skip")
     ("train.init_from", po::value(&t.init_from)->default_value(t.init_from, shortest_text(t.init_from)), "start from these weights: a Hugging Face GPT-2 directory (config.json + model.safetensors) or a kilter checkpoint (file or run directory); optimizer state and data position start fresh (empty: random init)")
     ("train.init_vocab", po::value(&t.init_vocab)->default_value(t.init_vocab, shortest_text(t.init_vocab)), "init_from weights whose vocabulary differs from the dataset's: strict (refuse) | resize (keep the first embedding rows, initialize the rest)")
+    ("train.shard_optimizer", po::value(&t.shard_optimizer)->default_value(t.shard_optimizer, shortest_text(t.shard_optimizer)), "ZeRO-1: gradients are reduce-scattered, each rank keeps the AdamW moments of 1/P of the parameters and updates them, the parameters are all-gathered (cpu backend; no effect on 1 rank)")
     ("comm.algo", po::value(&k.algo)->default_value(k.algo, shortest_text(k.algo)), "gradient reduction: flat | hierarchical")
     ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node, shortest_text(k.ranks_per_node)), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
     ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s, shortest_text(k.timeout_s)), "a collective not done within this many seconds ends the job (s)")
@@ -276,6 +277,9 @@ uint64_t Config::hash() const {
   // (cuDNN missing on another cluster) or with graphs toggled, like with other BLAS threads.
   c.train.attention.clear();
   c.train.cuda_graphs = false;
+  // Sharding changes where the optimizer state lives and the summation order, not the run: a
+  // checkpoint resumes sharded or not.
+  c.train.shard_optimizer = false;
   c.comm.timeout_s = 0;
   std::string text = c.to_ini();
   uint64_t h = 1469598103934665603ull;

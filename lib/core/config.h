@@ -64,6 +64,7 @@ struct TrainConfig {
   std::string on_nonfinite = "stop";  // stop | skip
   std::string init_from;           // HF GPT-2 directory or kilter checkpoint to start from ("": random init)
   std::string init_vocab = "strict";  // strict | resize: a vocabulary other than the dataset's
+  bool shard_optimizer = true;     // ZeRO-1: each rank keeps the AdamW state of 1/P of the parameters
 };
 
 struct CommConfig {

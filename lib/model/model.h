@@ -92,6 +92,12 @@ struct AdamWParams {
   int64_t t = 1;             // 1-based step for bias correction
 };
 
+// [offset, offset + count) of the flat parameter buffer, in floats.
+struct ParamRange {
+  size_t offset = 0;
+  size_t count = 0;
+};
+
 // Called during backward when grads[offset, offset+count) are final for this micro-batch.
 using GradReadyFn = std::function<void(size_t offset, size_t count)>;
 
@@ -117,9 +123,34 @@ class Model {
   virtual void init_params(uint64_t seed) = 0;
   virtual void set_params(const float* host) = 0;  // num_params floats in layout order
   virtual void get_params(float* host) const = 0;
-  // AdamW moments (for checkpoints), num_params floats each.
+  // AdamW moments (for checkpoints), num_params floats each. A model with a sharded optimizer
+  // keeps from set_optimizer_state only its own ranges, and get_optimizer_state throws (use
+  // get_optimizer_shard).
   virtual void get_optimizer_state(float* m, float* v) const = 0;
   virtual void set_optimizer_state(const float* m, const float* v) = 0;
+
+  // ZeRO-1 (train.shard_optimizer). After shard_optimizer(owned) this rank keeps AdamW moments
+  // only for `owned` (disjoint ranges of the padded buffer: what the gradient reducer leaves
+  // reduced here), adamw_step updates only the parameters there, and grad_norm_squared sums only
+  // there (the caller sums over ranks). Moments already held are kept for the owned part. The
+  // other parameters are the caller's to fill (all-gather), then params_changed().
+  virtual bool supports_optimizer_shard() const { return false; }
+  virtual void shard_optimizer(const std::vector<ParamRange>& owned) {  // throws unless supported
+    (void)owned;
+    shard_optimizer_unsupported();
+  }
+  // The ranges whose moments this rank holds ({[0, num_params)} unless sharded), and `count` of
+  // those moments from the `first`-th on, counting range after range (a checkpoint streams them in
+  // pieces, so that no rank copies a whole shard). Only a sharded backend implements it.
+  virtual std::vector<ParamRange> optimizer_ranges() const { return {{0, layout().num_params}}; }
+  virtual void get_optimizer_shard(float* m, float* v, size_t first, size_t count) const {
+    (void)m, (void)v, (void)first, (void)count;
+    shard_optimizer_unsupported();
+  }
+  // params() changed outside the model (the sharded step's all-gather): refresh what the backend
+  // derives from them (the CPU backend's bf16 copy).
+  virtual void params_changed() {}
+  [[noreturn]] void shard_optimizer_unsupported() const;
 
   // Forward + backward of one micro-batch. Returns the SUM over real targets of the
   // cross-entropy; gradients of (sum * loss_scale) ACCUMULATE into grads(). The trainer passes
@@ -132,7 +163,7 @@ class Model {
   virtual void zero_grads() = 0;
   virtual float* grads() = 0;        // device pointer, layout().padded_size floats
   virtual float* params() = 0;       // device pointer
-  virtual double grad_norm_squared() = 0;  // over num_params
+  virtual double grad_norm_squared() = 0;  // over num_params (over the owned ranges, sharded)
   // Whether grads()[offset, offset+count) holds only finite values. Called on this rank's own
   // gradient before it is reduced, to name the rank a non-finite gradient came from; a backend
   // that cannot check cheaply returns true (the reduced gradient norm still catches it, unnamed).

@@ -1,7 +1,8 @@
 // Checkpoints of a training run (see checkpointer.h). Saving: rank 0 copies the model state into
 // host buffers at the step boundary (the only cost the step sees) and a writer thread turns them
 // into RUN_DIR/checkpoints/step-NNNNNNNN.h5 while training goes on; the other ranks do nothing,
-// since data-parallel ranks hold identical state. Loading: rank 0 reads and checks the file and
+// since data-parallel ranks hold identical state, except with a sharded optimizer
+// (train.shard_optimizer), where each sends rank 0 the moments of its ranges. Loading: rank 0 reads and checks the file and
 // broadcasts the outcome first, so a bad file is the same clear error on every rank, never a hang.
 #include "lib/train/checkpointer.h"
 
@@ -116,10 +117,98 @@ std::string latest_checkpoint_text(const std::string& dir) {
                        : "the latest checkpoint stays " + found.back().second;
 }
 
+// Whether `model` holds the moments of only some ranges (the same answer on every rank: a
+// sharded model on P > 1 ranks never owns the whole buffer).
+bool optimizer_sharded(const model::Model& model) {
+  const std::vector<model::ParamRange> ranges = model.optimizer_ranges();
+  return !(ranges.size() == 1 && ranges[0].offset == 0 && ranges[0].count >= model.layout().num_params);
+}
+
+// Sends (rank != 0) or receives and places (rank 0, into m and v: num_params floats each) every
+// rank's optimizer shard, over `comm` (the checkpointer's own), in pieces of kShardPiece floats:
+// no rank copies a whole shard (lib/train/memory_plan.cpp counts two pieces per rank).
+constexpr size_t kShardPiece = size_t(1) << 22;
+
+void gather_optimizer_shards(MPI_Comm comm, const model::Model& model, float* m, float* v) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const size_t num_params = model.layout().num_params;
+  auto total_of = [](const std::vector<model::ParamRange>& rs) {
+    size_t n = 0;
+    for (const model::ParamRange& r : rs) n += r.count;
+    return n;
+  };
+  const std::vector<model::ParamRange> ranges = model.optimizer_ranges();
+  std::vector<float> piece_m, piece_v;
+  if (rank != 0) {
+    std::vector<unsigned long long> header{ranges.size()};
+    for (const model::ParamRange& r : ranges) header.insert(header.end(), {r.offset, r.count});
+    unsigned long long n = header.size();
+    MPI_Send(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, 0, comm);
+    MPI_Send(header.data(), int(n), MPI_UNSIGNED_LONG_LONG, 0, 0, comm);
+    const size_t total = total_of(ranges);
+    piece_m.resize(std::min(total, kShardPiece));
+    piece_v.resize(piece_m.size());
+    for (size_t first = 0; first < total; first += kShardPiece) {
+      const size_t count = std::min(kShardPiece, total - first);
+      model.get_optimizer_shard(piece_m.data(), piece_v.data(), first, count);
+      MPI_Send(piece_m.data(), int(count), MPI_FLOAT, 0, 1, comm);
+      MPI_Send(piece_v.data(), int(count), MPI_FLOAT, 0, 1, comm);
+    }
+    return;
+  }
+  // Moments [first, first + count) of a shard laid out range after range go to their offsets
+  // (the padding beyond num_params is not saved).
+  auto place = [&](const std::vector<model::ParamRange>& rs, size_t first, size_t count) {
+    size_t at = 0;  // where the current range starts in the shard's sequence
+    for (const model::ParamRange& r : rs) {
+      const size_t lo = std::max(first, at), hi = std::min(first + count, at + r.count);
+      if (lo < hi) {
+        const size_t dst = r.offset + (lo - at);
+        const size_t end = std::min(dst + (hi - lo), num_params);
+        if (dst < end) {
+          std::memcpy(m + dst, piece_m.data() + (lo - first), sizeof(float) * (end - dst));
+          std::memcpy(v + dst, piece_v.data() + (lo - first), sizeof(float) * (end - dst));
+        }
+      }
+      at += r.count;
+    }
+  };
+  for (int from = 0; from < size; ++from) {
+    std::vector<model::ParamRange> theirs = ranges;
+    if (from != 0) {
+      unsigned long long n = 0;
+      MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
+      std::vector<unsigned long long> header(n);
+      MPI_Recv(header.data(), int(n), MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
+      KILTER_CHECK(n >= 1 && n == 1 + 2 * header[0], "checkpoint: malformed optimizer shard header from rank " << from);
+      theirs.clear();
+      for (size_t k = 0; k < header[0]; ++k) theirs.push_back({size_t(header[1 + 2 * k]), size_t(header[2 + 2 * k])});
+    }
+    const size_t total = total_of(theirs);
+    for (size_t first = 0; first < total; first += kShardPiece) {
+      const size_t count = std::min(kShardPiece, total - first);
+      if (piece_m.size() < count) {
+        piece_m.resize(count);
+        piece_v.resize(count);
+      }
+      if (from == 0) {
+        model.get_optimizer_shard(piece_m.data(), piece_v.data(), first, count);
+      } else {
+        MPI_Recv(piece_m.data(), int(count), MPI_FLOAT, from, 1, comm, MPI_STATUS_IGNORE);
+        MPI_Recv(piece_v.data(), int(count), MPI_FLOAT, from, 1, comm, MPI_STATUS_IGNORE);
+      }
+      place(theirs, first, count);
+    }
+  }
+}
+
 }  // namespace
 
 struct Checkpointer::Impl {
   MPI_Comm world = MPI_COMM_NULL;
+  MPI_Comm shards = MPI_COMM_NULL;  // a dup of world for the optimizer shards' messages
   int rank = 0;
   int world_size = 1;
   std::string run_dir;
@@ -209,6 +298,7 @@ Checkpointer::Checkpointer(MPI_Comm world, const std::string& run_dir, int keep,
   s.world = world;
   MPI_Comm_rank(world, &s.rank);
   MPI_Comm_size(world, &s.world_size);
+  MPI_Comm_dup(world, &s.shards);
   s.run_dir = run_dir;
   s.dir = checkpoints_dir(run_dir);
   s.keep = keep;
@@ -228,6 +318,9 @@ Checkpointer::Checkpointer(MPI_Comm world, const std::string& run_dir, int keep,
 
 Checkpointer::~Checkpointer() {
   Impl& s = *impl_;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && s.shards != MPI_COMM_NULL) MPI_Comm_free(&s.shards);
   if (!s.writer.joinable()) return;
   {
     std::unique_lock<std::mutex> lock(s.mu);
@@ -247,7 +340,11 @@ Checkpointer::~Checkpointer() {
 
 void Checkpointer::save(const model::Model& model, const TrainState& state, bool final_checkpoint) {
   Impl& s = *impl_;
-  if (s.rank != 0) return;
+  const bool sharded = optimizer_sharded(model);
+  if (s.rank != 0) {
+    if (sharded) gather_optimizer_shards(s.shards, model, nullptr, nullptr);
+    return;
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(s.mu);
   s.wait_for_writer_and_rethrow(lock);
@@ -261,7 +358,10 @@ void Checkpointer::save(const model::Model& model, const TrainState& state, bool
   c.adam_m.resize(layout.num_params);
   c.adam_v.resize(layout.num_params);
   model.get_params(c.params.data());
-  model.get_optimizer_state(c.adam_m.data(), c.adam_v.data());
+  if (sharded)
+    gather_optimizer_shards(s.shards, model, c.adam_m.data(), c.adam_v.data());
+  else
+    model.get_optimizer_state(c.adam_m.data(), c.adam_v.data());
 
   io::CheckpointInfo& info = c.info;
   info.format_version = io::kCheckpointFormatVersion;

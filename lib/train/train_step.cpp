@@ -143,7 +143,10 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
   ctx.diagnostics->phase_begin(diag::kOptimizer);
   UpdateResult result;
   const double loss = reduced.loss;
-  result.grad_norm = std::sqrt(model.grad_norm_squared());
+  double norm_squared = model.grad_norm_squared();
+  // Sharded: each rank summed its own ranges; the global norm is one small allreduce away.
+  if (ctx.shard_optimizer) MPI_Allreduce(MPI_IN_PLACE, &norm_squared, 1, MPI_DOUBLE, MPI_SUM, ctx.world);
+  result.grad_norm = std::sqrt(norm_squared);
   if (!reduced.nonfinite_ranks.empty() || !std::isfinite(loss) || !std::isfinite(result.grad_norm)) {
     std::ostringstream what;
     what << "step " << step_index << ": non-finite " << (std::isfinite(loss) ? "gradient" : "loss")
@@ -171,6 +174,12 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
     ap.grad_scale = train.grad_clip > 0 ? optim::clip_scale(result.grad_norm, train.grad_clip) : 1.0f;
     ap.t = step_index + 1;
     model.adamw_step(ap);
+    if (ctx.shard_optimizer) {
+      // Every rank updated its own ranges; all of them reach every rank before the next forward.
+      model.synchronize();
+      ctx.reducer->gather(model.params());
+      model.params_changed();
+    }
   }
   model.synchronize();
   ctx.diagnostics->phase_end(diag::kOptimizer);

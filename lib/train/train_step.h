@@ -40,6 +40,9 @@ struct StepContext {
   int64_t step_index = 0;       // the optimizer steps completed (set by the trainer every step)
   bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite
   bool checkpoint_due = false;   // rank 0: output.checkpoint_minutes passed (travels with the stop flag)
+  // train.shard_optimizer in force: the reducer leaves each rank 1/P of the gradient, update()
+  // sums the norm over ranks and all-gathers the parameters.
+  bool shard_optimizer = false;
 };
 
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating

@@ -31,6 +31,7 @@
 #include "lib/train/training_data.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
+#include "lib/train/memory_plan.h"
 #include "lib/train/micro_batch.h"
 #include "lib/train/plan_cursor.h"
 #include "lib/train/run_dir.h"
@@ -135,15 +136,45 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   // ---- model, reduction, diagnostics, checkpoints --------------------------------------------
   std::string backend = cfg.train.backend;
   if (backend == "auto") backend = model::cuda_available() ? "cuda" : "cpu";
+  // A run that cannot fit is refused here, before any rank allocates model memory.
+  check_memory_plan(world, cfg, topo.local_size, resuming, backend);
   model::GPTConfig gpt{cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
                        cfg.model.vocab_size};
-  // Node shards of the flat gradient buffer are contiguous and 64-float aligned.
-  const size_t pad_multiple = size_t(topo.local_size) * 64;
+  // Node shards of the flat gradient buffer are contiguous and 64-float aligned; sharded (ZeRO-1),
+  // so is every rank's share of each bucket.
+  bool shard_optimizer = cfg.train.shard_optimizer && world_size > 1;
+  const size_t pad_multiple = size_t(shard_optimizer ? world_size : topo.local_size) * 64;
   model::BackendOptions backend_options;
   backend_options.precision = cfg.train.precision;
   backend_options.attention = cfg.train.attention;
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, backend_options);
+  if (shard_optimizer && !model->supports_optimizer_shard()) {
+    shard_optimizer = false;
+    if (rank == 0)
+      std::fprintf(stderr, "kilter: warning: train.shard_optimizer = true: the %s backend has no sharded optimizer "
+                   "yet; every rank keeps the full optimizer state\n", model->backend_name().c_str());
+  }
+  // The reducer decides which ranges this rank owns; the model keeps moments only for them,
+  // from before a resume loads any.
+  const std::string comm_kind = backend == "cuda" ? "nccl" : "mpi";
+  std::string algo = cfg.comm.algo;
+  if (algo == "hierarchical" && !topo.uniform) algo = "flat";  // make_topology has warned
+  comm::ReducerOptions reducer_opts;
+  reducer_opts.kind = comm_kind;
+  reducer_opts.algo = algo;
+  reducer_opts.bucket_bytes = size_t(cfg.comm.bucket_mb * 1024 * 1024);
+  reducer_opts.overlap = cfg.comm.overlap ? comm::OverlapMode::automatic : comm::OverlapMode::off;
+  reducer_opts.timeout_s = cfg.comm.timeout_s;
+  reducer_opts.shard = shard_optimizer;
+  // The model reports every float of the padded buffer (the padding together with ln_f).
+  reducer_opts.reported_size = model->layout().padded_size;
+  auto reducer = comm::make_gradient_reducer(topo, model->grads(), model->layout().padded_size, reducer_opts);
+  if (shard_optimizer) {
+    std::vector<model::ParamRange> owned;
+    for (const comm::BufferRange& r : reducer->owned()) owned.push_back({r.offset, r.count});
+    model->shard_optimizer(owned);
+  }
   model->init_params(cfg.train.seed);
   if (!resuming && !cfg.train.init_from.empty()) {  // a resumed run continues from its own checkpoint
     const std::string note = load_initial_weights(world, cfg, index, *model);
@@ -167,19 +198,6 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   // Only now, once a resume has loaded (or a new run was allowed into run_dir): a refused run
   // leaves the run directory's config.ini as it was.
   if (rank == 0) write_text_file(fs::path(run_dir) / "config.ini", cfg.to_ini());
-
-  const std::string comm_kind = backend == "cuda" ? "nccl" : "mpi";
-  std::string algo = cfg.comm.algo;
-  if (algo == "hierarchical" && !topo.uniform) algo = "flat";  // make_topology has warned
-  comm::ReducerOptions reducer_opts;
-  reducer_opts.kind = comm_kind;
-  reducer_opts.algo = algo;
-  reducer_opts.bucket_bytes = size_t(cfg.comm.bucket_mb * 1024 * 1024);
-  reducer_opts.overlap = cfg.comm.overlap ? comm::OverlapMode::automatic : comm::OverlapMode::off;
-  reducer_opts.timeout_s = cfg.comm.timeout_s;
-  // The model reports every float of the padded buffer (the padding together with ln_f).
-  reducer_opts.reported_size = model->layout().padded_size;
-  auto reducer = comm::make_gradient_reducer(topo, model->grads(), model->layout().padded_size, reducer_opts);
 
   diag::DiagOptions dopts;
   dopts.run_dir = run_dir;
@@ -263,6 +281,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   ctx.reader = &reader;
   ctx.fill_prefetch = fill_prefetch;
   ctx.reducer = reducer.get();
+  ctx.shard_optimizer = shard_optimizer;
   ctx.diagnostics = &diagnostics;
   ctx.watchdog = &watchdog;
   // The K/V exchange of cut pieces gets its own communicator: its messages never meet the
@@ -403,6 +422,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["backend"] = backend;
   extra["backend_detail"] = model->describe();
   extra["comm_algo"] = algo;
+  extra["shard_optimizer"] = shard_optimizer;
   extra["num_nodes"] = topo.num_nodes;
   extra["ranks_per_node"] = topo.local_size;
   extra["num_params"] = model->layout().num_params;

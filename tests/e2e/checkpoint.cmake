@@ -1,4 +1,4 @@
-# Checkpoints, resume, preemption and fault handling end to end (issue 8).
+# Checkpoints, resume, preemption and fault handling end to end (issue 8); the sharded optimizer (issue 24).
 kilter_add_e2e_test(e2e_resume_equality ${CMAKE_CURRENT_LIST_DIR}/resume_equality.sh)
 kilter_add_e2e_test(e2e_resume_world_size ${CMAKE_CURRENT_LIST_DIR}/resume_world_size.sh)
 kilter_add_e2e_test(e2e_resume_torch ${CMAKE_CURRENT_LIST_DIR}/resume_torch.sh)
@@ -7,3 +7,5 @@ kilter_add_e2e_test(e2e_fault_kill_write ${CMAKE_CURRENT_LIST_DIR}/fault_kill_wr
 kilter_add_e2e_test(e2e_fault_bad_checkpoint ${CMAKE_CURRENT_LIST_DIR}/fault_bad_checkpoint.sh)
 kilter_add_e2e_test(e2e_fault_config_mismatch ${CMAKE_CURRENT_LIST_DIR}/fault_config_mismatch.sh)
 kilter_add_e2e_test(e2e_fault_rank_error ${CMAKE_CURRENT_LIST_DIR}/fault_rank_error.sh)
+kilter_add_e2e_test(e2e_shard_optimizer ${CMAKE_CURRENT_LIST_DIR}/shard_optimizer.sh)
+kilter_add_e2e_test(e2e_memory_plan ${CMAKE_CURRENT_LIST_DIR}/memory_plan.sh)

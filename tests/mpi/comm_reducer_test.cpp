@@ -2,7 +2,7 @@
 // flat == hierarchical == one plain MPI_Allreduce, exactly for integer-valued gradients and to
 // float tolerance for random ones; odd sizes, several buckets, padding the model never reports,
 // ranges arriving high-to-low, low-to-high or not at all, overlap off / poll / thread, and
-// several steps through one reducer.
+// several steps through one reducer; the sharded (ZeRO-1) reduction and its parameter gather.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,6 +123,81 @@ TEST_F(ReducerTest, IntegerGradientsSumExactlyInEveryMode) {
   for (const Case& c : all_cases()) {
     EXPECT_EQ(global_failures(run_integer_case(c, 2)), 0) << describe(c);
   }
+}
+
+// Sharded (ZeRO-1): the owned ranges tile the buffer over the ranks (each element owned once),
+// each holds the exact sum after finish(), and gather() gives every rank every owner's values.
+TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
+  const size_t P = size_t(topo_.size);
+  const std::pair<OverlapMode, bool> engines[] = {{OverlapMode::off, true},
+                                                  {OverlapMode::poll, false},
+                                                  {OverlapMode::thread, true},
+                                                  {OverlapMode::thread, false}};
+  struct Shape {
+    size_t units, bucket_bytes;
+  };
+  // Several buckets with an odd remainder bucket at offset 0; one bucket; one element per rank.
+  const Shape shapes[] = {{64 * 5 + 7, 4 * 64 * 2 * P}, {811, size_t(1) << 24}, {1, 4}};
+  for (const char* algo : {"flat", "hierarchical"})
+    for (const auto& [mode, blocking] : engines)
+      for (const Shape& shape : shapes) {
+        const std::string what = std::string(algo) + "/" + overlap_mode_name(mode) + (blocking ? "/blocking" : "") +
+                                 " units=" + std::to_string(shape.units);
+        const size_t padded = shape.units * P;
+        std::vector<float> grads(padded), params(padded);
+        ReducerOptions opts;
+        opts.algo = algo;
+        opts.overlap = mode;
+        opts.blocking_collectives = blocking;
+        opts.bucket_bytes = shape.bucket_bytes;
+        opts.shard = true;
+        auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
+        long bad = 0;
+        for (int step = 0; step < 2; ++step) {
+          for (size_t i = 0; i < padded; ++i)
+            grads[i] = float(int((i * 7 + size_t(topo_.rank) * 5 + size_t(step)) % 23) - 11);
+          reducer->begin();
+          report(*reducer, padded, ReadyOrder::high_to_low, 77 + uint64_t(step));
+          reducer->finish();
+          std::vector<int> owners(padded, 0);
+          size_t owned_total = 0;
+          for (const BufferRange& r : reducer->owned()) {
+            owned_total += r.count;
+            for (size_t i = r.offset; i < r.offset + r.count; ++i) {
+              owners[i] += 1;
+              double exact = 0;
+              for (int q = 0; q < topo_.size; ++q) exact += int((i * 7 + size_t(q) * 5 + size_t(step)) % 23) - 11;
+              bad += grads[i] != float(exact);
+            }
+          }
+          bad += owned_total != padded / P;  // 1/P each
+          MPI_Allreduce(MPI_IN_PLACE, owners.data(), int(padded), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+          for (int n : owners) bad += n != 1;
+          // Owners write their ranges; everything else is this rank's garbage until gathered.
+          std::fill(params.begin(), params.end(), -1000.f - float(topo_.rank));
+          for (const BufferRange& r : reducer->owned())
+            for (size_t i = r.offset; i < r.offset + r.count; ++i) params[i] = float(i % 1009) + 0.5f * float(step);
+          reducer->gather(params.data());
+          for (size_t i = 0; i < padded; ++i) bad += params[i] != float(i % 1009) + 0.5f * float(step);
+        }
+        EXPECT_EQ(global_failures(bad), 0) << what;
+      }
+}
+
+TEST_F(ReducerTest, ShardedBufferMustSplitOverTheRanks) {
+  if (topo_.size == 1) GTEST_SKIP() << "one rank: every size splits";
+  // Whole node shards (when the node is not the world) but not whole world shares.
+  const size_t extra = topo_.local_size < topo_.size ? size_t(topo_.local_size) : 1;
+  std::vector<float> grads(size_t(topo_.size) * 10 + extra);
+  ReducerOptions opts;
+  opts.shard = true;
+  long named = 0;
+  try {
+    make_gradient_reducer(topo_, grads.data(), grads.size(), opts);
+  } catch (const Error& e) {
+    named = std::string(e.what()).find("not a multiple") != std::string::npos;
+  }
+  EXPECT_EQ(global_failures(named), topo_.size);
 }
 
 TEST_F(ReducerTest, FlatAndHierarchicalAgreeOnRandomGradients) {

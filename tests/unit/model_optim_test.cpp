@@ -1,10 +1,12 @@
-// AdamW against hand-computed steps, the decay mask, the learning-rate schedule and the
-// clipping factor.
+// AdamW against hand-computed steps, the decay mask, the sharded (ZeRO-1) CPU optimizer, the
+// learning-rate schedule and the clipping factor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "io/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/optim/adamw.h"
 #include "lib/optim/schedule.h"
@@ -65,6 +67,77 @@ TEST(AdamW, ModelDecaysTwoDimensionalWeightsOnly) {
     const float expected = tensor.decay ? before[i] * (1.0f - 0.05f) : before[i];
     EXPECT_FLOAT_EQ(model.params()[i], expected) << tensor.name;
   }
+}
+
+// ZeRO-1 on one process: the owned ranges of several "ranks" (cutting through tensors, in an
+// order that is not the buffer's) each step exactly as the unsharded model does there, hold the
+// same moments, and their squared norms add up to the whole one.
+TEST(AdamW, ShardedModelStepsItsRangesAsTheWholeModel) {
+  model::GPTConfig cfg = model::testing::tiny_config();
+  backend::CpuModel whole(cfg, 64);
+  whole.init_params(5);
+  const size_t padded = whole.layout().padded_size, num = whole.layout().num_params;
+  ASSERT_EQ(padded % 4, 0u);
+  const size_t half = padded / 2, quarter = padded / 4;
+  // Two "ranks", each with two ranges of different buckets (as the reducer hands them out).
+  const std::vector<std::vector<model::ParamRange>> shards = {{{quarter, quarter}, {half + quarter, quarter}},
+                                                              {{0, quarter}, {half, quarter}}};
+  std::vector<float> grads(padded);
+  for (size_t i = 0; i < num; ++i) grads[i] = std::sin(0.37f * float(i)) * 1e-2f;
+  std::vector<float> start(num);
+  whole.get_params(start.data());
+  model::AdamWParams p;
+  p.lr = 1e-2f;
+  p.grad_scale = 0.7f;
+  double norm_parts = 0;
+  std::vector<float> sharded_params(num);
+  for (const auto& owned : shards) {
+    backend::CpuModel part(cfg, 64);
+    part.shard_optimizer(owned);
+    part.set_params(start.data());
+    std::copy(grads.begin(), grads.end(), part.grads());
+    norm_parts += part.grad_norm_squared();
+    for (int t = 1; t <= 2; ++t) {
+      p.t = t;
+      part.adamw_step(p);
+    }
+    for (const model::ParamRange& r : owned)
+      for (size_t i = r.offset; i < std::min(r.offset + r.count, num); ++i) sharded_params[i] = part.params()[i];
+    // The moments of its ranges, range after range, are the whole model's there (after its steps).
+    size_t total = 0;
+    for (const model::ParamRange& r : owned) total += r.count;
+    std::vector<float> m(total), v(total);
+    part.get_optimizer_shard(m.data(), v.data(), 0, total);
+    EXPECT_EQ(part.optimizer_ranges().size(), owned.size());
+    EXPECT_THROW(part.get_optimizer_state(m.data(), v.data()), Error);
+  }
+  std::copy(grads.begin(), grads.end(), whole.grads());
+  const double norm_whole = whole.grad_norm_squared();
+  EXPECT_NEAR(norm_parts, norm_whole, 1e-12 * norm_whole);
+  for (int t = 1; t <= 2; ++t) {
+    p.t = t;
+    whole.adamw_step(p);
+  }
+  long differ = 0;
+  for (size_t i = 0; i < num; ++i) differ += sharded_params[i] != whole.params()[i];
+  EXPECT_EQ(differ, 0);
+  // And the moments: a shard taken from the whole model's state holds exactly its ranges.
+  std::vector<float> m(num), v(num);
+  whole.get_optimizer_state(m.data(), v.data());
+  backend::CpuModel resumed(cfg, 64);
+  resumed.shard_optimizer(shards[0]);
+  resumed.set_optimizer_state(m.data(), v.data());
+  std::vector<float> sm(half), sv(half);
+  resumed.get_optimizer_shard(sm.data(), sv.data(), 0, half);
+  size_t k = 0;
+  for (const model::ParamRange& r : shards[0])
+    for (size_t i = r.offset; i < r.offset + r.count; ++i, ++k)
+      if (i < num) {
+        differ += sm[k] != m[i] || sv[k] != v[i];
+      } else {
+        differ += sm[k] != 0.0f || sv[k] != 0.0f;  // padding
+      }
+  EXPECT_EQ(differ, 0);
 }
 
 TEST(Schedule, WarmupThenCosine) {

@@ -1,0 +1,270 @@
+// The memory plan (memory_plan.h). The figures follow what the CPU backend and the trainer
+// allocate: CpuModel's constructor and ensure_capacity (lib/backend/cpu_model.cpp), the
+// checkpointer's snapshot and shard buffers, the reader's ring. tests/e2e/memory_plan.sh checks
+// the estimate against the measured peak RSS.
+#include "lib/train/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "io/error.h"
+#include "lib/model/model.h"
+
+namespace kilter::train {
+namespace {
+
+// What a rank holds besides the figures: MPI (shared-memory transport), oneDNN and OpenMP,
+// HDF5, the plan of an epoch, code, and the malloc arenas of the threads. Measured: 41-64 MiB
+// (a 2-layer, 32-wide model's rank peaks at 41 MB; 4 x 512 ranks vary by 30 MiB run to run).
+constexpr uint64_t kRuntimeBytes = 64ull << 20;
+// The LM head's chunk of rows (CpuModel's kHeadChunk).
+constexpr uint64_t kHeadChunk = 512;
+
+double gib(uint64_t bytes) { return double(bytes) / double(1ull << 30); }
+
+uint64_t activation_bytes(const Config& cfg) {
+  const uint64_t N = uint64_t(cfg.data.max_tokens), C = uint64_t(cfg.model.n_embd), L = uint64_t(cfg.model.n_layer);
+  const uint64_t V = uint64_t(cfg.model.vocab_size), NH = uint64_t(cfg.model.n_head);
+  const uint64_t context = uint64_t(cfg.model.block_size);
+  const uint64_t att = NH * N * std::min(N, context);  // saved softmax per layer
+  uint64_t floats = N * C                              // encoded
+                    + L * N * (16 * C + 4)             // each block's kept activations and statistics
+                    + N * C + 2 * N                    // ln_f and its statistics
+                    + 10 * N * C                       // backward scratch: dresidual, dln, datty, dqkv, dfch
+                    + N * C + kHeadChunk * C + kHeadChunk * V  // LM head rows, their gradient, a chunk of logits
+                    + L * att;
+  uint64_t bytes = floats * 4 + 2 * N * 4;  // + target rows and ids
+  if (cfg.train.precision == "bf16") {
+    bytes += L * N * 7 * C * 2;  // the kept bf16 GEMM inputs
+    // Per-thread bf16 staging of the other GEMM operands (lib/model/matmul.cpp), and what oneDNN's
+    // bf16 kernels hold (measured: about 40 MiB more than fp32 whatever the shape).
+    bytes += (std::max(N * 4 * C, kHeadChunk * V) + N * 4 * C) * 2 + (40ull << 20);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+uint64_t machine_memory_bytes() {
+  if (const char* forced = std::getenv("KILTER_TEST_NODE_MEMORY_BYTES")) return std::strtoull(forced, nullptr, 10);
+  uint64_t total = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemTotal:") {
+      total = kib * 1024;
+      break;
+    }
+    meminfo.ignore(256, '\n');
+  }
+  // A cgroup (v2) limit below the machine's is what the job really has.
+  std::ifstream limit_file("/sys/fs/cgroup/memory.max");
+  std::string limit;
+  if (limit_file >> limit && !limit.empty() && limit != "max") {
+    const uint64_t bytes = std::strtoull(limit.c_str(), nullptr, 10);
+    if (bytes > 0 && (total == 0 || bytes < total)) total = bytes;
+  }
+  return total;
+}
+
+MemoryPlan plan_memory(const MemoryPlanInput& in) { return plan_memory(in, machine_memory_bytes()); }
+
+namespace {
+
+// The figures, without looking for a setting that fits.
+MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
+  MemoryPlan p;
+  p.input = in;
+  const Config& cfg = in.cfg;
+  const int P = std::max(1, in.world_size);
+  const int L = std::clamp(in.ranks_per_node, 1, P);
+  p.sharded = cfg.train.shard_optimizer && P > 1;
+  const model::GPTConfig gpt{cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
+                             std::max(1, cfg.model.vocab_size)};
+  const model::ParamLayout layout = model::ParamLayout::build(gpt, size_t(p.sharded ? P : L) * 64);
+  p.num_params = layout.num_params;
+  p.padded_params = layout.padded_size;
+  const bool bf16 = cfg.train.precision == "bf16";
+  const uint64_t shard = p.sharded ? p.padded_params / uint64_t(P) : p.num_params;
+
+  p.parameters = p.padded_params * (bf16 ? 6 : 4);
+  p.gradients = p.padded_params * 4;
+  p.optimizer = shard * 8;
+  p.activations = activation_bytes(cfg);
+  // Rank 0 keeps a snapshot of params and moments for the background writer; sharded, every rank
+  // copies its moments to send them (rank 0: to receive the others'). A resume reads params and
+  // moments into buffers on every rank before handing them to the model.
+  const uint64_t snapshot = p.num_params * 12;
+  // Sharded, the moments travel to rank 0 in pieces of 2^22 floats (checkpointer.cpp).
+  const uint64_t shard_buffers = p.sharded ? std::min<uint64_t>(shard, 1ull << 22) * 8 : 0;
+  p.checkpoint_rank0 = snapshot + shard_buffers;
+  p.checkpoint_other = std::max(shard_buffers, in.resuming ? snapshot : 0);
+  const uint64_t tokens = uint64_t(cfg.data.max_tokens);
+  p.prefetch = (uint64_t(std::max<int64_t>(cfg.data.prefetch, 0)) + 1) * tokens * 4 * 2 + tokens * 12;
+  p.runtime = kRuntimeBytes;
+
+  const uint64_t common = p.parameters + p.gradients + p.optimizer + p.activations + p.prefetch + p.runtime;
+  p.rank0_total = common + p.checkpoint_rank0;
+  p.other_total = common + p.checkpoint_other;
+  p.node_total = p.rank0_total + uint64_t(L - 1) * p.other_total;
+  p.machine_bytes = machine_bytes;
+  p.fits = machine_bytes == 0 || p.node_total <= machine_bytes;
+  return p;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const MemoryPlanInput& in, uint64_t machine_bytes) {
+  MemoryPlan p = memory_figures(in, machine_bytes);
+  if (p.fits) return p;
+  const Config& cfg = in.cfg;
+  const int P = std::max(1, in.world_size);
+  const int L = std::clamp(in.ranks_per_node, 1, P);
+
+  // The cheapest setting that fits: sharding costs nothing; a smaller micro-batch costs GEMM
+  // efficiency; more nodes cost machines. Activation recomputation (train.recompute) is not yet
+  // available.
+  auto fits_with = [&](const MemoryPlanInput& changed) { return memory_figures(changed, machine_bytes).fits; };
+  if (!p.sharded && P > 1) {
+    MemoryPlanInput changed = in;
+    changed.cfg.train.shard_optimizer = true;
+    if (fits_with(changed)) {
+      p.advice = "set train.shard_optimizer = true";
+      return p;
+    }
+  }
+  for (int64_t max_tokens = cfg.data.max_tokens / 2; max_tokens >= 64; max_tokens /= 2) {
+    MemoryPlanInput changed = in;
+    changed.cfg.data.max_tokens = max_tokens;
+    changed.cfg.train.shard_optimizer = P > 1;
+    if (fits_with(changed)) {
+      p.advice = std::string(!p.sharded && P > 1 ? "set train.shard_optimizer = true and " : "set ") +
+                 "data.max_tokens = " + std::to_string(max_tokens) + " (micro-batches of fewer tokens)";
+      return p;
+    }
+  }
+  const int current_nodes = P / L;
+  for (int nodes = current_nodes + 1; nodes <= current_nodes * 1024;
+       nodes = nodes < 2 * current_nodes ? nodes + 1 : nodes * 2) {
+    MemoryPlanInput changed = in;
+    changed.world_size = nodes * L;
+    changed.cfg.train.shard_optimizer = true;
+    if (fits_with(changed)) {
+      p.advice = "run on " + std::to_string(nodes) + " nodes of " + std::to_string(L) +
+                 " ranks with train.shard_optimizer = true (" + std::to_string(nodes * L) + " ranks)";
+      return p;
+    }
+  }
+  return p;
+}
+
+std::string format_memory_plan(const MemoryPlan& p) {
+  std::ostringstream os;
+  char line[256];
+  const Config& cfg = p.input.cfg;
+  std::snprintf(line, sizeof line,
+                "memory plan: %llu parameters, %s, %d ranks (%d per node), optimizer %s, data.max_tokens %lld; "
+                "recompute: not yet available\n",
+                (unsigned long long)p.num_params, cfg.train.precision.c_str(), p.input.world_size,
+                p.input.ranks_per_node, p.sharded ? "sharded (1/P per rank)" : "on every rank",
+                (long long)cfg.data.max_tokens);
+  os << line;
+  auto row = [&](const char* what, uint64_t rank0, uint64_t other) {
+    if (rank0 == other)
+      std::snprintf(line, sizeof line, "  %-22s %9.3f GiB per rank\n", what, gib(rank0));
+    else
+      std::snprintf(line, sizeof line, "  %-22s %9.3f GiB on rank 0, %.3f GiB on the others\n", what, gib(rank0),
+                    gib(other));
+    os << line;
+  };
+  row(cfg.train.precision == "bf16" ? "parameters (+bf16)" : "parameters", p.parameters, p.parameters);
+  row("gradients", p.gradients, p.gradients);
+  row("optimizer state", p.optimizer, p.optimizer);
+  row("activations", p.activations, p.activations);
+  row("checkpoint", p.checkpoint_rank0, p.checkpoint_other);
+  row("prefetch ring", p.prefetch, p.prefetch);
+  row("runtime", p.runtime, p.runtime);
+  row("total", p.rank0_total, p.other_total);
+  if (p.machine_bytes > 0)
+    std::snprintf(line, sizeof line, "  node: %.3f GiB for %d ranks of %.3f GiB on this machine: %s\n",
+                  gib(p.node_total), p.input.ranks_per_node, gib(p.machine_bytes), p.fits ? "fits" : "does NOT fit");
+  else
+    std::snprintf(line, sizeof line, "  node: %.3f GiB for %d ranks (this machine's memory is unknown)\n",
+                  gib(p.node_total), p.input.ranks_per_node);
+  os << line;
+  if (!p.fits) os << "  " << (p.advice.empty() ? "no setting kilter can change fits" : "fits with: " + p.advice) << "\n";
+  return os.str();
+}
+
+nlohmann::json memory_plan_json(const MemoryPlan& p) {
+  return {{"world_size", p.input.world_size},
+          {"ranks_per_node", p.input.ranks_per_node},
+          {"precision", p.input.cfg.train.precision},
+          {"shard_optimizer", p.sharded},
+          {"recompute", "not yet available"},
+          {"max_tokens", p.input.cfg.data.max_tokens},
+          {"num_params", p.num_params},
+          {"parameters_bytes", p.parameters},
+          {"gradients_bytes", p.gradients},
+          {"optimizer_bytes", p.optimizer},
+          {"activations_bytes", p.activations},
+          {"checkpoint_bytes_rank0", p.checkpoint_rank0},
+          {"checkpoint_bytes_other", p.checkpoint_other},
+          {"prefetch_bytes", p.prefetch},
+          {"runtime_bytes", p.runtime},
+          {"rank0_bytes", p.rank0_total},
+          {"other_rank_bytes", p.other_total},
+          {"node_bytes", p.node_total},
+          {"machine_bytes", p.machine_bytes},
+          {"fits", p.fits},
+          {"advice", p.advice}};
+}
+
+std::string memory_refusal(const MemoryPlan& p) {
+  std::ostringstream os;
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "this run needs %.2f GiB per node (%d ranks: %.2f GiB on rank 0, %.2f GiB on each other), and this "
+                "machine has %.2f GiB; ",
+                gib(p.node_total), p.input.ranks_per_node, gib(p.rank0_total), gib(p.other_total), gib(p.machine_bytes));
+  os << line;
+  if (!p.advice.empty())
+    os << "the cheapest setting that fits: " << p.advice;
+  else
+    os << "no setting kilter can change makes it fit: use a smaller model or machines with more memory";
+  os << " (activation recomputation, train.recompute, is not yet available)\n" << format_memory_plan(p);
+  return os.str();
+}
+
+void check_memory_plan(MPI_Comm world, const Config& cfg, int ranks_per_node, bool resuming,
+                       const std::string& backend) {
+  if (backend != "cpu") return;
+  MemoryPlanInput in;
+  in.cfg = cfg;
+  MPI_Comm_size(world, &in.world_size);
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  in.ranks_per_node = ranks_per_node;
+  in.resuming = resuming;
+  const MemoryPlan plan = plan_memory(in);
+  // The first rank whose node cannot hold the run tells the others why (its plan in the error).
+  int refusing = plan.fits ? in.world_size : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &refusing, 1, MPI_INT, MPI_MIN, world);
+  if (refusing == in.world_size) {
+    if (rank == 0) std::fprintf(stderr, "kilter: %s", format_memory_plan(plan).c_str());
+    return;
+  }
+  std::string message = rank == refusing ? memory_refusal(plan) : std::string();
+  long long length = (long long)message.size();
+  MPI_Bcast(&length, 1, MPI_LONG_LONG, refusing, world);
+  message.resize(size_t(length));
+  MPI_Bcast(message.data(), int(length), MPI_CHAR, refusing, world);
+  KILTER_USER_FAIL(message);
+}
+
+}  // namespace kilter::train

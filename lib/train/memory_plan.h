@@ -1,0 +1,68 @@
+// The memory plan (issue 24): what one rank of a run holds, figure by figure, from the config
+// alone (no allocation), the node's total against the machine's memory, and the cheapest setting
+// that makes a run fit. `kilter plan --memory` prints it; `kilter train` prints it and refuses a
+// run that cannot fit before any rank allocates model memory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/core/config.h"
+
+namespace kilter::train {
+
+struct MemoryPlanInput {
+  Config cfg;              // model.vocab_size resolved (> 0)
+  int world_size = 1;
+  int ranks_per_node = 1;  // ranks sharing one machine's memory
+  bool resuming = false;   // the resume's read buffers count too
+};
+
+// Bytes of one rank (rank 0 when it differs: it also holds the checkpoint snapshot).
+struct MemoryPlan {
+  MemoryPlanInput input;
+  bool sharded = false;          // train.shard_optimizer in force (P > 1)
+  uint64_t num_params = 0, padded_params = 0;
+  uint64_t parameters = 0;       // fp32 weights (+ the bf16 copy the GEMMs read in bf16)
+  uint64_t gradients = 0;        // the flat fp32 gradient buffer (whole, even sharded: ZeRO-1)
+  uint64_t optimizer = 0;        // AdamW m and v: all parameters, or this rank's 1/P
+  uint64_t activations = 0;      // kept for backward + backward scratch, largest micro-batch
+  uint64_t checkpoint_rank0 = 0;  // rank 0's snapshot (params + moments) and shard receive buffer
+  uint64_t checkpoint_other = 0;  // the other ranks' (shard send buffers; the resume's reads)
+  uint64_t prefetch = 0;         // the reader's ring of micro-batches and the assembled batch
+  uint64_t runtime = 0;          // MPI, oneDNN, the plan, code: measured, a constant
+  uint64_t rank0_total = 0, other_total = 0;
+  uint64_t node_total = 0;       // rank 0 + (ranks_per_node - 1) others
+  uint64_t machine_bytes = 0;    // this machine's memory (0: unknown)
+  bool fits = true;
+  std::string advice;            // when it does not fit: the cheapest setting that does ("" if none)
+};
+
+// The plan for the CPU backend's buffers (lib/backend/cpu_model.cpp allocates them), with
+// machine_bytes = this machine's memory (MemTotal, or a smaller cgroup limit).
+MemoryPlan plan_memory(const MemoryPlanInput& in);
+MemoryPlan plan_memory(const MemoryPlanInput& in, uint64_t machine_bytes);
+
+// This machine's memory: min(MemTotal, the cgroup limit), or KILTER_TEST_NODE_MEMORY_BYTES when
+// set (tests stand a small machine in). 0 when unknown.
+uint64_t machine_memory_bytes();
+
+// A table for people (one figure per line, GiB) and the same figures as JSON (bytes).
+std::string format_memory_plan(const MemoryPlan& plan);
+nlohmann::json memory_plan_json(const MemoryPlan& plan);
+
+// The error a run that does not fit gets: the figure, the machine, the cheapest setting.
+std::string memory_refusal(const MemoryPlan& plan);
+
+// The start of `kilter train`, collective over `world`, before the model exists: every rank
+// plans for its own machine; when every node can hold the run rank 0 prints the plan, else every
+// rank throws the same kilter::Error (memory_refusal of the first rank that found it). The
+// cuda backend's plan is not checked yet (its buffers differ); it prints nothing there.
+void check_memory_plan(MPI_Comm world, const Config& cfg, int ranks_per_node, bool resuming,
+                       const std::string& backend);
+
+}  // namespace kilter::train
