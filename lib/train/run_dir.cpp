@@ -1,6 +1,8 @@
 // The run directory's guards at start (see run_dir.h).
 #include "lib/train/run_dir.h"
 
+#include "lib/train/training_data.h"
+
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "io/error.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/guards.h"
+#include "lib/train/training_data.h"
 
 namespace kilter::train {
 namespace {
@@ -54,23 +57,36 @@ std::string first_result_file(const std::string& run_dir) {
 }  // namespace
 
 void check_dataset_before_launch(Config& cfg) {
-  KILTER_USER_CHECK(!cfg.data.dir.empty(), "config key data.dir is empty: name a dataset directory "
-                                           "(made by kilter prep ... --out DIR)");
-  KILTER_USER_CHECK(is_directory(cfg.data.dir), "config key data.dir = " << cfg.data.dir
-                                                    << ": no such folder; make the dataset with kilter prep ... --out "
-                                                    << cfg.data.dir << ", or fix the path");
-  io::DatasetIndex index;
-  try {
-    index = io::load_index(cfg.data.dir);
-  } catch (const Error& e) {
-    KILTER_USER_FAIL("config key data.dir = " << cfg.data.dir << ": not a usable dataset: " << e.message()
-                                              << " (check it with kilter prep validate " << cfg.data.dir << ")");
+  // The datasets a run reads: data.dir, or every directory of a mixture (data.sources).
+  std::vector<std::string> dirs;
+  if (cfg.data.sources.empty()) {
+    KILTER_USER_CHECK(!cfg.data.dir.empty(), "config key data.dir is empty: name a dataset directory "
+                                             "(made by kilter prep ... --out DIR), or a mixture with "
+                                             "data.sources = DIR:W, DIR:W, ...");
+    dirs.push_back(cfg.data.dir);
+  } else {
+    for (const auto& source : parse_data_sources(cfg.data.sources)) dirs.push_back(source.first);
   }
-  KILTER_USER_CHECK(index.num_docs() > 0, "config key data.dir = " << cfg.data.dir << ": the dataset holds no documents");
-  if (cfg.model.vocab_size == 0) cfg.model.vocab_size = int(index.vocab_size);
-  KILTER_USER_CHECK(uint32_t(cfg.model.vocab_size) >= index.vocab_size,
+  uint32_t vocab_size = 0;
+  for (const std::string& dir : dirs) {
+    const std::string where = cfg.data.sources.empty() ? "config key data.dir = " + dir
+                                                        : "config key data.sources: dataset " + dir;
+    KILTER_USER_CHECK(is_directory(dir), where << ": no such folder; make the dataset with kilter prep ... --out "
+                                                       << dir << ", or fix the path");
+    io::DatasetIndex index;
+    try {
+      index = io::load_index(dir);
+    } catch (const Error& e) {
+      KILTER_USER_FAIL(where << ": not a usable dataset: " << e.message()
+                                     << " (check it with kilter prep validate " << dir << ")");
+    }
+    KILTER_USER_CHECK(index.num_docs() > 0, where << ": the dataset holds no documents");
+    vocab_size = std::max(vocab_size, index.vocab_size);
+  }
+  if (cfg.model.vocab_size == 0) cfg.model.vocab_size = int(vocab_size);
+  KILTER_USER_CHECK(uint32_t(cfg.model.vocab_size) >= vocab_size,
                     "config key model.vocab_size = " << cfg.model.vocab_size << " is smaller than the vocabulary of "
-                                                     << cfg.data.dir << " (" << index.vocab_size
+                                                     << cfg.data.dir << cfg.data.sources << " (" << vocab_size
                                                      << "); set it to 0 to take the dataset's");
 }
 
