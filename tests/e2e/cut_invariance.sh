@@ -53,7 +53,7 @@ import csv, glob, json, sys
 import h5py
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from run_compare import losses, params, compare_to_reference  # the tolerance rule is explained there
+from run_compare import losses, losses_of, params, compare_to_reference  # the tolerance rule is explained there
 
 LR_SUM = 6 * 3e-3  # train.steps x train.lr bounds the sum of the schedule's learning rates
 
@@ -96,12 +96,7 @@ print("determinism: the 4-rank cut run twice is bit-identical")
 
 # resume onto another world size
 def resumed_losses(run):
-    rows = {}
-    for name in ["part.csv", f"runs/{run}/metrics/rank-00000.csv"]:
-        with open(name) as f:
-            for r in csv.DictReader(f):
-                rows[int(r["step"])] = float(r["loss"])  # a later row of a step wins
-    return np.array([rows[s] for s in range(6)])
+    return losses_of(["part.csv", f"runs/{run}/metrics/rank-00000.csv"], 6)
 
 for run, ranks in [("r2", 2), ("r3", 3)]:
     l = resumed_losses(run)

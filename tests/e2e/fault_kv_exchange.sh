@@ -21,15 +21,8 @@ COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=16 --m
         --comm.device_tflops=0.1 --comm.timeout_s=$TIMEOUT_S)
 
 inject() {  # inject MODE
-  local mode=$1 rc=0 start end hook piece
-  start=$(date +%s)
-  KILTER_TEST_FAIL_RANK=1 KILTER_TEST_FAIL_STEP=2 KILTER_TEST_FAIL_MODE=$mode \
-    timeout $((TIMEOUT_S + 40)) "${MPIRUN[@]}" -np 4 \
-    -x KILTER_TEST_FAIL_RANK -x KILTER_TEST_FAIL_STEP -x KILTER_TEST_FAIL_MODE \
-    "$KILTER" train "${COMMON[@]}" --output.dir=runs/$mode > $mode.log 2>&1 || rc=$?
-  end=$(date +%s)
-  [ $rc -ne 0 ] || { cat $mode.log; fail "$mode: the job exited 0"; }
-  [ $rc -ne 124 ] || { cat $mode.log; fail "$mode: ranks still running after timeout_s + 40 s"; }
+  local mode=$1 hook piece
+  drill $mode 1 2 4 $((TIMEOUT_S + 40)) $mode
   hook=$(grep -m1 "rank 1: KILTER_TEST_FAIL_MODE=$mode at step" $mode.log) \
     || { cat $mode.log; fail "$mode: the drill did not fire (rank 1 held no earlier part of a cut piece)"; }
   # "to rank R: document D, tokens A-B (part at offset 0 ...": the earlier part held back
@@ -46,8 +39,7 @@ inject() {  # inject MODE
   else
     grep -q "Process name: \[\[[0-9]*,[0-9]*\],1\]" $mode.log || { cat $mode.log; fail "$mode: the launcher does not name rank 1"; }
   fi
-  pgrep -f "runs/$mode" >/dev/null && fail "$mode: kilter processes left behind"
-  echo "$mode: every rank ended $((end - start)) s after start (exit $rc); held back: $piece"
+  echo "$mode: every rank ended $DRILL_SECONDS s after start (exit $DRILL_RC); held back: $piece"
 }
 inject kv_hang
 inject kv_exit
