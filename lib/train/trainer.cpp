@@ -197,7 +197,12 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   if (cfg.train.eval_every > 0) {
     KILTER_CHECK(!split.eval_docs.empty(), "train.eval_every = " << cfg.train.eval_every
                                            << " needs held-out documents: set data.eval_fraction > 0");
-    eval_plans = std::make_unique<PlanCache>(index, split.eval_docs, plan_opts, world_size);
+    // Evaluation runs forward only, without a K/V exchange: its plans keep every piece whole, in
+    // micro-batches that hold a whole context where data.max_tokens is shorter (long contexts).
+    balance::PlanOptions eval_opts = plan_opts;
+    eval_opts.cut_pieces = false;
+    eval_opts.max_tokens = std::max<uint64_t>(eval_opts.max_tokens, eval_opts.context);
+    eval_plans = std::make_unique<PlanCache>(index, split.eval_docs, eval_opts, world_size);
   }
 
   // The statistics of the epoch the run starts in: logged now and reported in the summary (a

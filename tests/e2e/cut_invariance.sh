@@ -9,6 +9,8 @@
 # - Resume onto another world size while cuts happen: 6 steps on 4 ranks, stopped after 3 (the
 #   SIGUSR1 drill) and resumed on 2 and on 3 ranks, give the uninterrupted 4-rank run's losses
 #   within 1e-5 and its final weights within the same rule.
+# - Evaluation (forward only, no exchange: its plans keep pieces whole) runs beside the cuts and
+#   gives every world size the eval loss of 1 rank within 1e-5.
 # - bf16: the 4-rank cut run in train.precision = bf16 gives the 1-rank bf16 losses within 1e-4
 #   relative, model_bf16_test's whole-model loss tolerance.
 source "$(dirname "$0")/lib.sh"
@@ -21,7 +23,7 @@ trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" 
 COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --model.block_size=64
         --data.max_tokens=128 --train.tokens_per_step=256 --train.steps=6 --train.warmup=2
         --train.lr=3e-3 --output.log_every=1 --output.trace_steps=2 --comm.device_tflops=0.1
-        --comm.timeout_s=60)
+        --comm.timeout_s=60 --data.eval_fraction=0.1 --train.eval_every=3)
 
 # The plan cuts: a step-by-step check that this config exercises the exchange at all.
 "$KILTER" plan "${COMMON[@]}" --world-size 4 --json > plan4.json 2>/dev/null
@@ -83,8 +85,12 @@ for run in ["p2", "p3", "p4", "p4h", "p4f", "b4"]:
     assert cuts >= 1 and kv > 0 and summary["kv_bytes_per_step"] > 0, f"{run}: no piece was cut or exchanged"
     for key in ["cost_imbalance_uncut_p95", "cost_imbalance_bound_p95", "plan_kv_bytes_per_step_p50", "cuts_per_step_p50"]:
         assert key in summary, f"{run}: summary lacks {key}"
+ref_eval = json.load(open("runs/p1/summary.json"))["eval_loss"]
+assert ref_eval is not None and np.isfinite(ref_eval), ref_eval
 for run in ["p2", "p3", "p4", "p4h", "p4f"]:
     compare_to_reference(run, ref_l, ref_p, LR_SUM, label=f"{run} vs 1 rank")
+    ev = json.load(open(f"runs/{run}/summary.json"))["eval_loss"]
+    assert ev is not None and abs(ev - ref_eval) / ref_eval < 1e-5, f"{run}: eval loss {ev} vs {ref_eval} on 1 rank"
 
 # determinism with cuts: bit-identical
 l, p = losses("p4b"), params("p4b")

@@ -3,7 +3,8 @@
 # data.max_tokens 256 cuts every piece longer than 256 tokens into a chain of parts on up to 4
 # ranks. On 4 ranks (and on 4 as 2 nodes x 2, and with data.cut_pieces = false, which still cuts
 # those long pieces) the losses equal those of 1 rank with data.max_tokens 1024 within 1e-5
-# relative. `kilter plan` says how many ranks such pieces span; 2 ranks are refused with a
+# relative, and so do the eval losses (evaluation keeps pieces whole, in micro-batches of a
+# whole context: it runs forward only). `kilter plan` says how many ranks such pieces span; 2 ranks are refused with a
 # message that names the ranks needed.
 source "$(dirname "$0")/lib.sh"
 set -E
@@ -12,7 +13,8 @@ trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" 
 "$KILTER" prep synth --docs 200 --lengths lognormal:6.5,0.6,1024 --vocab 97 --shards 2 --seed 7 --out data >/dev/null
 COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --model.block_size=1024
         --train.tokens_per_step=2048 --train.steps=4 --train.warmup=2 --train.lr=3e-3 --output.log_every=1
-        --output.trace_steps=0 --comm.device_tflops=0.1 --comm.timeout_s=60)
+        --output.trace_steps=0 --comm.device_tflops=0.1 --comm.timeout_s=60 --data.eval_fraction=0.1
+        --train.eval_every=2)
 
 "$KILTER" plan "${COMMON[@]}" --data.max_tokens=256 --world-size 4 > plan4.txt 2>&1
 grep -q "context parallelism: .* pieces longer than data.max_tokens = 256, each cut over up to 4 ranks" plan4.txt \
@@ -37,6 +39,8 @@ sys.path.insert(0, sys.argv[1])
 from run_compare import losses
 
 ref = losses("l1")
+ref_eval = json.load(open("runs/l1/summary.json"))["eval_loss"]
+assert ref_eval is not None and np.isfinite(ref_eval), ref_eval
 assert len(ref) == 4 and np.isfinite(ref).all(), ref
 for run in ["l4", "l4h", "l4w"]:
     summary = json.load(open(f"runs/{run}/summary.json"))
@@ -49,5 +53,7 @@ for run in ["l4", "l4h", "l4w"]:
     rel = np.max(np.abs(l - ref) / np.abs(ref))
     print(f"{run}: {kv:.0f} earlier tokens' K/V received; max relative loss difference to 1 rank {rel:.2e}")
     assert len(l) == 4 and rel < 1e-5, f"{run}: losses differ from 1 rank by {rel}"
+    ev = summary["eval_loss"]
+    assert ev is not None and abs(ev - ref_eval) / ref_eval < 1e-5, f"{run}: eval loss {ev} vs {ref_eval} on 1 rank"
 PY
 echo "cut_long_context: 1 passed, 0 failed"
