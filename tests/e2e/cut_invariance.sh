@@ -4,7 +4,8 @@
 # plan cuts pieces into parts on 2 or 3 ranks that exchange K/V every layer.
 # - World-size invariance: 1, 2, 3, 4 ranks and 4 as 2 nodes x 2 (hierarchical and flat) give the
 #   losses of 1 rank (which cuts nothing) within 1e-5 relative, and its final weights within
-#   run_compare.py's rule; every multi-rank run's summary and metrics show cuts and K/V traffic.
+#   run_compare.py's rule; every multi-rank run's summary and metrics show cuts and K/V traffic,
+#   and the 4-rank trace holds the exchange's kv_wait slices.
 # - Determinism: the same 4-rank run twice is bit-identical (losses and final weights).
 # - Resume onto another world size while cuts happen: 6 steps on 4 ranks, stopped after 3 (the
 #   SIGUSR1 drill) and resumed on 2 and on 3 ranks, give the uninterrupted 4-rank run's losses
@@ -75,6 +76,15 @@ def cut_traffic(run):
             kv += sum(float(r["kv_tokens"]) for r in csv.DictReader(f))
     return summary["cuts_per_step_max"], kv, summary
 
+
+# The exchange's waits in the trace (output.trace_steps = 2): kv_wait slices naming layer and piece.
+kv = []
+for name in glob.glob("runs/p4/trace/rank-*.json"):
+    with open(name) as f:
+        kv += [e for e in json.load(f) if e.get("name") == "kv_wait"]
+print(f"p4 trace: {len(kv)} kv_wait slices")
+assert {e["args"]["direction"] for e in kv} == {"forward", "backward"}, "p4 trace: kv_wait slices of both passes"
+assert all("document" in e["args"]["piece"] and e["args"]["layer"] in (0, 1) for e in kv), kv[:3]
 
 ref_l, ref_p = losses("p1"), params("p1")
 assert len(ref_l) == 6 and np.isfinite(ref_l).all(), ref_l
