@@ -39,11 +39,6 @@ std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& c
   return make_model(backend, cfg, pad_multiple, options);
 }
 
-void Model::shard_optimizer_unsupported() const {
-  KILTER_FAIL("train.shard_optimizer = true: the " << backend_name()
-                                                   << " backend has no sharded optimizer yet; set train.shard_optimizer = false");
-}
-
 bool cuda_available() {
 #ifdef KILTER_WITH_CUDA
   return backend::cuda_device_present();

@@ -264,7 +264,9 @@ void MpiKvExchange::forward_wait(int layer) {
   l.forward_done = true;
   const int64_t end = now_ns();
   wait_seconds_ += double(end - begin) * 1e-9;
-  if (d.on_wait) d.on_wait(kv_wait_event(layer, false, begin, end, schedule_.earlier, last));
+  // A direction with no peer is no wait (no slice without a piece in the trace), as in NCCL's.
+  if (d.on_wait && !schedule_.earlier.empty())
+    d.on_wait(kv_wait_event(layer, false, begin, end, schedule_.earlier, last));
 }
 
 const float* MpiKvExchange::prefix_kv(int layer, int piece) {
@@ -346,7 +348,7 @@ void MpiKvExchange::backward_wait_add(int layer, float* dqkv) {
   }
   std::vector<float>().swap(l.recv_dkv);
   std::vector<float>().swap(l.prefix_kv);  // valid until now (kv_exchange.h)
-  if (d.on_wait) d.on_wait(kv_wait_event(layer, true, begin, end, schedule_.later, last));
+  if (d.on_wait && !schedule_.later.empty()) d.on_wait(kv_wait_event(layer, true, begin, end, schedule_.later, last));
   d.reap_sends();
 }
 

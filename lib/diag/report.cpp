@@ -159,6 +159,12 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
        << " max " << json_number(sum, "cost_imbalance_max") << ", steps_per_epoch "
        << json_number(sum, "steps_per_epoch") << ", micro_batches_per_step "
        << json_number(sum, "micro_batches_per_step") << "\n";
+    if (sum.value("cuts_per_step_max", 0.0) > 0)
+      os << "  plan cuts: per step p50 " << json_number(sum, "cuts_per_step_p50") << " max "
+         << json_number(sum, "cuts_per_step_max") << ", K/V bytes per step p50 "
+         << json_number(sum, "plan_kv_bytes_per_step_p50", "{:.3g}") << "; cost_imbalance p95 without cuts "
+         << json_number(sum, "cost_imbalance_uncut_p95") << ", whole-piece bound "
+         << json_number(sum, "cost_imbalance_bound_p95") << "\n";
   } else {
     os << "  (no summary.json: the run did not finish; figures below come from the metrics CSVs)\n";
   }

@@ -220,10 +220,66 @@ void maybe_fail_for_test(int rank, int64_t step) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (hook.mode == "nonfinite") return;  // compute_gradients asks nonfinite_gradient_injected_for_test
+  if (hook.mode == "kv_exit" || hook.mode == "kv_hang") return;  // kv_exchange_for_test
   KILTER_CHECK(hook.mode == "error", "KILTER_TEST_FAIL_MODE=" << hook.mode
-                                                              << " is not one of error, exit, hang, sigusr1, nonfinite");
+                                                              << " is not one of error, exit, hang, sigusr1, nonfinite, "
+                                                                 "kv_exit, kv_hang");
   KILTER_FAIL("injected failure at step " << step << " (test hook KILTER_TEST_FAIL_RANK=" << rank
                                           << " KILTER_TEST_FAIL_STEP=" << step << ")");
+}
+
+namespace {
+
+// The exchange of kv_exchange_for_test: forwards every call, and fails in forward_send of `layer_`.
+class FailingKvExchange final : public comm::CutExchange {
+ public:
+  FailingKvExchange(std::unique_ptr<comm::CutExchange> inner, int rank, int layer, bool exit)
+      : inner_(std::move(inner)), rank_(rank), layer_(layer), exit_(exit) {}
+
+  void forward_send(int layer, const float* qkv) override {
+    if (layer == layer_) fail();
+    inner_->forward_send(layer, qkv);
+  }
+  void forward_wait(int layer) override { inner_->forward_wait(layer); }
+  const float* prefix_kv(int layer, int piece) override { return inner_->prefix_kv(layer, piece); }
+  float* prefix_dkv(int layer, int piece) override { return inner_->prefix_dkv(layer, piece); }
+  void backward_send(int layer) override { inner_->backward_send(layer); }
+  void backward_wait_add(int layer, float* dqkv) override { inner_->backward_wait_add(layer, dqkv); }
+  void finish() override { inner_->finish(); }
+  const comm::KvSchedule& schedule() const override { return inner_->schedule(); }
+  double wait_seconds() const override { return inner_->wait_seconds(); }
+
+ private:
+  [[noreturn]] void fail() const {
+    const comm::KvSchedule& s = inner_->schedule();
+    std::string sends;
+    for (const comm::KvPeer& peer : s.later)
+      for (const comm::KvRun& run : peer.runs)
+        sends += "; to rank " + std::to_string(peer.rank) + ": " + s.describe_piece(run.piece);
+    std::fprintf(stderr,
+                 "kilter: rank %d: KILTER_TEST_FAIL_MODE=%s at step %lld, micro-batch %u, layer %d, before sending the "
+                 "K/V of its earlier parts%s: %s (test hook)\n",
+                 rank_, exit_ ? "kv_exit" : "kv_hang", (long long)s.step, s.slot, layer_, sends.c_str(),
+                 exit_ ? "exiting with code 3" : "this rank stops");
+    std::fflush(stderr);
+    if (exit_) std::_Exit(3);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+
+  std::unique_ptr<comm::CutExchange> inner_;
+  int rank_, layer_;
+  bool exit_;
+};
+
+}  // namespace
+
+std::unique_ptr<comm::CutExchange> kv_exchange_for_test(std::unique_ptr<comm::CutExchange> exchange, int rank,
+                                                        int64_t step, int n_layer) {
+  const TestHook& hook = test_hook();
+  if (!hook.active || (hook.mode != "kv_exit" && hook.mode != "kv_hang") || hook.rank != rank || step < hook.step ||
+      !exchange || exchange->schedule().later.empty())
+    return exchange;
+  return std::make_unique<FailingKvExchange>(std::move(exchange), rank, n_layer / 2, hook.mode == "kv_exit");
 }
 
 }  // namespace kilter::train

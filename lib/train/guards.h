@@ -5,8 +5,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "lib/comm/kv_schedule.h"
 
 namespace kilter::train {
 
@@ -38,8 +41,20 @@ std::string format_rank_list(const std::vector<int>& ranks);
 //   nonfinite        nothing here; nonfinite_gradient_injected_for_test() then says yes for this
 //                    rank and step, and the rank's gradient of that step becomes NaN (its loss
 //                    stays finite): a non-finite gradient on one rank only.
+//   kv_exit, kv_hang nothing here; kv_exchange_for_test() below makes the rank fail inside the
+//                    K/V exchange of a cut piece.
 // Without the variables it does nothing (one getenv on the first call).
 void maybe_fail_for_test(int rank, int64_t step);
 bool nonfinite_gradient_injected_for_test(int rank, int64_t step);
+
+// The K/V exchange drills (KILTER_TEST_FAIL_MODE kv_exit | kv_hang, issue 23): on rank
+// KILTER_TEST_FAIL_RANK, at step KILTER_TEST_FAIL_STEP or the first later step where that rank
+// holds an earlier part of a cut piece, its micro-batch stops inside the exchange right before it
+// sends layer n_layer / 2's K/V (the earlier layers' K/V went out): it prints the step, layer and
+// pieces, then exits with code 3 (kv_exit, like a crash) or sleeps forever (kv_hang, so the ranks
+// holding the later parts must end the job after comm.timeout_s). Returns `exchange` unchanged
+// where the drill does not apply.
+std::unique_ptr<comm::CutExchange> kv_exchange_for_test(std::unique_ptr<comm::CutExchange> exchange, int rank,
+                                                        int64_t step, int n_layer);
 
 }  // namespace kilter::train

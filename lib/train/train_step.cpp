@@ -60,7 +60,8 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
                                                   << "but this trainer has no K/V exchange");
       work.kv_tokens += schedule.kv_tokens();
       work.kv_bytes += schedule.bytes_per_step(kv_options.n_layer, kv_options.n_embd);
-      exchange = ctx.make_kv_exchange(std::move(schedule), kv_options);
+      exchange = kv_exchange_for_test(ctx.make_kv_exchange(std::move(schedule), kv_options), ctx.rank,
+                                      ctx.step_index, kv_options.n_layer);
     }
     ctx.fill_prefetch();
     diagnostics.phase_begin(diag::kDataWait);

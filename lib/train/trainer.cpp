@@ -231,7 +231,12 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   if (cfg.train.eval_every > 0) {
     KILTER_CHECK(!split.eval_docs.empty(), "train.eval_every = " << cfg.train.eval_every
                                            << " needs held-out documents: set data.eval_fraction > 0");
-    eval_plans = std::make_unique<PlanCache>(index, split.eval_docs, plan_opts, world_size);
+    // Evaluation runs forward only, without a K/V exchange: its plans keep every piece whole, in
+    // micro-batches that hold a whole context where data.max_tokens is shorter (long contexts).
+    balance::PlanOptions eval_opts = plan_opts;
+    eval_opts.cut_pieces = false;
+    eval_opts.max_tokens = std::max<uint64_t>(eval_opts.max_tokens, eval_opts.context);
+    eval_plans = std::make_unique<PlanCache>(index, split.eval_docs, eval_opts, world_size);
   }
   // A mixture also evaluates every source on its own held-out documents.
   std::vector<std::unique_ptr<PlanCache>> source_eval_plans(data.sources.size());
@@ -256,6 +261,16 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                  data_dir.c_str(), cfg.data.sampler.c_str(), (unsigned long long)st.steps_per_epoch,
                  st.micro_batches_per_step, st.padding_efficiency, st.cost_imbalance_p95, run_dir.c_str());
     if (backend != "cpu") std::fprintf(stderr, "kilter: model on %s\n", model->describe().c_str());
+    if (st.cuts > 0) {
+      const std::string chains = st.long_pieces > 0 ? "; pieces longer than data.max_tokens span up to " +
+                                                           std::to_string(st.long_piece_ranks_max) + " ranks"
+                                                     : "";
+      std::fprintf(stderr,
+                   "kilter: plan cuts pieces between ranks: %.0f cuts per step (p50, max %.0f), K/V %.3g B per step "
+                   "(p50); cost imbalance p95 %.3f with cuts, %.3f whole pieces only (bound %.3f)%s\n",
+                   st.cuts_per_step_p50, st.cuts_per_step_max, st.kv_bytes_per_step_p50, st.cost_imbalance_p95,
+                   st.cost_imbalance_uncut_p95, st.cost_imbalance_bound_p95, chains.c_str());
+    }
     // The same warnings as `kilter plan`: a step too small for the world size, and idle ranks.
     const std::string too_small = balance::idle_rank_warning(plan_opts, world_size);
     if (!too_small.empty()) std::fprintf(stderr, "kilter: warning: %s\n", too_small.c_str());
@@ -416,6 +431,22 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["cost_imbalance_p95"] = st.cost_imbalance_p95;
   extra["cost_imbalance_max"] = st.cost_imbalance_max;
   extra["cost_wait_fraction"] = st.cost_wait_fraction;
+  // Cut pieces (issue 23), named as in `kilter plan --json`: what the plan cut, what it exchanges,
+  // and the imbalance without the cuts and the whole-piece bound beside it, so the gain shows.
+  extra["cost_imbalance_bound_p50"] = st.cost_imbalance_bound_p50;
+  extra["cost_imbalance_bound_p95"] = st.cost_imbalance_bound_p95;
+  extra["cost_imbalance_uncut_p50"] = st.cost_imbalance_uncut_p50;
+  extra["cost_imbalance_uncut_p95"] = st.cost_imbalance_uncut_p95;
+  extra["cost_imbalance_uncut_max"] = st.cost_imbalance_uncut_max;
+  extra["cuts_per_step_p50"] = st.cuts_per_step_p50;
+  extra["cuts_per_step_max"] = st.cuts_per_step_max;
+  extra["cut_pieces"] = st.cut_pieces;
+  extra["cut_piece_ranks_max"] = st.cut_piece_ranks_max;
+  extra["plan_kv_bytes_per_step_p50"] = st.kv_bytes_per_step_p50;
+  extra["plan_kv_bytes_per_step_max"] = st.kv_bytes_per_step_max;
+  extra["plan_kv_bytes_per_rank_max"] = st.kv_bytes_per_rank_max;
+  extra["long_pieces"] = st.long_pieces;
+  extra["long_piece_ranks_max"] = st.long_piece_ranks_max;
   extra["steps_per_epoch"] = st.steps_per_epoch;
   extra["micro_batches_per_step"] = st.micro_batches_per_step;
   extra["sampler"] = cfg.data.sampler;

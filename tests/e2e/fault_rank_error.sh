@@ -18,18 +18,10 @@ COMMON=(--data.dir=data --model.n_layer=1 --model.n_head=2 --model.n_embd=16 --m
         --comm.timeout_s=$TIMEOUT_S)
 
 inject() {  # inject MODE PATTERN
-  local mode=$1 pattern=$2 rc=0 start end
-  start=$(date +%s)
-  KILTER_TEST_FAIL_RANK=1 KILTER_TEST_FAIL_STEP=3 KILTER_TEST_FAIL_MODE=$mode \
-    timeout $((TIMEOUT_S + 40)) "${MPIRUN[@]}" -np 3 \
-    -x KILTER_TEST_FAIL_RANK -x KILTER_TEST_FAIL_STEP -x KILTER_TEST_FAIL_MODE \
-    "$KILTER" train "${COMMON[@]}" --output.dir=runs/$mode > $mode.log 2>&1 || rc=$?
-  end=$(date +%s)
-  [ $rc -ne 0 ] || { cat $mode.log; fail "$mode: the job exited 0"; }
-  [ $rc -ne 124 ] || { cat $mode.log; fail "$mode: ranks still running after timeout_s + 40 s"; }
+  local mode=$1 pattern=$2
+  drill $mode 1 3 3 $((TIMEOUT_S + 40)) $mode
   grep -q -- "$pattern" $mode.log || { cat $mode.log; fail "$mode: message lacks '$pattern'"; }
-  pgrep -f "runs/$mode" >/dev/null && fail "$mode: kilter processes left behind"
-  echo "$mode: every rank ended $((end - start)) s after start (exit $rc): $(grep -m1 -o -- "$pattern.*" $mode.log | cut -c1-150)"
+  echo "$mode: every rank ended $DRILL_SECONDS s after start (exit $DRILL_RC): $(grep -m1 -o -- "$pattern.*" $mode.log | cut -c1-150)"
 }
 inject error "rank 1: injected failure at step 3"
 inject exit "KILTER_TEST_FAIL_MODE=exit at step 3"

@@ -50,3 +50,19 @@ hf_python() {  # hf_python: sets HFPY to the test-only venv with transformers + 
   "$HFPY" -c "import transformers, safetensors, torch, h5py" 2>/dev/null \
     || fail "$HFPY lacks transformers/safetensors/h5py (scripts/install-deps.sh --with-test-extras sets up the venv)"
 }
+drill() {  # drill MODE RANK STEP NP LIMIT_S NAME [args]: a fault drill (the test hook KILTER_TEST_FAIL_*
+  # on rank RANK at step STEP; run dir runs/NAME, output NAME.log) that must end every rank
+  # non-zero within LIMIT_S seconds (a coarse no-hang bound, not a timing) and leave no kilter
+  # process behind. DRILL_RC and DRILL_SECONDS say how it ended.
+  local mode=$1 rank=$2 step=$3 np=$4 limit=$5 name=$6 start
+  shift 6
+  DRILL_RC=0
+  start=$(date +%s)
+  KILTER_TEST_FAIL_RANK=$rank KILTER_TEST_FAIL_STEP=$step KILTER_TEST_FAIL_MODE=$mode \
+    timeout "$limit" "${MPIRUN[@]}" -np "$np" -x KILTER_TEST_FAIL_RANK -x KILTER_TEST_FAIL_STEP -x KILTER_TEST_FAIL_MODE \
+    "$KILTER" train "${COMMON[@]}" --output.dir="runs/$name" "$@" > "$name.log" 2>&1 || DRILL_RC=$?
+  DRILL_SECONDS=$(($(date +%s) - start))
+  [ $DRILL_RC -ne 0 ] || { cat "$name.log"; fail "$name: the job exited 0"; }
+  [ $DRILL_RC -ne 124 ] || { cat "$name.log"; fail "$name: ranks still running after $limit s"; }
+  if pgrep -f "runs/$name" >/dev/null; then fail "$name: kilter processes left behind"; fi
+}

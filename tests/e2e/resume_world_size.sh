@@ -20,17 +20,14 @@ train resume1.log 1 --resume runs/p1
 train resume3.log 3 --resume runs/p3
 grep -q "resumed from runs/p3/checkpoints/step-00000004.h5" resume3.log || { cat resume3.log; fail "no resume on 3 ranks"; }
 
-"$PY" - <<'PY'
-import csv
+"$PY" - "$SRC/tests/python" <<'PY'
+import sys
 import h5py, numpy as np
+sys.path.insert(0, sys.argv[1])
+from run_compare import losses_of
 
 def losses(*files):
-    rows = {}
-    for name in files:
-        with open(name) as f:
-            for r in csv.DictReader(f):
-                rows[int(r["step"])] = float(r["loss"])  # a later row of a step wins
-    return np.array([rows[s] for s in range(8)])
+    return losses_of(files, 8)
 
 ref = losses("runs/straight/metrics/rank-00000.csv")
 fa = h5py.File("runs/straight/checkpoints/step-00000008.h5", "r")

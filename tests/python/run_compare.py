@@ -21,6 +21,17 @@ def losses(run):
         return np.array([float(r["loss"]) for r in csv.DictReader(f)])
 
 
+def losses_of(files, steps):
+    """Per-step losses of steps 0..steps-1 from metrics CSVs read in order (a run's first part,
+    then its resume): a later row of a step wins."""
+    rows = {}
+    for name in files:
+        with open(name) as f:
+            for r in csv.DictReader(f):
+                rows[int(r["step"])] = float(r["loss"])
+    return np.array([rows[s] for s in range(steps)])
+
+
 def params(run):
     files = sorted(glob.glob(f"runs/{run}/checkpoints/step-*.h5"))
     assert files, f"no checkpoint in runs/{run}"
