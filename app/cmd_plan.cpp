@@ -265,6 +265,7 @@ int cmd_plan(int argc, char** argv) {
       out["cost_b"] = plan.cost.b;
       out["cost_c"] = plan.cost.c;
       out["cost_t"] = plan.cost.t;
+      out["device_tflops"] = balance::device_tflops(cfg);
       out["cut_pieces_enabled"] = opts.cut_pieces;
       out["kv_bytes_per_token"] = opts.kv_bytes_per_token;
       out["index_load_seconds"] = load_seconds;

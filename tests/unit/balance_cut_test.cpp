@@ -13,6 +13,7 @@
 #include "io/error.h"
 #include "lib/balance/divide.h"
 #include "lib/balance/plan.h"
+#include "lib/balance/plan_config.h"
 #include "lib/balance/synthetic_lengths.h"
 
 namespace kilter::balance {
@@ -245,13 +246,39 @@ TEST(BalanceCut, LongContextsAreChainsOfPartsWithinMaxTokens) {
 
 TEST(BalanceCut, TransferCoefficientFromShapeAndLink) {
   // GPT-2 124M, bf16 K/V: 2 x 2 x 768 x 12 x 2 bytes per earlier token over 25 GB/s, against
-  // 6 (12 x 12 x 768^2 + 768 x 50257) FLOPs at 400 TFLOP/s.
-  const double t = transfer_cost_coefficient(12, 768, 50257, 2, 200, 400);
+  // 6 (12 x 12 x 768^2 + 768 x 50257) FLOPs at 400 TFLOP/s: the full transfer.
+  const double full = kv_link_cost_coefficient(12, 768, 50257, 2, 200, 400);
   const double expect = (4.0 * 768 * 12 * 2 / 25e9) / (6.0 * (12.0 * 12 * 768 * 768 + 768.0 * 50257) / 400e12);
-  EXPECT_NEAR(t, expect, 1e-12 * expect);
-  EXPECT_NEAR(transfer_cost_coefficient(12, 768, 50257, 2, 400, 400), t / 2, 1e-12);
+  EXPECT_NEAR(full, expect, 1e-12 * expect);
+  EXPECT_NEAR(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 400), full / 2, 1e-12);
+  // What the plan charges: one layer's transfer each way, the others overlapped.
+  EXPECT_NEAR(transfer_cost_coefficient(12, 768, 50257, 2, 200, 400), full / 12, 1e-12 * full);
+  EXPECT_NEAR(transfer_cost_coefficient(1, 768, 50257, 2, 200, 400),
+              kv_link_cost_coefficient(1, 768, 50257, 2, 200, 400), 1e-15);
   EXPECT_DOUBLE_EQ(kv_bytes_per_token(12, 768, 2), 2.0 * 768 * 12 * 2);
   EXPECT_THROW(transfer_cost_coefficient(12, 768, 50257, 2, 0, 400), Error);
+  EXPECT_THROW(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 0), Error);
+}
+
+TEST(BalanceCut, DeviceRateDefaultsToTheBackends) {
+  Config cfg;
+  cfg.model.n_layer = 4;
+  cfg.model.n_embd = 256;
+  cfg.model.vocab_size = 256;
+  cfg.train.backend = "cpu";
+  cfg.train.threads = 2;
+  ASSERT_EQ(cfg.comm.device_tflops, 0);  // auto
+  EXPECT_DOUBLE_EQ(device_tflops(cfg), 2 * kCpuTflopsPerThread);
+  const PlanOptions cpu = plan_options_from_config(cfg, 256);
+  EXPECT_NEAR(cpu.cost.t, cfg.data.cost_a * transfer_cost_coefficient(4, 256, 256, 4, cfg.comm.link_gbps, 0.2),
+              1e-12);
+  EXPECT_LT(cpu.cost.t, 0.1);  // a CPU rank's link is fast next to its compute
+  cfg.train.backend = "cuda";
+  EXPECT_DOUBLE_EQ(device_tflops(cfg), kGpuTflops);
+  cfg.comm.device_tflops = 7;  // an explicit rate wins
+  EXPECT_DOUBLE_EQ(device_tflops(cfg), 7);
+  cfg.data.cost_t = 0.25;  // and so does an explicit t
+  EXPECT_DOUBLE_EQ(plan_options_from_config(cfg, 256).cost.t, 0.25);
 }
 
 }  // namespace
