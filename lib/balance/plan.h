@@ -76,6 +76,9 @@ struct CostModel {
   double b = 0.0;  // per unit of attention work (sum of L^2); <= 0: default_attention_cost
   double c = -1.0; // per micro-batch (launches, weight reads); < 0: default_micro_batch_cost
   double t = 0.0;  // per earlier token whose K/V a part receives and whose dK/dV it sends back
+  // Statistics only (link_bound_parts): the full transfer per earlier token, every layer with no
+  // overlap (a x kv_link_cost_coefficient); 0 where unknown (data.cost_t given).
+  double t_link = 0.0;
   double operator()(const MicroBatch& mb) const;
   // Cost of one piece of `len` tokens inside a packed micro-batch, without the c term.
   double piece(uint32_t len) const { return a * double(len) + b * double(len) * double(len); }
@@ -198,6 +201,10 @@ struct PlanStats {
   double cost_imbalance_uncut_p95 = 0;
   double cost_imbalance_uncut_max = 0;
   uint64_t cut_piece_ranks_max = 0;    // most parts (ranks) one cut piece spans
+  // Later parts whose full K/V transfer exceeds their rank's cost in the step (t_link x offset >
+  // rank cost): one layer's transfer outlasts a layer's compute there, the link sets the pace and
+  // t (one layer's transfer, docs/plan.md) undercounts them. 0 where cost.t_link is unknown.
+  uint64_t link_bound_parts = 0;
   // Pieces longer than max_tokens (context parallelism): always cut, each over
   // ceil(len / max_tokens) ranks; the most ranks one of them spans (0: none).
   uint64_t long_pieces = 0;

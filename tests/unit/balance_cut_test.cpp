@@ -260,6 +260,33 @@ TEST(BalanceCut, TransferCoefficientFromShapeAndLink) {
   EXPECT_THROW(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 0), Error);
 }
 
+TEST(BalanceCut, LinkBoundPartsCountLaterPartsWhoseFullTransferOutlastsTheirRank) {
+  const auto lengths = corpus(1500, "lognormal:4.8,1.1", 5);
+  const auto docs = all_documents(lengths.size());
+  PlanOptions o = cut_options(0.01);
+  const EpochPlan unknown = build_epoch_plan(lengths, docs, o, 16, 0);
+  ASSERT_GT(unknown.stats.cuts, 0u);
+  EXPECT_EQ(unknown.stats.link_bound_parts, 0u);  // t_link unknown: not counted
+  o.cost.t_link = 1e9;                              // every later part outlasts its rank
+  const EpochPlan slow = build_epoch_plan(lengths, docs, o, 16, 0);
+  EXPECT_EQ(slow.stats.link_bound_parts, slow.stats.cuts);
+  // t_link only counts; the division is the same.
+  EXPECT_EQ(plan_fingerprint(slow), plan_fingerprint(unknown));
+  // In between: exactly the later parts with t_link x offset above their rank's cost.
+  o.cost.t_link = 1.0;
+  const EpochPlan mid = build_epoch_plan(lengths, docs, o, 16, 0);
+  uint64_t expect = 0;
+  for (uint64_t i = 0; i < mid.steps.size(); ++i) {
+    const StepView step = mid.steps[i];
+    const std::vector<double> loads = rank_costs(step);
+    for (const CutPiece& cut : step_cuts(step))
+      for (size_t k = 1; k < cut.parts.size(); ++k)
+        expect += double(cut.parts[k].offset) > loads[size_t(cut.parts[k].rank)];
+  }
+  EXPECT_EQ(mid.stats.link_bound_parts, expect);
+  EXPECT_LE(expect, mid.stats.cuts);
+}
+
 TEST(BalanceCut, DeviceRateDefaultsToTheBackends) {
   Config cfg;
   cfg.model.n_layer = 4;
