@@ -42,7 +42,14 @@
 #        uniform:600,1024": a skewed corpus, and one of pieces of half to one context, where two
 #        ranks gain the most from cuts), CUT_CONTEXT (default 1024; data.max_tokens = 2 x that,
 #        so each rank's share and a part fit one micro-batch), CUT_STEPS (default 100),
-#        CUT_REPEATS (runs per setting, alternating on and off; default 3)
+#        CUT_REPEATS (runs per setting, alternating on and off; default 3),
+#        CUT_VCLUSTER_GBIT (unset: the cut runs are local; set, e.g. 1: they run on scripts/vcluster,
+#        2 nodes x RANKS/2 ranks with the link between them shaped to that many Gbit/s, so K/V of
+#        cuts across nodes are real network traffic, and the plan sees comm.link_gbps = that; needs
+#        root and no vcluster up, and takes the vcluster down when it ends)
+# The cut section also compares step by step (a step holds the same tokens with cuts on and off):
+# `slower` is the share of steps whose slowest-rank time, median over the repeats, is more than 5%
+# above the same step's without cuts.
 #
 # Both runs see the same corpus, model, token budget per micro-batch (data.max_tokens = 4 x
 # context, naive: 4 sequences per micro-batch) and tokens per step. Checks what it times: both
@@ -167,9 +174,21 @@ fi
 
 # ---- cuts: data.cut_pieces true vs false at one context per rank per step (issue 23) ----------
 [[ " $SECTIONS " == *" cuts "* ]] || exit 0
+launch=(mpirun --allow-run-as-root --oversubscribe)
+link_args=()
+where="local, ranks pinned one per core where they fit"
+if [[ -n ${CUT_VCLUSTER_GBIT:-} ]]; then
+  vcluster=$(dirname "$(readlink -f "$0")")/../scripts/vcluster
+  "$vcluster" status | grep -q "^vcluster: down" || { echo "bench/balance_effect.sh: a vcluster is up; vcluster down first" >&2; exit 2; }
+  trap '"$vcluster" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+  "$vcluster" up --nodes 2 --link-gbit "$CUT_VCLUSTER_GBIT" > /dev/null 2>&1
+  launch=("$vcluster" mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
+  link_args=(--comm.link_gbps="$CUT_VCLUSTER_GBIT")
+  where="scripts/vcluster: 2 nodes, link shaped to $CUT_VCLUSTER_GBIT Gbit/s, comm.link_gbps = $CUT_VCLUSTER_GBIT"
+fi
 echo
 echo "cut pieces: balanced sampler, one context per rank per step (context $CUT_CONTEXT, max_tokens $((2 * CUT_CONTEXT))," \
-  "$CUT_STEPS steps, $CUT_REPEATS runs per setting, model $LAYERS x $EMBD; medians over the runs)"
+  "$CUT_STEPS steps, $CUT_REPEATS runs per setting, model $LAYERS x $EMBD; medians over the runs; $where)"
 printf '%-22s %-5s %-4s %9s %9s %9s %9s %9s %9s %9s %9s\n' corpus ranks cuts tokens/s step_med step_mean sync_wait kv_wait \
   plan_imb95 kv_tok/st crit_cost
 ci=0
@@ -179,20 +198,22 @@ for LENGTHS in $CUT_CORPORA; do
   "$KILTER" prep synth --docs "$DOCS" --lengths "$LENGTHS" --vocab 256 --shards 2 --seed 11 --out cutdata > /dev/null 2>&1
   for P in $RANKS; do
     bind=none
-    (( P <= $(nproc) )) && bind=core
-    args=(--data.dir=cutdata --model.n_layer="$LAYERS" --model.n_head=2 --model.n_embd="$EMBD"
+    (( P <= $(nproc) )) && [[ -z ${CUT_VCLUSTER_GBIT:-} ]] && bind=core
+    nodes=()
+    [[ -n ${CUT_VCLUSTER_GBIT:-} ]] && nodes=(--npernode $(((P + 1) / 2)))
+    args=(--data.dir="$work/cutdata" "${link_args[@]}" --model.n_layer="$LAYERS" --model.n_head=2 --model.n_embd="$EMBD"
           --model.block_size="$CUT_CONTEXT" --data.max_tokens=$((2 * CUT_CONTEXT)) --data.sampler=balanced
           --train.tokens_per_step=$((P * CUT_CONTEXT)) --train.backend=cpu)
     for cut in true false; do
-      "$KILTER" plan --data cutdata --world-size "$P" "${args[@]:1}" --data.cut_pieces=$cut --json 2>/dev/null \
+      "$KILTER" plan --data "$work/cutdata" --world-size "$P" "${args[@]:1}" --data.cut_pieces=$cut --json 2>/dev/null \
         > "cutplan-$ci-$P-$cut.json"
     done
     for rep in $(seq 1 "$CUT_REPEATS"); do
       for cut in true false; do
         run="runs/cut$ci-$P-$cut-$rep"
-        timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to "$bind" -np "$P" "$KILTER" train "${args[@]}" \
+        timeout 900 "${launch[@]}" --bind-to "$bind" -np "$P" "${nodes[@]}" "$KILTER" train "${args[@]}" \
           --data.cut_pieces=$cut --train.steps="$CUT_STEPS" --train.warmup=5 --output.log_every=1000 \
-          --output.trace_steps=0 --comm.timeout_s=120 --output.dir="$run" > "${run#runs/}.log" 2>&1 \
+          --output.trace_steps=0 --comm.timeout_s=120 --output.dir="$work/$run" > "${run#runs/}.log" 2>&1 \
           || { cat "${run#runs/}.log"; echo "bench/balance_effect.sh: cut_pieces=$cut run on $P ranks ($LENGTHS) failed" >&2; exit 1; }
       done
     done
@@ -200,10 +221,10 @@ for LENGTHS in $CUT_CORPORA; do
 import csv, glob, json, math, statistics, sys
 corpus, P, steps, ci, skip, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
 med = statistics.median
-out = {}
+out, per_step = {}, {}
 for cut in ("true", "false"):
     plan = json.load(open(f"cutplan-{ci}-{P}-{cut}.json"))
-    tps, sync, kv, step_times = [], [], [], []
+    tps, sync, kv, step_times, by_index = [], [], [], [], {}
     for rep in range(1, repeats + 1):
         run = f"runs/cut{ci}-{P}-{cut}-{rep}"
         v = json.load(open(f"{run}/summary.json"))
@@ -217,6 +238,10 @@ for cut in ("true", "false"):
             for r in csv.DictReader(open(f)):
                 by_step.setdefault(int(r["step"]), []).append(float(r["step_total"]))
         step_times += [max(t) for s, t in by_step.items() if s >= skip and len(t) == P]
+        for s, t in by_step.items():
+            if s >= skip and len(t) == P:
+                by_index.setdefault(s, []).append(max(t))
+    per_step[cut] = {s: med(t) for s, t in by_index.items()}
     assert step_times, f"cut_pieces={cut}: no step past the first {skip}"
     out[cut] = dict(tps=med(tps), step=statistics.fmean(step_times), step_med=med(step_times), sync=med(sync), kv=med(kv), imb=plan["cost_imbalance_p95"],
                     kvtok=v["kv_tokens_per_step"], crit=plan["critical_cost_per_token"])
@@ -224,12 +249,15 @@ for cut in ("true", "false"):
     print(f"{corpus:<22} {P:<5} {'on' if cut == 'true' else 'off':<4} {o['tps']:9.0f} {o['step_med']*1e3:7.1f}ms {o['step']*1e3:7.1f}ms {o['sync']:9.3f} "
           f"{o['kv']:9.3f} {o['imb']:9.3f} {o['kvtok']:9.1f} {o['crit']:9.4f}")
 on, off = out["true"], out["false"]
+common = sorted(set(per_step["true"]) & set(per_step["false"]))
+slower = sum(per_step["true"][s] > 1.05 * per_step["false"][s] for s in common) / max(1, len(common))
 print(f"{corpus:<22} {P:<5} ratio cuts on/off: tokens/s {on['tps'] / off['tps']:.3f}x, step faster {off['step_med'] / on['step_med']:.3f}x (median), {off['step'] / on['step']:.3f}x (mean); "
-      f"predicted by the plan {off['crit'] / on['crit']:.3f}x; sync_wait {off['sync']:.3f} -> {on['sync']:.3f}, kv_wait 0 -> {on['kv']:.3f}")
+      f"predicted by the plan {off['crit'] / on['crit']:.3f}x; sync_wait {off['sync']:.3f} -> {on['sync']:.3f}, kv_wait 0 -> {on['kv']:.3f}; "
+      f"slower {slower:.0%} of {len(common)} steps")
 PY
     # What the exchange did not hide, as `kilter plan --calibrate` fits it from the first run with
     # cuts (kv_wait per earlier token, in dense tokens), beside the t the plan derived.
-    "$KILTER" plan --calibrate "runs/cut$ci-$P-true-1" --skip-steps "$SKIP" --json > "cutfit-$ci-$P.json" 2>/dev/null \
+    "$KILTER" plan --calibrate "$work/runs/cut$ci-$P-true-1" --skip-steps "$SKIP" --json > "cutfit-$ci-$P.json" 2>/dev/null \
       && "$PY" - "$LENGTHS" "$P" "cutfit-$ci-$P.json" "cutplan-$ci-$P-true.json" <<'PY'
 import json, sys
 fit, plan = json.load(open(sys.argv[3])), json.load(open(sys.argv[4]))
