@@ -59,6 +59,7 @@
 set -euo pipefail
 
 KILTER=$(readlink -f "${1:-build/kilter}")
+VCLUSTER=$(cd "$(dirname "$0")/.." && pwd)/scripts/vcluster
 RANKS=${RANKS:-"2"}
 STEPS=${STEPS:-100}
 MB_PER_RANK=${MB_PER_RANK:-"2 4"}
@@ -178,7 +179,7 @@ launch=(mpirun --allow-run-as-root --oversubscribe)
 link_args=()
 where="local, ranks pinned one per core where they fit"
 if [[ -n ${CUT_VCLUSTER_GBIT:-} ]]; then
-  vcluster=$(dirname "$(readlink -f "$0")")/../scripts/vcluster
+  vcluster=$VCLUSTER
   "$vcluster" status | grep -q "^vcluster: down" || { echo "bench/balance_effect.sh: a vcluster is up; vcluster down first" >&2; exit 2; }
   trap '"$vcluster" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
   "$vcluster" up --nodes 2 --link-gbit "$CUT_VCLUSTER_GBIT" > /dev/null 2>&1
