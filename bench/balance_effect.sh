@@ -81,22 +81,22 @@ work=$(mktemp -d /tmp/kilter-balance.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
+# synth LENGTHS DIR: a fresh synthetic corpus
+synth() { rm -rf "$2"; "$KILTER" prep synth --docs "$DOCS" --lengths "$1" --vocab 256 --shards 2 --seed 11 --out "$2" > /dev/null 2>&1; }
+# A rank per core, pinned, where the cores suffice (less scheduler noise in the waits);
+# unpinned when oversubscribed.
+bind_for() { if (( $1 <= $(nproc) )); then echo core; else echo none; fi; }
 
 if [[ " $SECTIONS " == *" samplers "* ]]; then
 printf '%-26s %-5s %-3s %-9s %9s %9s %9s %9s %9s %9s %9s %12s %11s\n' corpus ranks mb sampler sync_wait wait_med plan_wait \
   imb_p95 pad_eff cost_p50 cost_p95 computed/rs tokens/s
-"$KILTER" prep synth --docs "$DOCS" --lengths "uniform:$CONTEXT,$CONTEXT" --vocab 256 --shards 2 --seed 11 \
-  --out floordata > /dev/null 2>&1
+synth "uniform:$CONTEXT,$CONTEXT" floordata
 ci=0
 for LENGTHS in $CORPORA; do
   ci=$((ci + 1))
-  rm -rf data
-  "$KILTER" prep synth --docs "$DOCS" --lengths "$LENGTHS" --vocab 256 --shards 2 --seed 11 --out data > /dev/null 2>&1
+  synth "$LENGTHS" data
   for P in $RANKS; do
-   # A rank per core, pinned, where the cores suffice (less scheduler noise in the waits);
-   # unpinned when oversubscribed.
-   bind=none
-   (( P <= $(nproc) )) && bind=core
+   bind=$(bind_for "$P")
    for MB in $MB_PER_RANK; do
     # The two samplers alternate, repeat after repeat, so that both see the same drift in the
     # machine's load.
@@ -195,11 +195,10 @@ printf '%-22s %-5s %-4s %9s %9s %9s %9s %9s %9s %9s %9s\n' corpus ranks cuts tok
 ci=0
 for LENGTHS in $CUT_CORPORA; do
   ci=$((ci + 1))
-  rm -rf cutdata
-  "$KILTER" prep synth --docs "$DOCS" --lengths "$LENGTHS" --vocab 256 --shards 2 --seed 11 --out cutdata > /dev/null 2>&1
+  synth "$LENGTHS" cutdata
   for P in $RANKS; do
-    bind=none
-    (( P <= $(nproc) )) && [[ -z ${CUT_VCLUSTER_GBIT:-} ]] && bind=core
+    bind=$(bind_for "$P")
+    [[ -z ${CUT_VCLUSTER_GBIT:-} ]] || bind=none
     nodes=()
     [[ -n ${CUT_VCLUSTER_GBIT:-} ]] && nodes=(--npernode $(((P + 1) / 2)))
     args=(--data.dir="$work/cutdata" "${link_args[@]}" --model.n_layer="$LAYERS" --model.n_head=2 --model.n_embd="$EMBD"

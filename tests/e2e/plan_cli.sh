@@ -76,7 +76,7 @@ longp = json.load(open("long.json"))
 assert longp["long_pieces"] > 0 and longp["long_piece_ranks_max"] == 2, longp
 assert longp["cuts"] > 0 and longp["cut_piece_ranks_max"] >= 2, longp
 on, off = json.load(open("cut-true.json")), json.load(open("cut-false.json"))
-assert on["cuts_per_step_max"] <= 63 and on["cuts_per_step_p50"] > 0, on
+assert on["cuts_per_step_max"] <= 2 * 63 and on["cuts_per_step_p50"] > 0, on
 assert off["cuts"] == 0 and off["kv_bytes_per_step_max"] == 0, off
 assert on["cost_imbalance_p95"] < off["cost_imbalance_p95"], (on["cost_imbalance_p95"], off["cost_imbalance_p95"])
 assert abs(on["cost_imbalance_uncut_p95"] - off["cost_imbalance_p95"]) < 1e-9
