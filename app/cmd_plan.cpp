@@ -146,7 +146,8 @@ nlohmann::json stats_json(const balance::EpochPlan& plan) {
           {"cost_imbalance_uncut_p95", s.cost_imbalance_uncut_p95},
           {"cost_imbalance_uncut_max", s.cost_imbalance_uncut_max},
           {"long_pieces", s.long_pieces},
-          {"long_piece_ranks_max", s.long_piece_ranks_max}};
+          {"long_piece_ranks_max", s.long_piece_ranks_max},
+          {"link_bound_parts", s.link_bound_parts}};
 }
 
 // --memory: the plan of `kilter train`'s start, for this world size (lib/train/memory_plan.h).
@@ -276,6 +277,16 @@ int cmd_plan(int argc, char** argv) {
                         2 * uint64_t(opts.tokens_per_step), 2 * uint64_t(world_size) * uint64_t(opts.context))));
       warnings.push_back(line);
     }
+    if (s.link_bound_parts > 0) {
+      char line[400];
+      std::snprintf(line, sizeof line,
+                    "%llu parts of cut pieces receive more K/V than their rank computes in the step (comm.link_gbps = %g): "
+                    "the link sets their pace and the plan's transfer cost t = %.4g (one layer's transfer) undercounts "
+                    "them; measure t with `kilter plan --calibrate` and set data.cost_t, or raise comm.link_gbps if the "
+                    "link is faster",
+                    static_cast<unsigned long long>(s.link_bound_parts), cfg.comm.link_gbps, plan.cost.t);
+      warnings.push_back(line);
+    }
     if (s.steps_per_epoch == 0) warnings.push_back("the plan has no steps: the split holds no tokens");
 
     char fingerprint[17];
@@ -300,6 +311,7 @@ int cmd_plan(int argc, char** argv) {
       out["cost_b"] = plan.cost.b;
       out["cost_c"] = plan.cost.c;
       out["cost_t"] = plan.cost.t;
+      out["device_tflops"] = balance::device_tflops(cfg);
       out["cut_pieces_enabled"] = opts.cut_pieces;
       out["kv_bytes_per_token"] = opts.kv_bytes_per_token;
       out["index_load_seconds"] = load_seconds;

@@ -29,6 +29,28 @@
 #        takes ~30 ms, and the part of the VM's per-step jitter that does not grow with the step
 #        weighs more: floors of 0.021-0.075 against 0.014-0.054 with 4 x 128 on one day)
 #
+# A second section, `cuts` (issue 23), trains the balanced sampler with one context per rank per
+# step (train.tokens_per_step = RANKS x CUT_CONTEXT) with data.cut_pieces true and false side by
+# side, on CUT_CORPORA: there whole pieces cannot balance a step, and cuts move tokens between
+# ranks, whose K/V then cross between them layer by layer. It prints tokens/s, the slowest rank's
+# step time (steps after the first SKIP: their median, robust to the scheduler's stalls on a
+# shared machine, and their mean), sync_wait, kv_wait (the share of rank-time spent waiting for another rank's K/V or
+# dK/dV), the plan's cost imbalance p95, cuts' earlier tokens per step, and the ratios with
+# cuts / without, beside the ratio the cost model predicts (`kilter plan`'s
+# critical_cost_per_token without / with cuts).
+#   env: SECTIONS (default "samplers cuts"), CUT_CORPORA (default "lognormal:6,0.8,1024
+#        uniform:600,1024": a skewed corpus, and one of pieces of half to one context, where two
+#        ranks gain the most from cuts), CUT_CONTEXT (default 1024; data.max_tokens = 2 x that,
+#        so each rank's share and a part fit one micro-batch), CUT_STEPS (default 100),
+#        CUT_REPEATS (runs per setting, alternating on and off; default 3),
+#        CUT_VCLUSTER_GBIT (unset: the cut runs are local; set, e.g. 1: they run on scripts/vcluster,
+#        2 nodes x RANKS/2 ranks with the link between them shaped to that many Gbit/s, so K/V of
+#        cuts across nodes are real network traffic, and the plan sees comm.link_gbps = that; needs
+#        root and no vcluster up, and takes the vcluster down when it ends)
+# The cut section also compares step by step (a step holds the same tokens with cuts on and off):
+# `slower` is the share of steps whose slowest-rank time, median over the repeats, is more than 5%
+# above the same step's without cuts.
+#
 # Both runs see the same corpus, model, token budget per micro-batch (data.max_tokens = 4 x
 # context, naive: 4 sequences per micro-batch) and tokens per step. Checks what it times: both
 # runs must finish every step with a finite loss, and their summaries and per-rank metrics must
@@ -37,6 +59,7 @@
 set -euo pipefail
 
 KILTER=$(readlink -f "${1:-build/kilter}")
+VCLUSTER=$(cd "$(dirname "$0")/.." && pwd)/scripts/vcluster
 RANKS=${RANKS:-"2"}
 STEPS=${STEPS:-100}
 MB_PER_RANK=${MB_PER_RANK:-"2 4"}
@@ -46,6 +69,11 @@ DOCS=${DOCS:-3000}
 CORPORA=${CORPORA:-"lognormal:4.5,1.1,1024 uniform:224,256"}
 PY=${PY:-/usr/bin/python3}
 CONTEXT=256
+SECTIONS=${SECTIONS:-"samplers cuts"}
+CUT_CORPORA=${CUT_CORPORA:-"lognormal:6,0.8,1024 uniform:600,1024"}
+CUT_CONTEXT=${CUT_CONTEXT:-1024}
+CUT_STEPS=${CUT_STEPS:-100}
+CUT_REPEATS=${CUT_REPEATS:-3}
 LAYERS=${LAYERS:-4}
 EMBD=${EMBD:-128}
 [[ -x "$KILTER" ]] || { echo "bench/balance_effect.sh: no kilter binary at $KILTER (pass its path)" >&2; exit 2; }
@@ -53,21 +81,22 @@ work=$(mktemp -d /tmp/kilter-balance.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
+# synth LENGTHS DIR: a fresh synthetic corpus
+synth() { rm -rf "$2"; "$KILTER" prep synth --docs "$DOCS" --lengths "$1" --vocab 256 --shards 2 --seed 11 --out "$2" > /dev/null 2>&1; }
+# A rank per core, pinned, where the cores suffice (less scheduler noise in the waits);
+# unpinned when oversubscribed.
+bind_for() { if (( $1 <= $(nproc) )); then echo core; else echo none; fi; }
 
+if [[ " $SECTIONS " == *" samplers "* ]]; then
 printf '%-26s %-5s %-3s %-9s %9s %9s %9s %9s %9s %9s %9s %12s %11s\n' corpus ranks mb sampler sync_wait wait_med plan_wait \
   imb_p95 pad_eff cost_p50 cost_p95 computed/rs tokens/s
-"$KILTER" prep synth --docs "$DOCS" --lengths "uniform:$CONTEXT,$CONTEXT" --vocab 256 --shards 2 --seed 11 \
-  --out floordata > /dev/null 2>&1
+synth "uniform:$CONTEXT,$CONTEXT" floordata
 ci=0
 for LENGTHS in $CORPORA; do
   ci=$((ci + 1))
-  rm -rf data
-  "$KILTER" prep synth --docs "$DOCS" --lengths "$LENGTHS" --vocab 256 --shards 2 --seed 11 --out data > /dev/null 2>&1
+  synth "$LENGTHS" data
   for P in $RANKS; do
-   # A rank per core, pinned, where the cores suffice (less scheduler noise in the waits);
-   # unpinned when oversubscribed.
-   bind=none
-   (( P <= $(nproc) )) && bind=core
+   bind=$(bind_for "$P")
    for MB in $MB_PER_RANK; do
     # The two samplers alternate, repeat after repeat, so that both see the same drift in the
     # machine's load.
@@ -140,5 +169,101 @@ print(f"{corpus:<26} {P:<5} {mb:<3} {'ratio':<9} naive/balanced sync_wait {ratio
       f"balanced/naive tokens/s {ratio(b['tokens_per_second'], n['tokens_per_second']):.2f}x")
 PY
    done
+  done
+done
+fi
+
+# ---- cuts: data.cut_pieces true vs false at one context per rank per step (issue 23) ----------
+[[ " $SECTIONS " == *" cuts "* ]] || exit 0
+launch=(mpirun --allow-run-as-root --oversubscribe)
+link_args=()
+where="local, ranks pinned one per core where they fit"
+if [[ -n ${CUT_VCLUSTER_GBIT:-} ]]; then
+  vcluster=$VCLUSTER
+  "$vcluster" status | grep -q "^vcluster: down" || { echo "bench/balance_effect.sh: a vcluster is up; vcluster down first" >&2; exit 2; }
+  trap '"$vcluster" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+  "$vcluster" up --nodes 2 --link-gbit "$CUT_VCLUSTER_GBIT" > /dev/null 2>&1
+  launch=("$vcluster" mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
+  link_args=(--comm.link_gbps="$CUT_VCLUSTER_GBIT")
+  where="scripts/vcluster: 2 nodes, link shaped to $CUT_VCLUSTER_GBIT Gbit/s, comm.link_gbps = $CUT_VCLUSTER_GBIT"
+fi
+echo
+echo "cut pieces: balanced sampler, one context per rank per step (context $CUT_CONTEXT, max_tokens $((2 * CUT_CONTEXT))," \
+  "$CUT_STEPS steps, $CUT_REPEATS runs per setting, model $LAYERS x $EMBD; medians over the runs; $where)"
+printf '%-22s %-5s %-4s %9s %9s %9s %9s %9s %9s %9s %9s\n' corpus ranks cuts tokens/s step_med step_mean sync_wait kv_wait \
+  plan_imb95 kv_tok/st crit_cost
+ci=0
+for LENGTHS in $CUT_CORPORA; do
+  ci=$((ci + 1))
+  synth "$LENGTHS" cutdata
+  for P in $RANKS; do
+    bind=$(bind_for "$P")
+    [[ -z ${CUT_VCLUSTER_GBIT:-} ]] || bind=none
+    nodes=()
+    [[ -n ${CUT_VCLUSTER_GBIT:-} ]] && nodes=(--npernode $(((P + 1) / 2)))
+    args=(--data.dir="$work/cutdata" "${link_args[@]}" --model.n_layer="$LAYERS" --model.n_head=2 --model.n_embd="$EMBD"
+          --model.block_size="$CUT_CONTEXT" --data.max_tokens=$((2 * CUT_CONTEXT)) --data.sampler=balanced
+          --train.tokens_per_step=$((P * CUT_CONTEXT)) --train.backend=cpu)
+    for cut in true false; do
+      "$KILTER" plan --data "$work/cutdata" --world-size "$P" "${args[@]:1}" --data.cut_pieces=$cut --json 2>/dev/null \
+        > "cutplan-$ci-$P-$cut.json"
+    done
+    for rep in $(seq 1 "$CUT_REPEATS"); do
+      for cut in true false; do
+        run="runs/cut$ci-$P-$cut-$rep"
+        timeout 900 "${launch[@]}" --bind-to "$bind" -np "$P" "${nodes[@]}" "$KILTER" train "${args[@]}" \
+          --data.cut_pieces=$cut --train.steps="$CUT_STEPS" --train.warmup=5 --output.log_every=1000 \
+          --output.trace_steps=0 --comm.timeout_s=120 --output.dir="$work/$run" > "${run#runs/}.log" 2>&1 \
+          || { cat "${run#runs/}.log"; echo "bench/balance_effect.sh: cut_pieces=$cut run on $P ranks ($LENGTHS) failed" >&2; exit 1; }
+      done
+    done
+    "$PY" - "$LENGTHS" "$P" "$CUT_STEPS" "$ci" "$SKIP" "$CUT_REPEATS" <<'PY'
+import csv, glob, json, math, statistics, sys
+corpus, P, steps, ci, skip, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+med = statistics.median
+out, per_step = {}, {}
+for cut in ("true", "false"):
+    plan = json.load(open(f"cutplan-{ci}-{P}-{cut}.json"))
+    tps, sync, kv, step_times, by_index = [], [], [], [], {}
+    for rep in range(1, repeats + 1):
+        run = f"runs/cut{ci}-{P}-{cut}-{rep}"
+        v = json.load(open(f"{run}/summary.json"))
+        assert v["world_size"] == P and v["steps"] == steps, f"{run}: {v['world_size']} ranks, {v['steps']} steps"
+        assert math.isfinite(v["final_loss"]), f"{run}: final loss {v['final_loss']}"
+        # The run's plan is the one `kilter plan` printed for the same config.
+        assert abs(v["cost_imbalance_p95"] - plan["cost_imbalance_p95"]) < 1e-9, f"{run}: not the plan of kilter plan"
+        tps.append(v["tokens_per_second"]); sync.append(v["sync_wait_fraction"]); kv.append(v["kv_wait_fraction"])
+        by_step = {}
+        for f in sorted(glob.glob(f"{run}/metrics/rank-*.csv")):
+            for r in csv.DictReader(open(f)):
+                by_step.setdefault(int(r["step"]), []).append(float(r["step_total"]))
+        step_times += [max(t) for s, t in by_step.items() if s >= skip and len(t) == P]
+        for s, t in by_step.items():
+            if s >= skip and len(t) == P:
+                by_index.setdefault(s, []).append(max(t))
+    per_step[cut] = {s: med(t) for s, t in by_index.items()}
+    assert step_times, f"cut_pieces={cut}: no step past the first {skip}"
+    out[cut] = dict(tps=med(tps), step=statistics.fmean(step_times), step_med=med(step_times), sync=med(sync), kv=med(kv), imb=plan["cost_imbalance_p95"],
+                    kvtok=v["kv_tokens_per_step"], crit=plan["critical_cost_per_token"])
+    o = out[cut]
+    print(f"{corpus:<22} {P:<5} {'on' if cut == 'true' else 'off':<4} {o['tps']:9.0f} {o['step_med']*1e3:7.1f}ms {o['step']*1e3:7.1f}ms {o['sync']:9.3f} "
+          f"{o['kv']:9.3f} {o['imb']:9.3f} {o['kvtok']:9.1f} {o['crit']:9.4f}")
+on, off = out["true"], out["false"]
+common = sorted(set(per_step["true"]) & set(per_step["false"]))
+slower = sum(per_step["true"][s] > 1.05 * per_step["false"][s] for s in common) / max(1, len(common))
+print(f"{corpus:<22} {P:<5} ratio cuts on/off: tokens/s {on['tps'] / off['tps']:.3f}x, step faster {off['step_med'] / on['step_med']:.3f}x (median), {off['step'] / on['step']:.3f}x (mean); "
+      f"predicted by the plan {off['crit'] / on['crit']:.3f}x; sync_wait {off['sync']:.3f} -> {on['sync']:.3f}, kv_wait 0 -> {on['kv']:.3f}; "
+      f"slower {slower:.0%} of {len(common)} steps")
+PY
+    # What the exchange did not hide, as `kilter plan --calibrate` fits it from the first run with
+    # cuts (kv_wait per earlier token, in dense tokens), beside the t the plan derived.
+    "$KILTER" plan --calibrate "$work/runs/cut$ci-$P-true-1" --skip-steps "$SKIP" --json > "cutfit-$ci-$P.json" 2>/dev/null \
+      && "$PY" - "$LENGTHS" "$P" "cutfit-$ci-$P.json" "cutplan-$ci-$P-true.json" <<'PY'
+import json, sys
+fit, plan = json.load(open(sys.argv[3])), json.load(open(sys.argv[4]))
+measured = "not measured" if fit.get("cost_t") is None else f"{fit['cost_t']:.4g}"
+print(f"{sys.argv[1]:<22} {sys.argv[2]:<5} kilter plan --calibrate (first run with cuts): cost_t = {measured}; "
+      f"the plan derived t = {plan['cost_t']:.4g}")
+PY
   done
 done

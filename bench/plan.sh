@@ -14,8 +14,10 @@
 # and at context 4096 with 256k-token steps at P = 8..64 (where the issue first measured it).
 # Naive: data.naive_batch_size = max_tokens / context (same memory).
 # The transfer cost t of a cut piece's later part is counted (docs/plan.md, "Cut pieces"): "small"
-# (kilter's CPU model) with fp32 K/V and a CPU core's rate (comm.device_tflops = 0.1), "gpt2" and
-# "llama" with bf16 K/V at the defaults (400 TFLOP/s per rank, comm.link_gbps = 400).
+# (kilter's CPU model, train.backend = cpu) with fp32 K/V at the CPU backend's rate (comm.device_tflops
+# auto: 0.1 TFLOP/s for one thread), "gpt2" and "llama" with bf16 K/V at a GPU's rate (400 TFLOP/s,
+# what auto gives on a GPU; given explicitly, as this script runs where there is none) and
+# comm.link_gbps = 400 (the default).
 # Columns: pad = padding_efficiency; imb95 = cost_imbalance_p95 (cuts on, transfer counted);
 # whole95 = the same plan's whole-piece division before its cuts (data.cut_pieces = false);
 # bound95 = the p95 of the per-step imbalance no division of whole pieces can beat (the longest
@@ -44,9 +46,9 @@ failures=0
 
 shape_args() {
   case $1 in
-    small) echo "--comm.device_tflops=0.1" ;;
-    gpt2) echo "--model.n_layer=12 --model.n_head=12 --model.n_embd=768 --model.vocab_size=50257 --train.precision=bf16" ;;
-    llama) echo "--model.n_layer=32 --model.n_head=32 --model.n_embd=4096 --model.vocab_size=128256 --train.precision=bf16" ;;
+    small) echo "--train.backend=cpu" ;;
+    gpt2) echo "--model.n_layer=12 --model.n_head=12 --model.n_embd=768 --model.vocab_size=50257 --train.precision=bf16 --comm.device_tflops=400" ;;
+    llama) echo "--model.n_layer=32 --model.n_head=32 --model.n_embd=4096 --model.vocab_size=128256 --train.precision=bf16 --comm.device_tflops=400" ;;
     *) echo "bench/plan.sh: unknown shape $1 (small | gpt2 | llama)" >&2; exit 2 ;;
   esac
 }
@@ -149,7 +151,7 @@ if [[ $SCALE_DOCS -gt 0 ]]; then
   echo
   echo "planning cost: $SCALE_DOCS documents, lognormal:5.5,1.3, ctx 2048, max_tokens 16384, 4M-token steps, P=1024"
   out=$(/usr/bin/time -f '%M' -o "$work/rss" "$KILTER" plan --lengths lognormal:5.5,1.3 --docs "$SCALE_DOCS" \
-    --world-size 1024 --model.block_size=2048 --data.max_tokens=16384 --train.tokens_per_step=4194304 --json 2>/dev/null)
+    --world-size 1024 $(shape_args small) --model.block_size=2048 --data.max_tokens=16384 --train.tokens_per_step=4194304 --json 2>/dev/null)
   jq -r --arg rss "$(tail -1 "$work/rss")" '"  build \(.plan_build_seconds*100|round/100) s wall, \(.plan_build_cpu_seconds*100|round/100) s CPU; " +
     "\(.bytes_per_doc*10|round/10) bytes/doc held (lengths + ids + plan), peak +\(.peak_extra_bytes_per_doc*10|round/10) bytes/doc while planning; " +
     "process peak RSS \($rss|tonumber/1024|round) MiB; \(.steps_per_epoch) steps, \(.pieces) pieces; padding \(.padding_efficiency*10000|round/10000), imbalance p95 \(.cost_imbalance_p95*10000|round/10000), cuts/step p50 \(.cuts_per_step_p50)"' <<<"$out"

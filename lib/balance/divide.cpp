@@ -43,6 +43,11 @@ constexpr int kCutPartners = 8;
 constexpr double kMinCutGain = 5e-4;
 // Cuts stop once the busiest rank is within this share of the mean (the goal is 1.01).
 constexpr double kCutGoodEnough = 3e-3;
+// At most kCutsPerRankBoundary x (P - 1) cuts per step. The wrap-around rule needs P - 1 (the
+// yardstick, reported as cuts_per_step); one cut at a time, the greedy needs more where every rank
+// boundary is a cut (a quarter context per rank: the Llama row of bench/plan.sh reaches 1.018 at
+// P - 1 and 1.003 at 2 (P - 1), with 1.32 P cuts). Each cut still pays its transfer and must gain.
+constexpr uint64_t kCutsPerRankBoundary = 2;
 
 }  // namespace
 
@@ -545,8 +550,8 @@ void StepDivider::apply_cut(int busiest, const Cut& cut) {
 // best of: water filling again a cut piece it holds a part of; adding one of the kCutPartners
 // least-loaded ranks at the front or the back of such a piece, or of an uncut piece it holds
 // (a new cut); moving one of its uncut pieces whole. It must lower the busiest load by more than
-// kMinCutGain of the mean (the transfer cost counted); at most P - 1 cuts per step (the
-// wrap-around rule's count).
+// kMinCutGain of the mean (the transfer cost counted); at most kCutsPerRankBoundary x (P - 1) cuts
+// per step (twice the wrap-around rule's count).
 void StepDivider::cut_for_balance() {
   balance_cuts_ = 0;
   if (!cut_pieces_ || world_size_ <= 1) return;
@@ -564,14 +569,14 @@ void StepDivider::cut_for_balance() {
     total += load(r);
   }
   std::vector<int> chain;
-  const size_t max_rounds = 4 * size_t(world_size_) + 64;
+  const size_t max_rounds = 4 * kCutsPerRankBoundary * size_t(world_size_) + 64;
   for (size_t round = 0; round < max_rounds; ++round) {
     const auto top_entry = std::prev(by_load_.end());
     const double top = top_entry->first;
     const int busiest = top_entry->second;
     const double mean = total / world_size_;
     if (top <= mean * (1 + kCutGoodEnough)) break;
-    const bool may_cut = balance_cuts_ + 1 < uint64_t(world_size_);
+    const bool may_cut = balance_cuts_ < kCutsPerRankBoundary * (uint64_t(world_size_) - 1);
     Cut best;
     best.score = top - mean * kMinCutGain;
     const Share& mine = shares_[busiest];

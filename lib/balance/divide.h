@@ -34,7 +34,7 @@ class StepDivider {
 
   // The last step's busiest rank over its mean cost before the cuts for balance (packed).
   double uncut_imbalance() const { return uncut_imbalance_; }
-  // Cuts made for balance in the last step (chains of long pieces not counted); at most P - 1.
+  // Cuts made for balance in the last step (chains of long pieces not counted); at most 2 (P - 1).
   uint64_t balance_cuts() const { return balance_cuts_; }
 
   // The micro-batches a rank holding `tokens` tokens needs at the least: ceil(tokens / max_tokens).

@@ -76,10 +76,10 @@ double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes) {
   return 2.0 * double(n_embd) * double(n_layer) * kv_value_bytes;
 }
 
-double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
-                                 double device_tflops) {
+double kv_link_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+                                double device_tflops) {
   KILTER_CHECK(n_layer >= 1 && n_embd >= 1 && vocab_size >= 0 && kv_value_bytes > 0,
-               "transfer_cost_coefficient: bad model shape n_layer=" << n_layer << " n_embd=" << n_embd
+               "kv_link_cost_coefficient: bad model shape n_layer=" << n_layer << " n_embd=" << n_embd
                << " vocab=" << vocab_size << " bytes=" << kv_value_bytes);
   KILTER_CHECK(link_gbps > 0, "comm.link_gbps = " << link_gbps << ": must be > 0");
   KILTER_CHECK(device_tflops > 0, "comm.device_tflops = " << device_tflops << ": must be > 0");
@@ -88,6 +88,12 @@ double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double
   const double dense_flops = 6.0 * (12.0 * n_layer * double(n_embd) * n_embd + double(n_embd) * vocab_size);
   const double token_s = dense_flops / (device_tflops * 1e12);
   return transfer_s / token_s;
+}
+
+double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+                                 double device_tflops) {
+  // One layer's transfer forward and one backward are exposed; the others overlap (plan.h).
+  return kv_link_cost_coefficient(n_layer, n_embd, vocab_size, kv_value_bytes, link_gbps, device_tflops) / n_layer;
 }
 
 double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size) {

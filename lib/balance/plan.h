@@ -76,6 +76,9 @@ struct CostModel {
   double b = 0.0;  // per unit of attention work (sum of L^2); <= 0: default_attention_cost
   double c = -1.0; // per micro-batch (launches, weight reads); < 0: default_micro_batch_cost
   double t = 0.0;  // per earlier token whose K/V a part receives and whose dK/dV it sends back
+  // Statistics only (link_bound_parts): the full transfer per earlier token, every layer with no
+  // overlap (a x kv_link_cost_coefficient); 0 where unknown (data.cost_t given).
+  double t_link = 0.0;
   double operator()(const MicroBatch& mb) const;
   // Cost of one piece of `len` tokens inside a packed micro-batch, without the c term.
   double piece(uint32_t len) const { return a * double(len) + b * double(len) * double(len); }
@@ -86,13 +89,26 @@ struct CostModel {
   }
 };
 
-// t from the model shape and the link: a part at offset s receives the K and V of its s earlier
-// tokens in every layer (2 n_embd n_layer values of kv_value_bytes each) and sends their
-// gradients back, 2 x that over a link of link_gbps Gbit/s; a dense token costs
-// 6 (12 n_layer n_embd^2 + n_embd vocab) FLOPs at device_tflops. t = transfer seconds per earlier
-// token / seconds per dense token (for a = 1).
+// t from the model shape and the link: what a cut costs the step, in dense tokens per earlier
+// token, counting only the transfer the exchange cannot hide (docs/plan.md, "What a part costs").
+// A part at offset s receives the K and V of its s earlier tokens in every layer (2 n_embd values
+// of kv_value_bytes per token and layer) and sends their gradients back: the full transfer is
+// kv_link_cost_coefficient() per earlier token. The exchange runs layer by layer, nonblocking:
+// the earlier part's rank posts layer l's K/V as soon as its QKV projection is done and computes
+// on. The receiving rank waits for the first layer's K/V once, then runs that much behind the
+// sender, and every later layer's K/V arrive while it computes the layer before (the backward
+// mirrors it for dK/dV). Where the ranks of a piece run their layers at a like pace (the plan
+// evens their loads) and one layer's transfer is shorter than a layer's compute (t_link s <= the
+// receiving rank's cost), one layer's transfer each way is exposed, not n_layer:
+// t = kv_link_cost_coefficient() / n_layer.
 double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
                                  double device_tflops);
+// The full transfer, every layer forward and back, with no overlap: 2 kv_bytes_per_token over a
+// link of link_gbps Gbit/s, over the seconds of one dense token, 6 (12 n_layer n_embd^2 +
+// n_embd vocab) FLOPs at device_tflops. The upper bound on t (a one-layer model, or a link so slow
+// that it, not compute, sets each layer's pace).
+double kv_link_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+                                double device_tflops);
 // Bytes of K and V of one token over all layers, one direction: 2 n_embd n_layer kv_value_bytes.
 double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes);
 
@@ -185,6 +201,10 @@ struct PlanStats {
   double cost_imbalance_uncut_p95 = 0;
   double cost_imbalance_uncut_max = 0;
   uint64_t cut_piece_ranks_max = 0;    // most parts (ranks) one cut piece spans
+  // Later parts whose full K/V transfer exceeds their rank's cost in the step (t_link x offset >
+  // rank cost): one layer's transfer outlasts a layer's compute there, the link sets the pace and
+  // t (one layer's transfer, docs/plan.md) undercounts them. 0 where cost.t_link is unknown.
+  uint64_t link_bound_parts = 0;
   // Pieces longer than max_tokens (context parallelism): always cut, each over
   // ceil(len / max_tokens) ranks; the most ranks one of them spans (0: none).
   uint64_t long_pieces = 0;

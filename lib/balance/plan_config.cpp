@@ -1,10 +1,23 @@
 // Config -> PlanOptions (see plan_config.h) and the plan's memory footprint.
 #include "lib/balance/plan_config.h"
 
+#include <algorithm>
+
+#include "lib/model/model.h"
+
 namespace kilter::balance {
 
 double kv_value_bytes(const Config& cfg) {
   return cfg.train.precision == "bf16" && cfg.train.backend != "cpu" ? 2.0 : 4.0;
+}
+
+bool runs_on_cpu(const Config& cfg) {
+  return cfg.train.backend == "cpu" || (cfg.train.backend == "auto" && !model::cuda_available());
+}
+
+double device_tflops(const Config& cfg) {
+  if (cfg.comm.device_tflops > 0) return cfg.comm.device_tflops;
+  return runs_on_cpu(cfg) ? kCpuTflopsPerThread * std::max(cfg.train.threads, 1) : kGpuTflops;
 }
 
 PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) {
@@ -29,10 +42,11 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   opts.cut_pieces = cfg.data.cut_pieces;
   const double value_bytes = kv_value_bytes(cfg);
   opts.kv_bytes_per_token = kv_bytes_per_token(cfg.model.n_layer, cfg.model.n_embd, value_bytes);
-  opts.cost.t = cfg.data.cost_t >= 0 ? cfg.data.cost_t
-                                     : cfg.data.cost_a * transfer_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd,
-                                                                                    vocab, value_bytes, cfg.comm.link_gbps,
-                                                                                    cfg.comm.device_tflops);
+  const double t_link = cfg.data.cost_a * kv_link_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd, vocab,
+                                                                    value_bytes, cfg.comm.link_gbps, device_tflops(cfg));
+  // t: one layer's transfer each way (transfer_cost_coefficient = t_link / n_layer).
+  opts.cost.t = cfg.data.cost_t >= 0 ? cfg.data.cost_t : t_link / cfg.model.n_layer;
+  opts.cost.t_link = cfg.data.cost_t >= 0 ? 0.0 : t_link;
   return opts;
 }
 

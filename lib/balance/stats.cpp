@@ -104,6 +104,7 @@ void compute_plan_stats(EpochPlan& plan) {
   s.cuts = s.cut_pieces = 0;
   s.kv_bytes_per_rank_max = 0;
   s.cut_piece_ranks_max = 0;
+  s.link_bound_parts = 0;
   imbalance.reserve(plan.steps.size());
   std::vector<double> piece_costs;  // the step's piece costs, for step_bound()
   MicroBatch scratch;
@@ -153,6 +154,8 @@ void compute_plan_stats(EpochPlan& plan) {
           const double bytes = 2.0 * double(cut.parts[k].offset) * plan.kv_bytes_per_token;
           step_kv_bytes += bytes;
           rank_bytes[size_t(cut.parts[k].rank)] += bytes;
+          if (k > 0 && plan.cost.t_link * double(cut.parts[k].offset) > loads[size_t(cut.parts[k].rank)])
+            ++s.link_bound_parts;
           for (size_t j = 0; j < k; ++j)
             rank_bytes[size_t(cut.parts[j].rank)] += 2.0 * double(cut.parts[j].len) * plan.kv_bytes_per_token;
         }

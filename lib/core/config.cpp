@@ -95,7 +95,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("comm.bucket_mb", po::value(&k.bucket_mb)->default_value(k.bucket_mb, shortest_text(k.bucket_mb)), "gradient bucket size (MiB)")
     ("comm.overlap", po::value(&k.overlap)->default_value(k.overlap, shortest_text(k.overlap)), "reduce gradient buckets while backward runs")
     ("comm.link_gbps", po::value(&k.link_gbps)->default_value(k.link_gbps, shortest_text(k.link_gbps)), "per-rank link rate of the K/V exchange of cut pieces (Gbit/s; InfiniBand NDR, one port per GPU: 400; HDR: 200)")
-    ("comm.device_tflops", po::value(&k.device_tflops)->default_value(k.device_tflops, shortest_text(k.device_tflops)), "sustained rate of one rank (TFLOP/s; the plan's transfer cost; H100 bf16 ~400, a CPU core ~0.1)")
+    ("comm.device_tflops", po::value(&k.device_tflops)->default_value(k.device_tflops, shortest_text(k.device_tflops)), "sustained rate of one rank (TFLOP/s; the plan's transfer cost). 0 (auto): the backend's, a GPU 400 (H100 bf16), the CPU backend 0.1 per train.threads")
     ("output.dir", po::value(&o.dir)->default_value(o.dir, shortest_text(o.dir)), "run directory")
     ("output.log_every", po::value(&o.log_every)->default_value(o.log_every, shortest_text(o.log_every)), "progress line every N steps")
     ("output.checkpoint_every", po::value(&o.checkpoint_every)->default_value(o.checkpoint_every, shortest_text(o.checkpoint_every)), "checkpoint every N steps (0: at the end and on signals only)")
@@ -179,7 +179,7 @@ void Config::validate() const {
   KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");
   KILTER_CHECK_KEY(comm.bucket_mb > 0, "comm.bucket_mb", comm.bucket_mb, "must be > 0");
   KILTER_CHECK_KEY(comm.link_gbps > 0, "comm.link_gbps", comm.link_gbps, "must be > 0");
-  KILTER_CHECK_KEY(comm.device_tflops > 0, "comm.device_tflops", comm.device_tflops, "must be > 0");
+  KILTER_CHECK_KEY(comm.device_tflops >= 0, "comm.device_tflops", comm.device_tflops, "must be >= 0 (0: auto)");
   KILTER_CHECK_KEY(output.log_every >= 1, "output.log_every", output.log_every, "must be >= 1");
   KILTER_CHECK_KEY(output.checkpoint_every >= 0, "output.checkpoint_every", output.checkpoint_every, "must be >= 0");
   KILTER_CHECK_KEY(output.checkpoint_minutes >= 0, "output.checkpoint_minutes", output.checkpoint_minutes, "must be >= 0");

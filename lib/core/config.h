@@ -74,7 +74,8 @@ struct CommConfig {
   double bucket_mb = 4.0;             // gradient bucket size for overlapped reduction
   bool overlap = true;                // reduce buckets while backward runs
   double link_gbps = 400;             // per-rank link of the K/V exchange of cut pieces (Gbit/s)
-  double device_tflops = 400;         // sustained FLOP rate of one rank (TFLOP/s), turns link time into plan cost
+  double device_tflops = 0;           // sustained FLOP rate of one rank (TFLOP/s), turns link time into plan cost;
+                                      // 0 (auto): the backend's, balance::device_tflops()
 };
 
 struct OutputConfig {

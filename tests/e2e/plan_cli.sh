@@ -34,9 +34,10 @@ done
 if "$KILTER" plan --data data --world-size 8 --train.tokens_per_step=0 2> bad.txt; then fail "a zero step accepted"; fi
 grep -q "train.tokens_per_step" bad.txt || fail "error does not name train.tokens_per_step: $(cat bad.txt)"
 
-# 16 ranks x 512-token context need steps of >= 8192 tokens; 4096 leaves ranks idle.
+# 16 ranks x 512-token context need steps of >= 8192 tokens; 4096 leaves ranks idle where pieces
+# are not cut (with cuts at the CPU backend's transfer cost every rank gets a share).
 "$KILTER" plan --data data --world-size 16 --model.block_size=512 --data.max_tokens=2048 \
-  --train.tokens_per_step=4096 --json > idle.json 2> idle.err
+  --train.tokens_per_step=4096 --data.cut_pieces=false --json > idle.json 2> idle.err
 grep -q "8192" idle.err || fail "the idle-rank warning does not name the step size that avoids it: $(cat idle.err)"
 
 # Calibration on a synthetic run directory: times = 2e-6 T + 3e-9 W + 1e-3 M.
@@ -75,7 +76,7 @@ longp = json.load(open("long.json"))
 assert longp["long_pieces"] > 0 and longp["long_piece_ranks_max"] == 2, longp
 assert longp["cuts"] > 0 and longp["cut_piece_ranks_max"] >= 2, longp
 on, off = json.load(open("cut-true.json")), json.load(open("cut-false.json"))
-assert on["cuts_per_step_max"] <= 63 and on["cuts_per_step_p50"] > 0, on
+assert on["cuts_per_step_max"] <= 2 * 63 and on["cuts_per_step_p50"] > 0, on
 assert off["cuts"] == 0 and off["kv_bytes_per_step_max"] == 0, off
 assert on["cost_imbalance_p95"] < off["cost_imbalance_p95"], (on["cost_imbalance_p95"], off["cost_imbalance_p95"])
 assert abs(on["cost_imbalance_uncut_p95"] - off["cost_imbalance_p95"]) < 1e-9

@@ -13,6 +13,7 @@
 #include "io/error.h"
 #include "lib/balance/divide.h"
 #include "lib/balance/plan.h"
+#include "lib/balance/plan_config.h"
 #include "lib/balance/synthetic_lengths.h"
 
 namespace kilter::balance {
@@ -80,7 +81,7 @@ TEST(BalanceCut, RandomCorporaObeyTheRulesHoldTheSameTokensAndNeverRaiseTheBusie
           const Step step = cut.steps[s].expand();
           std::vector<CutPiece> cuts;
           ASSERT_NO_THROW(cuts = step_cuts(step)) << "seed " << seed << " world " << world << " step " << s;
-          EXPECT_LE(cuts_in(cuts), uint64_t(world - 1)) << "the wrap-around rule's count";
+          EXPECT_LE(cuts_in(cuts), 2 * uint64_t(world - 1)) << "twice the wrap-around rule's count";
           total_cuts += cuts_in(cuts);
           EXPECT_EQ(step_targets(step), step_targets(one.steps[s].expand())) << "step " << s << " world " << world;
           EXPECT_EQ(step_targets(whole.steps[s].expand()), step_targets(one.steps[s].expand()));
@@ -91,7 +92,7 @@ TEST(BalanceCut, RandomCorporaObeyTheRulesHoldTheSameTokensAndNeverRaiseTheBusie
         EXPECT_NEAR(cut.stats.cost_imbalance_uncut_p95, whole.stats.cost_imbalance_p95, 1e-9)
             << "the figure without cuts is the plan without cuts";
         EXPECT_LE(cut.stats.cost_imbalance_p95, whole.stats.cost_imbalance_p95 + 1e-12);
-        EXPECT_LE(cut.stats.cuts_per_step_max, double(world - 1));
+        EXPECT_LE(cut.stats.cuts_per_step_max, 2.0 * double(world - 1));
       }
     }
   }
@@ -245,13 +246,66 @@ TEST(BalanceCut, LongContextsAreChainsOfPartsWithinMaxTokens) {
 
 TEST(BalanceCut, TransferCoefficientFromShapeAndLink) {
   // GPT-2 124M, bf16 K/V: 2 x 2 x 768 x 12 x 2 bytes per earlier token over 25 GB/s, against
-  // 6 (12 x 12 x 768^2 + 768 x 50257) FLOPs at 400 TFLOP/s.
-  const double t = transfer_cost_coefficient(12, 768, 50257, 2, 200, 400);
+  // 6 (12 x 12 x 768^2 + 768 x 50257) FLOPs at 400 TFLOP/s: the full transfer.
+  const double full = kv_link_cost_coefficient(12, 768, 50257, 2, 200, 400);
   const double expect = (4.0 * 768 * 12 * 2 / 25e9) / (6.0 * (12.0 * 12 * 768 * 768 + 768.0 * 50257) / 400e12);
-  EXPECT_NEAR(t, expect, 1e-12 * expect);
-  EXPECT_NEAR(transfer_cost_coefficient(12, 768, 50257, 2, 400, 400), t / 2, 1e-12);
+  EXPECT_NEAR(full, expect, 1e-12 * expect);
+  EXPECT_NEAR(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 400), full / 2, 1e-12);
+  // What the plan charges: one layer's transfer each way, the others overlapped.
+  EXPECT_NEAR(transfer_cost_coefficient(12, 768, 50257, 2, 200, 400), full / 12, 1e-12 * full);
+  EXPECT_NEAR(transfer_cost_coefficient(1, 768, 50257, 2, 200, 400),
+              kv_link_cost_coefficient(1, 768, 50257, 2, 200, 400), 1e-15);
   EXPECT_DOUBLE_EQ(kv_bytes_per_token(12, 768, 2), 2.0 * 768 * 12 * 2);
   EXPECT_THROW(transfer_cost_coefficient(12, 768, 50257, 2, 0, 400), Error);
+  EXPECT_THROW(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 0), Error);
+}
+
+TEST(BalanceCut, LinkBoundPartsCountLaterPartsWhoseFullTransferOutlastsTheirRank) {
+  const auto lengths = corpus(1500, "lognormal:4.8,1.1", 5);
+  const auto docs = all_documents(lengths.size());
+  PlanOptions o = cut_options(0.01);
+  const EpochPlan unknown = build_epoch_plan(lengths, docs, o, 16, 0);
+  ASSERT_GT(unknown.stats.cuts, 0u);
+  EXPECT_EQ(unknown.stats.link_bound_parts, 0u);  // t_link unknown: not counted
+  o.cost.t_link = 1e9;                              // every later part outlasts its rank
+  const EpochPlan slow = build_epoch_plan(lengths, docs, o, 16, 0);
+  EXPECT_EQ(slow.stats.link_bound_parts, slow.stats.cuts);
+  // t_link only counts; the division is the same.
+  EXPECT_EQ(plan_fingerprint(slow), plan_fingerprint(unknown));
+  // In between: exactly the later parts with t_link x offset above their rank's cost.
+  o.cost.t_link = 1.0;
+  const EpochPlan mid = build_epoch_plan(lengths, docs, o, 16, 0);
+  uint64_t expect = 0;
+  for (uint64_t i = 0; i < mid.steps.size(); ++i) {
+    const StepView step = mid.steps[i];
+    const std::vector<double> loads = rank_costs(step);
+    for (const CutPiece& cut : step_cuts(step))
+      for (size_t k = 1; k < cut.parts.size(); ++k)
+        expect += double(cut.parts[k].offset) > loads[size_t(cut.parts[k].rank)];
+  }
+  EXPECT_EQ(mid.stats.link_bound_parts, expect);
+  EXPECT_LE(expect, mid.stats.cuts);
+}
+
+TEST(BalanceCut, DeviceRateDefaultsToTheBackends) {
+  Config cfg;
+  cfg.model.n_layer = 4;
+  cfg.model.n_embd = 256;
+  cfg.model.vocab_size = 256;
+  cfg.train.backend = "cpu";
+  cfg.train.threads = 2;
+  ASSERT_EQ(cfg.comm.device_tflops, 0);  // auto
+  EXPECT_DOUBLE_EQ(device_tflops(cfg), 2 * kCpuTflopsPerThread);
+  const PlanOptions cpu = plan_options_from_config(cfg, 256);
+  EXPECT_NEAR(cpu.cost.t, cfg.data.cost_a * transfer_cost_coefficient(4, 256, 256, 4, cfg.comm.link_gbps, 0.2),
+              1e-12);
+  EXPECT_LT(cpu.cost.t, 0.1);  // a CPU rank's link is fast next to its compute
+  cfg.train.backend = "cuda";
+  EXPECT_DOUBLE_EQ(device_tflops(cfg), kGpuTflops);
+  cfg.comm.device_tflops = 7;  // an explicit rate wins
+  EXPECT_DOUBLE_EQ(device_tflops(cfg), 7);
+  cfg.data.cost_t = 0.25;  // and so does an explicit t
+  EXPECT_DOUBLE_EQ(plan_options_from_config(cfg, 256).cost.t, 0.25);
 }
 
 }  // namespace
