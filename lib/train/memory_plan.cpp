@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "io/error.h"
 #include "lib/model/model.h"
 
@@ -21,6 +23,22 @@ namespace {
 // HDF5, the plan of an epoch, code, and the malloc arenas of the threads. Measured: 41-64 MiB
 // (a 2-layer, 32-wide model's rank peaks at 41 MB; 4 x 512 ranks vary by 30 MiB run to run).
 constexpr uint64_t kRuntimeBytes = 64ull << 20;
+// That figure includes the ~18 MiB a CPU-only build holds before main() (code, the libraries'
+// static data). A build that links the CUDA libraries (cudart, cuBLASLt, cuDNN, NCCL) holds
+// ~210 MiB more there, on every rank, GPU or not: the difference is read at start-up.
+constexpr uint64_t kCpuOnlyStartBytes = 18ull << 20;
+
+uint64_t resident_bytes_now() {
+  unsigned long long size = 0, resident = 0;
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  const int got = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? uint64_t(resident) * uint64_t(sysconf(_SC_PAGESIZE)) : 0;
+}
+// Read during static initialization, after the shared libraries are loaded and before kilter
+// allocates anything of its own.
+const uint64_t kStartBytes = resident_bytes_now();
 // The LM head's chunk of rows (CpuModel's kHeadChunk).
 constexpr uint64_t kHeadChunk = 512;
 
@@ -106,7 +124,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   p.checkpoint_other = std::max(shard_buffers, in.resuming ? snapshot : 0);
   const uint64_t tokens = uint64_t(cfg.data.max_tokens);
   p.prefetch = (uint64_t(std::max<int64_t>(cfg.data.prefetch, 0)) + 1) * tokens * 4 * 2 + tokens * 12;
-  p.runtime = kRuntimeBytes;
+  p.runtime = kRuntimeBytes + (kStartBytes > kCpuOnlyStartBytes ? kStartBytes - kCpuOnlyStartBytes : 0);
 
   const uint64_t common = p.parameters + p.gradients + p.optimizer + p.activations + p.prefetch + p.runtime;
   p.rank0_total = common + p.checkpoint_rank0;

@@ -228,14 +228,14 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
 
   // Evaluation: the first eval_batches steps of the held-out split's plan (world-size independent).
   std::unique_ptr<PlanCache> eval_plans;
+  // Evaluation runs forward only, without a K/V exchange: its plans keep every piece whole, in
+  // micro-batches that hold a whole context where data.max_tokens is shorter (long contexts).
+  balance::PlanOptions eval_opts = plan_opts;
+  eval_opts.cut_pieces = false;
+  eval_opts.max_tokens = std::max<uint64_t>(eval_opts.max_tokens, eval_opts.context);
   if (cfg.train.eval_every > 0) {
     KILTER_CHECK(!split.eval_docs.empty(), "train.eval_every = " << cfg.train.eval_every
                                            << " needs held-out documents: set data.eval_fraction > 0");
-    // Evaluation runs forward only, without a K/V exchange: its plans keep every piece whole, in
-    // micro-batches that hold a whole context where data.max_tokens is shorter (long contexts).
-    balance::PlanOptions eval_opts = plan_opts;
-    eval_opts.cut_pieces = false;
-    eval_opts.max_tokens = std::max<uint64_t>(eval_opts.max_tokens, eval_opts.context);
     eval_plans = std::make_unique<PlanCache>(index, split.eval_docs, eval_opts, world_size);
   }
   // A mixture also evaluates every source on its own held-out documents.
@@ -243,7 +243,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   nlohmann::json eval_loss_per_source;
   for (size_t k = 0; eval_plans && k < data.sources.size(); ++k) {
     std::vector<uint64_t> docs = data.docs_of(k, split.eval_docs);
-    if (!docs.empty()) source_eval_plans[k] = std::make_unique<PlanCache>(index, std::move(docs), plan_opts, world_size);
+    if (!docs.empty()) source_eval_plans[k] = std::make_unique<PlanCache>(index, std::move(docs), eval_opts, world_size);
   }
   std::vector<uint64_t> tokens_per_source(data.sources.size(), 0);
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The no-hang invariant covers the K/V exchange of cut pieces (issue 23; DESIGN.md invariant 4):
+# The no-hang invariant covers the K/V exchange of cut pieces (issue 23; docs/design.md, invariant 4):
 # a rank that holds an EARLIER part of a cut piece and stops mid-step, inside the exchange (right
 # before it sends layer 1's K/V, after layer 0's went out), ends the job within comm.timeout_s
 # plus a margin, non-zero, and the message names that rank and the piece. The test hook
