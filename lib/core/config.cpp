@@ -171,7 +171,7 @@ void Config::validate() const {
   KILTER_CHECK_KEY(train.eval_batches >= 1, "train.eval_batches", train.eval_batches, "must be >= 1");
   check_one_of("train.on_nonfinite", train.on_nonfinite, {"stop", "skip"});
   check_one_of("train.init_vocab", train.init_vocab, {"strict", "resize"});
-  KILTER_CHECK(data.sources.empty() || data.dir.empty(),
+  KILTER_USER_CHECK(data.sources.empty() || data.dir.empty(),
                "config keys data.dir and data.sources are both set: give one (data.dir is the one-source case)");
   if (!data.sources.empty()) parse_data_sources(data.sources);  // refused here, naming the key
   check_one_of("comm.algo", comm.algo, {"flat", "hierarchical"});
@@ -229,7 +229,7 @@ std::vector<std::pair<std::string, double>> parse_data_sources(const std::string
     };
     item = trim(item);
     const size_t colon = item.rfind(':');
-    KILTER_CHECK(colon != std::string::npos && colon > 0,
+    KILTER_USER_CHECK(colon != std::string::npos && colon > 0,
                  "config key data.sources: '" << item << "' is not DIR:WEIGHT (e.g. data/web:0.7, data/code:0.3)");
     const std::string dir = trim(item.substr(0, colon)), weight_text = trim(item.substr(colon + 1));
     double weight = 0;
@@ -239,14 +239,14 @@ std::vector<std::pair<std::string, double>> parse_data_sources(const std::string
     } catch (const std::exception&) {
       used = 0;
     }
-    KILTER_CHECK(used > 0 && used == weight_text.size() && std::isfinite(weight) && weight > 0,
+    KILTER_USER_CHECK(used > 0 && used == weight_text.size() && std::isfinite(weight) && weight > 0,
                  "config key data.sources: the weight of " << dir << " ('" << weight_text
                                                            << "') is not a positive number");
-    KILTER_CHECK(seen.insert(dir).second, "config key data.sources: " << dir << " is listed twice");
+    KILTER_USER_CHECK(seen.insert(dir).second, "config key data.sources: " << dir << " is listed twice");
     sources.emplace_back(dir, weight);
     sum += weight;
   }
-  KILTER_CHECK(!sources.empty(), "config key data.sources is empty: give DIR:WEIGHT, DIR:WEIGHT, ...");
+  KILTER_USER_CHECK(!sources.empty(), "config key data.sources is empty: give DIR:WEIGHT, DIR:WEIGHT, ...");
   for (auto& s : sources) s.second /= sum;
   return sources;
 }

@@ -61,7 +61,7 @@ SourceWeights read_source(const std::string& source) {
     w.detail = source;
     return w;
   }
-  KILTER_CHECK(!Checkpointer::latest(source).empty(),
+  KILTER_USER_CHECK(!Checkpointer::latest(source).empty(),
                "train.init_from = " << source << ": neither a Hugging Face GPT-2 directory (config.json + "
                "model.safetensors) nor a kilter checkpoint (a step-*.h5 file, or a run directory holding "
                "checkpoints): give one of those");

@@ -83,6 +83,11 @@ void check_dataset_before_launch(Config& cfg) {
     KILTER_USER_CHECK(index.num_docs() > 0, where << ": the dataset holds no documents");
     vocab_size = std::max(vocab_size, index.vocab_size);
   }
+  if (!cfg.train.init_from.empty())
+    KILTER_USER_CHECK(std::filesystem::exists(cfg.train.init_from),
+                      "config key train.init_from = " << cfg.train.init_from
+                                                      << ": no such file or folder; give a Hugging Face GPT-2 directory "
+                                                         "(config.json + model.safetensors) or a kilter checkpoint");
   if (cfg.model.vocab_size == 0) cfg.model.vocab_size = int(vocab_size);
   KILTER_USER_CHECK(uint32_t(cfg.model.vocab_size) >= vocab_size,
                     "config key model.vocab_size = " << cfg.model.vocab_size << " is smaller than the vocabulary of "

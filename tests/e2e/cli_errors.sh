@@ -38,6 +38,10 @@ mkdir empty
 expect 2 "config key data.dir = empty: not a usable dataset: empty/index.h5: index file is missing" -- "${TRAIN[@]}" --data.dir=empty
 expect 2 "config key data.dir is empty: name a dataset directory" -- "${TRAIN[@]}"
 expect 2 "config key model.vocab_size = 50 is smaller than the vocabulary of data (97)" -- "${TRAIN[@]}" --data.dir=data --model.vocab_size=50
+expect 2 "config key data.sources: dataset nowhere: no such folder" -- "${TRAIN[@]}" --data.sources=nowhere:1
+expect 2 "config key data.sources: 'data' is not DIR:WEIGHT" -- "${TRAIN[@]}" --data.sources=data:1,data
+expect 2 "config keys data.dir and data.sources are both set" -- "${TRAIN[@]}" --data.dir=data --data.sources=data:1
+expect 2 "config key train.init_from = nowhere: no such file or folder" -- "${TRAIN[@]}" --data.dir=data --train.init_from=nowhere
 [ ! -e runs ] || fail "a run refused before MPI created its run directory"
 
 # Messages.

@@ -106,5 +106,6 @@ with --data.dir=data300
 COMMON=("${WITH[@]}")
 train resize.log 2 --train.init_from=hf --train.init_vocab=resize --output.dir=runs/resized
 grep -q "vocabulary resized" resize.log || { cat resize.log; fail "no resize note"; }
-expect_refusal nothing.log "neither a Hugging Face GPT-2 directory" --train.init_from=no_such_dir
+expect_refusal nothing.log "config key train.init_from = no_such_dir: no such file or folder" --train.init_from=no_such_dir
+mkdir -p not_a_model && expect_refusal notmodel.log "neither a Hugging Face GPT-2 directory" --train.init_from=not_a_model
 echo "hf_import: ok"
