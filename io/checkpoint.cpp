@@ -378,6 +378,24 @@ std::vector<std::string> directory_entries(const std::string& dir) {
   return names;
 }
 
+// fsync()s and closes `fd`, the temp file `tmp` of `final_path`, and renames it to final_path.
+void sync_close_and_rename(int fd, const std::string& tmp, const std::string& final_path) {
+  const int synced = ::fsync(fd);
+  const int sync_errno = errno;
+  const int closed = ::close(fd);
+  const int close_errno = errno;
+  if (synced != 0) {
+    t_write_errno = sync_errno;
+    KILTER_FAIL("checkpoint " << final_path << ": fsync of " << tmp << " failed: " << std::strerror(sync_errno));
+  }
+  if (closed != 0) {
+    t_write_errno = close_errno;
+    KILTER_FAIL("checkpoint " << final_path << ": close of " << tmp << " failed: " << std::strerror(close_errno));
+  }
+  KILTER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0,
+               "checkpoint " << final_path << ": rename from " << tmp << " failed: " << std::strerror(errno));
+}
+
 // Where each tensor's bytes go in the temp file, found after HDF5 allocated the space.
 struct PendingWrite {
   const float* data;
@@ -524,21 +542,12 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
           std::this_thread::sleep_for(std::chrono::duration<double>(opts.delay_midway_s));
         }
       }
-      if (::fsync(fd) != 0) {
-        t_write_errno = errno;
-        KILTER_FAIL("checkpoint " << final_path << ": fsync of " << tmp << " failed: " << std::strerror(t_write_errno));
-      }
     } catch (...) {
       ::close(fd);
       throw;
     }
-    if (::close(fd) != 0) {
-      t_write_errno = errno;
-      KILTER_FAIL("checkpoint " << final_path << ": close of " << tmp << " failed: " << std::strerror(t_write_errno));
-    }
     // 3. Publish atomically.
-    KILTER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0,
-                 "checkpoint " << final_path << ": rename from " << tmp << " failed: " << std::strerror(errno));
+    sync_close_and_rename(fd, tmp, final_path);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -760,15 +769,7 @@ void finish_checkpoint_file(const std::string& final_path, const std::vector<Che
       if (fd < 0) t_write_errno = errno;
       KILTER_CHECK(fd >= 0, "checkpoint " << final_path << ": cannot reopen temp file " << tmp << ": "
                                           << std::strerror(t_write_errno));
-      const int rc = ::fsync(fd);
-      const int err = errno;
-      ::close(fd);
-      if (rc != 0) {
-        t_write_errno = err;
-        KILTER_FAIL("checkpoint " << final_path << ": fsync of " << tmp << " failed: " << std::strerror(err));
-      }
-      KILTER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0,
-                   "checkpoint " << final_path << ": rename from " << tmp << " failed: " << std::strerror(errno));
+      sync_close_and_rename(fd, tmp, final_path);
     });
   } catch (...) {
     ::unlink(tmp.c_str());
