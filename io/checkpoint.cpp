@@ -184,34 +184,63 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Word-wise multiply-rotate mix (murmur-style constants) of n_bytes at data, seeded with `count`.
-uint64_t hash_bytes(const void* data, size_t n_bytes, uint64_t count) {
-  // Fast enough to run over every checkpoint in the writer thread, and any flipped or zeroed
-  // region changes it.
-  const uint64_t k1 = 0x87c37b91114253d5ull, k2 = 0x4cf5ad432745937full;
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(count) * k2);
-  const unsigned char* bytes = static_cast<const unsigned char*>(data);
-  size_t i = 0;
-  for (; i + 8 <= n_bytes; i += 8) {
+// Word-wise multiply-rotate mix (murmur-style constants) of a byte stream, seeded with `count`
+// (the number of floats, or of bytes for /tokenizer_data), fed in pieces of any size: the result
+// does not depend on how the stream was cut (finish_checkpoint_file hashes tensors piece by piece).
+class StreamHash {
+ public:
+  explicit StreamHash(uint64_t count) : h_(0x9e3779b97f4a7c15ull ^ (count * k2)) {}
+  void update(const void* data, size_t n_bytes) {
+    // Fast enough to run over every checkpoint in the writer thread, and any flipped or zeroed
+    // region changes it.
+    const unsigned char* bytes = static_cast<const unsigned char*>(data);
+    while (n_bytes > 0 && carried_ > 0 && carried_ < 8) {  // complete a word cut by the last piece
+      carry_[carried_++] = *bytes++;
+      --n_bytes;
+      if (carried_ == 8) {
+        mix(carry_);
+        carried_ = 0;
+      }
+    }
+    size_t i = 0;
+    for (; i + 8 <= n_bytes; i += 8) mix(bytes + i);
+    for (; i < n_bytes; ++i) carry_[carried_++] = bytes[i];
+  }
+  uint64_t finish() {
+    uint64_t h = h_;
+    if (carried_ > 0) {
+      uint64_t w = 0;
+      std::memcpy(&w, carry_, carried_);
+      w *= k1;
+      w = (w << 31) | (w >> 33);
+      h ^= w * k2;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+  }
+
+ private:
+  static constexpr uint64_t k1 = 0x87c37b91114253d5ull, k2 = 0x4cf5ad432745937full;
+  void mix(const unsigned char* word) {
     uint64_t w;
-    std::memcpy(&w, bytes + i, 8);
+    std::memcpy(&w, word, 8);
     w *= k1;
     w = (w << 31) | (w >> 33);
     w *= k2;
-    h ^= w;
-    h = ((h << 27) | (h >> 37)) * 5 + 0x52dce729;
+    h_ ^= w;
+    h_ = ((h_ << 27) | (h_ >> 37)) * 5 + 0x52dce729;
   }
-  if (i < n_bytes) {
-    uint64_t w = 0;
-    std::memcpy(&w, bytes + i, n_bytes - i);
-    w *= k1;
-    w = (w << 31) | (w >> 33);
-    h ^= w * k2;
-  }
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  return h;
+  uint64_t h_;
+  unsigned char carry_[8] = {};
+  size_t carried_ = 0;
+};
+
+uint64_t hash_bytes(const void* data, size_t n_bytes, uint64_t count) {
+  StreamHash hash(count);
+  hash.update(data, n_bytes);
+  return hash.finish();
 }
 
 // The checksum of /tokenizer_data.
@@ -349,6 +378,24 @@ std::vector<std::string> directory_entries(const std::string& dir) {
   return names;
 }
 
+// fsync()s and closes `fd`, the temp file `tmp` of `final_path`, and renames it to final_path.
+void sync_close_and_rename(int fd, const std::string& tmp, const std::string& final_path) {
+  const int synced = ::fsync(fd);
+  const int sync_errno = errno;
+  const int closed = ::close(fd);
+  const int close_errno = errno;
+  if (synced != 0) {
+    t_write_errno = sync_errno;
+    KILTER_FAIL("checkpoint " << final_path << ": fsync of " << tmp << " failed: " << std::strerror(sync_errno));
+  }
+  if (closed != 0) {
+    t_write_errno = close_errno;
+    KILTER_FAIL("checkpoint " << final_path << ": close of " << tmp << " failed: " << std::strerror(close_errno));
+  }
+  KILTER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0,
+               "checkpoint " << final_path << ": rename from " << tmp << " failed: " << std::strerror(errno));
+}
+
 // Where each tensor's bytes go in the temp file, found after HDF5 allocated the space.
 struct PendingWrite {
   const float* data;
@@ -376,12 +423,10 @@ std::string checkpoint_temp_path(const std::string& final_path) {
 }
 
 namespace {
-void write_checkpoint_file_unchecked(const std::string& final_path, const CheckpointContents& c,
-                                     const CheckpointWriteOptions& opts) {
-  const std::string tmp = checkpoint_temp_path(final_path);
-  const float* buffers[3] = {c.params.data(), c.adam_m.data(), c.adam_v.data()};
-  const size_t buffer_sizes[3] = {c.params.size(), c.adam_m.size(), c.adam_v.size()};
-  for (const auto& t : c.tensors) {
+// Checks the tensors' shapes and sizes against the flat buffers' size (num_floats each).
+void check_tensors(const std::string& final_path, const std::vector<CheckpointTensor>& tensors,
+                   const size_t buffer_sizes[3]) {
+  for (const auto& t : tensors) {
     int64_t elements = 1;
     for (int64_t d : t.shape) elements *= d;
     KILTER_CHECK(size_t(elements) == t.size && t.size > 0,
@@ -392,13 +437,18 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
                    "checkpoint " << final_path << ": tensor " << t.name << " lies outside the "
                                  << kTensorGroups[g] << " buffer (" << buffer_sizes[g] << " floats)");
   }
-  ::unlink(tmp.c_str());  // a leftover of a writer that died
+}
 
+// Step 1 of both writers: the temp file with every dataset allocated and every attribute, closed.
+// Each tensor's checksum comes from buffers[group] (nullptr: 0, for finish_checkpoint_file to
+// fill). Returns each tensor's file offset (CheckpointFileOffsets order). The caller removes the
+// temp file on failure.
+CheckpointFileOffsets create_temp_file(const std::string& final_path, const std::string& tmp, const CheckpointInfo& info,
+                                       const std::vector<CheckpointTensor>& tensors, const float* const buffers[3]) {
   QuietHdf5 quiet;
-  std::vector<PendingWrite> pending;
-  try {
-    // 1. Metadata with HDF5: every dataset contiguous and allocated now (no fill values written),
-    //    so its file offset is known and the bytes can be written without HDF5 afterwards.
+  CheckpointFileOffsets offsets;
+  offsets.reserve(3 * tensors.size());
+  {
     Hid file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     KILTER_CHECK(file.valid(), "checkpoint " << final_path << ": cannot create temp file " << tmp << ": "
                                              << hdf5_error_text());
@@ -412,7 +462,7 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
       Hid group(H5Gcreate2(file.get(), kTensorGroups[g], lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       KILTER_CHECK(group.valid(), "checkpoint " << final_path << ": cannot create group /" << kTensorGroups[g]
                                                 << ": " << hdf5_error_text());
-      for (const auto& t : c.tensors) {
+      for (const auto& t : tensors) {
         std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
         Hid space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
         Hid dset(H5Dcreate2(group.get(), t.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
@@ -420,17 +470,16 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
                  H5Dclose);
         KILTER_CHECK(dset.valid(), "checkpoint " << final_path << ": cannot create dataset /" << kTensorGroups[g]
                                                  << "/" << t.name << ": " << hdf5_error_text());
-        const float* data = buffers[g] + t.offset;
-        write_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64,
-                                         checkpoint_checksum(data, t.size), final_path);
+        const uint64_t checksum = buffers ? checkpoint_checksum(buffers[g] + t.offset, t.size) : 0;
+        write_scalar_attribute<uint64_t>(dset.get(), "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, checksum,
+                                         final_path);
         haddr_t offset = H5Dget_offset(dset.get());
         KILTER_CHECK(offset != HADDR_UNDEF, "checkpoint " << final_path << ": dataset /" << kTensorGroups[g]
                                                           << "/" << t.name << " has no file offset");
-        pending.push_back({data, t.size, offset});
+        offsets.push_back(uint64_t(offset));
       }
     }
-    const CheckpointInfo& info = c.info;
-    hid_t root = file.get();
+        hid_t root = file.get();
     write_string_attribute(root, "format", kCheckpointFormatName, final_path);
     write_scalar_attribute<int64_t>(root, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, info.format_version, final_path);
     write_string_attribute(root, "kilter_version", info.kilter_version, final_path);
@@ -454,6 +503,28 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
     KILTER_CHECK(file.close() >= 0, "checkpoint " << final_path << ": closing temp file " << tmp
                                                   << " failed: " << hdf5_error_text());
 
+  }
+  return offsets;
+}
+
+void write_checkpoint_file_unchecked(const std::string& final_path, const CheckpointContents& c,
+                                     const CheckpointWriteOptions& opts) {
+  const std::string tmp = checkpoint_temp_path(final_path);
+  const float* buffers[3] = {c.params.data(), c.adam_m.data(), c.adam_v.data()};
+  const size_t buffer_sizes[3] = {c.params.size(), c.adam_m.size(), c.adam_v.size()};
+  check_tensors(final_path, c.tensors, buffer_sizes);
+  ::unlink(tmp.c_str());  // a leftover of a writer that died
+
+  std::vector<PendingWrite> pending;
+  try {
+    // 1. Metadata with HDF5: every dataset contiguous and allocated now (no fill values written),
+    //    so its file offset is known and the bytes can be written without HDF5 afterwards.
+    const CheckpointFileOffsets offsets = create_temp_file(final_path, tmp, c.info, c.tensors, buffers);
+    for (int g = 0; g < 3; ++g)
+      for (size_t i = 0; i < c.tensors.size(); ++i) {
+        const CheckpointTensor& t = c.tensors[i];
+        pending.push_back({buffers[g] + t.offset, t.size, haddr_t(offsets[g * c.tensors.size() + i])});
+      }
     // 2. The tensor bytes, straight into the allocated space, then fsync.
     int fd = ::open(tmp.c_str(), O_WRONLY);
     if (fd < 0) t_write_errno = errno;
@@ -471,21 +542,12 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
           std::this_thread::sleep_for(std::chrono::duration<double>(opts.delay_midway_s));
         }
       }
-      if (::fsync(fd) != 0) {
-        t_write_errno = errno;
-        KILTER_FAIL("checkpoint " << final_path << ": fsync of " << tmp << " failed: " << std::strerror(t_write_errno));
-      }
     } catch (...) {
       ::close(fd);
       throw;
     }
-    if (::close(fd) != 0) {
-      t_write_errno = errno;
-      KILTER_FAIL("checkpoint " << final_path << ": close of " << tmp << " failed: " << std::strerror(t_write_errno));
-    }
     // 3. Publish atomically.
-    KILTER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0,
-                 "checkpoint " << final_path << ": rename from " << tmp << " failed: " << std::strerror(errno));
+    sync_close_and_rename(fd, tmp, final_path);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -494,35 +556,40 @@ void write_checkpoint_file_unchecked(const std::string& final_path, const Checkp
 }
 }  // namespace
 
-uint64_t checkpoint_size_estimate(const CheckpointContents& c) {
-  // Tensor data, the two texts, /document_starts (two uint64 a row), and HDF5's metadata: the superblock and groups (16 kB covers
-  // them) and an object header with a checksum attribute per dataset (under 1 kB each).
-  const uint64_t data = (c.params.size() + c.adam_m.size() + c.adam_v.size()) * sizeof(float);
-  return data + c.info.tokenizer_data.size() + c.info.config.size() + c.info.document_starts.size() * 16 +
-         16 * 1024 + 3 * c.tensors.size() * 1024;
+namespace {
+// Bytes a checkpoint file takes, rounded up: tensor data (`floats` of all three groups), the two
+// texts, /document_starts (two uint64 a row), and HDF5's metadata: the superblock and groups
+// (16 kB covers them) and an object header with a checksum attribute per dataset (under 1 kB each).
+uint64_t size_estimate(uint64_t floats, const CheckpointInfo& info, size_t n_tensors) {
+  return floats * sizeof(float) + info.tokenizer_data.size() + info.config.size() + info.document_starts.size() * 16 +
+         16 * 1024 + 3 * n_tensors * 1024;
 }
 
-void write_checkpoint_file(const std::string& final_path, const CheckpointContents& c,
-                           const CheckpointWriteOptions& opts) {
-  // A write that cannot fit is refused before it fills the file system: the other files of the
-  // run (metrics, the next checkpoint) and other jobs keep the space that is left.
+// A write that cannot fit is refused before it fills the file system: the other files of the
+// run (metrics, the next checkpoint) and other jobs keep the space that is left.
+void check_free_space(const std::string& final_path, uint64_t needed) {
   const std::string dir = parent_dir(final_path);
-  const uint64_t needed = checkpoint_size_estimate(c);
   const int64_t available = free_bytes(dir);
   KILTER_CHECK(available < 0 || uint64_t(available) >= needed,
                "checkpoint " << final_path << " not written: " << describe_write_errno(ENOSPC, dir) << " ("
                              << human_bytes(needed) << " needed, " << human_bytes(uint64_t(available))
                              << " free); " << write_errno_advice(ENOSPC, dir, "output.dir"));
+}
+
+// Runs `write`; a storage fault it meets (full, quota, read-only, ...) is rethrown leading with
+// what happened and what to do, the failing call and HDF5's own messages following once as the
+// detail. `needed`: the file's size estimate (0: not said).
+template <typename Write>
+void with_storage_faults(const std::string& final_path, uint64_t needed, Write&& write) {
   t_write_errno = 0;
   try {
-    write_checkpoint_file_unchecked(final_path, c, opts);
+    write();
   } catch (const Error& e) {
-    // A storage fault (full, quota, read-only, ...) leads with what happened and what to do;
-    // the failing call and HDF5's own messages follow once, as the detail.
     const int err = t_write_errno;
     if (!is_storage_errno(err)) throw;
+    const std::string dir = parent_dir(final_path);
     std::string space;
-    if (err == ENOSPC) {
+    if (err == ENOSPC && needed > 0) {
       const int64_t now_free = free_bytes(dir);
       space = " (" + human_bytes(needed) + " needed" +
               (now_free >= 0 ? ", " + human_bytes(uint64_t(now_free)) + " free" : std::string()) + ")";
@@ -531,6 +598,187 @@ void write_checkpoint_file(const std::string& final_path, const CheckpointConten
                               << write_errno_advice(err, dir, "output.dir") << "\n  detail: " << e.message());
   }
 }
+
+// The tensor holding flat position `at` (tensors in layout order), or tensors.size() if none
+// holds it (padding beyond, or a gap).
+size_t tensor_at(const std::vector<CheckpointTensor>& tensors, size_t at) {
+  auto it = std::upper_bound(tensors.begin(), tensors.end(), at,
+                             [](size_t x, const CheckpointTensor& t) { return x < t.offset; });
+  if (it == tensors.begin()) return tensors.size();
+  --it;
+  return at < it->offset + it->size ? size_t(it - tensors.begin()) : tensors.size();
+}
+
+// Floats read back per piece by finish_checkpoint_file (16 MiB).
+constexpr size_t kReadBackPiece = size_t(1) << 22;
+}  // namespace
+
+uint64_t checkpoint_size_estimate(const CheckpointContents& c) {
+  return size_estimate(c.params.size() + c.adam_m.size() + c.adam_v.size(), c.info, c.tensors.size());
+}
+
+void write_checkpoint_file(const std::string& final_path, const CheckpointContents& c,
+                           const CheckpointWriteOptions& opts) {
+  const uint64_t needed = checkpoint_size_estimate(c);
+  check_free_space(final_path, needed);
+  with_storage_faults(final_path, needed, [&] { write_checkpoint_file_unchecked(final_path, c, opts); });
+}
+
+CheckpointFileOffsets create_checkpoint_file(const std::string& final_path, const CheckpointInfo& info,
+                                             const std::vector<CheckpointTensor>& tensors) {
+  size_t floats = 0;
+  for (const auto& t : tensors) floats = std::max(floats, t.offset + t.size);
+  const size_t sizes[3] = {floats, floats, floats};
+  check_tensors(final_path, tensors, sizes);
+  KILTER_CHECK(std::is_sorted(tensors.begin(), tensors.end(),
+                              [](const CheckpointTensor& a, const CheckpointTensor& b) { return a.offset < b.offset; }),
+               "checkpoint " << final_path << ": tensors are not in layout order");
+  uint64_t data_floats = 0;
+  for (const auto& t : tensors) data_floats += 3 * t.size;
+  const uint64_t needed = size_estimate(data_floats, info, tensors.size());
+  check_free_space(final_path, needed);
+  const std::string tmp = checkpoint_temp_path(final_path);
+  ::unlink(tmp.c_str());  // a leftover of a writer that died
+  CheckpointFileOffsets offsets;
+  try {
+    with_storage_faults(final_path, needed, [&] { offsets = create_temp_file(final_path, tmp, info, tensors, nullptr); });
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  return offsets;
+}
+
+CheckpointSliceWriter::CheckpointSliceWriter(const std::string& final_path, const std::vector<CheckpointTensor>& tensors,
+                                             CheckpointFileOffsets offsets)
+    : final_path_(final_path), tmp_(checkpoint_temp_path(final_path)), tensors_(tensors), offsets_(std::move(offsets)) {
+  KILTER_CHECK(offsets_.size() == 3 * tensors_.size(), "checkpoint " << final_path_ << ": " << offsets_.size()
+                                                                     << " file offsets for " << tensors_.size()
+                                                                     << " tensors");
+  with_storage_faults(final_path_, 0, [&] {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY);
+    if (fd_ < 0) t_write_errno = errno;
+    KILTER_CHECK(fd_ >= 0, "checkpoint " << final_path_ << ": cannot open temp file " << tmp_ << ": "
+                                         << std::strerror(t_write_errno));
+  });
+}
+
+CheckpointSliceWriter::~CheckpointSliceWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void CheckpointSliceWriter::write(int group, size_t first, const float* data, size_t count) {
+  KILTER_CHECK(group >= 0 && group < 3 && fd_ >= 0, "checkpoint " << final_path_ << ": slice write to group "
+                                                                  << group << " of a closed writer");
+  with_storage_faults(final_path_, 0, [&] {
+    const size_t end = first + count;
+    size_t at = first;
+    while (at < end) {
+      const size_t i = tensor_at(tensors_, at);
+      if (i == tensors_.size()) {  // padding or a gap: skip to the next tensor's start, if any
+        auto next = std::upper_bound(tensors_.begin(), tensors_.end(), at,
+                                     [](size_t x, const CheckpointTensor& t) { return x < t.offset; });
+        if (next == tensors_.end()) break;
+        at = std::max(at + 1, next->offset);
+        continue;
+      }
+      const CheckpointTensor& t = tensors_[i];
+      const size_t n = std::min(end, t.offset + t.size) - at;
+      const uint64_t file_offset = offsets_[size_t(group) * tensors_.size() + i] + (at - t.offset) * sizeof(float);
+      pwrite_all(fd_, reinterpret_cast<const char*>(data + (at - first)), n * sizeof(float), off_t(file_offset), tmp_);
+      at += n;
+    }
+  });
+}
+
+void CheckpointSliceWriter::close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  with_storage_faults(final_path_, 0, [&] {
+    if (::close(fd) != 0) {
+      t_write_errno = errno;
+      KILTER_FAIL("checkpoint " << final_path_ << ": close of " << tmp_ << " failed: " << std::strerror(t_write_errno));
+    }
+  });
+}
+
+void finish_checkpoint_file(const std::string& final_path, const std::vector<CheckpointTensor>& tensors,
+                            const CheckpointFileOffsets& offsets) {
+  const std::string tmp = checkpoint_temp_path(final_path);
+  KILTER_CHECK(offsets.size() == 3 * tensors.size(), "checkpoint " << final_path << ": " << offsets.size()
+                                                                   << " file offsets for " << tensors.size() << " tensors");
+  try {
+    with_storage_faults(final_path, 0, [&] {
+      // 1. Each tensor's checksum, from its bytes as they are in the file, read in bounded pieces.
+      std::vector<uint64_t> checksums(offsets.size());
+      {
+        int fd = ::open(tmp.c_str(), O_RDONLY);
+        KILTER_CHECK(fd >= 0, "checkpoint " << final_path << ": cannot open temp file " << tmp << ": "
+                                            << std::strerror(errno));
+        std::vector<char> piece;
+        try {
+          for (size_t k = 0; k < offsets.size(); ++k) {
+            const CheckpointTensor& t = tensors[k % tensors.size()];
+            StreamHash hash(t.size);
+            for (size_t done = 0; done < t.size;) {
+              const size_t n = std::min(kReadBackPiece, t.size - done);
+              piece.resize(n * sizeof(float));
+              size_t got = 0;
+              while (got < piece.size()) {
+                ssize_t r = ::pread(fd, piece.data() + got, piece.size() - got,
+                                    off_t(offsets[k] + done * sizeof(float) + got));
+                if (r < 0 && errno == EINTR) continue;
+                KILTER_CHECK(r > 0, "checkpoint " << final_path << ": reading back " << tmp << " failed: "
+                                                  << (r < 0 ? std::strerror(errno) : "unexpected end of file"));
+                got += size_t(r);
+              }
+              hash.update(piece.data(), piece.size());
+              done += n;
+            }
+            checksums[k] = hash.finish();
+          }
+        } catch (...) {
+          ::close(fd);
+          throw;
+        }
+        ::close(fd);
+      }
+      // 2. The checksums into their attributes (in place: the file keeps its layout).
+      {
+        QuietHdf5 quiet;
+        Hid file(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+        KILTER_CHECK(file.valid(), "checkpoint " << final_path << ": cannot reopen temp file " << tmp << ": "
+                                                 << hdf5_error_text());
+        for (size_t k = 0; k < offsets.size(); ++k) {
+          const std::string name =
+              std::string("/") + kTensorGroups[k / tensors.size()] + "/" + tensors[k % tensors.size()].name;
+          Hid dset(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+          KILTER_CHECK(dset.valid(), "checkpoint " << final_path << ": cannot open dataset " << name << ": "
+                                                   << hdf5_error_text());
+          Hid attr(H5Aopen(dset.get(), "checksum", H5P_DEFAULT), H5Aclose);
+          KILTER_CHECK(attr.valid() && H5Awrite(attr.get(), H5T_NATIVE_UINT64, &checksums[k]) >= 0,
+                       "checkpoint " << final_path << ": cannot write the checksum of " << name << ": "
+                                     << hdf5_error_text());
+        }
+        KILTER_CHECK(file.close() >= 0, "checkpoint " << final_path << ": closing temp file " << tmp
+                                                      << " failed: " << hdf5_error_text());
+      }
+      // 3. Every process's data and the attributes reach the disk, then publish atomically.
+      int fd = ::open(tmp.c_str(), O_WRONLY);
+      if (fd < 0) t_write_errno = errno;
+      KILTER_CHECK(fd >= 0, "checkpoint " << final_path << ": cannot reopen temp file " << tmp << ": "
+                                          << std::strerror(t_write_errno));
+      sync_close_and_rename(fd, tmp, final_path);
+    });
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_directory(parent_dir(final_path));
+}
+
+void abandon_checkpoint_file(const std::string& final_path) { ::unlink(checkpoint_temp_path(final_path).c_str()); }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
   struct stat st;

@@ -66,7 +66,8 @@ struct CheckpointContents {
 
 struct CheckpointWriteOptions {
   // Test hook (env KILTER_TEST_CHECKPOINT_DELAY_S): sleep this long halfway through writing the
-  // tensor data, so a test can kill the process while a temp file is half written.
+  // tensor data, so a test can kill the process while a temp file is half written (written by
+  // slices: rank 0 sleeps halfway through its slice, lib/train/checkpointer.cpp).
   double delay_midway_s = 0;
 };
 
@@ -88,6 +89,55 @@ std::string checkpoint_temp_path(const std::string& final_path);
 // with HDF5's messages, each once.
 void write_checkpoint_file(const std::string& final_path, const CheckpointContents& contents,
                            const CheckpointWriteOptions& opts = {});
+
+// Writing by slices (a sharded optimizer: no process holds the whole state; docs/checkpoints.md
+// "Sharded checkpoints"). The file is the same as write_checkpoint_file's, made in three steps:
+//   1. one process: create_checkpoint_file() makes the temp file of `final_path` with every
+//      dataset allocated (contiguous, full shape) and every attribute written, the tensors'
+//      `checksum` attributes holding 0 for now; it returns where each tensor's bytes go;
+//   2. any processes, at the same time, on disjoint parts: CheckpointSliceWriter writes floats
+//      of the flat params / adam/m / adam/v buffers at their places (pwrite, no HDF5);
+//   3. one process, after every slice is written and closed: finish_checkpoint_file() reads the
+//      tensors back in bounded pieces to compute their checksums, writes them, fsyncs and renames
+//      (the same atomic publish as write_checkpoint_file). abandon_checkpoint_file() removes the
+//      temp file of a write that failed on some process.
+// A kill anywhere before the rename leaves only the temp file, as with write_checkpoint_file.
+// Errors are kilter::Error naming the file, with the same storage-fault first lines.
+
+// Byte offsets in the temp file: [group * tensors.size() + i] for group 0 params, 1 adam/m,
+// 2 adam/v and tensor i.
+using CheckpointFileOffsets = std::vector<uint64_t>;
+
+// Step 1. Refuses a write that cannot fit in the free space (as write_checkpoint_file does).
+CheckpointFileOffsets create_checkpoint_file(const std::string& final_path, const CheckpointInfo& info,
+                                             const std::vector<CheckpointTensor>& tensors);
+
+// Step 2: writes into the temp file of `final_path` made by create_checkpoint_file.
+class CheckpointSliceWriter {
+ public:
+  CheckpointSliceWriter(const std::string& final_path, const std::vector<CheckpointTensor>& tensors,
+                        CheckpointFileOffsets offsets);
+  ~CheckpointSliceWriter();
+  CheckpointSliceWriter(const CheckpointSliceWriter&) = delete;
+  CheckpointSliceWriter& operator=(const CheckpointSliceWriter&) = delete;
+  // Floats [first, first + count) of flat buffer `group` (0 params, 1 adam/m, 2 adam/v), in layout
+  // order; parts that lie in no tensor (padding) are skipped.
+  void write(int group, size_t first, const float* data, size_t count);
+  // Closes the file (its data reach the file system's cache; finish_checkpoint_file fsyncs).
+  void close();
+
+ private:
+  std::string final_path_, tmp_;
+  const std::vector<CheckpointTensor>& tensors_;
+  CheckpointFileOffsets offsets_;
+  int fd_ = -1;
+};
+
+// Step 3.
+void finish_checkpoint_file(const std::string& final_path, const std::vector<CheckpointTensor>& tensors,
+                            const CheckpointFileOffsets& offsets);
+// Removes the temp file of `final_path` (a write some process could not complete).
+void abandon_checkpoint_file(const std::string& final_path);
 
 // Opens `path` and reads the root attributes; checks format and format_version. Throws
 // kilter::Error naming the file and the problem (missing, truncated or not HDF5, wrong format).

@@ -1,9 +1,12 @@
-// Checkpoints of a training run (see checkpointer.h). Saving: rank 0 copies the model state into
-// host buffers at the step boundary (the only cost the step sees) and a writer thread turns them
-// into RUN_DIR/checkpoints/step-NNNNNNNN.h5 while training goes on; the other ranks do nothing,
-// since data-parallel ranks hold identical state, except with a sharded optimizer
-// (train.shard_optimizer), where each sends rank 0 the moments of its ranges. Loading: rank 0 reads and checks the file and
-// broadcasts the outcome first, so a bad file is the same clear error on every rank, never a hang.
+// Checkpoints of a training run (see checkpointer.h). Saving, unsharded: rank 0 copies the model
+// state into host buffers at the step boundary (the only cost the step sees) and a writer thread
+// turns them into RUN_DIR/checkpoints/step-NNNNNNNN.h5 while training goes on; the other ranks do
+// nothing, since data-parallel ranks hold identical state. Saving with a sharded optimizer
+// (train.shard_optimizer): no rank holds or copies the whole state; rank 0 creates the file, every
+// rank writes the params and moments of its own ranges into it in bounded pieces, and rank 0's
+// writer thread checksums, fsyncs and renames it while training goes on. Loading: rank 0 reads and
+// checks the file and broadcasts the outcome first, so a bad file is the same clear error on every
+// rank, never a hang.
 #include "lib/train/checkpointer.h"
 
 #include <sys/resource.h>
@@ -124,84 +127,44 @@ bool optimizer_sharded(const model::Model& model) {
   return !(ranges.size() == 1 && ranges[0].offset == 0 && ranges[0].count >= model.layout().num_params);
 }
 
-// Sends (rank != 0) or receives and places (rank 0, into m and v: num_params floats each) every
-// rank's optimizer shard, over `comm` (the checkpointer's own), in pieces of kShardPiece floats:
-// no rank copies a whole shard (lib/train/memory_plan.cpp counts two pieces per rank).
+// Floats a rank writes or reads per piece in a sharded checkpoint (16 MiB):
+// lib/train/memory_plan.cpp counts two pieces per rank, and one more for rank 0's read-back.
 constexpr size_t kShardPiece = size_t(1) << 22;
 
-void gather_optimizer_shards(MPI_Comm comm, const model::Model& model, float* m, float* v) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const size_t num_params = model.layout().num_params;
-  auto total_of = [](const std::vector<model::ParamRange>& rs) {
-    size_t n = 0;
-    for (const model::ParamRange& r : rs) n += r.count;
-    return n;
-  };
+// Writes this rank's ranges (model.optimizer_ranges()) of params and both moments into the temp
+// file `writer` opened, in pieces of kShardPiece floats: no whole shard is copied. `delay_s` > 0
+// (the test hook, rank 0) sleeps once halfway through.
+void write_own_slice(const model::Model& model, io::CheckpointSliceWriter& writer, double delay_s) {
+  // Only the CPU backend shards its optimizer, and its params() is host memory; it is only read
+  // (a device backend that shards would copy its pieces to the host here first).
+  KILTER_CHECK(model.supports_optimizer_shard(),
+               "checkpoint: the " << model.backend_name() << " backend holds a sharded optimizer it does not support");
+  const float* params = const_cast<model::Model&>(model).params();
   const std::vector<model::ParamRange> ranges = model.optimizer_ranges();
-  std::vector<float> piece_m, piece_v;
-  if (rank != 0) {
-    std::vector<unsigned long long> header{ranges.size()};
-    for (const model::ParamRange& r : ranges) header.insert(header.end(), {r.offset, r.count});
-    unsigned long long n = header.size();
-    MPI_Send(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, 0, comm);
-    MPI_Send(header.data(), int(n), MPI_UNSIGNED_LONG_LONG, 0, 0, comm);
-    const size_t total = total_of(ranges);
-    piece_m.resize(std::min(total, kShardPiece));
-    piece_v.resize(piece_m.size());
-    for (size_t first = 0; first < total; first += kShardPiece) {
-      const size_t count = std::min(kShardPiece, total - first);
-      model.get_optimizer_shard(piece_m.data(), piece_v.data(), first, count);
-      MPI_Send(piece_m.data(), int(count), MPI_FLOAT, 0, 1, comm);
-      MPI_Send(piece_v.data(), int(count), MPI_FLOAT, 0, 1, comm);
+  size_t total = 0;
+  for (const model::ParamRange& r : ranges) total += r.count;
+  // With the test hook, pieces of at most half the slice, so that the sleep comes between two.
+  const size_t piece = delay_s > 0 ? std::clamp<size_t>((total + 1) / 2, 1, kShardPiece) : kShardPiece;
+  std::vector<float> piece_m(std::min(total, piece)), piece_v(piece_m.size());
+  bool delayed = delay_s <= 0;
+  size_t first = 0;  // of the shard's sequence, range after range (get_optimizer_shard's count)
+  for (const model::ParamRange& r : ranges) {
+    for (size_t done = 0; done < r.count;) {
+      const size_t n = std::min(piece, r.count - done);
+      model.get_optimizer_shard(piece_m.data(), piece_v.data(), first + done, n);
+      const size_t at = r.offset + done;
+      writer.write(0, at, params + at, n);
+      writer.write(1, at, piece_m.data(), n);
+      writer.write(2, at, piece_v.data(), n);
+      done += n;
+      if (!delayed && 2 * (first + done) >= total) {
+        delayed = true;
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+      }
     }
-    return;
+    first += r.count;
   }
-  // Moments [first, first + count) of a shard laid out range after range go to their offsets
-  // (the padding beyond num_params is not saved).
-  auto place = [&](const std::vector<model::ParamRange>& rs, size_t first, size_t count) {
-    size_t at = 0;  // where the current range starts in the shard's sequence
-    for (const model::ParamRange& r : rs) {
-      const size_t lo = std::max(first, at), hi = std::min(first + count, at + r.count);
-      if (lo < hi) {
-        const size_t dst = r.offset + (lo - at);
-        const size_t end = std::min(dst + (hi - lo), num_params);
-        if (dst < end) {
-          std::memcpy(m + dst, piece_m.data() + (lo - first), sizeof(float) * (end - dst));
-          std::memcpy(v + dst, piece_v.data() + (lo - first), sizeof(float) * (end - dst));
-        }
-      }
-      at += r.count;
-    }
-  };
-  for (int from = 0; from < size; ++from) {
-    std::vector<model::ParamRange> theirs = ranges;
-    if (from != 0) {
-      unsigned long long n = 0;
-      MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
-      std::vector<unsigned long long> header(n);
-      MPI_Recv(header.data(), int(n), MPI_UNSIGNED_LONG_LONG, from, 0, comm, MPI_STATUS_IGNORE);
-      KILTER_CHECK(n >= 1 && n == 1 + 2 * header[0], "checkpoint: malformed optimizer shard header from rank " << from);
-      theirs.clear();
-      for (size_t k = 0; k < header[0]; ++k) theirs.push_back({size_t(header[1 + 2 * k]), size_t(header[2 + 2 * k])});
-    }
-    const size_t total = total_of(theirs);
-    for (size_t first = 0; first < total; first += kShardPiece) {
-      const size_t count = std::min(kShardPiece, total - first);
-      if (piece_m.size() < count) {
-        piece_m.resize(count);
-        piece_v.resize(count);
-      }
-      if (from == 0) {
-        model.get_optimizer_shard(piece_m.data(), piece_v.data(), first, count);
-      } else {
-        MPI_Recv(piece_m.data(), int(count), MPI_FLOAT, from, 1, comm, MPI_STATUS_IGNORE);
-        MPI_Recv(piece_v.data(), int(count), MPI_FLOAT, from, 1, comm, MPI_STATUS_IGNORE);
-      }
-      place(theirs, first, count);
-    }
-  }
+  writer.close();
 }
 
 }  // namespace
@@ -229,6 +192,9 @@ struct Checkpointer::Impl {
   std::exception_ptr error;   // the last failed write, rethrown by wait()
   io::CheckpointContents contents;  // reused between saves: no page faults on every snapshot
   std::string job_path;
+  // Sharded: the job finishes the file the ranks wrote by slices (checksums, fsync, rename).
+  bool job_sliced = false;
+  io::CheckpointFileOffsets job_offsets;
   SaveStats stats;
   std::thread writer;
 
@@ -242,32 +208,21 @@ struct Checkpointer::Impl {
       if (!job_pending) return;
       const std::string path = job_path;
       const bool final_checkpoint = job_final;
+      const bool sliced = job_sliced;
       lock.unlock();
       auto t0 = std::chrono::steady_clock::now();
       std::exception_ptr failure;
       try {
-        io::write_checkpoint_file(path, contents, write_opts);
+        if (sliced)
+          io::finish_checkpoint_file(path, contents.tensors, job_offsets);
+        else
+          io::write_checkpoint_file(path, contents, write_opts);
         io::prune_checkpoints(dir, keep);
       } catch (...) {
         failure = std::current_exception();
       }
       const double seconds = seconds_since(t0);
-      if (failure && !final_checkpoint) {
-        // A periodic checkpoint that fails (full disk, quota, ...) costs only that checkpoint:
-        // the previous one stays, and the next interval tries again. Said now, from this thread.
-        std::string message;
-        try {
-          std::rethrow_exception(failure);
-        } catch (const Error& e) {
-          message = e.message();
-        } catch (const std::exception& e) {
-          message = "checkpoint " + path + " not written: " + e.what();
-        }
-        std::fprintf(stderr, "kilter: warning: %s\n", with_second_line(message, latest_checkpoint_text(dir) +
-                                                             "; training goes on and tries again at the next checkpoint")
-                                                           .c_str());
-        failure = nullptr;
-      }
+      failure = warn_if_periodic(failure, path, final_checkpoint);
       lock.lock();
       if (failure) error = failure;
       stats.write_seconds = seconds;
@@ -276,6 +231,52 @@ struct Checkpointer::Impl {
       cv.notify_all();
     }
   }
+
+  // A periodic checkpoint that fails (full disk, quota, ...) costs only that checkpoint: the
+  // previous one stays, and the next interval tries again. Said now (rank 0), and nullptr
+  // returned; the failure of a final checkpoint is returned for wait() to fail the run with.
+  std::exception_ptr warn_if_periodic(std::exception_ptr failure, const std::string& path, bool final_checkpoint) {
+    if (!failure || final_checkpoint) return failure;
+    std::string message;
+    try {
+      std::rethrow_exception(failure);
+    } catch (const Error& e) {
+      message = e.message();
+    } catch (const std::exception& e) {
+      message = "checkpoint " + path + " not written: " + e.what();
+    }
+    std::fprintf(stderr, "kilter: warning: %s\n",
+                 with_second_line(message, latest_checkpoint_text(dir) +
+                                               "; training goes on and tries again at the next checkpoint")
+                     .c_str());
+    return nullptr;
+  }
+
+  // The root attributes of the checkpoint of `state`.
+  void fill_info(io::CheckpointInfo& info, const model::Model& model, const TrainState& state) const {
+    const model::GPTConfig& gpt = model.config();
+    info.format_version = io::kCheckpointFormatVersion;
+    info.kilter_version = KILTER_VERSION;
+    info.step = state.step;
+    info.epoch = int64_t(state.position.epoch);
+    info.step_in_epoch = int64_t(state.position.step_in_epoch);
+    info.seed = state.seed;
+    info.config_hash = state.config_hash;
+    info.tokens_seen = state.tokens_seen;
+    info.world_size = world_size;
+    info.config = config_text;
+    info.n_layer = gpt.n_layer;
+    info.n_head = gpt.n_head;
+    info.n_embd = gpt.n_embd;
+    info.block_size = gpt.block_size;
+    info.vocab_size = gpt.vocab_size;
+    info.tokenizer = tokenizer;
+    info.tokenizer_data = tokenizer_data;
+    info.eos_id = eos_id;
+    info.document_starts = document_starts;
+  }
+
+  void save_by_slices(const model::Model& model, const TrainState& state, bool final_checkpoint);
 
   void wait_for_writer(std::unique_lock<std::mutex>& lock) {
     cv.wait(lock, [&] { return !job_pending; });
@@ -340,11 +341,11 @@ Checkpointer::~Checkpointer() {
 
 void Checkpointer::save(const model::Model& model, const TrainState& state, bool final_checkpoint) {
   Impl& s = *impl_;
-  const bool sharded = optimizer_sharded(model);
-  if (s.rank != 0) {
-    if (sharded) gather_optimizer_shards(s.shards, model, nullptr, nullptr);
+  if (optimizer_sharded(model)) {
+    s.save_by_slices(model, state, final_checkpoint);
     return;
   }
+  if (s.rank != 0) return;
   auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(s.mu);
   s.wait_for_writer_and_rethrow(lock);
@@ -352,45 +353,96 @@ void Checkpointer::save(const model::Model& model, const TrainState& state, bool
 
   io::CheckpointContents& c = s.contents;
   const model::ParamLayout& layout = model.layout();
-  const model::GPTConfig& gpt = model.config();
   if (c.tensors.empty()) c.tensors = checkpoint_tensors(layout);
   c.params.resize(layout.num_params);
   c.adam_m.resize(layout.num_params);
   c.adam_v.resize(layout.num_params);
   model.get_params(c.params.data());
-  if (sharded)
-    gather_optimizer_shards(s.shards, model, c.adam_m.data(), c.adam_v.data());
-  else
-    model.get_optimizer_state(c.adam_m.data(), c.adam_v.data());
-
-  io::CheckpointInfo& info = c.info;
-  info.format_version = io::kCheckpointFormatVersion;
-  info.kilter_version = KILTER_VERSION;
-  info.step = state.step;
-  info.epoch = int64_t(state.position.epoch);
-  info.step_in_epoch = int64_t(state.position.step_in_epoch);
-  info.seed = state.seed;
-  info.config_hash = state.config_hash;
-  info.tokens_seen = state.tokens_seen;
-  info.world_size = s.world_size;
-  info.config = s.config_text;
-  info.n_layer = gpt.n_layer;
-  info.n_head = gpt.n_head;
-  info.n_embd = gpt.n_embd;
-  info.block_size = gpt.block_size;
-  info.vocab_size = gpt.vocab_size;
-  info.tokenizer = s.tokenizer;
-  info.tokenizer_data = s.tokenizer_data;
-  info.eos_id = s.eos_id;
-  info.document_starts = s.document_starts;
+  model.get_optimizer_state(c.adam_m.data(), c.adam_v.data());
+  s.fill_info(c.info, model, state);
 
   s.job_path = s.dir + "/" + io::checkpoint_file_name(state.step);
   s.job_pending = true;
   s.job_final = final_checkpoint;
+  s.job_sliced = false;
   s.stats.waited_seconds = waited;
   s.stats.snapshot_seconds = seconds_since(t0) - waited;
   s.stats.bytes = 3 * layout.num_params * sizeof(float);
   s.cv.notify_all();
+}
+
+// Sharded (collective over `shards`): rank 0 waits for its previous write and creates the temp
+// file; every rank writes its own ranges into it; rank 0's writer thread finishes it. A failure
+// on any rank (full disk, ...) reaches rank 0, which removes the temp file and warns or, for a
+// final checkpoint, leaves the error for wait().
+void Checkpointer::Impl::save_by_slices(const model::Model& model, const TrainState& state, bool final_checkpoint) {
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string path = dir + "/" + io::checkpoint_file_name(state.step);
+  std::unique_lock<std::mutex> lock(mu, std::defer_lock);
+  double waited = 0;
+  // 1. Rank 0 creates the file (its writer thread is idle from here until step 3).
+  std::string problem;
+  if (rank == 0) {
+    lock.lock();
+    wait_for_writer(lock);  // a failed final write's error stays for wait()
+    waited = seconds_since(t0);
+    if (contents.tensors.empty()) contents.tensors = checkpoint_tensors(model.layout());
+    contents.params.clear();  // the snapshot buffers of an unsharded save are not used
+    contents.adam_m.clear();
+    contents.adam_v.clear();
+    fill_info(contents.info, model, state);
+    try {
+      job_offsets = io::create_checkpoint_file(path, contents.info, contents.tensors);
+    } catch (const Error& e) {
+      problem = e.message();
+    } catch (const std::exception& e) {
+      problem = "checkpoint " + path + " not written: " + e.what();
+    }
+  }
+  unsigned long long n_offsets = problem.empty() ? job_offsets.size() : 0;
+  MPI_Bcast(&n_offsets, 1, MPI_UNSIGNED_LONG_LONG, 0, shards);
+  if (n_offsets > 0) {
+    std::vector<unsigned long long> offsets(job_offsets.begin(), job_offsets.end());
+    offsets.resize(n_offsets);
+    MPI_Bcast(offsets.data(), int(n_offsets), MPI_UNSIGNED_LONG_LONG, 0, shards);
+    // 2. Every rank writes its slice.
+    if (rank != 0) {
+      contents.tensors = checkpoint_tensors(model.layout());
+      job_offsets.assign(offsets.begin(), offsets.end());
+    }
+    try {
+      io::CheckpointSliceWriter writer(path, contents.tensors, job_offsets);
+      write_own_slice(model, writer, rank == 0 ? write_opts.delay_midway_s : 0);
+    } catch (const Error& e) {
+      problem = e.message();
+    } catch (const std::exception& e) {
+      problem = "checkpoint " + path + " not written: " + e.what();
+    }
+    // The first rank that failed says why, to rank 0.
+    int failed = problem.empty() ? world_size : rank, first_failed = world_size;
+    MPI_Allreduce(&failed, &first_failed, 1, MPI_INT, MPI_MIN, shards);
+    if (first_failed < world_size) {
+      broadcast_string(shards, problem, first_failed);
+      if (rank == 0 && first_failed != 0) problem = "rank " + std::to_string(first_failed) + ": " + problem;
+    }
+  }
+  if (rank != 0) return;
+  if (!problem.empty()) {
+    io::abandon_checkpoint_file(path);
+    if (auto failure = warn_if_periodic(std::make_exception_ptr(Error(problem, __FILE__, __LINE__)), path,
+                                        final_checkpoint))
+      error = failure;
+    return;
+  }
+  // 3. Rank 0's writer thread finishes the file while training goes on.
+  job_path = path;
+  job_pending = true;
+  job_final = final_checkpoint;
+  job_sliced = true;
+  stats.waited_seconds = waited;
+  stats.snapshot_seconds = seconds_since(t0) - waited;  // here: every rank writing its slice
+  stats.bytes = 3 * model.layout().num_params * sizeof(float);
+  cv.notify_all();
 }
 
 void Checkpointer::set_tokenizer(const std::string& kind, const std::string& file_bytes, int64_t eos_id) {

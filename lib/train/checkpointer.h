@@ -1,6 +1,7 @@
 // Checkpoints of a training run (docs/design.md "Run directory"; issue 8): the state is copied at a
-// step boundary, then written in the background as RUN_DIR/checkpoints/step-NNNNNNNN.h5 (temp
-// file, fsync, rename), keeping the newest `keep` files. Owner: checkpoints (issue 8).
+// step boundary (sharded: each rank writes its own slice; docs/checkpoints.md), then written in
+// the background as RUN_DIR/checkpoints/step-NNNNNNNN.h5 (temp file, fsync, rename), keeping the
+// newest `keep` files. Owner: checkpoints (issue 8).
 #pragma once
 #include <mpi.h>
 
@@ -41,6 +42,9 @@ class Checkpointer {
 
   // Collective (every rank calls it at the same step): snapshots the model state and writes it
   // in the background. Returns quickly; a previous write still in flight is waited for first.
+  // With a sharded optimizer there is no snapshot: every rank writes the params and moments of its
+  // own ranges into the file before returning (pieces of 16 MiB), and rank 0 finishes the file
+  // (checksums, fsync, rename) in the background.
   // A checkpoint that fails to write (full disk, quota, ...) removes its temp file and keeps the
   // previous checkpoints. When it is periodic (final_checkpoint false) rank 0 prints a warning
   // naming the cause and the checkpoint that stays the latest, and training goes on (the next
@@ -57,7 +61,8 @@ class Checkpointer {
   struct SaveStats {
     std::string path;             // file of the last completed write
     double waited_seconds = 0;    // save() waiting for the previous write to finish
-    double snapshot_seconds = 0;  // save() copying params and moments to host buffers
+    double snapshot_seconds = 0;  // save() copying params and moments to host buffers (sharded:
+                                  // every rank writing its slice)
     double write_seconds = 0;     // writer thread: HDF5 metadata, data, fsync, rename, prune
     size_t bytes = 0;             // tensor bytes of one checkpoint (params + 2 moments)
   };

@@ -114,14 +114,18 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   p.gradients = p.padded_params * 4;
   p.optimizer = shard * 8;
   p.activations = activation_bytes(cfg);
-  // Rank 0 keeps a snapshot of params and moments for the background writer; sharded, every rank
-  // copies its moments to send them (rank 0: to receive the others'). A resume reads params and
-  // moments into buffers on every rank before handing them to the model.
+  // Unsharded, rank 0 keeps a snapshot of params and moments for the background writer. Sharded,
+  // no rank copies more than pieces of 2^22 floats: every rank writes its own ranges of the file
+  // from a piece of each moment, and rank 0's writer reads the file back a piece at a time for the
+  // checksums (lib/train/checkpointer.cpp, io/checkpoint.cpp). A resume reads params and moments
+  // into buffers on every rank before handing them to the model.
   const uint64_t snapshot = p.num_params * 12;
-  // Sharded, the moments travel to rank 0 in pieces of 2^22 floats (checkpointer.cpp).
-  const uint64_t shard_buffers = p.sharded ? std::min<uint64_t>(shard, 1ull << 22) * 8 : 0;
-  p.checkpoint_rank0 = snapshot + shard_buffers;
-  p.checkpoint_other = std::max(shard_buffers, in.resuming ? snapshot : 0);
+  const uint64_t piece = 1ull << 22;
+  const uint64_t slice_buffers = p.sharded ? std::min<uint64_t>(shard, piece) * 8 : 0;
+  const uint64_t read_back = p.sharded ? std::min<uint64_t>(p.num_params, piece) * 4 : 0;
+  const uint64_t resume = in.resuming ? snapshot : 0;
+  p.checkpoint_rank0 = p.sharded ? std::max(slice_buffers + read_back, resume) : snapshot;
+  p.checkpoint_other = std::max(slice_buffers, resume);
   const uint64_t tokens = uint64_t(cfg.data.max_tokens);
   p.prefetch = (uint64_t(std::max<int64_t>(cfg.data.prefetch, 0)) + 1) * tokens * 4 * 2 + tokens * 12;
   p.runtime = kRuntimeBytes + (kStartBytes > kCpuOnlyStartBytes ? kStartBytes - kCpuOnlyStartBytes : 0);

@@ -22,7 +22,7 @@ struct MemoryPlanInput {
   bool resuming = false;   // the resume's read buffers count too
 };
 
-// Bytes of one rank (rank 0 when it differs: it also holds the checkpoint snapshot).
+// Bytes of one rank (rank 0 when it differs: unsharded, it also holds the checkpoint snapshot).
 struct MemoryPlan {
   MemoryPlanInput input;
   bool sharded = false;          // train.shard_optimizer in force (P > 1)
@@ -31,8 +31,8 @@ struct MemoryPlan {
   uint64_t gradients = 0;        // the flat fp32 gradient buffer (whole, even sharded: ZeRO-1)
   uint64_t optimizer = 0;        // AdamW m and v: all parameters, or this rank's 1/P
   uint64_t activations = 0;      // kept for backward + backward scratch, largest micro-batch
-  uint64_t checkpoint_rank0 = 0;  // rank 0's snapshot (params + moments) and shard receive buffer
-  uint64_t checkpoint_other = 0;  // the other ranks' (shard send buffers; the resume's reads)
+  uint64_t checkpoint_rank0 = 0;  // rank 0's: the snapshot (params + moments), or sharded its pieces
+  uint64_t checkpoint_other = 0;  // the other ranks' (sharded: their pieces; the resume's reads)
   uint64_t prefetch = 0;         // the reader's ring of micro-batches and the assembled batch
   uint64_t runtime = 0;          // MPI, oneDNN, the plan, code: measured, a constant
   uint64_t rank0_total = 0, other_total = 0;

@@ -413,6 +413,13 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     }
   }
   checkpointer.wait();
+  if (rank == 0) {  // what the last checkpoint cost (bench/checkpoint_write.sh reads this line)
+    const Checkpointer::SaveStats saved = checkpointer.last_save();
+    if (!saved.path.empty())
+      std::fprintf(stderr, "kilter: checkpoint %s: %.3f GiB of tensors; the step waited %.2f s, the writer took %.2f s\n",
+                   saved.path.c_str(), double(saved.bytes) / double(1ull << 30),
+                   saved.waited_seconds + saved.snapshot_seconds, saved.write_seconds);
+  }
   if (exit_code == kExitPreempted && rank == 0)
     std::fprintf(stderr, "kilter: stop signal received: checkpoint of step %lld written, exiting with code %d\n",
                  (long long)state.step, kExitPreempted);

@@ -105,6 +105,59 @@ TEST_F(CheckpointFileTest, RoundTripIsBitExact) {
   EXPECT_EQ(v, c.adam_v);
 }
 
+// Read one tensor's `checksum` attribute (group "params", "adam/m" or "adam/v").
+uint64_t stored_checksum(const std::string& path, const std::string& dataset) {
+  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t dset = H5Dopen2(file, dataset.c_str(), H5P_DEFAULT);
+  hid_t attr = H5Aopen(dset, "checksum", H5P_DEFAULT);
+  uint64_t value = 0;
+  H5Aread(attr, H5T_NATIVE_UINT64, &value);
+  H5Aclose(attr);
+  H5Dclose(dset);
+  H5Fclose(file);
+  return value;
+}
+
+TEST_F(CheckpointFileTest, WrittenBySlicesEqualsWrittenWhole) {
+  // Slices of any size, in any order, crossing tensors and running into the padding after the
+  // last tensor, give the same tensors and checksums as the whole writer.
+  CheckpointContents c = sample_contents();
+  const std::string whole = dir_ + "/whole/" + kilter::io::checkpoint_file_name(42);
+  const std::string sliced = dir_ + "/" + kilter::io::checkpoint_file_name(42);
+  ::mkdir((dir_ + "/whole").c_str(), 0755);
+  kilter::io::write_checkpoint_file(whole, c);
+  kilter::io::CheckpointFileOffsets offsets = kilter::io::create_checkpoint_file(sliced, c.info, c.tensors);
+  EXPECT_EQ(::access(sliced.c_str(), F_OK), -1) << "published before it was finished";
+  {
+    kilter::io::CheckpointSliceWriter writer(sliced, c.tensors, offsets);
+    std::vector<float> padded[3] = {c.params, c.adam_m, c.adam_v};
+    for (auto& b : padded) b.resize(21, 99.0f);  // 3 floats of padding, which no dataset holds
+    for (size_t first : {14, 7, 0}) {
+      for (int g = 2; g >= 0; --g) writer.write(g, first, padded[g].data() + first, 7);
+    }
+    writer.close();
+  }
+  kilter::io::finish_checkpoint_file(sliced, c.tensors, offsets);
+  EXPECT_EQ(::access(kilter::io::checkpoint_temp_path(sliced).c_str(), F_OK), -1) << "temp file left behind";
+
+  std::vector<float> p(18, -9), m(18, -9), v(18, -9);
+  kilter::io::read_checkpoint_tensors(sliced, c.tensors, p.data(), m.data(), v.data());  // checks checksums
+  EXPECT_EQ(p, c.params);
+  EXPECT_EQ(m, c.adam_m);
+  EXPECT_EQ(v, c.adam_v);
+  EXPECT_EQ(kilter::io::read_checkpoint_info(sliced).step, 42);
+  for (const char* group : {"/params/", "/adam/m/", "/adam/v/"})
+    for (const auto& t : c.tensors)
+      EXPECT_EQ(stored_checksum(sliced, group + t.name), stored_checksum(whole, group + t.name)) << group << t.name;
+
+  // A write some process could not complete: abandoned, nothing published.
+  const std::string failed = dir_ + "/" + kilter::io::checkpoint_file_name(43);
+  kilter::io::create_checkpoint_file(failed, c.info, c.tensors);
+  kilter::io::abandon_checkpoint_file(failed);
+  EXPECT_TRUE(kilter::io::stale_temp_files(dir_).empty());
+  EXPECT_EQ(::access(failed.c_str(), F_OK), -1);
+}
+
 TEST_F(CheckpointFileTest, TruncatedFileIsAClearError) {
   CheckpointContents c = sample_contents();
   const std::string path = dir_ + "/step-00000001.h5";
