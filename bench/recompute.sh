@@ -72,8 +72,18 @@ for k in names:
           f"plan activations {p['activations_bytes'] / 2**30:.3f} GiB, total rank 0 {p['rank0_bytes'] / 2**30:.3f} / "
           f"others {p['other_rank_bytes'] / 2**30:.3f} GiB; peak RSS " +
           ", ".join(f"rank {r} {peak[k][r] / 2**30:.3f} GiB" for r in range(np_)))
+# The compute phases per step (median over steps after the first, all ranks and repeats): what
+# recompute changes, less exposed to the other ranks' and jobs' timing than tokens/s.
+def phase(k, key):
+    return statistics.median(float(r[key]) for i in range(1, n + 1) for rank in range(np_)
+                             for r in list(csv.DictReader(open(f"runs/{k}{i}/metrics/rank-{rank:05d}.csv")))[1:])
+for k in names:
+    f, b = phase(k, "forward"), phase(k, "backward")
+    print(f"{k:5s}: median forward {f:.3f} s, backward {b:.3f} s, forward + backward {f + b:.3f} s per step")
 for r in range(np_):
     print(f"rank {r}: peak RSS block+sharded / none unsharded {peak['block'][r] / peak['none'][r]:.3f} (target <= 0.55)")
 print(f"tokens/s block+sharded / none unsharded {rate['block'] / rate['none']:.3f} (target >= 0.75)")
 print(f"tokens/s gelu / none {rate['gelu'] / rate['none']:.3f} (target >= 0.95)")
+fb = {k: phase(k, "forward") + phase(k, "backward") for k in names}
+print(f"forward + backward time none / block {fb['none'] / fb['block']:.3f}, none / gelu {fb['none'] / fb['gelu']:.3f}")
 PY

@@ -25,8 +25,7 @@ using testing::cut_batches;
 using testing::CutBatches;
 using testing::make_batch;
 using testing::random_vector;
-using testing::run_ranks;
-using testing::ThreadKvHub;
+using testing::forward_backward_ranks;
 
 const std::vector<std::string> kModes = {"gelu", "attention", "block"};
 
@@ -141,17 +140,10 @@ Step run_cut(const GPTConfig& cfg, const std::vector<float>& params, const CutBa
     models.back()->set_params(params.data());
     models.back()->zero_grads();
   }
-  ThreadKvHub hub(ranks, cfg.n_layer, cfg.n_embd, setup.cuts);
-  std::vector<Batch> batches = setup.batches;
-  for (int r = 0; r < ranks; ++r) batches[r].exchange = hub.endpoint(r);
   Step out;
-  out.losses.assign(ranks, 0.0);
-  const std::vector<std::string> failures = run_ranks(ranks, [&](int r) {
-    set_gemm_threads(1);
-    out.losses[r] = models[r]->forward_backward(batches[r], 1.0f / 64, {});
-  });
-  for (int r = 0; r < ranks; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
-  for (const std::string& error : hub.errors()) ADD_FAILURE() << "exchange contract: " << error;
+  std::vector<std::string> problems;
+  out.losses = forward_backward_ranks(models, setup, 1.0f / 64, problems);
+  for (const std::string& problem : problems) ADD_FAILURE() << problem;
   for (int r = 0; r < ranks; ++r)
     out.grads.emplace_back(models[r]->grads(), models[r]->grads() + models[r]->layout().num_params);
   return out;
