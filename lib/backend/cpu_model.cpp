@@ -48,11 +48,17 @@ void set_blas_threads(int threads) { model::set_gemm_threads(threads); }
 
 int blas_threads() { return model::gemm_threads(); }
 
-CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple, const std::string& precision)
+CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple, const std::string& precision,
+                   const std::string& recompute)
     : cfg_(cfg), layout_(model::ParamLayout::build(cfg, pad_multiple)) {
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cpu backend (fp32 | bf16)");
   bf16_ = precision == "bf16";
+  if (recompute == "none") recompute_ = Recompute::none;
+  else if (recompute == "gelu") recompute_ = Recompute::gelu;
+  else if (recompute == "attention") recompute_ = Recompute::attention;
+  else if (recompute == "block") recompute_ = Recompute::block;
+  else KILTER_FAIL("train.recompute=" << recompute << " is not one of none, gelu, attention, block");
   KILTER_CHECK(!bf16_ || model::gemm_has_bf16(),
                "train.precision=bf16 needs bf16 GEMM instructions (AVX512_BF16 or AMX) on the cpu backend; this CPU "
                "and build give " << model::gemm_engine() << " (use train.precision=fp32)");
@@ -62,10 +68,33 @@ CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple, const std::string&
   owned_ = {{0, layout_.num_params}};
   offsets_ = model::LayoutOffsets::of(layout_, cfg_.n_layer);
   const size_t C = cfg_.n_embd;
-  // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics.
-  floats_per_token_block_ = C + 3 * C + C + C + C + 4 * C + 4 * C + C + 4;
-  // bf16: the roundings of ln1, atty, ln2 and fch_gelu (block_inputs_bf16).
+  const size_t L = cfg_.n_layer;
+  // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics;
+  // recompute=gelu moves fch_gelu to the scratch, recompute=block all but residual3.
+  const size_t block_floats = C + 3 * C + C + C + C + 4 * C + 4 * C + C + 4;
+  floats_per_token_block_ = block_floats;
+  att_layers_ = L;
+  bf16_layers_ = L;
+  // bf16: the roundings of ln1, atty, ln2 and fch_gelu (block_inputs_bf16); recompute=gelu and
+  // block keep no rounding of fch_gelu (the backward rounds the recomputed GELU output: the same
+  // bits; block's recompute stops before the projection that would round it).
   bf16_per_token_block_ = bf16_ ? C + C + C + 4 * C : 0;
+  switch (recompute_) {
+    case Recompute::none: break;
+    case Recompute::gelu:
+      floats_per_token_block_ = block_floats - 4 * C;
+      scratch_per_token_ = 4 * C;
+      if (bf16_) bf16_per_token_block_ = C + C + C;
+      break;
+    case Recompute::attention: att_layers_ = 1; break;
+    case Recompute::block:
+      floats_per_token_block_ = C;
+      scratch_per_token_ = block_floats - C;
+      att_layers_ = 1;
+      bf16_layers_ = 1;
+      if (bf16_) bf16_per_token_block_ = C + C + C;
+      break;
+  }
 }
 
 std::string CpuModel::describe() const {
@@ -84,7 +113,9 @@ CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
 CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
   const size_t C = cfg_.n_embd;
   const size_t N = static_cast<size_t>(rows);
-  float* p = block_acts_.data() + static_cast<size_t>(layer) * capacity_tokens_ * floats_per_token_block_;
+  float* kept = block_acts_.data() + static_cast<size_t>(layer) * capacity_tokens_ * floats_per_token_block_;
+  const bool block = recompute_ == Recompute::block;
+  float* p = block ? block_scratch_.data() : kept;
   BlockActivations a;
   a.ln1 = p;        p += N * C;
   a.ln1_mean = p;   p += N;
@@ -96,9 +127,13 @@ CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
   a.ln2_mean = p;   p += N;
   a.ln2_rstd = p;   p += N;
   a.fch = p;        p += N * 4 * C;
-  a.fch_gelu = p;   p += N * 4 * C;
-  a.residual3 = p;
-  a.att = att_.data() + static_cast<size_t>(layer) * capacity_att_;
+  if (recompute_ == Recompute::gelu) {
+    a.fch_gelu = block_scratch_.data();
+  } else {
+    a.fch_gelu = p;  p += N * 4 * C;
+  }
+  a.residual3 = block ? kept : p;
+  a.att = att_.data() + (att_layers_ == 1 ? 0 : static_cast<size_t>(layer)) * capacity_att_;
   return a;
 }
 
@@ -107,11 +142,12 @@ CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
   if (!bf16_) return b;
   const size_t C = cfg_.n_embd;
   const size_t N = static_cast<size_t>(rows);
-  model::bf16* p = inputs_bf16_.data() + static_cast<size_t>(layer) * capacity_tokens_ * bf16_per_token_block_;
+  const size_t held = bf16_layers_ == 1 ? 0 : static_cast<size_t>(layer);
+  model::bf16* p = inputs_bf16_.data() + held * capacity_tokens_ * bf16_per_token_block_;
   b.ln1 = p;       p += N * C;
   b.atty = p;      p += N * C;
   b.ln2 = p;       p += N * C;
-  b.fch_gelu = p;
+  b.fch_gelu = recompute_ == Recompute::gelu || recompute_ == Recompute::block ? nullptr : p;
   return b;
 }
 
@@ -130,7 +166,8 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
     capacity_tokens_ = tokens;
     grow(encoded_, tokens * C);
     grow(block_acts_, L * tokens * floats_per_token_block_);
-    grow(inputs_bf16_, L * tokens * bf16_per_token_block_);
+    grow(block_scratch_, tokens * scratch_per_token_);
+    grow(inputs_bf16_, bf16_layers_ * tokens * bf16_per_token_block_);
     grow(lnf_, tokens * C);
     grow(lnf_mean_, tokens);
     grow(lnf_rstd_, tokens);
@@ -147,7 +184,7 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
   }
   if (att > capacity_att_) {
     capacity_att_ = att;
-    grow(att_, L * att);
+    grow(att_, att_layers_ * att);
   }
 }
 
@@ -316,22 +353,49 @@ void CpuModel::forward(const Batch& batch) {
                          params_.data() + offsets_.wpe, cu_seqlens, pieces, C, pos_offset);
   const float* residual = encoded_.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    const BlockTensors p = block_tensors(params_.data(), l);
     const BlockActivations a = block_activations(l, N);
-    const BlockInputsBf16 h = block_inputs_bf16(l, N);
-    model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C);
-    model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C, h.ln1);
-    attention_forward(batch, l, a);
-    model::matmul_forward_residual(a.residual2, residual, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
-    model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
-    model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C, h.ln2);
-    model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
-    model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C,
-                                   h.fch_gelu);
+    block_forward(batch, l, residual, a, block_inputs_bf16(l, N), false);
     residual = a.residual3;
   }
   model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
                            params_.data() + offsets_.lnf_b, N, C);
+}
+
+void CpuModel::block_forward(const Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
+                             const BlockInputsBf16& h, bool recomputing) {
+  const int N = batch.N, C = cfg_.n_embd;
+  const BlockTensors p = block_tensors(params_.data(), layer);
+  model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, p.ln1_w, p.ln1_b, N, C);
+  model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C, h.ln1);
+  if (recomputing)
+    attention_recompute(batch, layer, a, a.atty);
+  else
+    attention_forward(batch, layer, a);
+  model::matmul_forward_residual(a.residual2, residual_in, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
+  model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
+  model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C, h.ln2);
+  model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+  if (recomputing) return;
+  model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C,
+                                 h.fch_gelu);
+}
+
+void CpuModel::attention_recompute(const Batch& batch, int layer, const BlockActivations& a, float* out) {
+  const int pieces = batch.num_pieces(), C = cfg_.n_embd, NH = cfg_.n_head;
+  const int32_t* cu_seqlens = batch.cu_seqlens.data();
+  model::KvExchange* exchange = batch.exchange;
+  if (exchange == nullptr) {
+    model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_);
+    return;
+  }
+  // The forward's two calls, so that every piece is computed exactly as it was.
+  const model::AttentionPrefix prefix = attention_prefix(batch);
+  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+                           model::AttentionPieces::without_prefix);
+  if (prefix.offset == nullptr) return;
+  for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
+  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+                           model::AttentionPieces::with_prefix);
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
@@ -413,6 +477,8 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     const BlockActivations a = block_activations(l, N);
     const BlockInputsBf16 h = block_inputs_bf16(l, N);
     const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, N).residual3;
+    if (recompute_ == Recompute::block) block_forward(batch, l, residual_in, a, h, true);
+    if (recompute_ == Recompute::gelu) model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
     // MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
     model::matmul_backward_overwrite_dinp(dfch_.data(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu, p.fcproj_w, N,
                                           4 * C, C, h.fch_gelu);
@@ -424,6 +490,8 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     // Attention: residual2 = residual_in + c_proj(attn(c_attn(ln_1(residual_in))))
     model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
                                           C, C, h.atty);
+    // dln_ is free until the QKV projection's backward: the recomputed output lands there.
+    if (recompute_ == Recompute::attention) attention_recompute(batch, l, a, dln_.data());
     attention_backward(batch, l, a);
     model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C,
                                           h.ln1);

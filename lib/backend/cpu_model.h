@@ -5,6 +5,11 @@
 // after init/set_params/adamw_step, activations rounded per GEMM) and accumulate in fp32; master
 // weights, AdamW moments, gradients and every other op stay fp32. It needs bf16 instructions
 // (AVX512_BF16 or AMX); elsewhere the constructor throws, naming train.precision.
+// recompute (train.recompute): activations the forward does not keep and the backward recomputes,
+// with the same kernels in the same order, so gradients are bit-identical to "none": "gelu" the
+// MLP's GELU output (from its input), "attention" the saved softmax (from Q and K, and the prefix
+// K/V of a cut piece's later part, which the exchange holds until that layer's backward), "block"
+// everything but each block's input (the whole block's forward again, one block at a time).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,7 +31,8 @@ int blas_threads();
 
 class CpuModel final : public model::Model {
  public:
-  CpuModel(const model::GPTConfig& cfg, size_t pad_multiple, const std::string& precision = "fp32");
+  CpuModel(const model::GPTConfig& cfg, size_t pad_multiple, const std::string& precision = "fp32",
+           const std::string& recompute = "none");
 
   std::string backend_name() const override { return "cpu"; }
   std::string describe() const override;
@@ -58,6 +64,7 @@ class CpuModel final : public model::Model {
  private:
   using BlockTensors = model::BlockTensors;
   using BlockActivations = model::BlockActivations;
+  enum class Recompute { none, gelu, attention, block };
 
   BlockTensors block_tensors(float* base, int layer) const;
   BlockActivations block_activations(int layer, int N);
@@ -70,6 +77,13 @@ class CpuModel final : public model::Model {
   // Grows the activations to `tokens` rows and `att` saved-softmax floats per layer.
   void ensure_capacity(size_t tokens, size_t att);
   void forward(const model::Batch& batch);  // fills the activations up to ln_f
+  // One block's forward from residual_in. recomputing: in the backward, up to the GELU (the last
+  // projection's output is not needed), and attention without sends (attention_recompute).
+  void block_forward(const model::Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
+                     const BlockInputsBf16& h, bool recomputing);
+  // The backward's copy of one layer's attention forward: the saved softmax into a.att and the
+  // output into `out`, the prefixes read from the exchange, nothing sent (the forward sent them).
+  void attention_recompute(const model::Batch& batch, int layer, const BlockActivations& a, float* out);
   // One layer's attention with the K/V exchange of cut pieces when batch.exchange is set
   // (the calls in lib/model/kv_exchange.h's order); attention_backward also zeroes dqkv_ first.
   void attention_forward(const model::Batch& batch, int layer, const BlockActivations& a);
@@ -99,8 +113,11 @@ class CpuModel final : public model::Model {
   std::vector<model::bf16> inputs_bf16_;
 
   // Activations: sized for capacity_tokens_ (N) and capacity_att_ (NH * sum(len^2)) per layer.
+  // block_acts_ holds what each layer keeps for the backward, block_scratch_ what recompute drops
+  // (one block's worth that every layer shares); att_ holds att_layers_ layers' softmax.
+  Recompute recompute_ = Recompute::none;
   size_t capacity_tokens_ = 0, capacity_att_ = 0;
-  std::vector<float> encoded_, block_acts_, att_, lnf_, lnf_mean_, lnf_rstd_;
+  std::vector<float> encoded_, block_acts_, block_scratch_, att_, lnf_, lnf_mean_, lnf_rstd_;
   // Backward scratch: residual-stream gradient and per-op input gradients.
   std::vector<float> dresidual_, dln_, dqkv_, datty_, dfch_;
   // Per piece of the current batch: its prefix's K/V and dK/dV in the exchange (null: none).
@@ -109,8 +126,11 @@ class CpuModel final : public model::Model {
   // LM head: rows that have a target, gathered; one chunk of logits at a time.
   std::vector<int32_t> target_rows_, target_ids_;
   std::vector<float> head_inputs_, head_dinputs_, logits_;
-  size_t floats_per_token_block_ = 0;  // per-token floats of one block's activations
+  size_t floats_per_token_block_ = 0;  // per-token floats one block keeps in block_acts_
+  size_t scratch_per_token_ = 0;       // per-token floats of block_scratch_ (0: recompute none or attention)
+  size_t att_layers_ = 0;              // layers of saved softmax held (1 when recomputed)
   size_t bf16_per_token_block_ = 0;    // per-token bf16s of one block's kept Linear inputs (0 in fp32)
+  size_t bf16_layers_ = 0;             // layers of them held (1 with recompute=block)
 };
 
 }  // namespace kilter::backend

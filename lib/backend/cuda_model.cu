@@ -278,6 +278,10 @@ CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::Bac
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
   KILTER_CHECK(options_.attention == "auto" || options_.attention == "cudnn" || options_.attention == "cublaslt",
                "train.attention=" << options_.attention << " is not one of auto, cudnn, cublaslt");
+  KILTER_CHECK(options_.recompute == "none",
+               "train.recompute=" << options_.recompute
+                                  << " is not available on the cuda backend yet (the cpu backend has it); set "
+                                     "train.recompute = none");
   KILTER_CHECK(cfg_.n_embd % cfg_.n_head == 0,
                "model.n_embd=" << cfg_.n_embd << " is not a multiple of model.n_head=" << cfg_.n_head);
   device_ = cuda_device_index();

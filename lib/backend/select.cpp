@@ -20,7 +20,8 @@ std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& c
                                                                 << " needs train.backend=cuda (the cpu backend has one "
                                                                    "attention; use auto)");
     KILTER_CHECK(!options.cuda_graphs, "train.cuda_graphs=true needs train.backend=cuda");
-    return std::make_unique<backend::CpuModel>(cfg, pad_multiple, options.precision);  // checks the precision
+    // The constructor checks the precision and the recompute mode.
+    return std::make_unique<backend::CpuModel>(cfg, pad_multiple, options.precision, options.recompute);
   }
   if (backend == "cuda") {
 #ifdef KILTER_WITH_CUDA

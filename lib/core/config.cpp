@@ -89,6 +89,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.init_from", po::value(&t.init_from)->default_value(t.init_from, shortest_text(t.init_from)), "start from these weights: a Hugging Face GPT-2 directory (config.json + model.safetensors) or a kilter checkpoint (file or run directory); optimizer state and data position start fresh (empty: random init)")
     ("train.init_vocab", po::value(&t.init_vocab)->default_value(t.init_vocab, shortest_text(t.init_vocab)), "init_from weights whose vocabulary differs from the dataset's: strict (refuse) | resize (keep the first embedding rows, initialize the rest)")
     ("train.shard_optimizer", po::value(&t.shard_optimizer)->default_value(t.shard_optimizer, shortest_text(t.shard_optimizer)), "ZeRO-1: gradients are reduce-scattered, each rank keeps the AdamW moments of 1/P of the parameters and updates them, the parameters are all-gathered (cpu backend; no effect on 1 rank)")
+    ("train.recompute", po::value(&t.recompute)->default_value(t.recompute, shortest_text(t.recompute)), "activations the forward drops and the backward recomputes: none | gelu (the MLP's GELU output) | attention (the saved softmax) | block (all but each block's input); gradients bit-identical to none (cpu backend)")
     ("comm.algo", po::value(&k.algo)->default_value(k.algo, shortest_text(k.algo)), "gradient reduction: flat | hierarchical")
     ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node, shortest_text(k.ranks_per_node)), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
     ("comm.timeout_s", po::value(&k.timeout_s)->default_value(k.timeout_s, shortest_text(k.timeout_s)), "a collective not done within this many seconds ends the job (s)")
@@ -163,6 +164,7 @@ void Config::validate() const {
   check_one_of("train.precision", train.precision, {"fp32", "bf16"});
   check_one_of("train.backend", train.backend, {"auto", "cpu", "cuda"});
   check_one_of("train.attention", train.attention, {"auto", "cudnn", "cublaslt"});
+  check_one_of("train.recompute", train.recompute, {"none", "gelu", "attention", "block"});
   KILTER_CHECK_KEY(train.threads >= 1, "train.threads", train.threads, "must be >= 1");
   KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");
   KILTER_CHECK_KEY(train.eval_every == 0 || data.eval_fraction > 0, "train.eval_every", train.eval_every,

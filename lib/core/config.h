@@ -65,6 +65,7 @@ struct TrainConfig {
   std::string init_from;           // HF GPT-2 directory or kilter checkpoint to start from ("": random init)
   std::string init_vocab = "strict";  // strict | resize: a vocabulary other than the dataset's
   bool shard_optimizer = true;     // ZeRO-1: each rank keeps the AdamW state of 1/P of the parameters
+  std::string recompute = "none";  // none | gelu | attention | block: activations the backward recomputes
 };
 
 struct CommConfig {

@@ -107,6 +107,7 @@ struct BackendOptions {
   std::string precision = "fp32";  // fp32 | bf16
   std::string attention = "auto";  // auto | cudnn | cublaslt (CUDA backend)
   bool cuda_graphs = false;        // replay each micro-batch shape's kernels as CUDA graphs
+  std::string recompute = "none";  // none | gelu | attention | block (train.recompute; cpu backend)
 };
 
 class Model {

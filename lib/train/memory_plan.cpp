@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -49,15 +50,28 @@ uint64_t activation_bytes(const Config& cfg) {
   const uint64_t V = uint64_t(cfg.model.vocab_size), NH = uint64_t(cfg.model.n_head);
   const uint64_t context = uint64_t(cfg.model.block_size);
   const uint64_t att = NH * N * std::min(N, context);  // saved softmax per layer
+  // train.recompute (CpuModel's constructor): what each block keeps per token, what one block's
+  // recompute scratch holds, how many layers of softmax and of bf16 GEMM inputs are held.
+  const std::string& recompute = cfg.train.recompute;
+  const uint64_t block = 16 * C + 4;  // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3, statistics
+  uint64_t kept = block, scratch = 0, att_layers = L, bf16_kept = L * 7 * C;
+  if (recompute == "gelu") {
+    kept = block - 4 * C, scratch = 4 * C, bf16_kept = L * 3 * C;
+  } else if (recompute == "attention") {
+    att_layers = 1;
+  } else if (recompute == "block") {
+    kept = C, scratch = block - C, att_layers = 1, bf16_kept = 3 * C;
+  }
   uint64_t floats = N * C                              // encoded
-                    + L * N * (16 * C + 4)             // each block's kept activations and statistics
+                    + L * N * kept                     // each block's kept activations and statistics
+                    + N * scratch                      // one block's recomputed activations
                     + N * C + 2 * N                    // ln_f and its statistics
                     + 10 * N * C                       // backward scratch: dresidual, dln, datty, dqkv, dfch
                     + N * C + kHeadChunk * C + kHeadChunk * V  // LM head rows, their gradient, a chunk of logits
-                    + L * att;
+                    + att_layers * att;
   uint64_t bytes = floats * 4 + 2 * N * 4;  // + target rows and ids
   if (cfg.train.precision == "bf16") {
-    bytes += L * N * 7 * C * 2;  // the kept bf16 GEMM inputs
+    bytes += N * bf16_kept * 2;  // the kept bf16 GEMM inputs
     // Per-thread bf16 staging of the other GEMM operands (lib/model/matmul.cpp), and what oneDNN's
     // bf16 kernels hold (measured: about 40 MiB more than fp32 whatever the shape).
     bytes += (std::max(N * 4 * C, kHeadChunk * V) + N * 4 * C) * 2 + (40ull << 20);
@@ -148,9 +162,10 @@ MemoryPlan plan_memory(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const int P = std::max(1, in.world_size);
   const int L = std::clamp(in.ranks_per_node, 1, P);
 
-  // The cheapest setting that fits: sharding costs nothing; a smaller micro-batch costs GEMM
-  // efficiency; more nodes cost machines. Activation recomputation (train.recompute) is not yet
-  // available.
+  // The cheapest setting that fits: sharding costs nothing; recomputation costs compute, least
+  // for gelu (one elementwise op per layer), then attention (the score products again), then
+  // block (a block's forward again: about a third more GEMMs); a smaller micro-batch costs GEMM
+  // efficiency; more nodes cost machines.
   auto fits_with = [&](const MemoryPlanInput& changed) { return memory_figures(changed, machine_bytes).fits; };
   if (!p.sharded && P > 1) {
     MemoryPlanInput changed = in;
@@ -160,13 +175,27 @@ MemoryPlan plan_memory(const MemoryPlanInput& in, uint64_t machine_bytes) {
       return p;
     }
   }
+  const std::string shard_and = !p.sharded && P > 1 ? "set train.shard_optimizer = true and " : "set ";
+  const std::vector<std::string> modes = {"none", "gelu", "attention", "block"};
+  const auto current = std::find(modes.begin(), modes.end(), cfg.train.recompute);
+  for (auto mode = current == modes.end() ? modes.end() : current + 1; mode != modes.end(); ++mode) {
+    MemoryPlanInput changed = in;
+    changed.cfg.train.recompute = *mode;
+    changed.cfg.train.shard_optimizer = P > 1;
+    if (fits_with(changed)) {
+      p.advice = shard_and + "train.recompute = " + *mode + " (the backward recomputes " +
+                 (*mode == "gelu" ? "the MLP's GELU output" : *mode == "attention" ? "the attention softmax"
+                                                                                    : "each block's activations") +
+                 ")";
+      return p;
+    }
+  }
   for (int64_t max_tokens = cfg.data.max_tokens / 2; max_tokens >= 64; max_tokens /= 2) {
     MemoryPlanInput changed = in;
     changed.cfg.data.max_tokens = max_tokens;
     changed.cfg.train.shard_optimizer = P > 1;
     if (fits_with(changed)) {
-      p.advice = std::string(!p.sharded && P > 1 ? "set train.shard_optimizer = true and " : "set ") +
-                 "data.max_tokens = " + std::to_string(max_tokens) + " (micro-batches of fewer tokens)";
+      p.advice = shard_and + "data.max_tokens = " + std::to_string(max_tokens) + " (micro-batches of fewer tokens)";
       return p;
     }
   }
@@ -191,10 +220,10 @@ std::string format_memory_plan(const MemoryPlan& p) {
   const Config& cfg = p.input.cfg;
   std::snprintf(line, sizeof line,
                 "memory plan: %llu parameters, %s, %d ranks (%d per node), optimizer %s, data.max_tokens %lld; "
-                "recompute: not yet available\n",
+                "recompute %s\n",
                 (unsigned long long)p.num_params, cfg.train.precision.c_str(), p.input.world_size,
                 p.input.ranks_per_node, p.sharded ? "sharded (1/P per rank)" : "on every rank",
-                (long long)cfg.data.max_tokens);
+                (long long)cfg.data.max_tokens, cfg.train.recompute.c_str());
   os << line;
   auto row = [&](const char* what, uint64_t rank0, uint64_t other) {
     if (rank0 == other)
@@ -228,7 +257,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
           {"ranks_per_node", p.input.ranks_per_node},
           {"precision", p.input.cfg.train.precision},
           {"shard_optimizer", p.sharded},
-          {"recompute", "not yet available"},
+          {"recompute", p.input.cfg.train.recompute},
           {"max_tokens", p.input.cfg.data.max_tokens},
           {"num_params", p.num_params},
           {"parameters_bytes", p.parameters},
@@ -259,7 +288,7 @@ std::string memory_refusal(const MemoryPlan& p) {
     os << "the cheapest setting that fits: " << p.advice;
   else
     os << "no setting kilter can change makes it fit: use a smaller model or machines with more memory";
-  os << " (activation recomputation, train.recompute, is not yet available)\n" << format_memory_plan(p);
+  os << "\n" << format_memory_plan(p);
   return os.str();
 }
 

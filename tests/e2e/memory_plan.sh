@@ -2,12 +2,14 @@
 # The memory plan (issue 24):
 # - `kilter plan --memory --json`: the optimizer state per rank falls as 1/P (P = 1, 2, 4);
 # - the estimate agrees with the measured peak RSS of each rank within 10% (2 ranks, sharded and
-#   not, a model big enough that the buffers, not the runtime, dominate; not asserted under ASan);
+#   not, and sharded with train.recompute = block, a model big enough that the buffers, not the
+#   runtime, dominate; not asserted under ASan), and recompute=block's activations are smaller;
 # - sharded, rank 0's peak does not grow by a snapshot of the state at its checkpoint (written by
 #   slices), where unsharded it does;
 # - a run whose node total exceeds the machine (KILTER_TEST_NODE_MEMORY_BYTES stands a small
 #   machine in) is refused on every rank, naming the figure and the cheapest setting that fits
-#   (here train.shard_optimizer = true), and the sharded run then starts;
+#   (here train.shard_optimizer = true), and the sharded run then starts; a machine that holds the
+#   sharded run only with recomputation advises train.recompute = gelu;
 # - a model far beyond any machine is refused before any rank allocates model memory (its ranks
 #   peak below 1 GiB).
 source "$(dirname "$0")/lib.sh"
@@ -21,6 +23,8 @@ COMMON=(--data.dir=data "${MODEL[@]}" --train.tokens_per_step=4096 --train.steps
 
 for p in 1 2 4; do "$KILTER" plan --data data --world-size $p "${MODEL[@]}" --memory --json > plan$p.json; done
 "$KILTER" plan --data data --world-size 2 "${MODEL[@]}" --memory --json --train.shard_optimizer=false > plan2u.json
+"$KILTER" plan --data data --world-size 2 "${MODEL[@]}" --memory --json --train.recompute=block > plan2b.json
+"$KILTER" plan --data data --world-size 2 "${MODEL[@]}" --memory --json --train.recompute=gelu > plan2g.json
 
 # Peak RSS of every rank of a run (getrusage at exit, through time(1)), one file per rank.
 measure() {  # measure NAME [args]
@@ -31,6 +35,7 @@ measure() {  # measure NAME [args]
 }
 measure sharded
 measure unsharded --train.shard_optimizer=false
+measure block --train.recompute=block
 
 "$PY" - <<'PY'
 import json, os
@@ -40,7 +45,9 @@ print("optimizer bytes per rank:", opt)
 for p in (2, 4):
     assert plans[p]["shard_optimizer"] is True
     assert abs(opt[p] * p / opt[1] - 1) < 0.01, f"P={p}: optimizer state {opt[p]} is not 1/{p} of {opt[1]}"
-for run, plan in [("sharded", plans[2]), ("unsharded", json.load(open("plan2u.json"))["memory"])]:
+block = json.load(open("plan2b.json"))["memory"]
+assert block["recompute"] == "block" and block["activations_bytes"] < plans[2]["activations_bytes"] / 2, block
+for run, plan in [("sharded", plans[2]), ("unsharded", json.load(open("plan2u.json"))["memory"]), ("block", block)]:
     for rank, key in [(0, "rank0_bytes"), (1, "other_rank_bytes")]:
         measured = int(open(f"{run}.rss.{rank}").read().split()[-1]) * 1024
         ratio = plan[key] / measured
@@ -64,6 +71,9 @@ assert grow_sharded < 0.25 * snapshot, f"sharded rank 0 grew by {grow_sharded} b
 u, s = json.load(open("plan2u.json"))["memory"]["node_bytes"], plans[2]["node_bytes"]
 assert s < u, (s, u)
 open("machine", "w").write(str((s + u) // 2))
+g = json.load(open("plan2g.json"))["memory"]["node_bytes"]
+assert g < s, (g, s)
+open("machine_gelu", "w").write(str((g + s) // 2))
 PY
 
 # Optimizer state 1/P is smaller, but the snapshot rank 0 keeps may make up for it at P = 2; the
@@ -78,6 +88,13 @@ grep -q "GiB per node" refused.log && grep -q "the cheapest setting that fits: s
 ! grep -q "backend cpu" refused.log || { cat refused.log; fail "the refused run started training"; }
 KILTER_TEST_NODE_MEMORY_BYTES=$MACHINE timeout 300 "${MPIRUN[@]}" -np 2 -x KILTER_TEST_NODE_MEMORY_BYTES \
   "$KILTER" train "${COMMON[@]}" --output.dir=runs/fits > fits.log 2>&1 || { cat fits.log; fail "the sharded run was refused"; }
+
+# A machine that holds the sharded run only with recomputation: the advice is the cheapest mode.
+rc=0
+KILTER_TEST_NODE_MEMORY_BYTES=$(cat machine_gelu) timeout 300 "${MPIRUN[@]}" -np 2 -x KILTER_TEST_NODE_MEMORY_BYTES \
+  "$KILTER" train "${COMMON[@]}" --output.dir=runs/refused_gelu > refused_gelu.log 2>&1 || rc=$?
+[ $rc -ne 0 ] && grep -q "the cheapest setting that fits: set train.recompute = gelu" refused_gelu.log \
+  || { cat refused_gelu.log; fail "a sharded run that fits only with recompute=gelu did not get that advice"; }
 
 # 64 layers x 4096: ~13 billion parameters, hundreds of GiB per rank: refused before allocating.
 rc=0

@@ -14,3 +14,7 @@ set_tests_properties(model_torch_parity model_torch_parity_cut PROPERTIES LABELS
 # deterministic. Skipped (77) on CPUs without bf16 instructions.
 kilter_add_e2e_test(e2e_bf16_fortunes ${CMAKE_CURRENT_LIST_DIR}/bf16_fortunes.sh)
 set_tests_properties(e2e_bf16_fortunes PROPERTIES SKIP_RETURN_CODE 77)
+
+# Activation recomputation (issue 24): 2-rank runs with each train.recompute mode bit-identical
+# to none (losses, weights, moments), with cut pieces, and in bf16 where the CPU has it.
+kilter_add_e2e_test(e2e_recompute ${CMAKE_CURRENT_LIST_DIR}/recompute.sh)

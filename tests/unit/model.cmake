@@ -11,3 +11,5 @@ kilter_add_unit_test(model_cut_test ${CMAKE_CURRENT_LIST_DIR}/model_cut_test.cpp
 add_executable(kilter_bench_step ${CMAKE_SOURCE_DIR}/bench/cpu_step.cpp)
 target_link_libraries(kilter_bench_step PRIVATE kilter_lib)
 
+# train.recompute (issue 24): every mode bit-identical to none, whole and cut pieces.
+kilter_add_unit_test(model_recompute_test ${CMAKE_CURRENT_LIST_DIR}/model_recompute_test.cpp)

@@ -97,16 +97,9 @@ Result run_cut(const GPTConfig& cfg, const std::vector<float>& params, const Cut
     models.back()->set_params(params.data());
     models.back()->zero_grads();
   }
-  ThreadKvHub hub(ranks, cfg.n_layer, cfg.n_embd, setup.cuts);
-  std::vector<Batch> batches = setup.batches;
-  for (int r = 0; r < ranks; ++r) batches[r].exchange = hub.endpoint(r);
-  std::vector<double> losses(ranks, 0.0);
-  const std::vector<std::string> failures = run_ranks(ranks, [&](int r) {
-    set_gemm_threads(1);
-    losses[r] = models[r]->forward_backward(batches[r], loss_scale, {});
-  });
-  for (int r = 0; r < ranks; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
-  for (const std::string& error : hub.errors()) ADD_FAILURE() << "exchange contract: " << error;
+  std::vector<std::string> problems;
+  const std::vector<double> losses = forward_backward_ranks(models, setup, loss_scale, problems);
+  for (const std::string& problem : problems) ADD_FAILURE() << problem;
   Result out;
   const size_t n = models[0]->layout().num_params;
   std::vector<double> sum(n, 0.0);

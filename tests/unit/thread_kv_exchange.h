@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "io/error.h"
+#include "lib/model/gemm.h"
 #include "lib/model/kv_exchange.h"
 #include "lib/model/model.h"
 
@@ -311,6 +312,28 @@ inline std::vector<std::string> run_ranks(int ranks, const std::function<void(in
     });
   for (std::thread& t : threads) t.join();
   return failures;
+}
+
+// One forward_backward per rank: models[r] on setup.batches[r] in its own thread (one GEMM
+// thread each), joined by a ThreadKvHub. Returns the losses; `problems` receives each rank's
+// exception ("rank R: ...") and every violation of the exchange's contract.
+template <typename ModelPtr>
+std::vector<double> forward_backward_ranks(const std::vector<ModelPtr>& models, const CutBatches& setup,
+                                           float loss_scale, std::vector<std::string>& problems) {
+  const int ranks = static_cast<int>(setup.batches.size());
+  const GPTConfig& cfg = models.at(0)->config();
+  ThreadKvHub hub(ranks, cfg.n_layer, cfg.n_embd, setup.cuts);
+  std::vector<Batch> batches = setup.batches;
+  for (int r = 0; r < ranks; ++r) batches[r].exchange = hub.endpoint(r);
+  std::vector<double> losses(ranks, 0.0);
+  const std::vector<std::string> failures = run_ranks(ranks, [&](int r) {
+    set_gemm_threads(1);
+    losses[r] = models[r]->forward_backward(batches[r], loss_scale, {});
+  });
+  for (int r = 0; r < ranks; ++r)
+    if (!failures[r].empty()) problems.push_back("rank " + std::to_string(r) + ": " + failures[r]);
+  for (const std::string& error : hub.errors()) problems.push_back("exchange contract: " + error);
+  return losses;
 }
 
 }  // namespace kilter::model::testing
