@@ -197,7 +197,7 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
     raw.resize(size_t(end - begin));
     if (!raw.empty()) read_all(in.fd, raw.data(), raw.size(), data_start + begin, path);
     t.values.resize(size_t(n));
-    if (width == 4) std::memcpy(t.values.data(), raw.data(), raw.size());
+    if (width == 4 && !raw.empty()) std::memcpy(t.values.data(), raw.data(), raw.size());
     else if (t.dtype == "BF16") for (uint64_t i = 0; i < n; ++i) t.values[i] = bf16_to_float(load_u16(&raw[size_t(2 * i)]));
     else for (uint64_t i = 0; i < n; ++i) t.values[i] = f16_to_float(load_u16(&raw[size_t(2 * i)]));
     tensors.emplace(name, std::move(t));

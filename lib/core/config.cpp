@@ -176,6 +176,9 @@ void Config::validate() const {
   KILTER_USER_CHECK(data.sources.empty() || data.dir.empty(),
                "config keys data.dir and data.sources are both set: give one (data.dir is the one-source case)");
   if (!data.sources.empty()) parse_data_sources(data.sources);  // refused here, naming the key
+  KILTER_USER_CHECK(data.sources.empty() || data.stage_dir.empty(),
+                    "config keys data.sources and data.stage_dir are both set: staging a mixture is not supported "
+                    "yet; leave data.stage_dir empty to read the sources in place");
   check_one_of("comm.algo", comm.algo, {"flat", "hierarchical"});
   KILTER_CHECK_KEY(comm.ranks_per_node >= 0, "comm.ranks_per_node", comm.ranks_per_node, "must be >= 0");
   KILTER_CHECK_KEY(comm.timeout_s > 0, "comm.timeout_s", comm.timeout_s, "must be > 0");

@@ -41,6 +41,7 @@ expect 2 "config key model.vocab_size = 50 is smaller than the vocabulary of dat
 expect 2 "config key data.sources: dataset nowhere: no such folder" -- "${TRAIN[@]}" --data.sources=nowhere:1
 expect 2 "config key data.sources: 'data' is not DIR:WEIGHT" -- "${TRAIN[@]}" --data.sources=data:1,data
 expect 2 "config keys data.dir and data.sources are both set" -- "${TRAIN[@]}" --data.dir=data --data.sources=data:1
+expect 2 "config keys data.sources and data.stage_dir are both set" -- "${TRAIN[@]}" --data.sources=data:1 --data.stage_dir=/tmp
 expect 2 "config key train.init_from = nowhere: no such file or folder" -- "${TRAIN[@]}" --data.dir=data --train.init_from=nowhere
 [ ! -e runs ] || fail "a run refused before MPI created its run directory"
 

@@ -66,7 +66,10 @@ grow_unsharded = rss[("unsharded", 0)] - rss[("unsharded", 1)]
 print(f"rank 0 above rank 1 at peak: sharded {grow_sharded / 2**20:.1f} MiB, unsharded {grow_unsharded / 2**20:.1f} MiB;"
       f" snapshot {snapshot / 2**20:.1f} MiB")
 assert grow_unsharded > 0.75 * snapshot, "unsharded rank 0 should hold the snapshot: the check cannot see it"
-assert grow_sharded < 0.25 * snapshot, f"sharded rank 0 grew by {grow_sharded} bytes: a snapshot of the state?"
+# Under ASan the quarantine keeps rank 0's freed 16 MiB pieces (the slices and the checksum
+# read-back) resident, so the bound is checked in the normal build only.
+if "ASAN_OPTIONS" not in os.environ:
+    assert grow_sharded < 0.25 * snapshot, f"sharded rank 0 grew by {grow_sharded} bytes: a snapshot of the state?"
 # A machine between the two: the unsharded run does not fit, the sharded one does.
 u, s = json.load(open("plan2u.json"))["memory"]["node_bytes"], plans[2]["node_bytes"]
 assert s < u, (s, u)
