@@ -34,6 +34,7 @@ using testing::make_batch;
 using testing::max_abs;
 using testing::random_vector;
 using testing::RankPart;
+using testing::ScopedGemmThreads;
 using testing::run_ranks;
 using testing::ThreadKvHub;
 
@@ -52,12 +53,7 @@ GPTConfig cut_config() {
 // One thread of GEMMs per model: the test's threads are the ranks (and TSan sees no OpenMP pool).
 class ModelCut : public ::testing::Test {
  protected:
-  void SetUp() override {
-    saved_threads_ = gemm_threads();
-    set_gemm_threads(1);
-  }
-  void TearDown() override { set_gemm_threads(saved_threads_); }
-  int saved_threads_ = 1;
+  ScopedGemmThreads one_gemm_thread_{1};
 };
 
 struct Result {

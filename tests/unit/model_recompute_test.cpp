@@ -26,6 +26,7 @@ using testing::CutBatches;
 using testing::make_batch;
 using testing::random_vector;
 using testing::forward_backward_ranks;
+using testing::ScopedGemmThreads;
 
 const std::vector<std::string> kModes = {"gelu", "attention", "block"};
 
@@ -47,12 +48,7 @@ std::vector<std::string> precisions() {
 
 class ModelRecompute : public ::testing::Test {
  protected:
-  void SetUp() override {
-    saved_threads_ = gemm_threads();
-    set_gemm_threads(1);
-  }
-  void TearDown() override { set_gemm_threads(saved_threads_); }
-  int saved_threads_ = 1;
+  ScopedGemmThreads one_gemm_thread_{1};
 };
 
 struct Step {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "lib/model/gemm.h"
 #include "lib/model/init.h"
 #include "lib/model/model.h"
 
@@ -81,5 +82,18 @@ inline double max_abs(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
   return m;
 }
+
+// Sets the GEMM threads for a scope and restores them after: tests whose threads are the ranks run
+// one GEMM thread per model (and TSan sees no OpenMP pool).
+class ScopedGemmThreads {
+ public:
+  explicit ScopedGemmThreads(int threads) : saved_(gemm_threads()) { set_gemm_threads(threads); }
+  ~ScopedGemmThreads() { set_gemm_threads(saved_); }
+  ScopedGemmThreads(const ScopedGemmThreads&) = delete;
+  ScopedGemmThreads& operator=(const ScopedGemmThreads&) = delete;
+
+ private:
+  int saved_;
+};
 
 }  // namespace kilter::model::testing
