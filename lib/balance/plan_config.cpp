@@ -42,11 +42,18 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   opts.cut_pieces = cfg.data.cut_pieces;
   const double value_bytes = kv_value_bytes(cfg);
   opts.kv_bytes_per_token = kv_bytes_per_token(cfg.model.n_layer, cfg.model.n_embd, value_bytes);
-  const double t_link = cfg.data.cost_a * kv_link_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd, vocab,
-                                                                    value_bytes, cfg.comm.link_gbps, device_tflops(cfg));
-  // t: one layer's transfer each way (transfer_cost_coefficient = t_link / n_layer).
-  opts.cost.t = cfg.data.cost_t >= 0 ? cfg.data.cost_t : t_link / cfg.model.n_layer;
-  opts.cost.t_link = cfg.data.cost_t >= 0 ? 0.0 : t_link;
+  const double tflops = device_tflops(cfg);
+  // t charges the exposed part of the transfer (transfer_cost_coefficient: plan.h says which);
+  // t_link, the whole transfer, is reported beside it.
+  opts.cost.t = cfg.data.cost_t >= 0 ? cfg.data.cost_t
+                                     : cfg.data.cost_a * transfer_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd,
+                                                                                   vocab, value_bytes,
+                                                                                   cfg.comm.link_gbps, tflops);
+  opts.cost.t_link = cfg.data.cost_t >= 0 ? 0.0
+                                          : cfg.data.cost_a * kv_link_cost_coefficient(cfg.model.n_layer,
+                                                                                       cfg.model.n_embd, vocab,
+                                                                                       value_bytes,
+                                                                                       cfg.comm.link_gbps, tflops);
   return opts;
 }
 
