@@ -371,13 +371,18 @@ void CpuModel::block_forward(const Batch& batch, int layer, const float* residua
     attention_recompute(batch, layer, a, a.atty);
   else
     attention_forward(batch, layer, a);
+  exchange_progress(batch);
   model::matmul_forward_residual(a.residual2, residual_in, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
+  exchange_progress(batch);
   model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
   model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C, h.ln2);
+  exchange_progress(batch);
   model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
   if (recomputing) return;
+  exchange_progress(batch);
   model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C,
                                  h.fch_gelu);
+  exchange_progress(batch);
 }
 
 void CpuModel::attention_recompute(const Batch& batch, int layer, const BlockActivations& a, float* out) {
@@ -458,6 +463,7 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     for (int i = 0; i < n; ++i)
       std::memcpy(dlnf + static_cast<size_t>(target_rows_[c0 + i]) * C, head_dinputs_.data() + static_cast<size_t>(i) * C,
                   sizeof(float) * C);
+    exchange_progress(batch);
   }
 
   // Final LayerNorm: its input is the last block's output.
@@ -480,21 +486,26 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
     if (recompute_ == Recompute::block) block_forward(batch, l, residual_in, a, h, true);
     if (recompute_ == Recompute::gelu) model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
     // MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
+    exchange_progress(batch);
     model::matmul_backward_overwrite_dinp(dfch_.data(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu, p.fcproj_w, N,
                                           4 * C, C, h.fch_gelu);
+    exchange_progress(batch);
     model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(N) * 4 * C);
     model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, N, C, 4 * C,
                                           h.ln2);
+    exchange_progress(batch);
     model::layernorm_backward(dresidual, g.ln2_w, g.ln2_b, dln_.data(), a.residual2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
                               N, C);
     // Attention: residual2 = residual_in + c_proj(attn(c_attn(ln_1(residual_in))))
     model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
                                           C, C, h.atty);
+    exchange_progress(batch);
     // dln_ is free until the QKV projection's backward: the recomputed output lands there.
     if (recompute_ == Recompute::attention) attention_recompute(batch, l, a, dln_.data());
     attention_backward(batch, l, a);
     model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C,
                                           h.ln1);
+    exchange_progress(batch);
     model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
                               N, C);
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);

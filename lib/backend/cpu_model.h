@@ -87,6 +87,10 @@ class CpuModel final : public model::Model {
   // One layer's attention with the K/V exchange of cut pieces when batch.exchange is set
   // (the calls in lib/model/kv_exchange.h's order); attention_backward also zeroes dqkv_ first.
   void attention_forward(const model::Batch& batch, int layer, const BlockActivations& a);
+  // Between kernels of a micro-batch with cut pieces: lets the K/V exchange move (kv_exchange.h).
+  static void exchange_progress(const model::Batch& batch) {
+    if (batch.exchange != nullptr) batch.exchange->progress();
+  }
   void attention_backward(const model::Batch& batch, int layer, const BlockActivations& a);
   // The batch's prefixes over prefix_kv_ / prefix_dkv_ (offset null when no piece has one).
   model::AttentionPrefix attention_prefix(const model::Batch& batch) const;

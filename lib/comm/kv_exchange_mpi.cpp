@@ -352,6 +352,17 @@ void MpiKvExchange::backward_wait_add(int layer, float* dqkv) {
   d.reap_sends();
 }
 
+void MpiKvExchange::progress() {
+  Impl& d = *impl_;
+  // Completed sends free their buffers; the probe runs MPI's progress engine once more, which
+  // pushes the next fragments of the open sends and answers the peers' rendezvous requests for the
+  // open receives (the requests themselves stay with forward_wait and backward_wait_add).
+  d.reap_sends();
+  int flag = 0;
+  KILTER_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, d.comm, &flag, MPI_STATUS_IGNORE),
+                   "MPI_Iprobe (K/V exchange progress)");
+}
+
 void MpiKvExchange::finish() {
   Impl& d = *impl_;
   for (int layer = 0; layer < d.n_layer; ++layer) {

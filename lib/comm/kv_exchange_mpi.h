@@ -35,6 +35,7 @@ class MpiKvExchange final : public CutExchange {
   float* prefix_dkv(int layer, int piece) override;
   void backward_send(int layer) override;
   void backward_wait_add(int layer, float* dqkv) override;
+  void progress() override;
   void finish() override;
   const KvSchedule& schedule() const override { return schedule_; }
   double wait_seconds() const override { return wait_seconds_; }

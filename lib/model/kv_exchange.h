@@ -43,6 +43,12 @@ class KvExchange {
   // Waits for the dK/dV that later parts on other ranks computed for this micro-batch's rows and
   // adds them into dqkv's k and v columns (dqkv is (N, 3C)).
   virtual void backward_wait_add(int layer, float* dqkv) = 0;
+  // Lets the transfers posted so far move while the backend computes; never waits. The CPU
+  // backend calls it between the kernels of a layer: MPI moves a large message over TCP (and any
+  // rendezvous protocol without a progress thread) only while some MPI call runs on both sides, so
+  // without it a layer's K/V would sit in the sender's queue until its next wait. An exchange
+  // whose transfers progress by themselves (NCCL's kernels) does nothing.
+  virtual void progress() {}
 };
 
 }  // namespace kilter::model
