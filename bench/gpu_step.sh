@@ -21,7 +21,7 @@ run() {  # name precision attention graphs B T n_layer n_head n_embd vocab
   local peak_flag=()
   [[ -n "${!peak_var:-}" ]] && peak_flag=(--peak-tflops "${!peak_var}")
   local out
-  out=$(timeout 240 "$bench" --name "$1" --precision "$2" --attention "$3" --graphs "$4" --B "$5" --T "$6" \
+  out=$(timeout "${KILTER_GPU_BENCH_TIMEOUT:-240}" "$bench" --name "$1" --precision "$2" --attention "$3" --graphs "$4" --B "$5" --T "$6" \
         --n-layer "$7" --n-head "$8" --n-embd "$9" --vocab "${10}" --steps "$steps" --warmup 3 "${peak_flag[@]}" 2>&1)
   local rc=$?
   echo "$out" | grep -v '^RESULT'

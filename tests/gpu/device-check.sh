@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The GPU machine's check for the CUDA backend (issue 7), all within 8 minutes:
-#   1. binaries: prebuilt ones in $KILTER_GPU_CARRY (default build-gpu-carry/: stripped, with
-#      OpenBLAS and libstdc++ linked in, made on a build machine by
+# The GPU machine's check for the CUDA backend, within about 6 minutes:
+#   1. binaries: prebuilt ones in $KILTER_GPU_CARRY (default build-gpu-carry/: stripped, the
+#      binaries and libkilter_gpu_core.so with OpenBLAS inside, made on a build machine by
 #      `tests/gpu/device-check.sh --build-only` and brought along), else a fresh standalone build
 #      in build-gpu-standalone/ (tests/gpu/standalone: needs nvcc, cmake and OpenBLAS only);
-#   2. kilter_gpu_ops_test (every kernel vs its CPU twin) and kilter_gpu_model_test (a full
-#      training step and a 2-step run, GPU vs CPU, fp32 and bf16);
-#   3. bench/gpu_step.sh: tokens/s and MFU, small config and GPT-2 124M, fp32 and bf16;
-#   4. a short table last. Exit 0 only when every test and benchmark check passed.
+#   2. kilter_gpu_ops_test (every kernel vs its CPU twin), kilter_gpu_model_test (a full training
+#      step and short runs, GPU vs CPU, fp32 and bf16) and kilter_gpu_cut_test (pieces cut
+#      between ranks vs the uncut pieces);
+#   3. bench/gpu_step.sh: kilter's tokens/s and MFU, small config and GPT-2 124M, fp32 and bf16;
+#   4. the PyTorch peer on the same GPU (bench/torch_gpu_step.py: GPT-2 124M, bf16 autocast with
+#      flash attention and fused AdamW, eager and torch.compile; fp32), where python3 has torch;
+#   5. a short table last, with kilter / PyTorch. Exit 0 only when every test and check passed.
+# With $OUT set (the device tool), the whole log also goes to $OUT/device-check.log.
 # usage: tests/gpu/device-check.sh [--build-only] [--quick]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,6 +22,14 @@ carry=${KILTER_GPU_CARRY:-$root/build-gpu-carry}
 # sub-libraries are too large to carry: the cuDNN tests then report cuDNN unusable and the model
 # falls back to cuBLASLt attention).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$carry/lib
+# A GPU image may hold cuDNN (or cuBLAS) only inside Python wheels (nvidia-cudnn-cu13, ...): their
+# folders go ahead of the carried front library, so cuDNN finds its sub-libraries.
+for lib in libcudnn.so.9 libcublasLt.so.13; do
+  ldconfig -p 2>/dev/null | grep -q "$lib" && continue
+  [[ -e /usr/local/cuda/lib64/$lib ]] && continue
+  found=$(find /opt /usr/local/lib /usr/lib/python3 -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
+  [[ -n "$found" ]] && export LD_LIBRARY_PATH=$(dirname "$found"):$LD_LIBRARY_PATH
+done
 build_only=0 quick=""
 for arg in "$@"; do
   case "$arg" in
@@ -42,11 +54,11 @@ build_standalone() {
   [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "device-check: build failed" >&2; exit 1; }
 }
 
-binaries=(kilter_gpu_ops_test kilter_gpu_model_test kilter_bench_gpu_step)
+binaries=(kilter_gpu_ops_test kilter_gpu_model_test kilter_gpu_cut_test kilter_bench_gpu_step)
 if [[ $build_only -eq 1 ]]; then
   build_standalone
   mkdir -p "$carry"
-  for b in "${binaries[@]}"; do strip -o "$carry/$b" "$build/$b"; done
+  for b in "${binaries[@]}" libkilter_gpu_core.so; do strip -o "$carry/$b" "$build/$b"; done
   mkdir -p "$carry/lib"
   cudnn_front=$(ldd "$carry/kilter_gpu_ops_test" | awk '/libcudnn\.so/ {print $3}')
   [[ -n "$cudnn_front" ]] && cp -L "$cudnn_front" "$carry/lib/"
@@ -55,6 +67,7 @@ if [[ $build_only -eq 1 ]]; then
   exit 0
 fi
 
+if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then exec > >(tee "$OUT/device-check.log") 2>&1; fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if [[ -x "$carry/kilter_gpu_ops_test" ]] && ! ldd "$carry/kilter_gpu_ops_test" | grep -q "not found"; then
   say "using prebuilt binaries in $carry"
@@ -63,24 +76,54 @@ else
   [[ -x "$carry/kilter_gpu_ops_test" ]] && { ldd "$carry/kilter_gpu_ops_test" | grep "not found"; say "prebuilt binaries miss libraries here"; }
   build_standalone
 fi
+ldd "$build/kilter_gpu_ops_test" | grep -E "cudnn|cublasLt|cudart" | sed 's/^/  /'
 
 declare -A result
-for t in ops model; do
+for t in ops model cut; do
   say "kilter_gpu_${t}_test"
-  timeout 180 "$build/kilter_gpu_${t}_test"
+  timeout "${KILTER_GPU_TEST_TIMEOUT:-150}" "$build/kilter_gpu_${t}_test"
   rc=$?
   case $rc in 0) result[$t]=pass ;; 77) result[$t]=skipped ;; *) result[$t]="FAIL(rc=$rc)" ;; esac
 done
 
-say "benchmark"
-bench_out=$("$root/bench/gpu_step.sh" "$build/kilter_bench_gpu_step" $quick 2>&1)
+say "benchmark: kilter"
+bench_out=$(KILTER_GPU_BENCH_TIMEOUT=${KILTER_GPU_BENCH_TIMEOUT:-90} "$root/bench/gpu_step.sh" "$build/kilter_bench_gpu_step" $quick 2>&1)
 bench_rc=$?
 echo "$bench_out" | sed '/^config /,$d'
 case $bench_rc in 0) result[bench]=pass ;; 77) result[bench]=skipped ;; *) result[bench]="FAIL(rc=$bench_rc)" ;; esac
 
+# The peer: PyTorch on the same GPU and shape (GPT-2 124M, B 16, T 1024).
+peer_rows=()
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  for spec in "bf16 eager" "bf16 compile" "fp32 eager"; do
+    set -- $spec
+    say "benchmark: PyTorch $1 $2"
+    flag=(); [[ $2 == compile ]] && flag=(--compile)
+    line=$(timeout "${KILTER_TORCH_TIMEOUT:-180}" python3 "$root/bench/torch_gpu_step.py" --precision "$1" "${flag[@]}" \
+           --steps "$([[ -n $quick ]] && echo 4 || echo 10)" 2>&1 | tail -1)
+    echo "  $line"
+    peer_rows+=("$1 $2 $(sed -n 's/.*"tokens_per_s": \([0-9.]*\).*"check": "\([^"]*\)".*/\1 \2/p' <<<"$line")")
+  done
+else
+  say "no PyTorch with CUDA here: the peer is not measured"
+fi
+
 echo
 say "summary"
-printf 'gpu_ops_test: %s   gpu_model_test: %s   benchmark checks: %s\n' "${result[ops]}" "${result[model]}" "${result[bench]}"
+printf 'gpu_ops_test: %s   gpu_model_test: %s   gpu_cut_test: %s   kilter benchmark checks: %s\n' \
+  "${result[ops]}" "${result[model]}" "${result[cut]}" "${result[bench]}"
 echo "$bench_out" | sed -n '/^config /,$p'
+if [[ ${#peer_rows[@]} -gt 0 ]]; then
+  # kilter's best GPT-2 124M row per precision against PyTorch's best.
+  best_kilter() { echo "$bench_out" | awk -v p="$1" '$1 == "gpt2-124m" && $2 == p && $NF == "ok" && $7 > b {b = $7} END {print b + 0}'; }
+  best_torch() { printf '%s\n' "${peer_rows[@]}" | awk -v p="$1" '$1 == p && $4 == "ok" && $3 > b {b = $3} END {print b + 0}'; }
+  echo
+  printf '%-28s %12s\n' "PyTorch GPT-2 124M" tokens/s
+  for row in "${peer_rows[@]}"; do set -- $row; printf '%-28s %12s %s\n' "$1 $2" "${3:-n/a}" "${4:-failed}"; done
+  for p in bf16 fp32; do
+    k=$(best_kilter $p) t=$(best_torch $p)
+    awk -v p=$p -v k="$k" -v t="$t" 'BEGIN {printf "kilter / PyTorch, %s (best of each): %s / %s = %s\n", p, k, t, (k > 0 && t > 0) ? sprintf("%.2fx", k / t) : "n/a"}'
+  done
+fi
 for v in "${result[@]}"; do [[ "$v" == pass ]] || exit 1; done
 exit 0
