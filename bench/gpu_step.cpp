@@ -7,6 +7,7 @@
 // Prints a human line and a `RESULT key=value ...` line; exit 1 if the check fails.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +33,8 @@ struct Options {
   std::string precision = "bf16";
   std::string attention = "auto";
   bool graphs = false;
+  std::string recompute = "none";
+  int shard_ranks = 1;  // > 1: hold the AdamW moments of 1/shard_ranks of the buffer (rank 0 of a ZeRO-1 run)
   int steps = 10, warmup = 3;
   double peak_tflops = 0.0;
 };
@@ -39,7 +42,8 @@ struct Options {
 void usage() {
   std::printf("usage: kilter_bench_gpu_step [--name S] [--n-layer L] [--n-head H] [--n-embd C] [--vocab V]\n"
               "         [--B rows] [--T tokens] [--precision fp32|bf16] [--attention auto|cudnn|cublaslt]\n"
-              "         [--graphs 0|1] [--steps N] [--warmup N] [--peak-tflops X]\n");
+              "         [--graphs 0|1] [--recompute none|gelu|attention|block] [--shard-ranks P]\n"
+              "         [--steps N] [--warmup N] [--peak-tflops X]\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -65,6 +69,8 @@ Options parse(int argc, char** argv) {
     else if (flag == "--precision") o.precision = value;
     else if (flag == "--attention") o.attention = value;
     else if (flag == "--graphs") o.graphs = value == "1" || value == "on" || value == "true";
+    else if (flag == "--recompute") o.recompute = value;
+    else if (flag == "--shard-ranks") o.shard_ranks = std::stoi(value);
     else if (flag == "--steps") o.steps = std::stoi(value);
     else if (flag == "--warmup") o.warmup = std::stoi(value);
     else if (flag == "--peak-tflops") o.peak_tflops = std::stod(value);
@@ -105,6 +111,9 @@ int main(int argc, char** argv) {
     backend.precision = o.precision;
     backend.attention = o.attention;
     backend.cuda_graphs = o.graphs;
+    backend.recompute = o.recompute;
+    size_t free_before = 0, total_memory = 0;
+    KILTER_CUDA_CHECK(cudaMemGetInfo(&free_before, &total_memory));
     std::unique_ptr<km::Model> model;
     try {
       model = kilter::backend::make_cuda_model(o.cfg, 1, backend);
@@ -118,6 +127,10 @@ int main(int argc, char** argv) {
     std::printf("%s\n", model->describe().c_str());
     const bool cudnn_attention = model->describe().find("cuDNN") != std::string::npos &&
                                  model->describe().find("(cuDNN:") == std::string::npos;
+    if (o.shard_ranks > 1) {
+      const size_t padded = model->layout().padded_size, share = (padded + o.shard_ranks - 1) / o.shard_ranks;
+      model->shard_optimizer({{0, share}});
+    }
     model->init_params(1337);
     model->reserve(o.B * o.T, o.T);
     // B packed pieces of T tokens each.
@@ -162,6 +175,11 @@ int main(int argc, char** argv) {
     model->synchronize();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (o.graphs) std::printf("after the run: %s\n", model->describe().c_str());
+    // Device memory the model took (state, moments, arena, engine workspaces): free memory before
+    // it was made minus free memory after the run.
+    size_t free_after = 0;
+    KILTER_CUDA_CHECK(cudaMemGetInfo(&free_after, &total_memory));
+    const double model_gib = static_cast<double>(free_before - std::min(free_before, free_after)) / (1u << 30);
 
     const km::ParamLayout& layout = model->layout();
     const double wpe = static_cast<double>(layout.find("transformer.wpe.weight").size);
@@ -171,14 +189,17 @@ int main(int argc, char** argv) {
     const double achieved_tflops = flops_per_token * tokens_per_s / 1e12;
     const double mfu = peak > 0 ? achieved_tflops / peak : NAN;
     const bool ok = std::isfinite(first_loss) && std::isfinite(last_loss) && last_loss < first_loss;
-    std::printf("%-10s %-5s B=%-3d T=%-5d params=%.1fM  %.1f ms/step  %.0f tokens/s  %.1f TFLOP/s  MFU %s  "
-                "loss %.4f -> %.4f %s\n",
-                o.name.c_str(), o.precision.c_str(), o.B, o.T, layout.num_params / 1e6, 1e3 * seconds / o.steps,
+    std::printf("%-10s %-5s B=%-3d T=%-5d params=%.1fM  recompute %s  shard 1/%d  %.2f GiB  %.1f ms/step  %.0f tokens/s  "
+                "%.1f TFLOP/s  MFU %s  loss %.4f -> %.4f %s\n",
+                o.name.c_str(), o.precision.c_str(), o.B, o.T, layout.num_params / 1e6, o.recompute.c_str(),
+                o.shard_ranks, model_gib, 1e3 * seconds / o.steps,
                 tokens_per_s, achieved_tflops, peak > 0 ? (std::to_string(100.0 * mfu).substr(0, 5) + "%").c_str() : "n/a",
                 first_loss, last_loss, ok ? "(check ok)" : "(CHECK FAILED: loss must be finite and fall)");
-    std::printf("RESULT name=%s precision=%s attention=%s graphs=%d B=%d T=%d device=\"%s\" tokens_per_s=%.1f "
+    std::printf("RESULT name=%s precision=%s attention=%s graphs=%d recompute=%s shard=%d memory_gib=%.3f B=%d T=%d "
+                "device=\"%s\" tokens_per_s=%.1f "
                 "ms_per_step=%.3f tflops=%.2f peak_tflops=%.1f mfu=%.4f first_loss=%.5f last_loss=%.5f check=%s\n",
-                o.name.c_str(), o.precision.c_str(), cudnn_attention ? "cudnn" : "cublaslt", o.graphs ? 1 : 0, o.B, o.T,
+                o.name.c_str(), o.precision.c_str(), cudnn_attention ? "cudnn" : "cublaslt", o.graphs ? 1 : 0,
+                o.recompute.c_str(), o.shard_ranks, model_gib, o.B, o.T,
                 prop.name, tokens_per_s, 1e3 * seconds / o.steps,
                 achieved_tflops, peak, peak > 0 ? mfu : -1.0, first_loss, last_loss, ok ? "ok" : "failed");
     return ok ? 0 : 1;

@@ -4,6 +4,9 @@
 # 50257, T=1024): fp32 and bf16 GEMM math with cuBLASLt attention, bf16 with CUDA graphs, and bf16
 # with cuDNN attention ("attn" in the table says which engine ran: cublaslt where cuDNN is not
 # usable). Prints tokens/s and MFU per run, then a table.
+# Then memory (issue 24): GPT-2 124M with train.recompute = gelu, attention, block, and block with
+# the AdamW moments of 1/8 of the buffer (rank 0 of a ZeRO-1 run of 8), and the GPT-2 large
+# shape (774M) without and with both; GiB is the device memory the model took.
 # usage: bench/gpu_step.sh [path/to/kilter_bench_gpu_step] [--quick]
 # MFU = (6 * (params - wpe) + 12 * n_layer * n_embd * T) * tokens/s / peak; peak is the H100/H200
 # datasheet (dense bf16 989.4 TFLOP/s; fp32 66.9) unless KILTER_PEAK_TFLOPS_BF16/_FP32 are set.
@@ -16,13 +19,14 @@ steps=10
 
 results=()
 status=0
-run() {  # name precision attention graphs B T n_layer n_head n_embd vocab
+run() {  # name precision attention graphs B T n_layer n_head n_embd vocab [recompute] [shard_ranks]
   local peak_var="KILTER_PEAK_TFLOPS_${2^^}"
   local peak_flag=()
   [[ -n "${!peak_var:-}" ]] && peak_flag=(--peak-tflops "${!peak_var}")
   local out
   out=$(timeout "${KILTER_GPU_BENCH_TIMEOUT:-240}" "$bench" --name "$1" --precision "$2" --attention "$3" --graphs "$4" --B "$5" --T "$6" \
-        --n-layer "$7" --n-head "$8" --n-embd "$9" --vocab "${10}" --steps "$steps" --warmup 3 "${peak_flag[@]}" 2>&1)
+        --n-layer "$7" --n-head "$8" --n-embd "$9" --vocab "${10}" --recompute "${11:-none}" --shard-ranks "${12:-1}" \
+        --steps "$steps" --warmup 3 "${peak_flag[@]}" 2>&1)
   local rc=$?
   echo "$out" | grep -v '^RESULT'
   if [[ $rc -eq 77 ]]; then status=77; return; fi
@@ -40,16 +44,24 @@ run gpt2-124m fp32 cublaslt 0 "${gpt2[@]}"
 run gpt2-124m bf16 cublaslt 0 "${gpt2[@]}"
 run gpt2-124m bf16 cublaslt 1 "${gpt2[@]}"
 run gpt2-124m bf16 cudnn 0 "${gpt2[@]}"
+# Memory (issue 24): activation recomputation and the sharded optimizer (this rank's 1/8 of the
+# moments, as rank 0 of 8 holds them), on GPT-2 124M and on the GPT-2 large shape (774M).
+for mode in gelu attention block; do run gpt2-124m bf16 cublaslt 0 "${gpt2[@]}" $mode; done
+run gpt2-124m bf16 cublaslt 0 "${gpt2[@]}" block 8
+large=(8 1024 36 20 1280 50257)
+run gpt2-774m bf16 cublaslt 0 "${large[@]}"
+run gpt2-774m bf16 cublaslt 0 "${large[@]}" block 8
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 echo
-printf '%-10s %-5s %-8s %6s %4s %5s %12s %10s %8s %7s %s\n' config prec attn graphs B T tokens/s ms/step TFLOP/s MFU check
+printf '%-10s %-5s %-8s %6s %-9s %5s %4s %5s %7s %12s %10s %8s %7s %s\n' config prec attn graphs recompute shard B T GiB \
+  tokens/s ms/step TFLOP/s MFU check
 for r in "${results[@]}"; do
   mfu=$(field mfu "$r")
   [[ -n "$mfu" && "$mfu" != "-1.0000" ]] && mfu=$(awk -v m="$mfu" 'BEGIN{printf "%.1f%%", 100*m}') || mfu=n/a
-  printf '%-10s %-5s %-8s %6s %4s %5s %12s %10s %8s %7s %s\n' "$(field name "$r")" "$(field precision "$r")" \
-    "$(field attention "$r")" "$(field graphs "$r")" \
-    "$(field B "$r")" "$(field T "$r")" "$(field tokens_per_s "$r")" "$(field ms_per_step "$r")" \
+  printf '%-10s %-5s %-8s %6s %-9s %5s %4s %5s %7s %12s %10s %8s %7s %s\n' "$(field name "$r")" "$(field precision "$r")" \
+    "$(field attention "$r")" "$(field graphs "$r")" "$(field recompute "$r")" "1/$(field shard "$r")" \
+    "$(field B "$r")" "$(field T "$r")" "$(field memory_gib "$r")" "$(field tokens_per_s "$r")" "$(field ms_per_step "$r")" \
     "$(field tflops "$r")" "$mfu" "$(field check "$r")"
 done
 exit $status

@@ -2,8 +2,10 @@
 // (lib/backend/cuda_ops.h) in exactly CpuModel's order, so the CPU backend is its oracle
 // (tests/gpu/). fp32 master weights, gradients, AdamW moments and activations; precision "bf16"
 // switches the GEMMs to bf16 tensor-core math with fp32 accumulation. Device memory: one
-// persistent state allocation (params, grads, m, v) and one activation arena sized by reserve()
-// (grown, with the stream drained first, if a larger micro-batch arrives). The arena's size grows
+// persistent state allocation (params, grads), the AdamW moments of the owned ranges (all of
+// them, or 1/P with train.shard_optimizer: shard_optimizer()), and one activation arena sized by
+// reserve() (grown, with the stream drained first, if a larger micro-batch arrives);
+// train.recompute shrinks the arena (recompute_ below). The arena's size grows
 // with the tokens (N) and the attention floats (NH * sum(B*T^2) over the attention groups), so
 // reserve(max_tokens, block_size) covers micro-batches of full-context pieces; a batch whose
 // groups pad more grows it once. Every kernel runs on cuda_compute_stream(); inputs go up on a
@@ -30,7 +32,7 @@
 // compute stream is drained before each send and before backward_wait_add, and the exchange's
 // device work is complete or ordered on cuda_compute_stream() when its calls return. A batch with
 // an exchange runs eagerly (no CUDA graphs: host calls sit between the kernels).
-// UNTESTED on a device (docs/gpu.md): compiled in CI; tests/gpu has no cut-piece case yet.
+// tests/gpu/gpu_cut_test.cpp compares it with the uncut pieces on the device (docs/gpu.md).
 // CUDA graphs (train.cuda_graphs): forward+loss, the LM-head backward, each block's backward and
 // the embedding backward are captured once per batch layout (N, the pieces, the attention
 // groups) and replayed where the replay is
@@ -135,6 +137,10 @@ class CudaModel final : public model::Model {
   void get_params(float* host) const override;
   void get_optimizer_state(float* m, float* v) const override;
   void set_optimizer_state(const float* m, const float* v) override;
+  bool supports_optimizer_shard() const override { return true; }
+  void shard_optimizer(const std::vector<model::ParamRange>& owned) override;
+  std::vector<model::ParamRange> optimizer_ranges() const override { return owned_; }
+  void get_optimizer_shard(float* m, float* v, size_t first, size_t count) const override;
 
   double forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) override;
   double forward_loss(const Batch& batch) override;
@@ -211,6 +217,19 @@ class CudaModel final : public model::Model {
   GPTConfig cfg_;
   model::ParamLayout layout_;
   model::BackendOptions options_;
+  // train.recompute: what the forward keeps per layer (docs/model.md, "Activation recomputation").
+  // gelu: the GELU output lives in one slice shared by the layers and is recomputed from fch before
+  // the MLP projection's backward; attention: the attention's saved state (softmax or cuDNN's
+  // statistics) is shared and the layer's attention forward reruns before its backward; block:
+  // every activation of a layer but its output (residual3) is shared, and the whole block forward
+  // reruns from the layer's input at the start of its backward.
+  enum class Recompute { none, gelu, attention, block };
+  Recompute recompute_ = Recompute::none;
+  // Reruns layer l's attention forward (groups and later parts, no exchange calls: the prefixes
+  // stay valid until the layer's backward_wait_add) into `out`, refilling a.att.
+  void attention_recompute(int layer, const BlockActivations& a, float* out);
+  // Reruns layer l's block forward into the shared slices (recompute = block).
+  void block_recompute(int layer);
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
@@ -246,8 +265,20 @@ class CudaModel final : public model::Model {
   void drop_graphs();
   float* scale_device_ = nullptr;
 
-  float* state_ = nullptr;  // params, grads, m, v: padded_size floats each
-  float *params_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
+  float* state_ = nullptr;  // params, grads: padded_size floats each
+  float *params_ = nullptr, *grads_ = nullptr;
+  // AdamW moments of the owned ranges, range after range ({[0, num_params)} unless sharded), in
+  // one allocation (m, then v) made on first use, so that a sharded model never holds the full
+  // moments (train.shard_optimizer, ZeRO-1: the reducer decides the ranges).
+  std::vector<model::ParamRange> owned_;
+  bool sharded_ = false;
+  float *adam_m_ = nullptr, *adam_v_ = nullptr;
+  size_t moments_held_ = 0;  // floats of each moment allocated (0: none yet)
+  size_t owned_floats() const;
+  void ensure_moments();
+  void release_moments();
+  double* range_norms_ = nullptr;  // per owned range: its squared gradient norm (device)
+  size_t range_norms_capacity_ = 0;
   double* loss_device_ = nullptr;   // [0] loss sum, [1] squared norm, then norm scratch
   double* host_scalars_ = nullptr;  // pinned: [0] loss, [1] squared norm
   // Two upload slots used in turn, each a pinned host buffer and a device buffer for inputs,
@@ -278,10 +309,11 @@ CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::Bac
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
   KILTER_CHECK(options_.attention == "auto" || options_.attention == "cudnn" || options_.attention == "cublaslt",
                "train.attention=" << options_.attention << " is not one of auto, cudnn, cublaslt");
-  KILTER_CHECK(options_.recompute == "none",
-               "train.recompute=" << options_.recompute
-                                  << " is not available on the cuda backend yet (the cpu backend has it); set "
-                                     "train.recompute = none");
+  if (options_.recompute == "none") recompute_ = Recompute::none;
+  else if (options_.recompute == "gelu") recompute_ = Recompute::gelu;
+  else if (options_.recompute == "attention") recompute_ = Recompute::attention;
+  else if (options_.recompute == "block") recompute_ = Recompute::block;
+  else KILTER_FAIL("train.recompute=" << options_.recompute << " is not one of none, gelu, attention, block");
   KILTER_CHECK(cfg_.n_embd % cfg_.n_head == 0,
                "model.n_embd=" << cfg_.n_embd << " is not a multiple of model.n_head=" << cfg_.n_head);
   device_ = cuda_device_index();
@@ -322,12 +354,11 @@ CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::Bac
   }
 
   const size_t padded = align_up(layout_.padded_size);
-  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(float) * padded * 4));
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(float) * padded * 2));
   params_ = state_;
   grads_ = state_ + padded;
-  adam_m_ = state_ + 2 * padded;
-  adam_v_ = state_ + 3 * padded;
-  KILTER_CUDA_CHECK(cudaMemsetAsync(state_, 0, sizeof(float) * padded * 4, stream_));
+  KILTER_CUDA_CHECK(cudaMemsetAsync(state_, 0, sizeof(float) * padded * 2, stream_));
+  owned_ = {{0, layout_.num_params}};
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_),
                                sizeof(double) * (2 + kc::sum_of_squares_scratch_doubles())));
   KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), sizeof(double) * 2));
@@ -354,6 +385,8 @@ CudaModel::~CudaModel() {
   cudaFree(scale_device_);
   cudaFree(arena_);
   cudaFree(state_);
+  cudaFree(adam_m_);
+  cudaFree(range_norms_);
   cudaFree(loss_device_);
   cudaFreeHost(host_scalars_);
   for (UploadSlot& slot : slots_) {
@@ -409,19 +442,43 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& la
   a.prefixed_saved_offset = std::move(prefixed_saved_offset);
   a.encoded = carver.take(tokens * C);
   a.blocks.resize(cfg_.n_layer);
+  // Slices the recompute modes share among the layers (see recompute_).
+  const bool block = recompute_ == Recompute::block;
+  float* shared_att = recompute_ == Recompute::attention ? carver.take(att_slice) : nullptr;
+  float* shared_gelu = recompute_ == Recompute::gelu ? carver.take(tokens * 4 * C) : nullptr;
+  BlockActivations shared{};
+  if (block) {
+    shared.ln1 = carver.take(tokens * C);
+    shared.ln1_mean = carver.take(tokens);
+    shared.ln1_rstd = carver.take(tokens);
+    shared.qkv = carver.take(tokens * 3 * C);
+    shared.atty = carver.take(tokens * C);
+    shared.att = carver.take(att_slice);
+    shared.residual2 = carver.take(tokens * C);
+    shared.ln2 = carver.take(tokens * C);
+    shared.ln2_mean = carver.take(tokens);
+    shared.ln2_rstd = carver.take(tokens);
+    shared.fch = carver.take(tokens * 4 * C);
+    shared.fch_gelu = carver.take(tokens * 4 * C);
+  }
   for (BlockActivations& b : a.blocks) {
+    if (block) {
+      b = shared;
+      b.residual3 = carver.take(tokens * C);
+      continue;
+    }
     b.ln1 = carver.take(tokens * C);
     b.ln1_mean = carver.take(tokens);
     b.ln1_rstd = carver.take(tokens);
     b.qkv = carver.take(tokens * 3 * C);
     b.atty = carver.take(tokens * C);
-    b.att = carver.take(att_slice);
+    b.att = shared_att != nullptr ? shared_att : carver.take(att_slice);
     b.residual2 = carver.take(tokens * C);
     b.ln2 = carver.take(tokens * C);
     b.ln2_mean = carver.take(tokens);
     b.ln2_rstd = carver.take(tokens);
     b.fch = carver.take(tokens * 4 * C);
-    b.fch_gelu = carver.take(tokens * 4 * C);
+    b.fch_gelu = shared_gelu != nullptr ? shared_gelu : carver.take(tokens * 4 * C);
     b.residual3 = carver.take(tokens * C);
   }
   a.lnf = carver.take(tokens * C);
@@ -482,6 +539,7 @@ void CudaModel::reserve(int max_tokens, int context) {
   layout.pieces = static_cast<int>(cu_seqlens.size()) - 1;
   layout.max_len = std::min(max_tokens, context);
   layout.groups.build(cu_seqlens.data(), layout.pieces, cfg_.block_size);
+  ensure_moments();  // before the arena: the state first, and no allocation left for the first step
   ArenaCarver measure(nullptr);
   ensure_arena(carve(measure, nullptr, layout), layout);
 }
@@ -908,6 +966,38 @@ void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
   exchange_->backward_wait_add(layer, x.dqkv);
 }
 
+void CudaModel::attention_recompute(int layer, const BlockActivations& a, float* out) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  BlockActivations into = a;
+  into.atty = out;
+  attention_forward_groups(into);
+  const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
+  for (size_t k = 0; k < prefixed.size(); ++k) {
+    const PrefixedPiece& part = prefixed[k];
+    kc::attention_prefix_forward(*g_, out + static_cast<size_t>(part.first_row) * C,
+                                 a.att + acts_.prefixed_saved_offset[k],
+                                 a.qkv + static_cast<size_t>(part.first_row) * 3 * C,
+                                 exchange_->prefix_kv(layer, part.piece), part.offset, part.len, C, NH,
+                                 acts_.attention_workspace);
+  }
+}
+
+void CudaModel::block_recompute(int l) {
+  const int C = cfg_.n_embd;
+  const int N = layout_now_.N;
+  const BlockTensors p = block_tensors(params_, l);
+  const BlockActivations& a = acts_.blocks[l];
+  const float* residual = l == 0 ? acts_.encoded : acts_.blocks[l - 1].residual3;
+  // The forward's kernels in its order, but for the output projection (residual3 is kept).
+  kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C, s_);
+  kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
+  attention_recompute(l, a, a.atty);
+  kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, N, C, C);
+  kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C, s_);
+  kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
+  kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C, s_);
+}
+
 void CudaModel::forward_kernels() {
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int N = layout_now_.N;
@@ -963,6 +1053,8 @@ void CudaModel::backward_block_kernels(int l) {
   const BlockTensors g = block_tensors(grads_, l);
   const BlockActivations& act = a.blocks[l];
   const float* residual_in = l == 0 ? a.encoded : a.blocks[l - 1].residual3;
+  if (recompute_ == Recompute::block) block_recompute(l);
+  if (recompute_ == Recompute::gelu) kc::gelu_forward(act.fch_gelu, act.fch, static_cast<size_t>(N) * 4 * C, s_);
   kc::matmul_backward(*g_, a.dfch, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, N, 4 * C, C,
                       scratch, false);
   kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(N) * 4 * C, s_, /*accumulate=*/false);
@@ -971,6 +1063,9 @@ void CudaModel::backward_block_kernels(int l) {
                          N, C, scratch, s_);
   kc::matmul_backward(*g_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, N, C, C, scratch,
                       false);
+  // dln is free from the layernorm backward above until the QKV projection's backward: the
+  // recomputed attention output (equal to act.atty, not needed) lands there.
+  if (recompute_ == Recompute::attention) attention_recompute(l, act, a.dln);
   attention_backward_layer(l, act);
   kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, N, C, 3 * C, scratch, false);
   kc::layernorm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, N,
@@ -1017,8 +1112,7 @@ void CudaModel::init_params(uint64_t seed) {
   cuda_device_index();
   KILTER_CUDA_CHECK(cudaMemcpyAsync(params_, host.data(), sizeof(float) * layout_.padded_size, cudaMemcpyHostToDevice,
                                     stream_));
-  KILTER_CUDA_CHECK(cudaMemsetAsync(adam_m_, 0, sizeof(float) * layout_.padded_size, stream_));
-  KILTER_CUDA_CHECK(cudaMemsetAsync(adam_v_, 0, sizeof(float) * layout_.padded_size, stream_));
+  if (moments_held_ > 0) KILTER_CUDA_CHECK(cudaMemsetAsync(adam_m_, 0, sizeof(float) * 2 * moments_held_, stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` goes out of scope
 }
 
@@ -1034,17 +1128,114 @@ void CudaModel::get_params(float* host) const {
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+size_t CudaModel::owned_floats() const {
+  size_t total = 0;
+  for (const model::ParamRange& r : owned_) total += r.count;
+  return total;
+}
+
+void CudaModel::ensure_moments() {
+  const size_t total = owned_floats();
+  if (moments_held_ == total && adam_m_ != nullptr) return;
+  release_moments();
+  float* moments = nullptr;
+  const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&moments), sizeof(float) * 2 * std::max<size_t>(total, 1));
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    KILTER_FAIL("cuda backend: cannot allocate the AdamW moments (" << (sizeof(float) * 2 * total >> 20) << " MiB) on device "
+                << device_ << " (" << cudaGetErrorString(status) << "); set train.shard_optimizer = true to hold "
+                << "1/world_size of them per rank, or use more ranks");
+  }
+  KILTER_CUDA_CHECK(cudaMemsetAsync(moments, 0, sizeof(float) * 2 * total, stream_));
+  adam_m_ = moments;
+  adam_v_ = moments + total;
+  moments_held_ = total;
+}
+
+void CudaModel::release_moments() {
+  if (adam_m_ == nullptr) return;
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaFree(adam_m_);
+  adam_m_ = adam_v_ = nullptr;
+  moments_held_ = 0;
+}
+
 void CudaModel::get_optimizer_state(float* m, float* v) const {
+  KILTER_CHECK(!sharded_, "CudaModel::get_optimizer_state: the optimizer is sharded; use get_optimizer_shard");
+  get_optimizer_shard(m, v, 0, layout_.num_params);
+}
+
+void CudaModel::get_optimizer_shard(float* m, float* v, size_t first, size_t count) const {
+  const size_t total = owned_floats();
+  KILTER_CHECK(first + count <= total, "CudaModel::get_optimizer_shard: [" << first << ", " << first + count
+                                                                           << ") beyond the " << total << " held");
+  if (adam_m_ == nullptr) {  // no step taken yet
+    std::fill(m, m + count, 0.0f);
+    std::fill(v, v + count, 0.0f);
+    return;
+  }
   cuda_device_index();
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(m, adam_m_, sizeof(float) * layout_.num_params, cudaMemcpyDeviceToHost, stream_));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(v, adam_v_, sizeof(float) * layout_.num_params, cudaMemcpyDeviceToHost, stream_));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(m, adam_m_ + first, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(v, adam_v_ + first, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+// m and v: num_params floats each (the full moments, as a checkpoint holds them); this rank
+// keeps its owned ranges of them.
 void CudaModel::set_optimizer_state(const float* m, const float* v) {
   cuda_device_index();
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_m_, m, sizeof(float) * layout_.num_params, cudaMemcpyHostToDevice, stream_));
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_v_, v, sizeof(float) * layout_.num_params, cudaMemcpyHostToDevice, stream_));
+  ensure_moments();
+  size_t dst = 0;
+  for (const model::ParamRange& r : owned_) {
+    // Only the first num_params floats exist in m and v; the padding's moments stay 0.
+    const size_t end = std::min(r.offset + r.count, layout_.num_params);
+    if (r.offset < end) {
+      KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_m_ + dst, m + r.offset, sizeof(float) * (end - r.offset),
+                                        cudaMemcpyHostToDevice, stream_));
+      KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_v_ + dst, v + r.offset, sizeof(float) * (end - r.offset),
+                                        cudaMemcpyHostToDevice, stream_));
+    }
+    dst += r.count;
+  }
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
+  for (const model::ParamRange& r : owned)
+    KILTER_CHECK(r.offset + r.count <= layout_.padded_size, "CudaModel::shard_optimizer: range [" << r.offset << ", "
+                                                                << r.offset + r.count << ") beyond the buffer ("
+                                                                << layout_.padded_size << ")");
+  cuda_device_index();
+  // Keep what is held for the new ranges (a resume that loaded the full moments first): through
+  // the host, once, at setup.
+  std::vector<float> held_m, held_v;
+  const std::vector<model::ParamRange> held_ranges = owned_;
+  if (adam_m_ != nullptr) {
+    held_m.resize(moments_held_);
+    held_v.resize(moments_held_);
+    get_optimizer_shard(held_m.data(), held_v.data(), 0, moments_held_);
+  }
+  release_moments();
+  owned_ = owned;
+  sharded_ = true;
+  if (held_m.empty()) return;  // nothing held yet: allocated on first use
+  std::vector<float> m(owned_floats(), 0.0f), v(m.size(), 0.0f);
+  size_t dst = 0;
+  for (const model::ParamRange& r : owned_) {
+    size_t src = 0;
+    for (const model::ParamRange& h : held_ranges) {
+      const size_t lo = std::max(r.offset, h.offset), hi = std::min(r.offset + r.count, h.offset + h.count);
+      if (lo < hi) {
+        std::copy(held_m.begin() + (src + lo - h.offset), held_m.begin() + (src + hi - h.offset), m.begin() + (dst + lo - r.offset));
+        std::copy(held_v.begin() + (src + lo - h.offset), held_v.begin() + (src + hi - h.offset), v.begin() + (dst + lo - r.offset));
+      }
+      src += h.count;
+    }
+    dst += r.count;
+  }
+  ensure_moments();
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_m_, m.data(), sizeof(float) * m.size(), cudaMemcpyHostToDevice, stream_));
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_v_, v.data(), sizeof(float) * v.size(), cudaMemcpyHostToDevice, stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -1055,27 +1246,61 @@ void CudaModel::zero_grads() {
 
 double CudaModel::grad_norm_squared() {
   cuda_device_index();
-  kc::sum_of_squares_async(loss_device_ + 1, grads_, layout_.num_params, loss_device_ + 2, stream_);
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(host_scalars_ + 1, loss_device_ + 1, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  // Per owned range (a deterministic device sum each), then over the ranges on the host in order
+  // (unsharded: one range, the same sum as ever).
+  const size_t ranges = owned_.size();
+  if (ranges > range_norms_capacity_) {
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaFree(range_norms_);
+    range_norms_ = nullptr;
+    range_norms_capacity_ = 0;
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&range_norms_), sizeof(double) * ranges));
+    range_norms_capacity_ = ranges;
+  }
+  std::vector<double> norms(ranges, 0.0);
+  std::vector<char> counted(ranges, 0);
+  for (size_t i = 0; i < ranges; ++i) {
+    const size_t end = std::min(owned_[i].offset + owned_[i].count, layout_.num_params);
+    if (owned_[i].offset >= end) continue;
+    kc::sum_of_squares_async(range_norms_ + i, grads_ + owned_[i].offset, end - owned_[i].offset, loss_device_ + 2,
+                             stream_);
+    counted[i] = 1;
+  }
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(norms.data(), range_norms_, sizeof(double) * ranges, cudaMemcpyDeviceToHost, stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return host_scalars_[1];
+  double total = 0.0;
+  for (size_t i = 0; i < ranges; ++i)
+    if (counted[i]) total += norms[i];
+  return total;
 }
 
 void CudaModel::adamw_step(const model::AdamWParams& p) {
   cuda_device_index();
-  // One launch per run of consecutive tensors that share the decay flag (the layout alternates
-  // 2-D weights and 1-D biases, so runs are short, but this keeps the formula per tensor exact).
-  const auto& tensors = layout_.tensors;
-  for (size_t i = 0; i < tensors.size();) {
-    size_t j = i + 1;
-    while (j < tensors.size() && tensors[j].decay == tensors[i].decay &&
-           tensors[j].offset == tensors[j - 1].offset + tensors[j - 1].size)
-      ++j;
-    const size_t offset = tensors[i].offset;
-    const size_t count = tensors[j - 1].offset + tensors[j - 1].size - offset;
-    kc::adamw_update(params_ + offset, grads_ + offset, adam_m_ + offset, adam_v_ + offset, count, p.lr, p.beta1,
-                     p.beta2, p.eps, tensors[i].decay ? p.weight_decay : 0.0f, p.grad_scale, p.t, stream_);
-    i = j;
+  ensure_moments();
+  // Every tensor's part inside every owned range (unsharded: every tensor whole), one launch per
+  // run of consecutive parts that share the decay flag (the layout alternates 2-D weights and 1-D
+  // biases, so runs are short, but this keeps the formula per tensor exact).
+  size_t base = 0;
+  for (const model::ParamRange& r : owned_) {
+    size_t run_lo = 0, run_hi = 0;
+    bool run_decay = false;
+    auto flush = [&] {
+      if (run_hi > run_lo) {
+        const size_t k = base + (run_lo - r.offset);
+        kc::adamw_update(params_ + run_lo, grads_ + run_lo, adam_m_ + k, adam_v_ + k, run_hi - run_lo, p.lr, p.beta1,
+                         p.beta2, p.eps, run_decay ? p.weight_decay : 0.0f, p.grad_scale, p.t, stream_);
+      }
+      run_lo = run_hi = 0;
+    };
+    for (const model::ParamTensor& tensor : layout_.tensors) {
+      const size_t lo = std::max(r.offset, tensor.offset), hi = std::min(r.offset + r.count, tensor.offset + tensor.size);
+      if (lo >= hi) continue;
+      if (run_hi > run_lo && (tensor.decay != run_decay || lo != run_hi)) flush();
+      if (run_hi == run_lo) run_lo = lo, run_decay = tensor.decay;
+      run_hi = hi;
+    }
+    flush();
+    base += r.count;
   }
 }
 

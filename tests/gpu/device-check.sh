@@ -12,7 +12,9 @@
 #      flash attention and fused AdamW, eager and torch.compile; fp32), where python3 has torch;
 #   5. a short table last, with kilter / PyTorch. Exit 0 only when every test and check passed.
 # With $OUT set (the device tool), the whole log also goes to $OUT/device-check.log.
-# usage: tests/gpu/device-check.sh [--build-only] [--quick]
+# --profile adds, last, the GPU time per kernel of one GPT-2 124M bf16 step (Nsight Compute, one
+# metric per kernel: gpu__time_duration), grouped by kernel, to find where the step's time goes.
+# usage: tests/gpu/device-check.sh [--build-only] [--quick] [--profile]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${KILTER_GPU_BUILD:-$root/build-gpu-standalone}
@@ -30,12 +32,13 @@ for lib in libcudnn.so.9 libcublasLt.so.13; do
   found=$(find /opt /usr/local/lib /usr/lib/python3 -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
   [[ -n "$found" ]] && export LD_LIBRARY_PATH=$(dirname "$found"):$LD_LIBRARY_PATH
 done
-build_only=0 quick=""
+build_only=0 quick="" profile=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) build_only=1 ;;
     --quick) quick=--quick ;;
-    *) echo "usage: $0 [--build-only] [--quick]" >&2; exit 2 ;;
+    --profile) profile=1 ;;
+    *) echo "usage: $0 [--build-only] [--quick] [--profile]" >&2; exit 2 ;;
   esac
 done
 start=$SECONDS
@@ -115,7 +118,7 @@ printf 'gpu_ops_test: %s   gpu_model_test: %s   gpu_cut_test: %s   kilter benchm
 echo "$bench_out" | sed -n '/^config /,$p'
 if [[ ${#peer_rows[@]} -gt 0 ]]; then
   # kilter's best GPT-2 124M row per precision against PyTorch's best.
-  best_kilter() { echo "$bench_out" | awk -v p="$1" '$1 == "gpt2-124m" && $2 == p && $NF == "ok" && $7 > b {b = $7} END {print b + 0}'; }
+  best_kilter() { echo "$bench_out" | awk -v p="$1" '$1 == "gpt2-124m" && $2 == p && $5 == "none" && $NF == "ok" && $10 > b {b = $10} END {print b + 0}'; }
   best_torch() { printf '%s\n' "${peer_rows[@]}" | awk -v p="$1" '$1 == p && $4 == "ok" && $3 > b {b = $3} END {print b + 0}'; }
   echo
   printf '%-28s %12s\n' "PyTorch GPT-2 124M" tokens/s
@@ -124,6 +127,37 @@ if [[ ${#peer_rows[@]} -gt 0 ]]; then
     k=$(best_kilter $p) t=$(best_torch $p)
     awk -v p=$p -v k="$k" -v t="$t" 'BEGIN {printf "kilter / PyTorch, %s (best of each): %s / %s = %s\n", p, k, t, (k > 0 && t > 0) ? sprintf("%.2fx", k / t) : "n/a"}'
   done
+fi
+if [[ $profile -eq 1 ]]; then
+  echo
+  say "profile: GPU time per kernel, one GPT-2 124M bf16 step (cuBLASLt attention)"
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [[ -z "$ncu_bin" ]]; then
+    echo "  no ncu here"
+  else
+    # 2 warm-up steps, then ~one step of kernels (a step launches several hundred).
+    csv=${OUT:-/tmp}/profile.csv
+    timeout "${KILTER_PROFILE_TIMEOUT:-150}" "$ncu_bin" --csv --metrics gpu__time_duration.sum --launch-skip 1200 \
+      --launch-count 900 "$build/kilter_bench_gpu_step" --name p --precision bf16 --attention cublaslt --B 16 --T 1024 \
+      --n-layer 12 --n-head 12 --n-embd 768 --vocab 50257 --steps 4 --warmup 2 >"$csv" 2>/dev/null
+    python3 - "$csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    print("  no profile rows"); sys.exit(0)
+head = rows[0]; name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+total = collections.Counter(); count = collections.Counter()
+for r in rows[1:]:
+    try: us = float(r[value].replace(",", "")) * scale.get(r[unit], 1.0)
+    except ValueError: continue
+    k = r[name].split("(")[0][:70]; total[k] += us; count[k] += 1
+all_us = sum(total.values())
+print(f"  {len(rows) - 1} kernels, {all_us / 1e3:.1f} ms of GPU time")
+for k, us in total.most_common(25):
+    print(f"  {100 * us / all_us:5.1f}%  {us / 1e3:8.2f} ms  x{count[k]:<4d} {k}")
+PY
+  fi
 fi
 for v in "${result[@]}"; do [[ "$v" == pass ]] || exit 1; done
 exit 0

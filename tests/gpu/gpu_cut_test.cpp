@@ -11,7 +11,8 @@
 //     relative, each tensor 2e-2 norm-wise);
 // for a piece cut in 2 and in 3 (a middle part that receives and sends), batches mixing whole
 // pieces with earlier and later parts on 2 and 3 ranks, with the cuBLASLt and (where usable) the
-// cuDNN engine for the uncut pieces, and the position rows each rank trains.
+// cuDNN engine for the uncut pieces, with train.recompute = attention and block (the recomputed
+// attention of a later part reads its prefix again), and the position rows each rank trains.
 // The NCCL exchange itself needs one GPU per rank: tests/gpu/gpu_nccl_test.cpp.
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
 #include <cmath>
@@ -206,10 +207,12 @@ void compare(Checker& check, const std::string& tag, const Result& cut, const Re
                std::string(detail) + (signal ? "" : "; a tensor has an all-zero reference gradient"));
 }
 
-km::BackendOptions with(const std::string& precision, const std::string& attention) {
+km::BackendOptions with(const std::string& precision, const std::string& attention,
+                        const std::string& recompute = "none") {
   km::BackendOptions options;
   options.precision = precision;
   options.attention = attention;
+  options.recompute = recompute;
   options.cuda_graphs = false;
   return options;
 }
@@ -242,13 +245,15 @@ std::vector<float> random_params(const km::GPTConfig& cfg, uint64_t seed) {
 
 // Cut against uncut on the CPU (oracle) and on the GPU, for one split of `whole`.
 void compare_fp32(Checker& check, const std::string& name, const km::GPTConfig& cfg, const km::Batch& whole,
-                  const std::vector<std::vector<kt::RankPart>>& split, const std::string& attention, uint64_t seed) {
-  const std::string tag = "[fp32, " + attention + "] " + name + ": ";
+                  const std::vector<std::vector<kt::RankPart>>& split, const std::string& attention, uint64_t seed,
+                  const std::string& recompute = "none") {
+  const std::string tag =
+      "[fp32, " + attention + (recompute != "none" ? ", recompute " + recompute : "") + "] " + name + ": ";
   try {
     const std::vector<float> params = random_params(cfg, seed);
     const float scale = 1.0f / static_cast<float>(whole.num_targets);
     const kt::CutBatches setup = kt::cut_batches(whole, split);
-    const Result cut = gpu_cut(cfg, params, setup, scale, with("fp32", attention));
+    const Result cut = gpu_cut(cfg, params, setup, scale, with("fp32", attention, recompute));
     compare(check, tag + "vs CPU uncut: ", cut, cpu_whole(cfg, params, whole, scale), cfg, 1e-5, 5e-4);
     compare(check, tag + "vs GPU uncut: ", cut, gpu_whole(cfg, params, whole, scale, with("fp32", attention)), cfg,
             1e-5, 1e-4);
@@ -281,6 +286,12 @@ int main() {
                    {{{0, 0, 50}, {3}}, {{1, 0, 60}, {0, 50, 110}, {2}}, {{0, 110, -1}, {1, 60, -1}, {4}}}, attention,
                    41);
     }
+
+    // Recomputation (issue 24) reruns a later part's attention against the prefix it received.
+    for (const char* mode : {"attention", "block"})
+      compare_fp32(check, "mixed batch, 3 ranks", cfg, mixed,
+                   {{{0, 0, 50}, {3}}, {{1, 0, 60}, {0, 50, 110}, {2}}, {{0, 110, -1}, {1, 60, -1}, {4}}}, "cublaslt", 41,
+                   mode);
 
     // Positions continue from the offset: rank 0 trains wpe rows 0..69 only, rank 1 rows 70..149.
     try {

@@ -4,6 +4,8 @@
 // and in bf16 GEMM math, with each attention engine (cuBLASLt; cuDNN where usable), and 5-step
 // runs with CUDA graphs (eager, timed, captured, replayed, decided). Batches are packed: pieces of
 // mixed lengths (one of length 1) that the CUDA attention groups by length, and untargeted positions.
+// Also: train.recompute (gelu, attention, block) against none and against the CPU, and the
+// sharded optimizer (ZeRO-1) against the unsharded one.
 // Tolerances (relative to each tensor's max |value|): fp32 loss 1e-5, gradients 5e-4, AdamW from
 // identical gradients 1e-6; bf16 losses 2e-2. After the 2-step run parameters agree to 2.5e-3:
 // Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
@@ -77,7 +79,8 @@ std::unique_ptr<km::Model> make_gpu(const km::GPTConfig& cfg, size_t pad, const 
 }
 
 std::string options_tag(const km::BackendOptions& options) {
-  return "[" + options.precision + ", attention " + options.attention + (options.cuda_graphs ? ", graphs" : "") + "] ";
+  return "[" + options.precision + ", attention " + options.attention + (options.cuda_graphs ? ", graphs" : "") +
+         (options.recompute != "none" ? ", recompute " + options.recompute : "") + "] ";
 }
 
 void compare_step_body(Checker& check, const km::GPTConfig& cfg, int B, int T, const km::BackendOptions& options) {
@@ -208,12 +211,125 @@ void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
   }
 }
 
-km::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false) {
+km::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false,
+                        const std::string& recompute = "none") {
   km::BackendOptions options;
   options.precision = precision;
   options.attention = attention;
   options.cuda_graphs = graphs;
+  options.recompute = recompute;
   return options;
+}
+
+// train.recompute on the GPU against recompute = none on the GPU: the same kernels on the same
+// inputs, so the loss and every gradient of two micro-batches (the second larger: the arena
+// grows) agree to 1e-6 of each tensor's scale (bit for bit expected; the detail says which).
+void compare_recompute(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options) {
+  const std::string tag = "recompute " + options.recompute + " vs none " + options_tag(options);
+  try {
+    km::BackendOptions plain = options;
+    plain.recompute = "none";
+    std::unique_ptr<km::Model> base = make_gpu(cfg, 1, plain);
+    std::unique_ptr<km::Model> model = make_gpu(cfg, 1, options);
+    if (!base || !model) return;
+    base->init_params(7);
+    model->init_params(7);
+    for (int round = 0; round < 2; ++round) {
+      const km::Batch batch = random_batch(cfg, 3 + 2 * round, cfg.block_size - round);
+      const float scale = 1.0f / static_cast<float>(batch.num_targets);
+      base->zero_grads();
+      model->zero_grads();
+      const double base_loss = base->forward_backward(batch, scale, {});
+      const double loss = model->forward_backward(batch, scale, {});
+      const std::vector<float> g0 = device_grads(*base), g1 = device_grads(*model);
+      const bool bitwise = g0 == g1 && base_loss == loss;
+      check.near_scalar(tag + "loss, micro-batch " + std::to_string(round + 1), loss, base_loss, 1e-6);
+      check.near(tag + "gradients, micro-batch " + std::to_string(round + 1) + (bitwise ? " (bit for bit)" : ""), g1,
+                 g0, 1e-6);
+      km::AdamWParams adam;
+      adam.t = round + 1;
+      base->adamw_step(adam);
+      model->adamw_step(adam);
+    }
+  } catch (const kilter::Error& e) {
+    check.expect(tag + "ran", false, e.what());
+  }
+}
+
+// train.shard_optimizer (ZeRO-1) on the CUDA model: two "ranks" owning interleaved ranges of the
+// padded buffer (one of them two ranges), given the same gradients, against one unsharded model:
+// the squared norms of the owned ranges sum to the full norm, each rank's AdamW updates exactly
+// its ranges as the full model does (the reducer's all-gather is played by set_params), the
+// moments it holds are the full model's in its ranges, and a resume that loads the full moments
+// before sharding keeps the owned part. The full moments are refused once sharded.
+void compare_shard(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options) {
+  const std::string tag = "shard_optimizer " + options_tag(options);
+  try {
+    std::unique_ptr<km::Model> full = make_gpu(cfg, 64, options);
+    std::unique_ptr<km::Model> r0 = make_gpu(cfg, 64, options), r1 = make_gpu(cfg, 64, options);
+    if (!full || !r0 || !r1) return;
+    const size_t P = full->layout().padded_size, third = P / 3 / 64 * 64;
+    const std::vector<km::ParamRange> own0 = {{0, third}, {2 * third, P - 2 * third}}, own1 = {{third, third}};
+    r0->shard_optimizer(own0);
+    r1->shard_optimizer(own1);
+    check.expect(tag + "optimizer_ranges are the owned ranges",
+                 r0->optimizer_ranges().size() == 2 && r1->optimizer_ranges().size() == 1 &&
+                     r1->optimizer_ranges()[0].offset == third);
+    for (km::Model* m : {full.get(), r0.get(), r1.get()}) {
+      m->init_params(5);
+      m->reserve(2 * cfg.block_size, cfg.block_size);
+    }
+    const size_t n = full->layout().num_params;
+    for (int step = 1; step <= 2; ++step) {
+      const km::Batch batch = random_batch(cfg, 4, cfg.block_size);
+      const float scale = 1.0f / static_cast<float>(batch.num_targets);
+      for (km::Model* m : {full.get(), r0.get(), r1.get()}) {
+        m->zero_grads();
+        m->forward_backward(batch, scale, {});
+      }
+      const double norm = full->grad_norm_squared(), parts = r0->grad_norm_squared() + r1->grad_norm_squared();
+      check.near_scalar(tag + "step " + std::to_string(step) + ": owned squared norms sum to the full one", parts, norm,
+                        1e-9);
+      km::AdamWParams adam;
+      adam.lr = 1e-2f;
+      adam.weight_decay = 0.1f;
+      adam.t = step;
+      for (km::Model* m : {full.get(), r0.get(), r1.get()}) m->adamw_step(adam);
+      // The all-gather: each rank's owned ranges from its own update.
+      const std::vector<float> p0 = params_of(*r0), p1 = params_of(*r1), want = params_of(*full);
+      std::vector<float> gathered(n);
+      for (size_t i = 0; i < n; ++i) gathered[i] = (i >= third && i < 2 * third) ? p1[i] : p0[i];
+      check.near(tag + "step " + std::to_string(step) + ": gathered parameters equal the unsharded update", gathered,
+                 want, 0.0);
+      r0->set_params(gathered.data());
+      r1->set_params(gathered.data());
+    }
+    std::vector<float> m(n), v(n);
+    full->get_optimizer_state(m.data(), v.data());
+    std::vector<float> held_m(third), held_v(third);
+    r1->get_optimizer_shard(held_m.data(), held_v.data(), 0, third);
+    check.near(tag + "rank 1's AdamW m is the full m in its range", held_m,
+               std::vector<float>(m.begin() + third, m.begin() + 2 * third), 0.0);
+    check.near(tag + "rank 1's AdamW v is the full v in its range", held_v,
+               std::vector<float>(v.begin() + third, v.begin() + 2 * third), 0.0);
+    // A resume onto a sharded run: the full moments loaded, then the shard taken.
+    std::unique_ptr<km::Model> resumed = make_gpu(cfg, 64, options);
+    resumed->set_optimizer_state(m.data(), v.data());
+    resumed->shard_optimizer(own1);
+    std::fill(held_m.begin(), held_m.end(), -1.0f);
+    resumed->get_optimizer_shard(held_m.data(), held_v.data(), 0, third);
+    check.near(tag + "a shard taken after loading the full moments keeps its range", held_m,
+               std::vector<float>(m.begin() + third, m.begin() + 2 * third), 0.0);
+    bool refused = false;
+    try {
+      resumed->get_optimizer_state(m.data(), v.data());
+    } catch (const kilter::Error&) {
+      refused = true;
+    }
+    check.expect(tag + "the full moments are refused once sharded", refused);
+  } catch (const kilter::Error& e) {
+    check.expect(tag + "ran", false, e.what());
+  }
 }
 
 }  // namespace
@@ -234,6 +350,18 @@ int main() {
     // CUDA graphs (cuBLASLt attention): every stage of a shape's graphs gives the eager numbers.
     compare_steps(check, tiny, with("fp32", "cublaslt", true), 5, 1e-5, 1e-3);
     compare_steps(check, small, with("bf16", "cublaslt", true), 5, 2e-2, 5e-2);
+    // Activation recomputation (issue 24): against none on the GPU, and 2- and 5-step runs
+    // (graphs included) against the CPU oracle, which recomputes nothing.
+    for (const char* mode : {"gelu", "attention", "block"}) {
+      compare_recompute(check, small, with("fp32", "cublaslt", false, mode));
+      compare_recompute(check, small, with("bf16", "cublaslt", false, mode));
+      compare_recompute(check, small, with("fp32", "cudnn", false, mode));
+      compare_steps(check, tiny, with("fp32", "cublaslt", false, mode), 2, 1e-5, 1e-3);
+    }
+    compare_steps(check, small, with("bf16", "cublaslt", true, "block"), 5, 2e-2, 5e-2);
+    // The sharded optimizer (issue 24).
+    compare_shard(check, small, with("fp32", "cublaslt"));
+    compare_shard(check, small, with("bf16", "cublaslt"));
     // Refusals name the key.
     bool refused = false;
     try {
@@ -249,6 +377,13 @@ int main() {
       refused = std::string(e.what()).find("train.attention") != std::string::npos;
     }
     check.expect("attention 'flash' refused naming train.attention", refused);
+    refused = false;
+    try {
+      kilter::backend::make_cuda_model(tiny, 1, with("fp32", "cublaslt", false, "everything"));
+    } catch (const kilter::Error& e) {
+      refused = std::string(e.what()).find("train.recompute") != std::string::npos;
+    }
+    check.expect("recompute 'everything' refused naming train.recompute", refused);
     return check.finish("kilter_gpu_model_test");
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
