@@ -281,7 +281,7 @@ int cmd_plan(int argc, char** argv) {
       char line[400];
       std::snprintf(line, sizeof line,
                     "%llu parts of cut pieces receive more K/V than their rank computes in the step (comm.link_gbps = %g): "
-                    "the link sets their pace and the plan's transfer cost t = %.4g (one layer's transfer) undercounts "
+                    "the link sets their pace and the plan's transfer cost t = %.4g (charged for a typical part) undercounts "
                     "them; measure t with `kilter plan --calibrate` and set data.cost_t, or raise comm.link_gbps if the "
                     "link is faster",
                     static_cast<unsigned long long>(s.link_bound_parts), cfg.comm.link_gbps, plan.cost.t);

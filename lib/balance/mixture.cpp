@@ -89,7 +89,7 @@ EpochPlan MixturePlanner::build(uint64_t epoch, int world_size, std::vector<Sour
 
   std::vector<uint64_t> all_docs;
   for (const MixtureSource& s : sources_) all_docs.insert(all_docs.end(), s.docs.begin(), s.docs.end());
-  const CostModel cost = resolve_cost_model(opts_.cost, opts_.context);
+  const CostModel cost = resolve_cost_model(opts_.cost, opts_.context, opts_.tokens_per_step, world_size);
   EpochPlan plan = start_plan(all_docs, cost, world_size, epoch, opts_.context, false);
   uint64_t pieces = 0;
   for (const auto& step : steps) pieces += step.size();

@@ -96,6 +96,20 @@ double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double
   return kv_link_cost_coefficient(n_layer, n_embd, vocab_size, kv_value_bytes, link_gbps, device_tflops) / n_layer;
 }
 
+double link_bound_transfer_cost(double t_link, int n_layer, double rank_load, double reference_offset) {
+  KILTER_CHECK(n_layer >= 1 && t_link >= 0 && rank_load >= 0 && reference_offset > 0,
+               "link_bound_transfer_cost: bad arguments t_link=" << t_link << " n_layer=" << n_layer
+               << " rank_load=" << rank_load << " reference_offset=" << reference_offset);
+  const double layers = double(n_layer);
+  const double x = reference_offset * t_link / (2.0 * layers);  // one layer's transfer, each way
+  // The receiving rank's compute of one layer: the forward is a third of a step's work, the
+  // backward two thirds.
+  const double compute_fwd = rank_load / (3.0 * layers), compute_bwd = 2.0 * rank_load / (3.0 * layers);
+  // The first layer's transfer waits in full; each later one by what the layer before it does not hide.
+  const auto exposed = [&](double compute) { return x + (layers - 1.0) * std::max(x - compute, 0.0); };
+  return std::max(t_link / layers, (exposed(compute_fwd) + exposed(compute_bwd)) / reference_offset);
+}
+
 double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size) {
   KILTER_CHECK(n_layer >= 1 && n_embd >= 1 && vocab_size >= 0,
                "attention_cost_coefficient: bad model shape n_layer=" << n_layer << " n_embd=" << n_embd
@@ -107,10 +121,17 @@ double default_attention_cost(uint32_t context) { return 1.0 / (6.0 * std::max<u
 
 double default_micro_batch_cost(double a) { return kDefaultMicroBatchTokens * a; }
 
-CostModel resolve_cost_model(const CostModel& cost, uint32_t context) {
+CostModel resolve_cost_model(const CostModel& cost, uint32_t context, uint64_t tokens_per_step, int world_size) {
   CostModel resolved = cost;
   if (!(resolved.b > 0)) resolved.b = default_attention_cost(context);
   if (!(resolved.c >= 0)) resolved.c = default_micro_batch_cost(resolved.a);
+  if (resolved.layers > 0 && resolved.t_link > 0 && tokens_per_step > 0 && world_size >= 1) {
+    // A typical cut of this step size: a rank's share of the step, a prefix of at most a context.
+    const double per_rank = double(tokens_per_step) / double(world_size);
+    const double reference_offset = std::min(double(std::max<uint32_t>(context, 1)), per_rank);
+    resolved.t = std::max(resolved.t, link_bound_transfer_cost(resolved.t_link, resolved.layers,
+                                                                resolved.a * per_rank, reference_offset));
+  }
   return resolved;
 }
 
@@ -312,7 +333,7 @@ EpochPlan build_epoch_plan(const std::vector<uint32_t>& doc_lengths, const std::
   for (uint64_t doc : docs)
     KILTER_CHECK(doc < doc_lengths.size(), "plan: document id " << doc << " is outside the index ("
                  << doc_lengths.size() << " documents)");
-  const CostModel cost = resolve_cost_model(opts.cost, opts.context);
+  const CostModel cost = resolve_cost_model(opts.cost, opts.context, opts.tokens_per_step, world_size);
   if (opts.sampler == "naive") return build_naive_plan(doc_lengths, docs, opts, cost, world_size, epoch);
   return build_balanced_plan(doc_lengths, docs, opts, cost, world_size, epoch);
 }

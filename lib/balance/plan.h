@@ -76,9 +76,13 @@ struct CostModel {
   double b = 0.0;  // per unit of attention work (sum of L^2); <= 0: default_attention_cost
   double c = -1.0; // per micro-batch (launches, weight reads); < 0: default_micro_batch_cost
   double t = 0.0;  // per earlier token whose K/V a part receives and whose dK/dV it sends back
-  // Statistics only (link_bound_parts): the full transfer per earlier token, every layer with no
-  // overlap (a x kv_link_cost_coefficient); 0 where unknown (data.cost_t given).
+  // The full transfer per earlier token, every layer with no overlap (a x kv_link_cost_coefficient);
+  // 0 where unknown (data.cost_t given). link_bound_parts counts against it, and with `layers`
+  // resolve_cost_model() charges its link-bound share.
   double t_link = 0.0;
+  // n_layer where t was derived from the link (data.cost_t not given): resolve_cost_model() then
+  // raises t to link_bound_transfer_cost(); 0: t stays as given (a user's or a calibrated t).
+  int layers = 0;
   double operator()(const MicroBatch& mb) const;
   // Cost of one piece of `len` tokens inside a packed micro-batch, without the c term.
   double piece(uint32_t len) const { return a * double(len) + b * double(len) * double(len); }
@@ -98,9 +102,10 @@ struct CostModel {
 // on. The receiving rank waits for the first layer's K/V once, then runs that much behind the
 // sender, and every later layer's K/V arrive while it computes the layer before (the backward
 // mirrors it for dK/dV). Where the ranks of a piece run their layers at a like pace (the plan
-// evens their loads) and one layer's transfer is shorter than a layer's compute (t_link s <= the
-// receiving rank's cost), one layer's transfer each way is exposed, not n_layer:
-// t = kv_link_cost_coefficient() / n_layer.
+// evens their loads) and one layer's transfer is shorter than a layer's compute, one layer's
+// transfer each way is exposed, not n_layer: t = kv_link_cost_coefficient() / n_layer, what this
+// returns. That is the floor: where a layer's transfer outlasts a layer's compute, the link sets
+// the pace and resolve_cost_model() raises t to link_bound_transfer_cost().
 double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
                                  double device_tflops);
 // The full transfer, every layer forward and back, with no overlap: 2 kv_bytes_per_token over a
@@ -111,6 +116,18 @@ double kv_link_cost_coefficient(int n_layer, int n_embd, int vocab_size, double 
                                 double device_tflops);
 // Bytes of K and V of one token over all layers, one direction: 2 n_embd n_layer kv_value_bytes.
 double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes);
+
+// t where the link may set the pace (issue 23): per direction, forward K/V and backward dK/dV, the
+// layer-by-layer pipeline exposes
+//   exposed = x + (n_layer - 1) max(x - c, 0)
+// with x = one layer's transfer that way for a part at offset s_ref, s_ref t_link / (2 n_layer)
+// (half the round trip each way), and c = one layer's compute on the receiving rank that way:
+// the forward's third and the backward's two thirds of the rank's load in the step,
+// rank_load / (3 n_layer) and 2 rank_load / (3 n_layer). Returns
+//   max(t_link / n_layer, (exposed_fwd + exposed_bwd) / s_ref),
+// which is t_link / n_layer wherever x <= c both ways (a fast link) and approaches t_link as the
+// link outgrows the compute. All in cost units (t_link, rank_load); reference_offset > 0.
+double link_bound_transfer_cost(double t_link, int n_layer, double rank_load, double reference_offset);
 
 // b from the model shape, the same derivation as the trainer's: FLOPs (forward + backward) per
 // (query, key) pair of causal attention, 6 n_layer n_embd, over FLOPs per computed token of the
@@ -128,8 +145,12 @@ double default_attention_cost(uint32_t context);
 constexpr double kDefaultMicroBatchTokens = 256;
 double default_micro_batch_cost(double a);
 // The cost model a plan uses: b <= 0 replaced by default_attention_cost(), c < 0 by
-// default_micro_batch_cost().
-CostModel resolve_cost_model(const CostModel& cost, uint32_t context);
+// default_micro_batch_cost(), and a t derived from the link (layers > 0 and t_link > 0) raised
+// to link_bound_transfer_cost() for a typical cut of this step size: a rank's load
+// a tokens_per_step / world_size (the mean), a part's offset min(context, tokens_per_step /
+// world_size) (a typical prefix: one context at most, one rank's share at one context or less
+// per rank). A t given as it is (layers == 0) stays.
+CostModel resolve_cost_model(const CostModel& cost, uint32_t context, uint64_t tokens_per_step, int world_size);
 
 struct PlanOptions {
   std::string sampler = "balanced";  // balanced | naive
@@ -202,8 +223,9 @@ struct PlanStats {
   double cost_imbalance_uncut_max = 0;
   uint64_t cut_piece_ranks_max = 0;    // most parts (ranks) one cut piece spans
   // Later parts whose full K/V transfer exceeds their rank's cost in the step (t_link x offset >
-  // rank cost): one layer's transfer outlasts a layer's compute there, the link sets the pace and
-  // t (one layer's transfer, docs/plan.md) undercounts them. 0 where cost.t_link is unknown.
+  // rank cost): one layer's transfer outlasts a layer's compute there and the link sets the pace.
+  // The derived t charges that pace for a typical offset (link_bound_transfer_cost); a part with a
+  // longer prefix, or a given t, may be undercounted. 0 where cost.t_link is unknown.
   uint64_t link_bound_parts = 0;
   // Pieces longer than max_tokens (context parallelism): always cut, each over
   // ceil(len / max_tokens) ranks; the most ranks one of them spans (0: none).

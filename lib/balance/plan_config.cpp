@@ -44,7 +44,9 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   opts.kv_bytes_per_token = kv_bytes_per_token(cfg.model.n_layer, cfg.model.n_embd, value_bytes);
   const double tflops = device_tflops(cfg);
   // t charges the exposed part of the transfer (transfer_cost_coefficient: plan.h says which);
-  // t_link, the whole transfer, is reported beside it.
+  // t_link, the whole transfer, is reported beside it. With `layers` set, resolve_cost_model()
+  // raises t where the link sets the pace (it needs the world size and the step, which the plan
+  // knows); a given data.cost_t stays as it is.
   opts.cost.t = cfg.data.cost_t >= 0 ? cfg.data.cost_t
                                      : cfg.data.cost_a * transfer_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd,
                                                                                    vocab, value_bytes,
@@ -54,6 +56,7 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
                                                                                        cfg.model.n_embd, vocab,
                                                                                        value_bytes,
                                                                                        cfg.comm.link_gbps, tflops);
+  opts.cost.layers = cfg.data.cost_t >= 0 ? 0 : cfg.model.n_layer;
   return opts;
 }
 

@@ -14,7 +14,8 @@ namespace kilter::balance {
 // model.vocab_size, else `dataset_vocab`, else 256 (byte tokens) — as the trainer derives it;
 // c = data.cost_c, or when that is < 0, default_micro_batch_cost(a); t = data.cost_t, or when
 // that is < 0, a x transfer_cost_coefficient(shape, vocab, kv_value_bytes, comm.link_gbps,
-// device_tflops(cfg)); data.cut_pieces; kv_bytes_per_token from the shape.
+// device_tflops(cfg)) with t_link and layers = model.n_layer set, so that resolve_cost_model()
+// raises it where the link sets the pace; data.cut_pieces; kv_bytes_per_token from the shape.
 PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab);
 
 // Bytes of one exchanged K/V value: 2 (bf16) where train.precision = bf16 on a GPU backend

@@ -63,7 +63,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("data.cost_a", po::value(&d.cost_a)->default_value(d.cost_a, shortest_text(d.cost_a)), "cost model: weight of computed tokens")
     ("data.cost_b", po::value(&d.cost_b)->default_value(d.cost_b, shortest_text(d.cost_b)), "cost model: weight of sum(L^2) (<0: derived from the model shape)")
     ("data.cost_c", po::value(&d.cost_c)->default_value(d.cost_c, shortest_text(d.cost_c)), "cost model: fixed cost of one micro-batch, in the unit of cost_a per token (<0: 256 x cost_a)")
-    ("data.cost_t", po::value(&d.cost_t)->default_value(d.cost_t, shortest_text(d.cost_t)), "cost model: per earlier token whose K/V a cut piece's later part receives, in the unit of cost_a per token (<0: from the model shape, comm.link_gbps and comm.device_tflops)")
+    ("data.cost_t", po::value(&d.cost_t)->default_value(d.cost_t, shortest_text(d.cost_t)), "cost model: per earlier token whose K/V a cut piece's later part receives, in the unit of cost_a per token (<0: from the model shape, comm.link_gbps and comm.device_tflops, raised where the link sets the pace at this world size and train.tokens_per_step)")
     ("data.cut_pieces", po::value(&d.cut_pieces)->default_value(d.cut_pieces, shortest_text(d.cut_pieces)), "balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost (pieces longer than data.max_tokens are always cut)")
     ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir, shortest_text(d.stage_dir)), "node-local directory to stage shards into (empty: read in place)")
     ("train.steps", po::value(&t.steps)->default_value(t.steps, shortest_text(t.steps)), "total optimizer steps of the run")

@@ -12,6 +12,7 @@
 
 #include "io/error.h"
 #include "lib/balance/divide.h"
+#include "lib/balance/mixture.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/plan_config.h"
 #include "lib/balance/synthetic_lengths.h"
@@ -251,13 +252,91 @@ TEST(BalanceCut, TransferCoefficientFromShapeAndLink) {
   const double expect = (4.0 * 768 * 12 * 2 / 25e9) / (6.0 * (12.0 * 12 * 768 * 768 + 768.0 * 50257) / 400e12);
   EXPECT_NEAR(full, expect, 1e-12 * expect);
   EXPECT_NEAR(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 400), full / 2, 1e-12);
-  // What the plan charges: one layer's transfer each way, the others overlapped.
+  // The floor of what the plan charges: one layer's transfer each way, the others overlapped.
   EXPECT_NEAR(transfer_cost_coefficient(12, 768, 50257, 2, 200, 400), full / 12, 1e-12 * full);
   EXPECT_NEAR(transfer_cost_coefficient(1, 768, 50257, 2, 200, 400),
               kv_link_cost_coefficient(1, 768, 50257, 2, 200, 400), 1e-15);
   EXPECT_DOUBLE_EQ(kv_bytes_per_token(12, 768, 2), 2.0 * 768 * 12 * 2);
   EXPECT_THROW(transfer_cost_coefficient(12, 768, 50257, 2, 0, 400), Error);
   EXPECT_THROW(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 0), Error);
+}
+
+TEST(BalanceCut, LinkBoundTransferCostFollowsTheLayerPipeline) {
+  // A slow link: t_link 4, 8 layers, a rank's load 1000, a reference prefix of 500 tokens. One
+  // layer's transfer each way x = 500 x 4 / 16 = 125 outlasts a layer's forward (1000 / 24) and
+  // backward (2000 / 24): exposed = x + 7 (x - c) each way.
+  const double x = 500.0 * 4 / 16, c_fwd = 1000.0 / 24, c_bwd = 2000.0 / 24;
+  const double slow = ((x + 7 * (x - c_fwd)) + (x + 7 * (x - c_bwd))) / 500;
+  EXPECT_NEAR(link_bound_transfer_cost(4, 8, 1000, 500), slow, 1e-12);
+  EXPECT_GT(slow, 4.0 / 8);
+  // In between: x = 500 x 0.3 / 16 = 9.375 outlasts a layer's forward (150 / 24) but not its
+  // backward (300 / 24): the backward exposes only its first layer.
+  const double x_mid = 500.0 * 0.3 / 16;
+  EXPECT_NEAR(link_bound_transfer_cost(0.3, 8, 150, 500), ((x_mid + 7 * (x_mid - 150.0 / 24)) + x_mid) / 500, 1e-12);
+  // A link far slower than the compute: t approaches t_link (every layer's transfer exposed).
+  EXPECT_NEAR(link_bound_transfer_cost(1e6, 8, 1000, 500) / 1e6, 1.0, 1e-3);
+  // A fast link (x <= c both ways): one layer's transfer each way, t_link / n_layer exactly.
+  EXPECT_DOUBLE_EQ(link_bound_transfer_cost(0.01, 12, 2048, 2048), 0.01 / 12);
+  // One layer: the whole transfer, whatever the compute.
+  EXPECT_DOUBLE_EQ(link_bound_transfer_cost(0.5, 1, 1e6, 1024), 0.5);
+  EXPECT_THROW(link_bound_transfer_cost(1, 0, 1000, 500), Error);
+  EXPECT_THROW(link_bound_transfer_cost(1, 4, 1000, 0), Error);
+}
+
+// The cut section of bench/balance_effect.sh on scripts/vcluster: 4 x 128 CPU model (fp32 K/V,
+// byte vocab, 0.1 TFLOP/s), comm.link_gbps = 1, context 1024, one context per rank on 4 ranks.
+Config vcluster_config() {
+  Config cfg;
+  cfg.model.n_layer = 4;
+  cfg.model.n_head = 2;
+  cfg.model.n_embd = 128;
+  cfg.model.vocab_size = 256;
+  cfg.model.block_size = 1024;
+  cfg.data.max_tokens = 2048;
+  cfg.train.tokens_per_step = 4 * 1024;
+  cfg.train.backend = "cpu";
+  cfg.comm.link_gbps = 1;
+  return cfg;
+}
+
+TEST(BalanceCut, DerivedTransferCostIsRaisedWhereTheLinkSetsThePace) {
+  Config cfg = vcluster_config();
+  const PlanOptions slow = plan_options_from_config(cfg, 256);
+  // t_link = 8192 bytes over 125 MB/s against 4.9152 MFLOP at 0.1 TFLOP/s = 4/3; floor t_link / 4.
+  EXPECT_NEAR(slow.cost.t_link, 4.0 / 3, 1e-12);
+  EXPECT_NEAR(slow.cost.t, 1.0 / 3, 1e-12);
+  EXPECT_EQ(slow.cost.layers, 4);
+  // s_ref = min(1024, 4096 / 4) = 1024, a rank's load 1024: x = 1024 x (4/3) / 8 = 512/3,
+  // c_fwd = 1024 / 12 = 256/3 (exposed x + 3 (x - c_fwd) = 1280/3), c_bwd = 512/3 (exposed x):
+  // t = (1280/3 + 512/3) / 1024 = 7/12.
+  const CostModel resolved = resolve_cost_model(slow.cost, 1024, 4096, 4);
+  EXPECT_NEAR(resolved.t, 7.0 / 12, 1e-12);
+  EXPECT_EQ(resolved.t_link, slow.cost.t_link);
+  // The plans charge it: the epoch plan and the mixture planner.
+  const auto lengths = corpus(300, "lognormal:6,0.8,1024", 3);
+  const auto docs = all_documents(lengths.size());
+  EXPECT_NEAR(build_epoch_plan(lengths, docs, slow, 4, 0).cost.t, 7.0 / 12, 1e-12);
+  MixturePlanner mixture(lengths, {MixtureSource{"all", 1.0, docs}}, slow);
+  EXPECT_NEAR(mixture.build(0, 4).cost.t, 7.0 / 12, 1e-12);
+
+  // A fast link (the default 400 Gbit/s): x << c, t stays t_link / n_layer.
+  cfg.comm.link_gbps = 400;
+  const PlanOptions fast = plan_options_from_config(cfg, 256);
+  EXPECT_DOUBLE_EQ(resolve_cost_model(fast.cost, 1024, 4096, 4).t, fast.cost.t);
+  EXPECT_DOUBLE_EQ(build_epoch_plan(lengths, docs, fast, 4, 0).cost.t, fast.cost.t);
+
+  // A given data.cost_t (the user's or `kilter plan --calibrate`'s) stays, however slow the link.
+  cfg.comm.link_gbps = 1;
+  cfg.data.cost_t = 0.25;
+  const PlanOptions given = plan_options_from_config(cfg, 256);
+  EXPECT_EQ(given.cost.layers, 0);
+  EXPECT_EQ(resolve_cost_model(given.cost, 1024, 4096, 4).t, 0.25);
+  EXPECT_EQ(build_epoch_plan(lengths, docs, given, 4, 0).cost.t, 0.25);
+  // So does a t set in code with t_link for the statistics only (layers 0).
+  CostModel counted;
+  counted.t = 0.01;
+  counted.t_link = 1e9;
+  EXPECT_EQ(resolve_cost_model(counted, 1024, 4096, 4).t, 0.01);
 }
 
 TEST(BalanceCut, LinkBoundPartsCountLaterPartsWhoseFullTransferOutlastsTheirRank) {

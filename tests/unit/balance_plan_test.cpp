@@ -524,16 +524,16 @@ TEST(BalancePlan, RefusesBadOptionsNamingTheKey) {
 
 TEST(BalancePlan, CostModelDefaults) {
   CostModel c;
-  EXPECT_EQ(resolve_cost_model(c, 1024).b, default_attention_cost(1024));
+  EXPECT_EQ(resolve_cost_model(c, 1024, 16384, 8).b, default_attention_cost(1024));
   c.b = 0.5;
-  EXPECT_EQ(resolve_cost_model(c, 1024).b, 0.5);
+  EXPECT_EQ(resolve_cost_model(c, 1024, 16384, 8).b, 0.5);
   // GPT-2 124M: attention is a small share at short lengths, a larger one at full context.
   const double b = attention_cost_coefficient(12, 768, 50257);
   EXPECT_GT(b * 1024, 0.05);
   EXPECT_LT(b * 1024, 0.5);
-  EXPECT_EQ(resolve_cost_model(CostModel{}, 1024).c, kDefaultMicroBatchTokens);
+  EXPECT_EQ(resolve_cost_model(CostModel{}, 1024, 16384, 8).c, kDefaultMicroBatchTokens);
   CostModel calibrated{2.0, 0.5, 3.0};
-  EXPECT_EQ(resolve_cost_model(calibrated, 1024).c, 3.0);
+  EXPECT_EQ(resolve_cost_model(calibrated, 1024, 16384, 8).c, 3.0);
   MicroBatch mb;
   mb.pieces = {{0, 0, 3}, {1, 0, 4}};
   mb.target_tokens = 7;
