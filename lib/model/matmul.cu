@@ -4,8 +4,15 @@
 //   out (N,OC) = inp @ W^T   is  out' (OC,N) = W'^T (OC,C) inp' (C,N)     [W' = W as (C,OC)]
 //   dinp (N,C) = dout @ W    is  dinp' (C,N) = W' (C,OC) dout' (OC,N)
 //   dW (OC,C) = dout^T @ inp is  dW' (C,OC) = inp' (C,N) dout'^T (N,OC)
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <tuple>
+#include <vector>
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
@@ -30,7 +37,75 @@ struct CachedMatmul {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool bf16_inputs = false;  // A and B are rounded to bf16 scratch first
 };
+
+namespace {
+
+// The bf16 copies of A and B. Grown, never shrunk; a replaced buffer is kept until the engine
+// dies, because a CUDA graph captured earlier may still point at it (and a cudaFree inside a
+// step would synchronize the device).
+struct Bf16Scratch {
+  __nv_bfloat16* a = nullptr;
+  __nv_bfloat16* b = nullptr;
+  size_t capacity = 0;  // elements of each
+  std::vector<void*> retired;
+  ~Bf16Scratch() {
+    cudaFree(a);
+    cudaFree(b);
+    for (void* p : retired) cudaFree(p);
+  }
+  void ensure(size_t elements) {
+    if (elements <= capacity) return;
+    elements = elements + elements / 8;  // room for a slightly larger batch
+    if (a != nullptr) retired.push_back(a);
+    if (b != nullptr) retired.push_back(b);
+    a = b = nullptr;
+    capacity = 0;
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&a), sizeof(__nv_bfloat16) * elements));
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&b), sizeof(__nv_bfloat16) * elements));
+    capacity = elements;
+  }
+};
+
+// Four elements per thread where the span allows (float4 in, 4 bf16 out), the tail one by one.
+__global__ void round_to_bf16_kernel(__nv_bfloat16* out, const float* in, size_t n) {
+  const size_t quads = n / 4;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const bool aligned = (reinterpret_cast<uintptr_t>(in) % 16) == 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < quads; i += stride) {
+    float4 v;
+    if (aligned) v = reinterpret_cast<const float4*>(in)[i];
+    else v = make_float4(in[4 * i], in[4 * i + 1], in[4 * i + 2], in[4 * i + 3]);
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    reinterpret_cast<__nv_bfloat162*>(out)[2 * i] = lo;
+    reinterpret_cast<__nv_bfloat162*>(out)[2 * i + 1] = hi;
+  }
+  for (size_t i = 4 * quads + blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+
+void round_to_bf16(__nv_bfloat16* out, const float* in, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  round_to_bf16_kernel<<<std::min(backend::grid_for((n + 3) / 4, 256), 132u * 16u), 256, 0, stream>>>(out, in, n);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+// Elements an operand spans: one stored matrix, or `batch` of them `stride` apart.
+size_t operand_span(int rows, int cols, int batch, int64_t stride) {
+  const size_t one = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  if (batch <= 1 || stride <= 0) return one;
+  return static_cast<size_t>(stride) * static_cast<size_t>(batch - 1) + one;
+}
+
+// KILTER_CUDA_BF16_INPUTS=0 keeps bf16 math on cuBLASLt's fp32-input fast-bf16 mode (the
+// previous path), for comparison.
+bool bf16_inputs_enabled() {
+  const char* value = std::getenv("KILTER_CUDA_BF16_INPUTS");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+}  // namespace
 
 using GemmKey = std::tuple<int, int, int, bool, bool, bool, int, int64_t, int64_t, int64_t, uint32_t, uint32_t,
                            uint32_t, uint32_t>;  // Gemm::Key: shape, transposes, bias, batching, alignments
@@ -38,6 +113,8 @@ using GemmKey = std::tuple<int, int, int, bool, bool, bool, int, int64_t, int64_
 struct Gemm::Impl {
   cudaStream_t stream = nullptr;
   GemmMath math = GemmMath::fp32;
+  bool bf16_inputs = false;
+  std::shared_ptr<Bf16Scratch> scratch;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::map<GemmKey, CachedMatmul> cache;
@@ -46,6 +123,8 @@ struct Gemm::Impl {
 Gemm::Gemm(cudaStream_t stream, GemmMath math) : impl_(std::make_unique<Impl>()) {
   impl_->stream = stream;
   impl_->math = math;
+  impl_->bf16_inputs = math == GemmMath::bf16 && bf16_inputs_enabled();
+  if (impl_->bf16_inputs) impl_->scratch = std::make_shared<Bf16Scratch>();
   KILTER_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   KILTER_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
 }
@@ -63,12 +142,21 @@ Gemm::~Gemm() {
   cublasLtDestroy(impl_->handle);
 }
 
+void Gemm::reserve_bf16(size_t floats) {
+  if (impl_->bf16_inputs) impl_->scratch->ensure(floats);
+}
+
+void Gemm::share_bf16_scratch(Gemm& other) {
+  if (impl_->bf16_inputs && other.impl_->bf16_inputs) impl_->scratch = other.impl_->scratch;
+}
+
 cudaStream_t Gemm::stream() const { return impl_->stream; }
 GemmMath Gemm::math() const { return impl_->math; }
 
-static cublasLtMatrixLayout_t make_layout(int rows, int cols, int batch, int64_t stride) {
+static cublasLtMatrixLayout_t make_layout(int rows, int cols, int batch, int64_t stride,
+                                          cudaDataType_t type = CUDA_R_32F) {
   cublasLtMatrixLayout_t layout = nullptr;
-  KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, rows));
+  KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, rows));
   if (batch > 1) {
     KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                                          &batch, sizeof batch));
@@ -97,8 +185,10 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
     KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                        sizeof bias_type));
   }
-  entry.a = trans_a ? make_layout(k, m, batch, stride_a) : make_layout(m, k, batch, stride_a);
-  entry.b = trans_b ? make_layout(n, k, batch, stride_b) : make_layout(k, n, batch, stride_b);
+  // entry.bf16_inputs: bf16 A and B (the rounded copies); else fp32 A and B.
+  const cudaDataType_t ab_type = entry.bf16_inputs ? CUDA_R_16BF : CUDA_R_32F;
+  entry.a = trans_a ? make_layout(k, m, batch, stride_a, ab_type) : make_layout(m, k, batch, stride_a, ab_type);
+  entry.b = trans_b ? make_layout(n, k, batch, stride_b, ab_type) : make_layout(k, n, batch, stride_b, ab_type);
   entry.c = make_layout(m, n, batch, stride_d);
   entry.d = make_layout(m, n, batch, stride_d);
 
@@ -107,7 +197,9 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
   const size_t workspace_bytes = kWorkspaceBytes;
   KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace_bytes, sizeof workspace_bytes));
-  const uint32_t alignments[4] = {align_a, align_b, align_c, align_d};
+  // The bf16 copies start at their (256-byte aligned) scratch.
+  const uint32_t alignments[4] = {entry.bf16_inputs ? 16u : align_a, entry.bf16_inputs ? 16u : align_b, align_c,
+                                  align_d};
   const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -129,7 +221,9 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
   cublasLtMatrixLayoutDestroy(entry.c);
   cublasLtMatrixLayoutDestroy(entry.d);
   cublasLtMatmulDescDestroy(entry.desc);
+  const bool bf16_inputs = entry.bf16_inputs;
   entry = CachedMatmul{};
+  entry.bf16_inputs = bf16_inputs;
   return false;
 }
 
@@ -151,7 +245,11 @@ void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, 
     // bf16 math first when asked; shapes or alignments with no bf16 kernel fall back to fp32
     // math (still correct, only slower) rather than failing.
     const bool want_bf16 = impl_->math == GemmMath::bf16;
-    if (!(want_bf16 && plan(entry, CUBLAS_COMPUTE_32F_FAST_16BF, key)) && !plan(entry, CUBLAS_COMPUTE_32F, key)) {
+    entry.bf16_inputs = impl_->bf16_inputs;
+    bool planned = entry.bf16_inputs && plan(entry, CUBLAS_COMPUTE_32F, key);
+    entry.bf16_inputs = planned;
+    if (!planned) planned = want_bf16 && plan(entry, CUBLAS_COMPUTE_32F_FAST_16BF, key);
+    if (!planned && !plan(entry, CUBLAS_COMPUTE_32F, key)) {
       KILTER_FAIL("cuBLASLt has no algorithm for a GEMM m=" << m << " n=" << n << " k=" << k << " transA=" << trans_a
                   << " transB=" << trans_b << " batch=" << batch << " bias=" << has_bias);
     }
@@ -162,7 +260,19 @@ void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, 
     KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(cached.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                        sizeof bias));
   }
-  KILTER_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, cached.desc, &alpha, A, cached.a, B, cached.b, &beta, C,
+  const void* a = A;
+  const void* b = B;
+  if (cached.bf16_inputs) {
+    const size_t span_a = trans_a ? operand_span(k, m, batch, stride_a) : operand_span(m, k, batch, stride_a);
+    const size_t span_b = trans_b ? operand_span(n, k, batch, stride_b) : operand_span(k, n, batch, stride_b);
+    Bf16Scratch& scratch = *impl_->scratch;
+    scratch.ensure(std::max(span_a, span_b));
+    round_to_bf16(scratch.a, A, span_a, impl_->stream);
+    round_to_bf16(scratch.b, B, span_b, impl_->stream);
+    a = scratch.a;
+    b = scratch.b;
+  }
+  KILTER_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, cached.desc, &alpha, a, cached.a, b, cached.b, &beta, C,
                                      cached.c, D, cached.d, &cached.algo, impl_->workspace, kWorkspaceBytes,
                                      impl_->stream));
 }

@@ -146,7 +146,7 @@ rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows:
     print("  no profile rows"); sys.exit(0)
 head = rows[0]; name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
 total = collections.Counter(); count = collections.Counter()
 for r in rows[1:]:
     try: us = float(r[value].replace(",", "")) * scale.get(r[unit], 1.0)

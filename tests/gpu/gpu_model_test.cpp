@@ -171,7 +171,7 @@ std::vector<double> run_steps(km::Model& model, const std::vector<km::Batch>& ba
 // times: with CUDA graphs that is eager (warm-up), eager (timed), captured and launched, replayed
 // (timed), then replayed or eager as the timing decided.
 void compare_steps_body(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options, int steps,
-                        double loss_tol, double moment_tol) {
+                        double loss_tol, double moment_tol, double params_tol) {
   std::vector<km::Batch> batches;
   for (int i = 0; i < 2 * steps; ++i) batches.push_back(random_batch(cfg, 3 + i % 2, cfg.block_size - 2 * (i % 2)));
   kilter::backend::CpuModel cpu(cfg, 1);
@@ -185,7 +185,7 @@ void compare_steps_body(Checker& check, const km::GPTConfig& cfg, const km::Back
   for (int step = 0; step < steps; ++step)
     check.near_scalar(tag + "loss of step " + std::to_string(step + 1), gpu_losses[step], cpu_losses[step],
                       loss_tol);
-  check.near(tag + "final params", params_of(*gpu), params_of(cpu), 2.5e-3);
+  check.near(tag + "final params", params_of(*gpu), params_of(cpu), params_tol);
   std::vector<float> gm(cpu.layout().num_params), gv(gm.size()), cm(gm.size()), cv(gm.size());
   gpu->get_optimizer_state(gm.data(), gv.data());
   cpu.get_optimizer_state(cm.data(), cv.data());
@@ -202,10 +202,13 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const 
   }
 }
 
+// params_tol: Adam moves a weight by about lr per step whatever its gradient's size, so a weight
+// whose gradient is zero up to rounding can move 2 lr apart per step on the two backends; bf16
+// rounds more of them across zero (5-step bf16 runs measured 2.2e-3 and 2.5e-3 on an H200).
 void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options, int steps,
-                   double loss_tol, double moment_tol) {
+                   double loss_tol, double moment_tol, double params_tol = 2.5e-3) {
   try {
-    compare_steps_body(check, cfg, options, steps, loss_tol, moment_tol);
+    compare_steps_body(check, cfg, options, steps, loss_tol, moment_tol, params_tol);
   } catch (const kilter::Error& e) {
     check.expect(options_tag(options) + std::to_string(steps) + "-step run ran", false, e.what());
   }
@@ -258,6 +261,7 @@ void compare_recompute(Checker& check, const km::GPTConfig& cfg, const km::Backe
 
 // train.shard_optimizer (ZeRO-1) on the CUDA model: two "ranks" owning interleaved ranges of the
 // padded buffer (one of them two ranges), given the same gradients, against one unsharded model:
+// (the unsharded model's, copied)
 // the squared norms of the owned ranges sum to the full norm, each rank's AdamW updates exactly
 // its ranges as the full model does (the reducer's all-gather is played by set_params), the
 // moments it holds are the full model's in its ranges, and a resume that loads the full moments
@@ -286,7 +290,13 @@ void compare_shard(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
       for (km::Model* m : {full.get(), r0.get(), r1.get()}) {
         m->zero_grads();
         m->forward_backward(batch, scale, {});
+        m->synchronize();
       }
+      // The same gradients on every rank, as the reduction leaves them (the backward's float
+      // atomics make three runs differ in the last bits).
+      for (km::Model* m : {r0.get(), r1.get()})
+        KILTER_CUDA_CHECK(cudaMemcpy(m->grads(), full->grads(), sizeof(float) * P, cudaMemcpyDeviceToDevice));
+      KILTER_CUDA_CHECK(cudaDeviceSynchronize());
       const double norm = full->grad_norm_squared(), parts = r0->grad_norm_squared() + r1->grad_norm_squared();
       check.near_scalar(tag + "step " + std::to_string(step) + ": owned squared norms sum to the full one", parts, norm,
                         1e-9);
@@ -349,7 +359,7 @@ int main() {
     }
     // CUDA graphs (cuBLASLt attention): every stage of a shape's graphs gives the eager numbers.
     compare_steps(check, tiny, with("fp32", "cublaslt", true), 5, 1e-5, 1e-3);
-    compare_steps(check, small, with("bf16", "cublaslt", true), 5, 2e-2, 5e-2);
+    compare_steps(check, small, with("bf16", "cublaslt", true), 5, 2e-2, 5e-2, 5e-3);
     // Activation recomputation (issue 24): against none on the GPU, and 2- and 5-step runs
     // (graphs included) against the CPU oracle, which recomputes nothing.
     for (const char* mode : {"gelu", "attention", "block"}) {
@@ -358,7 +368,7 @@ int main() {
       compare_recompute(check, small, with("fp32", "cudnn", false, mode));
       compare_steps(check, tiny, with("fp32", "cublaslt", false, mode), 2, 1e-5, 1e-3);
     }
-    compare_steps(check, small, with("bf16", "cublaslt", true, "block"), 5, 2e-2, 5e-2);
+    compare_steps(check, small, with("bf16", "cublaslt", true, "block"), 5, 2e-2, 5e-2, 5e-3);
     // The sharded optimizer (issue 24).
     compare_shard(check, small, with("fp32", "cublaslt"));
     compare_shard(check, small, with("bf16", "cublaslt"));
