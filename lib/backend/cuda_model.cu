@@ -1,8 +1,7 @@
 // CudaModel: the GPT-2 model on one CUDA device, composed from the CUDA twins of the CPU ops
 // (lib/backend/cuda_ops.h) in exactly CpuModel's order, so the CPU backend is its oracle
 // (tests/gpu/). fp32 master weights, gradients, AdamW moments and activations; precision "bf16"
-// switches the GEMMs to bf16 tensor-core math with fp32 accumulation (each GEMM's operands are
-// rounded to bf16 copies first: kc::Gemm). Device memory: one
+// switches the GEMMs to bf16 tensor-core math with fp32 accumulation (kc::Gemm). Device memory: one
 // persistent state allocation (params, grads), the AdamW moments of the owned ranges (all of
 // them, or 1/P with train.shard_optimizer: shard_optimizer()), and one activation arena sized by
 // reserve() (grown, with the stream drained first, if a larger micro-batch arrives);
@@ -544,9 +543,9 @@ void CudaModel::reserve(int max_tokens, int context) {
   ensure_moments();  // before the arena: the state first, and no allocation left for the first step
   ArenaCarver measure(nullptr);
   ensure_arena(carve(measure, nullptr, layout), layout);
-  // bf16 math rounds each GEMM's operands into scratch: the largest operand is the logits'
-  // gradient (N x V), the tied embedding (V x C), an MLP activation (N x 4C), or an attention
-  // group's scores or head-split rows.
+  // bf16 math with operand copies (kc::Gemm) rounds each GEMM's operands into scratch: the
+  // largest operand is the logits' gradient (N x V), the tied embedding (V x C), an MLP activation
+  // (N x 4C), or an attention group's scores or head-split rows. Nothing is allocated otherwise.
   const size_t N = static_cast<size_t>(max_tokens), C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
   size_t largest = std::max({N * V, V * C, N * 4 * C});
   for (const model::AttentionGroup& group : layout.groups.groups)

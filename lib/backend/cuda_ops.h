@@ -34,9 +34,11 @@ class Gemm {
   // Column-major D (m,n) = alpha * op(A) op(B) + beta * C [+ bias (m) added to every column].
   // A is (m,k) after op, B (k,n) after op; lda/ldb are the stored leading dimensions implied by
   // the transposes; C may be D or null (then beta must be 0). batch > 1: strided batches.
-  // bf16 math: A and B are rounded to bf16 (round to nearest even, as the CPU's bf16 GEMMs do)
-  // into device scratch and multiplied by bf16 tensor-core kernels with fp32 accumulation, C and
-  // D in fp32. A shape with no such kernel uses cuBLASLt's fp32-input fast-bf16 mode instead.
+  // bf16 math: cuBLASLt's fp32-input fast-bf16 mode (CUBLAS_COMPUTE_32F_FAST_16BF); with
+  // KILTER_CUDA_BF16_INPUTS=1, A and B are first rounded to bf16 (round to nearest even, as the
+  // CPU's bf16 GEMMs do) into device scratch and multiplied by bf16 kernels with fp32
+  // accumulation, C and D in fp32 (matmul.cu says why that is not the default yet). A shape with
+  // no kernel of the chosen kind falls back to the next (fast-bf16, then fp32).
   void run(float* D, const float* A, const float* B, const float* C, int m, int n, int k,
            bool trans_a, bool trans_b, float alpha, float beta, const float* bias = nullptr,
            int batch = 1, int64_t stride_a = 0, int64_t stride_b = 0, int64_t stride_d = 0);

@@ -98,11 +98,14 @@ size_t operand_span(int rows, int cols, int batch, int64_t stride) {
   return static_cast<size_t>(stride) * static_cast<size_t>(batch - 1) + one;
 }
 
-// KILTER_CUDA_BF16_INPUTS=0 keeps bf16 math on cuBLASLt's fp32-input fast-bf16 mode (the
-// previous path), for comparison.
+// KILTER_CUDA_BF16_INPUTS=1 rounds the operands to bf16 copies; the default keeps bf16 math on
+// cuBLASLt's fp32-input fast-bf16 mode. Measured on an H200 (docs/gpu.md): the copies make the
+// block GEMMs bf16 kernels, but rounding fp32 activations on every GEMM took 18% of a GPT-2 124M
+// step and the LM head (V = 50257, rows not 16-byte aligned in bf16) fell to sm75 kernels: 4%
+// slower at 124M, 7% faster at 774M. Worth it once activations are stored in bf16.
 bool bf16_inputs_enabled() {
   const char* value = std::getenv("KILTER_CUDA_BF16_INPUTS");
-  return value == nullptr || std::strcmp(value, "0") != 0;
+  return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
 }  // namespace

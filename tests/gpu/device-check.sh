@@ -14,7 +14,8 @@
 # With $OUT set (the device tool), the whole log also goes to $OUT/device-check.log.
 # --profile adds, last, the GPU time per kernel of one GPT-2 124M bf16 step (Nsight Compute, one
 # metric per kernel: gpu__time_duration), grouped by kernel, to find where the step's time goes.
-# usage: tests/gpu/device-check.sh [--build-only] [--quick] [--profile]
+# --tests-only runs the three tests and stops.
+# usage: tests/gpu/device-check.sh [--build-only] [--quick] [--profile] [--tests-only]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${KILTER_GPU_BUILD:-$root/build-gpu-standalone}
@@ -32,13 +33,14 @@ for lib in libcudnn.so.9 libcublasLt.so.13; do
   found=$(find /opt /usr/local/lib /usr/lib/python3 -path '*nvidia*' -name "$lib" 2>/dev/null | head -1)
   [[ -n "$found" ]] && export LD_LIBRARY_PATH=$(dirname "$found"):$LD_LIBRARY_PATH
 done
-build_only=0 quick="" profile=0
+build_only=0 quick="" profile=0 tests_only=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) build_only=1 ;;
     --quick) quick=--quick ;;
     --profile) profile=1 ;;
-    *) echo "usage: $0 [--build-only] [--quick] [--profile]" >&2; exit 2 ;;
+    --tests-only) tests_only=1 ;;
+    *) echo "usage: $0 [--build-only] [--quick] [--profile] [--tests-only]" >&2; exit 2 ;;
   esac
 done
 start=$SECONDS
@@ -88,6 +90,12 @@ for t in ops model cut; do
   rc=$?
   case $rc in 0) result[$t]=pass ;; 77) result[$t]=skipped ;; *) result[$t]="FAIL(rc=$rc)" ;; esac
 done
+
+if [[ $tests_only -eq 1 ]]; then
+  printf 'gpu_ops_test: %s   gpu_model_test: %s   gpu_cut_test: %s\n' "${result[ops]}" "${result[model]}" "${result[cut]}"
+  for v in "${result[@]}"; do [[ "$v" == pass ]] || exit 1; done
+  exit 0
+fi
 
 say "benchmark: kilter"
 bench_out=$(KILTER_GPU_BENCH_TIMEOUT=${KILTER_GPU_BENCH_TIMEOUT:-90} "$root/bench/gpu_step.sh" "$build/kilter_bench_gpu_step" $quick 2>&1)
