@@ -444,9 +444,11 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& la
   a.encoded = carver.take(tokens * C);
   a.blocks.resize(cfg_.n_layer);
   // Slices the recompute modes share among the layers (see recompute_).
+  // (Decided by flags, not by null pointers: while measuring, every slice is null.)
   const bool block = recompute_ == Recompute::block;
-  float* shared_att = recompute_ == Recompute::attention ? carver.take(att_slice) : nullptr;
-  float* shared_gelu = recompute_ == Recompute::gelu ? carver.take(tokens * 4 * C) : nullptr;
+  const bool share_att = recompute_ == Recompute::attention, share_gelu = recompute_ == Recompute::gelu;
+  float* shared_att = share_att ? carver.take(att_slice) : nullptr;
+  float* shared_gelu = share_gelu ? carver.take(tokens * 4 * C) : nullptr;
   BlockActivations shared{};
   if (block) {
     shared.ln1 = carver.take(tokens * C);
@@ -473,13 +475,13 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& la
     b.ln1_rstd = carver.take(tokens);
     b.qkv = carver.take(tokens * 3 * C);
     b.atty = carver.take(tokens * C);
-    b.att = shared_att != nullptr ? shared_att : carver.take(att_slice);
+    b.att = share_att ? shared_att : carver.take(att_slice);
     b.residual2 = carver.take(tokens * C);
     b.ln2 = carver.take(tokens * C);
     b.ln2_mean = carver.take(tokens);
     b.ln2_rstd = carver.take(tokens);
     b.fch = carver.take(tokens * 4 * C);
-    b.fch_gelu = shared_gelu != nullptr ? shared_gelu : carver.take(tokens * 4 * C);
+    b.fch_gelu = share_gelu ? shared_gelu : carver.take(tokens * 4 * C);
     b.residual3 = carver.take(tokens * C);
   }
   a.lnf = carver.take(tokens * C);
