@@ -11,6 +11,7 @@
 #include "app/commands.h"
 #include "io/error.h"
 #include "lib/core/config.h"
+#include "lib/balance/calibrate.h"
 #include "lib/diag/report.h"
 
 namespace po = boost::program_options;
@@ -26,6 +27,24 @@ void write_html(const std::string& path, const std::string& html) {
   KILTER_USER_CHECK(out, "cannot write " << path << " (disk full?)");
 }
 }  // namespace
+
+// A run with cut pieces whose K/V waits cost more than the plan charged (issue 23): the
+// measured charge and the settings that follow, as `kilter plan --calibrate RUN_DIR` fits them;
+// "" otherwise, or where the run's rows cannot be fitted (too few, lengths too alike).
+static std::string cut_cost_advice(const diag::RunData& run) {
+  if (!run.summary.is_object() || !run.summary.contains("plan_cost_t") ||
+      run.summary.value("cuts_per_step_max", 0.0) <= 0)
+    return "";
+  try {
+    const std::vector<balance::CostSample> samples = balance::read_cost_samples(run.run_dir, 2);
+    const balance::TransferFit transfer = balance::fit_transfer_cost(samples);
+    if (!transfer.measured) return "";
+    return balance::cut_cost_advice(transfer, balance::fit_cost_model(samples).a,
+                                    run.summary["plan_cost_t"].get<double>());
+  } catch (const Error&) {
+    return "";
+  }
+}
 
 int cmd_report(int argc, char** argv) {
   const char* usage =
@@ -82,10 +101,13 @@ int cmd_report(int argc, char** argv) {
     nlohmann::json stats = diag::recompute_statistics(run);
     if (html_path.empty()) html_path = run_dir + "/report.html";
     write_html(html_path, diag::report_html(run, stats));
+    const std::string advice = cut_cost_advice(run);
     if (json) {
+      if (!advice.empty()) stats["cut_cost_advice"] = advice;
       std::cout << stats.dump(2) << "\n";
     } else {
       std::cout << diag::report_text(run, stats);
+      if (!advice.empty()) std::cout << "  advice: " << advice << "\n";
       std::cout << "\nreport: " << html_path << "\n";
     }
     return 0;

@@ -43,6 +43,8 @@
 #        ranks gain the most from cuts), CUT_CONTEXT (default 1024; data.max_tokens = 2 x that,
 #        so each rank's share and a part fit one micro-batch), CUT_STEPS (default 100),
 #        CUT_REPEATS (runs per setting, alternating on and off; default 3),
+#        CUT_COST_T (unset: the plan derives the transfer charge t from the model and the link; set:
+#        data.cost_t, e.g. what `kilter plan --calibrate` fitted on a first run),
 #        CUT_VCLUSTER_GBIT (unset: the cut runs are local; set, e.g. 1: they run on scripts/vcluster,
 #        2 nodes x RANKS/2 ranks with the link between them shaped to that many Gbit/s, so K/V of
 #        cuts across nodes are real network traffic, and the plan sees comm.link_gbps = that; needs
@@ -203,7 +205,7 @@ for LENGTHS in $CUT_CORPORA; do
     [[ -n ${CUT_VCLUSTER_GBIT:-} ]] && nodes=(--npernode $(((P + 1) / 2)))
     args=(--data.dir="$work/cutdata" "${link_args[@]}" --model.n_layer="$LAYERS" --model.n_head=2 --model.n_embd="$EMBD"
           --model.block_size="$CUT_CONTEXT" --data.max_tokens=$((2 * CUT_CONTEXT)) --data.sampler=balanced
-          --train.tokens_per_step=$((P * CUT_CONTEXT)) --train.backend=cpu)
+          --train.tokens_per_step=$((P * CUT_CONTEXT)) --train.backend=cpu ${CUT_COST_T:+--data.cost_t=$CUT_COST_T})
     for cut in true false; do
       "$KILTER" plan --data "$work/cutdata" --world-size "$P" "${args[@]:1}" --data.cut_pieces=$cut --json 2>/dev/null \
         > "cutplan-$ci-$P-$cut.json"
@@ -265,5 +267,9 @@ measured = "not measured" if fit.get("cost_t") is None else f"{fit['cost_t']:.4g
 print(f"{sys.argv[1]:<22} {sys.argv[2]:<5} kilter plan --calibrate (first run with cuts): cost_t = {measured}; "
       f"the plan derived t = {plan['cost_t']:.4g}")
 PY
+    # What `kilter report` tells the user of that run (an advice line only where cuts cost more
+    # than the plan charged).
+    advice=$("$KILTER" report "$work/runs/cut$ci-$P-true-1" 2>/dev/null | sed -n 's/^  advice: //p')
+    printf '%-22s %-5s kilter report (first run with cuts): %s\n' "$LENGTHS" "$P" "${advice:-no advice (the charge held)}"
   done
 done

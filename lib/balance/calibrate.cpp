@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -222,6 +223,18 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
     }
   }
   return samples;
+}
+
+std::string cut_cost_advice(const TransferFit& transfer, double a_seconds_per_token, double planned_t) {
+  const double measured = transfer.cost_t(a_seconds_per_token);
+  if (!transfer.measured || !(a_seconds_per_token > 0) || !(measured > 1.5 * std::max(planned_t, 0.0))) return "";
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "cut pieces cost more than the plan charged: their kv_wait measured t = %.3g dense tokens per earlier "
+                "token (%llu (rank, step) rows), the plan cut with t = %.3g, so its cuts can make steps slower here; "
+                "set data.cost_t = %.3g (the plan then cuts only where that pays) or data.cut_pieces = false",
+                measured, static_cast<unsigned long long>(transfer.samples), planned_t, measured);
+  return line;
 }
 
 }  // namespace kilter::balance

@@ -54,6 +54,13 @@ struct CostFit {
 // lengths did not vary enough to tell a from b.
 CostFit fit_cost_model(const std::vector<CostSample>& samples);
 
+// What a run with cut pieces tells about their charge: where the transfer coefficient its
+// kv_wait measured (transfer.cost_t(fit.a), in dense tokens per earlier token) is above 1.5x the
+// charge the plan cut with, one line naming both figures and the settings that follow from them
+// (data.cost_t = the measured figure, or data.cut_pieces = false); "" where the run measured no
+// transfer, where a is unknown, or where the charge held.
+std::string cut_cost_advice(const TransferFit& transfer, double a_seconds_per_token, double planned_t);
+
 // Reads RUN_DIR/metrics/rank-*.csv: the header names the columns `step`, `tokens_computed`,
 // `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted), and
 // `micro_batches` when the run recorded it (older runs: 1 per row). Rows with step < skip_steps

@@ -446,6 +446,9 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["cost_imbalance_uncut_p50"] = st.cost_imbalance_uncut_p50;
   extra["cost_imbalance_uncut_p95"] = st.cost_imbalance_uncut_p95;
   extra["cost_imbalance_uncut_max"] = st.cost_imbalance_uncut_max;
+  // The charge per earlier token the plan cut with (dense tokens), which `kilter report` compares
+  // with what the run's kv_wait measured.
+  extra["plan_cost_t"] = plans.get(state.position.epoch).cost.t;
   extra["cuts_per_step_p50"] = st.cuts_per_step_p50;
   extra["cuts_per_step_max"] = st.cuts_per_step_max;
   extra["cut_pieces"] = st.cut_pieces;

@@ -157,5 +157,24 @@ TEST(BalanceCalibrate, TransferCostFromKvWaitOrKeptDerived) {
   EXPECT_FALSE(fit_transfer_cost(samples).measured) << "no cut piece in the run: keep the derived t";
 }
 
+// kilter report's advice on cut pieces: only where the measured charge exceeds 1.5x the planned
+// one, naming both and the settings.
+TEST(BalanceCalibrate, CutCostAdviceOnlyWhereTheChargeDidNotHold) {
+  TransferFit fit;
+  fit.measured = true;
+  fit.seconds_per_token = 3e-6;
+  fit.samples = 40;
+  // 3e-6 s over 1e-6 s per dense token: t = 3 against a planned 0.583.
+  const std::string advice = cut_cost_advice(fit, 1e-6, 0.583);
+  EXPECT_NE(advice.find("t = 3 dense tokens"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("the plan cut with t = 0.583"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("data.cost_t = 3"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("data.cut_pieces = false"), std::string::npos) << advice;
+  EXPECT_EQ(cut_cost_advice(fit, 1e-6, 2.5), "") << "3 is within 1.5x of 2.5: the charge held";
+  EXPECT_EQ(cut_cost_advice(fit, 0.0, 0.583), "") << "a unknown";
+  fit.measured = false;
+  EXPECT_EQ(cut_cost_advice(fit, 1e-6, 0.583), "") << "no transfer measured";
+}
+
 }  // namespace
 }  // namespace kilter::balance
