@@ -220,30 +220,36 @@ void maybe_fail_for_test(int rank, int64_t step) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (hook.mode == "nonfinite") return;  // compute_gradients asks nonfinite_gradient_injected_for_test
-  if (hook.mode == "kv_exit" || hook.mode == "kv_hang") return;  // kv_exchange_for_test
+  if (hook.mode == "kv_exit" || hook.mode == "kv_hang" || hook.mode == "kv_hang_backward")
+    return;  // kv_exchange_for_test
   KILTER_CHECK(hook.mode == "error", "KILTER_TEST_FAIL_MODE=" << hook.mode
                                                               << " is not one of error, exit, hang, sigusr1, nonfinite, "
-                                                                 "kv_exit, kv_hang");
+                                                                 "kv_exit, kv_hang, kv_hang_backward");
   KILTER_FAIL("injected failure at step " << step << " (test hook KILTER_TEST_FAIL_RANK=" << rank
                                           << " KILTER_TEST_FAIL_STEP=" << step << ")");
 }
 
 namespace {
 
-// The exchange of kv_exchange_for_test: forwards every call, and fails in forward_send of `layer_`.
+// The exchange of kv_exchange_for_test: forwards every call, and fails in forward_send of
+// `layer_` (a rank holding an earlier part), or with `backward` in backward_send of `layer_` (a
+// rank holding a later part, before it sends the dK/dV of its prefixes).
 class FailingKvExchange final : public comm::CutExchange {
  public:
-  FailingKvExchange(std::unique_ptr<comm::CutExchange> inner, int rank, int layer, bool exit)
-      : inner_(std::move(inner)), rank_(rank), layer_(layer), exit_(exit) {}
+  FailingKvExchange(std::unique_ptr<comm::CutExchange> inner, int rank, int layer, bool exit, bool backward = false)
+      : inner_(std::move(inner)), rank_(rank), layer_(layer), exit_(exit), backward_(backward) {}
 
   void forward_send(int layer, const float* qkv) override {
-    if (layer == layer_) fail();
+    if (!backward_ && layer == layer_) fail();
     inner_->forward_send(layer, qkv);
   }
   void forward_wait(int layer) override { inner_->forward_wait(layer); }
   const float* prefix_kv(int layer, int piece) override { return inner_->prefix_kv(layer, piece); }
   float* prefix_dkv(int layer, int piece) override { return inner_->prefix_dkv(layer, piece); }
-  void backward_send(int layer) override { inner_->backward_send(layer); }
+  void backward_send(int layer) override {
+    if (backward_ && layer == layer_) fail();
+    inner_->backward_send(layer);
+  }
   void backward_wait_add(int layer, float* dqkv) override { inner_->backward_wait_add(layer, dqkv); }
   void finish() override { inner_->finish(); }
   const comm::KvSchedule& schedule() const override { return inner_->schedule(); }
@@ -253,13 +259,14 @@ class FailingKvExchange final : public comm::CutExchange {
   [[noreturn]] void fail() const {
     const comm::KvSchedule& s = inner_->schedule();
     std::string sends;
-    for (const comm::KvPeer& peer : s.later)
+    for (const comm::KvPeer& peer : backward_ ? s.earlier : s.later)
       for (const comm::KvRun& run : peer.runs)
         sends += "; to rank " + std::to_string(peer.rank) + ": " + s.describe_piece(run.piece);
     std::fprintf(stderr,
                  "kilter: rank %d: KILTER_TEST_FAIL_MODE=%s at step %lld, micro-batch %u, layer %d, before sending the "
-                 "K/V of its earlier parts%s: %s (test hook)\n",
-                 rank_, exit_ ? "kv_exit" : "kv_hang", (long long)s.step, s.slot, layer_, sends.c_str(),
+                 "%s%s: %s (test hook)\n",
+                 rank_, backward_ ? "kv_hang_backward" : exit_ ? "kv_exit" : "kv_hang", (long long)s.step, s.slot,
+                 layer_, backward_ ? "dK/dV of its later parts' prefixes" : "K/V of its earlier parts", sends.c_str(),
                  exit_ ? "exiting with code 3" : "this rank stops");
     std::fflush(stderr);
     if (exit_) std::_Exit(3);
@@ -268,7 +275,7 @@ class FailingKvExchange final : public comm::CutExchange {
 
   std::unique_ptr<comm::CutExchange> inner_;
   int rank_, layer_;
-  bool exit_;
+  bool exit_, backward_;
 };
 
 }  // namespace
@@ -276,9 +283,12 @@ class FailingKvExchange final : public comm::CutExchange {
 std::unique_ptr<comm::CutExchange> kv_exchange_for_test(std::unique_ptr<comm::CutExchange> exchange, int rank,
                                                         int64_t step, int n_layer) {
   const TestHook& hook = test_hook();
-  if (!hook.active || (hook.mode != "kv_exit" && hook.mode != "kv_hang") || hook.rank != rank || step < hook.step ||
-      !exchange || exchange->schedule().later.empty())
-    return exchange;
+  if (!hook.active || hook.rank != rank || step < hook.step || !exchange) return exchange;
+  if (hook.mode == "kv_hang_backward") {
+    if (exchange->schedule().earlier.empty()) return exchange;  // no later part here
+    return std::make_unique<FailingKvExchange>(std::move(exchange), rank, n_layer / 2, false, true);
+  }
+  if ((hook.mode != "kv_exit" && hook.mode != "kv_hang") || exchange->schedule().later.empty()) return exchange;
   return std::make_unique<FailingKvExchange>(std::move(exchange), rank, n_layer / 2, hook.mode == "kv_exit");
 }
 

@@ -41,7 +41,8 @@ std::string format_rank_list(const std::vector<int>& ranks);
 //   nonfinite        nothing here; nonfinite_gradient_injected_for_test() then says yes for this
 //                    rank and step, and the rank's gradient of that step becomes NaN (its loss
 //                    stays finite): a non-finite gradient on one rank only.
-//   kv_exit, kv_hang nothing here; kv_exchange_for_test() below makes the rank fail inside the
+//   kv_exit, kv_hang, kv_hang_backward
+//                    nothing here; kv_exchange_for_test() below makes the rank fail inside the
 //                    K/V exchange of a cut piece.
 // Without the variables it does nothing (one getenv on the first call).
 void maybe_fail_for_test(int rank, int64_t step);
@@ -52,8 +53,10 @@ bool nonfinite_gradient_injected_for_test(int rank, int64_t step);
 // holds an earlier part of a cut piece, its micro-batch stops inside the exchange right before it
 // sends layer n_layer / 2's K/V (the earlier layers' K/V went out): it prints the step, layer and
 // pieces, then exits with code 3 (kv_exit, like a crash) or sleeps forever (kv_hang, so the ranks
-// holding the later parts must end the job after comm.timeout_s). Returns `exchange` unchanged
-// where the drill does not apply.
+// holding the later parts must end the job after comm.timeout_s). kv_hang_backward is the mirror:
+// at the first such step where the rank holds a LATER part, its backward stops right before it
+// sends layer n_layer / 2's dK/dV of that part's prefix, and the rank holding the earlier part must
+// end the job after comm.timeout_s. Returns `exchange` unchanged where the drill does not apply.
 std::unique_ptr<comm::CutExchange> kv_exchange_for_test(std::unique_ptr<comm::CutExchange> exchange, int rank,
                                                         int64_t step, int n_layer);
 
