@@ -263,18 +263,32 @@ int cmd_plan(int argc, char** argv) {
                          " in one step); idle ranks still join every collective; raise train.tokens_per_step to >= " +
                          std::to_string(uint64_t(world_size) * opts.context) + " (world size x model.block_size)");
     }
-    if (s.cost_imbalance_p95 > 1.02 && s.cost_imbalance_bound_p95 > 1.02) {
+    // Never below what the idle-rank warning asks (>= world size x block_size), so the two
+    // suggestions agree.
+    const auto coarser_step = static_cast<unsigned long long>(std::max<uint64_t>(
+        2 * uint64_t(opts.tokens_per_step), 2 * uint64_t(world_size) * uint64_t(opts.context)));
+    const double contexts_per_rank = double(opts.tokens_per_step) / double(world_size) / double(opts.context);
+    const bool cutting = opts.cut_pieces && opts.sampler == "balanced";
+    if (cutting && s.cost_imbalance_p95 > 1.02) {
+      // With cuts the whole-piece bound is not the limit: what is left comes from cuts that cost
+      // more (t per earlier token) than they would even out.
+      char line[480];
+      std::snprintf(line, sizeof line,
+                    "the steps are too coarse for %d ranks: with cut pieces the plan gets cost_imbalance_p95 %.3f (whole "
+                    "pieces alone: %.3f at best); a rank's share is only %.1f contexts, and the cuts that would even it "
+                    "out cost more than they save at t = %.4g per earlier token; raise train.tokens_per_step (e.g. to "
+                    "%llu) to balance",
+                    world_size, s.cost_imbalance_p95, s.cost_imbalance_bound_p95, contexts_per_rank, plan.cost.t,
+                    coarser_step);
+      warnings.push_back(line);
+    } else if (!cutting && s.cost_imbalance_p95 > 1.02 && s.cost_imbalance_bound_p95 > 1.02) {
       char line[400];
       std::snprintf(line, sizeof line,
                     "the steps are too coarse for %d ranks: no division of their pieces gets cost_imbalance_p95 below "
                     "%.3f (a rank's share is only %.1f contexts and long pieces cost more than it); raise "
-                    "train.tokens_per_step (e.g. to %llu) to balance",
-                    world_size, s.cost_imbalance_bound_p95,
-                    double(opts.tokens_per_step) / double(world_size) / double(opts.context),
-                    // Never below what the idle-rank warning asks (>= world size x block_size), so the
-                    // two suggestions agree.
-                    static_cast<unsigned long long>(std::max<uint64_t>(
-                        2 * uint64_t(opts.tokens_per_step), 2 * uint64_t(world_size) * uint64_t(opts.context))));
+                    "train.tokens_per_step (e.g. to %llu) to balance%s",
+                    world_size, s.cost_imbalance_bound_p95, contexts_per_rank, coarser_step,
+                    opts.sampler == "balanced" ? ", or let the plan cut pieces (data.cut_pieces = true)" : "");
       warnings.push_back(line);
     }
     if (s.link_bound_parts > 0) {

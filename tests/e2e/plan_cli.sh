@@ -2,7 +2,8 @@
 # `kilter plan` on a prepared dataset: --json prints one object with the docs/design.md statistics;
 # the balanced (packed) plan computes no padding and beats the naive one on the critical path;
 # the human summary prints; a step too small for the world size is warned about with the step
-# that avoids it; bad keys and bad values are refused naming the key; --calibrate fits a, b, c.
+# that avoids it; steps too coarse to balance are warned about (with cut pieces: what the cuts got
+# and their charge t); bad keys and bad values are refused naming the key; --calibrate fits a, b, c.
 source "$(dirname "$0")/lib.sh"
 
 "$KILTER" prep synth --docs 3000 --lengths lognormal:5,1.0,2048 --vocab 257 --shards 2 --seed 3 --out data 2>/dev/null
@@ -31,6 +32,9 @@ for cut in true false; do
   "$KILTER" plan --data data --world-size 64 --model.block_size=512 --data.max_tokens=2048 \
     --train.tokens_per_step=8192 --data.cut_pieces=$cut --data.cost_t=0.05 --json > cut-$cut.json 2>/dev/null
 done
+# Cuts too dear to even the steps out: the too-coarse warning quotes what the cuts got, and t.
+"$KILTER" plan --data data --world-size 64 --model.block_size=512 --data.max_tokens=2048 \
+  --train.tokens_per_step=8192 --data.cut_pieces=true --data.cost_t=50 --json > cut-dear.json 2>/dev/null
 if "$KILTER" plan --data data --world-size 8 --train.tokens_per_step=0 2> bad.txt; then fail "a zero step accepted"; fi
 grep -q "train.tokens_per_step" bad.txt || fail "error does not name train.tokens_per_step: $(cat bad.txt)"
 
@@ -81,6 +85,13 @@ assert off["cuts"] == 0 and off["kv_bytes_per_step_max"] == 0, off
 assert on["cost_imbalance_p95"] < off["cost_imbalance_p95"], (on["cost_imbalance_p95"], off["cost_imbalance_p95"])
 assert abs(on["cost_imbalance_uncut_p95"] - off["cost_imbalance_p95"]) < 1e-9
 assert on["cost_imbalance_bound_p95"] > 0 and on["kv_bytes_per_rank_max"] > 0
+coarse = [w for w in off["warnings"] if "too coarse" in w]
+assert coarse and "no division of their pieces" in coarse[0] and "data.cut_pieces = true" in coarse[0], off["warnings"]
+dear = json.load(open("cut-dear.json"))
+coarse = [w for w in dear["warnings"] if "too coarse" in w]
+assert dear["cost_imbalance_p95"] > 1.02 and coarse, dear
+assert "with cut pieces the plan gets cost_imbalance_p95 %.3f" % dear["cost_imbalance_p95"] in coarse[0], coarse
+assert "t = 50 per earlier token" in coarse[0] and "no division" not in coarse[0], coarse
 idle = json.load(open("idle.json"))
 assert idle["idle_rank_steps"] > 0 and idle["warnings"], idle
 fit = json.load(open("fit.json"))
