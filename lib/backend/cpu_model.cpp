@@ -220,19 +220,8 @@ void CpuModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
   if (held_m.empty()) return;  // nothing held yet: allocated on first use
   ensure_moments();
   // held_ranges is either the full [0, num_params) or a previous shard; copy the overlap.
-  size_t dst = 0;
-  for (const model::ParamRange& r : owned_) {
-    size_t src = 0;
-    for (const model::ParamRange& h : held_ranges) {
-      const size_t lo = std::max(r.offset, h.offset), hi = std::min(r.offset + r.count, h.offset + h.count);
-      if (lo < hi) {
-        std::memcpy(adam_m_.data() + dst + (lo - r.offset), held_m.data() + src + (lo - h.offset), sizeof(float) * (hi - lo));
-        std::memcpy(adam_v_.data() + dst + (lo - r.offset), held_v.data() + src + (lo - h.offset), sizeof(float) * (hi - lo));
-      }
-      src += h.count;
-    }
-    dst += r.count;
-  }
+  model::copy_range_overlap(held_ranges, held_m.data(), owned_, adam_m_.data());
+  model::copy_range_overlap(held_ranges, held_v.data(), owned_, adam_v_.data());
 }
 
 void CpuModel::get_optimizer_shard(float* m, float* v, size_t first, size_t count) const {

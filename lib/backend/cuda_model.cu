@@ -148,6 +148,12 @@ class CudaModel final : public model::Model {
   void zero_grads() override;
   float* grads() override { return grads_; }
   float* params() override { return params_; }
+  bool params_in_host_memory() const override { return false; }
+  void copy_params_to_host(float* host, size_t offset, size_t count) override {
+    cuda_device_index();
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(host, params_ + offset, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   double grad_norm_squared() override;
   void adamw_step(const model::AdamWParams& p) override;
   void synchronize() override { KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -1232,19 +1238,8 @@ void CudaModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
   sharded_ = true;
   if (held_m.empty()) return;  // nothing held yet: allocated on first use
   std::vector<float> m(owned_floats(), 0.0f), v(m.size(), 0.0f);
-  size_t dst = 0;
-  for (const model::ParamRange& r : owned_) {
-    size_t src = 0;
-    for (const model::ParamRange& h : held_ranges) {
-      const size_t lo = std::max(r.offset, h.offset), hi = std::min(r.offset + r.count, h.offset + h.count);
-      if (lo < hi) {
-        std::copy(held_m.begin() + (src + lo - h.offset), held_m.begin() + (src + hi - h.offset), m.begin() + (dst + lo - r.offset));
-        std::copy(held_v.begin() + (src + lo - h.offset), held_v.begin() + (src + hi - h.offset), v.begin() + (dst + lo - r.offset));
-      }
-      src += h.count;
-    }
-    dst += r.count;
-  }
+  model::copy_range_overlap(held_ranges, held_m.data(), owned_, m.data());
+  model::copy_range_overlap(held_ranges, held_v.data(), owned_, v.data());
   ensure_moments();
   KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_m_, m.data(), sizeof(float) * m.size(), cudaMemcpyHostToDevice, stream_));
   KILTER_CUDA_CHECK(cudaMemcpyAsync(adam_v_, v.data(), sizeof(float) * v.size(), cudaMemcpyHostToDevice, stream_));

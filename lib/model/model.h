@@ -5,6 +5,7 @@
 // ready from high offsets to low; wte and wpe are ready last.
 // Owner: model (issue 2); the CUDA backend (issue 7) implements the same interface.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -98,6 +99,24 @@ struct ParamRange {
   size_t count = 0;
 };
 
+// Values held for `from_ranges` (range after range in `from`) copied where `to_ranges` (range
+// after range in `to`) covers the same buffer positions; the rest of `to` is left as it is. A
+// sharded optimizer keeps, when its ranges change (a resume that loaded the full moments first),
+// the moments it already held.
+inline void copy_range_overlap(const std::vector<ParamRange>& from_ranges, const float* from,
+                               const std::vector<ParamRange>& to_ranges, float* to) {
+  size_t dst = 0;
+  for (const ParamRange& r : to_ranges) {
+    size_t src = 0;
+    for (const ParamRange& h : from_ranges) {
+      const size_t lo = std::max(r.offset, h.offset), hi = std::min(r.offset + r.count, h.offset + h.count);
+      if (lo < hi) std::copy(from + src + (lo - h.offset), from + src + (hi - h.offset), to + dst + (lo - r.offset));
+      src += h.count;
+    }
+    dst += r.count;
+  }
+}
+
 // Called during backward when grads[offset, offset+count) are final for this micro-batch.
 using GradReadyFn = std::function<void(size_t offset, size_t count)>;
 
@@ -164,6 +183,15 @@ class Model {
   virtual void zero_grads() = 0;
   virtual float* grads() = 0;        // device pointer, layout().padded_size floats
   virtual float* params() = 0;       // device pointer
+  // Whether params() is host memory (the CPU backend) or a device's (CUDA).
+  virtual bool params_in_host_memory() const { return true; }
+  // params()[offset, offset + count) (within padded_size) into host memory: a checkpoint writes a
+  // sharded device rank's ranges piece by piece through it. Host backends copy from params(); a
+  // device backend copies from the device.
+  virtual void copy_params_to_host(float* host, size_t offset, size_t count) {
+    const float* from = params() + offset;
+    std::copy(from, from + count, host);
+  }
   virtual double grad_norm_squared() = 0;  // over num_params (over the owned ranges, sharded)
   // Whether grads()[offset, offset+count) holds only finite values. Called on this rank's own
   // gradient before it is reduced, to name the rank a non-finite gradient came from; a backend

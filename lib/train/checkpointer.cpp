@@ -135,17 +135,19 @@ constexpr size_t kShardPiece = size_t(1) << 22;
 // file `writer` opened, in pieces of kShardPiece floats: no whole shard is copied. `delay_s` > 0
 // (the test hook, rank 0) sleeps once halfway through.
 void write_own_slice(const model::Model& model, io::CheckpointSliceWriter& writer, double delay_s) {
-  // Only the CPU backend shards its optimizer, and its params() is host memory; it is only read
-  // (a device backend that shards would copy its pieces to the host here first).
+  // The CPU backend's params() is host memory and is only read; a device backend's params come to
+  // the host piece by piece too (copy_params_to_host).
   KILTER_CHECK(model.supports_optimizer_shard(),
                "checkpoint: the " << model.backend_name() << " backend holds a sharded optimizer it does not support");
-  const float* params = const_cast<model::Model&>(model).params();
+  model::Model& source = const_cast<model::Model&>(model);
+  const float* host_params = model.params_in_host_memory() ? source.params() : nullptr;
   const std::vector<model::ParamRange> ranges = model.optimizer_ranges();
   size_t total = 0;
   for (const model::ParamRange& r : ranges) total += r.count;
   // With the test hook, pieces of at most half the slice, so that the sleep comes between two.
   const size_t piece = delay_s > 0 ? std::clamp<size_t>((total + 1) / 2, 1, kShardPiece) : kShardPiece;
   std::vector<float> piece_m(std::min(total, piece)), piece_v(piece_m.size());
+  std::vector<float> piece_p(host_params != nullptr ? 0 : piece_m.size());
   bool delayed = delay_s <= 0;
   size_t first = 0;  // of the shard's sequence, range after range (get_optimizer_shard's count)
   for (const model::ParamRange& r : ranges) {
@@ -153,7 +155,8 @@ void write_own_slice(const model::Model& model, io::CheckpointSliceWriter& write
       const size_t n = std::min(piece, r.count - done);
       model.get_optimizer_shard(piece_m.data(), piece_v.data(), first + done, n);
       const size_t at = r.offset + done;
-      writer.write(0, at, params + at, n);
+      if (host_params == nullptr) source.copy_params_to_host(piece_p.data(), at, n);
+      writer.write(0, at, host_params != nullptr ? host_params + at : piece_p.data(), n);
       writer.write(1, at, piece_m.data(), n);
       writer.write(2, at, piece_v.data(), n);
       done += n;

@@ -11,6 +11,7 @@
 // Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
 // zero up to rounding may take the opposite sign on the two backends (2*lr apart).
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -314,6 +315,12 @@ void compare_shard(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
       r0->set_params(gathered.data());
       r1->set_params(gathered.data());
     }
+    // What a sharded checkpoint writes: the owned range's parameters, copied piece by piece.
+    std::vector<float> piece(third);
+    r1->copy_params_to_host(piece.data(), third, third);
+    const std::vector<float> all = params_of(*r1);
+    check.expect(tag + "params live on the device and copy_params_to_host gives the owned range",
+                 !r1->params_in_host_memory() && std::equal(piece.begin(), piece.end(), all.begin() + third));
     std::vector<float> m(n), v(n);
     full->get_optimizer_state(m.data(), v.data());
     std::vector<float> held_m(third), held_v(third);
