@@ -39,7 +39,7 @@ static std::string cut_cost_advice(const diag::RunData& run) {
     const std::vector<balance::CostSample> samples = balance::read_cost_samples(run.run_dir, 2);
     const balance::TransferFit transfer = balance::fit_transfer_cost(samples);
     if (!transfer.measured) return "";
-    return balance::cut_cost_advice(transfer, balance::fit_cost_model(samples).a,
+    return balance::cut_cost_advice(samples, transfer, balance::fit_cost_model(samples).a,
                                     run.summary["plan_cost_t"].get<double>());
   } catch (const Error&) {
     return "";

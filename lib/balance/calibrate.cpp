@@ -225,15 +225,25 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
   return samples;
 }
 
-std::string cut_cost_advice(const TransferFit& transfer, double a_seconds_per_token, double planned_t) {
+std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
+                            double a_seconds_per_token, double planned_t) {
   const double measured = transfer.cost_t(a_seconds_per_token);
-  if (!transfer.measured || !(a_seconds_per_token > 0) || !(measured > 1.5 * std::max(planned_t, 0.0))) return "";
-  char line[512];
+  planned_t = std::max(planned_t, 0.0);
+  if (!transfer.measured || !(a_seconds_per_token > 0) || !(measured > 1.5 * planned_t)) return "";
+  // What the miss costs a rank that received K/V, as a share of its step's computed tokens.
+  double kv_tokens = 0, computed = 0;
+  for (const CostSample& s : samples)
+    if (s.kv_tokens > 0) kv_tokens += s.kv_tokens, computed += s.tokens_computed;
+  if (!(computed > 0)) return "";
+  const double excess_share = (measured - planned_t) * kv_tokens / computed;
+  if (excess_share < 0.02) return "";
+  char line[640];
   std::snprintf(line, sizeof line,
                 "cut pieces cost more than the plan charged: their kv_wait measured t = %.3g dense tokens per earlier "
-                "token (%llu (rank, step) rows), the plan cut with t = %.3g, so its cuts can make steps slower here; "
-                "set data.cost_t = %.3g (the plan then cuts only where that pays) or data.cut_pieces = false",
-                measured, static_cast<unsigned long long>(transfer.samples), planned_t, measured);
+                "token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss of about %.0f%% of the step of a "
+                "rank that received K/V, so its cuts can make steps slower here; set data.cost_t = %.3g (the plan "
+                "then cuts only where that pays) or data.cut_pieces = false",
+                measured, static_cast<unsigned long long>(transfer.samples), planned_t, 100 * excess_share, measured);
   return line;
 }
 

@@ -55,11 +55,14 @@ struct CostFit {
 CostFit fit_cost_model(const std::vector<CostSample>& samples);
 
 // What a run with cut pieces tells about their charge: where the transfer coefficient its
-// kv_wait measured (transfer.cost_t(fit.a), in dense tokens per earlier token) is above 1.5x the
-// charge the plan cut with, one line naming both figures and the settings that follow from them
-// (data.cost_t = the measured figure, or data.cut_pieces = false); "" where the run measured no
-// transfer, where a is unknown, or where the charge held.
-std::string cut_cost_advice(const TransferFit& transfer, double a_seconds_per_token, double planned_t);
+// kv_wait measured (transfer.cost_t(a), in dense tokens per earlier token) is above 1.5x the
+// charge the plan cut with, and the difference costs the ranks that received K/V at least 2% of
+// their step (the excess times their mean earlier tokens over their mean computed tokens, from
+// `samples`), one line naming the figures and the settings that follow from them (data.cost_t =
+// the measured figure, or data.cut_pieces = false); "" where the run measured no transfer, where
+// a is unknown, or where the charge held or its miss is too small to matter.
+std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
+                            double a_seconds_per_token, double planned_t);
 
 // Reads RUN_DIR/metrics/rank-*.csv: the header names the columns `step`, `tokens_computed`,
 // `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted), and
