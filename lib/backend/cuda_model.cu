@@ -202,6 +202,9 @@ class CudaModel final : public model::Model {
   // One layer's attention with the K/V exchange of cut pieces (kv_exchange.h's order): the groups
   // while the prefixes travel, then the later parts.
   void attention_forward_layer(int layer, const BlockActivations& a);
+  // The later parts' attention of layer `layer` against their prefixes (exchange_->prefix_kv),
+  // output rows into `out`, saved state into a.att.
+  void attention_forward_prefixed(int layer, const BlockActivations& a, float* out);
   void attention_backward_layer(int layer, const BlockActivations& a);
   bool cudnn_for_shape(int B, int T);
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
@@ -285,8 +288,8 @@ class CudaModel final : public model::Model {
   void release_moments();
   double* range_norms_ = nullptr;  // per owned range: its squared gradient norm (device)
   size_t range_norms_capacity_ = 0;
-  double* loss_device_ = nullptr;   // [0] loss sum, [1] squared norm, then norm scratch
-  double* host_scalars_ = nullptr;  // pinned: [0] loss, [1] squared norm
+  double* loss_device_ = nullptr;   // [0] loss sum, then the squared norms' scratch
+  double* host_scalars_ = nullptr;  // pinned: [0] loss
   // Two upload slots used in turn, each a pinned host buffer and a device buffer for inputs,
   // targets and lengths: micro-batch k+1 goes up on the copy stream while micro-batch k computes;
   // the compute stream then copies it (device to device, a few hundred KB) into the arena.
@@ -367,8 +370,8 @@ CudaModel::CudaModel(const GPTConfig& cfg, size_t pad_multiple, const model::Bac
   KILTER_CUDA_CHECK(cudaMemsetAsync(state_, 0, sizeof(float) * padded * 2, stream_));
   owned_ = {{0, layout_.num_params}};
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_),
-                               sizeof(double) * (2 + kc::sum_of_squares_scratch_doubles())));
-  KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), sizeof(double) * 2));
+                               sizeof(double) * (1 + kc::sum_of_squares_scratch_doubles())));
+  KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), sizeof(double)));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scale_device_), sizeof(float)));
 
   offsets_ = model::LayoutOffsets::of(layout_, cfg_.n_layer);
@@ -939,16 +942,20 @@ void CudaModel::attention_forward_layer(int layer, const BlockActivations& a) {
     attention_forward_groups(a);
     return;
   }
-  const int C = cfg_.n_embd, NH = cfg_.n_head;
   // The exchange reads qkv from its own stream or the host side: the rows must be final.
   KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
   exchange_->forward_send(layer, a.qkv);
   attention_forward_groups(a);
   exchange_->forward_wait(layer);
+  attention_forward_prefixed(layer, a, a.atty);
+}
+
+void CudaModel::attention_forward_prefixed(int layer, const BlockActivations& a, float* out) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head;
   const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
   for (size_t k = 0; k < prefixed.size(); ++k) {
     const PrefixedPiece& part = prefixed[k];
-    kc::attention_prefix_forward(*g_, a.atty + static_cast<size_t>(part.first_row) * C,
+    kc::attention_prefix_forward(*g_, out + static_cast<size_t>(part.first_row) * C,
                                  a.att + acts_.prefixed_saved_offset[k],
                                  a.qkv + static_cast<size_t>(part.first_row) * 3 * C,
                                  exchange_->prefix_kv(layer, part.piece), part.offset, part.len, C, NH,
@@ -985,19 +992,10 @@ void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
 }
 
 void CudaModel::attention_recompute(int layer, const BlockActivations& a, float* out) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head;
   BlockActivations into = a;
   into.atty = out;
   attention_forward_groups(into);
-  const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
-  for (size_t k = 0; k < prefixed.size(); ++k) {
-    const PrefixedPiece& part = prefixed[k];
-    kc::attention_prefix_forward(*g_, out + static_cast<size_t>(part.first_row) * C,
-                                 a.att + acts_.prefixed_saved_offset[k],
-                                 a.qkv + static_cast<size_t>(part.first_row) * 3 * C,
-                                 exchange_->prefix_kv(layer, part.piece), part.offset, part.len, C, NH,
-                                 acts_.attention_workspace);
-  }
+  attention_forward_prefixed(layer, a, out);
 }
 
 void CudaModel::block_recompute(int l) {
@@ -1264,20 +1262,19 @@ double CudaModel::grad_norm_squared() {
     KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&range_norms_), sizeof(double) * ranges));
     range_norms_capacity_ = ranges;
   }
-  std::vector<double> norms(ranges, 0.0);
-  std::vector<char> counted(ranges, 0);
+  // A range wholly in the padding has no gradient: its sum stays 0.
+  KILTER_CUDA_CHECK(cudaMemsetAsync(range_norms_, 0, sizeof(double) * ranges, stream_));
   for (size_t i = 0; i < ranges; ++i) {
     const size_t end = std::min(owned_[i].offset + owned_[i].count, layout_.num_params);
-    if (owned_[i].offset >= end) continue;
-    kc::sum_of_squares_async(range_norms_ + i, grads_ + owned_[i].offset, end - owned_[i].offset, loss_device_ + 2,
-                             stream_);
-    counted[i] = 1;
+    if (owned_[i].offset < end)
+      kc::sum_of_squares_async(range_norms_ + i, grads_ + owned_[i].offset, end - owned_[i].offset, loss_device_ + 1,
+                               stream_);
   }
+  std::vector<double> norms(ranges);
   KILTER_CUDA_CHECK(cudaMemcpyAsync(norms.data(), range_norms_, sizeof(double) * ranges, cudaMemcpyDeviceToHost, stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
   double total = 0.0;
-  for (size_t i = 0; i < ranges; ++i)
-    if (counted[i]) total += norms[i];
+  for (double norm : norms) total += norm;
   return total;
 }
 
