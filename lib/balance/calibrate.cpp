@@ -227,9 +227,10 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
 
 std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
                             double a_seconds_per_token, double planned_t) {
+  // cost_t is 0 where the run measured no transfer or a is unknown: no advice then.
   const double measured = transfer.cost_t(a_seconds_per_token);
   planned_t = std::max(planned_t, 0.0);
-  if (!transfer.measured || !(a_seconds_per_token > 0) || !(measured > 1.5 * planned_t)) return "";
+  if (!(measured > 1.5 * planned_t)) return "";
   // What the miss costs a rank that received K/V, as a share of its step's computed tokens.
   double kv_tokens = 0, computed = 0;
   for (const CostSample& s : samples)
