@@ -25,6 +25,8 @@
 #include "tests/gpu/gpu_test_util.h"
 
 using kilter::gputest::Checker;
+using kilter::gputest::device_grads;
+using kilter::gputest::with;
 using kilter::gputest::random_int;
 namespace km = kilter::model;
 
@@ -47,13 +49,6 @@ km::Batch random_batch(const km::GPTConfig& cfg, int pieces, int max_len) {
     batch.append_piece(inputs.data(), targets.data(), length);
   }
   return batch;
-}
-
-std::vector<float> device_grads(km::Model& model) {
-  model.synchronize();
-  std::vector<float> host(model.layout().padded_size);
-  KILTER_CUDA_CHECK(cudaMemcpy(host.data(), model.grads(), sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
-  return host;
 }
 
 std::vector<float> params_of(const km::Model& model) {
@@ -213,16 +208,6 @@ void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
   } catch (const kilter::Error& e) {
     check.expect(options_tag(options) + std::to_string(steps) + "-step run ran", false, e.what());
   }
-}
-
-km::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false,
-                        const std::string& recompute = "none") {
-  km::BackendOptions options;
-  options.precision = precision;
-  options.attention = attention;
-  options.cuda_graphs = graphs;
-  options.recompute = recompute;
-  return options;
 }
 
 // train.recompute on the GPU against recompute = none on the GPU: the same kernels on the same

@@ -131,4 +131,23 @@ class Checker {
   int failures_ = 0;
 };
 
+// A model's gradient (num_params floats) on the host, once its stream has drained.
+inline std::vector<float> device_grads(model::Model& m) {
+  m.synchronize();
+  std::vector<float> host(m.layout().num_params);
+  KILTER_CUDA_CHECK(cudaMemcpy(host.data(), m.grads(), sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// The CUDA backend's options of a test case.
+inline model::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false,
+                                  const std::string& recompute = "none") {
+  model::BackendOptions options;
+  options.precision = precision;
+  options.attention = attention;
+  options.cuda_graphs = graphs;
+  options.recompute = recompute;
+  return options;
+}
+
 }  // namespace kilter::gputest
