@@ -23,6 +23,7 @@
 #include "lib/balance/plan_config.h"
 #include "lib/balance/synthetic_lengths.h"
 #include "lib/core/config.h"
+#include "lib/model/model.h"
 #include "lib/train/training_data.h"
 #include "lib/train/memory_plan.h"
 
@@ -33,7 +34,7 @@ namespace kilter::app {
 namespace {
 
 const char* kUsage =
-    "usage: kilter plan --data DIR --world-size P [--ranks-per-node L] [--sampler balanced|naive] [--memory] [--json]\n"
+    "usage: kilter plan --data DIR --world-size P [--ranks-per-node L] [--sampler balanced|naive] [--memory [--device-memory GIB]] [--json]\n"
     "       kilter plan --lengths lognormal:MU,SIGMA[,MAX]|uniform:MIN,MAX --docs N [--seed S] --world-size P ...\n"
     "       kilter plan --calibrate RUN_DIR [--skip-steps N] [--json]\n"
     "Builds one epoch of the batch plan without training and prints its statistics\n"
@@ -151,13 +152,20 @@ nlohmann::json stats_json(const balance::EpochPlan& plan) {
 }
 
 // --memory: the plan of `kilter train`'s start, for this world size (lib/train/memory_plan.h).
-train::MemoryPlan memory_plan(Config cfg, uint32_t dataset_vocab, int world_size, int ranks_per_node) {
+// On the cuda backend (train.backend = cuda, or auto where a device is present) the device
+// figures are set against --device-memory GiB, else against this machine's device, else
+// against nothing (printed as unknown).
+train::MemoryPlan memory_plan(Config cfg, uint32_t dataset_vocab, int world_size, int ranks_per_node,
+                              double device_memory_gib) {
   if (cfg.model.vocab_size == 0) cfg.model.vocab_size = int(dataset_vocab);
   KILTER_USER_CHECK(cfg.model.vocab_size > 0, "--memory needs the vocabulary: give --data DIR or --model.vocab_size");
   train::MemoryPlanInput in;
   in.cfg = cfg;
   in.world_size = world_size;
   in.ranks_per_node = ranks_per_node;
+  in.backend = cfg.train.backend == "auto" ? (model::cuda_available() ? "cuda" : "cpu") : cfg.train.backend;
+  if (in.backend == "cuda")
+    in.device_bytes = device_memory_gib > 0 ? uint64_t(device_memory_gib * double(1ull << 30)) : train::device_memory_bytes();
   return train::plan_memory(in);
 }
 
@@ -168,6 +176,7 @@ int cmd_plan(int argc, char** argv) {
     Config cfg;
     std::string data_dir, sampler, lengths_spec, calibrate_dir;
     int world_size = 1, ranks_per_node = 0;
+    double device_memory_gib = 0;
     uint64_t docs = 0, synth_seed = 0, epoch = 0;
     int64_t skip_steps = 2;
     po::options_description extra("kilter plan");
@@ -179,6 +188,7 @@ int cmd_plan(int argc, char** argv) {
         ("epoch", po::value(&epoch)->default_value(0), "epoch to plan (the plan is deterministic from train.seed and the epoch)")
         ("json", "print one JSON object")
         ("memory", "also the memory plan: bytes per rank (parameters, gradients, optimizer state, activations, checkpoint, prefetch) and the node's total against this machine's memory")
+        ("device-memory", po::value(&device_memory_gib), "with --memory on the cuda backend: GiB each rank's device offers (default: this machine's device, if any)")
         ("lengths", po::value(&lengths_spec), "synthetic lengths instead of --data: lognormal:MU,SIGMA[,MAX] | uniform:MIN,MAX")
         ("docs", po::value(&docs)->default_value(0), "synthetic documents (with --lengths)")
         ("seed", po::value(&synth_seed), "seed of the synthetic lengths (default: train.seed)")
@@ -341,7 +351,7 @@ int cmd_plan(int argc, char** argv) {
         out["tokens_per_source"] = per_source;
         out["source_wraps"] = wraps;
       }
-      if (vm.count("memory")) out["memory"] = train::memory_plan_json(memory_plan(cfg, dataset_vocab, world_size, ranks_per_node));
+      if (vm.count("memory")) out["memory"] = train::memory_plan_json(memory_plan(cfg, dataset_vocab, world_size, ranks_per_node, device_memory_gib));
       std::cout << out.dump(2) << "\n";
     } else {
       std::printf("kilter plan: %s sampler, world size %d (%d per node), epoch %llu, seed %llu, data %s\n",
@@ -392,7 +402,7 @@ int cmd_plan(int argc, char** argv) {
                   plan.cost.a, plan.cost.b, plan.cost.c, plan_seconds, plan_cpu_seconds, bytes_per_doc, peak_extra_per_doc);
     }
     if (vm.count("memory") && !json)
-      std::printf("%s", train::format_memory_plan(memory_plan(cfg, dataset_vocab, world_size, ranks_per_node)).c_str());
+      std::printf("%s", train::format_memory_plan(memory_plan(cfg, dataset_vocab, world_size, ranks_per_node, device_memory_gib)).c_str());
     for (const std::string& w : warnings) std::fprintf(stderr, "kilter plan: warning: %s\n", w.c_str());
     return 0;
   } catch (const Error& e) {

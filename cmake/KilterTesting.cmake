@@ -52,6 +52,7 @@ set(KILTER_NO_ASAN_TESTS
                                                    # whose shadow memory it would measure (92 s there)
     diag_straggler                                 # a 50 ms drill among 4 ASan-slowed ranks is below
                                                    # the straggler threshold (a share of the step)
+    backend_cuda_host_test                         # built only with CUDA (the sanitizer builds have none)
     tokenizer_prep)                                # in-process SentencePiece training passes its 120 s
                                                    # timeout with whole allocation stacks, which its
                                                    # kilter train (MPI) needs; the tokenizers run

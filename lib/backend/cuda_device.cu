@@ -70,6 +70,23 @@ int cuda_device_index() {
   return g_device;
 }
 
+bool cuda_device_memory(uint64_t* free_bytes, uint64_t* total_bytes) {
+  if (!cuda_device_present()) return false;
+  size_t free_now = 0, total = 0;
+  try {
+    cuda_device_index();
+  } catch (const Error&) {
+    return false;
+  }
+  if (cudaMemGetInfo(&free_now, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  *free_bytes = free_now;
+  *total_bytes = total;
+  return true;
+}
+
 cudaStream_t cuda_compute_stream() {
   static std::once_flag once;
   static cudaStream_t stream = nullptr;

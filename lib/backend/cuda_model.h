@@ -4,6 +4,7 @@
 // the CUDA headers. Implementation: lib/backend/cuda_model.cu, cuda_device.cu.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -36,5 +37,8 @@ std::string cuda_device_absent_reason();
 // the number of visible devices. Selected once per process; every CUDA entry point of kilter
 // (the model, the NCCL communicator) makes it current on its calling thread.
 int cuda_device_index();
+// That device's free and total memory (cudaMemGetInfo, which makes the context first). False,
+// never an exception, when no device is usable.
+bool cuda_device_memory(uint64_t* free_bytes, uint64_t* total_bytes);
 
 }  // namespace kilter::backend

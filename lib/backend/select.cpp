@@ -48,4 +48,13 @@ bool cuda_available() {
 #endif
 }
 
+bool cuda_device_memory(uint64_t* free_bytes, uint64_t* total_bytes) {
+#ifdef KILTER_WITH_CUDA
+  return backend::cuda_device_memory(free_bytes, total_bytes);
+#else
+  (void)free_bytes, (void)total_bytes;
+  return false;
+#endif
+}
+
 }  // namespace kilter::model

@@ -14,12 +14,16 @@
 #include <tuple>
 #include <vector>
 
+#include "lib/backend/cublaslt_loader.h"
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 
 namespace kilter::model::cuda {
 
 namespace {
+// cuBLASLt is opened on first use (cublaslt_loader.h).
+const backend::CublasLt& lt() { return backend::cublaslt(); }
+
 constexpr int kColumnChunks = 64;        // same chunking as layernorm.cu
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt workspace (Hopper kernels like 32 MiB)
 
@@ -128,21 +132,21 @@ Gemm::Gemm(cudaStream_t stream, GemmMath math) : impl_(std::make_unique<Impl>())
   impl_->math = math;
   impl_->bf16_inputs = math == GemmMath::bf16 && bf16_inputs_enabled();
   if (impl_->bf16_inputs) impl_->scratch = std::make_shared<Bf16Scratch>();
-  KILTER_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  KILTER_CUBLAS_CHECK(lt().Create(&impl_->handle));
   KILTER_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
 }
 
 Gemm::~Gemm() {
   for (auto& entry : impl_->cache) {
     CachedMatmul& m = entry.second;
-    cublasLtMatrixLayoutDestroy(m.a);
-    cublasLtMatrixLayoutDestroy(m.b);
-    cublasLtMatrixLayoutDestroy(m.c);
-    cublasLtMatrixLayoutDestroy(m.d);
-    cublasLtMatmulDescDestroy(m.desc);
+    lt().MatrixLayoutDestroy(m.a);
+    lt().MatrixLayoutDestroy(m.b);
+    lt().MatrixLayoutDestroy(m.c);
+    lt().MatrixLayoutDestroy(m.d);
+    lt().MatmulDescDestroy(m.desc);
   }
   cudaFree(impl_->workspace);
-  cublasLtDestroy(impl_->handle);
+  lt().Destroy(impl_->handle);
 }
 
 void Gemm::reserve_bf16(size_t floats) {
@@ -159,11 +163,11 @@ GemmMath Gemm::math() const { return impl_->math; }
 static cublasLtMatrixLayout_t make_layout(int rows, int cols, int batch, int64_t stride,
                                           cudaDataType_t type = CUDA_R_32F) {
   cublasLtMatrixLayout_t layout = nullptr;
-  KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, rows));
+  KILTER_CUBLAS_CHECK(lt().MatrixLayoutCreate(&layout, type, rows, cols, rows));
   if (batch > 1) {
-    KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+    KILTER_CUBLAS_CHECK(lt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                                          &batch, sizeof batch));
-    KILTER_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+    KILTER_CUBLAS_CHECK(lt().MatrixLayoutSetAttribute(
         layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
   return layout;
@@ -175,17 +179,17 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
   const auto [m, n, k, trans_a, trans_b, has_bias, batch, stride_a, stride_b, stride_d, align_a, align_b, align_c,
               align_d] = key;
   const cublasComputeType_t compute = static_cast<cublasComputeType_t>(compute_type);
-  KILTER_CUBLAS_CHECK(cublasLtMatmulDescCreate(&entry.desc, compute, CUDA_R_32F));
+  KILTER_CUBLAS_CHECK(lt().MatmulDescCreate(&entry.desc, compute, CUDA_R_32F));
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-  KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   const cublasLtEpilogue_t epilogue = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   KILTER_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+      lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
   if (has_bias) {
     const cudaDataType_t bias_type = CUDA_R_32F;
-    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+    KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                        sizeof bias_type));
   }
   // entry.bf16_inputs: bf16 A and B (the rounded copies); else fp32 A and B.
@@ -196,9 +200,9 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
   entry.d = make_layout(m, n, batch, stride_d);
 
   cublasLtMatmulPreference_t preference = nullptr;
-  KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&preference));
   const size_t workspace_bytes = kWorkspaceBytes;
-  KILTER_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace_bytes, sizeof workspace_bytes));
   // The bf16 copies start at their (256-byte aligned) scratch.
   const uint32_t alignments[4] = {entry.bf16_inputs ? 16u : align_a, entry.bf16_inputs ? 16u : align_b, align_c,
@@ -208,22 +212,22 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i) {
     KILTER_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
+        lt().MatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
   }
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found_algorithms = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(impl_->handle, entry.desc, entry.a, entry.b, entry.c,
+  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(impl_->handle, entry.desc, entry.a, entry.b, entry.c,
                                                                entry.d, preference, 1, &heuristic, &found_algorithms);
-  cublasLtMatmulPreferenceDestroy(preference);
+  lt().MatmulPreferenceDestroy(preference);
   if (status == CUBLAS_STATUS_SUCCESS && found_algorithms > 0) {
     entry.algo = heuristic.algo;
     return true;
   }
-  cublasLtMatrixLayoutDestroy(entry.a);
-  cublasLtMatrixLayoutDestroy(entry.b);
-  cublasLtMatrixLayoutDestroy(entry.c);
-  cublasLtMatrixLayoutDestroy(entry.d);
-  cublasLtMatmulDescDestroy(entry.desc);
+  lt().MatrixLayoutDestroy(entry.a);
+  lt().MatrixLayoutDestroy(entry.b);
+  lt().MatrixLayoutDestroy(entry.c);
+  lt().MatrixLayoutDestroy(entry.d);
+  lt().MatmulDescDestroy(entry.desc);
   const bool bf16_inputs = entry.bf16_inputs;
   entry = CachedMatmul{};
   entry.bf16_inputs = bf16_inputs;
@@ -260,7 +264,7 @@ void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, 
   }
   CachedMatmul& cached = found->second;
   if (has_bias) {
-    KILTER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(cached.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+    KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(cached.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                        sizeof bias));
   }
   const void* a = A;
@@ -275,7 +279,7 @@ void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, 
     a = scratch.a;
     b = scratch.b;
   }
-  KILTER_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, cached.desc, &alpha, a, cached.a, b, cached.b, &beta, C,
+  KILTER_CUBLAS_CHECK(lt().Matmul(impl_->handle, cached.desc, &alpha, a, cached.a, b, cached.b, &beta, C,
                                      cached.c, D, cached.d, &cached.algo, impl_->workspace, kWorkspaceBytes,
                                      impl_->stream));
 }

@@ -230,5 +230,8 @@ std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& c
                                   size_t pad_multiple, const std::string& precision);
 // Backends compiled in and usable on this machine ("cuda" only when a device is present).
 bool cuda_available();
+// This process's device (backend::cuda_device_index()): its free and total memory, after the CUDA
+// context is made. False when no CUDA device is usable (or CUDA is not compiled in).
+bool cuda_device_memory(uint64_t* free_bytes, uint64_t* total_bytes);
 
 }  // namespace kilter::model

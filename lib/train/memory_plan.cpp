@@ -1,7 +1,9 @@
-// The memory plan (memory_plan.h). The figures follow what the CPU backend and the trainer
-// allocate: CpuModel's constructor and ensure_capacity (lib/backend/cpu_model.cpp), the
-// checkpointer's snapshot and shard buffers, the reader's ring. tests/e2e/memory_plan.sh checks
-// the estimate against the measured peak RSS.
+// The memory plan (memory_plan.h). The figures follow what the backend and the trainer
+// allocate: CpuModel's constructor and ensure_capacity (lib/backend/cpu_model.cpp), or on the
+// cuda backend CudaModel's device buffers (lib/backend/cuda_memory.h); the checkpointer's
+// snapshot and shard buffers, the reader's ring. tests/e2e/memory_plan.sh checks the CPU
+// estimate against the measured peak RSS, tests/gpu/gpu_model_test.cpp the device figures
+// against the device memory a CUDA model takes.
 #include "lib/train/memory_plan.h"
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include "io/error.h"
+#include "lib/backend/cuda_memory.h"
 #include "lib/model/model.h"
 
 namespace kilter::train {
@@ -104,6 +107,12 @@ uint64_t machine_memory_bytes() {
   return total;
 }
 
+uint64_t device_memory_bytes() {
+  if (const char* forced = std::getenv("KILTER_TEST_DEVICE_MEMORY_BYTES")) return std::strtoull(forced, nullptr, 10);
+  uint64_t free_bytes = 0, total_bytes = 0;
+  return model::cuda_device_memory(&free_bytes, &total_bytes) ? free_bytes : 0;
+}
+
 MemoryPlan plan_memory(const MemoryPlanInput& in) { return plan_memory(in, machine_memory_bytes()); }
 
 namespace {
@@ -123,11 +132,26 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   p.padded_params = layout.padded_size;
   const bool bf16 = cfg.train.precision == "bf16";
   const uint64_t shard = p.sharded ? p.padded_params / uint64_t(P) : p.num_params;
+  const bool cuda = in.backend == "cuda";
 
-  p.parameters = p.padded_params * (bf16 ? 6 : 4);
-  p.gradients = p.padded_params * 4;
-  p.optimizer = shard * 8;
-  p.activations = activation_bytes(cfg);
+  if (cuda) {
+    // The device's: the same weights, gradients and owned moments, and CudaModel's arena.
+    const char* copies = std::getenv("KILTER_CUDA_BF16_INPUTS");
+    const backend::CudaDeviceBytes device =
+        backend::cuda_device_bytes(gpt, layout.padded_size, shard, int(cfg.data.max_tokens), cfg.train.recompute,
+                                   bf16 && copies != nullptr && std::string(copies) == "1");
+    p.parameters = device.parameters;
+    p.gradients = device.gradients;
+    p.optimizer = device.optimizer;
+    p.activations = device.activations;
+    p.engine = device.engine;
+    p.device_total = device.total();
+  } else {
+    p.parameters = p.padded_params * (bf16 ? 6 : 4);
+    p.gradients = p.padded_params * 4;
+    p.optimizer = shard * 8;
+    p.activations = activation_bytes(cfg);
+  }
   // Unsharded, rank 0 keeps a snapshot of params and moments for the background writer. Sharded,
   // no rank copies more than pieces of 2^22 floats: every rank writes its own ranges of the file
   // from a piece of each moment, and rank 0's writer reads the file back a piece at a time for the
@@ -144,12 +168,16 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   p.prefetch = (uint64_t(std::max<int64_t>(cfg.data.prefetch, 0)) + 1) * tokens * 4 * 2 + tokens * 12;
   p.runtime = kRuntimeBytes + (kStartBytes > kCpuOnlyStartBytes ? kStartBytes - kCpuOnlyStartBytes : 0);
 
-  const uint64_t common = p.parameters + p.gradients + p.optimizer + p.activations + p.prefetch + p.runtime;
+  // On cuda the model's buffers are the device's; the host keeps the checkpoint's, the ring and
+  // the runtime (the CUDA libraries' own host memory is not counted: not measured yet).
+  const uint64_t model_host = cuda ? 0 : p.parameters + p.gradients + p.optimizer + p.activations;
+  const uint64_t common = model_host + p.prefetch + p.runtime;
   p.rank0_total = common + p.checkpoint_rank0;
   p.other_total = common + p.checkpoint_other;
   p.node_total = p.rank0_total + uint64_t(L - 1) * p.other_total;
   p.machine_bytes = machine_bytes;
-  p.fits = machine_bytes == 0 || p.node_total <= machine_bytes;
+  p.device_fits = !cuda || in.device_bytes == 0 || p.device_total <= in.device_bytes;
+  p.fits = (machine_bytes == 0 || p.node_total <= machine_bytes) && p.device_fits;
   return p;
 }
 
@@ -218,12 +246,13 @@ std::string format_memory_plan(const MemoryPlan& p) {
   std::ostringstream os;
   char line[256];
   const Config& cfg = p.input.cfg;
+  const bool cuda = p.input.backend == "cuda";
   std::snprintf(line, sizeof line,
                 "memory plan: %llu parameters, %s, %d ranks (%d per node), optimizer %s, data.max_tokens %lld; "
-                "recompute %s\n",
+                "recompute %s%s\n",
                 (unsigned long long)p.num_params, cfg.train.precision.c_str(), p.input.world_size,
                 p.input.ranks_per_node, p.sharded ? "sharded (1/P per rank)" : "on every rank",
-                (long long)cfg.data.max_tokens, cfg.train.recompute.c_str());
+                (long long)cfg.data.max_tokens, cfg.train.recompute.c_str(), cuda ? "; cuda backend" : "");
   os << line;
   auto row = [&](const char* what, uint64_t rank0, uint64_t other) {
     if (rank0 == other)
@@ -233,17 +262,34 @@ std::string format_memory_plan(const MemoryPlan& p) {
                     gib(other));
     os << line;
   };
-  row(cfg.train.precision == "bf16" ? "parameters (+bf16)" : "parameters", p.parameters, p.parameters);
-  row("gradients", p.gradients, p.gradients);
-  row("optimizer state", p.optimizer, p.optimizer);
-  row("activations", p.activations, p.activations);
+  if (cuda) {
+    os << "  on each rank's device:\n";
+    row("parameters", p.parameters, p.parameters);
+    row("gradients", p.gradients, p.gradients);
+    row("optimizer state", p.optimizer, p.optimizer);
+    row("activations", p.activations, p.activations);
+    row("GEMM workspaces", p.engine, p.engine);
+    if (p.input.device_bytes > 0)
+      std::snprintf(line, sizeof line, "  %-22s %9.3f GiB per rank of %.3f GiB free on its device: %s\n", "device total",
+                    gib(p.device_total), gib(p.input.device_bytes), p.device_fits ? "fits" : "does NOT fit");
+    else
+      std::snprintf(line, sizeof line, "  %-22s %9.3f GiB per rank (the device's memory is unknown here)\n",
+                    "device total", gib(p.device_total));
+    os << line << "  in each rank's host memory:\n";
+  } else {
+    row(cfg.train.precision == "bf16" ? "parameters (+bf16)" : "parameters", p.parameters, p.parameters);
+    row("gradients", p.gradients, p.gradients);
+    row("optimizer state", p.optimizer, p.optimizer);
+    row("activations", p.activations, p.activations);
+  }
   row("checkpoint", p.checkpoint_rank0, p.checkpoint_other);
   row("prefetch ring", p.prefetch, p.prefetch);
   row("runtime", p.runtime, p.runtime);
-  row("total", p.rank0_total, p.other_total);
+  row(cuda ? "host total" : "total", p.rank0_total, p.other_total);
   if (p.machine_bytes > 0)
     std::snprintf(line, sizeof line, "  node: %.3f GiB for %d ranks of %.3f GiB on this machine: %s\n",
-                  gib(p.node_total), p.input.ranks_per_node, gib(p.machine_bytes), p.fits ? "fits" : "does NOT fit");
+                  gib(p.node_total), p.input.ranks_per_node, gib(p.machine_bytes),
+                  p.node_total <= p.machine_bytes ? "fits" : "does NOT fit");
   else
     std::snprintf(line, sizeof line, "  node: %.3f GiB for %d ranks (this machine's memory is unknown)\n",
                   gib(p.node_total), p.input.ranks_per_node);
@@ -253,7 +299,8 @@ std::string format_memory_plan(const MemoryPlan& p) {
 }
 
 nlohmann::json memory_plan_json(const MemoryPlan& p) {
-  return {{"world_size", p.input.world_size},
+  return {{"backend", p.input.backend},
+          {"world_size", p.input.world_size},
           {"ranks_per_node", p.input.ranks_per_node},
           {"precision", p.input.cfg.train.precision},
           {"shard_optimizer", p.sharded},
@@ -272,6 +319,10 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
           {"other_rank_bytes", p.other_total},
           {"node_bytes", p.node_total},
           {"machine_bytes", p.machine_bytes},
+          {"engine_bytes", p.engine},
+          {"device_total_bytes", p.device_total},
+          {"device_bytes", p.input.device_bytes},
+          {"device_fits", p.device_fits},
           {"fits", p.fits},
           {"advice", p.advice}};
 }
@@ -279,10 +330,17 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
 std::string memory_refusal(const MemoryPlan& p) {
   std::ostringstream os;
   char line[400];
-  std::snprintf(line, sizeof line,
-                "this run needs %.2f GiB per node (%d ranks: %.2f GiB on rank 0, %.2f GiB on each other), and this "
-                "machine has %.2f GiB; ",
-                gib(p.node_total), p.input.ranks_per_node, gib(p.rank0_total), gib(p.other_total), gib(p.machine_bytes));
+  if (!p.device_fits)
+    std::snprintf(line, sizeof line,
+                  "this run needs %.2f GiB of device memory per rank (parameters, gradients, optimizer state and "
+                  "activations of data.max_tokens %lld), and this rank's device has %.2f GiB free; ",
+                  gib(p.device_total), (long long)p.input.cfg.data.max_tokens, gib(p.input.device_bytes));
+  else
+    std::snprintf(line, sizeof line,
+                  "this run needs %.2f GiB per node (%d ranks: %.2f GiB on rank 0, %.2f GiB on each other), and this "
+                  "machine has %.2f GiB; ",
+                  gib(p.node_total), p.input.ranks_per_node, gib(p.rank0_total), gib(p.other_total),
+                  gib(p.machine_bytes));
   os << line;
   if (!p.advice.empty())
     os << "the cheapest setting that fits: " << p.advice;
@@ -294,8 +352,9 @@ std::string memory_refusal(const MemoryPlan& p) {
 
 void check_memory_plan(MPI_Comm world, const Config& cfg, int ranks_per_node, bool resuming,
                        const std::string& backend) {
-  if (backend != "cpu") return;
   MemoryPlanInput in;
+  in.backend = backend;
+  if (backend == "cuda") in.device_bytes = device_memory_bytes();
   in.cfg = cfg;
   MPI_Comm_size(world, &in.world_size);
   int rank = 0;

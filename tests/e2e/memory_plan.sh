@@ -11,7 +11,9 @@
 #   (here train.shard_optimizer = true), and the sharded run then starts; a machine that holds the
 #   sharded run only with recomputation advises train.recompute = gelu;
 # - a model far beyond any machine is refused before any rank allocates model memory (its ranks
-#   peak below 1 GiB).
+#   peak below 1 GiB);
+# - on the cuda backend (planned here without a GPU) the device figures add up, and a run whose
+#   device cannot hold it is refused naming the device figure and the setting that fits.
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
@@ -113,4 +115,36 @@ for r in 0 1; do
   kib=$(tail -1 "huge.rss.$r" 2>/dev/null | grep -E '^[0-9]+$' || true)
   [ -z "$kib" ] || [ "$kib" -lt 1048576 ] || fail "rank $r of the refused run peaked at $kib KiB: it allocated the model"
 done
+
+# The cuda backend (no GPU needed: the plan comes from the config): the device figures (CudaModel's
+# buffers, lib/backend/cuda_memory.h) against --device-memory, and a run whose device cannot hold
+# it refused before the model is made (KILTER_TEST_DEVICE_MEMORY_BYTES stands a small device in).
+for shard in true false; do
+  "$KILTER" plan --data data --world-size 2 "${MODEL[@]}" --memory --json --train.backend=cuda \
+    --train.shard_optimizer=$shard --device-memory 0.5 > plan_cuda_$shard.json
+done
+"$KILTER" plan --data data --world-size 2 "${MODEL[@]}" --memory --train.backend=cuda --device-memory 0.5 > plan_cuda.txt
+grep -q "on each rank's device:" plan_cuda.txt && grep -q "device total .* GiB per rank of 0.500 GiB free on its device: fits" plan_cuda.txt \
+  || { cat plan_cuda.txt; fail "kilter plan --memory on the cuda backend does not print the device figures"; }
+"$PY" - <<'PY'
+import json
+s = json.load(open("plan_cuda_true.json"))["memory"]
+u = json.load(open("plan_cuda_false.json"))["memory"]
+for m in (s, u):
+    assert m["backend"] == "cuda" and m["device_bytes"] == 2**29, m
+    parts = sum(m[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "engine_bytes"))
+    assert m["device_total_bytes"] == parts and m["device_fits"] and m["fits"], m
+    # The device holds the model's buffers, so the host total is the checkpoint, ring and runtime.
+    assert m["other_rank_bytes"] < m["device_total_bytes"], m
+# fp32 parameters only (no bf16 copy on the device), and the moments 1/P when sharded.
+assert s["parameters_bytes"] == s["gradients_bytes"] and abs(u["optimizer_bytes"] / s["optimizer_bytes"] - 2) < 0.01, (s, u)
+open("device", "w").write(str((s["device_total_bytes"] + u["device_total_bytes"]) // 2))
+PY
+rc=0
+KILTER_TEST_DEVICE_MEMORY_BYTES=$(cat device) timeout 300 "${MPIRUN[@]}" -np 2 -x KILTER_TEST_DEVICE_MEMORY_BYTES \
+  "$KILTER" train "${COMMON[@]}" --output.dir=runs/refused_cuda --train.backend=cuda --train.shard_optimizer=false \
+  > refused_cuda.log 2>&1 || rc=$?
+[ $rc -ne 0 ] && grep -q "GiB of device memory per rank" refused_cuda.log \
+  && grep -q "the cheapest setting that fits: set train.shard_optimizer = true" refused_cuda.log \
+  || { cat refused_cuda.log; fail "a cuda run whose device cannot hold it was not refused with the figure and the setting"; }
 echo "memory_plan: 1 passed, 0 failed"

@@ -20,10 +20,10 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${KILTER_GPU_BUILD:-$root/build-gpu-standalone}
 carry=${KILTER_GPU_CARRY:-$root/build-gpu-carry}
-# The carried binaries link cuBLASLt (and cuDNN's small front library) dynamically: the toolkit's
-# first; the copy of libcudnn.so.9 carried in $carry/lib only when the machine has no cuDNN (its
-# sub-libraries are too large to carry: the cuDNN tests then report cuDNN unusable and the model
-# falls back to cuBLASLt attention).
+# The carried binaries open cuBLASLt when the first GEMM engine is made (cublaslt_loader.h) and
+# link cuDNN's small front library: the toolkit's first; the copy of libcudnn.so.9 carried in
+# $carry/lib only when the machine has no cuDNN (its sub-libraries are too large to carry: the
+# cuDNN tests then report cuDNN unusable and the model falls back to cuBLASLt attention).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$carry/lib
 # A GPU image may hold cuDNN (or cuBLAS) only inside Python wheels (nvidia-cudnn-cu13, ...): their
 # folders go ahead of the carried front library, so cuDNN finds its sub-libraries.

@@ -8,7 +8,7 @@ if(KILTER_WITH_CUDA)
   include(${CMAKE_SOURCE_DIR}/tests/gpu/standalone/sources.cmake)
   add_library(kilter_gpu_core STATIC ${KILTER_GPU_CORE_SOURCES})
   target_include_directories(kilter_gpu_core PUBLIC ${CMAKE_SOURCE_DIR})
-  target_link_libraries(kilter_gpu_core PUBLIC CUDA::cudart CUDA::cublasLt kilter::blas Threads::Threads)
+  target_link_libraries(kilter_gpu_core PUBLIC CUDA::cudart kilter::blas Threads::Threads ${CMAKE_DL_LIBS})
   kilter_link_cudnn(kilter_gpu_core)
 
   foreach(test_name gpu_ops gpu_model gpu_cut)

@@ -5,7 +5,8 @@
 // runs with CUDA graphs (eager, timed, captured, replayed, decided). Batches are packed: pieces of
 // mixed lengths (one of length 1) that the CUDA attention groups by length, and untargeted positions.
 // Also: train.recompute (gelu, attention, block) against none and against the CPU, and the
-// sharded optimizer (ZeRO-1) against the unsharded one.
+// sharded optimizer (ZeRO-1) against the unsharded one. And the memory plan's device figures
+// (lib/backend/cuda_memory.h) against the device memory a model takes for a step.
 // Tolerances (relative to each tensor's max |value|): fp32 loss 1e-5, gradients 5e-4, AdamW from
 // identical gradients 1e-6; bf16 losses 2e-2. After the 2-step run parameters agree to 2.5e-3:
 // Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "lib/backend/cpu_model.h"
+#include "lib/backend/cuda_memory.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/model/model.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -334,6 +336,42 @@ void compare_shard(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
   }
 }
 
+// The device memory a model takes (free memory before it is made minus free memory after
+// reserve() and one step, as bench/gpu_step.sh reports it) against cuda_device_bytes(): within
+// 2% + 16 MiB (the libraries' handles and the stream-ordered pool are not planned).
+void compare_memory_plan(Checker& check, const km::GPTConfig& cfg, int max_tokens, const km::BackendOptions& options,
+                         int shard_ranks) {
+  const std::string tag = "memory plan " + options_tag(options) + "1/" + std::to_string(shard_ranks) + " moments: ";
+  try {
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    size_t free_before = 0, free_after = 0, total = 0;
+    KILTER_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    std::unique_ptr<km::Model> model = make_gpu(cfg, 64, options);
+    if (!model) return;
+    const size_t padded = model->layout().padded_size, share = (padded + shard_ranks - 1) / shard_ranks;
+    if (shard_ranks > 1) model->shard_optimizer({{0, share}});
+    model->init_params(3);
+    model->reserve(max_tokens, cfg.block_size);
+    const km::Batch batch = random_batch(cfg, max_tokens / cfg.block_size, cfg.block_size);
+    model->zero_grads();
+    model->forward_backward(batch, 1.0f / static_cast<float>(batch.num_targets), {});
+    km::AdamWParams adam;
+    adam.t = 1;
+    model->adamw_step(adam);
+    model->synchronize();
+    KILTER_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+    const double taken = static_cast<double>(free_before - std::min(free_before, free_after));
+    const kilter::backend::CudaDeviceBytes plan = kilter::backend::cuda_device_bytes(
+        cfg, padded, shard_ranks > 1 ? share : model->layout().num_params, max_tokens, options.recompute, false);
+    const double planned = static_cast<double>(plan.total());
+    std::printf("%splanned %.1f MiB, taken %.1f MiB\n", tag.c_str(), planned / (1 << 20), taken / (1 << 20));
+    check.expect(tag + "the plan is within 2% + 16 MiB of the device memory taken",
+                 std::fabs(planned - taken) <= 0.02 * taken + 16.0 * (1 << 20));
+  } catch (const kilter::Error& e) {
+    check.expect(tag + "ran", false, e.what());
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -342,6 +380,11 @@ int main() {
     Checker check;
     km::GPTConfig tiny{2, 4, 32, 16, 67};       // head_dim 8, odd vocab
     km::GPTConfig small{2, 2, 128, 64, 515};
+    // The memory plan first, before other tests leave memory in the stream-ordered pool.
+    km::GPTConfig medium{4, 4, 256, 512, 8192};
+    for (const char* mode : {"none", "gelu", "attention", "block"})
+      compare_memory_plan(check, medium, 8 * 512, with("bf16", "cublaslt", false, mode), 1);
+    compare_memory_plan(check, medium, 8 * 512, with("fp32", "cublaslt", false, "block"), 4);
     for (const char* attention : {"cublaslt", "cudnn"}) {
       compare_step(check, tiny, 3, 16, with("fp32", attention));
       compare_step(check, small, 4, 64, with("fp32", attention));

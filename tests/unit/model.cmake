@@ -13,3 +13,10 @@ target_link_libraries(kilter_bench_step PRIVATE kilter_lib)
 
 # train.recompute (issue 24): every mode bit-identical to none, whole and cut pieces.
 kilter_add_unit_test(model_recompute_test ${CMAKE_CURRENT_LIST_DIR}/model_recompute_test.cpp)
+
+# The CUDA backend's host side (no device needed): cuBLASLt loaded on first use, not linked.
+# Built only with CUDA, which the sanitizer builds leave out, so CI runs it in the normal build
+# (KILTER_NO_ASAN_TESTS).
+if(KILTER_WITH_CUDA)
+  kilter_add_unit_test(backend_cuda_host_test ${CMAKE_CURRENT_LIST_DIR}/backend_cuda_host_test.cpp)
+endif()

@@ -10,6 +10,8 @@ list(APPEND KILTER_GPU_CORE_SOURCES
      ${KILTER_GPU_ROOT}/lib/optim/adamw.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cpu_model.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cuda_device.cu
+     ${KILTER_GPU_ROOT}/lib/backend/cublaslt_loader_cuda.cpp
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_memory.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cuda_model.cu)
 # cuDNN files (lib/model/*cudnn*) need KILTER_WITH_CUDNN, like in the main build.
 if(NOT KILTER_WITH_CUDNN)

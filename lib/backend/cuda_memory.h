@@ -1,0 +1,31 @@
+// What the CUDA backend allocates on its device, from the config alone (plain C++: no device,
+// no CUDA headers), for the memory plan (lib/train/memory_plan.h). It follows CudaModel's
+// constructor, ensure_moments() and reserve(): the flat state, the AdamW moments of the owned
+// floats, the activation arena of the largest micro-batch (CudaModel::carve() for full-context
+// pieces), and the GEMM engine's workspaces. tests/gpu/gpu_model_test.cpp compares it with
+// the device memory a model really takes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "lib/model/model.h"
+
+namespace kilter::backend {
+
+struct CudaDeviceBytes {
+  uint64_t parameters = 0;   // fp32 weights (the GEMMs read them; bf16 math rounds in the kernels)
+  uint64_t gradients = 0;    // the flat fp32 gradient buffer
+  uint64_t optimizer = 0;    // AdamW m and v of the owned floats
+  uint64_t activations = 0;  // the arena: kept activations, saved attention, backward scratch, logits
+  uint64_t engine = 0;       // cuBLASLt's workspace, the upload slots, bf16 operand copies (opt-in)
+  uint64_t total() const { return parameters + gradients + optimizer + activations + engine; }
+};
+
+// padded_size: the layout's padded float count; owned_floats: the floats whose moments this
+// rank holds (num_params unsharded). recompute: none | gelu | attention | block.
+// bf16_operand_copies: KILTER_CUDA_BF16_INPUTS=1 with bf16 math (scratch for both operands).
+CudaDeviceBytes cuda_device_bytes(const model::GPTConfig& cfg, size_t padded_size, size_t owned_floats,
+                                  int max_tokens, const std::string& recompute, bool bf16_operand_copies);
+
+}  // namespace kilter::backend
