@@ -106,6 +106,25 @@ void CpuModel::refresh_bf16_params() {
   if (bf16_) model::to_bf16(params_bf16_.data(), params_.data(), params_.size());
 }
 
+void CpuModel::params_arriving(std::function<void(size_t end)> wait) {
+  await_params(layout_.padded_size);  // a previous gather's rest first
+  arriving_ = std::move(wait);
+  arrived_end_ = 0;
+}
+
+void CpuModel::await_params(size_t end) const {
+  if (!arriving_) return;
+  end = std::min(end, layout_.padded_size);
+  if (end <= arrived_end_) return;
+  arriving_(end);
+  if (bf16_) {
+    model::bf16* rounded = const_cast<model::bf16*>(params_bf16_.data());
+    model::to_bf16(rounded + arrived_end_, params_.data() + arrived_end_, end - arrived_end_);
+  }
+  arrived_end_ = end;
+  if (arrived_end_ == layout_.padded_size) arriving_ = nullptr;
+}
+
 CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
   return model::block_tensors_at(base + offsets_.block[layer], size_t(cfg_.n_embd));
 }
@@ -189,6 +208,7 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
 }
 
 void CpuModel::init_params(uint64_t seed) {
+  await_params(layout_.padded_size);
   std::fill(params_.begin(), params_.end(), 0.0f);
   model::init_gpt2_params(params_.data(), layout_, cfg_, seed);
   refresh_bf16_params();
@@ -239,10 +259,14 @@ void CpuModel::get_optimizer_shard(float* m, float* v, size_t first, size_t coun
 }
 
 void CpuModel::set_params(const float* host) {
+  await_params(layout_.padded_size);
   std::memcpy(params_.data(), host, sizeof(float) * layout_.num_params);
   refresh_bf16_params();
 }
-void CpuModel::get_params(float* host) const { std::memcpy(host, params_.data(), sizeof(float) * layout_.num_params); }
+void CpuModel::get_params(float* host) const {
+  await_params(layout_.padded_size);
+  std::memcpy(host, params_.data(), sizeof(float) * layout_.num_params);
+}
 
 void CpuModel::get_optimizer_state(float* m, float* v) const {
   KILTER_CHECK(!sharded_, "CpuModel::get_optimizer_state: the optimizer is sharded; use get_optimizer_shard");
@@ -338,14 +362,22 @@ void CpuModel::forward(const Batch& batch) {
   prefix_kv_.assign(static_cast<size_t>(pieces), nullptr);
   prefix_dkv_.assign(static_cast<size_t>(pieces), nullptr);
   const int N = batch.N, C = cfg_.n_embd;
+  // A sharded step's all-gather may still be arriving (params_arriving): each layer waits for its
+  // own range only, so the gather of the later layers overlaps the earlier layers' forward.
+  if (arriving_) {
+    const model::ParamTensor &wte = layout_.find("transformer.wte.weight"), &wpe = layout_.find("transformer.wpe.weight");
+    await_params(std::max(wte.offset + wte.size, wpe.offset + wpe.size));
+  }
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
                          params_.data() + offsets_.wpe, cu_seqlens, pieces, C, pos_offset);
   const float* residual = encoded_.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
+    await_params(offsets_.block[size_t(l)] + offsets_.block_floats);
     const BlockActivations a = block_activations(l, N);
     block_forward(batch, l, residual, a, block_inputs_bf16(l, N), false);
     residual = a.residual3;
   }
+  await_params(layout_.padded_size);  // ln_f, and everything the backward reads
   model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
                            params_.data() + offsets_.lnf_b, N, C);
 }
@@ -545,6 +577,7 @@ double CpuModel::grad_norm_squared() {
 }
 
 void CpuModel::adamw_step(const model::AdamWParams& p) {
+  await_params(layout_.padded_size);
   ensure_moments();
   // Every tensor's part inside every owned range (unsharded: every tensor whole).
   size_t base = 0;

@@ -49,13 +49,19 @@ class CpuModel final : public model::Model {
   std::vector<model::ParamRange> optimizer_ranges() const override { return owned_; }
   void get_optimizer_shard(float* m, float* v, size_t first, size_t count) const override;
   void params_changed() override { refresh_bf16_params(); }
+  bool takes_arriving_params() const override { return true; }
+  void params_arriving(std::function<void(size_t end)> wait) override;
+  void finish_arriving_params() override { await_params(layout_.padded_size); }
 
   double forward_backward(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) override;
   double forward_loss(const model::Batch& batch) override;
 
   void zero_grads() override;
   float* grads() override { return grads_.data(); }
-  float* params() override { return params_.data(); }
+  float* params() override {
+    await_params(layout_.padded_size);
+    return params_.data();
+  }
   double grad_norm_squared() override;
   bool grads_finite(size_t offset, size_t count) override;
   void adamw_step(const model::AdamWParams& p) override;
@@ -97,6 +103,12 @@ class CpuModel final : public model::Model {
   // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32).
   std::optional<model::Bf16MatmulScope> gemm_precision_scope() const;
   void refresh_bf16_params();  // params_bf16_ = bf16(params_)
+  // params_arriving: waits for params_[0, end) and rounds the part that just arrived to bf16.
+  // const: get_params reads only what has arrived (the wait and the rounding touch neither the
+  // model's values nor anything a caller sees).
+  void await_params(size_t end) const;
+  mutable std::function<void(size_t)> arriving_;  // set while the gather is in flight
+  mutable size_t arrived_end_ = 0;
   // Gathers the rows with a target; returns their count.
   int64_t gather_target_rows(const model::Batch& batch);
 

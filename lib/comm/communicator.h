@@ -117,6 +117,15 @@ class GradientReducer {
   // their own (the reverse of the scatter: across nodes, then inside the node). Call it between
   // finish() and the next begin(). Unsharded: does nothing.
   virtual void gather(float* params) = 0;
+  // The same gather, left to the communication thread (overlap mode thread) while the caller goes
+  // on: buckets in ascending offsets, so the embeddings and the first layers arrive first, and
+  // wait_gather(end) blocks until params[0, end) has arrived (rethrowing the thread's failure). A
+  // reducer without that thread gathers in start_gather, blocking. gather() and start_gather() wait
+  // for a gather in flight first; whoever reads params waits with wait_gather (the next forward, layer
+  // by layer: lib/model/model.h params_arriving).
+  virtual bool gathers_in_background() const { return false; }
+  virtual void start_gather(float* params) { gather(params); }
+  virtual void wait_gather(size_t end) { (void)end; }
 };
 
 // How bucket reductions make progress while backward computes.

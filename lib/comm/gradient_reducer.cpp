@@ -12,7 +12,9 @@
 // Progress: Open MPI advances nonblocking collectives only inside MPI calls, so overlap needs
 // either MPI calls while backward computes (poll mode: ready() tests the requests in flight) or a
 // communication thread that runs the bucket collectives itself (thread mode). finish() returns
-// the seconds the caller blocked.
+// the seconds the caller blocked. Sharded, thread mode also runs the parameters' all-gather on
+// that thread (start_gather), bucket by bucket from the lowest offset, while the next step's
+// forward waits for each layer's range (wait_gather).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -109,6 +111,12 @@ struct ReducerState {
   bool stop = false;
   bool in_collective = false;
   std::exception_ptr failure;
+  // The all-gather left to the communication thread (start_gather), guarded by `mutex`.
+  float* gather_params = nullptr;  // null: none in flight
+  size_t gather_next = 0;          // buckets gathered, in ascending offsets
+  size_t gather_end = 0;           // params [0, gather_end) have arrived
+  std::chrono::steady_clock::time_point gather_moved;  // the gather's start or last bucket
+  double timeout_s = 300.0;        // [comm] timeout_s: no bucket for that long = a rank is gone
 
   ~ReducerState() {
     stages.clear();  // communicators first, then the MPI communicators under them
@@ -166,6 +174,39 @@ struct ReducerState {
     }
   }
   void run_blocking(const Stage& s, const Bucket& b) { run_blocking(s, b, buf); }
+
+  // The gather's i-th bucket in ascending offsets (buckets are kept highest offset first).
+  const Bucket& gather_bucket(size_t i) const { return buckets[buckets.size() - 1 - i]; }
+  void run_gather_bucket(size_t i, float* params) {
+    for (const Stage& stage : gather_stages) run_blocking(stage, gather_bucket(i), params);
+  }
+
+  // Communication thread, `lock` held, a gather in flight: runs its next bucket (the lock
+  // released meanwhile). False when it failed (the failure is recorded and announced).
+  bool gather_one_bucket(std::unique_lock<std::mutex>& lock) {
+    const size_t i = gather_next;
+    float* params = gather_params;
+    in_collective = true;
+    lock.unlock();
+    std::exception_ptr failed;
+    try {
+      run_gather_bucket(i, params);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    lock.lock();
+    in_collective = false;
+    if (failed) {
+      failure = failed;
+      changed.notify_all();
+      return false;
+    }
+    gather_end = gather_bucket(i).offset + gather_bucket(i).count;
+    gather_moved = std::chrono::steady_clock::now();
+    if (++gather_next == buckets.size()) gather_params = nullptr;
+    changed.notify_all();
+    return true;
+  }
 
   void run_bucket_blocking(Bucket& b) {
     for (const Stage& s : stages) run_blocking(s, b);
@@ -278,12 +319,55 @@ class BucketGradientReducer final : public GradientReducer {
   void gather(float* params) override {
     ReducerState& s = *state_;
     if (s.gather_stages.empty()) return;
+    wait_gather(s.padded_size);
     {
       std::lock_guard<std::mutex> lock(s.mutex);
       KILTER_CHECK(!s.active, "gradient reducer: gather() called between begin() and finish()");
     }
-    for (const Bucket& b : s.buckets)
-      for (const Stage& stage : s.gather_stages) s.run_blocking(stage, b, params);
+    for (size_t i = 0; i < s.buckets.size(); ++i) s.run_gather_bucket(i, params);
+  }
+  bool gathers_in_background() const override { return mode_ == OverlapMode::thread && !state_->gather_stages.empty(); }
+  void start_gather(float* params) override {
+    if (!gathers_in_background()) {
+      gather(params);
+      return;
+    }
+    wait_gather(state_->padded_size);
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      KILTER_CHECK(!state_->active, "gradient reducer: start_gather() called between begin() and finish()");
+      state_->gather_params = params;
+      state_->gather_next = 0;
+      state_->gather_end = 0;
+      state_->gather_moved = std::chrono::steady_clock::now();
+    }
+    state_->changed.notify_all();
+  }
+  // The ranks started the gather together (after the step's norm allreduce), so a bucket that
+  // does not arrive within twice [comm] timeout_s means a rank stopped taking part: the caller gets
+  // an error (and the job ends) instead of waiting on a collective that MPI never ends. The
+  // trainer's watchdog brackets the gather too and fires first, after timeout_s, naming the ranks
+  // that did not arrive; this bound is for callers without one.
+  void wait_gather(size_t end) override {
+    ReducerState& s = *state_;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    end = std::min(end, s.padded_size);
+    const auto arrived = [&] { return s.gather_params == nullptr || s.gather_end >= end || s.failure; };
+    if (s.timeout_s <= 0) {
+      s.changed.wait(lock, arrived);
+    } else {
+      const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(2 * s.timeout_s));
+      while (!arrived()) {
+        s.changed.wait_until(lock, s.gather_moved + limit);
+        KILTER_CHECK(arrived() || std::chrono::steady_clock::now() - s.gather_moved < limit,
+                     "the parameter all-gather (sharded optimizer) made no progress for "
+                         << 2 * s.timeout_s << " s: bucket " << s.gather_next + 1 << " of " << s.buckets.size()
+                         << " never arrived, so a rank stopped taking part (see the other ranks' messages; "
+                            "comm.timeout_s bounds this wait)");
+      }
+    }
+    if (s.failure) std::rethrow_exception(s.failure);
   }
   size_t buckets_started_early() const override {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -361,9 +445,14 @@ class BucketGradientReducer final : public GradientReducer {
     std::unique_lock<std::mutex> lock(s.mutex);
     for (;;) {
       s.changed.wait(lock, [&] {
-        return s.stop || (s.active && s.buckets_done < s.buckets.size() && s.buckets[s.buckets_done].missing == 0);
+        return s.stop || s.gather_params != nullptr ||
+               (s.active && s.buckets_done < s.buckets.size() && s.buckets[s.buckets_done].missing == 0);
       });
       if (s.stop) return;
+      if (s.gather_params != nullptr) {  // the parameters' all-gather, before the next step's buckets
+        if (!s.gather_one_bucket(lock)) return;
+        continue;
+      }
       Bucket& b = s.buckets[s.buckets_done];
       if (!s.finishing) ++s.started_early;
       s.in_collective = true;
@@ -393,6 +482,10 @@ class BucketGradientReducer final : public GradientReducer {
     std::unique_lock<std::mutex> lock(s.mutex);
     for (;;) {
       if (s.stop) return;
+      if (s.gather_params != nullptr) {  // the parameters' all-gather, with blocking collectives
+        if (!s.gather_one_bucket(lock)) return;
+        continue;
+      }
       if (!s.active || s.buckets_done == s.buckets.size()) {
         s.changed.wait(lock);
         continue;
@@ -470,6 +563,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
 
   auto state = std::make_shared<ReducerState>();
   state->buf = buf;
+  state->timeout_s = opts.timeout_s;
   state->padded_size = padded_size;
   state->reported_size = opts.reported_size ? opts.reported_size : padded_size;
   state->local_rank = hierarchical ? topo.local_rank : 0;

@@ -170,6 +170,16 @@ class Model {
   // params() changed outside the model (the sharded step's all-gather): refresh what the backend
   // derives from them (the CPU backend's bf16 copy).
   virtual void params_changed() {}
+  // The sharded step's all-gather may still be arriving (lib/train/train_step.cpp, comm.overlap =
+  // thread): wait(end) blocks until params()[0, end) has arrived. A backend that takes it calls
+  // wait before it reads a range (its forward layer by layer, so that the gather overlaps the
+  // forward; any other use of the parameters all of them first), refreshes what it derives from
+  // the range, and drops `wait` once everything has arrived. The default takes none: the caller
+  // gathers first and calls params_changed().
+  virtual bool takes_arriving_params() const { return false; }
+  virtual void params_arriving(std::function<void(size_t end)> wait) { (void)wait; }
+  // Waits for every parameter still arriving (a no-op when none is).
+  virtual void finish_arriving_params() {}
   [[noreturn]] void shard_optimizer_unsupported() const;
 
   // Forward + backward of one micro-batch. Returns the SUM over real targets of the

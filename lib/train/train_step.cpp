@@ -112,6 +112,9 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
 }
 
 ReducedStep reduce(StepContext& ctx, const balance::StepView& step, double local_loss_sum, int64_t step_index) {
+  // The last step's parameter gather has arrived where this rank ran a forward; a rank without
+  // micro-batches this step waits for it here, closing its watchdog section first.
+  ctx.model->finish_arriving_params();
   ctx.watchdog->enter("gradient reduction", long(step_index));
   const double exposed = ctx.reducer->finish();
   ctx.diagnostics->add_phase_seconds(diag::kCommExposed, exposed);
@@ -145,8 +148,14 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
   UpdateResult result;
   const double loss = reduced.loss;
   double norm_squared = model.grad_norm_squared();
-  // Sharded: each rank summed its own ranges; the global norm is one small allreduce away.
-  if (ctx.shard_optimizer) MPI_Allreduce(MPI_IN_PLACE, &norm_squared, 1, MPI_DOUBLE, MPI_SUM, ctx.world);
+  // Sharded: each rank summed its own ranges; the global norm is one small allreduce away. It
+  // and the parameters' gather are collectives a lost rank would leave hanging: the watchdog
+  // brackets them (a gather left to the communication thread bounds its own waits).
+  if (ctx.shard_optimizer) {
+    ctx.watchdog->enter("gradient norm allreduce", long(step_index));
+    MPI_Allreduce(MPI_IN_PLACE, &norm_squared, 1, MPI_DOUBLE, MPI_SUM, ctx.world);
+    ctx.watchdog->leave();
+  }
   result.grad_norm = std::sqrt(norm_squared);
   if (!reduced.nonfinite_ranks.empty() || !std::isfinite(loss) || !std::isfinite(result.grad_norm)) {
     std::ostringstream what;
@@ -176,10 +185,29 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
     ap.t = step_index + 1;
     model.adamw_step(ap);
     if (ctx.shard_optimizer) {
-      // Every rank updated its own ranges; all of them reach every rank before the next forward.
+      // Every rank updated its own ranges; all of them reach every rank before the next forward
+      // reads them. With a communication thread (comm.overlap = thread) the gather runs there,
+      // first layers first, and the model waits for each layer's range as its forward gets to it.
       model.synchronize();
-      ctx.reducer->gather(model.params());
-      model.params_changed();
+      if (ctx.reducer->gathers_in_background() && model.takes_arriving_params()) {
+        // One watchdog section from here until the last range has arrived (the model's wait for
+        // it, at the latest before the next step's reduction: reduce()), so a rank lost during
+        // the gather is named like one lost in any other collective.
+        ctx.watchdog->enter("parameter all-gather", long(step_index));
+        ctx.reducer->start_gather(model.params());
+        comm::GradientReducer* reducer = ctx.reducer;
+        Watchdog* watchdog = ctx.watchdog;
+        const size_t padded = model.layout().padded_size;
+        model.params_arriving([reducer, watchdog, padded](size_t end) {
+          reducer->wait_gather(end);
+          if (end >= padded) watchdog->leave();
+        });
+      } else {
+        ctx.watchdog->enter("parameter all-gather", long(step_index));
+        ctx.reducer->gather(model.params());
+        ctx.watchdog->leave();
+        model.params_changed();
+      }
     }
   }
   model.synchronize();

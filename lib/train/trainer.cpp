@@ -413,6 +413,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
       break;
     }
   }
+  model->finish_arriving_params();  // the last step's gather, where nothing has read the parameters since
   checkpointer.wait();
   if (rank == 0) {  // what the last checkpoint cost (bench/checkpoint_write.sh reads this line)
     const Checkpointer::SaveStats saved = checkpointer.last_save();

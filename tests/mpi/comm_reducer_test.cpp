@@ -126,7 +126,9 @@ TEST_F(ReducerTest, IntegerGradientsSumExactlyInEveryMode) {
 }
 
 // Sharded (ZeRO-1): the owned ranges tile the buffer over the ranks (each element owned once),
-// each holds the exact sum after finish(), and gather() gives every rank every owner's values.
+// each holds the exact sum after finish(), and gather() gives every rank every owner's values;
+// so does start_gather() (in the background in thread mode), [0, end) complete once
+// wait_gather(end) returns, and the next step's reduction runs after it.
 TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
   const size_t P = size_t(topo_.size);
   const std::pair<OverlapMode, bool> engines[] = {{OverlapMode::off, true},
@@ -153,7 +155,7 @@ TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
         opts.shard = true;
         auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
         long bad = 0;
-        for (int step = 0; step < 2; ++step) {
+        for (int step = 0; step < 3; ++step) {
           for (size_t i = 0; i < padded; ++i)
             grads[i] = float(int((i * 7 + size_t(topo_.rank) * 5 + size_t(step)) % 23) - 11);
           reducer->begin();
@@ -177,7 +179,16 @@ TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
           std::fill(params.begin(), params.end(), -1000.f - float(topo_.rank));
           for (const BufferRange& r : reducer->owned())
             for (size_t i = r.offset; i < r.offset + r.count; ++i) params[i] = float(i % 1009) + 0.5f * float(step);
-          reducer->gather(params.data());
+          if (step == 1) {
+            reducer->start_gather(params.data());
+            bad += reducer->gathers_in_background() != (mode == OverlapMode::thread && topo_.size > 1);
+            for (size_t end : {size_t(1), padded / 3, padded / 2, padded}) {
+              reducer->wait_gather(end);
+              for (size_t i = 0; i < end; ++i) bad += params[i] != float(i % 1009) + 0.5f * float(step);
+            }
+          } else {
+            reducer->gather(params.data());
+          }
           for (size_t i = 0; i < padded; ++i) bad += params[i] != float(i % 1009) + 0.5f * float(step);
         }
         EXPECT_EQ(global_failures(bad), 0) << what;

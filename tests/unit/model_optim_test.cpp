@@ -140,6 +140,64 @@ TEST(AdamW, ShardedModelStepsItsRangesAsTheWholeModel) {
   EXPECT_EQ(differ, 0);
 }
 
+// The sharded step's gather arriving while the next forward runs (Model::params_arriving): the
+// forward asks for the embeddings, then each layer's range, in increasing order and before it
+// reads them; the loss and gradients equal those of a model given the parameters whole, in fp32
+// and bf16 (whose GEMM copy is rounded range by range); get_params waits for everything.
+TEST(ArrivingParams, ForwardWaitsLayerByLayerAndComputesAsWhole) {
+  model::GPTConfig cfg = model::testing::tiny_config();
+  cfg.n_layer = 3;
+  for (const char* precision : {"fp32", "bf16"}) {
+    backend::CpuModel whole(cfg, 64, precision), arriving(cfg, 64, precision);
+    whole.init_params(11);
+    const size_t padded = whole.layout().padded_size, num = whole.layout().num_params;
+    std::vector<float> truth(num);
+    whole.get_params(truth.data());
+    arriving.init_params(3);  // other values: what the gather overwrites
+    float* target = arriving.params();
+    std::vector<size_t> asked;
+    size_t delivered = 0;
+    arriving.params_arriving([&](size_t end) {
+      asked.push_back(end);
+      // The "gather" delivers exactly what was asked for, so a read past it would see old values.
+      for (; delivered < end; ++delivered) target[delivered] = delivered < num ? truth[delivered] : 0.0f;
+    });
+    const model::Batch batch = model::testing::make_batch({5, 8, 3}, cfg.vocab_size, 21);
+    const float scale = 1.0f / float(batch.num_targets);
+    whole.zero_grads();
+    arriving.zero_grads();
+    const double want = whole.forward_backward(batch, scale, {});
+    const double got = arriving.forward_backward(batch, scale, {});
+    EXPECT_EQ(got, want) << precision;
+    for (size_t i = 0; i < num; ++i) ASSERT_EQ(arriving.grads()[i], whole.grads()[i]) << precision << " grad " << i;
+    // Embeddings, each of the 3 layers, then the rest: increasing, the first well short of all.
+    ASSERT_EQ(asked.size(), size_t(cfg.n_layer) + 2) << precision;
+    EXPECT_TRUE(std::is_sorted(asked.begin(), asked.end())) << precision;
+    EXPECT_LT(asked.front(), padded / 2) << precision;
+    EXPECT_EQ(asked.back(), padded) << precision;
+    // Everything arrived: no more waits.
+    asked.clear();
+    std::vector<float> got_params(num);
+    arriving.get_params(got_params.data());
+    EXPECT_TRUE(asked.empty());
+    EXPECT_EQ(got_params, truth);
+  }
+}
+
+// A gather still in flight when something other than the forward reads the parameters
+// (a checkpoint's get_params): it waits for all of them at once.
+TEST(ArrivingParams, GetParamsWaitsForEverything) {
+  model::GPTConfig cfg = model::testing::tiny_config();
+  backend::CpuModel model(cfg, 64);
+  model.init_params(1);
+  const size_t padded = model.layout().padded_size;
+  std::vector<size_t> asked;
+  model.params_arriving([&](size_t end) { asked.push_back(end); });
+  std::vector<float> host(model.layout().num_params);
+  model.get_params(host.data());
+  EXPECT_EQ(asked, std::vector<size_t>{padded});
+}
+
 TEST(Schedule, WarmupThenCosine) {
   const double lr = 6e-4;
   EXPECT_DOUBLE_EQ(learning_rate(0, 10, 100, lr, 0.1), lr / 10);
