@@ -363,6 +363,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     const bool eval_now = cfg.train.eval_every > 0 && state.step % cfg.train.eval_every == 0;
     double step_eval_loss = NAN;
     if (eval_now) {
+      // The step's parameter gather may still run on the reducer's thread: it ends before this
+      // thread makes blocking MPI calls of its own (Open MPI's waits of two threads take each
+      // other's locks; TSan reports the order), and before the parameters are read.
+      model->finish_arriving_params();
       step_eval_loss = eval_loss = evaluate(ctx, *eval_plans, index, data_dir, ropts, cfg.train.eval_batches, state.step);
       for (size_t k = 0; k < source_eval_plans.size(); ++k) {
         if (!source_eval_plans[k]) continue;
@@ -404,6 +408,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                           reduced.checkpoint_due;
     if (stop_requested || periodic || state.step == total_steps) {
       t_last_checkpoint = now_seconds();
+      model->finish_arriving_params();  // as before evaluating
       // The run ends after a final one: its failure fails the run (Checkpointer::wait), while a
       // periodic one that fails is a warning and the next interval tries again.
       checkpointer.save(*model, state, /*final_checkpoint=*/stop_requested || state.step == total_steps);
