@@ -35,6 +35,10 @@ static std::string cut_cost_advice(const diag::RunData& run) {
   if (!run.summary.is_object() || !run.summary.contains("plan_cost_t") ||
       run.summary.value("cuts_per_step_max", 0.0) <= 0)
     return "";
+  // The run's own cut-cost check re-planned with the measured charge: nothing left to advise.
+  if (run.summary.contains("cut_cost_check") && run.summary["cut_cost_check"].is_object() &&
+      !run.summary["cut_cost_check"].value("replanned_from_step", nlohmann::json()).is_null())
+    return "";
   try {
     const std::vector<balance::CostSample> samples = balance::read_cost_samples(run.run_dir, 2);
     const balance::TransferFit transfer = balance::fit_transfer_cost(samples);

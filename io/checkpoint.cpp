@@ -490,6 +490,7 @@ CheckpointFileOffsets create_temp_file(const std::string& final_path, const std:
     write_scalar_attribute<uint64_t>(root, "config_hash", H5T_STD_U64LE, H5T_NATIVE_UINT64, info.config_hash, final_path);
     write_scalar_attribute<double>(root, "tokens_seen", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, info.tokens_seen, final_path);
     write_scalar_attribute<int64_t>(root, "world_size", H5T_STD_I64LE, H5T_NATIVE_INT64, info.world_size, final_path);
+    write_scalar_attribute<double>(root, "cut_cost_t", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, info.cut_cost_t, final_path);
     write_string_attribute(root, "config", info.config, final_path);
     write_scalar_attribute<int64_t>(root, "n_layer", H5T_STD_I64LE, H5T_NATIVE_INT64, info.n_layer, final_path);
     write_scalar_attribute<int64_t>(root, "n_head", H5T_STD_I64LE, H5T_NATIVE_INT64, info.n_head, final_path);
@@ -807,6 +808,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   info.config_hash = read_scalar_attribute<uint64_t>(root, "config_hash", H5T_NATIVE_UINT64, path);
   info.tokens_seen = read_scalar_attribute<double>(root, "tokens_seen", H5T_NATIVE_DOUBLE, path);
   info.world_size = read_scalar_attribute<int64_t>(root, "world_size", H5T_NATIVE_INT64, path);
+  if (H5Aexists(root, "cut_cost_t") > 0)  // checkpoints written before the cut-cost check have none
+    info.cut_cost_t = read_scalar_attribute<double>(root, "cut_cost_t", H5T_NATIVE_DOUBLE, path);
   info.config = read_string_attribute(root, "config", path);
   info.n_layer = read_scalar_attribute<int64_t>(root, "n_layer", H5T_NATIVE_INT64, path);
   info.n_head = read_scalar_attribute<int64_t>(root, "n_head", H5T_NATIVE_INT64, path);

@@ -3,7 +3,7 @@
 //   /params/<nanoGPT name>   float32, torch shape (Linear weights [out, in])
 //   /adam/m/<name>, /adam/v/<name>   AdamW first and second moments, same shapes
 //   root attributes: format "kilter-checkpoint", format_version, kilter_version, step, epoch,
-//   step_in_epoch, seed, config_hash, tokens_seen, world_size, config (resolved INI text),
+//   step_in_epoch, seed, config_hash, tokens_seen, world_size, cut_cost_t, config (resolved INI text),
 //   n_layer, n_head, n_embd, block_size, vocab_size; tokenizer (kind, as index.h5 records it)
 //   and eos_id, with the tokenizer file's bytes in /tokenizer_data (uint8, absent when empty), so
 //   a checkpoint decodes on its own. Checkpoints written before these existed read as tokenizer "".
@@ -46,6 +46,9 @@ struct CheckpointInfo {
   uint64_t config_hash = 0;
   double tokens_seen = 0;
   int64_t world_size = 1;      // of the run that wrote it (informational)
+  // The charge per earlier token of a cut piece that the run measured and plans with since
+  // (data.cut_cost_check); -1: none, the plan derives it (absent in older checkpoints).
+  double cut_cost_t = -1;
   std::string config;          // resolved INI text of the run
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
   std::string tokenizer;       // the dataset's tokenizer kind ("" in older checkpoints)

@@ -225,27 +225,56 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
   return samples;
 }
 
+namespace {
+// The cut-cost rule shared by the report's advice and the trainer's check: the excess of the
+// measured charge over the planned one, as a share of the computed tokens of the rows that
+// received K/V.
+double excess_share(const std::vector<CostSample>& samples, double measured, double planned) {
+  double kv_tokens = 0, computed = 0;
+  for (const CostSample& s : samples)
+    if (s.kv_tokens > 0) kv_tokens += s.kv_tokens, computed += s.tokens_computed;
+  return computed > 0 ? (measured - planned) * kv_tokens / computed : 0;
+}
+constexpr double kCutCostRatio = 1.5;     // measured above this many times the planned charge
+constexpr double kCutCostShare = 0.02;    // and the miss costs at least this share of a step
+}  // namespace
+
 std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
                             double a_seconds_per_token, double planned_t) {
   // cost_t is 0 where the run measured no transfer or a is unknown: no advice then.
   const double measured = transfer.cost_t(a_seconds_per_token);
   planned_t = std::max(planned_t, 0.0);
-  if (!(measured > 1.5 * planned_t)) return "";
+  if (!(measured > kCutCostRatio * planned_t)) return "";
   // What the miss costs a rank that received K/V, as a share of its step's computed tokens.
-  double kv_tokens = 0, computed = 0;
-  for (const CostSample& s : samples)
-    if (s.kv_tokens > 0) kv_tokens += s.kv_tokens, computed += s.tokens_computed;
-  if (!(computed > 0)) return "";
-  const double excess_share = (measured - planned_t) * kv_tokens / computed;
-  if (excess_share < 0.02) return "";
+  const double share = excess_share(samples, measured, planned_t);
+  if (share < kCutCostShare) return "";
   char line[640];
   std::snprintf(line, sizeof line,
                 "cut pieces cost more than the plan charged: their kv_wait measured t = %.3g dense tokens per earlier "
                 "token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss of about %.0f%% of the step of a "
                 "rank that received K/V, so its cuts can make steps slower here; set data.cost_t = %.3g (the plan "
                 "then cuts only where that pays) or data.cut_pieces = false",
-                measured, static_cast<unsigned long long>(transfer.samples), planned_t, 100 * excess_share, measured);
+                measured, static_cast<unsigned long long>(transfer.samples), planned_t, 100 * share, measured);
   return line;
+}
+
+CutCostCheck check_cut_cost(const std::vector<CostSample>& samples, const CostModel& plan_cost) {
+  CutCostCheck check;
+  check.planned_t = std::max(plan_cost.t, 0.0);
+  const TransferFit transfer = fit_transfer_cost(samples);
+  double seconds = 0, units = 0;
+  for (const CostSample& s : samples) {
+    if (!(s.tokens_computed > 0)) continue;
+    seconds += s.seconds;
+    units += plan_cost.a * s.tokens_computed + plan_cost.b * s.attn_work + std::max(plan_cost.c, 0.0) * s.micro_batches;
+  }
+  check.rows = transfer.samples;
+  if (!transfer.measured || !(seconds > 0) || !(units > 0)) return check;
+  check.measured = true;
+  check.measured_t = transfer.cost_t(seconds / units);
+  check.excess_share = excess_share(samples, check.measured_t, check.planned_t);
+  check.replan = check.measured_t > kCutCostRatio * check.planned_t && check.excess_share >= kCutCostShare;
+  return check;
 }
 
 }  // namespace kilter::balance

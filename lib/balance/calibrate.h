@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "lib/balance/plan.h"
+
 namespace kilter::balance {
 
 // One rank's share of one step: its computed tokens, its attention work, its micro-batches and its
@@ -63,6 +65,23 @@ CostFit fit_cost_model(const std::vector<CostSample>& samples);
 // a is unknown, or where the charge held or its miss is too small to matter.
 std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
                             double a_seconds_per_token, double planned_t);
+
+// The cut-cost check of a training run (data.cut_cost_check): what its cut pieces cost against the
+// charge the plan cut with. The transfer is fitted as fit_transfer_cost() fits it; the seconds of
+// a unit of cost come from the plan's own cost model, sum(seconds) / sum(a tokens_computed +
+// b attn_work + c micro_batches) over `samples` (no regression: a few steps of one run suffice,
+// and the unit is the one the plan charges t in). replan: the measured charge is above 1.5x the
+// planned one and the difference costs the ranks that received K/V at least 2% of their step
+// (cut_cost_advice()'s rule), so the rest of the run should be planned with measured_t.
+struct CutCostCheck {
+  bool measured = false;     // rows with kv_tokens > 0 and computed work exist
+  double measured_t = 0;     // dense tokens (cost units) per earlier token
+  double planned_t = 0;
+  double excess_share = 0;   // (measured - planned) x earlier tokens / computed tokens, ranks that received
+  uint64_t rows = 0;         // (rank, step) rows with kv_tokens > 0
+  bool replan = false;
+};
+CutCostCheck check_cut_cost(const std::vector<CostSample>& samples, const CostModel& plan_cost);
 
 // Reads RUN_DIR/metrics/rank-*.csv: the header names the columns `step`, `tokens_computed`,
 // `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted), and

@@ -43,6 +43,10 @@ class MixturePlanner {
   // The plan of mixture epoch `epoch` for `world_size` ranks; `wraps` (when given) gets the
   // sources that wrap in it. Deterministic: the same for every call and every world size.
   EpochPlan build(uint64_t epoch, int world_size, std::vector<SourceWrap>* wraps = nullptr);
+  const PlanOptions& options() const { return opts_; }
+  // The cost model of the plans built from now on (a measured transfer charge): the steps and
+  // their tokens stay the same, only their division among the ranks follows it.
+  void set_cost(const CostModel& cost) { opts_.cost = cost; }
 
  private:
   struct Stream {

@@ -124,6 +124,11 @@ class GradientReducer {
   // for a gather in flight first; whoever reads params waits with wait_gather (the next forward, layer
   // by layer: lib/model/model.h params_arriving).
   virtual bool gathers_in_background() const { return false; }
+  // Whether a step's reduction or a gather may still be reading or writing the buffers (begun
+  // and not finished, or a gather in flight). A rank that unwinds an error while this holds
+  // must not free those buffers: the communication thread may be inside a collective that the
+  // other ranks never join, and the reducer lets that thread go rather than wait forever.
+  virtual bool communicating() const { return false; }
   virtual void start_gather(float* params) { gather(params); }
   virtual void wait_gather(size_t end) { (void)end; }
 };

@@ -308,6 +308,11 @@ class BucketGradientReducer final : public GradientReducer {
       thread_.join();
   }
 
+  bool communicating() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->active || state_->in_collective || state_->gather_params != nullptr;
+  }
+
   size_t num_buckets() const override { return state_->buckets.size(); }
 
   std::vector<BufferRange> owned() const override {

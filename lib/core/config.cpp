@@ -65,6 +65,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("data.cost_c", po::value(&d.cost_c)->default_value(d.cost_c, shortest_text(d.cost_c)), "cost model: fixed cost of one micro-batch, in the unit of cost_a per token (<0: 256 x cost_a)")
     ("data.cost_t", po::value(&d.cost_t)->default_value(d.cost_t, shortest_text(d.cost_t)), "cost model: per earlier token whose K/V a cut piece's later part receives, in the unit of cost_a per token (<0: from the model shape, comm.link_gbps and comm.device_tflops, raised where the link sets the pace at this world size and train.tokens_per_step)")
     ("data.cut_pieces", po::value(&d.cut_pieces)->default_value(d.cut_pieces, shortest_text(d.cut_pieces)), "balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost (pieces longer than data.max_tokens are always cut)")
+    ("data.cut_cost_check", po::value(&d.cut_cost_check)->default_value(d.cut_cost_check, shortest_text(d.cut_cost_check)), "training: after this many steps (past the first two), measure what cut pieces cost from their kv_wait; where that is above 1.5 x the derived data.cost_t and the difference costs a rank that received K/V >= 2% of its step, plan the rest of the run with the measured charge (0: never; a given data.cost_t is never changed)")
     ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir, shortest_text(d.stage_dir)), "node-local directory to stage shards into (empty: read in place)")
     ("train.steps", po::value(&t.steps)->default_value(t.steps, shortest_text(t.steps)), "total optimizer steps of the run")
     ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step, shortest_text(t.tokens_per_step)), "target tokens per global step, all ranks together")
@@ -148,6 +149,8 @@ void Config::validate() const {
                    data.eval_fraction, "must be in [0, 0.5]");
   check_one_of("data.tail", data.tail, {"drop", "redistribute"});
   KILTER_CHECK_KEY(data.cost_a >= 0, "data.cost_a", data.cost_a, "must be >= 0");
+  KILTER_CHECK_KEY(data.cut_cost_check >= 0, "data.cut_cost_check", data.cut_cost_check,
+                   "must be >= 0 (0: never check what cut pieces cost)");
   KILTER_CHECK_KEY(train.steps >= 1, "train.steps", train.steps, "must be >= 1");
   KILTER_CHECK_KEY(train.tokens_per_step >= 1, "train.tokens_per_step", train.tokens_per_step,
                    "a step must hold at least one token (e.g. " << 8 * data.max_tokens << ")");
@@ -285,6 +288,8 @@ uint64_t Config::hash() const {
   // Sharding changes where the optimizer state lives and the summation order, not the run: a
   // checkpoint resumes sharded or not.
   c.train.shard_optimizer = false;
+  // The cut-cost check changes who computes which tokens of a step, never which tokens it holds.
+  c.data.cut_cost_check = 0;
   c.comm.timeout_s = 0;
   std::string text = c.to_ini();
   uint64_t h = 1469598103934665603ull;

@@ -38,6 +38,7 @@ struct DataConfig {
   double cost_c = -1.0;            // <0: default, 256 x cost_a (balance::kDefaultMicroBatchTokens)
   double cost_t = -1.0;            // per earlier token a cut piece's later part exchanges (<0: from comm.link_gbps)
   bool cut_pieces = true;          // balanced sampler: cut pieces between ranks where it evens the step
+  int64_t cut_cost_check = 10;     // steps of cut pieces after which training checks the derived cost_t (0: off)
   std::string stage_dir;           // node-local directory to stage shards into ("" = read in place)
 };
 

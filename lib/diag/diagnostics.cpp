@@ -168,11 +168,13 @@ struct RankDiagnostics::Impl {
 
   // Completes the gather of the previous step (posted one step earlier, so nobody waits for
   // it now) and, on rank 0, feeds it to the statistics and the live watch.
+  std::function<void(const StepRecord*, int)> records_hook;
   void complete_gather() {
     if (gather_request == MPI_REQUEST_NULL) return;
     check_mpi(MPI_Wait(&gather_request, MPI_STATUS_IGNORE), "MPI_Wait (step record gather)");
     if (rank != 0) return;
     stats->add_step(gather_recv.data());
+    if (records_hook) records_hook(gather_recv.data(), size);
     std::string warning = watch->add_step(gather_recv.data());
     if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
   }
@@ -291,6 +293,10 @@ void RankDiagnostics::add_phase_seconds(Phase p, double seconds) {
     int64_t now = steady_now_ns();
     d.events.push_back({p, now - int64_t(seconds * 1e9), now});
   }
+}
+
+void RankDiagnostics::on_step_records(std::function<void(const StepRecord*, int)> fn) {
+  impl_->records_hook = std::move(fn);
 }
 
 void RankDiagnostics::mark_arrival() { impl_->arrival_ns = steady_now_ns(); }

@@ -5,12 +5,15 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 namespace kilter::diag {
+
+struct StepRecord;  // lib/diag/step_record.h
 
 // kv_wait (issue 23) is time blocked in the K/V exchange of cut pieces. It happens inside forward
 // and backward and is taken out of them (forward and backward are the rank's own work, kv_wait
@@ -80,6 +83,9 @@ class RankDiagnostics {
   // step (small allgather) and, on rank 0, watches for a persistent straggler. `loss` is the
   // global step loss (already reduced).
   void end_step(int64_t step, int64_t tokens, double loss);
+  // Rank 0: called with every rank's record of a step (indexed by rank) once it has been gathered,
+  // which is during the next end_step() or finish(). Other ranks never call it.
+  void on_step_records(std::function<void(const StepRecord* records, int ranks)> fn);
   // Collective: rank 0 writes RUN_DIR/summary.json from every rank's records plus `extra`
   // (plan statistics, tokens_per_second, ...) and returns it; other ranks return {}.
   nlohmann::json finish(const nlohmann::json& extra);

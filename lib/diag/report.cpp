@@ -165,6 +165,23 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
          << json_number(sum, "plan_kv_bytes_per_step_p50", "{:.3g}") << "; cost_imbalance p95 without cuts "
          << json_number(sum, "cost_imbalance_uncut_p95") << ", whole-piece bound "
          << json_number(sum, "cost_imbalance_bound_p95") << "\n";
+    if (sum.contains("cut_cost_check") && sum["cut_cost_check"].is_object()) {
+      const nlohmann::json& cc = sum["cut_cost_check"];
+      const nlohmann::json& window = cc.value("window", nlohmann::json::array());
+      os << "  cut-cost check";
+      if (window.is_array() && window.size() == 2)
+        os << fmt::format(" (steps {}-{})", window[0].dump(), window[1].dump());
+      if (!cc.value("measured", false)) {
+        os << ": no rank received K/V of a cut piece\n";
+      } else {
+        os << ": kv_wait measured t = " << json_number(cc, "measured_t", "{:.3g}") << " per earlier token, the plan "
+           << "charged " << json_number(cc, "planned_t", "{:.3g}");
+        if (cc.contains("replanned_from_step") && !cc["replanned_from_step"].is_null())
+          os << "; steps from " << cc["replanned_from_step"].dump() << " on were planned with the measured charge\n";
+        else
+          os << ": the charge held\n";
+      }
+    }
   } else {
     os << "  (no summary.json: the run did not finish; figures below come from the metrics CSVs)\n";
   }

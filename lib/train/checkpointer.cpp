@@ -267,6 +267,7 @@ struct Checkpointer::Impl {
     info.config_hash = state.config_hash;
     info.tokens_seen = state.tokens_seen;
     info.world_size = world_size;
+    info.cut_cost_t = state.cut_cost_t;
     info.config = config_text;
     info.n_layer = gpt.n_layer;
     info.n_head = gpt.n_head;
@@ -526,7 +527,10 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
   long long scalars[6] = {info.step, info.epoch, info.step_in_epoch, (long long)info.seed,
                           (long long)info.config_hash, info.world_size};
   MPI_Bcast(scalars, 6, MPI_LONG_LONG, 0, world);
-  MPI_Bcast(&info.tokens_seen, 1, MPI_DOUBLE, 0, world);
+  double doubles[2] = {info.tokens_seen, info.cut_cost_t};
+  MPI_Bcast(doubles, 2, MPI_DOUBLE, 0, world);
+  info.tokens_seen = doubles[0];
+  info.cut_cost_t = doubles[1];
   broadcast_string(world, info.kilter_version, 0);
   broadcast_floats(world, params, 0);
   broadcast_floats(world, adam_m, 0);
@@ -542,6 +546,7 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
   state.config_hash = uint64_t(scalars[4]);
   state.world_size = int(scalars[5]);
   state.tokens_seen = info.tokens_seen;
+  state.cut_cost_t = info.cut_cost_t;
   return state;
 }
 

@@ -25,6 +25,9 @@ struct TrainState {
   uint64_t config_hash = 0;
   double tokens_seen = 0;
   int world_size = 1;               // of the run that wrote it (informational)
+  // The charge per earlier token the plan uses since the cut-cost check measured it
+  // (data.cut_cost_check); -1: none, the plan derives it.
+  double cut_cost_t = -1;
 };
 
 class Checkpointer {

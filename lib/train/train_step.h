@@ -40,6 +40,7 @@ struct StepContext {
   int64_t step_index = 0;       // the optimizer steps completed (set by the trainer every step)
   bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite
   bool checkpoint_due = false;   // rank 0: output.checkpoint_minutes passed (travels with the stop flag)
+  double replan_t = 0;           // rank 0: the cut-cost check's measured charge, > 0 to re-plan (travels too)
   // train.shard_optimizer in force: the reducer leaves each rank 1/P of the gradient, update()
   // sums the norm over ranks and all-gathers the parameters.
   bool shard_optimizer = false;
@@ -57,6 +58,7 @@ struct ReducedStep {
   double loss = 0;              // mean over the global step's target tokens
   bool stop_requested = false;  // a rank received a stop signal
   bool checkpoint_due = false;  // rank 0's clock says a timed checkpoint is due (every rank agrees)
+  double replan_t = 0;          // > 0: rank 0's cut-cost check asks every rank to re-plan with this t
   std::vector<int> nonfinite_ranks;  // ranks whose own loss or gradient was not finite
 };
 // Waits for the gradient reduction and sums the loss, the stop flag and the non-finite flag over

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -34,6 +35,7 @@
 #include "lib/train/memory_plan.h"
 #include "lib/train/micro_batch.h"
 #include "lib/train/plan_cursor.h"
+#include "lib/train/cut_cost_watch.h"
 #include "lib/train/run_dir.h"
 #include "lib/train/sampling.h"
 #include "lib/train/signals.h"
@@ -171,6 +173,17 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   // The model reports every float of the padded buffer (the padding together with ln_f).
   reducer_opts.reported_size = model->layout().padded_size;
   auto reducer = comm::make_gradient_reducer(topo, model->grads(), model->layout().padded_size, reducer_opts);
+  // A rank that unwinds an error while its reducer is mid-collective (a step's reduction, or the
+  // parameters' gather on the communication thread): the reducer lets its thread go, since the
+  // job is about to be aborted, and that collective still reads and writes the model's buffers.
+  // The model is then let go too, not freed under it.
+  struct ModelOutlivesCollective {
+    std::unique_ptr<model::Model>& model;
+    const comm::GradientReducer& reducer;
+    ~ModelOutlivesCollective() {
+      if (std::uncaught_exceptions() > 0 && reducer.communicating()) (void)model.release();
+    }
+  } model_outlives_collective{model, *reducer};
   if (shard_optimizer) {
     std::vector<model::ParamRange> owned;
     for (const comm::BufferRange& r : reducer->owned()) owned.push_back({r.offset, r.count});
@@ -195,6 +208,16 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
                    resume_path.c_str(), (long long)state.step, (unsigned long long)state.position.epoch,
                    (unsigned long long)state.position.step_in_epoch);
     state.world_size = world_size;
+    if (cfg.data.cost_t >= 0) {
+      state.cut_cost_t = -1;  // a given data.cost_t is the charge
+    } else if (state.cut_cost_t >= 0) {
+      // The charge this run's cut-cost check measured before the checkpoint: the plans it made
+      // since continue (nothing has been planned yet in this process).
+      plans.replan(state.position, state.cut_cost_t);
+      if (rank == 0)
+        std::fprintf(stderr, "kilter: plan: cut pieces are charged t = %.3g per earlier token, as this run's cut-cost "
+                     "check measured before the checkpoint (data.cost_t fixes another)\n", state.cut_cost_t);
+    }
   }
   // Only now, once a resume has loaded (or a new run was allowed into run_dir): a refused run
   // leaves the run directory's config.ini as it was.
@@ -317,17 +340,42 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   int64_t nonfinite_skipped = 0;
   // output.checkpoint_minutes: rank 0's clock decides, and the step's reduction tells every rank.
   double t_last_checkpoint = t_loop;
+  // data.cut_cost_check: once per run, where the plan cuts pieces, derives its transfer charge,
+  // and no earlier part of the run measured one; rank 0 collects the window's records and judges.
+  const bool check_cut_cost = cfg.data.cut_cost_check > 0 && cfg.data.cost_t < 0 && state.cut_cost_t < 0 &&
+                              world_size > 1 && st.cuts > 0;
+  CutCostWatch cut_watch(check_cut_cost ? cfg.data.cut_cost_check : 0, first_step);
+  if (rank == 0 && cut_watch.active())
+    diagnostics.on_step_records([&cut_watch](const diag::StepRecord* records, int ranks) {
+      cut_watch.add_step(records, ranks);
+    });
+  nlohmann::json cut_cost_summary;  // rank 0: the check's verdict
+  balance::CutCostCheck cut_check;
 
   while (state.step < total_steps) {
     // plan
     const balance::EpochPlan& plan = plans.get(state.position.epoch);
-    const balance::StepView step = plan.steps[state.position.step_in_epoch];
+    const balance::StepView step = plans.step(state.position);
     maybe_fail_for_test(rank, state.step);
     diagnostics.begin_step(state.step);
     model->zero_grads();
     ctx.step_index = state.step;
     ctx.checkpoint_due = rank == 0 && cfg.output.checkpoint_minutes > 0 &&
                          now_seconds() - t_last_checkpoint >= cfg.output.checkpoint_minutes * 60;
+    ctx.replan_t = 0;
+    if (rank == 0 && cut_watch.ready()) {
+      cut_check = cut_watch.decide(plans.cost(state.position));
+      if (cut_check.replan) ctx.replan_t = cut_check.measured_t;
+      else if (cut_check.measured) std::fprintf(stderr, "kilter: %s\n", describe_cut_cost_check(cut_check, cut_watch.window_begin(),
+                                                                         cut_watch.window_end(), -1).c_str());
+      cut_cost_summary = {{"window", {cut_watch.window_begin(), cut_watch.window_end()}},
+                          {"measured", cut_check.measured},
+                          {"measured_t", cut_check.measured ? nlohmann::json(cut_check.measured_t) : nlohmann::json(nullptr)},
+                          {"planned_t", cut_check.planned_t},
+                          {"excess_share", cut_check.excess_share},
+                          {"rows", cut_check.rows},
+                          {"replanned_from_step", nullptr}};
+    }
     // read -> forward/backward (the reduction starts inside the last backward)
     StepWork work;
     const double local_loss_sum = compute_gradients(ctx, step, work);
@@ -359,6 +407,28 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     // `plan` and `step` are not used past this point: a finished epoch's plan can go.
     state.position = balance::next_position(state.position, plan.steps.size());
     if (state.position.step_in_epoch == 0) plans.drop_before(state.position.epoch);
+    if (reduced.replan_t > 0) {
+      // The cut-cost check's verdict reached every rank in this step's reduction. The new plan
+      // starts after the furthest step any rank's reader has been fed from.
+      watchdog.enter("cut-cost re-plan", long(state.step));
+      long long fed = (long long)(total_steps - cursor.steps_left());
+      MPI_Allreduce(MPI_IN_PLACE, &fed, 1, MPI_LONG_LONG, MPI_MAX, world);
+      watchdog.leave();
+      const int64_t from_step = int64_t(fed) + 1;
+      if (from_step < total_steps) {
+        balance::PlanPosition from = state.position;
+        for (int64_t i = state.step; i < from_step; ++i)
+          from = balance::next_position(from, plans.get(from.epoch).steps.size());
+        plans.replan(from, reduced.replan_t);
+        state.cut_cost_t = reduced.replan_t;
+      }
+      if (rank == 0) {
+        const int64_t shown = from_step < total_steps ? from_step : -1;
+        std::fprintf(stderr, "kilter: %s\n", describe_cut_cost_check(cut_check, cut_watch.window_begin(),
+                                                                     cut_watch.window_end(), shown).c_str());
+        if (shown >= 0) cut_cost_summary["replanned_from_step"] = shown;
+      }
+    }
 
     const bool eval_now = cfg.train.eval_every > 0 && state.step % cfg.train.eval_every == 0;
     double step_eval_loss = NAN;
@@ -454,7 +524,10 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["cost_imbalance_uncut_max"] = st.cost_imbalance_uncut_max;
   // The charge per earlier token the plan cut with (dense tokens), which `kilter report` compares
   // with what the run's kv_wait measured.
-  extra["plan_cost_t"] = plans.get(state.position.epoch).cost.t;
+  extra["plan_cost_t"] = plans.cost(state.position).t;
+  // The cut-cost check (data.cut_cost_check): its window, what it measured, and where the plan
+  // changed (null: it did not); absent where the check did not run in this process.
+  if (!cut_cost_summary.is_null()) extra["cut_cost_check"] = cut_cost_summary;
   extra["cuts_per_step_p50"] = st.cuts_per_step_p50;
   extra["cuts_per_step_max"] = st.cuts_per_step_max;
   extra["cut_pieces"] = st.cut_pieces;

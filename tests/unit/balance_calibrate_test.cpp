@@ -187,5 +187,49 @@ TEST(BalanceCalibrate, CutCostAdviceOnlyWhereTheChargeDidNotHold) {
   EXPECT_EQ(cut_cost_advice(samples, fit, 1e-6, 0.583), "") << "no transfer measured";
 }
 
+// The trainer's cut-cost check (data.cut_cost_check): seconds per unit of the plan's own cost
+// from the window's rows, the transfer from their kv_wait, and a re-plan only where the measured
+// charge is above 1.5x the planned one and the miss costs a receiving rank >= 2% of its step.
+TEST(BalanceCalibrate, CutCostCheckMeasuresInThePlansUnit) {
+  CostModel cost;
+  cost.a = 1;
+  cost.b = 0.001;
+  cost.c = 100;
+  cost.t = 0.5;
+  // Four rows: 1000 tokens, attention 1e5 (100 units), 1 micro-batch (100 units): 1200 units in
+  // 1.2 ms, i.e. 1e-6 s per unit. Two rows received 200 earlier tokens' K/V.
+  std::vector<CostSample> samples(4);
+  for (CostSample& s : samples) {
+    s.tokens_computed = 1000;
+    s.attn_work = 1e5;
+    s.micro_batches = 1;
+    s.seconds = 1.2e-3;
+  }
+  samples[0].kv_tokens = samples[1].kv_tokens = 200;
+  samples[0].kv_wait = samples[1].kv_wait = 200 * 3e-6;  // 3e-6 s per earlier token: t = 3
+  CutCostCheck check = check_cut_cost(samples, cost);
+  ASSERT_TRUE(check.measured);
+  EXPECT_EQ(check.rows, 2u);
+  EXPECT_NEAR(check.measured_t, 3.0, 1e-9);
+  EXPECT_DOUBLE_EQ(check.planned_t, 0.5);
+  EXPECT_NEAR(check.excess_share, (3.0 - 0.5) * 400 / 2000, 1e-9);
+  EXPECT_TRUE(check.replan);
+  // Within 1.5x of the charge: it holds.
+  cost.t = 2.5;
+  EXPECT_FALSE(check_cut_cost(samples, cost).replan);
+  // Far above the charge but a small share of the step: no re-plan.
+  cost.t = 0.001;
+  samples[0].kv_wait = samples[1].kv_wait = 200 * 3e-8;  // t = 0.03: 0.6% of the step
+  check = check_cut_cost(samples, cost);
+  EXPECT_TRUE(check.measured);
+  EXPECT_FALSE(check.replan) << check.excess_share;
+  // No rank received K/V: nothing measured, nothing changes.
+  for (CostSample& s : samples) s.kv_tokens = s.kv_wait = 0;
+  check = check_cut_cost(samples, cost);
+  EXPECT_FALSE(check.measured);
+  EXPECT_FALSE(check.replan);
+  EXPECT_FALSE(check_cut_cost({}, cost).measured);
+}
+
 }  // namespace
 }  // namespace kilter::balance

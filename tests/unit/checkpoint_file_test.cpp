@@ -46,6 +46,7 @@ CheckpointContents sample_contents() {
   c.info.seed = 1337;
   c.info.config_hash = 0xfedcba9876543210ull;
   c.info.tokens_seen = 123456.0;
+  c.info.cut_cost_t = 2.75;
   c.info.world_size = 4;
   c.info.config = "[model]\nn_layer = 1\n";
   c.info.n_layer = 1;
@@ -93,6 +94,7 @@ TEST_F(CheckpointFileTest, RoundTripIsBitExact) {
   EXPECT_EQ(info.seed, 1337u);
   EXPECT_EQ(info.config_hash, 0xfedcba9876543210ull);
   EXPECT_EQ(info.tokens_seen, 123456.0);
+  EXPECT_EQ(info.cut_cost_t, 2.75);
   EXPECT_EQ(info.world_size, 4);
   EXPECT_EQ(info.config, c.info.config);
   EXPECT_EQ(info.n_embd, 3);

@@ -1,0 +1,71 @@
+// CutCostWatch (cut_cost_watch.h).
+#include "lib/train/cut_cost_watch.h"
+
+#include <cstdio>
+
+namespace kilter::train {
+
+CutCostWatch::CutCostWatch(int64_t window_steps, int64_t first_step)
+    : window_(window_steps), begin_(first_step + 2) {}
+
+void CutCostWatch::add_step(const diag::StepRecord* records, int ranks) {
+  if (!active() || ranks <= 0) return;
+  const int64_t step = records[0].step;
+  if (step < begin_ || step > window_end()) return;
+  for (int r = 0; r < ranks; ++r) {
+    const diag::StepRecord& rec = records[r];
+    if (rec.tokens_computed <= 0) continue;  // an idle rank in this step
+    balance::CostSample s;
+    s.tokens_computed = double(rec.tokens_computed);
+    s.attn_work = rec.attn_work;
+    // forward and backward are the rank's own work: its K/V waits are taken out of them
+    s.seconds = rec.phase[diag::kForward] + rec.phase[diag::kBackward];
+    s.micro_batches = double(rec.micro_batches);
+    s.kv_wait = rec.phase[diag::kKvWait];
+    s.kv_tokens = double(rec.kv_tokens);
+    samples_.push_back(s);
+  }
+  ++steps_seen_;
+}
+
+balance::CutCostCheck CutCostWatch::decide(const balance::CostModel& plan_cost) {
+  decided_ = true;
+  balance::CutCostCheck check = balance::check_cut_cost(samples_, plan_cost);
+  samples_.clear();
+  samples_.shrink_to_fit();
+  return check;
+}
+
+std::string describe_cut_cost_check(const balance::CutCostCheck& check, int64_t window_begin, int64_t window_end,
+                                    int64_t replan_from_step) {
+  char line[768];
+  if (!check.measured) {
+    std::snprintf(line, sizeof line,
+                  "cut-cost check, steps %lld-%lld: no rank received K/V of a cut piece; the plan keeps t = %.3g",
+                  (long long)window_begin, (long long)window_end, check.planned_t);
+  } else if (check.replan && replan_from_step >= 0) {
+    std::snprintf(line, sizeof line,
+                  "cut-cost check, steps %lld-%lld: cut pieces cost more than the plan charged: kv_wait measured "
+                  "t = %.3g dense tokens per earlier token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss "
+                  "of about %.0f%% of the step of a rank that received K/V; steps from %lld on are planned with "
+                  "t = %.3g (same steps and tokens, other cuts; data.cost_t fixes the charge, data.cut_cost_check = 0 "
+                  "keeps the derived one)",
+                  (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
+                  check.planned_t, 100 * check.excess_share, (long long)replan_from_step, check.measured_t);
+  } else if (check.replan) {
+    std::snprintf(line, sizeof line,
+                  "cut-cost check, steps %lld-%lld: kv_wait measured t = %.3g against the planned %.3g, but the run "
+                  "ends before a new plan could start",
+                  (long long)window_begin, (long long)window_end, check.measured_t, check.planned_t);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "cut-cost check, steps %lld-%lld: kv_wait measured t = %.3g dense tokens per earlier token (%llu "
+                  "(rank, step) rows) against the planned %.3g, a difference of %.1f%% of the step of a rank that "
+                  "received K/V: the plan's charge holds",
+                  (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
+                  check.planned_t, 100 * check.excess_share);
+  }
+  return line;
+}
+
+}  // namespace kilter::train
