@@ -45,6 +45,11 @@
 #        CUT_REPEATS (runs per setting, alternating on and off; default 3),
 #        CUT_COST_T (unset: the plan derives the transfer charge t from the model and the link; set:
 #        data.cost_t, e.g. what `kilter plan --calibrate` fitted on a first run),
+#        CUT_COST_CHECK (unset: kilter's default data.cut_cost_check; set: that many steps, 0 off),
+#        CUT_COST_REPLAN (unset: kilter's default data.cut_cost_replan, false: the check only warns;
+#        true: a run whose cuts cost more than charged re-plans its remaining steps); the runs with
+#        cuts print what the check measured and, where they re-planned, the steps after the
+#        latest switch with cuts and without,
 #        CUT_VCLUSTER_GBIT (unset: the cut runs are local; set, e.g. 1: they run on scripts/vcluster,
 #        2 nodes x RANKS/2 ranks with the link between them shaped to that many Gbit/s, so K/V of
 #        cuts across nodes are real network traffic, and the plan sees comm.link_gbps = that; needs
@@ -205,7 +210,8 @@ for LENGTHS in $CUT_CORPORA; do
     [[ -n ${CUT_VCLUSTER_GBIT:-} ]] && nodes=(--npernode $(((P + 1) / 2)))
     args=(--data.dir="$work/cutdata" "${link_args[@]}" --model.n_layer="$LAYERS" --model.n_head=2 --model.n_embd="$EMBD"
           --model.block_size="$CUT_CONTEXT" --data.max_tokens=$((2 * CUT_CONTEXT)) --data.sampler=balanced
-          --train.tokens_per_step=$((P * CUT_CONTEXT)) --train.backend=cpu ${CUT_COST_T:+--data.cost_t=$CUT_COST_T})
+          --train.tokens_per_step=$((P * CUT_CONTEXT)) --train.backend=cpu ${CUT_COST_T:+--data.cost_t=$CUT_COST_T}
+          ${CUT_COST_CHECK:+--data.cut_cost_check=$CUT_COST_CHECK} ${CUT_COST_REPLAN:+--data.cut_cost_replan=$CUT_COST_REPLAN})
     for cut in true false; do
       "$KILTER" plan --data "$work/cutdata" --world-size "$P" "${args[@]:1}" --data.cut_pieces=$cut --json 2>/dev/null \
         > "cutplan-$ci-$P-$cut.json"
@@ -256,6 +262,28 @@ slower = sum(per_step["true"][s] > 1.05 * per_step["false"][s] for s in common) 
 print(f"{corpus:<22} {P:<5} ratio cuts on/off: tokens/s {on['tps'] / off['tps']:.3f}x, step faster {off['step_med'] / on['step_med']:.3f}x (median), {off['step'] / on['step']:.3f}x (mean); "
       f"predicted by the plan {off['crit'] / on['crit']:.3f}x; sync_wait {off['sync']:.3f} -> {on['sync']:.3f}, kv_wait 0 -> {on['kv']:.3f}; "
       f"slower {slower:.0%} of {len(common)} steps")
+# The cut-cost check of the runs with cuts (data.cut_cost_check): what it measured, where it
+# re-planned, and the steps from the latest switch on, with cuts and without.
+checks = []
+for rep in range(1, repeats + 1):
+    v = json.load(open(f"runs/cut{ci}-{P}-true-{rep}/summary.json"))
+    if "cut_cost_check" in v:
+        checks.append(v["cut_cost_check"])
+if checks:
+    ts = ", ".join(f"{c['measured_t']:.3g}" if c["measured"] else "none" for c in checks)
+    held = ", ".join("held" if c.get("charge_held", True) else "missed" for c in checks)
+    froms = [c["replanned_from_step"] for c in checks]
+    line = (f"{corpus:<22} {P:<5} cut-cost check (runs with cuts): measured t = {ts} against the planned "
+            f"{checks[0]['planned_t']:.3g} ({held}); re-planned from step {', '.join('-' if f is None else str(f) for f in froms)}")
+    if all(f is not None for f in froms):
+        after = [s for s in common if s >= max(froms)]
+        if after:
+            a_on, a_off = med([per_step["true"][s] for s in after]), med([per_step["false"][s] for s in after])
+            line += (f"; steps {after[0]}-{after[-1]}: median step {a_on*1e3:.1f} ms with cuts, {a_off*1e3:.1f} ms without "
+                     f"({a_off / a_on:.3f}x)")
+    print(line)
+else:
+    print(f"{corpus:<22} {P:<5} cut-cost check (runs with cuts): did not run (data.cut_cost_check = 0, data.cost_t given, or fewer steps than its window)")
 PY
     # What the exchange did not hide, as `kilter plan --calibrate` fits it from the first run with
     # cuts (kv_wait per earlier token, in dense tokens), beside the t the plan derived.
@@ -270,6 +298,6 @@ PY
     # What `kilter report` tells the user of that run (an advice line only where cuts cost more
     # than the plan charged).
     advice=$("$KILTER" report "$work/runs/cut$ci-$P-true-1" 2>/dev/null | sed -n 's/^  advice: //p')
-    printf '%-22s %-5s kilter report (first run with cuts): %s\n' "$LENGTHS" "$P" "${advice:-no advice (the charge held)}"
+    printf '%-22s %-5s kilter report (first run with cuts): %s\n' "$LENGTHS" "$P" "${advice:-no advice}"
   done
 done

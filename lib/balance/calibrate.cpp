@@ -119,15 +119,15 @@ CostFit fit_cost_model(const std::vector<CostSample>& samples) {
 
 TransferFit fit_transfer_cost(const std::vector<CostSample>& samples) {
   TransferFit fit;
-  double wk = 0, kk = 0;
+  double waits = 0, kv_tokens = 0;
   for (const CostSample& s : samples) {
+    waits += s.kv_wait;  // every rank's wait, the earlier parts' ranks' included
     if (!(s.kv_tokens > 0)) continue;
-    wk += s.kv_wait * s.kv_tokens;
-    kk += s.kv_tokens * s.kv_tokens;
+    kv_tokens += s.kv_tokens;
     ++fit.samples;
   }
-  fit.measured = fit.samples > 0 && kk > 0;
-  fit.seconds_per_token = fit.measured ? wk / kk : 0;
+  fit.measured = fit.samples > 0 && kv_tokens > 0;
+  fit.seconds_per_token = fit.measured ? waits / kv_tokens : 0;
   return fit;
 }
 

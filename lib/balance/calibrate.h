@@ -22,9 +22,15 @@ struct CostSample {
   double kv_tokens = 0;      // earlier tokens whose K/V the rank received in the step
 };
 
-// The transfer coefficient from measured waits: kv_wait ~ seconds_per_token x kv_tokens, least
-// squares through the origin over the rows with kv_tokens > 0. measured = false where the
-// columns are absent or all zero (no cut piece in the run): keep the derived t.
+// The transfer coefficient from measured waits: every second any rank waited in the K/V
+// exchange over the earlier tokens whose K/V were received, seconds_per_token = sum(kv_wait) /
+// sum(kv_tokens) over all rows. The plan charges a cut once, t per earlier token on the later
+// part; the waits it causes fall on both sides: the later part's rank waits for K/V in the
+// forward, the earlier part's for dK/dV in the backward (kv_tokens = 0 there). A fit over the
+// receiving rows alone missed the second kind (40% of the waits on scripts/vcluster) and, through
+// the origin, weighted the long prefixes whose waits grow least: it measured half the charge that
+// explains the run's step times (docs/plan.md, "Calibration"). measured = false where no row
+// received K/V (no cut piece in the run): keep the derived t.
 struct TransferFit {
   bool measured = false;
   double seconds_per_token = 0;

@@ -65,7 +65,8 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("data.cost_c", po::value(&d.cost_c)->default_value(d.cost_c, shortest_text(d.cost_c)), "cost model: fixed cost of one micro-batch, in the unit of cost_a per token (<0: 256 x cost_a)")
     ("data.cost_t", po::value(&d.cost_t)->default_value(d.cost_t, shortest_text(d.cost_t)), "cost model: per earlier token whose K/V a cut piece's later part receives, in the unit of cost_a per token (<0: from the model shape, comm.link_gbps and comm.device_tflops, raised where the link sets the pace at this world size and train.tokens_per_step)")
     ("data.cut_pieces", po::value(&d.cut_pieces)->default_value(d.cut_pieces, shortest_text(d.cut_pieces)), "balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost (pieces longer than data.max_tokens are always cut)")
-    ("data.cut_cost_check", po::value(&d.cut_cost_check)->default_value(d.cut_cost_check, shortest_text(d.cut_cost_check)), "training: after this many steps (past the first two), measure what cut pieces cost from their kv_wait; where that is above 1.5 x the derived data.cost_t and the difference costs a rank that received K/V >= 2% of its step, plan the rest of the run with the measured charge (0: never; a given data.cost_t is never changed)")
+    ("data.cut_cost_check", po::value(&d.cut_cost_check)->default_value(d.cut_cost_check, shortest_text(d.cut_cost_check)), "training: after this many steps (past the first two), measure what cut pieces cost from the K/V exchange's waits and say whether the derived data.cost_t held: above 1.5 x and costing a rank that received K/V >= 2% of its step, it did not (0: never check; a given data.cost_t is never checked)")
+    ("data.cut_cost_replan", po::value(&d.cut_cost_replan)->default_value(d.cut_cost_replan, shortest_text(d.cut_cost_replan)), "training: where the cut-cost check finds that the charge did not hold, plan the rest of the run with the measured charge (its division among the ranks then depends on its timings: not bit-reproducible) instead of only warning")
     ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir, shortest_text(d.stage_dir)), "node-local directory to stage shards into (empty: read in place)")
     ("train.steps", po::value(&t.steps)->default_value(t.steps, shortest_text(t.steps)), "total optimizer steps of the run")
     ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step, shortest_text(t.tokens_per_step)), "target tokens per global step, all ranks together")
@@ -290,6 +291,7 @@ uint64_t Config::hash() const {
   c.train.shard_optimizer = false;
   // The cut-cost check changes who computes which tokens of a step, never which tokens it holds.
   c.data.cut_cost_check = 0;
+  c.data.cut_cost_replan = false;
   c.comm.timeout_s = 0;
   std::string text = c.to_ini();
   uint64_t h = 1469598103934665603ull;

@@ -39,6 +39,7 @@ struct DataConfig {
   double cost_t = -1.0;            // per earlier token a cut piece's later part exchanges (<0: from comm.link_gbps)
   bool cut_pieces = true;          // balanced sampler: cut pieces between ranks where it evens the step
   int64_t cut_cost_check = 10;     // steps of cut pieces after which training checks the derived cost_t (0: off)
+  bool cut_cost_replan = false;    // where the check finds cuts dearer than charged: re-plan (true) or warn
   std::string stage_dir;           // node-local directory to stage shards into ("" = read in place)
 };
 

@@ -178,8 +178,10 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
            << "charged " << json_number(cc, "planned_t", "{:.3g}");
         if (cc.contains("replanned_from_step") && !cc["replanned_from_step"].is_null())
           os << "; steps from " << cc["replanned_from_step"].dump() << " on were planned with the measured charge\n";
-        else
+        else if (cc.value("charge_held", true))
           os << ": the charge held\n";
+        else
+          os << ": the charge did not hold, and the run kept its plan (data.cut_cost_replan = false)\n";
       }
     }
   } else {

@@ -52,11 +52,20 @@ std::string describe_cut_cost_check(const balance::CutCostCheck& check, int64_t 
                   "keeps the derived one)",
                   (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
                   check.planned_t, 100 * check.excess_share, (long long)replan_from_step, check.measured_t);
-  } else if (check.replan) {
+  } else if (check.replan && replan_from_step == kRunEnds) {
     std::snprintf(line, sizeof line,
                   "cut-cost check, steps %lld-%lld: kv_wait measured t = %.3g against the planned %.3g, but the run "
                   "ends before a new plan could start",
                   (long long)window_begin, (long long)window_end, check.measured_t, check.planned_t);
+  } else if (check.replan) {
+    std::snprintf(line, sizeof line,
+                  "cut-cost check, steps %lld-%lld: cut pieces cost more than the plan charged: kv_wait measured "
+                  "t = %.3g dense tokens per earlier token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss "
+                  "of about %.0f%% of the step of a rank that received K/V, so its cuts can make steps slower here; "
+                  "set data.cost_t = %.3g (the plan then cuts only where that pays), or data.cut_cost_replan = true "
+                  "to have a run re-plan itself when this happens",
+                  (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
+                  check.planned_t, 100 * check.excess_share, check.measured_t);
   } else {
     std::snprintf(line, sizeof line,
                   "cut-cost check, steps %lld-%lld: kv_wait measured t = %.3g dense tokens per earlier token (%llu "

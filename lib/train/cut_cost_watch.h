@@ -1,10 +1,11 @@
 // The cut-cost check of a training run (data.cut_cost_check; docs/plan.md, "The cut-cost check"):
 // rank 0 collects every rank's step records over a window of steps with cut pieces and judges
 // the charge per earlier token the plan cut with against what the K/V waits measured
-// (balance::check_cut_cost). Where cuts cost clearly more than charged, the rest of the run is
-// planned with the measured charge (PlanCache::replan): the same steps and tokens, divided by a
-// truer cost, so cuts that do not pay are not made. Once per run; no MPI here (the verdict
-// travels in the step's reduction, train_step.h).
+// (balance::check_cut_cost). Where cuts cost clearly more than charged, rank 0 warns, or with
+// data.cut_cost_replan the rest of the run is planned with the measured charge
+// (PlanCache::replan): the same steps and tokens, divided by a truer cost, so cuts that do not
+// pay are not made. Once per run; no MPI here (the verdict travels in the step's reduction,
+// train_step.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -40,7 +41,10 @@ class CutCostWatch {
   std::vector<balance::CostSample> samples_;
 };
 
-// What the check found, for the log and summary.json (rank 0): "" before a verdict.
+// What the check found, one line for the log (rank 0). replan_from_step: the step the new plan
+// starts at; -1 where the run does not re-plan (data.cut_cost_replan = false: the line then
+// names the settings), kRunEnds where it would but the run ends first.
+constexpr int64_t kRunEnds = -2;
 std::string describe_cut_cost_check(const balance::CutCostCheck& check, int64_t window_begin, int64_t window_end,
                                     int64_t replan_from_step);
 

@@ -365,15 +365,18 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
     ctx.replan_t = 0;
     if (rank == 0 && cut_watch.ready()) {
       cut_check = cut_watch.decide(plans.cost(state.position));
-      if (cut_check.replan) ctx.replan_t = cut_check.measured_t;
-      else if (cut_check.measured) std::fprintf(stderr, "kilter: %s\n", describe_cut_cost_check(cut_check, cut_watch.window_begin(),
-                                                                         cut_watch.window_end(), -1).c_str());
+      if (cut_check.replan && cfg.data.cut_cost_replan)
+        ctx.replan_t = cut_check.measured_t;
+      else if (cut_check.measured)
+        std::fprintf(stderr, "kilter: %s%s\n", cut_check.replan ? "warning: " : "",
+                     describe_cut_cost_check(cut_check, cut_watch.window_begin(), cut_watch.window_end(), -1).c_str());
       cut_cost_summary = {{"window", {cut_watch.window_begin(), cut_watch.window_end()}},
                           {"measured", cut_check.measured},
                           {"measured_t", cut_check.measured ? nlohmann::json(cut_check.measured_t) : nlohmann::json(nullptr)},
                           {"planned_t", cut_check.planned_t},
                           {"excess_share", cut_check.excess_share},
                           {"rows", cut_check.rows},
+                          {"charge_held", !cut_check.replan},
                           {"replanned_from_step", nullptr}};
     }
     // read -> forward/backward (the reduction starts inside the last backward)
@@ -423,7 +426,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
         state.cut_cost_t = reduced.replan_t;
       }
       if (rank == 0) {
-        const int64_t shown = from_step < total_steps ? from_step : -1;
+        const int64_t shown = from_step < total_steps ? from_step : kRunEnds;
         std::fprintf(stderr, "kilter: %s\n", describe_cut_cost_check(cut_check, cut_watch.window_begin(),
                                                                      cut_watch.window_end(), shown).c_str());
         if (shown >= 0) cut_cost_summary["replanned_from_step"] = shown;

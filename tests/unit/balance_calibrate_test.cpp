@@ -153,6 +153,11 @@ TEST(BalanceCalibrate, TransferCostFromKvWaitOrKeptDerived) {
   EXPECT_EQ(fit.samples, 3u);
   EXPECT_NEAR(fit.seconds_per_token, 3e-7, 1e-15);
   EXPECT_NEAR(fit.cost_t(1e-6), 0.3, 1e-9) << "in dense tokens: 3e-7 s over 1e-6 s per token";
+  // An earlier part's rank waiting for dK/dV (it received no K/V) is part of what the cuts cost:
+  // 0.09 s more over the 900 earlier tokens received.
+  samples[0].kv_wait = 0.09;
+  EXPECT_NEAR(fit_transfer_cost(samples).seconds_per_token, 3e-7 + 1e-4, 1e-12);
+  EXPECT_EQ(fit_transfer_cost(samples).samples, 3u) << "rows that received K/V";
   for (CostSample& s : samples) s.kv_tokens = s.kv_wait = 0;
   EXPECT_FALSE(fit_transfer_cost(samples).measured) << "no cut piece in the run: keep the derived t";
 }
