@@ -39,17 +39,13 @@ balance::CutCostCheck CutCostWatch::decide(const balance::CostModel& plan_cost) 
 std::string describe_cut_cost_check(const balance::CutCostCheck& check, int64_t window_begin, int64_t window_end,
                                     int64_t replan_from_step) {
   char line[768];
-  if (!check.measured) {
-    std::snprintf(line, sizeof line,
-                  "cut-cost check, steps %lld-%lld: no rank received K/V of a cut piece; the plan keeps t = %.3g",
-                  (long long)window_begin, (long long)window_end, check.planned_t);
-  } else if (check.replan && replan_from_step >= 0) {
+  if (check.replan && replan_from_step >= 0) {
     std::snprintf(line, sizeof line,
                   "cut-cost check, steps %lld-%lld: cut pieces cost more than the plan charged: kv_wait measured "
                   "t = %.3g dense tokens per earlier token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss "
                   "of about %.0f%% of the step of a rank that received K/V; steps from %lld on are planned with "
-                  "t = %.3g (same steps and tokens, other cuts; data.cost_t fixes the charge, data.cut_cost_check = 0 "
-                  "keeps the derived one)",
+                  "t = %.3g (same steps and tokens, other cuts; data.cost_t fixes the charge, data.cut_cost_replan = "
+                  "false keeps the plan)",
                   (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
                   check.planned_t, 100 * check.excess_share, (long long)replan_from_step, check.measured_t);
   } else if (check.replan && replan_from_step == kRunEnds) {

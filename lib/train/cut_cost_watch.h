@@ -41,7 +41,7 @@ class CutCostWatch {
   std::vector<balance::CostSample> samples_;
 };
 
-// What the check found, one line for the log (rank 0). replan_from_step: the step the new plan
+// What a check that measured (check.measured) found, one line for the log (rank 0). replan_from_step: the step the new plan
 // starts at; -1 where the run does not re-plan (data.cut_cost_replan = false: the line then
 // names the settings), kRunEnds where it would but the run ends first.
 constexpr int64_t kRunEnds = -2;
