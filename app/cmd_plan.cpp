@@ -87,7 +87,8 @@ int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
     std::printf("config lines (only the ratios b/a and c/a matter to the plan):\n[data]\ncost_a = 1\ncost_b = %.6g\n"
                 "cost_c = %.6g\n", b_over_a, c_over_a);
     if (transfer.measured)
-      std::printf("cost_t = %.6g\n  (kv_wait = %.4g s x kv_tokens over %llu (rank, step) rows with cut pieces)\n",
+      std::printf("cost_t = %.6g\n  (every kv_wait over the earlier tokens received: %.4g s per token; %llu (rank, step) rows "
+                  "received K/V)\n",
                   transfer.cost_t(fit.a), transfer.seconds_per_token, static_cast<unsigned long long>(transfer.samples));
     else
       std::printf("# cost_t: not measured (no kv_wait/kv_tokens columns, or no cut piece in the run); the plan keeps t\n"
