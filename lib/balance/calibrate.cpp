@@ -248,13 +248,21 @@ std::string cut_cost_advice(const std::vector<CostSample>& samples, const Transf
   // What the miss costs a rank that received K/V, as a share of its step's computed tokens.
   const double share = excess_share(samples, measured, planned_t);
   if (share < kCutCostShare) return "";
-  char line[640];
+  char tail[256];
+  std::snprintf(tail, sizeof tail,
+                ", so its cuts can make steps slower here; set data.cost_t = %.3g (the plan then cuts only where that "
+                "pays) or data.cut_pieces = false",
+                measured);
+  return cut_cost_miss(measured, transfer.samples, planned_t, share) + tail;
+}
+
+std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share) {
+  char line[384];
   std::snprintf(line, sizeof line,
                 "cut pieces cost more than the plan charged: their kv_wait measured t = %.3g dense tokens per earlier "
                 "token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss of about %.0f%% of the step of a "
-                "rank that received K/V, so its cuts can make steps slower here; set data.cost_t = %.3g (the plan "
-                "then cuts only where that pays) or data.cut_pieces = false",
-                measured, static_cast<unsigned long long>(transfer.samples), planned_t, 100 * share, measured);
+                "rank that received K/V",
+                measured_t, static_cast<unsigned long long>(rows), planned_t, 100 * excess_share);
   return line;
 }
 

@@ -72,6 +72,11 @@ CostFit fit_cost_model(const std::vector<CostSample>& samples);
 std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
                             double a_seconds_per_token, double planned_t);
 
+// The sentence both say where a charge did not hold: "cut pieces cost more than the plan charged:
+// their kv_wait measured t = ... (rows), the plan cut with t = ..., a miss of about N% of the step
+// of a rank that received K/V".
+std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share);
+
 // The cut-cost check of a training run (data.cut_cost_check): what its cut pieces cost against the
 // charge the plan cut with. The transfer is fitted as fit_transfer_cost() fits it; the seconds of
 // a unit of cost come from the plan's own cost model, sum(seconds) / sum(a tokens_computed +

@@ -166,9 +166,9 @@ struct RankDiagnostics::Impl {
     return double(local_ns + clock.offset_ns - clock.run_start_ns) * 1e-3;
   }
 
+  std::function<void(const StepRecord*, int)> records_hook;  // on_step_records (rank 0)
   // Completes the gather of the previous step (posted one step earlier, so nobody waits for
-  // it now) and, on rank 0, feeds it to the statistics and the live watch.
-  std::function<void(const StepRecord*, int)> records_hook;
+  // it now) and, on rank 0, feeds it to the statistics, the records hook and the live watch.
   void complete_gather() {
     if (gather_request == MPI_REQUEST_NULL) return;
     check_mpi(MPI_Wait(&gather_request, MPI_STATUS_IGNORE), "MPI_Wait (step record gather)");

@@ -38,39 +38,34 @@ balance::CutCostCheck CutCostWatch::decide(const balance::CostModel& plan_cost) 
 
 std::string describe_cut_cost_check(const balance::CutCostCheck& check, int64_t window_begin, int64_t window_end,
                                     int64_t replan_from_step) {
-  char line[768];
-  if (check.replan && replan_from_step >= 0) {
-    std::snprintf(line, sizeof line,
-                  "cut-cost check, steps %lld-%lld: cut pieces cost more than the plan charged: kv_wait measured "
-                  "t = %.3g dense tokens per earlier token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss "
-                  "of about %.0f%% of the step of a rank that received K/V; steps from %lld on are planned with "
-                  "t = %.3g (same steps and tokens, other cuts; data.cost_t fixes the charge, data.cut_cost_replan = "
-                  "false keeps the plan)",
-                  (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
-                  check.planned_t, 100 * check.excess_share, (long long)replan_from_step, check.measured_t);
-  } else if (check.replan && replan_from_step == kRunEnds) {
-    std::snprintf(line, sizeof line,
-                  "cut-cost check, steps %lld-%lld: kv_wait measured t = %.3g against the planned %.3g, but the run "
-                  "ends before a new plan could start",
-                  (long long)window_begin, (long long)window_end, check.measured_t, check.planned_t);
-  } else if (check.replan) {
-    std::snprintf(line, sizeof line,
-                  "cut-cost check, steps %lld-%lld: cut pieces cost more than the plan charged: kv_wait measured "
-                  "t = %.3g dense tokens per earlier token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss "
-                  "of about %.0f%% of the step of a rank that received K/V, so its cuts can make steps slower here; "
-                  "set data.cost_t = %.3g (the plan then cuts only where that pays), or data.cut_cost_replan = true "
-                  "to have a run re-plan itself when this happens",
-                  (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
-                  check.planned_t, 100 * check.excess_share, check.measured_t);
-  } else {
-    std::snprintf(line, sizeof line,
-                  "cut-cost check, steps %lld-%lld: kv_wait measured t = %.3g dense tokens per earlier token (%llu "
-                  "(rank, step) rows) against the planned %.3g, a difference of %.1f%% of the step of a rank that "
-                  "received K/V: the plan's charge holds",
-                  (long long)window_begin, (long long)window_end, check.measured_t, (unsigned long long)check.rows,
-                  check.planned_t, 100 * check.excess_share);
+  char line[512];
+  const int n = std::snprintf(line, sizeof line, "cut-cost check, steps %lld-%lld: ", (long long)window_begin,
+                              (long long)window_end);
+  const std::string head(line, size_t(n));
+  if (check.replan && replan_from_step == kRunEnds) {
+    std::snprintf(line, sizeof line, "kv_wait measured t = %.3g against the planned %.3g, but the run ends before a "
+                  "new plan could start", check.measured_t, check.planned_t);
+    return head + line;
   }
-  return line;
+  if (!check.replan) {
+    std::snprintf(line, sizeof line,
+                  "kv_wait measured t = %.3g dense tokens per earlier token (%llu (rank, step) rows) against the "
+                  "planned %.3g, a difference of %.1f%% of the step of a rank that received K/V: the plan's charge "
+                  "holds",
+                  check.measured_t, (unsigned long long)check.rows, check.planned_t, 100 * check.excess_share);
+    return head + line;
+  }
+  if (replan_from_step >= 0)
+    std::snprintf(line, sizeof line,
+                  "; steps from %lld on are planned with t = %.3g (same steps and tokens, other cuts; data.cost_t fixes "
+                  "the charge, data.cut_cost_replan = false keeps the plan)",
+                  (long long)replan_from_step, check.measured_t);
+  else
+    std::snprintf(line, sizeof line,
+                  ", so its cuts can make steps slower here; set data.cost_t = %.3g (the plan then cuts only where that "
+                  "pays), or data.cut_cost_replan = true to have a run re-plan itself when this happens",
+                  check.measured_t);
+  return head + balance::cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share) + line;
 }
 
 }  // namespace kilter::train

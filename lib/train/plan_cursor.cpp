@@ -37,15 +37,14 @@ PlanCache::Entry& PlanCache::entry(uint64_t epoch) {
 
 const balance::EpochPlan& PlanCache::get(uint64_t epoch) { return entry(epoch).plan; }
 
-balance::StepView PlanCache::step(balance::PlanPosition pos) {
-  Entry& e = entry(pos.epoch);
-  return pos.step_in_epoch >= e.switch_step ? e.later->steps[pos.step_in_epoch] : e.plan.steps[pos.step_in_epoch];
+const balance::EpochPlan& PlanCache::plan_at(balance::PlanPosition pos) {
+  const Entry& e = entry(pos.epoch);
+  return pos.step_in_epoch >= e.switch_step ? *e.later : e.plan;
 }
 
-const balance::CostModel& PlanCache::cost(balance::PlanPosition pos) {
-  Entry& e = entry(pos.epoch);
-  return pos.step_in_epoch >= e.switch_step ? e.later->cost : e.plan.cost;
-}
+balance::StepView PlanCache::step(balance::PlanPosition pos) { return plan_at(pos).steps[pos.step_in_epoch]; }
+
+const balance::CostModel& PlanCache::cost(balance::PlanPosition pos) { return plan_at(pos).cost; }
 
 void PlanCache::drop_before(uint64_t epoch) {
   while (!plans_.empty() && plans_.begin()->first < epoch) plans_.erase(plans_.begin());

@@ -3,7 +3,6 @@
 // the reader can be fed ahead of the trainer.
 #pragma once
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <memory>
 #include <vector>
@@ -52,6 +51,8 @@ class PlanCache {
   };
   balance::EpochPlan build(uint64_t epoch);
   Entry& entry(uint64_t epoch);
+  // The plan that holds the step at `pos`: the later one from its switch step on.
+  const balance::EpochPlan& plan_at(balance::PlanPosition pos);
   std::map<uint64_t, Entry> plans_;
   std::shared_ptr<balance::MixturePlanner> mixture_;
   std::map<uint64_t, std::vector<balance::SourceWrap>> wraps_;
