@@ -95,8 +95,14 @@ EpochPlan MixturePlanner::build(uint64_t epoch, int world_size, std::vector<Sour
   for (const auto& step : steps) pieces += step.size();
   plan.stats.pieces = pieces;
   plan.steps.reserve(steps.size(), pieces, 0);
-  StepDivider divider(cost, opts_.max_tokens, world_size);
-  for (const auto& step : steps) divider.divide(step.data(), step.size(), plan.steps);
+  // The same division as one dataset's plan: cuts for balance where data.cut_pieces allows them.
+  StepDivider divider(cost, opts_.max_tokens, world_size, opts_.cut_pieces);
+  plan.kv_bytes_per_token = opts_.kv_bytes_per_token;
+  plan.uncut_imbalance.reserve(steps.size());
+  for (const auto& step : steps) {
+    divider.divide(step.data(), step.size(), plan.steps);
+    plan.uncut_imbalance.push_back(divider.uncut_imbalance());
+  }
   plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
   return plan;

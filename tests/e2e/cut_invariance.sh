@@ -12,6 +12,8 @@
 #   within 1e-5 and its final weights within the same rule.
 # - Evaluation (forward only, no exchange: its plans keep pieces whole) runs beside the cuts and
 #   gives every world size the eval loss of 1 rank within 1e-5.
+# - A mixture of datasets (data.sources) cuts as one dataset does: 3 ranks give 1 rank's losses
+#   within 1e-5, with cuts.
 # - bf16: the 4-rank cut run in train.precision = bf16 gives the 1-rank bf16 losses within 1e-4
 #   relative, model_bf16_test's whole-model loss tolerance.
 source "$(dirname "$0")/lib.sh"
@@ -47,6 +49,14 @@ cp runs/r2/metrics/rank-00000.csv part.csv  # kept aside: whether or not a resum
 train resume2.log 2 --resume runs/r2
 train resume3.log 3 --resume runs/r3
 grep -q "resumed from runs/r3/checkpoints/step-00000003.h5" resume3.log || { cat resume3.log; fail "no resume on 3 ranks"; }
+
+# A mixture: the same steps drawn from two datasets.
+"$KILTER" prep synth --docs 300 --lengths uniform:100,400 --vocab 97 --shards 2 --seed 9 --out data2 >/dev/null
+ONE=("${COMMON[@]}")
+COMMON=("${ONE[@]:1}" "--data.sources=data:0.6, data2:0.4")  # data.dir gives way to data.sources
+train m1.log 1 --output.dir=runs/m1
+train m3.log 3 --output.dir=runs/m3
+COMMON=("${ONE[@]}")
 
 train b1.log 1 --output.dir=runs/b1 --train.precision=bf16
 train b4.log 4 --output.dir=runs/b4 --train.precision=bf16
@@ -101,6 +111,12 @@ for run in ["p2", "p3", "p4", "p4h", "p4f"]:
     compare_to_reference(run, ref_l, ref_p, LR_SUM, label=f"{run} vs 1 rank")
     ev = json.load(open(f"runs/{run}/summary.json"))["eval_loss"]
     assert ev is not None and abs(ev - ref_eval) / ref_eval < 1e-5, f"{run}: eval loss {ev} vs {ref_eval} on 1 rank"
+
+# a mixture cuts and gives 1 rank's losses
+cuts, kv, _ = cut_traffic("m3")
+print(f"m3 (mixture): cuts per step max {cuts}, {kv:.0f} earlier tokens' K/V received")
+assert cuts >= 1 and kv > 0, "m3: the mixture's plan cut nothing"
+compare_to_reference("m3", losses("m1"), params("m1"), LR_SUM, label="mixture, 3 ranks vs 1")
 
 # determinism with cuts: bit-identical
 l, p = losses("p4b"), params("p4b")

@@ -133,6 +133,32 @@ TEST(BalanceCut, CoarseStepsBalanceWithCutsAndTheTransferCostIsCounted) {
   EXPECT_EQ(plan_fingerprint(build_epoch_plan(lengths, docs, o, 16, 0)), plan_fingerprint(whole));
 }
 
+// A mixture of datasets (data.sources) divides its steps as one dataset does: it cuts pieces where
+// data.cut_pieces allows, and its statistics show the cuts, their K/V and the whole-piece imbalance.
+TEST(BalanceCut, MixturesCutAsOneDatasetDoes) {
+  const auto lengths = corpus(3000, "lognormal:5,1.0", 4);
+  std::vector<uint64_t> first, second;
+  for (uint64_t d = 0; d < lengths.size(); ++d) (d < 2000 ? first : second).push_back(d);
+  PlanOptions o = cut_options(0.1);
+  o.kv_bytes_per_token = 1000;
+  const auto plan = [&](bool cut_pieces) {
+    o.cut_pieces = cut_pieces;
+    MixturePlanner mixture(lengths, {MixtureSource{"a", 0.7, first}, MixtureSource{"b", 0.3, second}}, o);
+    return mixture.build(0, 16);
+  };
+  const EpochPlan whole = plan(false), cut = plan(true);
+  EXPECT_GT(whole.stats.cost_imbalance_p95, 1.05) << "one context per rank";
+  EXPECT_EQ(whole.stats.cuts, 0u);
+  EXPECT_GT(cut.stats.cuts_per_step_p50, 0);
+  EXPECT_LT(cut.stats.cost_imbalance_p95, 1.02);
+  EXPECT_GT(cut.stats.kv_bytes_per_step_max, 0);
+  EXPECT_NEAR(cut.stats.cost_imbalance_uncut_p95, whole.stats.cost_imbalance_p95, 1e-9);
+  // The same steps, the same tokens: cuts only move tokens between ranks.
+  ASSERT_EQ(cut.steps.size(), whole.steps.size());
+  for (uint64_t s = 0; s < cut.steps.size(); ++s)
+    ASSERT_EQ(step_targets(cut.steps[s].expand()), step_targets(whole.steps[s].expand())) << "step " << s;
+}
+
 TEST(BalanceCut, DeterministicAndTheFingerprintCoversParts) {
   const auto lengths = corpus(2000, "lognormal:5,1.0", 5);
   const auto docs = all_documents(lengths.size());

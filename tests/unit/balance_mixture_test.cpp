@@ -58,15 +58,22 @@ struct ThreeSources {
   std::vector<uint64_t> doc_begin() const { return {0, 100, 140, 150}; }
 };
 
-// A step's pieces as (doc, start, len), sorted: what the step holds, whoever computes it.
+// A step's tokens as (doc, start, len) spans, sorted, adjacent spans of a document merged: what the
+// step holds, whoever computes it (a piece cut between ranks counts once).
 std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> pieces_of(const StepView& step) {
-  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> out;
+  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> spans, out;
   MicroBatch mb;
   for (uint32_t id = 0; id < step.micro_batch_count(); ++id) {
     step.micro_batch(id, mb);
-    for (const Piece& p : mb.pieces) out.emplace_back(p.doc, p.start, p.len);
+    for (const Piece& p : mb.pieces) spans.emplace_back(p.doc, p.start, p.len);
   }
-  std::sort(out.begin(), out.end());
+  std::sort(spans.begin(), spans.end());
+  for (const auto& [doc, start, len] : spans) {
+    if (!out.empty() && std::get<0>(out.back()) == doc && std::get<1>(out.back()) + std::get<2>(out.back()) == start)
+      std::get<2>(out.back()) += len;
+    else
+      out.emplace_back(doc, start, len);
+  }
   return out;
 }
 
