@@ -29,8 +29,10 @@ void write_html(const std::string& path, const std::string& html) {
 }  // namespace
 
 // A run with cut pieces whose K/V waits cost more than the plan charged (issue 23): the
-// measured charge and the settings that follow, as `kilter plan --calibrate RUN_DIR` fits them;
-// "" otherwise, or where the run's rows cannot be fitted (too few, lengths too alike).
+// measured charge and the settings that follow, measured as the run's cut-cost check measures it,
+// in the units of the plan's own cost model (summary.json plan_cost_a/b/c; a run written before
+// they were recorded: the ratios of a regression over its rows); "" otherwise, or where the run's
+// rows cannot be read or fitted.
 static std::string cut_cost_advice(const diag::RunData& run) {
   if (!run.summary.is_object() || !run.summary.contains("plan_cost_t") ||
       run.summary.value("cuts_per_step_max", 0.0) <= 0)
@@ -41,11 +43,24 @@ static std::string cut_cost_advice(const diag::RunData& run) {
     return "";
   try {
     const std::vector<balance::CostSample> samples = balance::read_cost_samples(run.run_dir, 2);
-    const balance::TransferFit transfer = balance::fit_transfer_cost(samples);
-    if (!transfer.measured) return "";
-    return balance::cut_cost_advice(samples, transfer, balance::fit_cost_model(samples).a,
-                                    run.summary["plan_cost_t"].get<double>());
+    balance::CostModel plan_cost;
+    if (run.summary.contains("plan_cost_a") && run.summary.contains("plan_cost_b") &&
+        run.summary.contains("plan_cost_c")) {
+      plan_cost.a = run.summary["plan_cost_a"].get<double>();
+      plan_cost.b = run.summary["plan_cost_b"].get<double>();
+      plan_cost.c = run.summary["plan_cost_c"].get<double>();
+    } else {
+      const balance::CostFit fit = balance::fit_cost_model(samples);
+      if (!(fit.a > 0)) return "";
+      plan_cost.a = 1;
+      plan_cost.b = fit.b_over_a();
+      plan_cost.c = fit.c_over_a();
+    }
+    plan_cost.t = run.summary["plan_cost_t"].get<double>();
+    return balance::cut_cost_advice(balance::check_cut_cost(samples, plan_cost));
   } catch (const Error&) {
+    return "";
+  } catch (const nlohmann::json::exception&) {
     return "";
   }
 }

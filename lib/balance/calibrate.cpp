@@ -239,21 +239,14 @@ constexpr double kCutCostRatio = 1.5;     // measured above this many times the 
 constexpr double kCutCostShare = 0.02;    // and the miss costs at least this share of a step
 }  // namespace
 
-std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
-                            double a_seconds_per_token, double planned_t) {
-  // cost_t is 0 where the run measured no transfer or a is unknown: no advice then.
-  const double measured = transfer.cost_t(a_seconds_per_token);
-  planned_t = std::max(planned_t, 0.0);
-  if (!(measured > kCutCostRatio * planned_t)) return "";
-  // What the miss costs a rank that received K/V, as a share of its step's computed tokens.
-  const double share = excess_share(samples, measured, planned_t);
-  if (share < kCutCostShare) return "";
+std::string cut_cost_advice(const CutCostCheck& check) {
+  if (!check.replan) return "";
   char tail[256];
   std::snprintf(tail, sizeof tail,
                 ", so its cuts can make steps slower here; set data.cost_t = %.3g (the plan then cuts only where that "
                 "pays) or data.cut_pieces = false",
-                measured);
-  return cut_cost_miss(measured, transfer.samples, planned_t, share) + tail;
+                check.measured_t);
+  return cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share) + tail;
 }
 
 std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share) {

@@ -62,17 +62,7 @@ struct CostFit {
 // lengths did not vary enough to tell a from b.
 CostFit fit_cost_model(const std::vector<CostSample>& samples);
 
-// What a run with cut pieces tells about their charge: where the transfer coefficient its
-// kv_wait measured (transfer.cost_t(a), in dense tokens per earlier token) is above 1.5x the
-// charge the plan cut with, and the difference costs the ranks that received K/V at least 2% of
-// their step (the excess times their mean earlier tokens over their mean computed tokens, from
-// `samples`), one line naming the figures and the settings that follow from them (data.cost_t =
-// the measured figure, or data.cut_pieces = false); "" where the run measured no transfer, where
-// a is unknown, or where the charge held or its miss is too small to matter.
-std::string cut_cost_advice(const std::vector<CostSample>& samples, const TransferFit& transfer,
-                            double a_seconds_per_token, double planned_t);
-
-// The sentence both say where a charge did not hold: "cut pieces cost more than the plan charged:
+// The sentence the trainer's check and kilter report's advice both say where a charge did not hold: "cut pieces cost more than the plan charged:
 // their kv_wait measured t = ... (rows), the plan cut with t = ..., a miss of about N% of the step
 // of a rank that received K/V".
 std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share);
@@ -83,7 +73,8 @@ std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, do
 // b attn_work + c micro_batches) over `samples` (no regression: a few steps of one run suffice,
 // and the unit is the one the plan charges t in). replan: the measured charge is above 1.5x the
 // planned one and the difference costs the ranks that received K/V at least 2% of their step
-// (cut_cost_advice()'s rule), so the rest of the run should be planned with measured_t.
+// (the rule kilter report's advice follows too), so the rest of the run should be planned with
+// measured_t.
 struct CutCostCheck {
   bool measured = false;     // rows with kv_tokens > 0 and computed work exist
   double measured_t = 0;     // dense tokens (cost units) per earlier token
@@ -93,6 +84,12 @@ struct CutCostCheck {
   bool replan = false;
 };
 CutCostCheck check_cut_cost(const std::vector<CostSample>& samples, const CostModel& plan_cost);
+
+// kilter report's advice on a run with cut pieces whose charge did not hold (check.replan: the
+// rule above): one line naming the figures and the settings that follow from them (data.cost_t =
+// the measured figure, or data.cut_pieces = false); "" where the charge held, where its miss is
+// too small to matter, or where nothing was measured.
+std::string cut_cost_advice(const CutCostCheck& check);
 
 // Reads RUN_DIR/metrics/rank-*.csv: the header names the columns `step`, `tokens_computed`,
 // `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted), and

@@ -527,7 +527,13 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["cost_imbalance_uncut_max"] = st.cost_imbalance_uncut_max;
   // The charge per earlier token the plan cut with (dense tokens), which `kilter report` compares
   // with what the run's kv_wait measured.
-  extra["plan_cost_t"] = plans.cost(state.position).t;
+  // The cost model the plan divided the last steps with (kilter report measures a cut's charge
+  // in its units).
+  const balance::CostModel plan_cost = plans.cost(state.position);
+  extra["plan_cost_a"] = plan_cost.a;
+  extra["plan_cost_b"] = plan_cost.b;
+  extra["plan_cost_c"] = plan_cost.c;
+  extra["plan_cost_t"] = plan_cost.t;
   // The cut-cost check (data.cut_cost_check): its window, what it measured, and where the plan
   // changed (null: it did not); absent where the check did not run in this process.
   if (!cut_cost_summary.is_null()) extra["cut_cost_check"] = cut_cost_summary;

@@ -48,6 +48,11 @@ train warn4.log 4 --output.dir=runs/warn4 --train.inject_delay=0:0.05:data_wait 
 grep -q "kilter: warning: cut-cost check, steps 2-5: cut pieces cost more than the plan charged.*set data.cost_t = .*data.cut_cost_replan = true" warn4.log \
   || { cat warn4.log; fail "warn4: no warning naming the measured charge and the settings"; }
 if grep -q "are planned with" warn4.log; then cat warn4.log; fail "warn4: re-planned without data.cut_cost_replan"; fi
+# The report of the run that only warned advises the measured charge (in the plan's units, as the
+# check measured it).
+"$KILTER" report runs/warn4 > report-warn.txt
+grep -q "advice: cut pieces cost more than the plan charged: their kv_wait measured t = .*set data.cost_t = " report-warn.txt \
+  || { cat report-warn.txt; fail "kilter report of a run whose charge did not hold gives no advice"; }
 train given4.log 4 --output.dir=runs/given4 --train.inject_delay=0:0.05:data_wait \
   --data.cut_cost_check=4 --data.cost_t=0.001
 train off4.log 4 --output.dir=runs/off4 --train.inject_delay=0:0.05:data_wait --data.cut_cost_check=0

@@ -163,33 +163,44 @@ TEST(BalanceCalibrate, TransferCostFromKvWaitOrKeptDerived) {
 }
 
 // kilter report's advice on cut pieces: only where the measured charge exceeds 1.5x the planned
-// one and the miss costs a receiving rank at least 2% of its step, naming the figures and the
-// settings.
+// one and the miss costs a receiving rank at least 2% of its step (the check's rule, in the plan's
+// units), naming the figures and the settings.
 TEST(BalanceCalibrate, CutCostAdviceOnlyWhereTheChargeDidNotHold) {
-  TransferFit fit;
-  fit.measured = true;
-  fit.seconds_per_token = 3e-6;
-  fit.samples = 40;
+  CostModel cost;  // a = 1, b = c = 0: a unit is a token, 1e-6 s here
+  cost.c = 0;
+  cost.t = 0.583;
   // Ranks that received 200 earlier tokens' K/V while computing 1000 tokens, and one that received none.
   std::vector<CostSample> samples(3);
-  samples[0].tokens_computed = samples[1].tokens_computed = samples[2].tokens_computed = 1000;
+  for (CostSample& s : samples) {
+    s.tokens_computed = 1000;
+    s.seconds = 1e-3;
+  }
   samples[0].kv_tokens = samples[1].kv_tokens = 200;
-  // 3e-6 s over 1e-6 s per dense token: t = 3 against a planned 0.583: (3 - 0.583) x 200 / 1000 = 48%.
-  const std::string advice = cut_cost_advice(samples, fit, 1e-6, 0.583);
+  samples[0].kv_wait = samples[1].kv_wait = 200 * 3e-6;
+  // 3e-6 s over 1e-6 s per dense token: t = 3 against a planned 0.583: (3 - 0.583) x 400 / 2000 = 48%.
+  const std::string advice = cut_cost_advice(check_cut_cost(samples, cost));
   EXPECT_NE(advice.find("t = 3 dense tokens"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("(2 (rank, step) rows)"), std::string::npos) << advice;
   EXPECT_NE(advice.find("the plan cut with t = 0.583"), std::string::npos) << advice;
   EXPECT_NE(advice.find("about 48% of the step"), std::string::npos) << advice;
   EXPECT_NE(advice.find("data.cost_t = 3"), std::string::npos) << advice;
   EXPECT_NE(advice.find("data.cut_pieces = false"), std::string::npos) << advice;
-  EXPECT_EQ(cut_cost_advice(samples, fit, 1e-6, 2.5), "") << "3 is within 1.5x of 2.5: the charge held";
-  EXPECT_EQ(cut_cost_advice(samples, fit, 0.0, 0.583), "") << "a unknown";
+  // The unit is the plan's: with attention counted (b), a unit takes less time and t grows.
+  cost.b = 1e-4;  // 1e5 attention work: 10 more units per row
+  for (CostSample& s : samples) s.attn_work = 1e5;
+  EXPECT_NE(cut_cost_advice(check_cut_cost(samples, cost)).find("t = 3.03 dense"), std::string::npos);
+  cost.b = 0;
+  for (CostSample& s : samples) s.attn_work = 0;
+  cost.t = 2.5;
+  EXPECT_EQ(cut_cost_advice(check_cut_cost(samples, cost)), "") << "3 is within 1.5x of 2.5: the charge held";
   // Far above the plan's charge but small in the step (a fast link: 0.03 vs 0.0008, here 0.6% of
   // the step): no advice, the cuts' gain outweighs it.
-  fit.seconds_per_token = 3e-8;
-  EXPECT_EQ(cut_cost_advice(samples, fit, 1e-6, 0.0008), "") << "a miss below 2% of the step";
-  fit.seconds_per_token = 3e-6;
-  fit.measured = false;
-  EXPECT_EQ(cut_cost_advice(samples, fit, 1e-6, 0.583), "") << "no transfer measured";
+  cost.t = 0.0008;
+  samples[0].kv_wait = samples[1].kv_wait = 200 * 3e-8;
+  EXPECT_EQ(cut_cost_advice(check_cut_cost(samples, cost)), "") << "a miss below 2% of the step";
+  cost.t = 0.583;
+  for (CostSample& s : samples) s.kv_tokens = s.kv_wait = 0;
+  EXPECT_EQ(cut_cost_advice(check_cut_cost(samples, cost)), "") << "no transfer measured";
 }
 
 // The trainer's cut-cost check (data.cut_cost_check): seconds per unit of the plan's own cost
