@@ -91,9 +91,17 @@ EpochPlan MixturePlanner::build(uint64_t epoch, int world_size, std::vector<Sour
   for (const MixtureSource& s : sources_) all_docs.insert(all_docs.end(), s.docs.begin(), s.docs.end());
   const CostModel cost = resolve_cost_model(opts_.cost, opts_.context, opts_.tokens_per_step, world_size);
   EpochPlan plan = start_plan(all_docs, cost, world_size, epoch, opts_.context, false);
-  uint64_t pieces = 0;
-  for (const auto& step : steps) pieces += step.size();
+  uint64_t pieces = 0, long_pieces = 0;
+  uint32_t longest = 0;
+  for (const auto& step : steps) {
+    pieces += step.size();
+    for (const Piece& p : step) {
+      longest = std::max(longest, p.len);
+      long_pieces += p.len > opts_.max_tokens;
+    }
+  }
   plan.stats.pieces = pieces;
+  account_long_pieces(longest, long_pieces, opts_, world_size, plan.stats);
   plan.steps.reserve(steps.size(), pieces, 0);
   // The same division as one dataset's plan: cuts for balance where data.cut_pieces allows them.
   StepDivider divider(cost, opts_.max_tokens, world_size, opts_.cut_pieces);

@@ -164,6 +164,18 @@ uint64_t long_piece_ranks(uint32_t longest_piece, uint64_t max_tokens) {
   return std::max<uint64_t>(1, (uint64_t(longest_piece) + max_tokens - 1) / max_tokens);
 }
 
+void account_long_pieces(uint32_t longest_piece, uint64_t long_pieces, const PlanOptions& opts, int world_size,
+                         PlanStats& stats) {
+  const uint64_t ranks_needed = long_piece_ranks(longest_piece, opts.max_tokens);
+  stats.long_pieces = long_pieces;
+  stats.long_piece_ranks_max = long_pieces > 0 ? ranks_needed : 0;
+  KILTER_CHECK(ranks_needed <= uint64_t(world_size),
+               "the data holds pieces of " << longest_piece << " tokens (model.block_size = " << opts.context
+               << ") and a micro-batch holds data.max_tokens = " << opts.max_tokens << ": such a piece is cut over "
+               << ranks_needed << " ranks, more than the world size " << world_size << "; run on >= " << ranks_needed
+               << " ranks, or raise data.max_tokens to >= " << longest_piece << " or lower model.block_size");
+}
+
 std::string idle_rank_warning(const PlanOptions& opts, int world_size) {
   // Cutting pieces between ranks balances steps of less than a context per rank.
   if (opts.sampler != "balanced" || world_size <= 1 || opts.cut_pieces) return "";
@@ -263,17 +275,12 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   stats.pieces = pieces.size();
   // A piece longer than a micro-batch is cut over ranks, one part each: the world size must hold it.
   uint32_t longest = 0;
+  uint64_t long_pieces = 0;
   for (const Piece& p : pieces) {
     longest = std::max(longest, p.len);
-    stats.long_pieces += p.len > opts.max_tokens;
+    long_pieces += p.len > opts.max_tokens;
   }
-  const uint64_t ranks_needed = long_piece_ranks(longest, opts.max_tokens);
-  stats.long_piece_ranks_max = stats.long_pieces > 0 ? ranks_needed : 0;
-  KILTER_CHECK(ranks_needed <= uint64_t(world_size),
-               "the data holds pieces of " << longest << " tokens (model.block_size = " << opts.context
-               << ") and a micro-batch holds data.max_tokens = " << opts.max_tokens << ": such a piece is cut over "
-               << ranks_needed << " ranks, more than the world size " << world_size << "; run on >= " << ranks_needed
-               << " ranks, or raise data.max_tokens to >= " << longest << " or lower model.block_size");
+  account_long_pieces(longest, long_pieces, opts, world_size, stats);
   Xoshiro256 piece_rng(opts.seed, epoch, RngStream::kPieceOrder);
   fisher_yates(pieces.data(), pieces.size(), piece_rng);
 

@@ -363,6 +363,13 @@ EpochPlan build_epoch_plan(const std::vector<uint32_t>& doc_lengths,
 // smallest world size that can train it.
 uint64_t long_piece_ranks(uint32_t longest_piece, uint64_t max_tokens);
 
+// Pieces longer than data.max_tokens (context parallelism) in a plan of `world_size` ranks:
+// stats.long_pieces = long_pieces and stats.long_piece_ranks_max = long_piece_ranks(longest);
+// throws a user error naming the ranks needed where the world size cannot hold the longest piece.
+// Every plan builder calls it before it divides a step.
+void account_long_pieces(uint32_t longest_piece, uint64_t long_pieces, const PlanOptions& opts, int world_size,
+                         PlanStats& stats);
+
 // One line for the user when tokens_per_step / world_size is below one context (balanced
 // sampler without cut_pieces): a rank given a full-length piece then holds more than its share
 // while others idle or wait. Says which step size (or world size) avoids it; "" when the step is

@@ -268,6 +268,21 @@ TEST(BalanceCut, LongContextsAreChainsOfPartsWithinMaxTokens) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(">= 4 ranks"), std::string::npos) << e.what();
     }
+    // A mixture of datasets: the same chains, counted, and the same refusal before any step.
+    std::vector<uint64_t> first(docs.begin(), docs.begin() + 400), second(docs.begin() + 400, docs.end());
+    MixturePlanner mixture(lengths, {MixtureSource{"a", 0.5, first}, MixtureSource{"b", 0.5, second}}, o);
+    const EpochPlan mixed = mixture.build(0, 4);
+    EXPECT_GT(mixed.stats.long_pieces, 0u);
+    EXPECT_EQ(mixed.stats.long_piece_ranks_max, 4u);
+    for (uint64_t s = 0; s < mixed.steps.size(); ++s)
+      for (const MicroBatch& mb : mixed.steps[s].expand().micro_batches) ASSERT_LE(mb.target_tokens, 256u);
+    try {
+      mixture.build(0, 3);
+      FAIL() << "a mixture on 3 ranks cannot hold a 1024-token piece in 256-token micro-batches";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pieces of 1024 tokens"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(">= 4 ranks"), std::string::npos) << e.what();
+    }
   }
 }
 
