@@ -62,9 +62,9 @@ struct CostFit {
 // lengths did not vary enough to tell a from b.
 CostFit fit_cost_model(const std::vector<CostSample>& samples);
 
-// The sentence the trainer's check and kilter report's advice both say where a charge did not hold: "cut pieces cost more than the plan charged:
-// their kv_wait measured t = ... (rows), the plan cut with t = ..., a miss of about N% of the step
-// of a rank that received K/V".
+// The sentence the trainer's check and kilter report's advice both say where a charge did not
+// hold: "cut pieces cost more than the plan charged: their kv_wait measured t = ... (rows), the
+// plan cut with t = ..., a miss of about N% of the step of a rank that received K/V".
 std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share);
 
 // The cut-cost check of a training run (data.cut_cost_check): what its cut pieces cost against the

@@ -525,10 +525,9 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   extra["cost_imbalance_uncut_p50"] = st.cost_imbalance_uncut_p50;
   extra["cost_imbalance_uncut_p95"] = st.cost_imbalance_uncut_p95;
   extra["cost_imbalance_uncut_max"] = st.cost_imbalance_uncut_max;
-  // The charge per earlier token the plan cut with (dense tokens), which `kilter report` compares
-  // with what the run's kv_wait measured.
-  // The cost model the plan divided the last steps with (kilter report measures a cut's charge
-  // in its units).
+  // The cost model the plan divided the last steps with: t, the charge per earlier token it cut
+  // with, which `kilter report` compares with what the run's kv_wait measured in the units a, b
+  // and c define.
   const balance::CostModel plan_cost = plans.cost(state.position);
   extra["plan_cost_a"] = plan_cost.a;
   extra["plan_cost_b"] = plan_cost.b;
