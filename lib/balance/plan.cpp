@@ -173,7 +173,8 @@ void account_long_pieces(uint32_t longest_piece, uint64_t long_pieces, const Pla
                "the data holds pieces of " << longest_piece << " tokens (model.block_size = " << opts.context
                << ") and a micro-batch holds data.max_tokens = " << opts.max_tokens << ": such a piece is cut over "
                << ranks_needed << " ranks, more than the world size " << world_size << "; run on >= " << ranks_needed
-               << " ranks, or raise data.max_tokens to >= " << longest_piece << " or lower model.block_size");
+               << " ranks, or in a new run raise data.max_tokens to >= " << longest_piece
+               << " or lower model.block_size (a resumed run keeps both)");
 }
 
 std::string idle_rank_warning(const PlanOptions& opts, int world_size) {
