@@ -4,6 +4,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -131,6 +132,9 @@ class GradientReducer {
   virtual bool communicating() const { return false; }
   virtual void start_gather(float* params) { gather(params); }
   virtual void wait_gather(size_t end) { (void)end; }
+  // The gather started last: a flag the communication thread sets once every range has arrived
+  // (read from any thread; it outlives the reducer). nullptr where start_gather() blocks.
+  virtual std::shared_ptr<const std::atomic<bool>> gather_arrival() const { return nullptr; }
 };
 
 // How bucket reductions make progress while backward computes.

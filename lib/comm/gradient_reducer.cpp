@@ -16,12 +16,14 @@
 // that thread (start_gather), bucket by bucket from the lowest offset, while the next step's
 // forward waits for each layer's range (wait_gather).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <exception>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -116,6 +118,7 @@ struct ReducerState {
   size_t gather_next = 0;          // buckets gathered, in ascending offsets
   size_t gather_end = 0;           // params [0, gather_end) have arrived
   std::chrono::steady_clock::time_point gather_moved;  // the gather's start or last bucket
+  std::shared_ptr<std::atomic<bool>> gather_done;     // set once the gather in flight has arrived
   double timeout_s = 300.0;        // [comm] timeout_s: no bucket for that long = a rank is gone
 
   ~ReducerState() {
@@ -203,7 +206,10 @@ struct ReducerState {
     }
     gather_end = gather_bucket(i).offset + gather_bucket(i).count;
     gather_moved = std::chrono::steady_clock::now();
-    if (++gather_next == buckets.size()) gather_params = nullptr;
+    if (++gather_next == buckets.size()) {
+      gather_params = nullptr;
+      if (gather_done) gather_done->store(true, std::memory_order_release);
+    }
     changed.notify_all();
     return true;
   }
@@ -345,8 +351,13 @@ class BucketGradientReducer final : public GradientReducer {
       state_->gather_next = 0;
       state_->gather_end = 0;
       state_->gather_moved = std::chrono::steady_clock::now();
+      state_->gather_done = std::make_shared<std::atomic<bool>>(false);
     }
     state_->changed.notify_all();
+  }
+  std::shared_ptr<const std::atomic<bool>> gather_arrival() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->gather_done;
   }
   // The ranks started the gather together (after the step's norm allreduce), so a bucket that
   // does not arrive within twice [comm] timeout_s means a rank stopped taking part: the caller gets

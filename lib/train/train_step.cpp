@@ -192,11 +192,14 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
       // first layers first, and the model waits for each layer's range as its forward gets to it.
       model.synchronize();
       if (ctx.reducer->gathers_in_background() && model.takes_arriving_params()) {
-        // One watchdog section from here until the last range has arrived (the model's wait for
-        // it, at the latest before the next step's reduction: reduce()), so a rank lost during
-        // the gather is named like one lost in any other collective.
-        ctx.watchdog->enter("parameter all-gather", long(step_index));
+        // One watchdog section from here until the last range has arrived, so a rank lost during
+        // the gather is named like one lost in any other collective. It waits only until the
+        // communication thread has the last range (gather_arrival), not until the forward has read
+        // it (the model's wait, at the latest before the next step's reduction: reduce(), leaves
+        // it): a rank stalled before its next forward is named by the others at their next
+        // collective, not blamed on a finished gather.
         ctx.reducer->start_gather(model.params());
+        ctx.watchdog->enter("parameter all-gather", long(step_index), ctx.reducer->gather_arrival());
         comm::GradientReducer* reducer = ctx.reducer;
         Watchdog* watchdog = ctx.watchdog;
         const size_t padded = model.layout().padded_size;

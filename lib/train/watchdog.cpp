@@ -24,6 +24,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -66,6 +67,7 @@ struct Watchdog::Impl {
   bool stopping = false;
   Whereabouts here;            // guarded by mu
   Clock::time_point entered;   // guarded by mu
+  std::shared_ptr<const std::atomic<bool>> done;  // guarded by mu: the section completed elsewhere
   std::thread thread;
 
   // Thread-only MPI state.
@@ -80,9 +82,16 @@ struct Watchdog::Impl {
   int thread_level = MPI_THREAD_SINGLE;
   std::vector<std::string> hosts;  // every rank's host (MPI_Get_processor_name), when can_ask
 
+  // `here`, with a section that completed on another thread reported as left. mu held.
+  Whereabouts current() const {
+    Whereabouts w = here;
+    if (w.inside && done && done->load(std::memory_order_acquire)) w.inside = 0;
+    return w;
+  }
+
   Whereabouts snapshot() {
     std::lock_guard<std::mutex> lock(mu);
-    return here;
+    return current();
   }
 
   void post_query_receive() {
@@ -192,7 +201,7 @@ struct Watchdog::Impl {
     while (!stopping) {
       cv.wait_for(lock, poll);
       if (stopping) break;
-      const Whereabouts mine = here;
+      const Whereabouts mine = current();
       const double seconds = std::chrono::duration<double>(Clock::now() - entered).count();
       lock.unlock();
       if (can_ask) answer_queries();
@@ -251,7 +260,9 @@ Watchdog::~Watchdog() {
   if (s.queries != MPI_COMM_NULL && mpi_is_usable()) MPI_Comm_free(&s.queries);
 }
 
-void Watchdog::enter(const char* what, long step) {
+void Watchdog::enter(const char* what, long step) { enter(what, step, nullptr); }
+
+void Watchdog::enter(const char* what, long step, std::shared_ptr<const std::atomic<bool>> done) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.here.sections_entered;
@@ -259,12 +270,14 @@ void Watchdog::enter(const char* what, long step) {
   s.here.step = step;
   std::snprintf(s.here.what, sizeof(s.here.what), "%s", what ? what : "?");
   s.entered = Clock::now();
+  s.done = std::move(done);
 }
 
 void Watchdog::leave() {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
   s.here.inside = 0;
+  s.done.reset();
 }
 
 }  // namespace kilter::train

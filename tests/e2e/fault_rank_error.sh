@@ -5,7 +5,8 @@
 #   error  an exception (kilter::Error) -> the app's MPI_Abort names rank 1 and the cause
 #   exit   the process dies without MPI_Abort (like a crash) -> the launcher ends the job
 #   hang   the rank stops taking part -> the other ranks' watchdogs fire after comm.timeout_s and
-#          name rank 1 as not arrived
+#          name rank 1 as not arrived (its own watchdog does not blame the parameter all-gather
+#          that finished in the background before it stopped)
 # The time bound below is a coarse no-hang check (timeout_s + 40 s), not a performance assertion.
 source "$(dirname "$0")/lib.sh"
 set -E
@@ -26,4 +27,9 @@ inject() {  # inject MODE PATTERN
 inject error "rank 1: injected failure at step 3"
 inject exit "KILTER_TEST_FAIL_MODE=exit at step 3"
 inject hang "ranks not arrived: 1 ("
+# The hung rank's own watchdog does not blame the parameter all-gather it finished before it
+# stopped (its section completed on the communication thread): the others name it.
+if grep -q "rank 1: parameter all-gather at step 2 has not completed" hang.log; then
+  cat hang.log; fail "hang: rank 1 blamed the finished gather instead of being named by the others"
+fi
 echo "fault_rank_error: 1 passed, 0 failed"
