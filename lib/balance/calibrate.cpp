@@ -241,12 +241,17 @@ constexpr double kCutCostShare = 0.02;    // and the miss costs at least this sh
 
 std::string cut_cost_advice(const CutCostCheck& check) {
   if (!check.replan) return "";
-  char tail[256];
-  std::snprintf(tail, sizeof tail,
+  return cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share) +
+         cut_cost_remedy(check.measured_t) + " or data.cut_pieces = false";
+}
+
+std::string cut_cost_remedy(double measured_t) {
+  char line[160];
+  std::snprintf(line, sizeof line,
                 ", so its cuts can make steps slower here; set data.cost_t = %.3g (the plan then cuts only where that "
-                "pays) or data.cut_pieces = false",
-                check.measured_t);
-  return cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share) + tail;
+                "pays)",
+                measured_t);
+  return line;
 }
 
 std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share) {

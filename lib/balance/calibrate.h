@@ -66,6 +66,9 @@ CostFit fit_cost_model(const std::vector<CostSample>& samples);
 // hold: "cut pieces cost more than the plan charged: their kv_wait measured t = ... (rows), the
 // plan cut with t = ..., a miss of about N% of the step of a rank that received K/V".
 std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share);
+// What both say follows from it: ", so its cuts can make steps slower here; set data.cost_t =
+// <measured_t> (the plan then cuts only where that pays)"; each adds its other setting.
+std::string cut_cost_remedy(double measured_t);
 
 // The cut-cost check of a training run (data.cut_cost_check): what its cut pieces cost against the
 // charge the plan cut with. The transfer is fitted as fit_transfer_cost() fits it; the seconds of

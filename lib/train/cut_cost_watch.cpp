@@ -55,17 +55,15 @@ std::string describe_cut_cost_check(const balance::CutCostCheck& check, int64_t 
                   check.measured_t, (unsigned long long)check.rows, check.planned_t, 100 * check.excess_share);
     return head + line;
   }
-  if (replan_from_step >= 0)
-    std::snprintf(line, sizeof line,
-                  "; steps from %lld on are planned with t = %.3g (same steps and tokens, other cuts; data.cost_t fixes "
-                  "the charge, data.cut_cost_replan = false keeps the plan)",
-                  (long long)replan_from_step, check.measured_t);
-  else
-    std::snprintf(line, sizeof line,
-                  ", so its cuts can make steps slower here; set data.cost_t = %.3g (the plan then cuts only where that "
-                  "pays), or data.cut_cost_replan = true to have a run re-plan itself when this happens",
-                  check.measured_t);
-  return head + balance::cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share) + line;
+  const std::string miss = balance::cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share);
+  if (replan_from_step < 0)
+    return head + miss + balance::cut_cost_remedy(check.measured_t) +
+           ", or data.cut_cost_replan = true to have a run re-plan itself when this happens";
+  std::snprintf(line, sizeof line,
+                "; steps from %lld on are planned with t = %.3g (same steps and tokens, other cuts; data.cost_t fixes "
+                "the charge, data.cut_cost_replan = false keeps the plan)",
+                (long long)replan_from_step, check.measured_t);
+  return head + miss + line;
 }
 
 }  // namespace kilter::train

@@ -41,9 +41,10 @@ class CutCostWatch {
   std::vector<balance::CostSample> samples_;
 };
 
-// What a check that measured (check.measured) found, one line for the log (rank 0). replan_from_step: the step the new plan
-// starts at; -1 where the run does not re-plan (data.cut_cost_replan = false: the line then
-// names the settings), kRunEnds where it would but the run ends first.
+// What a check that measured (check.measured) found, one line for the log (rank 0).
+// replan_from_step: the step the new plan starts at; -1 where the run does not re-plan
+// (data.cut_cost_replan = false: the line then names the settings), kRunEnds where it would but
+// the run ends first.
 constexpr int64_t kRunEnds = -2;
 std::string describe_cut_cost_check(const balance::CutCostCheck& check, int64_t window_begin, int64_t window_end,
                                     int64_t replan_from_step);

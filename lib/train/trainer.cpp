@@ -528,7 +528,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   // The cost model the plan divided the last steps with: t, the charge per earlier token it cut
   // with, which `kilter report` compares with what the run's kv_wait measured in the units a, b
   // and c define.
-  const balance::CostModel plan_cost = plans.cost(state.position);
+  const balance::CostModel& plan_cost = plans.cost(state.position);
   extra["plan_cost_a"] = plan_cost.a;
   extra["plan_cost_b"] = plan_cost.b;
   extra["plan_cost_c"] = plan_cost.c;

@@ -260,8 +260,6 @@ Watchdog::~Watchdog() {
   if (s.queries != MPI_COMM_NULL && mpi_is_usable()) MPI_Comm_free(&s.queries);
 }
 
-void Watchdog::enter(const char* what, long step) { enter(what, step, nullptr); }
-
 void Watchdog::enter(const char* what, long step, std::shared_ptr<const std::atomic<bool>> done) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);

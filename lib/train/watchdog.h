@@ -21,13 +21,12 @@ class Watchdog {
   // Brackets a blocking section (collective) named `what` for step `step`. Bracket only
   // collectives that every rank enters in the same order (the ranks are compared by how many
   // sections they entered); sections do not nest. Cheap: one mutex, no MPI call.
-  void enter(const char* what, long step);
-  // A section whose collective completes on another thread (the reducer's background parameter
-  // gather) while this thread works on: once `done` is set, the section no longer counts as
+  // `done`, for a section whose collective completes on another thread (the reducer's background
+  // parameter gather) while this thread works on: once it is set, the section no longer counts as
   // waiting (it cannot time out, and other ranks' queries hear "working since <what>"), though it
   // lasts until leave(). A rank stalled elsewhere (its data, a hang) after such a collective is
   // then named by the ranks waiting for it at the next one, not blamed on the finished gather.
-  void enter(const char* what, long step, std::shared_ptr<const std::atomic<bool>> done);
+  void enter(const char* what, long step, std::shared_ptr<const std::atomic<bool>> done = nullptr);
   void leave();
 
  private:
