@@ -130,7 +130,7 @@ double standalone_seconds_per_step(const kilter::model::GemmProfile& profile, in
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   kilter::backend::set_blas_threads(o.threads);
-  kilter::model::GPTConfig cfg;
+  kilter::model::ModelSpec cfg;
   cfg.n_layer = o.n_layer;
   cfg.n_embd = o.n_embd;
   cfg.n_head = o.n_head;

@@ -28,7 +28,7 @@ namespace {
 
 struct Options {
   std::string name = "custom";
-  km::GPTConfig cfg{4, 4, 256, 256, 8192};
+  km::ModelSpec cfg{4, 4, 256, 256, 8192};
   int B = 8, T = 256;
   std::string precision = "bf16";
   std::string attention = "auto";

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     kilter::comm::KvExchangeOptions opts;
     opts.n_layer = layers;
-    opts.n_embd = embd;
+    opts.rows = {3 * embd, embd, 2 * embd};  // GPT-2 rows: q|k|v, K at column C
     opts.timeout_s = 120;
 
     // Rank 0's k|v of token t, column j, layer l; rank 1's dk|dv for it. Made before the loop,
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
       MPI_Barrier(comm);
       const auto t0 = std::chrono::steady_clock::now();
       kilter::comm::MpiKvExchange ex(comm, cuts.schedule(mine, rank, 0, it), opts);
-      bytes = ex.schedule().bytes_per_step(layers, embd);
+      bytes = ex.schedule().bytes_per_step(layers, 2 * embd);
       for (int l = 0; l < layers; ++l) {
         ex.forward_send(l, qkv[size_t(l)].data());
         ex.forward_wait(l);

@@ -25,14 +25,9 @@
 namespace kilter::backend {
 
 using model::Batch;
-using model::GPTConfig;
+using model::ModelSpec;
 
 namespace {
-// Rows of logits materialized at once: bounds the head's memory to kHeadChunk x vocab floats
-// (103 MB at GPT-2's vocabulary) while keeping its GEMMs large. 512 rather than 256: the weight
-// gradient's GEMM (vocab x C, summed over the chunk's rows) runs faster with the longer sum;
-// GPT-2 124M, 1 x 1024 tokens, 1 thread: bf16 195 -> 204 tok/s, fp32 121 -> 124.
-constexpr int64_t kHeadChunk = 512;
 
 template <typename T>
 void grow(std::vector<T>& buffer, size_t size) {
@@ -48,53 +43,20 @@ void set_blas_threads(int threads) { model::set_gemm_threads(threads); }
 
 int blas_threads() { return model::gemm_threads(); }
 
-CpuModel::CpuModel(const GPTConfig& cfg, size_t pad_multiple, const std::string& precision,
+CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string& precision,
                    const std::string& recompute)
-    : cfg_(cfg), layout_(model::ParamLayout::build(cfg, pad_multiple)) {
+    : ModelBase(cfg, pad_multiple) {
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cpu backend (fp32 | bf16)");
   bf16_ = precision == "bf16";
-  if (recompute == "none") recompute_ = Recompute::none;
-  else if (recompute == "gelu") recompute_ = Recompute::gelu;
-  else if (recompute == "attention") recompute_ = Recompute::attention;
-  else if (recompute == "block") recompute_ = Recompute::block;
-  else KILTER_FAIL("train.recompute=" << recompute << " is not one of none, gelu, attention, block");
+  recompute_ = model::parse_recompute(recompute);
   KILTER_CHECK(!bf16_ || model::gemm_has_bf16(),
                "train.precision=bf16 needs bf16 GEMM instructions (AVX512_BF16 or AMX) on the cpu backend; this CPU "
                "and build give " << model::gemm_engine() << " (use train.precision=fp32)");
   params_.assign(layout_.padded_size, 0.0f);
   if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
   grads_.assign(layout_.padded_size, 0.0f);
-  owned_ = {{0, layout_.num_params}};
-  offsets_ = model::LayoutOffsets::of(layout_, cfg_.n_layer);
-  const size_t C = cfg_.n_embd;
-  const size_t L = cfg_.n_layer;
-  // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3 + the four LayerNorm statistics;
-  // recompute=gelu moves fch_gelu to the scratch, recompute=block all but residual3.
-  const size_t block_floats = C + 3 * C + C + C + C + 4 * C + 4 * C + C + 4;
-  floats_per_token_block_ = block_floats;
-  att_layers_ = L;
-  bf16_layers_ = L;
-  // bf16: the roundings of ln1, atty, ln2 and fch_gelu (block_inputs_bf16); recompute=gelu and
-  // block keep no rounding of fch_gelu (the backward rounds the recomputed GELU output: the same
-  // bits; block's recompute stops before the projection that would round it).
-  bf16_per_token_block_ = bf16_ ? C + C + C + 4 * C : 0;
-  switch (recompute_) {
-    case Recompute::none: break;
-    case Recompute::gelu:
-      floats_per_token_block_ = block_floats - 4 * C;
-      scratch_per_token_ = 4 * C;
-      if (bf16_) bf16_per_token_block_ = C + C + C;
-      break;
-    case Recompute::attention: att_layers_ = 1; break;
-    case Recompute::block:
-      floats_per_token_block_ = C;
-      scratch_per_token_ = block_floats - C;
-      att_layers_ = 1;
-      bf16_layers_ = 1;
-      if (bf16_) bf16_per_token_block_ = C + C + C;
-      break;
-  }
+  plan_ = model::activation_plan(cfg_, recompute_);
 }
 
 std::string CpuModel::describe() const {
@@ -126,33 +88,20 @@ void CpuModel::await_params(size_t end) const {
 }
 
 CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
-  return model::block_tensors_at(base + offsets_.block[layer], size_t(cfg_.n_embd));
+  return model::block_tensors_at(base, offsets_, layer);
 }
 
 CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
-  const size_t C = cfg_.n_embd;
-  const size_t N = static_cast<size_t>(rows);
-  float* kept = block_acts_.data() + static_cast<size_t>(layer) * capacity_tokens_ * floats_per_token_block_;
-  const bool block = recompute_ == Recompute::block;
-  float* p = block ? block_scratch_.data() : kept;
-  BlockActivations a;
-  a.ln1 = p;        p += N * C;
-  a.ln1_mean = p;   p += N;
-  a.ln1_rstd = p;   p += N;
-  a.qkv = p;        p += N * 3 * C;
-  a.atty = p;       p += N * C;
-  a.residual2 = p;  p += N * C;
-  a.ln2 = p;        p += N * C;
-  a.ln2_mean = p;   p += N;
-  a.ln2_rstd = p;   p += N;
-  a.fch = p;        p += N * 4 * C;
-  if (recompute_ == Recompute::gelu) {
-    a.fch_gelu = block_scratch_.data();
-  } else {
-    a.fch_gelu = p;  p += N * 4 * C;
-  }
-  a.residual3 = block ? kept : p;
-  a.att = att_.data() + (att_layers_ == 1 ? 0 : static_cast<size_t>(layer)) * capacity_att_;
+  float* kept = block_acts_.data() + static_cast<size_t>(layer) * capacity_tokens_ * plan_.kept_per_token;
+  float* shared = block_scratch_.data();
+  BlockActivations a = model::carve_block(plan_, static_cast<size_t>(rows), [&](model::ActSlot, model::ActHome home,
+                                                                               size_t floats) {
+    float*& next = home == model::ActHome::kept ? kept : shared;
+    float* slice = next;
+    next += floats;
+    return slice;
+  });
+  a.att = att_.data() + (att_layers() == 1 ? 0 : static_cast<size_t>(layer)) * capacity_att_;
   return a;
 }
 
@@ -161,12 +110,12 @@ CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
   if (!bf16_) return b;
   const size_t C = cfg_.n_embd;
   const size_t N = static_cast<size_t>(rows);
-  const size_t held = bf16_layers_ == 1 ? 0 : static_cast<size_t>(layer);
-  model::bf16* p = inputs_bf16_.data() + held * capacity_tokens_ * bf16_per_token_block_;
+  const size_t held = plan_.bf16_layers == 1 ? 0 : static_cast<size_t>(layer);
+  model::bf16* p = inputs_bf16_.data() + held * capacity_tokens_ * plan_.bf16_inputs_per_token;
   b.ln1 = p;       p += N * C;
   b.atty = p;      p += N * C;
   b.ln2 = p;       p += N * C;
-  b.fch_gelu = recompute_ == Recompute::gelu || recompute_ == Recompute::block ? nullptr : p;
+  b.fch_gelu = plan_.where(model::ActSlot::fch_act) == model::ActHome::kept ? p : nullptr;
   return b;
 }
 
@@ -184,78 +133,35 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
   if (tokens > capacity_tokens_) {
     capacity_tokens_ = tokens;
     grow(encoded_, tokens * C);
-    grow(block_acts_, L * tokens * floats_per_token_block_);
-    grow(block_scratch_, tokens * scratch_per_token_);
-    grow(inputs_bf16_, bf16_layers_ * tokens * bf16_per_token_block_);
+    grow(block_acts_, L * tokens * plan_.kept_per_token);
+    grow(block_scratch_, tokens * plan_.shared_per_token);
+    if (bf16_) grow(inputs_bf16_, plan_.bf16_layers * tokens * plan_.bf16_inputs_per_token);
     grow(lnf_, tokens * C);
     grow(lnf_mean_, tokens);
     grow(lnf_rstd_, tokens);
     grow(dresidual_, tokens * C);
     grow(dln_, tokens * C);
     grow(datty_, tokens * C);
-    grow(dqkv_, tokens * 3 * C);
-    grow(dfch_, tokens * 4 * C);
+    grow(dqkv_, tokens * size_t(cfg_.qkv_width()));
+    grow(dfch_, tokens * size_t(cfg_.ffn_in_width()));
     grow(target_rows_, tokens);
     grow(target_ids_, tokens);
     grow(head_inputs_, tokens * C);
-    grow(head_dinputs_, static_cast<size_t>(kHeadChunk) * C);
-    grow(logits_, static_cast<size_t>(kHeadChunk) * cfg_.vocab_size);
+    grow(head_dinputs_, static_cast<size_t>(kHeadChunkRows) * C);
+    grow(logits_, static_cast<size_t>(kHeadChunkRows) * cfg_.vocab_size);
   }
   if (att > capacity_att_) {
     capacity_att_ = att;
-    grow(att_, att_layers_ * att);
+    grow(att_, att_layers() * att);
   }
 }
 
 void CpuModel::init_params(uint64_t seed) {
   await_params(layout_.padded_size);
   std::fill(params_.begin(), params_.end(), 0.0f);
-  model::init_gpt2_params(params_.data(), layout_, cfg_, seed);
+  model::init_params(params_.data(), layout_, cfg_, seed);
   refresh_bf16_params();
-  std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
-  std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
-}
-
-void CpuModel::ensure_moments() {
-  size_t total = 0;
-  for (const model::ParamRange& r : owned_) total += r.count;
-  if (adam_m_.size() != total) {
-    adam_m_.assign(total, 0.0f);
-    adam_v_.assign(total, 0.0f);
-  }
-}
-
-void CpuModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
-  for (const model::ParamRange& r : owned)
-    KILTER_CHECK(r.offset + r.count <= layout_.padded_size, "CpuModel::shard_optimizer: range [" << r.offset << ", "
-                                                               << r.offset + r.count << ") beyond the buffer ("
-                                                               << layout_.padded_size << ")");
-  // Keep what is held for the new ranges (a resume that loaded the full moments first).
-  std::vector<float> held_m = std::move(adam_m_), held_v = std::move(adam_v_);
-  const std::vector<model::ParamRange> held_ranges = owned_;
-  owned_ = owned;
-  sharded_ = true;
-  adam_m_.clear();
-  adam_v_.clear();
-  if (held_m.empty()) return;  // nothing held yet: allocated on first use
-  ensure_moments();
-  // held_ranges is either the full [0, num_params) or a previous shard; copy the overlap.
-  model::copy_range_overlap(held_ranges, held_m.data(), owned_, adam_m_.data());
-  model::copy_range_overlap(held_ranges, held_v.data(), owned_, adam_v_.data());
-}
-
-void CpuModel::get_optimizer_shard(float* m, float* v, size_t first, size_t count) const {
-  size_t total = 0;
-  for (const model::ParamRange& r : owned_) total += r.count;
-  KILTER_CHECK(first + count <= total, "CpuModel::get_optimizer_shard: [" << first << ", " << first + count
-                                                                          << ") beyond the " << total << " held");
-  if (adam_m_.empty()) {  // no step taken yet
-    std::fill(m, m + count, 0.0f);
-    std::fill(v, v + count, 0.0f);
-    return;
-  }
-  std::memcpy(m, adam_m_.data() + first, sizeof(float) * count);
-  std::memcpy(v, adam_v_.data() + first, sizeof(float) * count);
+  zero_moments();
 }
 
 void CpuModel::set_params(const float* host) {
@@ -267,26 +173,6 @@ void CpuModel::get_params(float* host) const {
   await_params(layout_.padded_size);
   std::memcpy(host, params_.data(), sizeof(float) * layout_.num_params);
 }
-
-void CpuModel::get_optimizer_state(float* m, float* v) const {
-  KILTER_CHECK(!sharded_, "CpuModel::get_optimizer_state: the optimizer is sharded; use get_optimizer_shard");
-  get_optimizer_shard(m, v, 0, layout_.num_params);
-}
-
-void CpuModel::set_optimizer_state(const float* m, const float* v) {
-  ensure_moments();
-  size_t dst = 0;
-  for (const model::ParamRange& r : owned_) {
-    // Only the first num_params floats exist in m and v; the padding's moments stay 0.
-    const size_t end = std::min(r.offset + r.count, layout_.num_params);
-    if (r.offset < end) {
-      std::memcpy(adam_m_.data() + dst, m + r.offset, sizeof(float) * (end - r.offset));
-      std::memcpy(adam_v_.data() + dst, v + r.offset, sizeof(float) * (end - r.offset));
-    }
-    dst += r.count;
-  }
-}
-
 
 std::optional<model::Bf16MatmulScope> CpuModel::gemm_precision_scope() const {
   if (!bf16_) return std::nullopt;
@@ -364,10 +250,7 @@ void CpuModel::forward(const Batch& batch) {
   const int N = batch.N, C = cfg_.n_embd;
   // A sharded step's all-gather may still be arriving (params_arriving): each layer waits for its
   // own range only, so the gather of the later layers overlaps the earlier layers' forward.
-  if (arriving_) {
-    const model::ParamTensor &wte = layout_.find("transformer.wte.weight"), &wpe = layout_.find("transformer.wpe.weight");
-    await_params(std::max(wte.offset + wte.size, wpe.offset + wpe.size));
-  }
+  await_params(offsets_.embeddings_end());
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
                          params_.data() + offsets_.wpe, cu_seqlens, pieces, C, pos_offset);
   const float* residual = encoded_.data();
@@ -445,9 +328,9 @@ double CpuModel::forward_loss(const Batch& batch) {
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;
-  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunk) {
-    const int n = static_cast<int>(std::min(kHeadChunk, num_targets - c0));
-    model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + offsets_.wte, nullptr, n, C,
+  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
+    const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
+    model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + offsets_.head, nullptr, n, C,
                           V);
     loss += model::crossentropy_forward(logits_.data(), target_ids_.data() + c0, n, V);
   }
@@ -474,13 +357,13 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   std::memset(dlnf, 0, sizeof(float) * NC);
   const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;
-  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunk) {
-    const int n = static_cast<int>(std::min(kHeadChunk, num_targets - c0));
+  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
+    const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
     const float* x = head_inputs_.data() + c0 * C;
-    model::matmul_forward(logits_.data(), x, params + offsets_.wte, nullptr, n, C, V);
+    model::matmul_forward(logits_.data(), x, params + offsets_.head, nullptr, n, C, V);
     loss += model::crossentropy_forward_backward_inplace(logits_.data(), target_ids_.data() + c0, n, V, loss_scale);
-    model::matmul_backward_overwrite_dinp(head_dinputs_.data(), grads + offsets_.wte, nullptr, logits_.data(), x,
-                                          params + offsets_.wte, n, C, V);
+    model::matmul_backward_overwrite_dinp(head_dinputs_.data(), grads + offsets_.head, nullptr, logits_.data(), x,
+                                          params + offsets_.head, n, C, V);
     for (int i = 0; i < n; ++i)
       std::memcpy(dlnf + static_cast<size_t>(target_rows_[c0 + i]) * C, head_dinputs_.data() + static_cast<size_t>(i) * C,
                   sizeof(float) * C);
@@ -559,7 +442,7 @@ double CpuModel::grad_norm_squared() {
   // Fixed-order partial sums in double: deterministic and accurate for 10^8 elements.
   // Per owned range, then over the ranges (unsharded: one range, the same sum as ever).
   double total = 0.0;
-  for (const model::ParamRange& r : owned_) {
+  for (const model::ParamRange& r : owned()) {
     const size_t end = std::min(r.offset + r.count, layout_.num_params);
     if (r.offset >= end) continue;
     const float* g = grads_.data() + r.offset;
@@ -580,19 +463,13 @@ void CpuModel::adamw_step(const model::AdamWParams& p) {
   await_params(layout_.padded_size);
   ensure_moments();
   // Every tensor's part inside every owned range (unsharded: every tensor whole).
-  size_t base = 0;
-  for (const model::ParamRange& r : owned_) {
-    for (const model::ParamTensor& tensor : layout_.tensors) {
-      const size_t lo = std::max(r.offset, tensor.offset), hi = std::min(r.offset + r.count, tensor.offset + tensor.size);
-      if (lo >= hi) continue;
-      const size_t k = base + (lo - r.offset);
-      optim::adamw_update(params_.data() + lo, grads_.data() + lo, adam_m_.data() + k, adam_v_.data() + k, hi - lo,
-                          p.lr, p.beta1, p.beta2, p.eps, tensor.decay ? p.weight_decay : 0.0f, p.grad_scale, p.t);
-      // Sharded, the all-gather brings the other ranks' ranges and params_changed() rounds them.
-      if (bf16_ && !sharded_) model::to_bf16(params_bf16_.data() + lo, params_.data() + lo, hi - lo);
-    }
-    base += r.count;
-  }
+  float *m = moment_m(), *v = moment_v();
+  model::for_each_owned_part(layout_, owned(), [&](size_t lo, size_t hi, size_t k, bool decay) {
+    optim::adamw_update(params_.data() + lo, grads_.data() + lo, m + k, v + k, hi - lo, p.lr, p.beta1, p.beta2, p.eps,
+                        decay ? p.weight_decay : 0.0f, p.grad_scale, p.t);
+    // Sharded, the all-gather brings the other ranks' ranges and params_changed() rounds them.
+    if (bf16_ && !sharded()) model::to_bf16(params_bf16_.data() + lo, params_.data() + lo, hi - lo);
+  });
 }
 
 }  // namespace kilter::backend

@@ -1,5 +1,6 @@
-// cuda_memory.h: CudaModel's device allocations, counted the way CudaModel::carve() and
-// reserve() take them (every slice rounded up to 64 floats).
+// cuda_memory.h: CudaModel's device allocations, counted the way CudaModel::carve()
+// (cuda_arena.cu) and reserve() take them (every slice rounded up to 64 floats), from the same
+// activation plan (lib/model/spec.h).
 #include "lib/backend/cuda_memory.h"
 
 #include <algorithm>
@@ -18,7 +19,7 @@ uint64_t align_up(uint64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * k
 
 }  // namespace
 
-CudaDeviceBytes cuda_device_bytes(const model::GPTConfig& cfg, size_t padded_size, size_t owned_floats,
+CudaDeviceBytes cuda_device_bytes(const model::ModelSpec& cfg, size_t padded_size, size_t owned_floats,
                                   int max_tokens, const std::string& recompute, bool bf16_operand_copies) {
   CudaDeviceBytes bytes;
   bytes.parameters = align_up(padded_size) * 4;
@@ -43,29 +44,24 @@ CudaDeviceBytes cuda_device_bytes(const model::GPTConfig& cfg, size_t padded_siz
     att_slice += align_up(B * NH * T * T);
     workspace = std::max(workspace, 7 * B * T * C + B * NH * T * T);
   }
-  const bool block = recompute == "block", share_att = recompute == "attention", share_gelu = recompute == "gelu";
-  uint64_t floats = align_up(N * C);  // encoded
-  // One block's activations: ln1, its mean and rstd, qkv, atty, att, residual2, ln2 (+ mean,
-  // rstd), fch, fch_gelu; residual3 is every layer's own even under block.
-  auto block_floats = [&](bool with_att, bool with_gelu) {
-    return 5 * align_up(N * C) + 4 * align_up(N) + align_up(3 * N * C) + (with_att ? att_slice : 0) +
-           align_up(4 * N * C) + (with_gelu ? align_up(4 * N * C) : 0);
-  };
-  const uint64_t layers = uint64_t(cfg.n_layer);
-  if (block) {
-    floats += block_floats(true, true) - align_up(N * C);  // the shared block, without residual3
-    floats += layers * align_up(N * C);                    // each layer's residual3
-  } else {
-    if (share_att) floats += att_slice;
-    if (share_gelu) floats += align_up(4 * N * C);
-    floats += layers * block_floats(!share_att, !share_gelu);
+  // The blocks as CudaModel::carve() lays them out from the activation plan: the slices the
+  // recompute modes share once, then each layer's own (the saved attention with them).
+  const model::ActivationPlan plan = model::activation_plan(cfg, model::parse_recompute(recompute));
+  uint64_t shared = 0, kept = 0;
+  for (size_t s = 0; s < model::kActSlots; ++s) {
+    if (plan.home[s] == model::ActHome::shared) shared += align_up(N * plan.per_token[s]);
+    if (plan.home[s] == model::ActHome::kept) kept += align_up(N * plan.per_token[s]);
   }
+  const uint64_t layers = uint64_t(cfg.n_layer);
+  uint64_t floats = align_up(N * C);  // encoded
+  floats += shared + layers * kept + (plan.attention_per_layer ? layers : 1) * att_slice;
   floats += align_up(N * C) + 2 * align_up(N);  // lnf and its statistics
   floats += align_up(N * V);                           // logits, their gradient in place
-  floats += 3 * align_up(N * C) + align_up(3 * N * C) + align_up(4 * N * C);  // dresidual, dln, datty, dqkv, dfch
-  floats += 2 * align_up(padded_rows * 3 * C) + align_up(padded_rows * C);   // padded qkv, dqkv, io
+  const uint64_t qkv = uint64_t(cfg.qkv_width()), ffn_in = uint64_t(cfg.ffn_in_width());
+  floats += 3 * align_up(N * C) + align_up(N * qkv) + align_up(N * ffn_in);  // dresidual, dln, datty, dqkv, dfch
+  floats += 2 * align_up(padded_rows * qkv) + align_up(padded_rows * C);   // padded qkv, dqkv, io
   floats += align_up(workspace);
-  floats += align_up(2 * kColumnChunks * 4 * C);         // column-sum scratch
+  floats += align_up(2 * kColumnChunks * uint64_t(cfg.widest_linear_out()));  // column-sum scratch
   floats += align_up(2 * N + 3 * pieces + 1 + padded_rows);  // inputs, targets, offsets, lengths, rows
   bytes.activations = floats * 4;
 
@@ -73,7 +69,7 @@ CudaDeviceBytes cuda_device_bytes(const model::GPTConfig& cfg, size_t padded_siz
   // copies, two bf16 buffers of the largest GEMM operand (+1/8 of room).
   bytes.engine = kGemmWorkspaceBytes + 2 * (2 * N + 2 * pieces + 1) * 4;
   if (bf16_operand_copies) {
-    uint64_t largest = std::max({N * V, V * C, N * 4 * C});
+    uint64_t largest = std::max({N * V, V * C, N * uint64_t(cfg.ffn_in_width())});
     for (const model::AttentionGroup& g : groups.groups)
       largest = std::max({largest, uint64_t(g.B) * NH * g.T * g.T, 7 * uint64_t(g.B) * g.T * C + uint64_t(g.B) * NH * g.T * g.T});
     bytes.engine += 2 * (largest + largest / 8) * 2;

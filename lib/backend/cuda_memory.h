@@ -25,7 +25,7 @@ struct CudaDeviceBytes {
 // padded_size: the layout's padded float count; owned_floats: the floats whose moments this
 // rank holds (num_params unsharded). recompute: none | gelu | attention | block.
 // bf16_operand_copies: KILTER_CUDA_BF16_INPUTS=1 with bf16 math (scratch for both operands).
-CudaDeviceBytes cuda_device_bytes(const model::GPTConfig& cfg, size_t padded_size, size_t owned_floats,
+CudaDeviceBytes cuda_device_bytes(const model::ModelSpec& cfg, size_t padded_size, size_t owned_floats,
                                   int max_tokens, const std::string& recompute, bool bf16_operand_copies);
 
 }  // namespace kilter::backend

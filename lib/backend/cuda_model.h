@@ -16,13 +16,13 @@ namespace kilter::backend {
 // GEMMs) or "bf16" (bf16 tensor-core GEMMs with fp32 accumulation; fp32 master weights,
 // moments and activations). Throws kilter::Error naming train.precision for anything else, and
 // naming the device when none is usable.
-std::unique_ptr<model::Model> make_cuda_model(const model::GPTConfig& cfg, size_t pad_multiple,
+std::unique_ptr<model::Model> make_cuda_model(const model::ModelSpec& cfg, size_t pad_multiple,
                                               const std::string& precision);
 // With every option: attention "auto" (cuDNN when built with it and usable here, else cuBLASLt,
 // with a note on stderr), "cudnn" (an error naming train.attention when cuDNN cannot run) or
 // "cublaslt"; cuda_graphs replays each micro-batch layout as CUDA graphs (layouts whose attention
 // groups all run on cuBLASLt; the cuDNN API takes host-side lengths, which a graph would freeze).
-std::unique_ptr<model::Model> make_cuda_model(const model::GPTConfig& cfg, size_t pad_multiple,
+std::unique_ptr<model::Model> make_cuda_model(const model::ModelSpec& cfg, size_t pad_multiple,
                                               const model::BackendOptions& options);
 
 // cudaGetDeviceCount > 0. False (never an exception) when there is no driver, the driver is

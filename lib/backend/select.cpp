@@ -13,7 +13,7 @@
 
 namespace kilter::model {
 
-std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg, size_t pad_multiple,
+std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& cfg, size_t pad_multiple,
                                   const BackendOptions& options) {
   if (backend == "cpu") {
     KILTER_CHECK(options.attention == "auto", "train.attention=" << options.attention
@@ -33,7 +33,7 @@ std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& c
   KILTER_FAIL("train.backend: unknown model backend '" << backend << "' (expected cpu or cuda)");
 }
 
-std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg, size_t pad_multiple,
+std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& cfg, size_t pad_multiple,
                                   const std::string& precision) {
   BackendOptions options;
   options.precision = precision;

@@ -72,28 +72,23 @@ double CostModel::operator()(const MicroBatch& mb) const {
   return a * double(mb.tokens_computed()) + b * mb.attention_work() + t * mb.kv_tokens() + std::max(c, 0.0);
 }
 
-double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes) {
-  return 2.0 * double(n_embd) * double(n_layer) * kv_value_bytes;
-}
-
-double kv_link_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+double kv_link_cost_coefficient(const model::ModelSpec& spec, double kv_value_bytes, double link_gbps,
                                 double device_tflops) {
-  KILTER_CHECK(n_layer >= 1 && n_embd >= 1 && vocab_size >= 0 && kv_value_bytes > 0,
-               "kv_link_cost_coefficient: bad model shape n_layer=" << n_layer << " n_embd=" << n_embd
-               << " vocab=" << vocab_size << " bytes=" << kv_value_bytes);
+  KILTER_CHECK(spec.n_layer >= 1 && spec.n_embd >= 1 && spec.vocab_size >= 0 && kv_value_bytes > 0,
+               "kv_link_cost_coefficient: bad model shape n_layer=" << spec.n_layer << " n_embd=" << spec.n_embd
+               << " vocab=" << spec.vocab_size << " bytes=" << kv_value_bytes);
   KILTER_CHECK(link_gbps > 0, "comm.link_gbps = " << link_gbps << ": must be > 0");
   KILTER_CHECK(device_tflops > 0, "comm.device_tflops = " << device_tflops << ": must be > 0");
   // K/V forward plus dK/dV backward.
-  const double transfer_s = 2.0 * kv_bytes_per_token(n_layer, n_embd, kv_value_bytes) / (link_gbps * 1e9 / 8);
-  const double dense_flops = 6.0 * (12.0 * n_layer * double(n_embd) * n_embd + double(n_embd) * vocab_size);
-  const double token_s = dense_flops / (device_tflops * 1e12);
+  const double transfer_s = 2.0 * model::kv_bytes_per_token(spec, kv_value_bytes) / (link_gbps * 1e9 / 8);
+  const double token_s = model::dense_flops_per_token(spec) / (device_tflops * 1e12);
   return transfer_s / token_s;
 }
 
-double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+double transfer_cost_coefficient(const model::ModelSpec& spec, double kv_value_bytes, double link_gbps,
                                  double device_tflops) {
   // One layer's transfer forward and one backward are exposed; the others overlap (plan.h).
-  return kv_link_cost_coefficient(n_layer, n_embd, vocab_size, kv_value_bytes, link_gbps, device_tflops) / n_layer;
+  return kv_link_cost_coefficient(spec, kv_value_bytes, link_gbps, device_tflops) / spec.n_layer;
 }
 
 double link_bound_transfer_cost(double t_link, int n_layer, double rank_load, double reference_offset) {
@@ -110,11 +105,11 @@ double link_bound_transfer_cost(double t_link, int n_layer, double rank_load, do
   return std::max(t_link / layers, (exposed(compute_fwd) + exposed(compute_bwd)) / reference_offset);
 }
 
-double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size) {
-  KILTER_CHECK(n_layer >= 1 && n_embd >= 1 && vocab_size >= 0,
-               "attention_cost_coefficient: bad model shape n_layer=" << n_layer << " n_embd=" << n_embd
-               << " vocab=" << vocab_size);
-  return double(n_layer) / (12.0 * n_layer * n_embd + vocab_size);
+double attention_cost_coefficient(const model::ModelSpec& spec) {
+  KILTER_CHECK(spec.n_layer >= 1 && spec.n_embd >= 1 && spec.vocab_size >= 0,
+               "attention_cost_coefficient: bad model shape n_layer=" << spec.n_layer << " n_embd=" << spec.n_embd
+               << " vocab=" << spec.vocab_size);
+  return model::attention_flops_per_square(spec) / model::dense_flops_per_token(spec);
 }
 
 double default_attention_cost(uint32_t context) { return 1.0 / (6.0 * std::max<uint32_t>(context, 1)); }

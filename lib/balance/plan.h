@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "lib/model/spec.h"
+
 namespace kilter::balance {
 
 // A piece of a document: input tokens [start, start+len), `len` targets (see io::PieceRequest).
@@ -106,16 +108,14 @@ struct CostModel {
 // transfer each way is exposed, not n_layer: t = kv_link_cost_coefficient() / n_layer, what this
 // returns. That is the floor: where a layer's transfer outlasts a layer's compute, the link sets
 // the pace and resolve_cost_model() raises t to link_bound_transfer_cost().
-double transfer_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+double transfer_cost_coefficient(const model::ModelSpec& spec, double kv_value_bytes, double link_gbps,
                                  double device_tflops);
-// The full transfer, every layer forward and back, with no overlap: 2 kv_bytes_per_token over a
-// link of link_gbps Gbit/s, over the seconds of one dense token, 6 (12 n_layer n_embd^2 +
-// n_embd vocab) FLOPs at device_tflops. The upper bound on t (a one-layer model, or a link so slow
-// that it, not compute, sets each layer's pace).
-double kv_link_cost_coefficient(int n_layer, int n_embd, int vocab_size, double kv_value_bytes, double link_gbps,
+// The full transfer, every layer forward and back, with no overlap: 2 model::kv_bytes_per_token
+// over a link of link_gbps Gbit/s, over the seconds of one dense token (model::dense_flops_per_token,
+// GPT-2: 6 (12 n_layer n_embd^2 + n_embd vocab) FLOPs) at device_tflops. The upper bound on t (a
+// one-layer model, or a link so slow that it, not compute, sets each layer's pace).
+double kv_link_cost_coefficient(const model::ModelSpec& spec, double kv_value_bytes, double link_gbps,
                                 double device_tflops);
-// Bytes of K and V of one token over all layers, one direction: 2 n_embd n_layer kv_value_bytes.
-double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes);
 
 // t where the link may set the pace (issue 23): per direction, forward K/V and backward dK/dV, the
 // layer-by-layer pipeline exposes
@@ -129,11 +129,11 @@ double kv_bytes_per_token(int n_layer, int n_embd, double kv_value_bytes);
 // link outgrows the compute. All in cost units (t_link, rank_load); reference_offset > 0.
 double link_bound_transfer_cost(double t_link, int n_layer, double rank_load, double reference_offset);
 
-// b from the model shape, the same derivation as the trainer's: FLOPs (forward + backward) per
-// (query, key) pair of causal attention, 6 n_layer n_embd, over FLOPs per computed token of the
-// dense layers and the LM head, 6 (12 n_layer n_embd^2 + n_embd vocab):
-// b = n_layer / (12 n_layer n_embd + vocab), for a = 1.
-double attention_cost_coefficient(int n_layer, int n_embd, int vocab_size);
+// b from the model description, the same derivation as the trainer's: FLOPs (forward + backward)
+// per unit of sum(L^2) of causal attention (model::attention_flops_per_square, 6 n_layer n_embd),
+// over FLOPs per computed token of the dense layers and the LM head
+// (model::dense_flops_per_token); for GPT-2 b = n_layer / (12 n_layer n_embd + vocab), for a = 1.
+double attention_cost_coefficient(const model::ModelSpec& spec);
 // b used when CostModel::b <= 0 and the model shape is unknown: 1 / (6 context), i.e. at full
 // context the attention term is 1/6 of the token term, as for GPT-2-like shapes.
 double default_attention_cost(uint32_t context);

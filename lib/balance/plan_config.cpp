@@ -31,31 +31,25 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   opts.seed = cfg.train.seed;
   opts.cost.a = cfg.data.cost_a;
   opts.cost.c = cfg.data.cost_c;  // < 0: resolve_cost_model() derives it
-  const int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size
+  model::ModelSpec spec = cfg.model;  // the vocabulary the run will have
+  spec.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size
                     : dataset_vocab > 0      ? static_cast<int>(dataset_vocab)
                                              : 256;
-  if (cfg.data.cost_b >= 0) {
-    opts.cost.b = cfg.data.cost_b;
-  } else {
-    opts.cost.b = attention_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd, vocab);
-  }
+  opts.cost.b = cfg.data.cost_b >= 0 ? cfg.data.cost_b : attention_cost_coefficient(spec);
   opts.cut_pieces = cfg.data.cut_pieces;
   const double value_bytes = kv_value_bytes(cfg);
-  opts.kv_bytes_per_token = kv_bytes_per_token(cfg.model.n_layer, cfg.model.n_embd, value_bytes);
+  opts.kv_bytes_per_token = model::kv_bytes_per_token(spec, value_bytes);
   const double tflops = device_tflops(cfg);
   // t charges the exposed part of the transfer (transfer_cost_coefficient: plan.h says which);
   // t_link, the whole transfer, is reported beside it. With `layers` set, resolve_cost_model()
   // raises t where the link sets the pace (it needs the world size and the step, which the plan
   // knows); a given data.cost_t stays as it is.
-  opts.cost.t = cfg.data.cost_t >= 0 ? cfg.data.cost_t
-                                     : cfg.data.cost_a * transfer_cost_coefficient(cfg.model.n_layer, cfg.model.n_embd,
-                                                                                   vocab, value_bytes,
-                                                                                   cfg.comm.link_gbps, tflops);
-  opts.cost.t_link = cfg.data.cost_t >= 0 ? 0.0
-                                          : cfg.data.cost_a * kv_link_cost_coefficient(cfg.model.n_layer,
-                                                                                       cfg.model.n_embd, vocab,
-                                                                                       value_bytes,
-                                                                                       cfg.comm.link_gbps, tflops);
+  opts.cost.t = cfg.data.cost_t >= 0
+                    ? cfg.data.cost_t
+                    : cfg.data.cost_a * transfer_cost_coefficient(spec, value_bytes, cfg.comm.link_gbps, tflops);
+  opts.cost.t_link = cfg.data.cost_t >= 0
+                         ? 0.0
+                         : cfg.data.cost_a * kv_link_cost_coefficient(spec, value_bytes, cfg.comm.link_gbps, tflops);
   opts.cost.layers = cfg.data.cost_t >= 0 ? 0 : cfg.model.n_layer;
   return opts;
 }

@@ -61,7 +61,7 @@ struct MpiKvExchange::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int n_layer = 0;
-  int64_t C = 0;
+  int64_t row_width = 0, kv_offset = 0, kv_width = 0;  // the q|k|v rows (model::KvRowLayout)
   double timeout_s = 0;
   std::function<void(const KvWaitEvent&)> on_wait;
 
@@ -141,12 +141,13 @@ MpiKvExchange::MpiKvExchange(MPI_Comm comm, KvSchedule schedule, const KvExchang
     : schedule_(std::move(schedule)), impl_(new Impl) {
   Impl& d = *impl_;
   KILTER_CHECK(comm != MPI_COMM_NULL, "K/V exchange: MPI_COMM_NULL given");
-  KILTER_CHECK(opts.n_layer > 0 && opts.n_embd > 0,
-               "K/V exchange: model shape " << opts.n_layer << " x " << opts.n_embd);
+  check_kv_options(opts);
   d.comm = comm;
   KILTER_MPI_CHECK(MPI_Comm_rank(comm, &d.rank), "MPI_Comm_rank (K/V exchange)");
   d.n_layer = opts.n_layer;
-  d.C = opts.n_embd;
+  d.row_width = opts.rows.row_width;
+  d.kv_offset = opts.rows.kv_offset;
+  d.kv_width = opts.rows.kv_width;
   d.timeout_s = opts.timeout_s;
   d.on_wait = opts.on_wait;
   d.tag(schedule_.slot, 0, true);  // refuses a model whose tags do not fit, before any message
@@ -156,7 +157,7 @@ MpiKvExchange::MpiKvExchange(MPI_Comm comm, KvSchedule schedule, const KvExchang
     d.prefix_base[p] = d.prefix_rows;
     d.prefix_rows += schedule_.pieces[p].offset;
   }
-  const int64_t row_floats = 2 * d.C;
+  const int64_t row_floats = d.kv_width;
   for (const KvPeer& peer : schedule_.earlier) {
     std::vector<int> lengths, displacements;
     for (const KvRun& run : peer.runs) {
@@ -223,7 +224,7 @@ void MpiKvExchange::forward_send(int layer, const float* qkv) {
   KILTER_CHECK(!l.forward_posted, "K/V exchange: forward_send(" << layer << ") called twice");
   l.forward_posted = true;
   const int tag = d.tag(schedule_.slot, layer, false);
-  const int64_t row_floats = 2 * d.C;
+  const int64_t row_floats = d.kv_width;
   // Receives first: our earlier peers' rows land in the prefixes.
   if (!schedule_.earlier.empty()) {
     l.prefix_kv.assign(size_t(d.prefix_rows * row_floats), 0.0f);
@@ -241,7 +242,7 @@ void MpiKvExchange::forward_send(int layer, const float* qkv) {
       float* out = l.send_kv.data() + d.later_offset[i] * row_floats;
       for (const KvRun& run : schedule_.later[i].runs)
         for (int32_t r = 0; r < run.rows; ++r, out += row_floats)
-          std::memcpy(out, qkv + (int64_t(run.row) + r) * 3 * d.C + d.C, size_t(row_floats) * sizeof(float));
+          std::memcpy(out, qkv + (int64_t(run.row) + r) * d.row_width + d.kv_offset, size_t(row_floats) * sizeof(float));
       KILTER_MPI_CHECK(MPI_Isend(l.send_kv.data() + d.later_offset[i] * row_floats,
                                  mpi_int(schedule_.later[i].rows() * row_floats, "a message"), MPI_FLOAT,
                                  schedule_.later[i].rank, tag, d.comm, &l.fwd_send[i]),
@@ -277,7 +278,7 @@ const float* MpiKvExchange::prefix_kv(int layer, int piece) {
                "K/V exchange: piece " << piece << " has no prefix");
   Impl::Layer& l = d.layers[size_t(layer)];
   KILTER_CHECK(!l.prefix_kv.empty(), "K/V exchange: prefix_kv(" << layer << ") after backward_wait_add");
-  return l.prefix_kv.data() + d.prefix_base[size_t(piece)] * 2 * d.C;
+  return l.prefix_kv.data() + d.prefix_base[size_t(piece)] * d.kv_width;
 }
 
 float* MpiKvExchange::prefix_dkv(int layer, int piece) {
@@ -287,8 +288,8 @@ float* MpiKvExchange::prefix_dkv(int layer, int piece) {
   KILTER_CHECK(piece >= 0 && size_t(piece) < schedule_.pieces.size() && schedule_.pieces[size_t(piece)].offset > 0,
                "K/V exchange: piece " << piece << " has no prefix");
   Impl::Layer& l = d.layers[size_t(layer)];
-  if (l.prefix_dkv.empty()) l.prefix_dkv.assign(size_t(d.prefix_rows * 2 * d.C), 0.0f);
-  return l.prefix_dkv.data() + d.prefix_base[size_t(piece)] * 2 * d.C;
+  if (l.prefix_dkv.empty()) l.prefix_dkv.assign(size_t(d.prefix_rows * d.kv_width), 0.0f);
+  return l.prefix_dkv.data() + d.prefix_base[size_t(piece)] * d.kv_width;
 }
 
 void MpiKvExchange::backward_send(int layer) {
@@ -299,7 +300,7 @@ void MpiKvExchange::backward_send(int layer) {
   KILTER_CHECK(!l.backward_posted, "K/V exchange: backward_send(" << layer << ") called twice");
   l.backward_posted = true;
   const int tag = d.tag(schedule_.slot, layer, true);
-  const int64_t row_floats = 2 * d.C;
+  const int64_t row_floats = d.kv_width;
   if (!schedule_.later.empty()) {
     l.recv_dkv.assign(size_t(d.later_rows * row_floats), 0.0f);
     l.bwd_recv.assign(schedule_.later.size(), MPI_REQUEST_NULL);
@@ -337,12 +338,12 @@ void MpiKvExchange::backward_wait_add(int layer, float* dqkv) {
   wait_seconds_ += double(end - begin) * 1e-9;
   if (!schedule_.later.empty()) {
     KILTER_CHECK(dqkv != nullptr, "K/V exchange: backward_wait_add(" << layer << ") without dqkv");
-    const int64_t row_floats = 2 * d.C;
+    const int64_t row_floats = d.kv_width;
     const float* in = l.recv_dkv.data();
     for (const KvPeer& peer : schedule_.later)
       for (const KvRun& run : peer.runs)
         for (int32_t r = 0; r < run.rows; ++r, in += row_floats) {
-          float* out = dqkv + (int64_t(run.row) + r) * 3 * d.C + d.C;
+          float* out = dqkv + (int64_t(run.row) + r) * d.row_width + d.kv_offset;
           for (int64_t j = 0; j < row_floats; ++j) out[j] += in[j];
         }
   }

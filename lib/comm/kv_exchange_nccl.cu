@@ -27,12 +27,13 @@ namespace {
       KILTER_FAIL("NCCL call " << #call << " failed: " << ncclGetErrorString(kilter_kv_nccl_status_)); \
   } while (0)
 
-// dqkv rows += the packed dk|dv rows of one run: dqkv (rows, 3C) from its k column, in (rows, 2C).
-__global__ void add_kv_rows_kernel(float* dqkv, const float* in, int rows, int C) {
-  const int64_t n = int64_t(rows) * 2 * C;
+// dqkv rows += the packed dk|dv rows of one run: dqkv (rows, row_width) from its k column, in
+// (rows, kv_width).
+__global__ void add_kv_rows_kernel(float* dqkv, const float* in, int rows, model::KvRowLayout layout) {
+  const int64_t n = int64_t(rows) * layout.kv_width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / (2 * C), col = i % (2 * C);
-    dqkv[row * 3 * C + C + col] += in[i];
+    const int64_t row = i / layout.kv_width, col = i % layout.kv_width;
+    dqkv[row * layout.row_width + layout.kv_offset + col] += in[i];
   }
 }
 
@@ -114,9 +115,8 @@ namespace {
 class NcclKvExchange final : public CutExchange {
  public:
   NcclKvExchange(std::shared_ptr<NcclKvChannel> channel, KvSchedule schedule, const KvExchangeOptions& opts)
-      : channel_(std::move(channel)), schedule_(std::move(schedule)), opts_(opts), C_(opts.n_embd) {
-    KILTER_CHECK(opts.n_layer > 0 && opts.n_embd > 0,
-                 "K/V exchange: model shape " << opts.n_layer << " x " << opts.n_embd);
+      : channel_(std::move(channel)), schedule_(std::move(schedule)), opts_(opts), rows_(opts.rows) {
+    check_kv_options(opts);
     compute_ = backend::cuda_compute_stream();
     for (const KvPieceInfo& p : schedule_.pieces) {
       prefix_base_.push_back(prefix_rows_);
@@ -151,16 +151,17 @@ class NcclKvExchange final : public CutExchange {
     KILTER_CHECK(!l.forward_posted, "K/V exchange: forward_send(" << layer << ") called twice");
     l.forward_posted = true;
     const cudaStream_t s = after_compute();
-    const int64_t row_floats = 2 * C_;
+    const int64_t row_floats = rows_.kv_width;
     float* send = nullptr;
     if (later_rows_ > 0) {
       KILTER_CUDA_CHECK(cudaMallocAsync(&send, size_t(later_rows_ * row_floats) * sizeof(float), s));
       float* out = send;
       for (const KvPeer& peer : schedule_.later)
         for (const KvRun& run : peer.runs) {
-          // The k|v columns of the run's rows, packed: rows of 3C floats in, rows of 2C out.
+          // The k|v columns of the run's rows, packed: rows of row_width floats in, kv_width out.
           KILTER_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(row_floats) * sizeof(float),
-                                              qkv + int64_t(run.row) * 3 * C_ + C_, size_t(3 * C_) * sizeof(float),
+                                              qkv + int64_t(run.row) * rows_.row_width + rows_.kv_offset,
+                                              size_t(rows_.row_width) * sizeof(float),
                                               size_t(row_floats) * sizeof(float), size_t(run.rows),
                                               cudaMemcpyDeviceToDevice, s));
           out += int64_t(run.rows) * row_floats;
@@ -197,7 +198,7 @@ class NcclKvExchange final : public CutExchange {
     Layer& l = at(layer);
     KILTER_CHECK(l.forward_done_waited && l.prefix_kv != nullptr && has_prefix(piece),
                  "K/V exchange: prefix_kv(" << layer << ", " << piece << ") outside forward_wait..backward_wait_add");
-    return l.prefix_kv + prefix_base_[size_t(piece)] * 2 * C_;
+    return l.prefix_kv + prefix_base_[size_t(piece)] * rows_.kv_width;
   }
 
   float* prefix_dkv(int layer, int piece) override {
@@ -205,11 +206,11 @@ class NcclKvExchange final : public CutExchange {
     KILTER_CHECK(!l.backward_posted && has_prefix(piece),
                  "K/V exchange: prefix_dkv(" << layer << ", " << piece << ") after backward_send or without a prefix");
     if (!l.prefix_dkv) {
-      const size_t bytes = size_t(prefix_rows_ * 2 * C_) * sizeof(float);
+      const size_t bytes = size_t(prefix_rows_ * rows_.kv_width) * sizeof(float);
       KILTER_CUDA_CHECK(cudaMallocAsync(&l.prefix_dkv, bytes, compute_));
       KILTER_CUDA_CHECK(cudaMemsetAsync(l.prefix_dkv, 0, bytes, compute_));
     }
-    return l.prefix_dkv + prefix_base_[size_t(piece)] * 2 * C_;
+    return l.prefix_dkv + prefix_base_[size_t(piece)] * rows_.kv_width;
   }
 
   void backward_send(int layer) override {
@@ -218,7 +219,7 @@ class NcclKvExchange final : public CutExchange {
                  "K/V exchange: backward_send(" << layer << ") out of order");
     l.backward_posted = true;
     const cudaStream_t s = after_compute();
-    const int64_t row_floats = 2 * C_;
+    const int64_t row_floats = rows_.kv_width;
     if (prefix_rows_ > 0 && !l.prefix_dkv) {
       // A backend that wrote no prefix gradient still sends zeros: the owners wait for them.
       const size_t bytes = size_t(prefix_rows_ * row_floats) * sizeof(float);
@@ -259,10 +260,10 @@ class NcclKvExchange final : public CutExchange {
     for (const KvPeer& peer : schedule_.later)
       for (const KvRun& run : peer.runs) {
         const unsigned threads = 256;
-        add_kv_rows_kernel<<<backend::grid_for(size_t(run.rows) * 2 * C_, threads), threads, 0, compute_>>>(
-            dqkv + int64_t(run.row) * 3 * C_, in, run.rows, int(C_));
+        add_kv_rows_kernel<<<backend::grid_for(size_t(run.rows) * rows_.kv_width, threads), threads, 0, compute_>>>(
+            dqkv + int64_t(run.row) * rows_.row_width, in, run.rows, rows_);
         KILTER_CUDA_LAUNCH_CHECK();
-        in += int64_t(run.rows) * 2 * C_;
+        in += int64_t(run.rows) * rows_.kv_width;
       }
     // Valid until now (kv_exchange.h): freed after the compute stream's last use.
     if (l.recv_dkv) KILTER_CUDA_CHECK(cudaFreeAsync(l.recv_dkv, compute_));
@@ -334,7 +335,7 @@ class NcclKvExchange final : public CutExchange {
   std::shared_ptr<NcclKvChannel> channel_;
   KvSchedule schedule_;
   KvExchangeOptions opts_;
-  int64_t C_;
+  model::KvRowLayout rows_;  // where K and V sit in the q|k|v rows
   cudaStream_t compute_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   std::vector<int64_t> prefix_base_, later_offset_;

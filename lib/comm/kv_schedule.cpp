@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "io/error.h"
+
 namespace kilter::comm {
 
 int64_t KvPeer::rows() const {
@@ -24,11 +26,18 @@ int64_t KvSchedule::sent_rows() const {
   return n;
 }
 
-int64_t KvSchedule::bytes_per_step(int n_layer, int n_embd) const {
+int64_t KvSchedule::bytes_per_step(int n_layer, int kv_width) const {
   int64_t rows = sent_rows();
   for (const KvPeer& p : earlier) rows += p.rows();
-  // Each row travels forward (k|v) and back (dk|dv): 2 x 2C floats per layer.
-  return rows * 2 * 2 * int64_t(n_embd) * int64_t(sizeof(float)) * n_layer;
+  // Each row travels forward (k|v) and back (dk|dv): 2 x kv_width floats per layer.
+  return rows * 2 * int64_t(kv_width) * int64_t(sizeof(float)) * n_layer;
+}
+
+void check_kv_options(const KvExchangeOptions& opts) {
+  const model::KvRowLayout& r = opts.rows;
+  KILTER_CHECK(opts.n_layer > 0 && r.kv_width > 0 && r.kv_offset >= 0 && r.kv_offset + r.kv_width <= r.row_width,
+               "K/V exchange: model shape of " << opts.n_layer << " layers, K|V at columns [" << r.kv_offset << ", "
+                                               << r.kv_offset + r.kv_width << ") of rows of " << r.row_width);
 }
 
 std::string KvSchedule::describe_piece(int piece) const {

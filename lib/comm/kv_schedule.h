@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lib/model/kv_exchange.h"
+#include "lib/model/spec.h"
 
 namespace kilter::comm {
 
@@ -58,9 +59,9 @@ struct KvSchedule {
   int64_t kv_tokens() const;
   // Rows of this micro-batch's own K/V sent per layer (a row counts once per receiving peer).
   int64_t sent_rows() const;
-  // Floats received into the prefixes per layer and direction: kv_tokens() x 2C.
-  // Bytes that cross the link per step, both directions, all layers: what docs/comm.md sizes.
-  int64_t bytes_per_step(int n_layer, int n_embd) const;
+  // Bytes that cross the link per step, both directions, all layers, at kv_width floats of K and V
+  // per token and layer (model::KvRowLayout): what docs/comm.md sizes.
+  int64_t bytes_per_step(int n_layer, int kv_width) const;
   // "document D, tokens [a, b) (part at offset s of the piece at token T)" of batch piece p.
   std::string describe_piece(int piece) const;
 };
@@ -83,10 +84,13 @@ KvWaitEvent kv_wait_event(int layer, bool backward, int64_t begin_ns, int64_t en
 
 struct KvExchangeOptions {
   int n_layer = 0;
-  int n_embd = 0;
+  model::KvRowLayout rows;  // where K and V sit in the backend's q|k|v rows (model::kv_row_layout)
   double timeout_s = 300;  // [comm] timeout_s; <= 0: wait forever
   std::function<void(const KvWaitEvent&)> on_wait;  // optional
 };
+
+// Throws kilter::Error unless the options describe a model (layers, and K/V columns inside rows).
+void check_kv_options(const KvExchangeOptions& opts);
 
 // The message of a wait that timed out: the step, micro-batch, layer and direction, the ranks
 // that did not deliver (`missing`: indices into schedule.earlier for the forward, into

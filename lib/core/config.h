@@ -8,20 +8,14 @@
 #include <utility>
 #include <vector>
 
+#include "lib/model/spec.h"
+
 namespace boost { namespace program_options {
 class options_description; class positional_options_description; class variables_map; class error;
 template <class charT> class basic_parsed_options;
 } }
 
 namespace kilter {
-
-struct ModelConfig {
-  int n_layer = 4;
-  int n_head = 4;
-  int n_embd = 256;
-  int block_size = 256;   // context length: longest sequence the model sees
-  int vocab_size = 0;     // 0: take it from the dataset index
-};
 
 struct DataConfig {
   std::string dir;                 // dataset directory (index.h5 + shards)
@@ -96,7 +90,7 @@ struct OutputConfig {
 };
 
 struct Config {
-  ModelConfig model;
+  model::ModelSpec model;  // the [model] section: the one model description (lib/model/spec.h)
   DataConfig data;
   TrainConfig train;
   CommConfig comm;

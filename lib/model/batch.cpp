@@ -53,7 +53,7 @@ void Batch::append_piece(const int32_t* piece_inputs, const int32_t* piece_targe
 }
 
 // Ids index embedding tables (on the device, out of bounds without a trace): refuse bad ones here.
-void validate_batch(const Batch& batch, const GPTConfig& cfg) {
+void validate_batch(const Batch& batch, const ModelSpec& cfg) {
   const int N = batch.N, V = cfg.vocab_size;
   KILTER_CHECK(N > 0, "model batch: N (tokens) must be positive, got " << N);
   KILTER_CHECK(batch.inputs.size() == static_cast<size_t>(N) && batch.targets.size() == static_cast<size_t>(N),

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "io/error.h"
-#include "lib/model/block_tensors.h"
+#include "lib/model/layout.h"
 #include "lib/model/gelu.h"
 #include "lib/model/layernorm.h"
 #include "lib/model/matmul.h"
@@ -17,12 +17,12 @@
 
 namespace kilter::model {
 
-Generator::Generator(const GPTConfig& cfg, std::vector<float> params) : cfg_(cfg), params_(std::move(params)) {
+Generator::Generator(const ModelSpec& cfg, std::vector<float> params) : cfg_(cfg), params_(std::move(params)) {
   const ParamLayout layout = ParamLayout::build(cfg_);
   KILTER_CHECK(params_.size() >= layout.num_params, "generator: " << params_.size() << " parameters given, the model ("
                                                                   << cfg_.n_layer << " layers x " << cfg_.n_embd
                                                                   << ") has " << layout.num_params);
-  offsets_ = LayoutOffsets::of(layout, cfg_.n_layer);
+  offsets_ = LayoutOffsets::of(layout);
   const size_t C = size_t(cfg_.n_embd), T = size_t(cfg_.block_size);
   key_cache_.assign(size_t(cfg_.n_layer) * T * C, 0.0f);
   value_cache_.assign(size_t(cfg_.n_layer) * T * C, 0.0f);
@@ -33,7 +33,7 @@ Generator::Generator(const GPTConfig& cfg, std::vector<float> params) : cfg_(cfg
 // One block over the n rows in x_, for the tokens at positions position_ .. position_+n-1.
 void Generator::layer_forward(int layer, int n) {
   const int C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
-  const BlockTensors w = block_tensors_at(params_.data() + offsets_.block[size_t(layer)], size_t(C));
+  const BlockTensors w = block_tensors_at(params_.data(), offsets_, layer);
   float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * C;
   float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * C;
 

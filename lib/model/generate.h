@@ -17,9 +17,9 @@ namespace kilter::model {
 class Generator {
  public:
   // `params`: num_params floats in ParamLayout order (host), as checkpoints and get_params() hold them.
-  Generator(const GPTConfig& cfg, std::vector<float> params);
+  Generator(const ModelSpec& cfg, std::vector<float> params);
 
-  const GPTConfig& config() const { return cfg_; }
+  const ModelSpec& config() const { return cfg_; }
   // Tokens in the cache: the position the next fed token takes.
   int position() const { return position_; }
   // Empties the cache (a new sequence starts at position 0).
@@ -33,7 +33,7 @@ class Generator {
  private:
   void layer_forward(int layer, int n);
 
-  GPTConfig cfg_;
+  ModelSpec cfg_;
   std::vector<float> params_;
   LayoutOffsets offsets_;
   int position_ = 0;

@@ -1,6 +1,7 @@
-// GPT-2 initialization from a portable generator (see init.h for the rules).
+// Initialization from a portable generator (see init.h for the rules).
 #include "lib/model/init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -30,27 +31,22 @@ double SplitMix64::normal() {
   return radius * std::cos(angle);
 }
 
-namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
-
-void init_gpt2_params(float* params, const ParamLayout& layout, const GPTConfig& cfg, uint64_t seed) {
+void init_params(float* params, const ParamLayout& layout, const ModelSpec& spec, uint64_t seed) {
   const double std_default = 0.02;
-  const double std_residual = 0.02 / std::sqrt(2.0 * cfg.n_layer);
+  const double std_residual = 0.02 / std::sqrt(2.0 * spec.n_layer);
   for (size_t index = 0; index < layout.tensors.size(); ++index) {
     const ParamTensor& tensor = layout.tensors[index];
     float* p = params + tensor.offset;
-    const bool layernorm = tensor.name.find(".ln_") != std::string::npos;
-    if (ends_with(tensor.name, ".bias")) {
-      for (size_t i = 0; i < tensor.size; ++i) p[i] = 0.0f;
-    } else if (layernorm) {
-      for (size_t i = 0; i < tensor.size; ++i) p[i] = 1.0f;
-    } else {
-      const double stddev = ends_with(tensor.name, "c_proj.weight") ? std_residual : std_default;
-      SplitMix64 rng(seed ^ (0xD1B54A32D192ED03ull * (index + 1)));
-      for (size_t i = 0; i < tensor.size; ++i) p[i] = static_cast<float>(stddev * rng.normal());
+    switch (tensor.init) {
+      case TensorInit::zeros: std::fill(p, p + tensor.size, 0.0f); break;
+      case TensorInit::ones: std::fill(p, p + tensor.size, 1.0f); break;
+      case TensorInit::normal:
+      case TensorInit::normal_residual: {
+        const double stddev = tensor.init == TensorInit::normal_residual ? std_residual : std_default;
+        SplitMix64 rng(seed ^ (0xD1B54A32D192ED03ull * (index + 1)));
+        for (size_t i = 0; i < tensor.size; ++i) p[i] = static_cast<float>(stddev * rng.normal());
+        break;
+      }
     }
   }
 }

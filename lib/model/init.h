@@ -1,10 +1,10 @@
-// Deterministic GPT-2 initialization on the host, shared by every backend (the CUDA backend
-// copies these values), and the portable random numbers behind it.
+// Deterministic initialization of the parameters on the host, shared by every backend (the CUDA
+// backend copies these values), and the portable random numbers behind it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
-#include "lib/model/model.h"
+#include "lib/model/layout.h"
 
 namespace kilter::model {
 
@@ -24,10 +24,10 @@ class SplitMix64 {
   double spare_ = 0.0;
 };
 
-// Fills params (layout.num_params floats; the padded tail, if any, is left alone) with GPT-2's
-// initialization: weights ~ N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj weights)
-// ~ N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weights 1. Each tensor draws from its own
+// Fills params (layout.num_params floats; the padded tail, if any, is left alone) as each tensor's
+// TensorInit says (GPT-2's initialization): weights ~ N(0, 0.02), projections into the residual
+// stream ~ N(0, 0.02/sqrt(2*n_layer)), biases 0, norm weights 1. Each tensor draws from its own
 // stream seeded by (seed, tensor index), so the values do not depend on the order of filling.
-void init_gpt2_params(float* params, const ParamLayout& layout, const GPTConfig& cfg, uint64_t seed);
+void init_params(float* params, const ParamLayout& layout, const ModelSpec& spec, uint64_t seed);
 
 }  // namespace kilter::model

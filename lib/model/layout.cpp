@@ -1,68 +1,64 @@
-// ParamLayout: where every nanoGPT-named tensor lives in the flat parameter buffer
-// (model.h): wte, wpe, then h.0 .. h.{L-1} each contiguous, then ln_f.
+// ParamLayout: the model description's parameter table placed in the flat buffer (layout.h).
+#include "lib/model/layout.h"
+
 #include <string>
 
 #include "io/error.h"
-#include "lib/model/model.h"
 
 namespace kilter::model {
 
-ParamLayout ParamLayout::build(const GPTConfig& cfg, size_t pad_multiple) {
-  KILTER_CHECK(cfg.n_layer > 0 && cfg.n_head > 0 && cfg.n_embd > 0 && cfg.block_size > 0 && cfg.vocab_size > 0,
-               "model config: n_layer, n_head, n_embd, block_size and vocab_size must be positive (got "
-                   << cfg.n_layer << ", " << cfg.n_head << ", " << cfg.n_embd << ", " << cfg.block_size << ", "
-                   << cfg.vocab_size << ")");
-  KILTER_CHECK(cfg.n_embd % cfg.n_head == 0,
-               "model.n_embd (" << cfg.n_embd << ") must be a multiple of model.n_head (" << cfg.n_head << ")");
+ParamLayout ParamLayout::build(const ModelSpec& spec, size_t pad_multiple) {
   KILTER_CHECK(pad_multiple > 0, "ParamLayout: pad_multiple must be positive");
-  const int64_t C = cfg.n_embd;
   ParamLayout layout;
   size_t offset = 0;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+  for (TensorSpec& t : parameter_table(spec)) {
     ParamTensor tensor;
-    tensor.name = name;
+    static_cast<TensorSpec&>(tensor) = std::move(t);
     tensor.size = 1;
-    for (int64_t d : shape) tensor.size *= static_cast<size_t>(d);
-    tensor.decay = shape.size() >= 2;  // AdamW decays 2-D weights (embeddings included), not biases/LN
-    tensor.shape = std::move(shape);
+    for (int64_t d : tensor.shape) tensor.size *= static_cast<size_t>(d);
     tensor.offset = offset;
     offset += tensor.size;
     layout.tensors.push_back(std::move(tensor));
-  };
-  add("transformer.wte.weight", {cfg.vocab_size, C});
-  add("transformer.wpe.weight", {cfg.block_size, C});
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    const std::string p = "transformer.h." + std::to_string(l) + ".";
-    add(p + "ln_1.weight", {C});
-    add(p + "ln_1.bias", {C});
-    add(p + "attn.c_attn.weight", {3 * C, C});
-    add(p + "attn.c_attn.bias", {3 * C});
-    add(p + "attn.c_proj.weight", {C, C});
-    add(p + "attn.c_proj.bias", {C});
-    add(p + "ln_2.weight", {C});
-    add(p + "ln_2.bias", {C});
-    add(p + "mlp.c_fc.weight", {4 * C, C});
-    add(p + "mlp.c_fc.bias", {4 * C});
-    add(p + "mlp.c_proj.weight", {C, 4 * C});
-    add(p + "mlp.c_proj.bias", {C});
   }
-  add("transformer.ln_f.weight", {C});
-  add("transformer.ln_f.bias", {C});
   layout.num_params = offset;
   layout.padded_size = (offset + pad_multiple - 1) / pad_multiple * pad_multiple;
   return layout;
 }
 
-LayoutOffsets LayoutOffsets::of(const ParamLayout& layout, int n_layer) {
+LayoutOffsets LayoutOffsets::of(const ParamLayout& layout) {
   LayoutOffsets o;
-  o.wte = layout.find("transformer.wte.weight").offset;
-  o.wpe = layout.find("transformer.wpe.weight").offset;
-  o.lnf_w = layout.find("transformer.ln_f.weight").offset;
-  o.lnf_b = layout.find("transformer.ln_f.bias").offset;
-  for (int l = 0; l < n_layer; ++l)
-    o.block.push_back(layout.find("transformer.h." + std::to_string(l) + ".ln_1.weight").offset);
-  o.block_floats = (n_layer > 1 ? o.block[1] : o.lnf_w) - o.block[0];
+  o.in_block.fill(kNoTensor);
+  bool head_seen = false;
+  for (const ParamTensor& t : layout.tensors) {
+    if (t.layer >= 0) {
+      if (size_t(t.layer) == o.block.size()) o.block.push_back(t.offset);
+      if (t.layer == 0 && o.in_block[size_t(t.role)] == kNoTensor) o.in_block[size_t(t.role)] = t.offset - o.block[0];
+      continue;
+    }
+    switch (t.role) {
+      case TensorRole::token_embedding: o.wte = t.offset; break;
+      case TensorRole::position_embedding: o.wpe = t.offset; break;
+      case TensorRole::final_norm_weight: o.lnf_w = t.offset; break;
+      case TensorRole::final_norm_bias: o.lnf_b = t.offset; break;
+      case TensorRole::lm_head: o.head = t.offset, head_seen = true; break;
+      default: KILTER_FAIL("parameter " << t.name << " outside a block has a block's role");
+    }
+  }
+  if (!head_seen) o.head = o.wte;
+  o.block_floats = o.block.size() > 1 ? o.block[1] - o.block[0] : o.lnf_w - o.block[0];
   return o;
+}
+
+BlockTensors block_tensors_at(float* buffer, const LayoutOffsets& offsets, int layer) {
+  float* block = buffer + offsets.block[size_t(layer)];
+  auto at = [&](TensorRole role) {
+    const size_t in_block = offsets.in_block[size_t(role)];
+    return in_block == kNoTensor ? nullptr : block + in_block;
+  };
+  using R = TensorRole;
+  return {at(R::norm1_weight), at(R::norm1_bias),  at(R::qkv_weight),     at(R::qkv_bias),
+          at(R::attn_proj_weight), at(R::attn_proj_bias), at(R::norm2_weight), at(R::norm2_bias),
+          at(R::fc_weight),    at(R::fc_bias),     at(R::fc_proj_weight), at(R::fc_proj_bias)};
 }
 
 const ParamTensor& ParamLayout::find(const std::string& name) const {

@@ -1,8 +1,9 @@
-// The GPT-2 model as the trainer sees it (docs/design.md, "Model"), whatever the backend.
-// Parameters, gradients and AdamW moments live in flat float buffers on the backend's device,
-// laid out by ParamLayout: wte, wpe, then each block's tensors contiguous (h.0 .. h.{L-1}),
-// then ln_f. Backward finishes blocks from the last to the first, so gradient buckets become
-// ready from high offsets to low; wte and wpe are ready last.
+// The model as the trainer sees it (docs/design.md, "Model"), whatever the backend and the
+// architecture its description (spec.h) gives. Parameters, gradients and AdamW moments live in
+// flat float buffers on the backend's device, laid out by ParamLayout (layout.h): the embeddings,
+// then each block's tensors contiguous (h.0 .. h.{L-1}), then the final norm. Backward finishes
+// blocks from the last to the first, so gradient buckets become ready from high offsets to low;
+// the embeddings are ready last.
 // Owner: model (issue 2); the CUDA backend (issue 7) implements the same interface.
 #pragma once
 #include <algorithm>
@@ -14,41 +15,10 @@
 #include <vector>
 
 #include "lib/model/kv_exchange.h"
+#include "lib/model/layout.h"
+#include "lib/model/spec.h"
 
 namespace kilter::model {
-
-struct GPTConfig {
-  int n_layer = 4;
-  int n_head = 4;
-  int n_embd = 256;
-  int block_size = 256;
-  int vocab_size = 257;
-};
-
-struct ParamTensor {
-  std::string name;           // nanoGPT name, e.g. "transformer.h.0.attn.c_attn.weight"
-  std::vector<int64_t> shape; // torch layout; Linear weights are [out, in]
-  size_t offset = 0;          // into the flat buffer, in floats
-  size_t size = 0;            // elements
-  bool decay = false;         // AdamW weight decay applies (2-D weights only)
-};
-
-struct ParamLayout {
-  std::vector<ParamTensor> tensors;
-  size_t num_params = 0;      // sum of sizes
-  size_t padded_size = 0;     // buffer length: num_params rounded up to `pad_multiple`
-  static ParamLayout build(const GPTConfig& cfg, size_t pad_multiple = 1);
-  const ParamTensor& find(const std::string& name) const;  // throws kilter::Error if absent
-};
-
-// Where the model's tensor groups start in a flat buffer laid out by ParamLayout: what every
-// backend's forward and backward (and its on_ready ranges) are written against.
-struct LayoutOffsets {
-  size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;
-  std::vector<size_t> block;  // transformer.h.l's first tensor (ln_1.weight)
-  size_t block_floats = 0;    // floats of one block
-  static LayoutOffsets of(const ParamLayout& layout, int n_layer);
-};
 
 // One micro-batch as the model sees it: PACKED. The tokens of its pieces are concatenated into
 // one N-row token matrix and cu_seqlens marks where each piece starts (FlashAttention's varlen /
@@ -93,30 +63,6 @@ struct AdamWParams {
   int64_t t = 1;             // 1-based step for bias correction
 };
 
-// [offset, offset + count) of the flat parameter buffer, in floats.
-struct ParamRange {
-  size_t offset = 0;
-  size_t count = 0;
-};
-
-// Values held for `from_ranges` (range after range in `from`) copied where `to_ranges` (range
-// after range in `to`) covers the same buffer positions; the rest of `to` is left as it is. A
-// sharded optimizer keeps, when its ranges change (a resume that loaded the full moments first),
-// the moments it already held.
-inline void copy_range_overlap(const std::vector<ParamRange>& from_ranges, const float* from,
-                               const std::vector<ParamRange>& to_ranges, float* to) {
-  size_t dst = 0;
-  for (const ParamRange& r : to_ranges) {
-    size_t src = 0;
-    for (const ParamRange& h : from_ranges) {
-      const size_t lo = std::max(r.offset, h.offset), hi = std::min(r.offset + r.count, h.offset + h.count);
-      if (lo < hi) std::copy(from + src + (lo - h.offset), from + src + (hi - h.offset), to + dst + (lo - r.offset));
-      src += h.count;
-    }
-    dst += r.count;
-  }
-}
-
 // Called during backward when grads[offset, offset+count) are final for this micro-batch.
 using GradReadyFn = std::function<void(size_t offset, size_t count)>;
 
@@ -135,11 +81,11 @@ class Model {
   virtual std::string backend_name() const = 0;
   // One line for logs: the backend and how it computes (engines, precision).
   virtual std::string describe() const { return backend_name(); }
-  virtual const GPTConfig& config() const = 0;
+  virtual const ModelSpec& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 
-  // GPT-2 initialization (normal 0.02; residual projections 0.02/sqrt(2*n_layer); biases 0;
-  // LayerNorm weight 1), deterministic from the seed and independent of the backend.
+  // The parameter table's initialization (spec.h: TensorInit), deterministic from the seed and
+  // independent of the backend (init.h).
   virtual void init_params(uint64_t seed) = 0;
   virtual void set_params(const float* host) = 0;  // num_params floats in layout order
   virtual void get_params(float* host) const = 0;
@@ -228,15 +174,15 @@ class Model {
 // offset + len <= block_size, and `exchange` set), input ids in the vocabulary, targets in
 // [-1, vocab). Throws kilter::Error naming the piece and the position in it. Every backend calls
 // it before using a batch.
-void validate_batch(const Batch& batch, const GPTConfig& cfg);
+void validate_batch(const Batch& batch, const ModelSpec& cfg);
 // What Model::forward_loss (evaluation) takes on top: no part of a cut piece (no offset, no
 // exchange); throws kilter::Error naming the piece otherwise. Every backend calls it.
 void check_evaluation_batch(const Batch& batch);
 
 // The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.
-std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg,
+std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& cfg,
                                   size_t pad_multiple, const BackendOptions& options);
-std::unique_ptr<Model> make_model(const std::string& backend, const GPTConfig& cfg,
+std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& cfg,
                                   size_t pad_multiple, const std::string& precision);
 // Backends compiled in and usable on this machine ("cuda" only when a device is present).
 bool cuda_available();

@@ -66,7 +66,7 @@ std::string checkpoints_dir(const std::string& run_dir) { return run_dir + "/che
 // The checks of a checkpoint's attributes against the run's config, before any tensor is read,
 // so the message names the cause (another model, another config) rather than a tensor shape.
 void check_info_against_config(const std::string& path, const io::CheckpointInfo& info, const Config& cfg,
-                               const model::GPTConfig& gpt) {
+                               const model::ModelSpec& gpt) {
   if (info.n_layer != gpt.n_layer || info.n_head != gpt.n_head || info.n_embd != gpt.n_embd ||
       info.block_size != gpt.block_size || info.vocab_size != gpt.vocab_size) {
     KILTER_FAIL("checkpoint " << path << " holds a model with n_layer=" << info.n_layer << " n_head=" << info.n_head
@@ -257,7 +257,7 @@ struct Checkpointer::Impl {
 
   // The root attributes of the checkpoint of `state`.
   void fill_info(io::CheckpointInfo& info, const model::Model& model, const TrainState& state) const {
-    const model::GPTConfig& gpt = model.config();
+    const model::ModelSpec& gpt = model.config();
     info.format_version = io::kCheckpointFormatVersion;
     info.kilter_version = KILTER_VERSION;
     info.step = state.step;

@@ -30,8 +30,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return os.str();
 }
 
-model::GPTConfig gpt_of(const io::CheckpointInfo& info) {
-  return model::GPTConfig{int(info.n_layer), int(info.n_head), int(info.n_embd), int(info.block_size),
+model::ModelSpec gpt_of(const io::CheckpointInfo& info) {
+  return model::ModelSpec{int(info.n_layer), int(info.n_head), int(info.n_embd), int(info.block_size),
                           int(info.vocab_size)};
 }
 
@@ -132,7 +132,7 @@ HfExportResult export_hf(const std::string& source, const std::string& out, cons
   return result;
 }
 
-std::vector<float> read_initial_weights(const std::string& source, const model::GPTConfig& gpt,
+std::vector<float> read_initial_weights(const std::string& source, const model::ModelSpec& gpt,
                                         const model::ParamLayout& layout, const RunVocabulary& vocab,
                                         const std::string& init_vocab, const std::vector<float>& init,
                                         std::string& note) {

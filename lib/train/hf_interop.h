@@ -22,7 +22,7 @@ namespace kilter::train {
 struct CheckpointWeights {
   std::string path;            // the checkpoint file
   io::CheckpointInfo info;
-  model::GPTConfig gpt;
+  model::ModelSpec gpt;
   model::ParamLayout layout;
   std::vector<float> params;   // layout order
 };
@@ -61,7 +61,7 @@ struct RunVocabulary {
 // change); a different n_head or n_layer (the key); a vocabulary other than the dataset's
 // (its size, or its tokenizer where both record one) unless `init_vocab` is "resize". `note`
 // says what was loaded (one line for the log).
-std::vector<float> read_initial_weights(const std::string& source, const model::GPTConfig& gpt,
+std::vector<float> read_initial_weights(const std::string& source, const model::ModelSpec& gpt,
                                         const model::ParamLayout& layout, const RunVocabulary& vocab,
                                         const std::string& init_vocab, const std::vector<float>& init,
                                         std::string& note);

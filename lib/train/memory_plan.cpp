@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "io/error.h"
+#include "lib/backend/cpu_model.h"
 #include "lib/backend/cuda_memory.h"
 #include "lib/model/model.h"
 
@@ -43,8 +44,7 @@ uint64_t resident_bytes_now() {
 // Read during static initialization, after the shared libraries are loaded and before kilter
 // allocates anything of its own.
 const uint64_t kStartBytes = resident_bytes_now();
-// The LM head's chunk of rows (CpuModel's kHeadChunk).
-constexpr uint64_t kHeadChunk = 512;
+constexpr uint64_t kHeadChunk = uint64_t(backend::kHeadChunkRows);  // the LM head's chunk of rows
 
 double gib(uint64_t bytes) { return double(bytes) / double(1ull << 30); }
 
@@ -53,31 +53,25 @@ uint64_t activation_bytes(const Config& cfg) {
   const uint64_t V = uint64_t(cfg.model.vocab_size), NH = uint64_t(cfg.model.n_head);
   const uint64_t context = uint64_t(cfg.model.block_size);
   const uint64_t att = NH * N * std::min(N, context);  // saved softmax per layer
-  // train.recompute (CpuModel's constructor): what each block keeps per token, what one block's
-  // recompute scratch holds, how many layers of softmax and of bf16 GEMM inputs are held.
-  const std::string& recompute = cfg.train.recompute;
-  const uint64_t block = 16 * C + 4;  // ln1, qkv, atty, residual2, ln2, fch, fch_gelu, residual3, statistics
-  uint64_t kept = block, scratch = 0, att_layers = L, bf16_kept = L * 7 * C;
-  if (recompute == "gelu") {
-    kept = block - 4 * C, scratch = 4 * C, bf16_kept = L * 3 * C;
-  } else if (recompute == "attention") {
-    att_layers = 1;
-  } else if (recompute == "block") {
-    kept = C, scratch = block - C, att_layers = 1, bf16_kept = 3 * C;
-  }
-  uint64_t floats = N * C                              // encoded
-                    + L * N * kept                     // each block's kept activations and statistics
-                    + N * scratch                      // one block's recomputed activations
-                    + N * C + 2 * N                    // ln_f and its statistics
-                    + 10 * N * C                       // backward scratch: dresidual, dln, datty, dqkv, dfch
+  // CpuModel's buffers, from the model description's activation plan: what each block keeps per
+  // token, what one block's recompute scratch holds, how many layers of softmax and of bf16 GEMM
+  // inputs are held.
+  const model::ActivationPlan plan = model::activation_plan(cfg.model, model::parse_recompute(cfg.train.recompute));
+  const uint64_t att_layers = plan.attention_per_layer ? L : 1;
+  uint64_t floats = N * C                                  // encoded
+                    + L * N * plan.kept_per_token          // each block's kept activations and statistics
+                    + N * plan.shared_per_token            // one block's recomputed activations
+                    + N * C + 2 * N                        // the final norm and its statistics
+                    + N * plan.backward_per_token          // backward scratch
                     + N * C + kHeadChunk * C + kHeadChunk * V  // LM head rows, their gradient, a chunk of logits
                     + att_layers * att;
   uint64_t bytes = floats * 4 + 2 * N * 4;  // + target rows and ids
   if (cfg.train.precision == "bf16") {
-    bytes += N * bf16_kept * 2;  // the kept bf16 GEMM inputs
+    bytes += N * plan.bf16_layers * plan.bf16_inputs_per_token * 2;  // the kept bf16 GEMM inputs
     // Per-thread bf16 staging of the other GEMM operands (lib/model/matmul.cpp), and what oneDNN's
     // bf16 kernels hold (measured: about 40 MiB more than fp32 whatever the shape).
-    bytes += (std::max(N * 4 * C, kHeadChunk * V) + N * 4 * C) * 2 + (40ull << 20);
+    const uint64_t ffn_in = uint64_t(cfg.model.ffn_in_width());
+    bytes += (std::max(N * ffn_in, kHeadChunk * V) + N * ffn_in) * 2 + (40ull << 20);
   }
   return bytes;
 }
@@ -125,8 +119,8 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const int P = std::max(1, in.world_size);
   const int L = std::clamp(in.ranks_per_node, 1, P);
   p.sharded = cfg.train.shard_optimizer && P > 1;
-  const model::GPTConfig gpt{cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
-                             std::max(1, cfg.model.vocab_size)};
+  model::ModelSpec gpt = cfg.model;
+  gpt.vocab_size = std::max(1, gpt.vocab_size);
   const model::ParamLayout layout = model::ParamLayout::build(gpt, size_t(p.sharded ? P : L) * 64);
   p.num_params = layout.num_params;
   p.padded_params = layout.padded_size;

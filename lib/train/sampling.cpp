@@ -184,7 +184,7 @@ TrainingSampler::TrainingSampler(const Config& cfg, const io::DatasetIndex& inde
 
 void TrainingSampler::maybe_sample(model::Model& model, int64_t step) {
   if (!active_ || step % every_ != 0) return;
-  const model::GPTConfig& gpt = model.config();
+  const model::ModelSpec& gpt = model.config();
   std::vector<float> params(model.layout().num_params);
   model.get_params(params.data());
   model::Generator generator(gpt, std::move(params));

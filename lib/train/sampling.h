@@ -41,7 +41,7 @@ struct TextCodec {
 struct SamplingModel {
   std::string checkpoint;  // file path
   int64_t step = 0;
-  model::GPTConfig gpt;
+  model::ModelSpec gpt;
   std::vector<float> params;
   TextCodec codec;
   model::DocumentStarts starts;  // what an unprompted sample starts from (empty in older checkpoints)

@@ -36,7 +36,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
   const StepCuts cuts = StepCuts::of(step);
   comm::KvExchangeOptions kv_options;
   kv_options.n_layer = model.config().n_layer;
-  kv_options.n_embd = model.config().n_embd;
+  kv_options.rows = model::kv_row_layout(model.config());
   kv_options.timeout_s = ctx.kv_timeout_s;
   std::unique_ptr<comm::CutExchange> exchange;
   kv_options.on_wait = [&](const comm::KvWaitEvent& e) {
@@ -59,7 +59,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
       KILTER_CHECK(ctx.make_kv_exchange, "step " << ctx.step_index << " holds a piece cut between ranks "
                                                   << "but this trainer has no K/V exchange");
       work.kv_tokens += schedule.kv_tokens();
-      work.kv_bytes += schedule.bytes_per_step(kv_options.n_layer, kv_options.n_embd);
+      work.kv_bytes += schedule.bytes_per_step(kv_options.n_layer, kv_options.rows.kv_width);
       exchange = kv_exchange_for_test(ctx.make_kv_exchange(std::move(schedule), kv_options), ctx.rank,
                                       ctx.step_index, kv_options.n_layer);
     }

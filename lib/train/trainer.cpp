@@ -140,8 +140,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   if (backend == "auto") backend = model::cuda_available() ? "cuda" : "cpu";
   // A run that cannot fit is refused here, before any rank allocates model memory.
   check_memory_plan(world, cfg, topo.local_size, resuming, backend);
-  model::GPTConfig gpt{cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
-                       cfg.model.vocab_size};
+  const model::ModelSpec& gpt = cfg.model;
   // Node shards of the flat gradient buffer are contiguous and 64-float aligned; sharded (ZeRO-1),
   // so is every rank's share of each bucket.
   bool shard_optimizer = cfg.train.shard_optimizer && world_size > 1;

@@ -101,11 +101,11 @@ struct Result {
   std::vector<std::string> problems;
 };
 
-std::unique_ptr<km::Model> make_gpu(const km::GPTConfig& cfg, const km::BackendOptions& options) {
+std::unique_ptr<km::Model> make_gpu(const km::ModelSpec& cfg, const km::BackendOptions& options) {
   return kilter::backend::make_cuda_model(cfg, 1, options);
 }
 
-Result cpu_whole(const km::GPTConfig& cfg, const std::vector<float>& params, const km::Batch& batch, float scale) {
+Result cpu_whole(const km::ModelSpec& cfg, const std::vector<float>& params, const km::Batch& batch, float scale) {
   kilter::backend::CpuModel model(cfg, 1);
   model.set_params(params.data());
   model.zero_grads();
@@ -115,7 +115,7 @@ Result cpu_whole(const km::GPTConfig& cfg, const std::vector<float>& params, con
   return out;
 }
 
-Result gpu_whole(const km::GPTConfig& cfg, const std::vector<float>& params, const km::Batch& batch, float scale,
+Result gpu_whole(const km::ModelSpec& cfg, const std::vector<float>& params, const km::Batch& batch, float scale,
                  const km::BackendOptions& options) {
   std::unique_ptr<km::Model> model = make_gpu(cfg, options);
   model->set_params(params.data());
@@ -127,7 +127,7 @@ Result gpu_whole(const km::GPTConfig& cfg, const std::vector<float>& params, con
 }
 
 // Every rank's micro-batch on its own CUDA model and host thread.
-Result gpu_cut(const km::GPTConfig& cfg, const std::vector<float>& params, const kt::CutBatches& setup, float scale,
+Result gpu_cut(const km::ModelSpec& cfg, const std::vector<float>& params, const kt::CutBatches& setup, float scale,
                const km::BackendOptions& options) {
   const int ranks = static_cast<int>(setup.batches.size());
   std::vector<std::unique_ptr<km::Model>> models;
@@ -169,7 +169,7 @@ Result gpu_cut(const km::GPTConfig& cfg, const std::vector<float>& params, const
 
 // Loss within loss_tol relative; every tensor within grad_tol: of its max |grad| (max_norm), or
 // norm-wise ||a - b|| / ||b|| (bf16, model_bf16_test's measure).
-void compare(Checker& check, const std::string& tag, const Result& cut, const Result& whole, const km::GPTConfig& cfg,
+void compare(Checker& check, const std::string& tag, const Result& cut, const Result& whole, const km::ModelSpec& cfg,
              double loss_tol, double grad_tol, bool norm_wise = false) {
   check.expect(tag + "ranks ran and kept the exchange contract", cut.problems.empty(),
                cut.problems.empty() ? "" : cut.problems.front());
@@ -202,7 +202,7 @@ void compare(Checker& check, const std::string& tag, const Result& cut, const Re
                std::string(detail) + (signal ? "" : "; a tensor has an all-zero reference gradient"));
 }
 
-bool cudnn_usable(const km::GPTConfig& cfg) {
+bool cudnn_usable(const km::ModelSpec& cfg) {
   try {
     make_gpu(cfg, with("fp32", "cudnn"));
     return true;
@@ -212,8 +212,8 @@ bool cudnn_usable(const km::GPTConfig& cfg) {
   }
 }
 
-km::GPTConfig cut_config() {
-  km::GPTConfig cfg;
+km::ModelSpec cut_config() {
+  km::ModelSpec cfg;
   cfg.n_layer = 2;
   cfg.n_head = 4;
   cfg.n_embd = 64;  // head_dim 16
@@ -223,13 +223,13 @@ km::GPTConfig cut_config() {
 }
 
 // Parameters away from GPT-2's init (biases 0, LN weights 1), so every path carries signal.
-std::vector<float> random_params(const km::GPTConfig& cfg, uint64_t seed) {
+std::vector<float> random_params(const km::ModelSpec& cfg, uint64_t seed) {
   kilter::backend::CpuModel model(cfg, 1);
   return kt::random_vector(model.layout().num_params, seed, 0.3);
 }
 
 // Cut against uncut on the CPU (oracle) and on the GPU, for one split of `whole`.
-void compare_fp32(Checker& check, const std::string& name, const km::GPTConfig& cfg, const km::Batch& whole,
+void compare_fp32(Checker& check, const std::string& name, const km::ModelSpec& cfg, const km::Batch& whole,
                   const std::vector<std::vector<kt::RankPart>>& split, const std::string& attention, uint64_t seed,
                   const std::string& recompute = "none") {
   const std::string tag =
@@ -253,7 +253,7 @@ int main() {
   kilter::gputest::skip_without_device();
   try {
     Checker check;
-    const km::GPTConfig cfg = cut_config();
+    const km::ModelSpec cfg = cut_config();
     const int V = cfg.vocab_size;
     const auto one_piece = kt::make_batch({150}, V, 12, {{0, 149}});
     const auto three = kt::make_batch({160}, V, 22, {{0, 159}});

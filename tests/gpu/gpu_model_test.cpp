@@ -37,7 +37,7 @@ namespace {
 // A packed micro-batch of `pieces` pieces: the first of max_len tokens, the second of 1, the
 // others of lengths fixed by (pieces, max_len) so that a layout repeats (CUDA graphs are kept
 // per layout); tokens random.
-km::Batch random_batch(const km::GPTConfig& cfg, int pieces, int max_len) {
+km::Batch random_batch(const km::ModelSpec& cfg, int pieces, int max_len) {
   km::Batch batch;
   batch.clear();
   for (int p = 0; p < pieces; ++p) {
@@ -63,7 +63,7 @@ using Ranges = std::vector<std::pair<size_t, size_t>>;
 
 // A CUDA model with these options, or null (with a note) when they ask for cuDNN attention and
 // cuDNN is not usable on this machine (library missing): that is reported, not failed.
-std::unique_ptr<km::Model> make_gpu(const km::GPTConfig& cfg, size_t pad, const km::BackendOptions& options) {
+std::unique_ptr<km::Model> make_gpu(const km::ModelSpec& cfg, size_t pad, const km::BackendOptions& options) {
   try {
     return kilter::backend::make_cuda_model(cfg, pad, options);
   } catch (const kilter::Error& e) {
@@ -81,7 +81,7 @@ std::string options_tag(const km::BackendOptions& options) {
          (options.recompute != "none" ? ", recompute " + options.recompute : "") + "] ";
 }
 
-void compare_step_body(Checker& check, const km::GPTConfig& cfg, int B, int T, const km::BackendOptions& options) {
+void compare_step_body(Checker& check, const km::ModelSpec& cfg, int B, int T, const km::BackendOptions& options) {
   const std::string tag = options_tag(options) + "L" + std::to_string(cfg.n_layer) + " C" +
                           std::to_string(cfg.n_embd) + " V" + std::to_string(cfg.vocab_size) + " pieces" +
                           std::to_string(B) + " longest" + std::to_string(T) + ": ";
@@ -168,7 +168,7 @@ std::vector<double> run_steps(km::Model& model, const std::vector<km::Batch>& ba
 // `steps` steps; micro-batch layouts alternate between two, so with 5 steps each layout runs five
 // times: with CUDA graphs that is eager (warm-up), eager (timed), captured and launched, replayed
 // (timed), then replayed or eager as the timing decided.
-void compare_steps_body(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options, int steps,
+void compare_steps_body(Checker& check, const km::ModelSpec& cfg, const km::BackendOptions& options, int steps,
                         double loss_tol, double moment_tol, double params_tol) {
   std::vector<km::Batch> batches;
   for (int i = 0; i < 2 * steps; ++i) batches.push_back(random_batch(cfg, 3 + i % 2, cfg.block_size - 2 * (i % 2)));
@@ -192,7 +192,7 @@ void compare_steps_body(Checker& check, const km::GPTConfig& cfg, const km::Back
 
 // An error inside one comparison (a cuDNN refusal with train.attention=cudnn, say) is one failed
 // check; the remaining comparisons still run and report.
-void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const km::BackendOptions& options) {
+void compare_step(Checker& check, const km::ModelSpec& cfg, int B, int T, const km::BackendOptions& options) {
   try {
     compare_step_body(check, cfg, B, T, options);
   } catch (const kilter::Error& e) {
@@ -203,7 +203,7 @@ void compare_step(Checker& check, const km::GPTConfig& cfg, int B, int T, const 
 // params_tol: Adam moves a weight by about lr per step whatever its gradient's size, so a weight
 // whose gradient is zero up to rounding can move 2 lr apart per step on the two backends; bf16
 // rounds more of them across zero (5-step bf16 runs measured 2.2e-3 and 2.5e-3 on an H200).
-void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options, int steps,
+void compare_steps(Checker& check, const km::ModelSpec& cfg, const km::BackendOptions& options, int steps,
                    double loss_tol, double moment_tol, double params_tol = 2.5e-3) {
   try {
     compare_steps_body(check, cfg, options, steps, loss_tol, moment_tol, params_tol);
@@ -215,7 +215,7 @@ void compare_steps(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
 // train.recompute on the GPU against recompute = none on the GPU: the same kernels on the same
 // inputs, so the loss and every gradient of two micro-batches (the second larger: the arena
 // grows) agree to 1e-6 of each tensor's scale (bit for bit expected; the detail says which).
-void compare_recompute(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options) {
+void compare_recompute(Checker& check, const km::ModelSpec& cfg, const km::BackendOptions& options) {
   const std::string tag = "recompute " + options.recompute + " vs none " + options_tag(options);
   try {
     km::BackendOptions plain = options;
@@ -254,7 +254,7 @@ void compare_recompute(Checker& check, const km::GPTConfig& cfg, const km::Backe
 // its ranges as the full model does (the reducer's all-gather is played by set_params), the
 // moments it holds are the full model's in its ranges, and a resume that loads the full moments
 // before sharding keeps the owned part. The full moments are refused once sharded.
-void compare_shard(Checker& check, const km::GPTConfig& cfg, const km::BackendOptions& options) {
+void compare_shard(Checker& check, const km::ModelSpec& cfg, const km::BackendOptions& options) {
   const std::string tag = "shard_optimizer " + options_tag(options);
   try {
     std::unique_ptr<km::Model> full = make_gpu(cfg, 64, options);
@@ -339,7 +339,7 @@ void compare_shard(Checker& check, const km::GPTConfig& cfg, const km::BackendOp
 // The device memory a model takes (free memory before it is made minus free memory after
 // reserve() and one step, as bench/gpu_step.sh reports it) against cuda_device_bytes(): within
 // 2% + 16 MiB (the libraries' handles and the stream-ordered pool are not planned).
-void compare_memory_plan(Checker& check, const km::GPTConfig& cfg, int max_tokens, const km::BackendOptions& options,
+void compare_memory_plan(Checker& check, const km::ModelSpec& cfg, int max_tokens, const km::BackendOptions& options,
                          int shard_ranks) {
   const std::string tag = "memory plan " + options_tag(options) + "1/" + std::to_string(shard_ranks) + " moments: ";
   try {
@@ -378,10 +378,10 @@ int main() {
   kilter::gputest::skip_without_device();
   try {
     Checker check;
-    km::GPTConfig tiny{2, 4, 32, 16, 67};       // head_dim 8, odd vocab
-    km::GPTConfig small{2, 2, 128, 64, 515};
+    km::ModelSpec tiny{2, 4, 32, 16, 67};       // head_dim 8, odd vocab
+    km::ModelSpec small{2, 2, 128, 64, 515};
     // The memory plan first, before other tests leave memory in the stream-ordered pool.
-    km::GPTConfig medium{4, 4, 256, 512, 8192};
+    km::ModelSpec medium{4, 4, 256, 512, 8192};
     for (const char* mode : {"none", "gelu", "attention", "block"})
       compare_memory_plan(check, medium, 8 * 512, with("bf16", "cublaslt", false, mode), 1);
     compare_memory_plan(check, medium, 8 * 512, with("fp32", "cublaslt", false, "block"), 4);

@@ -30,15 +30,15 @@ using kilter::train::TrainState;
 // A model that only holds state: what the checkpointer touches (layout, params, moments).
 // Compute calls are not part of checkpointing and fail loudly if reached.
 class HostStateModel : public kilter::model::Model {
-  kilter::model::GPTConfig cfg_;       // declared first: the buffers below are sized from layout_
+  kilter::model::ModelSpec cfg_;       // declared first: the buffers below are sized from layout_
   kilter::model::ParamLayout layout_;
 
  public:
-  explicit HostStateModel(const kilter::model::GPTConfig& cfg)
+  explicit HostStateModel(const kilter::model::ModelSpec& cfg)
       : cfg_(cfg), layout_(kilter::model::ParamLayout::build(cfg)),
         params_(layout_.num_params), m_(layout_.num_params), v_(layout_.num_params) {}
   std::string backend_name() const override { return "host-state"; }
-  const kilter::model::GPTConfig& config() const override { return cfg_; }
+  const kilter::model::ModelSpec& config() const override { return cfg_; }
   const kilter::model::ParamLayout& layout() const override { return layout_; }
   void init_params(uint64_t seed) override {
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -111,7 +111,7 @@ Config small_config() {
   return cfg;
 }
 
-kilter::model::GPTConfig gpt_of(const Config& c) {
+kilter::model::ModelSpec gpt_of(const Config& c) {
   return {c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.block_size, c.model.vocab_size};
 }
 
@@ -174,7 +174,7 @@ TEST(Checkpointer, SaveInBackgroundThenLoadOnEveryRank) {
 // as the CPU backend keeps them after shard_optimizer().
 class ShardedHostStateModel : public HostStateModel {
  public:
-  ShardedHostStateModel(const kilter::model::GPTConfig& cfg, int rank, int size) : HostStateModel(cfg) {
+  ShardedHostStateModel(const kilter::model::ModelSpec& cfg, int rank, int size) : HostStateModel(cfg) {
     const size_t n = layout().num_params, pieces = size_t(2 * size);
     auto bound = [&](size_t k) { return n * k * k / (pieces * pieces); };  // uneven: growing pieces
     for (size_t k : {size_t(rank), pieces - 1 - size_t(rank)}) ranges_.push_back({bound(k), bound(k + 1) - bound(k)});

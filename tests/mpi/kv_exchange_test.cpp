@@ -131,7 +131,7 @@ long run_step(const balance::Step& step, const Ranks& ranks, std::string* first,
   const train::StepCuts cuts = train::StepCuts::of(step);
   KvExchangeOptions opts;
   opts.n_layer = kLayers;
-  opts.n_embd = kC;
+  opts.rows = {3 * kC, kC, 2 * kC};  // GPT-2 rows: q|k|v, K at column C
   opts.timeout_s = 60;
   long bad = 0;
   const std::vector<uint32_t>& mine = step.rank_batches[size_t(ranks.rank)];
@@ -229,7 +229,7 @@ TEST(KvExchange, MissingForwardSendFailsNamingTheRank) {
   const train::StepCuts cuts = train::StepCuts::of(step);
   KvExchangeOptions opts;
   opts.n_layer = kLayers;
-  opts.n_embd = kC;
+  opts.rows = {3 * kC, kC, 2 * kC};  // GPT-2 rows: q|k|v, K at column C
   opts.timeout_s = 0.5;
   std::string message;
   if (ranks.rank == 1) {
@@ -261,7 +261,7 @@ TEST(KvExchange, MissingBackwardSendFailsNamingTheRank) {
   const train::StepCuts cuts = train::StepCuts::of(step);
   KvExchangeOptions opts;
   opts.n_layer = 1;
-  opts.n_embd = kC;
+  opts.rows = {3 * kC, kC, 2 * kC};  // GPT-2 rows: q|k|v, K at column C
   opts.timeout_s = 0.5;
   if (ranks.rank <= 1) {
     const balance::MicroBatch& mb = step.micro_batches[step.rank_batches[size_t(ranks.rank)][0]];

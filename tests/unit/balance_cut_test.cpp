@@ -289,17 +289,18 @@ TEST(BalanceCut, LongContextsAreChainsOfPartsWithinMaxTokens) {
 TEST(BalanceCut, TransferCoefficientFromShapeAndLink) {
   // GPT-2 124M, bf16 K/V: 2 x 2 x 768 x 12 x 2 bytes per earlier token over 25 GB/s, against
   // 6 (12 x 12 x 768^2 + 768 x 50257) FLOPs at 400 TFLOP/s: the full transfer.
-  const double full = kv_link_cost_coefficient(12, 768, 50257, 2, 200, 400);
+  const model::ModelSpec gpt2{12, 12, 768, 1024, 50257}, one_layer{1, 12, 768, 1024, 50257};
+  const double full = kv_link_cost_coefficient(gpt2, 2, 200, 400);
   const double expect = (4.0 * 768 * 12 * 2 / 25e9) / (6.0 * (12.0 * 12 * 768 * 768 + 768.0 * 50257) / 400e12);
   EXPECT_NEAR(full, expect, 1e-12 * expect);
-  EXPECT_NEAR(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 400), full / 2, 1e-12);
+  EXPECT_NEAR(kv_link_cost_coefficient(gpt2, 2, 400, 400), full / 2, 1e-12);
   // The floor of what the plan charges: one layer's transfer each way, the others overlapped.
-  EXPECT_NEAR(transfer_cost_coefficient(12, 768, 50257, 2, 200, 400), full / 12, 1e-12 * full);
-  EXPECT_NEAR(transfer_cost_coefficient(1, 768, 50257, 2, 200, 400),
-              kv_link_cost_coefficient(1, 768, 50257, 2, 200, 400), 1e-15);
-  EXPECT_DOUBLE_EQ(kv_bytes_per_token(12, 768, 2), 2.0 * 768 * 12 * 2);
-  EXPECT_THROW(transfer_cost_coefficient(12, 768, 50257, 2, 0, 400), Error);
-  EXPECT_THROW(kv_link_cost_coefficient(12, 768, 50257, 2, 400, 0), Error);
+  EXPECT_NEAR(transfer_cost_coefficient(gpt2, 2, 200, 400), full / 12, 1e-12 * full);
+  EXPECT_NEAR(transfer_cost_coefficient(one_layer, 2, 200, 400), kv_link_cost_coefficient(one_layer, 2, 200, 400),
+              1e-15);
+  EXPECT_DOUBLE_EQ(model::kv_bytes_per_token(gpt2, 2), 2.0 * 768 * 12 * 2);
+  EXPECT_THROW(transfer_cost_coefficient(gpt2, 2, 0, 400), Error);
+  EXPECT_THROW(kv_link_cost_coefficient(gpt2, 2, 400, 0), Error);
 }
 
 TEST(BalanceCut, LinkBoundTransferCostFollowsTheLayerPipeline) {
@@ -417,8 +418,7 @@ TEST(BalanceCut, DeviceRateDefaultsToTheBackends) {
   ASSERT_EQ(cfg.comm.device_tflops, 0);  // auto
   EXPECT_DOUBLE_EQ(device_tflops(cfg), 2 * kCpuTflopsPerThread);
   const PlanOptions cpu = plan_options_from_config(cfg, 256);
-  EXPECT_NEAR(cpu.cost.t, cfg.data.cost_a * transfer_cost_coefficient(4, 256, 256, 4, cfg.comm.link_gbps, 0.2),
-              1e-12);
+  EXPECT_NEAR(cpu.cost.t, cfg.data.cost_a * transfer_cost_coefficient(cfg.model, 4, cfg.comm.link_gbps, 0.2), 1e-12);
   EXPECT_LT(cpu.cost.t, 0.1);  // a CPU rank's link is fast next to its compute
   cfg.train.backend = "cuda";
   EXPECT_DOUBLE_EQ(device_tflops(cfg), kGpuTflops);

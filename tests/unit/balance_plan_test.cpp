@@ -528,7 +528,8 @@ TEST(BalancePlan, CostModelDefaults) {
   c.b = 0.5;
   EXPECT_EQ(resolve_cost_model(c, 1024, 16384, 8).b, 0.5);
   // GPT-2 124M: attention is a small share at short lengths, a larger one at full context.
-  const double b = attention_cost_coefficient(12, 768, 50257);
+  const double b = attention_cost_coefficient(model::ModelSpec{12, 12, 768, 1024, 50257});
+  EXPECT_EQ(b, 12.0 / (12.0 * 12 * 768 + 50257));  // n_layer / (12 n_layer n_embd + vocab), to the bit
   EXPECT_GT(b * 1024, 0.05);
   EXPECT_LT(b * 1024, 0.5);
   EXPECT_EQ(resolve_cost_model(CostModel{}, 1024, 16384, 8).c, kDefaultMicroBatchTokens);

@@ -37,7 +37,7 @@ int logits(const std::string& source, const std::string& ids_text, const std::st
 
 int roundtrip(const std::string& hf_dir, const std::string& out) {
   const kilter::io::HfGpt2 hf = kilter::io::read_hf_gpt2(hf_dir);
-  const kilter::model::GPTConfig gpt{int(hf.shape.n_layer), int(hf.shape.n_head), int(hf.shape.n_embd),
+  const kilter::model::ModelSpec gpt{int(hf.shape.n_layer), int(hf.shape.n_head), int(hf.shape.n_embd),
                                      int(hf.shape.block_size), int(hf.shape.vocab_size)};
   const kilter::model::ParamLayout layout = kilter::model::ParamLayout::build(gpt);
   std::string note;

@@ -119,7 +119,7 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingTheFile) {
 
 // A tiny model as kilter lays it out, with distinct values everywhere.
 struct TinyModel {
-  model::GPTConfig gpt{2, 2, 8, 16, 11};
+  model::ModelSpec gpt{2, 2, 8, 16, 11};
   model::ParamLayout layout = model::ParamLayout::build(gpt);
   std::vector<float> params;
   CheckpointInfo info;
@@ -183,7 +183,7 @@ TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
   EXPECT_EQ(loaded, m.params);
   EXPECT_NE(note.find("optimizer state and data position start fresh"), std::string::npos) << note;
 
-  model::GPTConfig wider = m.gpt;
+  model::ModelSpec wider = m.gpt;
   wider.block_size = 32;
   const model::ParamLayout wider_layout = model::ParamLayout::build(wider);
   std::string e = error_of([&] {
@@ -193,7 +193,7 @@ TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
   EXPECT_NE(e.find("transformer.wpe.weight is [16, 8] there and [32, 8] in the model"), std::string::npos) << e;
   EXPECT_NE(e.find("model.block_size = 16"), std::string::npos) << e;
 
-  model::GPTConfig deeper = m.gpt;
+  model::ModelSpec deeper = m.gpt;
   deeper.n_layer = 3;
   const model::ParamLayout deeper_layout = model::ParamLayout::build(deeper);
   e = error_of([&] {
@@ -203,7 +203,7 @@ TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
   EXPECT_NE(e.find("model.n_layer = 2"), std::string::npos) << e;
 
   // A vocabulary other than the dataset's: refused, or resized on request.
-  model::GPTConfig bigger = m.gpt;
+  model::ModelSpec bigger = m.gpt;
   bigger.vocab_size = 13;
   const model::ParamLayout bigger_layout = model::ParamLayout::build(bigger);
   const train::RunVocabulary bigger_vocab{"data", "synthetic", "", 13};

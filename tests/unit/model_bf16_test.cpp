@@ -26,7 +26,7 @@ using kilter::model::AdamWParams;
 using kilter::model::Batch;
 using kilter::model::bf16;
 using kilter::model::bf16_to_float;
-using kilter::model::GPTConfig;
+using kilter::model::ModelSpec;
 using kilter::model::to_bf16;
 using kilter::model::testing::make_batch;
 using kilter::model::testing::random_vector;
@@ -204,8 +204,8 @@ TEST(Bf16, AttentionMatchesFp32WithinTolerance) {
   }
 }
 
-GPTConfig small_config() {
-  GPTConfig cfg;
+ModelSpec small_config() {
+  ModelSpec cfg;
   cfg.n_layer = 2;
   cfg.n_head = 4;
   cfg.n_embd = 64;
@@ -219,7 +219,7 @@ GPTConfig small_config() {
 // (measured 4e-3).
 TEST(Bf16, ModelLossAndGradientsMatchFp32WithinTolerance) {
   SKIP_WITHOUT_BF16();
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const Batch batch = make_batch({48, 31, 40}, cfg.vocab_size, 21);
   CpuModel fp32(cfg, 1, "fp32"), bf16(cfg, 1, "bf16");
   fp32.init_params(5);
@@ -246,7 +246,7 @@ TEST(Bf16, ModelLossAndGradientsMatchFp32WithinTolerance) {
 // copy follows the optimizer (the loss on a repeated batch falls).
 TEST(Bf16, TrainingIsBitIdenticalRunToRun) {
   SKIP_WITHOUT_BF16();
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   auto run = [&](double* first_loss, double* last_loss) {
     CpuModel model(cfg, 1, "bf16");
     model.init_params(7);
@@ -301,7 +301,7 @@ TEST(Bf16, MultiThreadedGemmsAreDeterministic) {
 // Without bf16 instructions the key is refused, naming it (elsewhere this checks the message of
 // an unknown precision).
 TEST(Bf16, RefusalNamesTheKey) {
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const std::string precision = kilter::model::gemm_has_bf16() ? "fp8" : "bf16";
   try {
     CpuModel model(cfg, 1, precision);

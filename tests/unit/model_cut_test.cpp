@@ -40,8 +40,8 @@ using testing::ThreadKvHub;
 
 // Long enough for parts that span several 64-row query blocks and prefixes that are not a
 // multiple of the 16-row padding.
-GPTConfig cut_config() {
-  GPTConfig cfg;
+ModelSpec cut_config() {
+  ModelSpec cfg;
   cfg.n_layer = 2;
   cfg.n_head = 2;
   cfg.n_embd = 16;
@@ -61,7 +61,7 @@ struct Result {
   std::vector<float> grads;  // num_params
 };
 
-std::vector<float> parameters(const GPTConfig& cfg, uint64_t seed, bool gpt2_init) {
+std::vector<float> parameters(const ModelSpec& cfg, uint64_t seed, bool gpt2_init) {
   CpuModel model(cfg, 1);
   if (gpt2_init) {
     model.init_params(seed);
@@ -71,7 +71,7 @@ std::vector<float> parameters(const GPTConfig& cfg, uint64_t seed, bool gpt2_ini
   return random_vector(model.layout().num_params, seed, 0.3);
 }
 
-Result run_whole(const GPTConfig& cfg, const std::vector<float>& params, const Batch& batch, float loss_scale,
+Result run_whole(const ModelSpec& cfg, const std::vector<float>& params, const Batch& batch, float loss_scale,
                  const std::string& precision = "fp32") {
   CpuModel model(cfg, 1, precision);
   model.set_params(params.data());
@@ -84,7 +84,7 @@ Result run_whole(const GPTConfig& cfg, const std::vector<float>& params, const B
 
 // Every rank's micro-batch on its own model and thread; the losses and gradients summed over
 // ranks (what the gradient all-reduce would give).
-Result run_cut(const GPTConfig& cfg, const std::vector<float>& params, const CutBatches& setup, float loss_scale,
+Result run_cut(const ModelSpec& cfg, const std::vector<float>& params, const CutBatches& setup, float loss_scale,
                const std::string& precision = "fp32") {
   const int ranks = static_cast<int>(setup.batches.size());
   std::vector<std::unique_ptr<CpuModel>> models;
@@ -126,7 +126,7 @@ void expect_same(const Result& cut, const Result& whole, const ParamLayout& layo
 }
 
 TEST_F(ModelCut, PieceCutInTwoMatchesTheUncutPiece) {
-  const GPTConfig cfg = cut_config();
+  const ModelSpec cfg = cut_config();
   const std::vector<float> params = parameters(cfg, 11, false);
   const Batch whole = make_batch({150}, cfg.vocab_size, 12, {{0, 149}});
   const float scale = 1.0f / whole.num_targets;
@@ -169,7 +169,7 @@ TEST_F(ModelCut, PieceCutInTwoMatchesTheUncutPiece) {
 // A chain of three parts on three ranks: the middle part receives K/V of [0, 40) and sends its
 // own; in the backward it sends dK/dV of [0, 40) and receives those of its tokens.
 TEST_F(ModelCut, PieceCutInThreeMatchesTheUncutPiece) {
-  const GPTConfig cfg = cut_config();
+  const ModelSpec cfg = cut_config();
   const std::vector<float> params = parameters(cfg, 21, false);
   const Batch whole = make_batch({160}, cfg.vocab_size, 22, {{0, 159}});
   const float scale = 1.0f / whole.num_targets;
@@ -187,7 +187,7 @@ TEST_F(ModelCut, PieceCutInThreeMatchesTheUncutPiece) {
 // Context parallelism: a context no rank's micro-batch holds (160 tokens, 40 per rank) as a chain
 // of four parts on four ranks, each later part receiving from all the ranks before it.
 TEST_F(ModelCut, ContextLongerThanAnyMicroBatchOnFourRanks) {
-  const GPTConfig cfg = cut_config();
+  const ModelSpec cfg = cut_config();
   const std::vector<float> params = parameters(cfg, 81, false);
   const Batch whole = make_batch({160}, cfg.vocab_size, 82, {{0, 159}});
   const float scale = 1.0f / whole.num_targets;
@@ -201,7 +201,7 @@ TEST_F(ModelCut, ContextLongerThanAnyMicroBatchOnFourRanks) {
 // on the other in every layer (rank 0 needs rank 1's K/V for piece 0, rank 1 needs rank 0's for
 // piece 1): only sends posted before waits let this finish.
 TEST_F(ModelCut, BatchMixingWholePiecesEarlierAndLaterParts) {
-  const GPTConfig cfg = cut_config();
+  const ModelSpec cfg = cut_config();
   const std::vector<float> params = parameters(cfg, 31, false);
   const Batch whole = make_batch({150, 100, 30, 120, 1}, cfg.vocab_size, 32, {{0, 149}, {2, 29}, {1, 5}});
   const float scale = 1.0f / whole.num_targets;
@@ -221,7 +221,7 @@ TEST_F(ModelCut, BatchMixingWholePiecesEarlierAndLaterParts) {
 // The cut computation's gradient against finite differences of its own loss (the ranks' summed
 // forward), every parameter tensor; tolerance as model_gradcheck_test's.
 TEST_F(ModelCut, GradientOfTheCutComputationMatchesFiniteDifferences) {
-  GPTConfig cfg = cut_config();
+  ModelSpec cfg = cut_config();
   cfg.n_embd = 8;
   cfg.block_size = 12;
   cfg.vocab_size = 11;
@@ -251,7 +251,7 @@ TEST_F(ModelCut, GradientOfTheCutComputationMatchesFiniteDifferences) {
 // each tensor 2e-2 norm-wise, all 1e-2), here far closer: only the summation order differs.
 TEST_F(ModelCut, Bf16CutMatchesUncutWithinBf16Tolerances) {
   if (!gemm_has_bf16()) GTEST_SKIP() << "no bf16 GEMM instructions here: " << gemm_engine();
-  GPTConfig cfg = cut_config();
+  ModelSpec cfg = cut_config();
   cfg.n_head = 4;
   cfg.n_embd = 64;
   const std::vector<float> params = parameters(cfg, 51, true);
@@ -350,7 +350,7 @@ TEST_F(ModelCut, AttentionOfAPrefixedPartEqualsTheWholePiece) {
 }
 
 TEST_F(ModelCut, OffsetsAreCheckedAndEvaluationRefusesCutPieces) {
-  const GPTConfig cfg = cut_config();
+  const ModelSpec cfg = cut_config();
   CpuModel model(cfg, 1);
   model.init_params(1);
   const Batch whole = make_batch({100, 60}, cfg.vocab_size, 71);

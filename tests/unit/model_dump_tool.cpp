@@ -35,7 +35,7 @@ void write_floats(const std::string& path, const float* data, size_t n) {
 }  // namespace
 
 // The ranks' summed loss of `batch` cut as `ranks` says; their summed gradients in `grads`.
-double cut_forward_backward(const kilter::model::GPTConfig& cfg, const std::vector<float>& params,
+double cut_forward_backward(const kilter::model::ModelSpec& cfg, const std::vector<float>& params,
                             const kilter::model::Batch& batch,
                             const std::vector<std::vector<kilter::model::testing::RankPart>>& ranks, float loss_scale,
                             float* grads) {
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  kilter::model::GPTConfig cfg;
+  kilter::model::ModelSpec cfg;
   cfg.n_layer = 2;
   cfg.n_head = 4;
   cfg.n_embd = 64;

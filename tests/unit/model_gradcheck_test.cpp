@@ -36,7 +36,7 @@ void randomize(CpuModel& model, uint64_t seed) {
 }
 
 TEST(ModelGradCheck, EveryParameterTensorMatchesFiniteDifferences) {
-  const GPTConfig cfg = tiny_config();
+  const ModelSpec cfg = tiny_config();
   CpuModel model(cfg, 1);
   randomize(model, 21);
   // A packed micro-batch of mixed piece lengths (a full-context piece and a piece of length 1
@@ -73,7 +73,7 @@ TEST(ModelGradCheck, EveryParameterTensorMatchesFiniteDifferences) {
 // Loss and gradients of each piece, computed alone and packed with the others, and computed in a
 // naive padded segment: attention never crosses pieces, and padding without targets adds nothing.
 TEST(ModelGradCheck, PieceIsUnaffectedByOtherPiecesAndByPadding) {
-  const GPTConfig cfg = tiny_config();
+  const ModelSpec cfg = tiny_config();
   CpuModel model(cfg, 1);
   randomize(model, 31);
   const size_t n = model.layout().num_params;
@@ -109,7 +109,7 @@ TEST(ModelGradCheck, PieceIsUnaffectedByOtherPiecesAndByPadding) {
 }
 
 TEST(ModelGradCheck, ReadyCallbacksCoverTheBufferInBackwardOrder) {
-  const GPTConfig cfg = tiny_config();
+  const ModelSpec cfg = tiny_config();
   CpuModel model(cfg, 64);
   randomize(model, 41);
   const ParamLayout& layout = model.layout();
@@ -138,7 +138,7 @@ TEST(ModelGradCheck, ReadyCallbacksCoverTheBufferInBackwardOrder) {
 }
 
 TEST(ModelDeterminism, TwoIdenticalRunsGiveBitIdenticalParameters) {
-  GPTConfig cfg = tiny_config();
+  ModelSpec cfg = tiny_config();
   cfg.n_embd = 32;
   cfg.block_size = 80;  // > one 64-row attention block
   auto run = [&] {
@@ -163,7 +163,7 @@ TEST(ModelDeterminism, TwoIdenticalRunsGiveBitIdenticalParameters) {
 }
 
 TEST(ModelLayout, Gpt2SmallHasTheKnownParameterCount) {
-  GPTConfig cfg;
+  ModelSpec cfg;
   cfg.n_layer = 12;
   cfg.n_head = 12;
   cfg.n_embd = 768;
@@ -189,7 +189,7 @@ TEST(ModelLayout, Gpt2SmallHasTheKnownParameterCount) {
 TEST(ModelInit, PortableGeneratorAndGpt2Statistics) {
   SplitMix64 rng(0);
   EXPECT_EQ(rng.next(), 0xE220A8397B1DCDAFull);  // splitmix64's published first output for seed 0
-  GPTConfig cfg = tiny_config();
+  ModelSpec cfg = tiny_config();
   cfg.n_layer = 3;
   cfg.n_embd = 64;
   cfg.vocab_size = 500;
@@ -222,7 +222,7 @@ TEST(ModelInit, PortableGeneratorAndGpt2Statistics) {
 }
 
 TEST(ModelSelect, BackendsAndPrecisionAreChecked) {
-  const GPTConfig cfg = tiny_config();
+  const ModelSpec cfg = tiny_config();
   auto model = make_model("cpu", cfg, 1, "fp32");
   EXPECT_EQ(model->backend_name(), "cpu");
   // bf16 runs where the CPU has bf16 GEMM instructions and is refused, naming the key, elsewhere;
@@ -281,7 +281,7 @@ TEST(ModelSelect, BackendsAndPrecisionAreChecked) {
 }
 
 TEST(ModelBatch, MalformedBatchesAreRefusedWithThePlaceNamed) {
-  const GPTConfig cfg = tiny_config();
+  const ModelSpec cfg = tiny_config();
   CpuModel model(cfg, 1);
   model.init_params(1);
   const Batch batch = make_batch({4, 3}, cfg.vocab_size, 5);

@@ -52,7 +52,7 @@ TEST(AdamW, StepsMatchTheHandComputedFormula) {
 }
 
 TEST(AdamW, ModelDecaysTwoDimensionalWeightsOnly) {
-  model::GPTConfig cfg = model::testing::tiny_config();
+  model::ModelSpec cfg = model::testing::tiny_config();
   backend::CpuModel model(cfg, 1);
   model.init_params(3);
   std::vector<float> before(model.layout().num_params);
@@ -73,7 +73,7 @@ TEST(AdamW, ModelDecaysTwoDimensionalWeightsOnly) {
 // order that is not the buffer's) each step exactly as the unsharded model does there, hold the
 // same moments, and their squared norms add up to the whole one.
 TEST(AdamW, ShardedModelStepsItsRangesAsTheWholeModel) {
-  model::GPTConfig cfg = model::testing::tiny_config();
+  model::ModelSpec cfg = model::testing::tiny_config();
   backend::CpuModel whole(cfg, 64);
   whole.init_params(5);
   const size_t padded = whole.layout().padded_size, num = whole.layout().num_params;
@@ -145,7 +145,7 @@ TEST(AdamW, ShardedModelStepsItsRangesAsTheWholeModel) {
 // reads them; the loss and gradients equal those of a model given the parameters whole, in fp32
 // and bf16 (whose GEMM copy is rounded range by range); get_params waits for everything.
 TEST(ArrivingParams, ForwardWaitsLayerByLayerAndComputesAsWhole) {
-  model::GPTConfig cfg = model::testing::tiny_config();
+  model::ModelSpec cfg = model::testing::tiny_config();
   cfg.n_layer = 3;
   for (const char* precision : {"fp32", "bf16"}) {
     backend::CpuModel whole(cfg, 64, precision), arriving(cfg, 64, precision);
@@ -187,7 +187,7 @@ TEST(ArrivingParams, ForwardWaitsLayerByLayerAndComputesAsWhole) {
 // A gather still in flight when something other than the forward reads the parameters
 // (a checkpoint's get_params): it waits for all of them at once.
 TEST(ArrivingParams, GetParamsWaitsForEverything) {
-  model::GPTConfig cfg = model::testing::tiny_config();
+  model::ModelSpec cfg = model::testing::tiny_config();
   backend::CpuModel model(cfg, 64);
   model.init_params(1);
   const size_t padded = model.layout().padded_size;

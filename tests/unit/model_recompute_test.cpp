@@ -30,8 +30,8 @@ using testing::ScopedGemmThreads;
 
 const std::vector<std::string> kModes = {"gelu", "attention", "block"};
 
-GPTConfig recompute_config() {
-  GPTConfig cfg;
+ModelSpec recompute_config() {
+  ModelSpec cfg;
   cfg.n_layer = 3;
   cfg.n_head = 4;
   cfg.n_embd = 32;
@@ -67,7 +67,7 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
 }
 
 // Two forward_backward steps with an AdamW step between, then forward_loss, on one model.
-Step run_steps(const GPTConfig& cfg, const std::vector<float>& params, const Batch& batch, const std::string& precision,
+Step run_steps(const ModelSpec& cfg, const std::vector<float>& params, const Batch& batch, const std::string& precision,
                const std::string& recompute) {
   CpuModel model(cfg, 1, precision, recompute);
   model.set_params(params.data());
@@ -87,7 +87,7 @@ Step run_steps(const GPTConfig& cfg, const std::vector<float>& params, const Bat
 }
 
 TEST_F(ModelRecompute, EveryModeGivesTheGradientsOfNoneBitForBit) {
-  const GPTConfig cfg = recompute_config();
+  const ModelSpec cfg = recompute_config();
   const std::vector<float> params = random_vector(ParamLayout::build(cfg).num_params, 7, 0.2);
   const Batch batch = make_batch({90, 17, 40, 1}, cfg.vocab_size, 8, {{0, 89}, {2, 11}});
   for (const std::string& precision : precisions()) {
@@ -106,7 +106,7 @@ TEST_F(ModelRecompute, EveryModeGivesTheGradientsOfNoneBitForBit) {
 
 // A micro-batch whose capacity grows after the first (the scratch buffers grow too).
 TEST_F(ModelRecompute, LargerSecondMicroBatchStaysBitIdentical) {
-  const GPTConfig cfg = recompute_config();
+  const ModelSpec cfg = recompute_config();
   const std::vector<float> params = random_vector(ParamLayout::build(cfg).num_params, 11, 0.2);
   const Batch small = make_batch({20, 9}, cfg.vocab_size, 12);
   const Batch large = make_batch({150, 60}, cfg.vocab_size, 13);
@@ -127,7 +127,7 @@ TEST_F(ModelRecompute, LargerSecondMicroBatchStaysBitIdentical) {
 }
 
 // Ranks in threads joined by the test exchange; each rank's loss and gradient.
-Step run_cut(const GPTConfig& cfg, const std::vector<float>& params, const CutBatches& setup,
+Step run_cut(const ModelSpec& cfg, const std::vector<float>& params, const CutBatches& setup,
              const std::string& precision, const std::string& recompute) {
   const int ranks = static_cast<int>(setup.batches.size());
   std::vector<std::unique_ptr<CpuModel>> models;
@@ -146,7 +146,7 @@ Step run_cut(const GPTConfig& cfg, const std::vector<float>& params, const CutBa
 }
 
 TEST_F(ModelRecompute, CutPiecesGiveTheGradientsOfNoneBitForBit) {
-  const GPTConfig cfg = recompute_config();
+  const ModelSpec cfg = recompute_config();
   const std::vector<float> params = random_vector(ParamLayout::build(cfg).num_params, 21, 0.2);
   const Batch whole = make_batch({150, 100, 30}, cfg.vocab_size, 22);
   // Three ranks: a piece cut in three (a middle part that receives and sends), one cut in two.

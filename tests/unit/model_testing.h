@@ -20,8 +20,8 @@ inline std::vector<float> random_vector(size_t n, uint64_t seed, double stddev =
   return v;
 }
 
-inline GPTConfig tiny_config() {
-  GPTConfig cfg;
+inline ModelSpec tiny_config() {
+  ModelSpec cfg;
   cfg.n_layer = 2;
   cfg.n_head = 2;
   cfg.n_embd = 8;

@@ -25,10 +25,10 @@
 namespace {
 
 using kilter::model::Generator;
-using kilter::model::GPTConfig;
+using kilter::model::ModelSpec;
 
-GPTConfig small_config() {
-  GPTConfig cfg;
+ModelSpec small_config() {
+  ModelSpec cfg;
   cfg.n_layer = 2;
   cfg.n_head = 2;
   cfg.n_embd = 16;
@@ -38,7 +38,7 @@ GPTConfig small_config() {
 }
 
 // GPT-2 initialized weights from the CPU backend, with larger embeddings so logits differ clearly.
-std::vector<float> initialized_params(const GPTConfig& cfg, uint64_t seed) {
+std::vector<float> initialized_params(const ModelSpec& cfg, uint64_t seed) {
   auto model = kilter::model::make_model("cpu", cfg, 1, "fp32");
   model->init_params(seed);
   std::vector<float> params(model->layout().num_params);
@@ -55,7 +55,7 @@ std::vector<int32_t> some_tokens(int n, int vocab) {
 
 TEST(Generator, FeedingAllAtOnceEqualsOneByOne) {
   // The cache must make incremental feeding exactly the computation of a longer prefill.
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   const std::vector<float> params = initialized_params(cfg, 5);
   const std::vector<int32_t> tokens = some_tokens(cfg.block_size, cfg.vocab_size);
   for (int split : {1, 5, cfg.block_size - 1}) {
@@ -74,7 +74,7 @@ TEST(Generator, FeedingAllAtOnceEqualsOneByOne) {
 }
 
 TEST(Generator, ResetForgetsTheCache) {
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   Generator g(cfg, initialized_params(cfg, 6));
   const std::vector<int32_t> tokens = some_tokens(6, cfg.vocab_size);
   g.feed(tokens.data(), 6);
@@ -87,7 +87,7 @@ TEST(Generator, ResetForgetsTheCache) {
 }
 
 TEST(Generator, RefusesIdsOutsideTheVocabularyAndContextOverflow) {
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   Generator g(cfg, initialized_params(cfg, 7));
   const int32_t bad[1] = {cfg.vocab_size};
   EXPECT_THROW(g.feed(bad, 1), kilter::Error);
@@ -98,7 +98,7 @@ TEST(Generator, RefusesIdsOutsideTheVocabularyAndContextOverflow) {
 }
 
 TEST(Generate, StopsAtTheContextAtMaxNewTokensAndAtEos) {
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   Generator g(cfg, initialized_params(cfg, 8));
   const std::vector<int32_t> prompt = some_tokens(10, cfg.vocab_size);
   kilter::model::SamplingOptions options;
@@ -123,7 +123,7 @@ TEST(Generate, StopsAtTheContextAtMaxNewTokensAndAtEos) {
 // An empty prompt draws its first token from the document starts (never from the model, which
 // was not trained to predict a document's first token), then the model continues it.
 TEST(Generate, UnpromptedSamplesStartWithADocumentStart) {
-  const GPTConfig cfg = small_config();
+  const ModelSpec cfg = small_config();
   Generator g(cfg, initialized_params(cfg, 9));
   kilter::model::DocumentStarts starts;
   starts.ids = {5, 9, 30};

@@ -321,7 +321,7 @@ template <typename ModelPtr>
 std::vector<double> forward_backward_ranks(const std::vector<ModelPtr>& models, const CutBatches& setup,
                                            float loss_scale, std::vector<std::string>& problems) {
   const int ranks = static_cast<int>(setup.batches.size());
-  const GPTConfig& cfg = models.at(0)->config();
+  const ModelSpec& cfg = models.at(0)->config();
   ThreadKvHub hub(ranks, cfg.n_layer, cfg.n_embd, setup.cuts);
   std::vector<Batch> batches = setup.batches;
   for (int r = 0; r < ranks; ++r) batches[r].exchange = hub.endpoint(r);

@@ -47,7 +47,7 @@ model::Batch concat(const std::vector<model::Batch>& parts) {
 }  // namespace
 
 TEST(Accumulation, KMicroBatchesEqualOneLargerBatch) {
-  model::GPTConfig cfg{2, 2, 32, 16, 61};
+  model::ModelSpec cfg{2, 2, 32, 16, 61};
   const int k = 3;
   std::vector<model::Batch> parts = {make_pieces(61, 1, {16, 9}), make_pieces(61, 2, {5, 12, 3}),
                                      make_pieces(61, 3, {16, 1})};

@@ -73,7 +73,7 @@ TEST(TrainCutSchedule, ThreeRanksEarlierLaterAndMiddleParts) {
   EXPECT_EQ(r2.earlier[1].rank, 1);
   EXPECT_EQ(runs(r2.earlier[1]), (std::vector<std::tuple<int32_t, int32_t, int32_t>>{{1, 5, 4}, {0, 0, 4}}));
   EXPECT_EQ(r2.kv_tokens(), 7 + 9);
-  EXPECT_EQ(r2.bytes_per_step(2, 8), (0 + 16) * 2 * 2 * 8 * 4 * 2);
+  EXPECT_EQ(r2.bytes_per_step(2, 2 * 8), (0 + 16) * 2 * 2 * 8 * 4 * 2);
 
   // Slot 1: C between ranks 0 and 1; rank 2's slot 1 has no cut piece.
   const comm::KvSchedule c0 = schedule_of(step, cuts, 0, 1);

@@ -1,0 +1,224 @@
+// The CudaModel class (cuda_model.h makes it): shared by the files that implement it, one concept
+// each: cuda_model.cu (the model: set-up, the forward and backward kernels in CpuModel's order, the
+// optimizer), cuda_arena.cu (the activation arena), cuda_graphs.cu (the CUDA-graph cache) and
+// cuda_attention_choice.cu (which attention engine runs a shape, and its self-check). CUDA C++:
+// only .cu files include it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_model.h"
+#include "lib/backend/cuda_ops.h"
+#include "lib/backend/model_base.h"
+#include "lib/model/attention_groups.h"
+#include "lib/model/layout.h"
+
+namespace kilter::backend {
+
+using model::Batch;
+using model::ModelSpec;
+namespace kc = model::cuda;
+
+constexpr size_t kAlignFloats = 64;  // 256-byte alignment of every arena slice
+
+inline size_t align_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// Carves 256-byte aligned slices out of one allocation; with base == nullptr it only measures.
+class ArenaCarver {
+ public:
+  explicit ArenaCarver(float* base) : base_(base) {}
+  float* take(size_t floats) {
+    float* p = base_ == nullptr ? nullptr : base_ + used_;
+    used_ += align_up(floats);
+    return p;
+  }
+  int32_t* take_ints(size_t count) { return reinterpret_cast<int32_t*>(take(count)); }
+  size_t used() const { return used_; }
+
+ private:
+  float* base_;
+  size_t used_ = 0;
+};
+
+class CudaModel final : public ModelBase {
+ public:
+  CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::BackendOptions& options);
+  ~CudaModel() override;
+
+  std::string backend_name() const override { return "cuda"; }
+  std::string describe() const override;
+
+  void init_params(uint64_t seed) override;
+  void set_params(const float* host) override;
+  void get_params(float* host) const override;
+
+  double forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) override;
+  double forward_loss(const Batch& batch) override;
+
+  void zero_grads() override;
+  float* grads() override { return grads_; }
+  float* params() override { return params_; }
+  bool params_in_host_memory() const override { return false; }
+  void copy_params_to_host(float* host, size_t offset, size_t count) override {
+    cuda_device_index();
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(host, params_ + offset, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  double grad_norm_squared() override;
+  void adamw_step(const model::AdamWParams& p) override;
+  void synchronize() override { KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void reserve(int max_tokens, int context) override;
+
+ private:
+  using BlockTensors = model::BlockTensors;
+  using BlockActivations = model::BlockActivations;
+  // Slices of the activation arena for one micro-batch layout.
+  struct Activations {
+    float* encoded;
+    std::vector<BlockActivations> blocks;  // att: the groups' saved states, group after group
+    float *lnf, *lnf_mean, *lnf_rstd, *logits;
+    float *dresidual, *dln, *datty, *dqkv, *dfch;
+    // Attention in the groups' padded layout: qkv, out / dout, dqkv; then the engine's scratch.
+    float *padded_qkv, *padded_io, *padded_dqkv;
+    float* attention_workspace;
+    float* column_scratch;
+    // One block of ints, uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
+    // the groups' row lengths (pieces), padded_token (padded rows), pos_offset (pieces).
+    int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
+    std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
+    std::vector<size_t> prefixed_saved_offset;  // per later part (Layout::prefixed): its att after the groups'
+  };
+  // A later part of a cut piece in the current micro-batch.
+  struct PrefixedPiece {
+    int piece = 0, first_row = 0, offset = 0, len = 0;
+  };
+  // The current micro-batch's layout (host side).
+  struct Layout {
+    int N = 0, pieces = 0, max_len = 0;  // max_len: rows of dwpe touched (max offset + length)
+    model::AttentionGroups groups;       // the pieces without a prefix
+    std::vector<PrefixedPiece> prefixed;
+    std::vector<char> group_cudnn;  // per group: runs on cuDNN
+    std::vector<int32_t> key() const;  // N, pieces, max_len, then the groups' (B,T)
+  };
+
+  BlockTensors block_tensors(float* base, int layer) const;
+  // Lays out every activation for a micro-batch layout; returns the floats used. The same
+  // function measures (null base) and assigns, so they cannot disagree.
+  size_t carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const;
+  void ensure_arena(size_t floats, const Layout& layout);
+  // Attention of one block over the current layout's groups (gather, engine, scatter).
+  void attention_forward_groups(const BlockActivations& a);
+  void attention_backward_groups(const BlockActivations& a);
+  // One layer's attention with the K/V exchange of cut pieces (kv_exchange.h's order): the groups
+  // while the prefixes travel, then the later parts.
+  void attention_forward_layer(int layer, const BlockActivations& a);
+  // The later parts' attention of layer `layer` against their prefixes (exchange_->prefix_kv),
+  // output rows into `out`, saved state into a.att.
+  void attention_forward_prefixed(int layer, const BlockActivations& a, float* out);
+  void attention_backward_layer(int layer, const BlockActivations& a);
+  bool cudnn_for_shape(int B, int T);
+  // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
+  // forward and backward) and compares them: code that has never met a device must prove
+  // itself before a run trusts it.
+  bool cudnn_agrees(int B, int T, std::string* why, bool* retry);
+  // Uploads the batch and sets the loss scale read by the cross-entropy kernel.
+  void upload_batch(const Batch& batch, float dloss_scale);
+  // Kernels of the forward pass and the head: logits, loss (into loss_device_, copied to the
+  // host asynchronously) and dlogits in place.
+  void forward_kernels();
+  void backward_block_kernels(int layer);
+  // Runs one segment's kernels eagerly, or as a CUDA graph of this shape (see top of file).
+  void run_segment(int segment, const std::function<void()>& body);
+  void finish_forward();  // records loss_ready_ after the forward segment
+  double read_loss();
+
+  model::BackendOptions options_;
+  // train.recompute: what the forward keeps per layer (docs/model.md, "Activation recomputation").
+  // gelu: the GELU output lives in one slice shared by the layers and is recomputed from fch before
+  // the MLP projection's backward; attention: the attention's saved state (softmax or cuDNN's
+  // statistics) is shared and the layer's attention forward reruns before its backward; block:
+  // every activation of a layer but its output (residual3) is shared, and the whole block forward
+  // reruns from the layer's input at the start of its backward.
+  using Recompute = model::Recompute;
+  Recompute recompute_ = Recompute::none;
+  model::ActivationPlan plan_;  // the activation plan of the model description (spec.h)
+  // Reruns layer l's attention forward (groups and later parts, no exchange calls: the prefixes
+  // stay valid until the layer's backward_wait_add) into `out`, refilling a.att.
+  void attention_recompute(int layer, const BlockActivations& a, float* out);
+  // Reruns layer l's block forward into the shared slices (recompute = block).
+  void block_recompute(int layer);
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t loss_ready_ = nullptr;
+  std::unique_ptr<kc::Gemm> gemm_;
+  std::unique_ptr<kc::CudnnAttention> cudnn_;  // null: cuBLASLt attention only
+  std::string cudnn_note_;                     // why cuDNN attention is off, for describe()
+  std::map<std::pair<int, int>, bool> cudnn_shapes_;  // decided group shapes: cuDNN or not
+  bool batch_cudnn_ = false;                   // some group of the current micro-batch runs on cuDNN
+  model::KvExchange* exchange_ = nullptr;      // the current micro-batch's (cut pieces), or null
+  Layout layout_now_;                          // the current micro-batch's layout
+  // The stream and GEMM engine the segment kernels go to: stream_/gemm_, or the capture pair
+  // while a graph is being captured.
+  cudaStream_t s_ = nullptr;
+  kc::Gemm* g_ = nullptr;
+  cudaStream_t capture_stream_ = nullptr;
+  std::unique_ptr<kc::Gemm> gemm_capture_;
+  // One segment of one batch layout. Occurrences: 1 eager (warms the capture engine), 2 eager
+  // and timed, 3 captured and launched, 4 replayed and timed, 5 decided: the graph is kept only
+  // if its replay took less GPU time than the eager run, else the segment stays eager.
+  struct GraphEntry {
+    int seen = 0;             // occurrences, counted up to 5
+    bool decided = false;
+    bool eager_only = false;  // capture failed, or the graph did not pay off
+    cudaGraphExec_t exec = nullptr;
+    cudaEvent_t timing[4] = {nullptr, nullptr, nullptr, nullptr};  // eager start/end, replay start/end
+  };
+  int graphs_kept_ = 0, graphs_dropped_ = 0;  // segment decisions, for describe()
+  // Decides once the replay's timing is in (false while it is still running: try next time).
+  bool decide_graph(GraphEntry& entry);
+  cudaEvent_t to_capture_stream_ = nullptr, from_capture_stream_ = nullptr;
+  std::map<std::pair<std::vector<int32_t>, int>, GraphEntry> graphs_;  // (layout key, segment)
+  void drop_graphs();
+  float* scale_device_ = nullptr;
+
+  float* state_ = nullptr;  // params, grads: padded_size floats each
+  float *params_ = nullptr, *grads_ = nullptr;
+  // ModelBase's copy policy: the AdamW moments in device memory, copied on the compute stream.
+  float* allocate_moments(size_t floats) override;
+  void free_moments(float* moments) override;
+  void upload(float* to, const float* host, size_t count) override;
+  void download(float* host, const float* from, size_t count) const override;
+  void zero(float* to, size_t count) override;
+  void finish_copies() const override;
+  double* range_norms_ = nullptr;  // per owned range: its squared gradient norm (device)
+  size_t range_norms_capacity_ = 0;
+  double* loss_device_ = nullptr;   // [0] loss sum, then the squared norms' scratch
+  double* host_scalars_ = nullptr;  // pinned: [0] loss
+  // Two upload slots used in turn, each a pinned host buffer and a device buffer for inputs,
+  // targets and lengths: micro-batch k+1 goes up on the copy stream while micro-batch k computes;
+  // the compute stream then copies it (device to device, a few hundred KB) into the arena.
+  struct UploadSlot {
+    int32_t* host = nullptr;
+    int32_t* device = nullptr;
+    size_t capacity = 0;                // ints
+    cudaEvent_t copied = nullptr;       // copy stream: host -> device done
+    cudaEvent_t consumed = nullptr;     // compute stream: device slot -> arena done
+    bool used = false;
+  };
+  UploadSlot slots_[2];
+  int next_slot_ = 0;
+
+  float* arena_ = nullptr;
+  size_t capacity_floats_ = 0;
+  Activations acts_{};
+};
+
+}  // namespace kilter::backend
