@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "io/error.h"
+#include "io/text_format.h"
 #include "io/write_failure.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -176,12 +177,6 @@ T read_scalar_attribute(hid_t loc, const char* name, hid_t mem_type, const std::
                "checkpoint " << path << ": cannot read attribute " << name << " of " << where << ": "
                              << hdf5_error_text());
   return value;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // Word-wise multiply-rotate mix (murmur-style constants) of a byte stream, seeded with `count`
