@@ -13,7 +13,12 @@
 // was damaged after it was written is refused instead of silently resumed.
 // Files are written atomically: a hidden temp file next to the final name, fsync, rename, fsync
 // of the directory, so a crash (even kill -9) mid-write never leaves a half file under a final
-// name. This layer knows HDF5 and POSIX only (no MPI, nothing from lib/).
+// name. This layer knows HDF5 (through io/hdf5_util.h) and POSIX only (no MPI, nothing from lib/).
+// Implementation, a file per part: checkpoint_write.cpp (the whole writer), checkpoint_slices.cpp
+// (the writer by slices), checkpoint_read.cpp, checkpoint_prune.cpp (names, listing, pruning);
+// shared by them: checkpoint_layout (groups and datasets), checkpoint_attributes (the root
+// attributes, where each key is written and read), checkpoint_checksum, checkpoint_storage
+// (atomic publish, free space, storage faults).
 // Owner: checkpoints (issue 8).
 #pragma once
 #include <cstddef>

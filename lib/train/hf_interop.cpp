@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <sstream>
 
 #include "io/checkpoint.h"
 #include "io/error.h"
+#include "io/text_format.h"
 #include "kilter/build_info.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/root_broadcast.h"
@@ -20,14 +20,6 @@ std::vector<io::CheckpointTensor> io_tensors(const model::ParamLayout& layout) {
   std::vector<io::CheckpointTensor> tensors;
   for (const auto& t : layout.tensors) tensors.push_back({t.name, t.shape, t.offset, t.size});
   return tensors;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
 }
 
 model::ModelSpec gpt_of(const io::CheckpointInfo& info) {
@@ -184,7 +176,7 @@ std::vector<float> read_initial_weights(const std::string& source, const model::
       size_t dim = 0;
       while (dim < theirs.size() && dim < t.shape.size() && theirs[dim] == t.shape[dim]) ++dim;
       const std::string key = key_of_dimension(t.name, std::min(dim, t.shape.size() - 1));
-      KILTER_FAIL(where << ": tensor " << t.name << " is " << shape_text(theirs) << " there and " << shape_text(t.shape)
+      KILTER_FAIL(where << ": tensor " << t.name << " is " << io::shape_text(theirs) << " there and " << io::shape_text(t.shape)
                         << " in the model: set " << key << " = " << source_value_of(w.shape, key)
                         << " to load it (or train.init_from a model of this shape)");
     }
