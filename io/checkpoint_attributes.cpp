@@ -68,6 +68,19 @@ const Key kModelKeys[] = {
     {"n_embd", &CheckpointInfo::n_embd},
     {"block_size", &CheckpointInfo::block_size},
     {"vocab_size", &CheckpointInfo::vocab_size},
+    // The architecture's keys (since model.arch): absent in older checkpoints, which are gpt2.
+    {"arch", &CheckpointInfo::arch, true},
+    {"n_kv_head", &CheckpointInfo::n_kv_head, true},
+    {"ffn_hidden", &CheckpointInfo::ffn_hidden, true},
+    {"rope_theta", &CheckpointInfo::rope_theta, true},
+    {"rope_scaling", &CheckpointInfo::rope_scaling, true},
+    {"rope_factor", &CheckpointInfo::rope_factor, true},
+    {"rope_low_freq_factor", &CheckpointInfo::rope_low_freq_factor, true},
+    {"rope_high_freq_factor", &CheckpointInfo::rope_high_freq_factor, true},
+    {"rope_original_context", &CheckpointInfo::rope_original_context, true},
+    {"norm_eps", &CheckpointInfo::norm_eps, true},
+    {"tie_embeddings", &CheckpointInfo::tie_embeddings, true},
+    {"qkv_bias", &CheckpointInfo::qkv_bias, true},
 };
 
 template <typename Number>

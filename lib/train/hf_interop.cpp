@@ -1,5 +1,6 @@
 // HF export and train.init_from (see hf_interop.h).
 #include "lib/train/hf_interop.h"
+#include "lib/train/checkpoint_model.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -22,10 +23,6 @@ std::vector<io::CheckpointTensor> io_tensors(const model::ParamLayout& layout) {
   return tensors;
 }
 
-model::ModelSpec gpt_of(const io::CheckpointInfo& info) {
-  return model::ModelSpec{int(info.n_layer), int(info.n_head), int(info.n_embd), int(info.block_size),
-                          int(info.vocab_size)};
-}
 
 // A source's weights by nanoGPT name, its shape and what it says about its vocabulary.
 struct SourceWeights {
@@ -103,7 +100,7 @@ CheckpointWeights read_checkpoint_weights(const std::string& source) {
   KILTER_CHECK(!c.path.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
                                           "holding checkpoints/step-*.h5)");
   c.info = io::read_checkpoint_info(c.path);
-  c.gpt = gpt_of(c.info);
+  c.gpt = spec_of(c.info);
   c.layout = model::ParamLayout::build(c.gpt);
   c.params.resize(c.layout.num_params);
   io::read_checkpoint_params(c.path, io_tensors(c.layout), c.params.data());
