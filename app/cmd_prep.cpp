@@ -36,8 +36,10 @@ void print_report(const io::PrepReport& report, const char* what) {
     std::fprintf(stderr, "prep: ... and %llu more bad lines skipped\n",
                  (unsigned long long)(report.bad_lines - report.bad_line_examples.size()));
   if (report.tokenizer != "byte" && report.tokenizer != "synthetic")
-    std::printf("tokenizer: %s, vocab_size %u, eos_id %u (recorded in index.h5)\n",
-                report.tokenizer.c_str(), report.vocab_size, report.eos_id);
+    std::printf("tokenizer: %s, vocab_size %u, eos_id %u%s (recorded in index.h5)\n", report.tokenizer.c_str(),
+                report.vocab_size, report.eos_id,
+                report.bos_id >= 0 ? (", every document begins with bos_id " + std::to_string(report.bos_id)).c_str()
+                                   : "");
 }
 
 // Parses argv with `desc` (+ positional), printing help for --help. Returns false on --help.
@@ -92,6 +94,10 @@ int prep_corpus(int argc, char** argv) {
        "a SentencePiece *.model or a Hugging Face tokenizer.json (byte-level BPE); default: bytes")
       ("threads", po::value(&options.threads)->default_value(0),
        "tokenizer threads (0: every core); the output does not depend on it")
+      ("bos", po::bool_switch(&options.bos),
+       "put the tokenizer's BOS token before every document (Llama's <s> or <|begin_of_text|>: what its own "
+       "post-processor adds), so continued pretraining sees documents as the model was trained; refused where "
+       "the tokenizer defines none")
       ("out", po::value(&options.out)->required(), "output dataset directory (written atomically)")
       ("force", po::bool_switch(&options.force), "replace an existing non-empty output directory")
       ("quiet", po::bool_switch(&quiet), "no progress on stderr");

@@ -158,7 +158,8 @@ class BatchEncoder {
     std::vector<uint64_t> lengths;  // per document (0: the document encodes to nothing)
   };
 
-  BatchEncoder(const Tokenizer& tokenizer, unsigned threads) : tokenizer_(tokenizer) {
+  // bos >= 0: that id begins every document that encodes to something.
+  BatchEncoder(const Tokenizer& tokenizer, unsigned threads, int64_t bos) : tokenizer_(tokenizer), bos_(bos) {
     for (unsigned t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
   }
   ~BatchEncoder() {
@@ -187,7 +188,9 @@ class BatchEncoder {
     Result result;
     for (const std::string& doc : docs) {
       size_t before = result.tokens.size();
+      if (bos_ >= 0) result.tokens.push_back(uint32_t(bos_));
       tokenizer_.encode(doc, result.tokens);
+      if (bos_ >= 0 && result.tokens.size() == before + 1) result.tokens.pop_back();  // nothing but the BOS
       result.lengths.push_back(result.tokens.size() - before);
     }
     return result;
@@ -208,6 +211,7 @@ class BatchEncoder {
   }
 
   const Tokenizer& tokenizer_;
+  int64_t bos_;
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable ready_;
@@ -271,8 +275,8 @@ class SpillFile {
 // thread are in flight, which bounds memory whatever the corpus size.
 class TokenizingSink : public DocumentSink {
  public:
-  TokenizingSink(const Tokenizer& tokenizer, unsigned threads, SpillFile& spill, Progress& progress)
-      : encoder_(tokenizer, threads), max_in_flight_(4 * threads), spill_(spill),
+  TokenizingSink(const Tokenizer& tokenizer, unsigned threads, int64_t bos, SpillFile& spill, Progress& progress)
+      : encoder_(tokenizer, threads, bos), max_in_flight_(4 * threads), spill_(spill),
         progress_(progress), vocab_(tokenizer.vocab_size()) {}
 
   void bytes(const unsigned char* data, size_t size) override {
@@ -339,6 +343,10 @@ class TokenizingSink : public DocumentSink {
 PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vector<InputFile>& inputs,
                                      uint64_t input_bytes, std::chrono::steady_clock::time_point start) {
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_file(options.tokenizer);
+  const int64_t bos = options.bos ? tokenizer->bos_id() : -1;
+  KILTER_USER_CHECK(!options.bos || bos >= 0, "--bos: the tokenizer " << options.tokenizer
+                                               << " defines no BOS token (no template in its post_processor, no <s> or "
+                                                  "<|begin_of_text|>); leave --bos out");
   const uint32_t token_bytes = token_bytes_for_vocab(tokenizer->vocab_size());
   unsigned threads = options.threads ? options.threads : std::thread::hardware_concurrency();
   threads = std::max(1u, threads);
@@ -346,7 +354,7 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   AtomicDirectory out(options.out, options.force);
   SpillFile spill(out.scratch("tokens"), token_bytes);
   Progress tokenize_progress("prep tokenize", input_bytes, options.progress);
-  TokenizingSink sink(*tokenizer, threads, spill, tokenize_progress);
+  TokenizingSink sink(*tokenizer, threads, bos, spill, tokenize_progress);
   CorpusCounts first_pass = read_corpus(inputs, options.format, sink, options.corpus);
   sink.finish();
   tokenize_progress.update(sink.lengths.size(), first_pass.input_bytes);
@@ -384,6 +392,7 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   PrepReport report;
   fill_report(report, index, options.out);
   report.empty_documents = first_pass.empty_documents + sink.empty_documents;
+  report.bos_id = bos;
   report.input_bytes = first_pass.input_bytes;
   report.bad_lines = first_pass.bad_lines;
   report.bad_line_examples = first_pass.bad_line_examples;
@@ -398,6 +407,8 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   std::vector<InputFile> inputs = expand_inputs(options.inputs, options.format);
   const uint64_t input_bytes = total_size(inputs);
   if (!options.tokenizer.empty()) return prepare_tokenized_dataset(options, inputs, input_bytes, start);
+  KILTER_USER_CHECK(!options.bos, "--bos needs a tokenizer that defines a BOS token (--tokenizer FILE); the byte "
+                                  "tokenizer has none");
 
   AtomicDirectory out(options.out, options.force);  // refuses an existing --out before the scan
   Progress scan_progress("prep scan", input_bytes, options.progress);

@@ -26,6 +26,7 @@ struct PrepOptions {
   bool progress = true;   // progress on stderr
   std::string tokenizer;  // a SentencePiece *.model or a tokenizer.json; empty: bytes
   unsigned threads = 0;   // tokenizer threads (0: every core)
+  bool bos = false;       // --bos: the tokenizer's BOS id before every document (refused where it has none)
   CorpusOptions corpus;   // jsonl: --text-key, --max-bad-lines
 };
 
@@ -34,6 +35,7 @@ struct PrepReport {
   std::string tokenizer = "byte";  // the kind recorded in index.h5
   uint32_t vocab_size = 0;
   uint32_t eos_id = 0;
+  int64_t bos_id = -1;  // put before every document (--bos); -1: none
   uint64_t documents = 0;
   uint64_t empty_documents = 0;  // dropped (prep only)
   uint64_t tokens = 0;

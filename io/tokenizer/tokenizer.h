@@ -20,6 +20,9 @@ class Tokenizer {
   virtual uint32_t vocab_size() const = 0;
   // The id that ends every document (the reader supplies it after a document's last token).
   virtual uint32_t eos_id() const = 0;
+  // The id that begins a sequence where the tokenizer defines one (Llama's <s>,
+  // <|begin_of_text|>), -1 where it does not: what `kilter prep --bos` puts before every document.
+  virtual int64_t bos_id() const { return -1; }
   // Appends the ids of `text` to `out` (no EOS is added).
   virtual void encode(std::string_view text, std::vector<uint32_t>& out) const = 0;
   // The text of `ids`; ids that have no text (EOS, ids out of range) decode to "".

@@ -137,11 +137,13 @@ class HfBpeTokenizer final : public Tokenizer {
                                     << "tokenizer.json files are supported (use a SentencePiece "
                                     << "*.model for other vocabularies)");
     choose_eos();
+    choose_bos(root.value("post_processor", json()));
   }
 
   std::string kind() const override { return "hf-bpe"; }
   uint32_t vocab_size() const override { return vocab_size_; }
   uint32_t eos_id() const override { return eos_; }
+  int64_t bos_id() const override { return bos_; }
   const std::string& file_bytes() const override { return bytes_; }
 
   // As `tokenizers`: tokens with normalized = false are split out of the raw text, the text
@@ -385,6 +387,29 @@ class HfBpeTokenizer final : public Tokenizer {
     eos_ = vocab_size_++;
   }
 
+  // BOS: the special token the post-processor's template puts before a single sequence (Llama 3's
+  // TemplateProcessing, also inside a Sequence), else a special added token named like one.
+  void choose_bos(const json& post) {
+    if (post.is_object() && post.value("type", "") == "Sequence" && post.contains("processors"))
+      for (const json& step : post["processors"]) {
+        choose_bos(step);
+        if (bos_ >= 0) return;
+      }
+    if (post.is_object() && post.value("type", "") == "TemplateProcessing" && post.contains("single") &&
+        post["single"].is_array() && !post["single"].empty()) {
+      const json& first = post["single"][0];
+      if (first.contains("SpecialToken")) {
+        const std::string name = first["SpecialToken"].value("id", "");
+        for (const AddedToken& token : all_added_)
+          if (token.content == name) { bos_ = token.id; return; }
+      }
+    }
+    if (!post.is_null()) return;
+    for (const char* name : {"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"})
+      for (const AddedToken& token : all_added_)
+        if (token.special && token.content == name) { bos_ = token.id; return; }
+  }
+
   // -- encoding --
 
   // Calls segment() for the text between the set's tokens and appends the tokens' ids.
@@ -577,6 +602,7 @@ class HfBpeTokenizer final : public Tokenizer {
   uint32_t vocab_size_ = 0;
   uint64_t id_limit_ = 0;  // vocab entries + added tokens: ids are below it
   uint32_t eos_ = 0;
+  int64_t bos_ = -1;
   uint32_t unk_ = kNone;
   bool ignore_merges_ = false;
   bool fuse_unk_ = false;

@@ -39,6 +39,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string kind() const override { return "sentencepiece"; }
   uint32_t vocab_size() const override { return vocab_; }
   uint32_t eos_id() const override { return eos_; }
+  int64_t bos_id() const override { return processor_.bos_id(); }  // -1 when the model has none
 
   void encode(std::string_view text, std::vector<uint32_t>& out) const override {
     std::vector<int> ids;

@@ -174,6 +174,48 @@ TEST(IoTokenizer, PrepRecordsTheTokenizerAndIgnoresTheThreadCount) {
   EXPECT_EQ(hashes[0], hashes[1]);
 }
 
+// BOS (issue 38): the special token the post-processor's template puts first (Llama 3's
+// TemplateProcessing, inside a Sequence); `prep --bos` puts it before every document; a tokenizer
+// without one (GPT-2's ByteLevel post-processor) is refused by --bos, naming the file.
+TEST(IoTokenizer, PrepBosPutsTheTemplatesFirstTokenBeforeEveryDocument) {
+  json root = tiny_bpe_tokenizer();
+  EXPECT_EQ(make_hf_bpe_tokenizer(root.dump(), "tok.json")->bos_id(), -1);
+  root["added_tokens"].push_back({{"id", 262}, {"content", "<|begin_of_text|>"}, {"special", true},
+                                  {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                                  {"normalized", false}});
+  root["post_processor"] = json::parse(R"({"type": "Sequence", "processors": [
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+      {"type": "TemplateProcessing",
+       "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+       "pair": [],
+       "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [262], "tokens": ["<|begin_of_text|>"]}}}]})");
+  EXPECT_EQ(make_hf_bpe_tokenizer(root.dump(), "tok.json")->bos_id(), 262);
+  ScratchDir tmp;
+  write_file(tmp.path("llama.json"), root.dump());
+  write_file(tmp.path("gpt2.json"), tiny_bpe_tokenizer().dump());
+  write_file(tmp.path("in.jsonl"), "{\"text\": \"hello\"}\n{\"text\": \"\"}\n{\"text\": \" world\"}\n");
+  PrepOptions options;
+  options.inputs = {tmp.path("in.jsonl")};
+  options.format = InputFormat::jsonl;
+  options.tokenizer = tmp.path("llama.json");
+  options.bos = true;
+  options.out = tmp.path("out");
+  options.progress = false;
+  const PrepReport report = prepare_dataset(options);
+  EXPECT_EQ(report.bos_id, 262);
+  EXPECT_EQ(report.documents, 2u);  // the empty document stays empty (dropped), without a lone BOS
+  EXPECT_EQ(shard_tokens(options.out + "/shard-00000.h5"),
+            (std::vector<uint32_t>{262, 258, 'o', 262, 259, 260, 'l', 'd'}));
+  options.tokenizer = tmp.path("gpt2.json");
+  options.out = tmp.path("out2");
+  try {
+    prepare_dataset(options);
+    ADD_FAILURE() << "--bos with a tokenizer without BOS was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("gpt2.json defines no BOS token"), std::string::npos) << e.message();
+  }
+}
+
 TEST(IoTokenizer, ValidateChecksTheRecordedTokenizer) {
   ScratchDir tmp;
   write_file(tmp.path("tok.json"), tiny_bpe_tokenizer().dump());
