@@ -26,7 +26,8 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Options {
-  int n_layer = 4, n_embd = 256, n_head = 4, vocab = 8192, B = 8, T = 256;
+  int n_layer = 4, n_embd = 256, n_head = 4, vocab = 8192, B = 8, T = 256, kv_heads = 0, ffn = 0;
+  std::string arch = "gpt2";
   int steps = 5, warmup = 1, threads = 1, gemm_size = 1024, shapes = 0;
   std::string precision = "fp32";
 };
@@ -37,19 +38,21 @@ Options parse(int argc, char** argv) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
     if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
-      std::fprintf(stderr, "usage: kilter_bench_step [--layers=4 --embd=256 --heads=4 --vocab=8192 --B=8 --T=256 "
+      std::fprintf(stderr, "usage: kilter_bench_step [--arch=gpt2|llama --layers=4 --embd=256 --heads=4 --kv-heads=0 --ffn=0 --vocab=8192 --B=8 --T=256 "
                            "--steps=5 --warmup=1 --threads=1 --gemm-size=1024 --precision=fp32|bf16 --shapes=0|1]\n");
       std::exit(2);
     }
     const std::string key = arg.substr(2, eq - 2);
-    if (key == "precision") {
-      o.precision = arg.substr(eq + 1);
+    if (key == "precision" || key == "arch") {
+      (key == "arch" ? o.arch : o.precision) = arg.substr(eq + 1);
       continue;
     }
     const int value = std::atoi(arg.c_str() + eq + 1);
     if (key == "layers") o.n_layer = value;
     else if (key == "embd") o.n_embd = value;
     else if (key == "heads") o.n_head = value;
+    else if (key == "kv-heads") o.kv_heads = value;
+    else if (key == "ffn") o.ffn = value;
     else if (key == "vocab") o.vocab = value;
     else if (key == "B") o.B = value;
     else if (key == "T") o.T = value;
@@ -136,6 +139,10 @@ int main(int argc, char** argv) {
   cfg.n_head = o.n_head;
   cfg.vocab_size = o.vocab;
   cfg.block_size = o.T;
+  cfg.arch = o.arch;
+  cfg.n_kv_head = o.kv_heads;
+  cfg.ffn_hidden = o.ffn;
+  if (cfg.llama()) cfg.tie_embeddings = "false";  // bench/torch_step.py's Llama has an untied head
   kilter::backend::CpuModel model(cfg, 1, o.precision);
   model.init_params(1337);
   model.reserve(o.B * o.T, o.T);
@@ -211,13 +218,13 @@ int main(int argc, char** argv) {
   const double gemm_gflops = gemm.seconds > 0 ? gemm.flops / gemm.seconds / 1e9 : 0.0;
   const double standalone_gflops = standalone_s > 0 ? gemm.flops / o.steps / standalone_s / 1e9 : 0.0;
   std::printf(
-      "{\"impl\": \"kilter\", \"precision\": \"%s\", \"engine\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_embd\": %d, \"n_head\": %d, \"vocab\": %d, "
+      "{\"impl\": \"kilter\", \"arch\": \"%s\", \"precision\": \"%s\", \"engine\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_embd\": %d, \"n_head\": %d, \"vocab\": %d, "
       "\"B\": %d, \"T\": %d, \"steps\": %d, \"tokens_per_s\": %.1f, \"median_step_s\": %.4f, \"mean_step_s\": %.4f, \"fwdbwd_s\": %.4f, "
       "\"optimizer_s\": %.4f, \"zero_grads_s\": %.4f, \"gemm_s\": %.4f, \"gemm_calls\": %lld, \"gemm_shapes\": %zu, "
       "\"gemm_gflops\": %.2f, \"standalone_gflops\": %.2f, \"gemm_vs_standalone\": %.3f, \"bf16_convert_s\": %.4f, "
       "\"plain_sgemm_gflops\": %.2f, \"gemm_fraction_of_step\": %.3f, \"first_loss\": %.4f, \"last_loss\": %.4f, "
       "\"check\": \"%s\"}\n",
-      o.precision.c_str(), kilter::model::gemm_engine().c_str(), o.threads, o.n_layer, o.n_embd, o.n_head, o.vocab, o.B, o.T, o.steps, tokens / median_step, median_step,
+      o.arch.c_str(), o.precision.c_str(), kilter::model::gemm_engine().c_str(), o.threads, o.n_layer, o.n_embd, o.n_head, o.vocab, o.B, o.T, o.steps, tokens / median_step, median_step,
       time_total / o.steps,
       time_fwdbwd / o.steps, time_optimizer / o.steps, time_zero / o.steps, gemm.seconds / o.steps,
       static_cast<long long>(gemm.calls / o.steps), gemm.shapes.size(), gemm_gflops, standalone_gflops,

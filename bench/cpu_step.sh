@@ -8,7 +8,7 @@
 #
 # usage: bench/cpu_step.sh [BUILD_DIR]          (default: build; needs target kilter_bench_step)
 # env:   THREADS="1"       thread counts to run (e.g. "1 2"); oneDNN and torch get the same
-#        CONFIGS="small gpt2-124m"
+#        CONFIGS="small llama gpt2-124m"   (llama: model.arch = llama at small's size)
 #        REPEATS=2 STEPS=3  GPT2_ROWS=1 (rows of T=1024 for the 124M shape)
 #        PYTHON=/usr/bin/python3
 set -euo pipefail
@@ -17,7 +17,7 @@ build=${1:-$here/../build}
 bench=$build/kilter_bench_step
 python=${PYTHON:-/usr/bin/python3}
 threads_list=${THREADS:-1}
-configs=${CONFIGS:-small gpt2-124m}
+configs=${CONFIGS:-small llama gpt2-124m}
 repeats=${REPEATS:-2}
 steps=${STEPS:-3}
 gpt2_rows=${GPT2_ROWS:-1}
@@ -28,7 +28,10 @@ shape_args() {
   case $1 in
     small) echo "--layers=4 --embd=256 --heads=4 --vocab=8192 --B=8 --T=256" ;;
     gpt2-124m) echo "--layers=12 --embd=768 --heads=12 --vocab=50257 --B=$gpt2_rows --T=1024" ;;
-    *) echo "cpu_step: unknown config $1 (small | gpt2-124m)" >&2; exit 1 ;;
+    # The llama twin of small: the same width, depth, heads and tokens; 2 K/V heads, SwiGLU 704
+    # (8/3 x 256 rounded up to 64: about the 4C MLP's FLOPs), untied head.
+    llama) echo "--arch=llama --layers=4 --embd=256 --heads=4 --kv-heads=2 --ffn=704 --vocab=8192 --B=8 --T=256" ;;
+    *) echo "cpu_step: unknown config $1 (small | gpt2-124m | llama)" >&2; exit 1 ;;
   esac
 }
 
@@ -45,8 +48,8 @@ for config in $configs; do
           if [[ $impl == kilter ]]; then
             line=$(OMP_NUM_THREADS=$threads "$bench" $args --threads="$threads" --steps="$steps" --precision=$precision) || status=1
           else
-            line=$(OMP_NUM_THREADS=$threads "$python" "$here/torch_step.py" $args --threads="$threads" --steps="$steps" \
-                     --precision=$precision) || status=1
+            line=$(OMP_NUM_THREADS=$threads "$python" "$here/torch_step.py" $args \
+                     --threads="$threads" --steps="$steps" --precision=$precision) || status=1
           fi
           echo "$line" >&2
           echo "$config $threads $impl $precision $line" >> "$results"

@@ -1,9 +1,10 @@
-"""PyTorch DDP peer of `kilter train` for bench/train_vs_torch.sh: the same GPT-2 shape, the same
+"""PyTorch DDP peer of `kilter train` for bench/train_vs_torch.sh: the same GPT-2 shape (or, with
+--arch llama, the same Llama: tests/python/llama_torch.py), the same
 tokens per step (micro-batches of B x T, gradient accumulation with no_sync), gloo backend, one
 process per rank with one thread each. --precision bf16 runs forward and loss under
 torch.cpu.amp.autocast(dtype=torch.bfloat16) (fp32 weights, gradients and AdamW). Prints one JSON
 line with tokens/s measured after warmup."""
-import argparse, json, math, os, time
+import argparse, json, math, os, sys, time
 
 import torch
 import torch.distributed as dist
@@ -52,7 +53,13 @@ def worker(rank, a):
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=a.ranks)
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(GPT(a.n_layer, a.n_head, a.n_embd, a.block_size, a.vocab))
+    if a.arch == "llama":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+        from llama_torch import Llama
+        net = Llama(a.n_layer, a.n_head, a.n_kv_head or a.n_head, a.n_embd, a.ffn, a.block_size, a.vocab)
+    else:
+        net = GPT(a.n_layer, a.n_head, a.n_embd, a.block_size, a.vocab)
+    model = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     micro = a.tokens_per_step // (a.batch * a.block_size * a.ranks)
     g = torch.Generator().manual_seed(rank)
@@ -79,7 +86,7 @@ def worker(rank, a):
     dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
-        print(json.dumps({"peer": "torch_ddp_gloo", "precision": a.precision, "ranks": a.ranks, "threads": a.threads,
+        print(json.dumps({"peer": "torch_ddp_gloo", "arch": a.arch, "precision": a.precision, "ranks": a.ranks, "threads": a.threads,
                           "tokens_per_second": a.steps * tokens_per_step / dt, "micro_batches_per_rank": micro}))
     dist.destroy_process_group()
 
@@ -87,7 +94,8 @@ def worker(rank, a):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     for k, v in dict(ranks=2, threads=1, n_layer=4, n_head=4, n_embd=256, block_size=256, vocab=8192,
-                     batch=8, tokens_per_step=16384, steps=5, warmup=2, port=29531, precision="fp32").items():
+                     batch=8, tokens_per_step=16384, steps=5, warmup=2, port=29531, precision="fp32",
+                     arch="gpt2", n_kv_head=0, ffn=0).items():
         p.add_argument(f"--{k}", type=type(v), default=v)
     a = p.parse_args()
     mp.spawn(worker, args=(a,), nprocs=a.ranks, join=True)

@@ -1,4 +1,5 @@
-"""The PyTorch CPU baseline for bench/cpu_step.sh: the same GPT-2 (tests/python/gpt2_torch.py),
+"""The PyTorch CPU baseline for bench/cpu_step.sh: the same GPT-2 (tests/python/gpt2_torch.py) or
+Llama (--arch llama: tests/python/llama_torch.py),
 the same batch shape and the same step (zero grads, forward, backward of the token-mean loss,
 AdamW), timed with torch.set_num_threads(--threads). --precision=bf16 runs forward and loss under
 torch.cpu.amp.autocast(dtype=torch.bfloat16) (bf16 matmuls on oneDNN, fp32 weights and AdamW), the
@@ -17,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from gpt2_torch import GPT  # noqa: E402
+from llama_torch import Llama  # noqa: E402
 
 
 def main():
@@ -31,11 +33,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2")
+    ap.add_argument("--kv-heads", type=int, default=0)
+    ap.add_argument("--ffn", type=int, default=0)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
-    model = GPT(a.layers, a.heads, a.embd, a.T, a.vocab)
-    model.init_gpt2()
+    if a.arch == "llama":
+        model = Llama(a.layers, a.heads, a.kv_heads or a.heads, a.embd, a.ffn, a.T, a.vocab)
+        model.init_weights()
+    else:
+        model = GPT(a.layers, a.heads, a.embd, a.T, a.vocab)
+        model.init_gpt2()
     params = list(model.parameters())
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -69,7 +78,7 @@ def main():
     # warm-up, bf16 autocast on the 124M shape rose again by step 4 (10.94 -> 11.35) on this machine.
     ok = abs(losses[0] - math.log(a.vocab)) < 0.5 and all(math.isfinite(x) for x in losses) and \
         min(losses[1:], default=losses[0] - 1) < losses[0]
-    print(json.dumps({"impl": "torch", "torch_version": torch.__version__, "precision": a.precision,
+    print(json.dumps({"impl": "torch", "torch_version": torch.__version__, "precision": a.precision, "arch": a.arch,
                       "threads": a.threads,
                       "n_layer": a.layers, "n_embd": a.embd, "n_head": a.heads, "vocab": a.vocab,
                       "B": a.B, "T": a.T, "steps": a.steps, "tokens_per_s": round(a.B * a.T / median, 1),
