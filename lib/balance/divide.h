@@ -86,6 +86,8 @@ class StepDivider {
   uint32_t largest_end(uint32_t offset, double budget) const;
   bool water_fill(uint32_t len, const std::vector<double>& base, const std::vector<uint64_t>& room, double ceiling,
                   std::vector<uint32_t>& ends) const;
+  bool split_two(uint32_t len, double base0, double base1, uint64_t room0, uint64_t room1, double ceiling,
+                 uint32_t& e_out) const;
   void try_chain(uint32_t item, uint32_t slot, const std::vector<int>& ranks, int new_cuts, double mean,
                  Cut& best) const;
   void apply_cut(int busiest, const Cut& cut);
