@@ -28,20 +28,38 @@ void write_html(const std::string& path, const std::string& html) {
 }
 }  // namespace
 
-// A run with cut pieces whose K/V waits cost more than the plan charged (issue 23): the
-// measured charge and the settings that follow, measured as the run's cut-cost check measures it,
-// in the units of the plan's own cost model (summary.json plan_cost_a/b/c; a run written before
-// they were recorded: the ratios of a regression over its rows); "" otherwise, or where the run's
-// rows cannot be read or fitted.
+// What the run's own cut-cost check recorded in summary.json (cut_cost_check); ran = false where
+// it has none.
+static balance::RunCutCostCheck run_cut_cost_check(const nlohmann::json& summary) {
+  balance::RunCutCostCheck check;
+  if (!summary.contains("cut_cost_check") || !summary["cut_cost_check"].is_object()) return check;
+  const nlohmann::json& cc = summary["cut_cost_check"];
+  check.ran = true;
+  check.measured = cc.value("measured", false);
+  check.charge_held = cc.value("charge_held", true);
+  check.replanned = !cc.value("replanned_from_step", nlohmann::json()).is_null();
+  check.rows = cc.value("rows", uint64_t(0));
+  const nlohmann::json& window = cc.value("window", nlohmann::json::array());
+  if (window.is_array() && window.size() == 2) {
+    check.window_begin = window[0].get<int64_t>();
+    check.window_end = window[1].get<int64_t>();
+  }
+  return check;
+}
+
+// A run with cut pieces (issue 23, 36): whether their K/V waits cost more than the plan charged,
+// measured over the whole run as the run's cut-cost check measures its window, in the units of
+// the plan's own cost model (summary.json plan_cost_a/b/c; a run written before they were
+// recorded: the ratios of a regression over its rows), and set beside that check's verdict
+// (balance::report_cut_cost_advice has the rule); "" where there is nothing to say, or where the
+// run's rows cannot be read or fitted.
 static std::string cut_cost_advice(const diag::RunData& run) {
   if (!run.summary.is_object() || !run.summary.contains("plan_cost_t") ||
       run.summary.value("cuts_per_step_max", 0.0) <= 0)
     return "";
-  // The run's own cut-cost check re-planned with the measured charge: nothing left to advise.
-  if (run.summary.contains("cut_cost_check") && run.summary["cut_cost_check"].is_object() &&
-      !run.summary["cut_cost_check"].value("replanned_from_step", nlohmann::json()).is_null())
-    return "";
   try {
+    const balance::RunCutCostCheck run_check = run_cut_cost_check(run.summary);
+    if (run_check.replanned) return "";
     const std::vector<balance::CostSample> samples = balance::read_cost_samples(run.run_dir, 2);
     balance::CostModel plan_cost;
     if (run.summary.contains("plan_cost_a") && run.summary.contains("plan_cost_b") &&
@@ -57,7 +75,7 @@ static std::string cut_cost_advice(const diag::RunData& run) {
       plan_cost.c = fit.c_over_a();
     }
     plan_cost.t = run.summary["plan_cost_t"].get<double>();
-    return balance::cut_cost_advice(balance::check_cut_cost(samples, plan_cost));
+    return balance::report_cut_cost_advice(balance::check_cut_cost(samples, plan_cost), run_check);
   } catch (const Error&) {
     return "";
   } catch (const nlohmann::json::exception&) {

@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "io/error.h"
 
@@ -209,6 +212,7 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
                    << header.size());
       if (parse_number(f[c_step], file, line_no, "step") < double(skip_steps)) continue;
       CostSample s;
+      s.step = int64_t(parse_number(f[c_step], file, line_no, "step"));
       s.tokens_computed = parse_number(f[c_tokens], file, line_no, "tokens_computed");
       s.attn_work = parse_number(f[c_attn], file, line_no, "attn_work");
       s.seconds = parse_number(f[c_fwd], file, line_no, header[c_fwd]) +
@@ -241,7 +245,7 @@ constexpr double kCutCostShare = 0.02;    // and the miss costs at least this sh
 
 std::string cut_cost_advice(const CutCostCheck& check) {
   if (!check.replan) return "";
-  return cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share) +
+  return cut_cost_miss(check.measured_t, check.rows, check.planned_t, check.excess_share, check.steps) +
          cut_cost_remedy(check.measured_t) + " or data.cut_pieces = false";
 }
 
@@ -254,13 +258,20 @@ std::string cut_cost_remedy(double measured_t) {
   return line;
 }
 
-std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share) {
+std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share,
+                          uint64_t steps) {
+  char sample[96];
+  if (steps > 0)
+    std::snprintf(sample, sizeof sample, "%llu (rank, step) rows over %llu steps", static_cast<unsigned long long>(rows),
+                  static_cast<unsigned long long>(steps));
+  else
+    std::snprintf(sample, sizeof sample, "%llu (rank, step) rows", static_cast<unsigned long long>(rows));
   char line[384];
   std::snprintf(line, sizeof line,
                 "cut pieces cost more than the plan charged: their kv_wait measured t = %.3g dense tokens per earlier "
-                "token (%llu (rank, step) rows), the plan cut with t = %.3g, a miss of about %.0f%% of the step of a "
-                "rank that received K/V",
-                measured_t, static_cast<unsigned long long>(rows), planned_t, 100 * excess_share);
+                "token (%s), the plan cut with t = %.3g, a miss of about %.0f%% of the step of a rank that received "
+                "K/V",
+                measured_t, sample, planned_t, 100 * excess_share);
   return line;
 }
 
@@ -275,12 +286,64 @@ CutCostCheck check_cut_cost(const std::vector<CostSample>& samples, const CostMo
     units += plan_cost.a * s.tokens_computed + plan_cost.b * s.attn_work + std::max(plan_cost.c, 0.0) * s.micro_batches;
   }
   check.rows = transfer.samples;
+  std::set<int64_t> kv_steps;
+  for (const CostSample& s : samples)
+    if (s.kv_tokens > 0 && s.step >= 0) kv_steps.insert(s.step);
+  check.steps = kv_steps.size();
   if (!transfer.measured || !(seconds > 0) || !(units > 0)) return check;
   check.measured = true;
   check.measured_t = transfer.cost_t(seconds / units);
   check.excess_share = excess_share(samples, check.measured_t, check.planned_t);
   check.replan = check.measured_t > kCutCostRatio * check.planned_t && check.excess_share >= kCutCostShare;
   return check;
+}
+
+namespace {
+// "the run's cut-cost check (steps 2-11, 9 rows)": the check's window and its sample.
+std::string run_check_text(const RunCutCostCheck& run_check) {
+  return fmt::format("the run's cut-cost check (steps {}-{}, {} rows)", run_check.window_begin, run_check.window_end,
+                     run_check.rows);
+}
+
+// "the whole run's 40 (rank, step) rows that received K/V over 30 steps"
+std::string whole_run_text(const CutCostCheck& whole_run) {
+  return fmt::format("the whole run's {} (rank, step) rows that received K/V over {} steps", whole_run.rows,
+                     whole_run.steps);
+}
+}  // namespace
+
+std::string report_cut_cost_advice(const CutCostCheck& whole_run, const RunCutCostCheck& run_check) {
+  if (run_check.replanned) return "";  // the run already followed the advice
+  const bool check_missed = run_check.ran && run_check.measured && !run_check.charge_held;
+  if (whole_run.rows < kCutCostAdviceMinRows || whole_run.steps < kCutCostAdviceMinSteps) {
+    // Too small a sample to advise on. Where the check warned in the training log, the report says
+    // why it does not repeat the settings rather than leave the warning unanswered.
+    if (!check_missed) return "";
+    return fmt::format("none: {} found that cut pieces cost more than the plan charged, but {} are fewer than the {} "
+                       "over {} steps this advice needs (docs/plan.md, \"The report's advice\"); a longer run "
+                       "would tell",
+                       run_check_text(run_check), whole_run_text(whole_run), kCutCostAdviceMinRows,
+                       kCutCostAdviceMinSteps);
+  }
+  // The check judged as many rows as the report has (the run ended with its window): the same
+  // data, so the report follows the check's verdict and adds nothing to it (nothing at all where
+  // the figures disagree on those rows, as a later epoch's cost model could make them).
+  if (run_check.ran && run_check.rows >= whole_run.rows)
+    return check_missed && whole_run.replan ? cut_cost_advice(whole_run) : "";
+  // From here the whole run's verdict, on more rows than the check's window held.
+  if (whole_run.replan) {
+    if (!run_check.ran || check_missed) return cut_cost_advice(whole_run);
+    return cut_cost_advice(whole_run) +
+           fmt::format(". This differs from {}, which {}: the report read more rows, the whole run's",
+                       run_check_text(run_check),
+                       run_check.measured ? "found the charge held" : "saw no rank receive K/V");
+  }
+  if (!check_missed || !whole_run.measured) return "";
+  return fmt::format("none: unlike {}, {} measured t = {:.3g} against the planned {:.3g}, a difference of {:.1f}% of "
+                     "the step of a rank that received K/V: the charge held over the run, and data.cost_t can stay "
+                     "(the check's window was dearer than the rest)",
+                     run_check_text(run_check), whole_run_text(whole_run), whole_run.measured_t,
+                     whole_run.planned_t, 100 * whole_run.excess_share);
 }
 
 }  // namespace kilter::balance

@@ -20,6 +20,7 @@ struct CostSample {
   double micro_batches = 1;  // micro-batches the rank ran in the step
   double kv_wait = 0;        // seconds waiting for the K/V of earlier parts (issue 23; 0 when not recorded)
   double kv_tokens = 0;      // earlier tokens whose K/V the rank received in the step
+  int64_t step = -1;         // the step of the row (-1: not recorded, as in the trainer's check)
 };
 
 // The transfer coefficient from measured waits: every second any rank waited in the K/V
@@ -63,9 +64,11 @@ struct CostFit {
 CostFit fit_cost_model(const std::vector<CostSample>& samples);
 
 // The sentence the trainer's check and kilter report's advice both say where a charge did not
-// hold: "cut pieces cost more than the plan charged: their kv_wait measured t = ... (rows), the
-// plan cut with t = ..., a miss of about N% of the step of a rank that received K/V".
-std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share);
+// hold: "cut pieces cost more than the plan charged: their kv_wait measured t = ... (N (rank,
+// step) rows[ over S steps]), the plan cut with t = ..., a miss of about N% of the step of a rank
+// that received K/V" (steps = 0: the steps are not known, and not named).
+std::string cut_cost_miss(double measured_t, uint64_t rows, double planned_t, double excess_share,
+                          uint64_t steps = 0);
 // What both say follows from it: ", so its cuts can make steps slower here; set data.cost_t =
 // <measured_t> (the plan then cuts only where that pays)"; each adds its other setting.
 std::string cut_cost_remedy(double measured_t);
@@ -84,15 +87,54 @@ struct CutCostCheck {
   double planned_t = 0;
   double excess_share = 0;   // (measured - planned) x earlier tokens / computed tokens, ranks that received
   uint64_t rows = 0;         // (rank, step) rows with kv_tokens > 0
+  uint64_t steps = 0;        // distinct steps of those rows, where the samples record their step (else 0)
   bool replan = false;
 };
 CutCostCheck check_cut_cost(const std::vector<CostSample>& samples, const CostModel& plan_cost);
 
-// kilter report's advice on a run with cut pieces whose charge did not hold (check.replan: the
-// rule above): one line naming the figures and the settings that follow from them (data.cost_t =
-// the measured figure, or data.cut_pieces = false); "" where the charge held, where its miss is
-// too small to matter, or where nothing was measured.
+// The advice line on a check whose charge did not hold (check.replan: the rule above): the figures
+// and the settings that follow from them (data.cost_t = the measured figure, or data.cut_pieces =
+// false); "" where the charge held, where its miss is too small to matter, or where nothing was
+// measured. kilter report says it only where report_cut_cost_advice() finds the sample earns it.
 std::string cut_cost_advice(const CutCostCheck& check);
+
+// The sample kilter report's advice needs (issue 36): rows that received K/V, over distinct steps.
+// The measured charge is a ratio of sums, Σ kv_wait / Σ kv_tokens, whose relative error falls as
+// c / sqrt(rows), c the spread of one row's wait per earlier token relative to its mean. With c
+// = 1 (a row's wait varies by about its own size: a partner's hiccup, the scheduler), 16 rows
+// put the error at 25%, so the 1.5x rule's 50% margin is two standard errors and a charge that
+// held is seldom read as missed; one row (the demo's first advice, t = 95 against 0.0008) is
+// anything. Rows of one step are not independent: they share its stalls (an evaluation, a
+// checkpoint, a page-cache miss reach every rank), so the rows must span 5 steps, half the
+// window the trainer's check judges by default (data.cut_cost_check = 10). That check judges
+// its window however few rows received K/V in it (the e2e drill's: 5 rows over 2 steps); the
+// report, which advises a setting for the next runs, asks for more.
+constexpr uint64_t kCutCostAdviceMinRows = 16;
+constexpr uint64_t kCutCostAdviceMinSteps = 5;
+
+// What the run's own cut-cost check said (summary.json cut_cost_check; ran = false where the
+// summary has none: the check was off, the charge was given, or the run was resumed after one).
+struct RunCutCostCheck {
+  bool ran = false;
+  bool measured = false;     // some rank received K/V in its window
+  bool charge_held = true;
+  bool replanned = false;    // the run planned its remaining steps with the measured charge
+  uint64_t rows = 0;         // (rank, step) rows of its window that received K/V
+  int64_t window_begin = -1, window_end = -1;
+};
+
+// kilter report's advice from the whole run's rows (whole_run: check_cut_cost over
+// read_cost_samples) beside the run's own check (docs/plan.md, "The report's advice"). The rule:
+// - none where the run re-planned: it already followed the advice;
+// - none where whole_run rests on fewer than kCutCostAdviceMinRows rows over
+//   kCutCostAdviceMinSteps steps ("none: ..." where the check warned, saying why);
+// - where the check judged as many rows as the whole run has, the report follows its verdict;
+// - else the whole run's verdict, which rests on more rows: where it differs from the check's (the
+//   check held or measured nothing and the whole run did not hold, or the reverse), the line says
+//   so and why.
+// The line to print after "advice: " ("" for none): "cut pieces cost more ..." where it names a
+// setting, "none: ..." where it explains why it does not repeat the check's warning.
+std::string report_cut_cost_advice(const CutCostCheck& whole_run, const RunCutCostCheck& run_check);
 
 // Reads RUN_DIR/metrics/rank-*.csv: the header names the columns `step`, `tokens_computed`,
 // `attn_work`, `forward` and `backward` (a `_s` suffix on the time columns is accepted), and

@@ -247,5 +247,138 @@ TEST(BalanceCalibrate, CutCostCheckMeasuresInThePlansUnit) {
   EXPECT_FALSE(check_cut_cost({}, cost).measured);
 }
 
+// Rows of a run with cuts whose K/V cost t = 3 in the plan's unit (1e-6 s a token, as above):
+// kv_rows rows that received 200 earlier tokens' K/V, spread over `steps` steps from step 2, and
+// beside each a rank of the same step that received none.
+std::vector<CostSample> dear_cut_rows(int kv_rows, int steps) {
+  std::vector<CostSample> samples;
+  for (int i = 0; i < kv_rows; ++i) {
+    CostSample receiving;
+    receiving.step = 2 + i % steps;
+    receiving.tokens_computed = 1000;
+    receiving.seconds = 1e-3;
+    receiving.kv_tokens = 200;
+    receiving.kv_wait = 200 * 3e-6;
+    CostSample other = receiving;
+    other.kv_tokens = other.kv_wait = 0;
+    samples.push_back(receiving);
+    samples.push_back(other);
+  }
+  return samples;
+}
+
+CutCostCheck whole_run_check(int kv_rows, int steps, double planned_t = 0.583) {
+  CostModel cost;
+  cost.c = 0;
+  cost.t = planned_t;
+  return check_cut_cost(dear_cut_rows(kv_rows, steps), cost);
+}
+
+RunCutCostCheck run_check_of(bool measured, bool charge_held, uint64_t rows) {
+  RunCutCostCheck check;
+  check.ran = true;
+  check.measured = measured;
+  check.charge_held = charge_held;
+  check.rows = rows;
+  check.window_begin = 2;
+  check.window_end = 11;
+  return check;
+}
+
+// kilter report's advice needs a sample (issue 36): the demo's run advised t = 95.2 from one
+// (rank, step) row. Below kCutCostAdviceMinRows rows or kCutCostAdviceMinSteps steps nothing is
+// advised; at the minimum the advice names its sample.
+TEST(BalanceCalibrate, ReportAdviceNeedsItsMinimumSample) {
+  const RunCutCostCheck no_check;
+  const CutCostCheck one_row = whole_run_check(1, 1);
+  ASSERT_TRUE(one_row.replan) << "the charge did not hold on that row: only the sample withholds the advice";
+  EXPECT_EQ(one_row.rows, 1u);
+  EXPECT_EQ(one_row.steps, 1u);
+  EXPECT_EQ(report_cut_cost_advice(one_row, no_check), "");
+  // The demo's run: its check saw no rank receive K/V in its window, the whole run one row.
+  EXPECT_EQ(report_cut_cost_advice(one_row, run_check_of(false, true, 0)), "");
+  const int rows = int(kCutCostAdviceMinRows), steps = int(kCutCostAdviceMinSteps);
+  EXPECT_EQ(report_cut_cost_advice(whole_run_check(rows - 1, steps), no_check), "") << "too few rows";
+  EXPECT_EQ(report_cut_cost_advice(whole_run_check(rows, steps - 1), no_check), "") << "too few steps";
+  const std::string advice = report_cut_cost_advice(whole_run_check(rows, steps), no_check);
+  EXPECT_EQ(advice.rfind("cut pieces cost more than the plan charged", 0), 0u) << advice;
+  EXPECT_NE(advice.find("(16 (rank, step) rows over 5 steps)"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("set data.cost_t = 3 "), std::string::npos) << advice;
+  EXPECT_EQ(advice.find("differs"), std::string::npos) << advice;
+}
+
+// The advice never contradicts the run's own check silently: it follows the check's verdict where
+// the check judged as many rows, and says where and why the whole run's larger sample differs.
+TEST(BalanceCalibrate, ReportAdviceAgreesWithTheRunsCheckOrSaysWhyNot) {
+  const CutCostCheck whole = whole_run_check(20, 8);
+  // The check warned (the charge did not hold) on the first 5 rows: the report agrees, no remark.
+  std::string advice = report_cut_cost_advice(whole, run_check_of(true, false, 5));
+  EXPECT_EQ(advice.rfind("cut pieces cost more", 0), 0u) << advice;
+  EXPECT_EQ(advice.find("differs"), std::string::npos) << advice;
+  // The check held on 5 rows, the whole run's 20 do not: advice, and the difference named.
+  advice = report_cut_cost_advice(whole, run_check_of(true, true, 5));
+  EXPECT_EQ(advice.rfind("cut pieces cost more", 0), 0u) << advice;
+  EXPECT_NE(advice.find("(20 (rank, step) rows over 8 steps)"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("This differs from the run's cut-cost check (steps 2-11, 5 rows), which found the charge "
+                        "held: the report read more rows"),
+            std::string::npos)
+      << advice;
+  // The check measured nothing in its window; the cuts came later.
+  advice = report_cut_cost_advice(whole, run_check_of(false, true, 0));
+  EXPECT_NE(advice.find("which saw no rank receive K/V"), std::string::npos) << advice;
+  // The check held on as many rows as the report has: the same data, the report follows it.
+  EXPECT_EQ(report_cut_cost_advice(whole, run_check_of(true, true, 20)), "");
+  // A run that re-planned already followed the advice.
+  RunCutCostCheck replanned = run_check_of(true, false, 5);
+  replanned.replanned = true;
+  EXPECT_EQ(report_cut_cost_advice(whole, replanned), "");
+  // The check warned, but the whole run has too small a sample to repeat it: the report says so.
+  advice = report_cut_cost_advice(whole_run_check(5, 4), run_check_of(true, false, 5));
+  EXPECT_EQ(advice.rfind("none: the run's cut-cost check (steps 2-11, 5 rows) found that cut pieces cost more", 0),
+            0u)
+      << advice;
+  EXPECT_NE(advice.find("5 (rank, step) rows that received K/V over 4 steps are fewer than the 16 over 5 steps"),
+            std::string::npos)
+      << advice;
+  EXPECT_EQ(advice.find("data.cost_t ="), std::string::npos) << advice;
+  // The check warned on its window, and the whole run, on more rows, finds the charge held (t = 3
+  // within 1.5x of 2.5): the report says it differs, and advises no setting.
+  const CutCostCheck held = whole_run_check(20, 8, 2.5);
+  ASSERT_TRUE(held.measured && !held.replan);
+  advice = report_cut_cost_advice(held, run_check_of(true, false, 5));
+  EXPECT_EQ(advice.rfind("none: unlike the run's cut-cost check (steps 2-11, 5 rows), the whole run's 20 (rank, step) "
+                         "rows that received K/V over 8 steps measured t = 3 against the planned 2.5",
+                         0),
+            0u)
+      << advice;
+  EXPECT_NE(advice.find("the charge held over the run"), std::string::npos) << advice;
+  EXPECT_EQ(report_cut_cost_advice(held, run_check_of(true, true, 5)), "") << "both held";
+  EXPECT_EQ(report_cut_cost_advice(held, RunCutCostCheck()), "") << "no check, and the charge held";
+}
+
+// read_cost_samples keeps each row's step, which the report's sample counts.
+TEST(BalanceCalibrate, CostSamplesKeepTheirStep) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kilter-calibrate-steps-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "metrics");
+  {
+    std::ofstream csv(dir / "metrics" / "rank-00000.csv");
+    csv << "step,tokens_computed,attn_work,forward,backward,kv_wait,kv_tokens\n"
+           "1,100,1000,0.1,0.2,0,0\n"
+           "2,100,1000,0.1,0.2,0.01,50\n"
+           "3,100,1000,0.1,0.2,0,0\n"
+           "7,100,1000,0.1,0.2,0.02,50\n";
+  }
+  const std::vector<CostSample> samples = read_cost_samples(dir.string(), 2);
+  ASSERT_EQ(samples.size(), 3u);
+  EXPECT_EQ(samples[0].step, 2);
+  EXPECT_EQ(samples[2].step, 7);
+  CostModel cost;
+  const CutCostCheck check = check_cut_cost(samples, cost);
+  EXPECT_EQ(check.rows, 2u);
+  EXPECT_EQ(check.steps, 2u);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kilter::balance
