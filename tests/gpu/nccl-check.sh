@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kilter's NCCL paths on the one GPU of a lent machine (issue 40), within 8 minutes: 1, 2 and 4
 # ranks on the one device, each an NCCL "host" of its own (tests/gpu/ranks-on-one-gpu.sh), train
-# the same tiny configs as CPU/MPI runs made beforehand on a build machine, the way
+# the same tiny configs as CPU/MPI runs made beforehand on a build machine (after
+# kilter_gpu_nccl_test, the communicator's exact-sum collectives, on 2 and 4 ranks), the way
 # tests/e2e/invariance.sh compares world sizes, in fp32 and bf16:
 #   flat on 2 and 4 ranks; hierarchical on 4 ranks as 2 x 2 (comm.ranks_per_node = 2); ZeRO-1
 #   sharded (the default on 2+ ranks) and unsharded; cut pieces, whose K/V exchange runs on NCCL

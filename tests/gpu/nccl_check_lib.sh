@@ -39,6 +39,8 @@ pack_carry() {
   mkdir -p "$stage/bin" "$stage/lib" "$stage/lib-fallback" "$stage/ompi/bin" "$stage/ompi/${pkglib#"$prefix"/}" \
            "$stage/ompi/${pkgdata#"$prefix"/}" "$stage/pmix/lib/pmix" "$stage/pmix/share"
   strip -o "$stage/bin/kilter" "$build/kilter"
+  # The communicator's exact-sum collectives (tests/gpu/gpu_nccl_test.cpp), run first on the device.
+  [[ -x $build/kilter_gpu_nccl_test ]] && strip -o "$stage/bin/kilter_gpu_nccl_test" "$build/kilter_gpu_nccl_test"
   cp "$(readlink -f "$(command -v mpirun)")" "$stage/ompi/bin/mpirun"
   cp "$(readlink -f "$(command -v orted)")" "$stage/ompi/bin/orted"
   local component
@@ -49,7 +51,7 @@ pack_carry() {
   cp "$pmix_prefix"/lib/pmix/*.so "$stage/pmix/lib/pmix/"
   [[ -d $pmix_prefix/share/pmix ]] && cp -r "$pmix_prefix/share/pmix" "$stage/pmix/share/"
   local lib
-  for lib in $(carried_libraries "$build/kilter" "$stage"/ompi/bin/* "$stage/ompi/${pkglib#"$prefix"/}"/*.so \
+  for lib in $(carried_libraries "$stage"/bin/* "$stage"/ompi/bin/* "$stage/ompi/${pkglib#"$prefix"/}"/*.so \
                  "$stage"/pmix/lib/pmix/*.so); do
     cp -L "$lib" "$stage/lib/"
   done
@@ -86,9 +88,14 @@ set_runtime_env() {
   KILTER=$rt/bin/kilter
 }
 
-unpack_runtime() {  # unpack_runtime DIR
+unpack_runtime() {  # unpack_runtime DIR (with Python's lzma where xz is missing)
   mkdir -p "$1"
-  xz -dc "$carry/kilter-nccl.tar.xz" | tar -C "$1" -xf - || die "cannot unpack $carry/kilter-nccl.tar.xz"
+  if command -v xz >/dev/null; then
+    xz -dc "$carry/kilter-nccl.tar.xz" | tar -C "$1" -xf - || die "cannot unpack $carry/kilter-nccl.tar.xz"
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$carry/kilter-nccl.tar.xz" "$1" \
+      || die "cannot unpack $carry/kilter-nccl.tar.xz"
+  fi
 }
 
 # The runtime with the system's Open MPI, PMIx and every library the carry holds hidden (a
@@ -162,13 +169,25 @@ device_runtime() {
   if nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | grep -qi exclusive; then
     die "the GPU is in an exclusive compute mode: several ranks cannot share it (this check changes no GPU setting)"
   fi
+  # On a machine with several GPUs the ranks would spread over them; the subject is one GPU.
+  if [[ $backend == cuda && -z ${CUDA_VISIBLE_DEVICES:-} && $(nvidia-smi -L 2>/dev/null | wc -l) -gt 1 ]]; then
+    export CUDA_VISIBLE_DEVICES=0
+    echo "  several GPUs here: every rank uses GPU 0 (CUDA_VISIBLE_DEVICES=0)"
+  fi
   find_gpu_libraries
   work=$(mktemp -d /tmp/kilter-nccl-check.XXXXXX)
   unpack_runtime "$work/runtime"
   set_runtime_env "$work/runtime"
   "${RUNTIME_ENV[@]}" "$KILTER" --version | sed 's/^/  /'
   "${RUNTIME_ENV[@]}" ldd "$KILTER" | awk '$1 ~ /libnccl|libcudnn|libcudart/ || /not found/ {print "  " $1, $2, $3}'
-  "${RUNTIME_ENV[@]}" ldd "$KILTER" | grep -q "not found" && die "the carried kilter misses libraries here (above)"
+  # The carried libraries are Debian 12's: glibc 2.36 at most (libevent's arc4random), 2.34 for the rest.
+  echo "  $(ldd --version 2>&1 | head -1)"
+  local binary
+  for binary in "$KILTER" "$MPIEXEC" "$work/runtime/ompi"/lib/*/openmpi/lib/openmpi3/mca_btl_tcp.so; do
+    if "${RUNTIME_ENV[@]}" ldd "$binary" 2>&1 | grep "not found" | sed 's/^/  /' | grep .; then
+      die "$(basename "$binary") misses libraries here (above): the carried runtime cannot run on this machine"
+    fi
+  done
   references=$carry/reference
 }
 
@@ -391,10 +410,30 @@ control_row() {
   loss_row "control: flat 2 with losses off by 5e-5" 2 fp32 control.csv "$(metrics fp32-1)" - fail ""
 }
 
+# kilter_gpu_nccl_test on 2 and 4 ranks of the one GPU: allreduce, reduce-scatter, all-gather
+# and broadcast of integer-valued f32/f64/i64 data through the NCCL communicator, exact sums.
+collectives() {
+  local test_binary=${KILTER%/*}/kilter_gpu_nccl_test np rc
+  [[ -x $test_binary ]] || { drill_row "NCCL collectives (kilter_gpu_nccl_test)" - "not carried" FAIL; return; }
+  for np in 2 4; do
+    say "kilter_gpu_nccl_test on $np ranks"
+    rc=0
+    timeout 120 "${RUNTIME_ENV[@]}" MPIEXEC="$MPIEXEC" bash "$root/tests/gpu/ranks-on-one-gpu.sh" "$np" -- \
+      "$test_binary" </dev/null >"collectives-$np.log" 2>&1 || rc=$?
+    grep -E "NCCL [0-9]|failure|FAIL|SKIPPED" "collectives-$np.log" | head -5 | sed 's/^/  /'
+    if [[ $rc -eq 0 ]] && grep -q "kilter_gpu_nccl_test: 0 failure(s)" "collectives-$np.log"; then
+      drill_row "NCCL collectives (kilter_gpu_nccl_test)" "$np" "exact sums of f32, f64, i64" pass
+    else
+      drill_row "NCCL collectives (kilter_gpu_nccl_test)" "$np" "exit $rc" FAIL
+    fi
+  done
+}
+
 run_matrix() {
   cd "$work" || die "cannot enter $work"
   : >"$ROWS"
   say "runs in $work (backend $backend, mpirun $MPIEXEC)"
+  [[ $backend == cuda ]] && collectives
   local p
   for p in $(precisions); do run_precision "$p"; done
   [[ $backend == cuda ]] && check_transport
