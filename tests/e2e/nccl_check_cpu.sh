@@ -5,6 +5,7 @@
 # tests/gpu/ranks-on-one-gpu.sh, both fault drills, and the table, which must pass every row and
 # fail its control row (a run's losses off by 5e-5). What only a GPU can show runs on one.
 source "$(dirname "$0")/lib.sh"
+export TMPDIR=$WORK  # the check's own temporary folders go with this test's
 KILTER_BUILD=$(dirname "$KILTER") KILTER_NCCL_CARRY=$WORK/carry MPIEXEC=$MPIEXEC \
   bash "$SRC/tests/gpu/nccl-check.sh" --cpu --quick > check.log 2>&1 || { cat check.log; fail "nccl-check.sh --cpu --quick failed"; }
 sed -n '/^max relative loss difference/,$p' check.log
