@@ -1,6 +1,9 @@
 // Device discovery and the per-process CUDA context kilter shares between the model and the
 // NCCL communicator: which device this rank uses, and the compute stream every model kernel runs
 // on (the communicator orders its collectives after work queued there).
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -68,6 +71,39 @@ int cuda_device_index() {
   KILTER_CHECK(g_device >= 0, "train.backend=cuda: no usable CUDA device (" << cuda_device_absent_reason() << ")");
   KILTER_CUDA_CHECK(cudaSetDevice(g_device));
   return g_device;
+}
+
+CudaDeviceIdentity cuda_device_identity() {
+  const int device = cuda_device_index();
+  cudaDeviceProp prop{};
+  KILTER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, int(sizeof bus), device) != cudaSuccess) {
+    cudaGetLastError();
+    std::snprintf(bus, sizeof bus, "unknown");
+  }
+  // The UUID in nvidia-smi's form: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+  const auto* bytes = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  bool any = false;
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", bytes[i]);
+    uuid += hex;
+    if (i == 3 || i == 5 || i == 7 || i == 9) uuid += '-';
+    any |= bytes[i] != 0;
+  }
+  CudaDeviceIdentity identity;
+  if (any) {
+    identity.id = uuid;
+  } else {  // a bus id is unique on its host only
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    identity.id = std::string(host) + "/" + bus;
+  }
+  identity.label = "cuda device " + std::to_string(device) + " (" + prop.name + ", PCI " + bus +
+                   (any ? ", " + uuid : std::string()) + ")";
+  return identity;
 }
 
 bool cuda_device_memory(uint64_t* free_bytes, uint64_t* total_bytes) {

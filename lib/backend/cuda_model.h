@@ -37,6 +37,14 @@ std::string cuda_device_absent_reason();
 // the number of visible devices. Selected once per process; every CUDA entry point of kilter
 // (the model, the NCCL communicator) makes it current on its calling thread.
 int cuda_device_index();
+// That device as the other ranks may compare it: `id` equal on two ranks means one physical GPU,
+// on any host (the GPU's UUID; the host and PCI bus id where the driver gives no UUID); `label`
+// names it in messages: "cuda device 0 (NVIDIA H100 80GB HBM3, PCI 0000:1b:00.0, GPU-8f3c...)".
+struct CudaDeviceIdentity {
+  std::string id;
+  std::string label;
+};
+CudaDeviceIdentity cuda_device_identity();
 // That device's free and total memory (cudaMemGetInfo, which makes the context first). False,
 // never an exception, when no device is usable.
 bool cuda_device_memory(uint64_t* free_bytes, uint64_t* total_bytes);

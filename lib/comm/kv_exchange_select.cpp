@@ -6,6 +6,7 @@
 #include "lib/comm/kv_exchange_mpi.h"
 #include "lib/comm/kv_schedule.h"
 #ifdef KILTER_WITH_NCCL
+#include "lib/comm/device_sharing.h"
 #include "lib/comm/kv_exchange_nccl.h"
 #endif
 
@@ -20,6 +21,7 @@ CutExchangeFactory kv_exchange_factory(const std::string& kind, MPI_Comm comm, d
   }
   if (kind == "nccl") {
 #ifdef KILTER_WITH_NCCL
+    check_nccl_devices(comm);
     std::shared_ptr<NcclKvChannel> channel = make_nccl_kv_channel(comm, timeout_s);
     return [channel](KvSchedule schedule, const KvExchangeOptions& opts) {
       return make_nccl_kv_exchange(channel, std::move(schedule), opts);

@@ -1,8 +1,10 @@
 // The one place that picks a Communicator implementation: "mpi" (host buffers, always built)
-// or "nccl" (device buffers, built only with KILTER_WITH_NCCL).
+// or "nccl" (device buffers, built only with KILTER_WITH_NCCL), after checking that no two of its
+// ranks share a GPU (device_sharing.h), which NCCL would refuse later with less to go on.
 #include "io/error.h"
 #include "lib/comm/communicator.h"
 #ifdef KILTER_WITH_NCCL
+#include "lib/comm/device_sharing.h"
 #include "lib/comm/nccl_communicator.h"
 #endif
 
@@ -12,6 +14,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind, MPI_Com
   if (kind == "mpi") return make_mpi_communicator(comm);
   if (kind == "nccl") {
 #ifdef KILTER_WITH_NCCL
+    check_nccl_devices(comm);
     return make_nccl_communicator(comm, timeout_s);
 #else
     (void)timeout_s;

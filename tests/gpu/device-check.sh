@@ -15,9 +15,19 @@
 # --profile adds, last, the GPU time per kernel of one GPT-2 124M bf16 step (Nsight Compute, one
 # metric per kernel: gpu__time_duration), grouped by kernel, to find where the step's time goes.
 # --tests-only runs the three tests and stops.
-# usage: tests/gpu/device-check.sh [--build-only] [--quick] [--profile] [--tests-only]
+# --nccl runs, instead of all this, kilter's NCCL paths on 1, 2 and 4 ranks of this one GPU
+# against CPU/MPI runs, and two fault drills (tests/gpu/nccl-check.sh, at most 8 minutes; its
+# runtime travels in build-nccl-carry/, which `--build-only --nccl` makes on a build machine).
+# usage: tests/gpu/device-check.sh [--build-only] [--quick] [--profile] [--tests-only] [--nccl]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+for arg in "$@"; do
+  [[ $arg == --nccl ]] || continue
+  if [[ " $* " == *" --build-only "* ]]; then exec "$root/tests/gpu/nccl-check.sh" --build-only; fi
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then exec > >(tee "$OUT/device-check.log") 2>&1; fi
+  "$root/tests/gpu/nccl-check.sh"
+  exit $?
+done
 build=${KILTER_GPU_BUILD:-$root/build-gpu-standalone}
 carry=${KILTER_GPU_CARRY:-$root/build-gpu-carry}
 # The carried binaries open cuBLASLt when the first GEMM engine is made (cublaslt_loader.h) and
@@ -40,7 +50,7 @@ for arg in "$@"; do
     --quick) quick=--quick ;;
     --profile) profile=1 ;;
     --tests-only) tests_only=1 ;;
-    *) echo "usage: $0 [--build-only] [--quick] [--profile] [--tests-only]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--build-only] [--quick] [--profile] [--tests-only] [--nccl]" >&2; exit 2 ;;
   esac
 done
 start=$SECONDS

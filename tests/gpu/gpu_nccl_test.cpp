@@ -2,7 +2,9 @@
 // (out of place and in place), allgather and broadcast of rank-dependent integer-valued data
 // (sums are exact), f32/f64/i64, and the error path of a collective on an aborted communicator.
 // Run under mpirun with one rank per GPU. Exit 77 (skipped) without a device, or when ranks
-// would share a device (NCCL refuses that); the MPI-free GPU machine does not build it.
+// would share a device (NCCL refuses that) outside the test layout of
+// tests/gpu/ranks-on-one-gpu.sh (KILTER_TEST_SHARE_DEVICE=1 and an NCCL host id per rank), where
+// tests/gpu/nccl-check.sh runs it on one GPU; the MPI-free GPU machine does not build it.
 #include <mpi.h>
 
 #include <cstdio>
@@ -101,7 +103,9 @@ int main(int argc, char** argv) {
   int local_size = 1;
   MPI_Comm_size(node, &local_size);
   MPI_Comm_free(&node);
-  if (!reason.empty() || local_size > devices) {
+  const char* share_device = std::getenv("KILTER_TEST_SHARE_DEVICE");
+  const bool one_gpu_layout = share_device != nullptr && std::string(share_device) == "1";
+  if (!reason.empty() || (local_size > devices && !one_gpu_layout)) {
     if (rank == 0)
       std::printf("SKIPPED: no CUDA device (%s)\n",
                   reason.empty() ? (std::to_string(local_size) + " ranks per node share " + std::to_string(devices) +
