@@ -26,11 +26,7 @@ for _ in $(seq 600); do [ -f $tmp ] && break; sleep 0.2; done
 [ -f $tmp ] || { cat killed.log; fail "the slowed writer never created $tmp"; }
 sleep 1  # well inside the 120 s stall: the temp file is half written
 mpid=$(pgrep -P $pid | head -1)
-rank0=""
-for p in $(pgrep -P "$mpid"); do
-  tr '\0' '\n' < /proc/$p/environ | grep -qx "OMPI_COMM_WORLD_RANK=0" && rank0=$p
-done
-[ -n "$rank0" ] || fail "rank 0 not found"
+rank0=$(rank_pid "$mpid" 0) || { cat killed.log; fail "rank 0 not found"; }
 kill -9 "$rank0"
 rc=0; wait $pid || rc=$?
 [ $rc -ne 0 ] || fail "the killed run exited 0"

@@ -33,7 +33,7 @@ rc=0; wait $pid || rc=$?
 [ $rc -ne 124 ] || { cat truncated.log; fail "truncated: hung until the timeout"; }
 grep -q "train failed: rank [0-2]: shard data/shard-00001.h5 was truncated while the run read it: restore the dataset (kilter prep validate names damaged shards), then continue the run with --resume" truncated.log \
   || { cat truncated.log; fail "truncated: no message naming the rank and the shard"; }
-pgrep -f "runs/t" >/dev/null && fail "truncated: kilter processes left behind"
+[ -z "$(kilter_procs_here)" ] || fail "truncated: kilter processes left behind: $(kilter_procs_here)"
 grep -m1 "train failed" truncated.log
 kept=$(ls runs/t/checkpoints | grep '^step-.*\.h5$' | tail -1)
 [ -n "$kept" ] || fail "truncated: the run's checkpoint is gone"

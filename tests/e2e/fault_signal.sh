@@ -18,26 +18,6 @@ wait_step() {  # wait_step CSV N: until the metrics hold step N (bounded)
   for _ in $(seq 600); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
   fail "the run did not reach step $2"
 }
-rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of that rank's process (waits for it, bounded)
-  # Open MPI 4.1's mpirun forks and execs every local rank itself (odls default), so a rank is its
-  # child, known by OMPI_COMM_WORLD_RANK in the environment it was exec'd with (a child not yet
-  # exec'd still has mpirun's, without it). grep -z reads /proc/PID/environ itself: the lookup was
-  # `tr '\0' '\n' < environ | grep -qx ...`, and under pipefail it failed for a running rank
-  # whenever the environment ran past tr's first 4 KiB write with the variable inside it: grep
-  # matched and exited, tr's second write got SIGPIPE (141), the pipeline "failed". The TSan
-  # tests' TSAN_OPTIONS put the ranks' environment near 4 KiB (3.9 KiB here); padded into that
-  # window, the old lookup missed a live rank 16 times in 1000, this one never.
-  local p
-  for _ in $(seq 100); do
-    for p in $(pgrep -P "$1"); do
-      grep -qxz "OMPI_COMM_WORLD_RANK=$2" "/proc/$p/environ" 2>/dev/null && { echo "$p"; return; }
-    done
-    kill -0 "$1" 2>/dev/null || fail "mpirun $1 ended before rank $2 could be found"
-    sleep 0.1
-  done
-  ps -o pid,stat,args --ppid "$1" >&2 || true
-  fail "no process of rank $2 under mpirun $1 within 10 s"
-}
 preempt() {  # preempt LOG HOW FROM [train args]: start, wait until step FROM+3, signal, expect 85
   local log=$1 how=$2 from=$3; shift 3
   local csv=runs/sig/metrics/rank-00000.csv

@@ -13,6 +13,41 @@ trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# Under pipefail, `cmd | grep -q PATTERN || fail` fails when grep exits at its match while cmd is
+# still writing (SIGPIPE, 141): a flaky failure for output over the first write. The scripts test
+# a command's output as `grep -q PATTERN <<<"$(cmd)"` instead.
+
+rank_pid() {  # rank_pid MPIRUN_PID RANK: the pid of that rank's process (waits for it, bounded)
+  # Open MPI 4.1's mpirun forks and execs every local rank itself (odls default), so a rank is its
+  # child, known by OMPI_COMM_WORLD_RANK in the environment it was exec'd with (a child not yet
+  # exec'd still has mpirun's, without it). grep -z reads /proc/PID/environ itself: the lookup was
+  # `tr '\0' '\n' < environ | grep -qx ...`, and under pipefail it failed for a running rank
+  # whenever the environment ran past tr's first 4 KiB write with the variable inside it: grep
+  # matched and exited, tr's second write got SIGPIPE (141), the pipeline "failed". The TSan
+  # tests' TSAN_OPTIONS put the ranks' environment near 4 KiB (3.9 KiB here); padded into that
+  # window, the old lookup missed a live rank 16 times in 1000, this one never.
+  local p
+  for _ in $(seq 100); do
+    for p in $(pgrep -P "$1"); do
+      grep -qxz "OMPI_COMM_WORLD_RANK=$2" "/proc/$p/environ" 2>/dev/null && { echo "$p"; return; }
+    done
+    kill -0 "$1" 2>/dev/null || fail "mpirun $1 ended before rank $2 could be found"
+    sleep 0.1
+  done
+  ps -o pid,stat,args --ppid "$1" >&2 || true
+  fail "no process of rank $2 under mpirun $1 within 10 s"
+}
+
+# The kilter processes started from this test's directory (its cwd), whatever runs beside it:
+# for "nothing left behind" checks (a pgrep of a relative path matched other tests' processes).
+kilter_procs_here() {
+  local p
+  for p in $(pgrep -f "$KILTER" || true); do  # also this script, mpirun and timeout: their exe differs
+    [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$KILTER" ] && [ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$WORK" ] \
+      && echo "$p"
+  done
+  return 0
+}
 
 # Runs and drills over the array COMMON (defined by the calling script before the first call).
 train() {  # train LOG NP [args]: a run that must succeed (bounded: a hang fails the test)

@@ -24,8 +24,8 @@ expect_failure() {
 for opt in --input --format --shards --out --force --quiet '(=1)' '(=text)' 'eos_id = 256'; do
   grep -qF -- "$opt" help.txt || fail "prep --help lacks $opt"
 done
-"$KILTER" prep synth --help | grep -qF 'lognormal:MU,SIGMA' || fail "synth --help lacks --lengths"
-"$KILTER" prep validate --help | grep -qF 'validate DIR' || fail "validate --help"
+grep -qF 'lognormal:MU,SIGMA' <<<"$("$KILTER" prep synth --help)" || fail "synth --help lacks --lengths"
+grep -qF 'validate DIR' <<<"$("$KILTER" prep validate --help)" || fail "validate --help"
 
 printf 'hello' > a.txt
 expect_failure "nope.txt" "does not exist" -- "$KILTER" prep --input a.txt nope.txt --out ds --quiet
@@ -54,7 +54,7 @@ for s in range(2):
     a.close(); b.close()
 f = h5py.File("s1/shard-00001.h5", "r+"); f["tokens"][7] = (int(f["tokens"][7]) + 1) % 999; f.close()
 PYEOF
-"$KILTER" prep validate s2 | grep -q '^OK' || fail "validate s2"
+grep -q '^OK' <<<"$("$KILTER" prep validate s2)" || fail "validate s2"
 expect_failure "shard-00001.h5" "does not match the index" -- "$KILTER" prep validate s1
 expect_failure "shard-00000.h5" "shard file is missing" -- bash -c "rm s2/shard-00000.h5 && '$KILTER' prep validate s2"
 expect_failure "exists and is not empty" "--force" -- "$KILTER" prep --input a.txt --out s1 --quiet

@@ -32,8 +32,8 @@ for needle in 'DATASET "tokens"' 'H5T_STD_U16LE' 'DATASET "offsets"' 'H5T_STD_U6
               'ATTRIBUTE "tokenizer"' 'ATTRIBUTE "eos_id"' 'ATTRIBUTE "shard_index"' 'ATTRIBUTE "num_shards"'; do
   grep -qF "$needle" dump.txt || fail "h5dump -H lacks $needle"
 done
-h5dump -H fortunes/index.h5 | grep -qF 'DATASET "doc_lengths"' || fail "index.h5 lacks doc_lengths"
-h5dump -p -H -d /tokens fortunes/shard-00000.h5 | grep -q CONTIGUOUS || fail "/tokens is not contiguous"
+grep -qF 'DATASET "doc_lengths"' <<<"$(h5dump -H fortunes/index.h5)" || fail "index.h5 lacks doc_lengths"
+grep -q CONTIGUOUS <<<"$(h5dump -p -H -d /tokens fortunes/shard-00000.h5)" || fail "/tokens is not contiguous"
 
 "$PY" - "$FORTUNES" fortunes <<'PYEOF'
 import os, sys, h5py, numpy as np

@@ -10,8 +10,8 @@ FORTUNES=${KILTER_FORTUNES:-/usr/share/games/fortunes}
 ORACLE="$SRC/tests/python/tokenizer_oracle.py"
 TOOL=$(dirname "$KILTER")/tokenizer_tool
 
-"$KILTER" prep --help | grep -q -- "--tokenizer" || fail "prep --help does not document --tokenizer"
-"$KILTER" prep tokenizer train --help | grep -q -- "--kind" || fail "prep tokenizer train --help lacks --kind"
+grep -q -- "--tokenizer" <<<"$("$KILTER" prep --help)" || fail "prep --help does not document --tokenizer"
+grep -q -- "--kind" <<<"$("$KILTER" prep tokenizer train --help)" || fail "prep tokenizer train --help lacks --kind"
 
 # Train with kilter's trainer (bpe and unigram) on the fortunes.
 for kind in bpe unigram; do
