@@ -247,7 +247,7 @@ void make_eval_plans(Run& run) {
   }
 }
 
-// Rank 0: the run in two lines, the plan's cuts, and its idle-rank warnings.
+// Rank 0: the run in two lines, the plan's cuts, and the warnings `kilter plan` gives for it.
 void log_run_start(const Run& run, const balance::EpochPlan& plan) {
   const Config& cfg = run.cfg;
   const balance::PlanStats& st = plan.stats;
@@ -264,16 +264,8 @@ void log_run_start(const Run& run, const balance::EpochPlan& plan) {
   if (run.backend != "cpu") std::fprintf(stderr, "kilter: model on %s\n", run.model->describe().c_str());
   if (st.cuts > 0)
     std::fprintf(stderr, "kilter: plan cuts pieces between ranks: %s\n", balance::describe_cuts(st).c_str());
-  // The same warnings as `kilter plan`: a step too small for the world size, and idle ranks.
-  const std::string too_small = balance::idle_rank_warning(run.plan_opts, run.world_size);
-  if (!too_small.empty()) std::fprintf(stderr, "kilter: warning: %s\n", too_small.c_str());
-  if (st.steps_with_idle_ranks > 0)
-    std::fprintf(stderr,
-                 "kilter: warning: %llu of %llu steps of this epoch leave ranks idle (at most %llu in one step); "
-                 "idle ranks still join every collective; raise train.tokens_per_step to >= %lld (world size x "
-                 "model.block_size)\n",
-                 (unsigned long long)st.steps_with_idle_ranks, (unsigned long long)st.steps_per_epoch,
-                 (unsigned long long)st.idle_ranks_max, (long long)run.world_size * cfg.model.block_size);
+  for (const std::string& warning : balance::plan_warnings(plan, run.plan_opts, cfg.comm.link_gbps))
+    std::fprintf(stderr, "kilter: warning: %s\n", warning.c_str());
 }
 
 // data.cut_cost_check: once per run, where the plan cuts pieces, derives its transfer charge,

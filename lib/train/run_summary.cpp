@@ -5,27 +5,23 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "lib/balance/plan_report.h"
 #include "lib/train/signals.h"
 
 namespace kilter::train {
 
 namespace {
 
-// The plan of the epoch the run started in, and the cost model its last steps were divided with.
+// The plan of the epoch the run started in, under `kilter plan --json`'s names, and the cost
+// model its last steps were divided with.
 void add_plan_figures(const Run& run, nlohmann::json& extra) {
   const balance::PlanStats& st = run.start_stats;
-  extra["padding_efficiency"] = st.padding_efficiency;
-  extra["cost_imbalance_p50"] = st.cost_imbalance_p50;
-  extra["cost_imbalance_p95"] = st.cost_imbalance_p95;
-  extra["cost_imbalance_max"] = st.cost_imbalance_max;
-  extra["cost_wait_fraction"] = st.cost_wait_fraction;
-  // Cut pieces (issue 23), named as in `kilter plan --json`: what the plan cut, what it exchanges,
-  // and the imbalance without the cuts and the whole-piece bound beside it, so the gain shows.
-  extra["cost_imbalance_bound_p50"] = st.cost_imbalance_bound_p50;
-  extra["cost_imbalance_bound_p95"] = st.cost_imbalance_bound_p95;
-  extra["cost_imbalance_uncut_p50"] = st.cost_imbalance_uncut_p50;
-  extra["cost_imbalance_uncut_p95"] = st.cost_imbalance_uncut_p95;
-  extra["cost_imbalance_uncut_max"] = st.cost_imbalance_uncut_max;
+  extra.update(balance::plan_stats_json(st));
+  // The names these figures had in summary.json before they took `kilter plan`'s: kept for one
+  // release (docs/diagnostics.md), then dropped.
+  extra["plan_kv_bytes_per_step_p50"] = st.kv_bytes_per_step_p50;
+  extra["plan_kv_bytes_per_step_max"] = st.kv_bytes_per_step_max;
+  extra["plan_kv_bytes_per_rank_max"] = st.kv_bytes_per_rank_max;
   // t, the charge per earlier token it cut with, which `kilter report` compares with what the
   // run's kv_wait measured in the units a, b and c define.
   const balance::CostModel& plan_cost = run.plans->cost(run.state.position);
@@ -33,17 +29,6 @@ void add_plan_figures(const Run& run, nlohmann::json& extra) {
   extra["plan_cost_b"] = plan_cost.b;
   extra["plan_cost_c"] = plan_cost.c;
   extra["plan_cost_t"] = plan_cost.t;
-  extra["cuts_per_step_p50"] = st.cuts_per_step_p50;
-  extra["cuts_per_step_max"] = st.cuts_per_step_max;
-  extra["cut_pieces"] = st.cut_pieces;
-  extra["cut_piece_ranks_max"] = st.cut_piece_ranks_max;
-  extra["plan_kv_bytes_per_step_p50"] = st.kv_bytes_per_step_p50;
-  extra["plan_kv_bytes_per_step_max"] = st.kv_bytes_per_step_max;
-  extra["plan_kv_bytes_per_rank_max"] = st.kv_bytes_per_rank_max;
-  extra["long_pieces"] = st.long_pieces;
-  extra["long_piece_ranks_max"] = st.long_piece_ranks_max;
-  extra["steps_per_epoch"] = st.steps_per_epoch;
-  extra["micro_batches_per_step"] = st.micro_batches_per_step;
 }
 
 // How the run ran: its back end, communication, model, and time.

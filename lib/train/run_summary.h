@@ -1,5 +1,6 @@
 // The end of a training run: summary.json (rank 0, through diag::RankDiagnostics::finish, which
-// adds the measured statistics) and the last log lines.
+// adds the measured statistics) and the last log lines. The plan's figures carry the names
+// `kilter plan --json` gives them (balance::plan_stats_json).
 #pragma once
 #include <cmath>
 #include <cstdint>
