@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <memory>
 
-#include "io/error.h"
 #include "lib/balance/plan.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
