@@ -4,7 +4,9 @@
 //   /adam/m/<name>, /adam/v/<name>   AdamW first and second moments, same shapes
 //   root attributes: format "kilter-checkpoint", format_version, kilter_version, step, epoch,
 //   step_in_epoch, seed, config_hash, tokens_seen, world_size, cut_cost_t, config (resolved INI text),
-//   n_layer, n_head, n_embd, block_size, vocab_size; tokenizer (kind, as index.h5 records it)
+//   n_layer, n_head, n_embd, block_size, vocab_size, the architecture's keys (arch, n_kv_head,
+//   ffn_hidden, rope_*, norm_eps, tie_embeddings, qkv_bias; absent before model.arch: gpt2);
+//   tokenizer (kind, as index.h5 records it)
 //   and eos_id, with the tokenizer file's bytes in /tokenizer_data (uint8, absent when empty), so
 //   a checkpoint decodes on its own. Checkpoints written before these existed read as tokenizer "".
 //   /document_starts (uint64, [n, 2] rows of id and count, absent when empty): how many training
@@ -13,7 +15,12 @@
 // was damaged after it was written is refused instead of silently resumed.
 // Files are written atomically: a hidden temp file next to the final name, fsync, rename, fsync
 // of the directory, so a crash (even kill -9) mid-write never leaves a half file under a final
-// name. This layer knows HDF5 and POSIX only (no MPI, nothing from lib/).
+// name. This layer knows HDF5 (through io/hdf5_util.h) and POSIX only (no MPI, nothing from lib/).
+// Implementation, a file per part: checkpoint_write.cpp (the whole writer), checkpoint_slices.cpp
+// (the writer by slices), checkpoint_read.cpp, checkpoint_prune.cpp (names, listing, pruning);
+// shared by them: checkpoint_layout (groups and datasets), checkpoint_attributes (the root
+// attributes, where each key is written and read), checkpoint_checksum, checkpoint_storage
+// (atomic publish, free space, storage faults).
 // Owner: checkpoints (issue 8).
 #pragma once
 #include <cstddef>
@@ -51,6 +58,11 @@ struct CheckpointInfo {
   double cut_cost_t = -1;
   std::string config;          // resolved INI text of the run
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+  // The architecture, as the config's model.* keys give it (lib/model/spec.h); checkpoints from
+  // before these keys read as gpt2 (the defaults).
+  std::string arch = "gpt2", rope_scaling = "none", tie_embeddings = "auto";
+  int64_t n_kv_head = 0, ffn_hidden = 0, rope_original_context = 8192, qkv_bias = 0;
+  double rope_theta = 10000, rope_factor = 8, rope_low_freq_factor = 1, rope_high_freq_factor = 4, norm_eps = 1e-5;
   std::string tokenizer;       // the dataset's tokenizer kind ("" in older checkpoints)
   std::string tokenizer_data;  // its file bytes ("" for byte and for kinds without a file)
   int64_t eos_id = -1;         // the dataset's eos_id (-1 in older checkpoints)

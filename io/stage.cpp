@@ -15,6 +15,7 @@
 
 #include "io/content_hash.h"
 #include "io/error.h"
+#include "io/text_format.h"
 #include "io/write_failure.h"
 
 namespace kilter::io {
@@ -152,8 +153,8 @@ StageReport stage_shards(const DatasetIndex& index, const std::string& stage_dir
   }
   const int64_t available = free_bytes(stage_dir);
   KILTER_USER_CHECK(available < 0 || uint64_t(available) >= needed,
-               "data.stage_dir " << stage_dir << " is too small: staging needs " << human_bytes(needed) << ", "
-                                 << human_bytes(uint64_t(available)) << " free; free space there, or set "
+               "data.stage_dir " << stage_dir << " is too small: staging needs " << human_bytes(double(needed)) << ", "
+                                 << human_bytes(double(available)) << " free; free space there, or set "
                                  << "data.stage_dir to a larger node-local disk" << in_place);
 
   for (uint32_t s = 0; s < index.shards.size(); ++s) {

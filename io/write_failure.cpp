@@ -4,7 +4,6 @@
 #include <sys/statvfs.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -16,20 +15,6 @@ int64_t free_bytes(const std::string& path) {
   struct statvfs st;
   if (::statvfs(path.c_str(), &st) != 0) return -1;
   return int64_t(st.f_bavail) * int64_t(st.f_frsize);
-}
-
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"bytes", "kB", "MB", "GB", "TB", "PB"};
-  if (bytes < 1000) return std::to_string(bytes) + " bytes";
-  double value = double(bytes);
-  int unit = 0;
-  while (value >= 1000 && unit < 5) {
-    value /= 1000;
-    ++unit;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", value, units[unit]);
-  return buf;
 }
 
 int errno_in_hdf5_text(const std::string& text) {
@@ -81,7 +66,7 @@ std::string write_errno_advice(int err, const std::string& dir, const std::strin
 }
 
 std::string compact_hdf5_text(const std::string& text) {
-  // HDF5 messages are joined by "; " (see the walkers in checkpoint.cpp and hdf5_util.cpp).
+  // HDF5 messages are joined by "; " (see h5::error_stack in hdf5_util.cpp).
   std::vector<std::string> parts;
   size_t begin = 0;
   while (begin <= text.size()) {

@@ -12,9 +12,6 @@ namespace kilter::io {
 // f_bavail), or -1 when it cannot be asked. Quotas are not visible here.
 int64_t free_bytes(const std::string& path);
 
-// "1.2 MB", "412.6 kB", "17 bytes".
-std::string human_bytes(uint64_t bytes);
-
 // The OS errno that HDF5's file driver recorded in its error text ("..., errno = 28, ..."), or 0.
 int errno_in_hdf5_text(const std::string& text);
 

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "io/error.h"
+#include "io/text_format.h"
 
 namespace kilter::io {
 
@@ -26,12 +27,6 @@ uint64_t element_count(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
   for (int64_t d : shape) n *= uint64_t(d);
   return n;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 void write_all(int fd, const void* data, size_t bytes, const std::string& path) {

@@ -1,5 +1,6 @@
-// CpuModel: GPT-2 forward/backward on the host, composed from the op files in lib/model
-// (encoder, layernorm, matmul, attention, gelu, crossentropy) in llm.c's order, and AdamW.
+// CpuModel: the model's forward/backward on the host, composed from the op files in lib/model in
+// llm.c's order (encoder, layernorm or rmsnorm, matmul, rope, attention, gelu or swiglu,
+// crossentropy: the architecture's steps, spec.h), and AdamW.
 // A micro-batch is packed (model.h): every op but attention runs on its N token rows, attention
 // runs piece by piece (cost sum(len^2)), and rows without a target are left out of the LM head.
 // A later part of a cut piece (issue 23) continues its piece's positions and attends to the K/V
@@ -19,6 +20,8 @@
 #include "lib/model/gemm.h"
 #include "lib/model/init.h"
 #include "lib/model/layernorm.h"
+#include "lib/model/rmsnorm.h"
+#include "lib/model/swiglu.h"
 #include "lib/model/matmul.h"
 #include "lib/optim/adamw.h"
 
@@ -57,6 +60,8 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
   if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
   grads_.assign(layout_.padded_size, 0.0f);
   plan_ = model::activation_plan(cfg_, recompute_);
+  shape_ = {cfg_.n_head, cfg_.kv_heads(), cfg_.head_dim()};
+  if (cfg_.llama()) rope_ = model::RopeTable::build(cfg_, cfg_.block_size);
 }
 
 std::string CpuModel::describe() const {
@@ -144,6 +149,8 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
     grow(datty_, tokens * C);
     grow(dqkv_, tokens * size_t(cfg_.qkv_width()));
     grow(dfch_, tokens * size_t(cfg_.ffn_in_width()));
+    if (cfg_.llama()) grow(dact_, tokens * size_t(cfg_.ffn_width()));
+    grow(positions_, tokens);
     grow(target_rows_, tokens);
     grow(target_ids_, tokens);
     grow(head_inputs_, tokens * C);
@@ -190,34 +197,34 @@ model::AttentionPrefix CpuModel::attention_prefix(const Batch& batch) const {
 }
 
 void CpuModel::attention_forward(const Batch& batch, int layer, const BlockActivations& a) {
-  const int pieces = batch.num_pieces(), C = cfg_.n_embd, NH = cfg_.n_head;
+  const int pieces = batch.num_pieces();
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
   model::KvExchange* exchange = batch.exchange;
   if (exchange == nullptr) {
-    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_);
+    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_);
     return;
   }
   // Post this micro-batch's K/V first (later parts elsewhere may wait on them), compute the pieces
   // that need nothing from others while the prefixes travel, then the later parts.
   exchange->forward_send(layer, a.qkv);
   const model::AttentionPrefix prefix = attention_prefix(batch);
-  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
                            model::AttentionPieces::without_prefix);
   exchange->forward_wait(layer);
   if (prefix.offset == nullptr) return;
   for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
-  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
                            model::AttentionPieces::with_prefix);
 }
 
 void CpuModel::attention_backward(const Batch& batch, int layer, const BlockActivations& a) {
-  const int N = batch.N, pieces = batch.num_pieces(), C = cfg_.n_embd, NH = cfg_.n_head;
+  const int N = batch.N, pieces = batch.num_pieces();
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
   float* dqkv = dqkv_.data();
-  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(N) * 3 * C);
+  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(N) * cfg_.qkv_width());
   model::KvExchange* exchange = batch.exchange;
   if (exchange == nullptr) {
-    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_);
+    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, bf16_);
     return;
   }
   // The later parts first: their prefixes' dK/dV go back to the owners while this rank computes
@@ -229,11 +236,11 @@ void CpuModel::attention_backward(const Batch& batch, int layer, const BlockActi
       prefix_kv_[p] = has ? exchange->prefix_kv(layer, p) : nullptr;
       prefix_dkv_[p] = has ? exchange->prefix_dkv(layer, p) : nullptr;
     }
-    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_, prefix,
+    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, bf16_, prefix,
                               model::AttentionPieces::with_prefix);
   }
   exchange->backward_send(layer);
-  model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, C, NH, bf16_, prefix,
+  model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, bf16_, prefix,
                             model::AttentionPieces::without_prefix);
   exchange->backward_wait_add(layer, dqkv);
 }
@@ -252,7 +259,8 @@ void CpuModel::forward(const Batch& batch) {
   // own range only, so the gather of the later layers overlaps the earlier layers' forward.
   await_params(offsets_.embeddings_end());
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
-                         params_.data() + offsets_.wpe, cu_seqlens, pieces, C, pos_offset);
+                         model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, C, pos_offset);
+  if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
   const float* residual = encoded_.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
     await_params(offsets_.block[size_t(l)] + offsets_.block_floats);
@@ -260,17 +268,49 @@ void CpuModel::forward(const Batch& batch) {
     block_forward(batch, l, residual, a, block_inputs_bf16(l, N), false);
     residual = a.residual3;
   }
-  await_params(layout_.padded_size);  // ln_f, and everything the backward reads
-  model::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
-                           params_.data() + offsets_.lnf_b, N, C);
+  await_params(layout_.padded_size);  // the final norm, and everything the backward reads
+  norm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
+               model::tensor_at(params_.data(), offsets_.lnf_b), N);
+}
+
+void CpuModel::norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
+                            int N) {
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  if (cfg_.llama())
+    model::rmsnorm_forward(out, rstd, in, w, N, cfg_.n_embd, eps);
+  else
+    model::layernorm_forward(out, mean, rstd, in, w, b, N, cfg_.n_embd, eps);
+}
+
+void CpuModel::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
+                             const float* mean, const float* rstd, int N) {
+  if (cfg_.llama())
+    model::rmsnorm_backward(dinp, dw, dout, in, w, rstd, N, cfg_.n_embd);
+  else
+    model::layernorm_backward(dinp, dw, db, dout, in, w, mean, rstd, N, cfg_.n_embd);
+}
+
+void CpuModel::activation_forward(const BlockActivations& a, int N) {
+  if (cfg_.llama())
+    model::swiglu_forward(a.fch_gelu, a.fch, N, cfg_.ffn_width());
+  else
+    model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * cfg_.ffn_width());
+}
+
+void CpuModel::activation_backward(const BlockActivations& a, int N) {
+  if (cfg_.llama())
+    model::swiglu_backward(dfch_.data(), dact_.data(), a.fch, N, cfg_.ffn_width());
+  else
+    model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(N) * cfg_.ffn_width());
 }
 
 void CpuModel::block_forward(const Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
                              const BlockInputsBf16& h, bool recomputing) {
-  const int N = batch.N, C = cfg_.n_embd;
+  const int N = batch.N, C = cfg_.n_embd, F = cfg_.ffn_width();
   const BlockTensors p = block_tensors(params_.data(), layer);
-  model::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, p.ln1_w, p.ln1_b, N, C);
-  model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C, h.ln1);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, p.ln1_w, p.ln1_b, N);
+  model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, cfg_.qkv_width(), h.ln1);
+  if (cfg_.llama()) model::rope_forward(a.qkv, positions_.data(), N, shape_, rope_);
   if (recomputing)
     attention_recompute(batch, layer, a, a.atty);
   else
@@ -278,32 +318,31 @@ void CpuModel::block_forward(const Batch& batch, int layer, const float* residua
   exchange_progress(batch);
   model::matmul_forward_residual(a.residual2, residual_in, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
   exchange_progress(batch);
-  model::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C);
-  model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C, h.ln2);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N);
+  model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, cfg_.ffn_in_width(), h.ln2);
   exchange_progress(batch);
-  model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+  activation_forward(a, N);
   if (recomputing) return;
   exchange_progress(batch);
-  model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C,
-                                 h.fch_gelu);
+  model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, F, C, h.fch_gelu);
   exchange_progress(batch);
 }
 
 void CpuModel::attention_recompute(const Batch& batch, int layer, const BlockActivations& a, float* out) {
-  const int pieces = batch.num_pieces(), C = cfg_.n_embd, NH = cfg_.n_head;
+  const int pieces = batch.num_pieces();
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
   model::KvExchange* exchange = batch.exchange;
   if (exchange == nullptr) {
-    model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_);
+    model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_);
     return;
   }
   // The forward's two calls, so that every piece is computed exactly as it was.
   const model::AttentionPrefix prefix = attention_prefix(batch);
-  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
                            model::AttentionPieces::without_prefix);
   if (prefix.offset == nullptr) return;
   for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
-  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, C, NH, bf16_, prefix,
+  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
                            model::AttentionPieces::with_prefix);
 }
 
@@ -343,18 +382,46 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
   // chunk, so it is counted with backward.
   if (backward_start_hook_) backward_start_hook_();
-  const int N = batch.N, C = cfg_.n_embd, V = cfg_.vocab_size;
-  const int pieces = batch.num_pieces();
-  const int32_t* cu_seqlens = batch.cu_seqlens.data();
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int N = batch.N, C = cfg_.n_embd;
   float* params = params_.data();
   float* grads = grads_.data();
+  const double loss = head_backward(batch, loss_scale);  // into dln_
 
-  // LM head, one chunk of target rows at a time: logits, loss and dlogits (in place), then the
-  // gradients of the gathered ln_f rows and of wte (tied head). Rows without a target keep a
-  // zero gradient.
+  // The final norm: its input is the last block's output.
+  float* dresidual = dresidual_.data();
+  std::memset(dresidual, 0, sizeof(float) * static_cast<size_t>(N) * C);
+  const float* last_residual = block_activations(cfg_.n_layer - 1, N).residual3;
+  norm_backward(dresidual, grads + offsets_.lnf_w, model::tensor_at(grads, offsets_.lnf_b), dln_.data(),
+                last_residual, params + offsets_.lnf_w, lnf_mean_.data(), lnf_rstd_.data(), N);
+  // The final norm (and an untied head) are the last tensors; the zero padding after them is
+  // final too.
+  if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
+
+  // Blocks, last to first. dresidual carries the gradient of the residual stream; each norm's
+  // backward adds its input gradient into it, which is the residual connection.
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    block_backward(batch, l);
+    if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
+  }
+
+  model::encoder_backward(grads + offsets_.wte, model::tensor_at(grads, offsets_.wpe), dresidual,
+                          batch.inputs.data(), batch.cu_seqlens.data(), batch.num_pieces(), C,
+                          batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
+  // The token embedding also holds a tied head's gradient, so it (with wpe next to it) is final
+  // only now.
+  if (on_ready) on_ready(offsets_.wte, offsets_.embeddings_end() - offsets_.wte);
+  return loss;
+}
+
+double CpuModel::head_backward(const Batch& batch, float loss_scale) {
+  // One chunk of target rows at a time: logits, loss and dlogits (in place), then the gradients
+  // of the gathered final-norm rows and of the head's weight. Rows without a target keep a zero
+  // gradient.
+  const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  float* params = params_.data();
+  float* grads = grads_.data();
   float* dlnf = dln_.data();
-  std::memset(dlnf, 0, sizeof(float) * NC);
+  std::memset(dlnf, 0, sizeof(float) * static_cast<size_t>(batch.N) * C);
   const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;
   for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
@@ -369,57 +436,43 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
                   sizeof(float) * C);
     exchange_progress(batch);
   }
-
-  // Final LayerNorm: its input is the last block's output.
-  float* dresidual = dresidual_.data();
-  std::memset(dresidual, 0, sizeof(float) * NC);
-  const float* last_residual = block_activations(cfg_.n_layer - 1, N).residual3;
-  model::layernorm_backward(dresidual, grads + offsets_.lnf_w, grads + offsets_.lnf_b, dlnf, last_residual,
-                            params + offsets_.lnf_w, lnf_mean_.data(), lnf_rstd_.data(), N, C);
-  // ln_f is the last tensor; the zero padding after it is final too.
-  if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
-
-  // Blocks, last to first. dresidual carries the gradient of the residual stream; each
-  // LayerNorm backward adds its input gradient into it, which is the residual connection.
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    const BlockTensors p = block_tensors(params, l);
-    const BlockTensors g = block_tensors(grads, l);
-    const BlockActivations a = block_activations(l, N);
-    const BlockInputsBf16 h = block_inputs_bf16(l, N);
-    const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, N).residual3;
-    if (recompute_ == Recompute::block) block_forward(batch, l, residual_in, a, h, true);
-    if (recompute_ == Recompute::gelu) model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
-    // MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2))))
-    exchange_progress(batch);
-    model::matmul_backward_overwrite_dinp(dfch_.data(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu, p.fcproj_w, N,
-                                          4 * C, C, h.fch_gelu);
-    exchange_progress(batch);
-    model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(N) * 4 * C);
-    model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, N, C, 4 * C,
-                                          h.ln2);
-    exchange_progress(batch);
-    model::layernorm_backward(dresidual, g.ln2_w, g.ln2_b, dln_.data(), a.residual2, p.ln2_w, a.ln2_mean, a.ln2_rstd,
-                              N, C);
-    // Attention: residual2 = residual_in + c_proj(attn(c_attn(ln_1(residual_in))))
-    model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
-                                          C, C, h.atty);
-    exchange_progress(batch);
-    // dln_ is free until the QKV projection's backward: the recomputed output lands there.
-    if (recompute_ == Recompute::attention) attention_recompute(batch, l, a, dln_.data());
-    attention_backward(batch, l, a);
-    model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C, 3 * C,
-                                          h.ln1);
-    exchange_progress(batch);
-    model::layernorm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd,
-                              N, C);
-    if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
-  }
-
-  model::encoder_backward(grads + offsets_.wte, grads + offsets_.wpe, dresidual, batch.inputs.data(), cu_seqlens,
-                          pieces, C, batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
-  // wte also holds the LM head's gradient, so it (with wpe next to it) is final only now.
-  if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
   return loss;
+}
+
+void CpuModel::block_backward(const Batch& batch, int l) {
+  const int N = batch.N, C = cfg_.n_embd, F = cfg_.ffn_width();
+  const BlockTensors p = block_tensors(params_.data(), l);
+  const BlockTensors g = block_tensors(grads_.data(), l);
+  const BlockActivations a = block_activations(l, N);
+  const BlockInputsBf16 h = block_inputs_bf16(l, N);
+  float* dresidual = dresidual_.data();
+  const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, N).residual3;
+  if (recompute_ == Recompute::block) block_forward(batch, l, residual_in, a, h, true);
+  if (recompute_ == Recompute::gelu) activation_forward(a, N);
+  // MLP: residual3 = residual2 + fc_proj(act(fc(norm_2(residual2))))
+  exchange_progress(batch);
+  model::matmul_backward_overwrite_dinp(activation_gradient(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu,
+                                        p.fcproj_w, N, F, C, h.fch_gelu);
+  exchange_progress(batch);
+  activation_backward(a, N);
+  model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, N, C,
+                                        cfg_.ffn_in_width(), h.ln2);
+  exchange_progress(batch);
+  norm_backward(dresidual, g.ln2_w, g.ln2_b, dln_.data(), a.residual2, p.ln2_w, a.ln2_mean, a.ln2_rstd, N);
+  // Attention: residual2 = residual_in + attn_proj(attn(rope(qkv(norm_1(residual_in)))))
+  model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
+                                        C, C, h.atty);
+  exchange_progress(batch);
+  // dln_ is free until the QKV projection's backward: the recomputed output lands there.
+  if (recompute_ == Recompute::attention) attention_recompute(batch, l, a, dln_.data());
+  // The rows' dq|dk|dv, the later parts' dK/dV for our rows already added: RoPE's backward then
+  // turns them back (the prefixes' gradients went out still rotated, as the K/V came in).
+  attention_backward(batch, l, a);
+  if (cfg_.llama()) model::rope_backward(dqkv_.data(), positions_.data(), N, shape_, rope_);
+  model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C,
+                                        cfg_.qkv_width(), h.ln1);
+  exchange_progress(batch);
+  norm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, N);
 }
 
 void CpuModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

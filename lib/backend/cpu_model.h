@@ -24,6 +24,7 @@
 #include "lib/model/gemm.h"
 #include "lib/model/matmul.h"
 #include "lib/model/model.h"
+#include "lib/model/rope.h"
 
 namespace kilter::backend {
 
@@ -83,7 +84,12 @@ class CpuModel final : public ModelBase {
   BlockInputsBf16 block_inputs_bf16(int layer, int N);
   // Grows the activations to `tokens` rows and `att` saved-softmax floats per layer.
   void ensure_capacity(size_t tokens, size_t att);
-  void forward(const model::Batch& batch);  // fills the activations up to ln_f
+  void forward(const model::Batch& batch);  // fills the activations up to the final norm
+  // The LM head's logits, loss and gradient into dln_ (the final norm's output gradient); returns
+  // the summed loss.
+  double head_backward(const model::Batch& batch, float loss_scale);
+  // One block's backward from dresidual_ (recomputing what train.recompute dropped).
+  void block_backward(const model::Batch& batch, int layer);
   // One block's forward from residual_in. recomputing: in the backward, up to the GELU (the last
   // projection's output is not needed), and attention without sends (attention_recompute).
   void block_forward(const model::Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
@@ -99,6 +105,15 @@ class CpuModel final : public ModelBase {
     if (batch.exchange != nullptr) batch.exchange->progress();
   }
   void attention_backward(const model::Batch& batch, int layer, const BlockActivations& a);
+  // The architecture's steps of a block (spec.h): LayerNorm or RMSNorm (mean unused), and the
+  // MLP's activation, GELU or SwiGLU. The backward writes dfch_ from dact (gpt2: dact is dfch_
+  // itself, turned in place).
+  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N);
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
+                     const float* mean, const float* rstd, int N);
+  void activation_forward(const BlockActivations& a, int N);
+  void activation_backward(const BlockActivations& a, int N);
+  float* activation_gradient() { return cfg_.llama() ? dact_.data() : dfch_.data(); }
   // The batch's prefixes over prefix_kv_ / prefix_dkv_ (offset null when no piece has one).
   model::AttentionPrefix attention_prefix(const model::Batch& batch) const;
   // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32).
@@ -136,8 +151,14 @@ class CpuModel final : public ModelBase {
   size_t att_layers() const { return plan_.attention_per_layer ? size_t(cfg_.n_layer) : 1; }
   size_t capacity_tokens_ = 0, capacity_att_ = 0;
   std::vector<float> encoded_, block_acts_, block_scratch_, att_, lnf_, lnf_mean_, lnf_rstd_;
-  // Backward scratch: residual-stream gradient and per-op input gradients.
-  std::vector<float> dresidual_, dln_, dqkv_, datty_, dfch_;
+  // Backward scratch: residual-stream gradient and per-op input gradients (dact_: llama's SwiGLU
+  // output gradient).
+  std::vector<float> dresidual_, dln_, dqkv_, datty_, dfch_, dact_;
+  // The attention's heads in the q|k|v rows; llama: RoPE's table for the context, and the current
+  // micro-batch's positions (piece offset + index).
+  model::AttentionShape shape_;
+  model::RopeTable rope_;
+  std::vector<int32_t> positions_;
   // Per piece of the current batch: its prefix's K/V and dK/dV in the exchange (null: none).
   std::vector<const float*> prefix_kv_;
   std::vector<float*> prefix_dkv_;

@@ -64,6 +64,8 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
   KILTER_CHECK(options_.attention == "auto" || options_.attention == "cudnn" || options_.attention == "cublaslt",
                "train.attention=" << options_.attention << " is not one of auto, cudnn, cublaslt");
+  KILTER_USER_CHECK(!cfg_.llama(), "model.arch = llama: the cuda backend runs gpt2 only so far; use "
+                                   "train.backend = cpu");
   recompute_ = model::parse_recompute(options_.recompute);
   plan_ = model::activation_plan(cfg_, recompute_);
   device_ = cuda_device_index();

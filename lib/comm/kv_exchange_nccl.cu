@@ -3,29 +3,19 @@
 // ends list a pair's runs in the step's cut order, and NCCL matches the operations between two
 // ranks in the order they were issued. Buffers are stream-ordered allocations
 // (cudaMallocAsync/cudaFreeAsync), freed on the stream that used them last.
-#include <nccl.h>
-
 #include <chrono>
 #include <functional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_model.h"
 #include "lib/comm/kv_exchange_nccl.h"
+#include "lib/comm/nccl_util.h"
 
 namespace kilter::comm {
 
 namespace {
-
-#define KILTER_KV_NCCL_CHECK(call)                                                                 \
-  do {                                                                                             \
-    ncclResult_t kilter_kv_nccl_status_ = (call);                                                  \
-    if (kilter_kv_nccl_status_ != ncclSuccess && kilter_kv_nccl_status_ != ncclInProgress)        \
-      KILTER_FAIL("NCCL call " << #call << " failed: " << ncclGetErrorString(kilter_kv_nccl_status_)); \
-  } while (0)
 
 // dqkv rows += the packed dk|dv rows of one run: dqkv (rows, row_width) from its k column, in
 // (rows, kv_width).
@@ -39,75 +29,19 @@ __global__ void add_kv_rows_kernel(float* dqkv, const float* in, int rows, model
 
 }  // namespace
 
-class NcclKvChannel {
+// The NCCL communicator and stream every micro-batch's exchange uses: nccl_util.h's set-up,
+// bounded wait and abort, with the exchange's own messages.
+class NcclKvChannel : public NcclComm {
  public:
-  NcclKvChannel(MPI_Comm comm, double timeout_s) : timeout_s_(timeout_s) {
-    MPI_Comm_rank(comm, &rank_);
-    MPI_Comm_size(comm, &size_);
-    device_ = backend::cuda_device_index();
-    ncclUniqueId id{};
-    if (rank_ == 0) KILTER_KV_NCCL_CHECK(ncclGetUniqueId(&id));
-    KILTER_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm) == MPI_SUCCESS,
-                 "K/V exchange: MPI_Bcast of the ncclUniqueId failed on rank " << rank_);
-    KILTER_KV_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
-    KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  ~NcclKvChannel() {
-    if (!aborted_) {
-      cudaStreamSynchronize(stream_);
-      ncclCommDestroy(comm_);
-    }
-    cudaStreamDestroy(stream_);
-  }
-  NcclKvChannel(const NcclKvChannel&) = delete;
-  NcclKvChannel& operator=(const NcclKvChannel&) = delete;
-
-  ncclComm_t comm() const { return comm_; }
-  cudaStream_t stream() const { return stream_; }
-  int rank() const { return rank_; }
-  double timeout_s() const { return timeout_s_; }
+  NcclKvChannel(MPI_Comm comm, double timeout_s) : NcclComm(comm, timeout_s, "K/V exchange") {}
 
   // Polls `done` until it completed. An asynchronous NCCL error, a CUDA error or the timeout
   // aborts the communicator (no later exchange can use it) and throws with describe()'s message.
   void wait(cudaEvent_t done, const std::function<std::string()>& describe) {
-    KILTER_CHECK(!aborted_, "K/V exchange: the NCCL communicator was aborted after an earlier failure");
-    const auto start = std::chrono::steady_clock::now();
-    auto pause = std::chrono::microseconds(20);
-    for (;;) {
-      const cudaError_t query = cudaEventQuery(done);
-      if (query == cudaSuccess) return;
-      if (query != cudaErrorNotReady) {
-        abort();
-        KILTER_FAIL(describe() << " (CUDA error " << cudaGetErrorString(query) << ")");
-      }
-      ncclResult_t async_status = ncclSuccess;
-      const ncclResult_t status = ncclCommGetAsyncError(comm_, &async_status);
-      if (status != ncclSuccess || (async_status != ncclSuccess && async_status != ncclInProgress)) {
-        abort();
-        KILTER_FAIL(describe() << " (NCCL: " << ncclGetErrorString(status != ncclSuccess ? status : async_status)
-                               << ")");
-      }
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout_s_ > 0 && waited > timeout_s_) {
-        abort();
-        KILTER_FAIL(describe() << "; NCCL communicator aborted");
-      }
-      std::this_thread::sleep_for(pause);
-      if (pause < std::chrono::microseconds(1000)) pause *= 2;
-    }
+    NcclComm::wait(done, [&](const std::string& cause) {
+      return describe() + (cause.empty() ? "; NCCL communicator aborted" : " (" + cause + ")");
+    });
   }
-
- private:
-  void abort() {
-    if (aborted_) return;
-    aborted_ = true;
-    ncclCommAbort(comm_);
-  }
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  int rank_ = 0, size_ = 1, device_ = 0;
-  double timeout_s_;
-  bool aborted_ = false;
 };
 
 namespace {
@@ -169,19 +103,20 @@ class NcclKvExchange final : public CutExchange {
     }
     if (prefix_rows_ > 0)
       KILTER_CUDA_CHECK(cudaMallocAsync(&l.prefix_kv, size_t(prefix_rows_ * row_floats) * sizeof(float), s));
-    KILTER_KV_NCCL_CHECK(ncclGroupStart());
+    const ncclComm_t comm = channel_->get();
+    KILTER_NCCL_CHECK(ncclGroupStart(), comm);
     for (const KvPeer& peer : schedule_.earlier)
       for (const KvRun& run : peer.runs)
-        KILTER_KV_NCCL_CHECK(ncclRecv(l.prefix_kv + (prefix_base_[size_t(run.piece)] + run.row) * row_floats,
-                                      size_t(run.rows * row_floats), ncclFloat32, peer.rank, channel_->comm(), s));
+        KILTER_NCCL_CHECK(ncclRecv(l.prefix_kv + (prefix_base_[size_t(run.piece)] + run.row) * row_floats,
+                                   size_t(run.rows * row_floats), ncclFloat32, peer.rank, comm, s),
+                          comm);
     const float* in = send;
     for (const KvPeer& peer : schedule_.later)
       for (const KvRun& run : peer.runs) {
-        KILTER_KV_NCCL_CHECK(
-            ncclSend(in, size_t(run.rows * row_floats), ncclFloat32, peer.rank, channel_->comm(), s));
+        KILTER_NCCL_CHECK(ncclSend(in, size_t(run.rows * row_floats), ncclFloat32, peer.rank, comm, s), comm);
         in += int64_t(run.rows) * row_floats;
       }
-    KILTER_KV_NCCL_CHECK(ncclGroupEnd());
+    KILTER_NCCL_CHECK(ncclGroupEnd(), comm);
     if (send) KILTER_CUDA_CHECK(cudaFreeAsync(send, s));
     KILTER_CUDA_CHECK(cudaEventRecord(l.forward_done, s));
   }
@@ -228,20 +163,22 @@ class NcclKvExchange final : public CutExchange {
     }
     if (later_rows_ > 0)
       KILTER_CUDA_CHECK(cudaMallocAsync(&l.recv_dkv, size_t(later_rows_ * row_floats) * sizeof(float), s));
-    KILTER_KV_NCCL_CHECK(ncclGroupStart());
+    const ncclComm_t comm = channel_->get();
+    KILTER_NCCL_CHECK(ncclGroupStart(), comm);
     for (size_t i = 0; i < schedule_.later.size(); ++i) {
       float* out = l.recv_dkv + later_offset_[i] * row_floats;
       for (const KvRun& run : schedule_.later[i].runs) {
-        KILTER_KV_NCCL_CHECK(ncclRecv(out, size_t(run.rows * row_floats), ncclFloat32, schedule_.later[i].rank,
-                                      channel_->comm(), s));
+        KILTER_NCCL_CHECK(
+            ncclRecv(out, size_t(run.rows * row_floats), ncclFloat32, schedule_.later[i].rank, comm, s), comm);
         out += int64_t(run.rows) * row_floats;
       }
     }
     for (const KvPeer& peer : schedule_.earlier)
       for (const KvRun& run : peer.runs)
-        KILTER_KV_NCCL_CHECK(ncclSend(l.prefix_dkv + (prefix_base_[size_t(run.piece)] + run.row) * row_floats,
-                                      size_t(run.rows * row_floats), ncclFloat32, peer.rank, channel_->comm(), s));
-    KILTER_KV_NCCL_CHECK(ncclGroupEnd());
+        KILTER_NCCL_CHECK(ncclSend(l.prefix_dkv + (prefix_base_[size_t(run.piece)] + run.row) * row_floats,
+                                   size_t(run.rows * row_floats), ncclFloat32, peer.rank, comm, s),
+                          comm);
+    KILTER_NCCL_CHECK(ncclGroupEnd(), comm);
     if (l.prefix_dkv) {
       KILTER_CUDA_CHECK(cudaFreeAsync(l.prefix_dkv, s));
       l.prefix_dkv = nullptr;

@@ -51,6 +51,18 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("model.n_embd", po::value(&m.n_embd)->default_value(m.n_embd, shortest_text(m.n_embd)), "channels")
     ("model.block_size", po::value(&m.block_size)->default_value(m.block_size, shortest_text(m.block_size)), "context length in tokens; longer documents are cut")
     ("model.vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size, shortest_text(m.vocab_size)), "vocabulary (0: from the dataset index)")
+    ("model.arch", po::value(&m.arch)->default_value(m.arch, shortest_text(m.arch)), "gpt2 (learned positions, LayerNorm, GELU, biases, tied head) | llama (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases: Llama 3, Qwen2, Mistral, SmolLM)")
+    ("model.n_kv_head", po::value(&m.n_kv_head)->default_value(m.n_kv_head, shortest_text(m.n_kv_head)), "key/value heads, a divisor of model.n_head (grouped-query attention; llama) (0: n_head)")
+    ("model.ffn_hidden", po::value(&m.ffn_hidden)->default_value(m.ffn_hidden, shortest_text(m.ffn_hidden)), "MLP width (0: gpt2 4 x n_embd; llama 8/3 x n_embd rounded up to a multiple of 256)")
+    ("model.rope_theta", po::value(&m.rope_theta)->default_value(m.rope_theta, shortest_text(m.rope_theta)), "llama: RoPE base frequency")
+    ("model.rope_scaling", po::value(&m.rope_scaling)->default_value(m.rope_scaling, shortest_text(m.rope_scaling)), "llama: none | llama3 (the long-context frequencies of Llama 3.1 and 3.2, with the four keys below)")
+    ("model.rope_factor", po::value(&m.rope_factor)->default_value(m.rope_factor, shortest_text(m.rope_factor)), "llama3 RoPE scaling: factor")
+    ("model.rope_low_freq_factor", po::value(&m.rope_low_freq_factor)->default_value(m.rope_low_freq_factor, shortest_text(m.rope_low_freq_factor)), "llama3 RoPE scaling: low_freq_factor")
+    ("model.rope_high_freq_factor", po::value(&m.rope_high_freq_factor)->default_value(m.rope_high_freq_factor, shortest_text(m.rope_high_freq_factor)), "llama3 RoPE scaling: high_freq_factor")
+    ("model.rope_original_context", po::value(&m.rope_original_context)->default_value(m.rope_original_context, shortest_text(m.rope_original_context)), "llama3 RoPE scaling: original_max_position_embeddings (tokens)")
+    ("model.norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps, shortest_text(m.norm_eps)), "epsilon of LayerNorm (gpt2) or RMSNorm (llama)")
+    ("model.tie_embeddings", po::value(&m.tie_embeddings)->default_value(m.tie_embeddings, shortest_text(m.tie_embeddings)), "LM head tied to the token embedding: auto (gpt2 true, llama false) | true | false")
+    ("model.qkv_bias", po::value(&m.qkv_bias)->default_value(m.qkv_bias, shortest_text(m.qkv_bias)), "llama: biases on the q, k and v projections (Qwen2)")
     ("data.dir", po::value(&d.dir)->default_value(d.dir, shortest_text(d.dir)), "dataset directory (index.h5 + shard-*.h5)")
     ("data.sources", po::value(&d.sources)->default_value(d.sources, shortest_text(d.sources)), "weighted mixture of datasets instead of data.dir: DIR:W, DIR:W, ... (weights normalized; each step draws from every source by weight, sources wrap independently)")
     ("data.max_tokens", po::value(&d.max_tokens)->default_value(d.max_tokens, shortest_text(d.max_tokens)), "token budget of a micro-batch, padding included (tokens)")
@@ -128,13 +140,42 @@ static void check_one_of(const std::string& key, const std::string& v,
 #define KILTER_CHECK_KEY(cond, key, value, what) \
   KILTER_USER_CHECK(cond, "config key " << key << " = " << (value) << ": " << what)
 
-void Config::validate() const {
+// The [model] section (lib/model/spec.h): sizes, the architecture and its keys.
+static void validate_model(const model::ModelSpec& model) {
   KILTER_CHECK_KEY(model.n_layer >= 1, "model.n_layer", model.n_layer, "must be >= 1");
   KILTER_CHECK_KEY(model.n_head >= 1, "model.n_head", model.n_head, "must be >= 1");
   KILTER_CHECK_KEY(model.n_embd >= 1 && model.n_embd % model.n_head == 0, "model.n_embd",
                    model.n_embd, "must be a positive multiple of model.n_head");
   KILTER_CHECK_KEY(model.block_size >= 2, "model.block_size", model.block_size, "must be >= 2");
   KILTER_CHECK_KEY(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "must be >= 0");
+  check_one_of("model.arch", model.arch, {"gpt2", "llama"});
+  KILTER_CHECK_KEY(model.n_kv_head >= 0 && model.n_head % model.kv_heads() == 0, "model.n_kv_head", model.n_kv_head,
+                   "must divide model.n_head = " << model.n_head << " (0: as many as n_head)");
+  KILTER_CHECK_KEY(model.llama() || model.kv_heads() == model.n_head, "model.n_kv_head", model.n_kv_head,
+                   "grouped-query attention is for model.arch = llama (gpt2's c_attn holds as many K/V heads as "
+                   "query heads)");
+  KILTER_CHECK_KEY(!model.llama() || model.head_dim() % 2 == 0, "model.n_embd", model.n_embd,
+                   "with model.arch = llama, n_embd / n_head (the head size, " << model.head_dim()
+                   << ") must be even: RoPE turns pairs of columns");
+  KILTER_CHECK_KEY(model.ffn_hidden >= 0, "model.ffn_hidden", model.ffn_hidden, "must be >= 0 (0: the default)");
+  KILTER_CHECK_KEY(model.norm_eps > 0, "model.norm_eps", model.norm_eps, "must be > 0");
+  check_one_of("model.tie_embeddings", model.tie_embeddings, {"auto", "true", "false"});
+  check_one_of("model.rope_scaling", model.rope_scaling, {"none", "llama3"});
+  KILTER_CHECK_KEY(model.rope_theta > 0, "model.rope_theta", model.rope_theta, "must be > 0");
+  KILTER_CHECK_KEY(model.rope_scaling != "llama3" ||
+                       (model.rope_factor > 0 && model.rope_low_freq_factor > 0 &&
+                        model.rope_high_freq_factor > model.rope_low_freq_factor && model.rope_original_context > 0),
+                   "model.rope_scaling", model.rope_scaling,
+                   "needs model.rope_factor > 0, 0 < model.rope_low_freq_factor < model.rope_high_freq_factor and "
+                   "model.rope_original_context > 0");
+  KILTER_CHECK_KEY(model.llama() || model.rope_scaling == "none", "model.rope_scaling", model.rope_scaling,
+                   "is a key of model.arch = llama (gpt2 has learned positions)");
+  KILTER_CHECK_KEY(model.llama() || !model.qkv_bias, "model.qkv_bias", "true",
+                   "is a key of model.arch = llama (gpt2 has biases everywhere already)");
+}
+
+void Config::validate() const {
+  validate_model(model);
   // A context longer than a micro-batch is cut over ranks (balanced sampler; the plan checks the
   // world size); the naive sampler cannot cut.
   KILTER_CHECK_KEY(data.max_tokens >= 1, "data.max_tokens", data.max_tokens, "must be >= 1");
@@ -269,6 +310,38 @@ static std::string mixture_weights_only(const std::string& sources) {
   return out;
 }
 
+// The [model] keys added with the model description of architectures (issue 38): at their
+// defaults (a gpt2 run) they stay out of the hash, so that a checkpoint written before they
+// existed resumes; set otherwise, they change the numbers and count.
+static std::string without_default_model_keys(const std::string& ini) {
+  const model::ModelSpec defaults;
+  const std::map<std::string, std::string> later = {
+      {"arch", defaults.arch},
+      {"n_kv_head", shortest_text(defaults.n_kv_head)},
+      {"ffn_hidden", shortest_text(defaults.ffn_hidden)},
+      {"rope_theta", shortest_text(defaults.rope_theta)},
+      {"rope_scaling", defaults.rope_scaling},
+      {"rope_factor", shortest_text(defaults.rope_factor)},
+      {"rope_low_freq_factor", shortest_text(defaults.rope_low_freq_factor)},
+      {"rope_high_freq_factor", shortest_text(defaults.rope_high_freq_factor)},
+      {"rope_original_context", shortest_text(defaults.rope_original_context)},
+      {"norm_eps", shortest_text(defaults.norm_eps)},
+      {"tie_embeddings", defaults.tie_embeddings},
+      {"qkv_bias", shortest_text(defaults.qkv_bias)}};
+  std::istringstream in(ini);
+  std::string out, line, section;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.front() == '[') section = line;
+    const size_t eq = line.find(" = ");
+    if (section == "[model]" && eq != std::string::npos) {
+      const auto key = later.find(line.substr(0, eq));
+      if (key != later.end() && line.substr(eq + 3) == key->second) continue;
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
 uint64_t Config::hash() const {
   // Everything that changes the numbers of a run; output paths and logging do not count.
   Config c = *this;
@@ -293,7 +366,7 @@ uint64_t Config::hash() const {
   c.data.cut_cost_check = 0;
   c.data.cut_cost_replan = false;
   c.comm.timeout_s = 0;
-  std::string text = c.to_ini();
+  std::string text = without_default_model_keys(c.to_ini());
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : text) {
     h ^= ch;
@@ -347,6 +420,17 @@ const std::map<std::string, std::string>& key_aliases() {
       {"out_dir", "output.dir"},            {"data_dir", "data.dir"},
       {"data_path", "data.dir"},            {"clip_grad", "train.grad_clip"},
       {"dtype", "train.precision"},         {"num_workers", "data.reader_threads"},
+      // Hugging Face's config.json names of the model description's keys
+      {"num_key_value_heads", "model.n_kv_head"}, {"n_kv_heads", "model.n_kv_head"},
+      {"num_hidden_layers", "model.n_layer"}, {"intermediate_size", "model.ffn_hidden"},
+      {"ffn_dim", "model.ffn_hidden"},      {"n_inner", "model.ffn_hidden"},
+      {"rms_norm_eps", "model.norm_eps"},   {"layer_norm_epsilon", "model.norm_eps"},
+      {"layer_norm_eps", "model.norm_eps"}, {"tie_word_embeddings", "model.tie_embeddings"},
+      {"max_position_embeddings", "model.block_size"}, {"n_positions", "model.block_size"},
+      {"attention_bias", "model.qkv_bias"}, {"model_type", "model.arch"},
+      {"architecture", "model.arch"},       {"rope_base", "model.rope_theta"},
+      {"original_max_position_embeddings", "model.rope_original_context"},
+      {"low_freq_factor", "model.rope_low_freq_factor"}, {"high_freq_factor", "model.rope_high_freq_factor"},
   };
   return aliases;
 }

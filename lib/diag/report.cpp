@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "io/error.h"
+#include "io/text_format.h"
 #include "lib/core/config.h"
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/run_statistics.h"
@@ -35,13 +36,6 @@ std::map<std::string, std::string> parse_ini(const std::string& text) {
   std::map<std::string, std::string> out;
   for (auto& [key, value] : ini_entries(text)) out[key] = value;
   return out;
-}
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  return fmt::format("{:.1f} {}", bytes, units[u]);
 }
 
 std::string json_number(const nlohmann::json& j, const char* key, const char* format = "{:.4g}") {
@@ -235,8 +229,8 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
   std::vector<double> rss;
   for (const auto& v : mem["peak_rss_bytes"]) rss.push_back(v.get<double>());
   if (!rss.empty())
-    os << fmt::format("  memory: peak RSS per rank {} .. {} (max/min {:.3f})", human_bytes(*std::min_element(rss.begin(), rss.end())),
-                      human_bytes(*std::max_element(rss.begin(), rss.end())), mem["rss_max_min_ratio"].get<double>());
+    os << fmt::format("  memory: peak RSS per rank {} .. {} (max/min {:.3f})", io::human_bytes(*std::min_element(rss.begin(), rss.end())),
+                      io::human_bytes(*std::max_element(rss.begin(), rss.end())), mem["rss_max_min_ratio"].get<double>());
   if (mem.contains("device_max_min_ratio"))
     os << fmt::format(", device max/min {:.3f}", mem["device_max_min_ratio"].get<double>());
   os << "\n\n";

@@ -120,14 +120,17 @@ bool selected(AttentionPieces which, int prefix) {
 }
 
 // dst (pad + s + Lpad, hs): rows [0, pad) zero, rows [pad, pad + s) = the hs columns at `column`
-// of the prefix (s rows of 2C: k | v), then the piece's own L rows (pack_head, row stride 3C),
-// the rest zero.
+// of the prefix (s rows of kv_width: k | v), then the piece's own L rows (pack_head, row stride
+// row_width), the rest zero.
 template <typename T>
-void pack_keys(T* dst, int pad, const float* prefix, int column, int s, const float* own, int L, int Lpad, int hs,
-               int C) {
+void pack_keys(T* dst, int pad, const float* prefix, int column, int s, const float* own, int L, int Lpad,
+               const AttentionShape& shape) {
+  const int hs = shape.head_dim;
   std::fill(dst, dst + static_cast<size_t>(pad) * hs, T{0});
-  if (s > 0) copy_rows(dst + static_cast<size_t>(pad) * hs, static_cast<size_t>(hs), prefix + column, static_cast<size_t>(2) * C, s, hs);
-  pack_head(dst + static_cast<size_t>(pad + s) * hs, own, 3 * C, L, Lpad, hs);
+  if (s > 0)
+    copy_rows(dst + static_cast<size_t>(pad) * hs, static_cast<size_t>(hs), prefix + column,
+              static_cast<size_t>(shape.kv_width()), s, hs);
+  pack_head(dst + static_cast<size_t>(pad + s) * hs, own, shape.row_width(), L, Lpad, hs);
 }
 
 // Rows of zero keys before a prefix of s keys, so that the prefix ends on a kPadRows boundary
@@ -139,10 +142,10 @@ int prefix_padding(int s) { return (kPadRows - s % kPadRows) % kPadRows; }
 // r0..r1 multiplies against buffer rows 0 .. pad+s+r0+Mp; the pad columns of its scores are
 // masked. With s = 0 (pad = 0) this is the plain packed attention, shape for shape.
 template <typename T>
-void attention_forward_packed(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces, int C,
-                              int NH, const AttentionPrefix& prefix, AttentionPieces which) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+void attention_forward_packed(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces,
+                              const AttentionShape& shape, const AttentionPrefix& prefix, AttentionPieces which) {
+  const int NH = shape.n_head, hs = shape.head_dim;
+  const int C = shape.q_width(), C3 = shape.row_width();
   const int B = kQueryBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   thread_local std::vector<T> qb, kb, vb, pb;
@@ -172,9 +175,9 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
     const float* prefix_kv = s > 0 ? prefix.kv[p] : nullptr;
     float* out_p = out + static_cast<size_t>(cu_seqlens[p]) * C;
     for (int h = 0; h < NH; ++h) {
-      pack_head(qb.data(), qkv_p + h * hs, C3, L, Lp, hs);
-      pack_keys(kb.data(), pad, prefix_kv, h * hs, s, qkv_p + C + h * hs, L, Lp, hs, C);
-      pack_keys(vb.data(), pad, prefix_kv, C + h * hs, s, qkv_p + 2 * C + h * hs, L, Lp, hs, C);
+      pack_head(qb.data(), qkv_p + shape.q_col(h), C3, L, Lp, hs);
+      pack_keys(kb.data(), pad, prefix_kv, shape.prefix_k_col(h), s, qkv_p + shape.k_col(h), L, Lp, shape);
+      pack_keys(vb.data(), pad, prefix_kv, shape.prefix_v_col(h), s, qkv_p + shape.v_col(h), L, Lp, shape);
       float* att_ph = att_piece + static_cast<size_t>(h) * L * Lk;
       for (int r0 = 0; r0 < L; r0 += B) {
         const int r1 = std::min(r0 + B, L);
@@ -212,10 +215,10 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
 
 template <typename T>
 void attention_backward_packed(float* dqkv, const float* dout, const float* qkv, const float* att,
-                               const int32_t* cu_seqlens, int pieces, int C, int NH, const AttentionPrefix& prefix,
-                               AttentionPieces which) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                               const int32_t* cu_seqlens, int pieces, const AttentionShape& shape,
+                               const AttentionPrefix& prefix, AttentionPieces which) {
+  const int NH = shape.n_head, hs = shape.head_dim;
+  const int C = shape.q_width(), C3 = shape.row_width();
   const int B = kQueryBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   thread_local std::vector<T> qb, kb, vb, dob, ab, dsb;
@@ -253,9 +256,9 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
     float* dqkv_p = dqkv + static_cast<size_t>(cu_seqlens[p]) * C3;
     const float* dout_p = dout + static_cast<size_t>(cu_seqlens[p]) * C;
     for (int h = 0; h < NH; ++h) {
-      pack_head(qb.data(), qkv_p + h * hs, C3, L, Lp, hs);
-      pack_keys(kb.data(), pad, prefix_kv, h * hs, s, qkv_p + C + h * hs, L, Lp, hs, C);
-      pack_keys(vb.data(), pad, prefix_kv, C + h * hs, s, qkv_p + 2 * C + h * hs, L, Lp, hs, C);
+      pack_head(qb.data(), qkv_p + shape.q_col(h), C3, L, Lp, hs);
+      pack_keys(kb.data(), pad, prefix_kv, shape.prefix_k_col(h), s, qkv_p + shape.k_col(h), L, Lp, shape);
+      pack_keys(vb.data(), pad, prefix_kv, shape.prefix_v_col(h), s, qkv_p + shape.v_col(h), L, Lp, shape);
       pack_head(dob.data(), dout_p + h * hs, C, L, Lp, hs);
       std::fill(dq.begin(), dq.begin() + q_elems, 0.0f);
       std::fill(dk.begin(), dk.begin() + k_elems, 0.0f);
@@ -297,15 +300,16 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
         gemm_t(true, false, width, hs, Mp, 1.0f, dscores, width, qb.data() + static_cast<size_t>(r0) * hs, hs, 1.0f,
                dk.data(), hs);
       }
-      add_head(dqkv_p + h * hs, C3, dq.data(), L, hs);
+      add_head(dqkv_p + shape.q_col(h), C3, dq.data(), L, hs);
       // Key rows [pad, pad + s) are the prefix's: their gradient goes back to the ranks that own
       // those tokens.
       if (s > 0) {
-        add_head(prefix_dkv + h * hs, 2 * C, dk.data() + static_cast<size_t>(pad) * hs, s, hs);
-        add_head(prefix_dkv + C + h * hs, 2 * C, dv.data() + static_cast<size_t>(pad) * hs, s, hs);
+        const int kv = shape.kv_width();
+        add_head(prefix_dkv + shape.prefix_k_col(h), kv, dk.data() + static_cast<size_t>(pad) * hs, s, hs);
+        add_head(prefix_dkv + shape.prefix_v_col(h), kv, dv.data() + static_cast<size_t>(pad) * hs, s, hs);
       }
-      add_head(dqkv_p + C + h * hs, C3, dk.data() + static_cast<size_t>(first_own) * hs, L, hs);
-      add_head(dqkv_p + 2 * C + h * hs, C3, dv.data() + static_cast<size_t>(first_own) * hs, L, hs);
+      add_head(dqkv_p + shape.k_col(h), C3, dk.data() + static_cast<size_t>(first_own) * hs, L, hs);
+      add_head(dqkv_p + shape.v_col(h), C3, dv.data() + static_cast<size_t>(first_own) * hs, L, hs);
     }
     att_piece = att_next;
   }
@@ -313,21 +317,22 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces, int C,
-                       int NH, bool bf16_inputs, const AttentionPrefix& prefix, AttentionPieces which) {
+void attention_forward(float* out, float* att, const float* qkv, const int32_t* cu_seqlens, int pieces,
+                       const AttentionShape& shape, bool bf16_inputs, const AttentionPrefix& prefix,
+                       AttentionPieces which) {
   if (bf16_inputs)
-    attention_forward_packed<bf16>(out, att, qkv, cu_seqlens, pieces, C, NH, prefix, which);
+    attention_forward_packed<bf16>(out, att, qkv, cu_seqlens, pieces, shape, prefix, which);
   else
-    attention_forward_packed<float>(out, att, qkv, cu_seqlens, pieces, C, NH, prefix, which);
+    attention_forward_packed<float>(out, att, qkv, cu_seqlens, pieces, shape, prefix, which);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                        const int32_t* cu_seqlens, int pieces, int C, int NH, bool bf16_inputs,
+                        const int32_t* cu_seqlens, int pieces, const AttentionShape& shape, bool bf16_inputs,
                         const AttentionPrefix& prefix, AttentionPieces which) {
   if (bf16_inputs)
-    attention_backward_packed<bf16>(dqkv, dout, qkv, att, cu_seqlens, pieces, C, NH, prefix, which);
+    attention_backward_packed<bf16>(dqkv, dout, qkv, att, cu_seqlens, pieces, shape, prefix, which);
   else
-    attention_backward_packed<float>(dqkv, dout, qkv, att, cu_seqlens, pieces, C, NH, prefix, which);
+    attention_backward_packed<float>(dqkv, dout, qkv, att, cu_seqlens, pieces, shape, prefix, which);
 }
 
 }  // namespace kilter::model

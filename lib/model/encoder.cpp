@@ -15,6 +15,10 @@ void encoder_forward(float* out, const int32_t* inp, const float* wte, const flo
     for (int i = cu_seqlens[p]; i < cu_seqlens[p + 1]; ++i) {
       float* out_i = out + static_cast<size_t>(i) * C;
       const float* wte_ix = wte + static_cast<size_t>(inp[i]) * C;
+      if (wpe == nullptr) {
+        for (int c = 0; c < C; ++c) out_i[c] = wte_ix[c];
+        continue;
+      }
       const float* wpe_t = wpe + static_cast<size_t>(first_position + i - cu_seqlens[p]) * C;
       for (int c = 0; c < C; ++c) out_i[c] = wte_ix[c] + wpe_t[c];
     }
@@ -28,9 +32,11 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
     const int first_position = pos_offset == nullptr ? 0 : pos_offset[p];
     for (int i = cu_seqlens[p]; i < cu_seqlens[p + 1]; ++i) {
       const float* dout_i = dout + static_cast<size_t>(i) * C;
-      float* dwpe_t = dwpe + static_cast<size_t>(first_position + i - cu_seqlens[p]) * C;
       float* dwte_ix = dwte + static_cast<size_t>(inp[i]) * C;
-      for (int c = 0; c < C; ++c) dwpe_t[c] += dout_i[c];
+      if (dwpe != nullptr) {
+        float* dwpe_t = dwpe + static_cast<size_t>(first_position + i - cu_seqlens[p]) * C;
+        for (int c = 0; c < C; ++c) dwpe_t[c] += dout_i[c];
+      }
       for (int c = 0; c < C; ++c) dwte_ix[c] += dout_i[c];
     }
   }

@@ -1,5 +1,5 @@
 // KV-cache generation on the CPU (see generate.h). The dense layers reuse the training kernels
-// (layernorm, matmul, gelu); attention over the cache is written here, for one query row at a
+// (the norms, matmul, RoPE, the MLP activations); attention over the cache is written here, for one query row at a
 // time against positions 0..t, which is all generation needs (causal, one sequence, no padding).
 #include "lib/model/generate.h"
 
@@ -12,6 +12,8 @@
 #include "lib/model/layout.h"
 #include "lib/model/gelu.h"
 #include "lib/model/layernorm.h"
+#include "lib/model/rmsnorm.h"
+#include "lib/model/swiglu.h"
 #include "lib/model/matmul.h"
 #include "lib/model/vecmath.h"
 
@@ -23,37 +25,37 @@ Generator::Generator(const ModelSpec& cfg, std::vector<float> params) : cfg_(cfg
                                                                   << cfg_.n_layer << " layers x " << cfg_.n_embd
                                                                   << ") has " << layout.num_params);
   offsets_ = LayoutOffsets::of(layout);
-  const size_t C = size_t(cfg_.n_embd), T = size_t(cfg_.block_size);
-  key_cache_.assign(size_t(cfg_.n_layer) * T * C, 0.0f);
-  value_cache_.assign(size_t(cfg_.n_layer) * T * C, 0.0f);
+  shape_ = {cfg_.n_head, cfg_.kv_heads(), cfg_.head_dim()};
+  if (cfg_.llama()) rope_ = RopeTable::build(cfg_, cfg_.block_size);
+  const size_t kv = size_t(shape_.kv_width() / 2), T = size_t(cfg_.block_size);
+  key_cache_.assign(size_t(cfg_.n_layer) * T * kv, 0.0f);
+  value_cache_.assign(size_t(cfg_.n_layer) * T * kv, 0.0f);
   scores_.resize(T);
   logits_.resize(size_t(cfg_.vocab_size));
 }
 
-// One block over the n rows in x_, for the tokens at positions position_ .. position_+n-1.
-void Generator::layer_forward(int layer, int n) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
-  const BlockTensors w = block_tensors_at(params_.data(), offsets_, layer);
-  float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * C;
-  float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * C;
+void Generator::norm(float* out, const float* in, const float* w, const float* b, int n) {
+  if (cfg_.llama())
+    rmsnorm_forward(out, rstd_.data(), in, w, n, cfg_.n_embd, float(cfg_.norm_eps));
+  else
+    layernorm_forward(out, mean_.data(), rstd_.data(), in, w, b, n, cfg_.n_embd, float(cfg_.norm_eps));
+}
 
-  // ln (n,C) -> qkv (n,3C); keys and values join the cache.
-  layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w.ln1_w, w.ln1_b, n, C);
-  matmul_forward(qkv_.data(), ln_.data(), w.qkv_w, w.qkv_b, n, C, 3 * C);
-  for (int i = 0; i < n; ++i) {
-    const float* row = qkv_.data() + size_t(i) * 3 * C;
-    std::copy(row + C, row + 2 * C, keys + size_t(position_ + i) * C);
-    std::copy(row + 2 * C, row + 3 * C, values + size_t(position_ + i) * C);
-  }
-  // Causal attention of each new row over the cache: positions 0 .. its own.
+// Causal attention of each new row over the cache: positions 0 .. its own; query head h reads
+// the cache's key/value head shape_.group(h).
+void Generator::attend(int layer, int n) {
+  const int hs = shape_.head_dim, kv = shape_.kv_width() / 2, row = shape_.row_width(), C = shape_.q_width();
+  const float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * kv;
+  const float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * kv;
   const float scale = 1.0f / std::sqrt(float(hs));
   for (int i = 0; i < n; ++i) {
     const int t = position_ + i;
-    for (int h = 0; h < NH; ++h) {
-      const float* q = qkv_.data() + size_t(i) * 3 * C + size_t(h) * hs;
+    for (int h = 0; h < shape_.n_head; ++h) {
+      const float* q = qkv_.data() + size_t(i) * row + shape_.q_col(h);
+      const size_t head = size_t(shape_.group(h)) * hs;
       float max_score = -INFINITY;
       for (int j = 0; j <= t; ++j) {
-        const float s = lane_dot(q, keys + size_t(j) * C + size_t(h) * hs, hs) * scale;
+        const float s = lane_dot(q, keys + size_t(j) * kv + head, hs) * scale;
         scores_[size_t(j)] = s;
         max_score = std::max(max_score, s);
       }
@@ -67,17 +69,38 @@ void Generator::layer_forward(int layer, int n) {
       std::fill(y, y + hs, 0.0f);
       for (int j = 0; j <= t; ++j) {
         const float p = scores_[size_t(j)] * inv;
-        const float* v = values + size_t(j) * C + size_t(h) * hs;
+        const float* v = values + size_t(j) * kv + head;
         for (int d = 0; d < hs; ++d) y[d] += p * v[d];
       }
     }
   }
-  // x += attn proj; x += MLP(ln2(x)).
+}
+
+// One block over the n rows in x_, for the tokens at positions position_ .. position_+n-1.
+void Generator::layer_forward(int layer, int n) {
+  const int C = cfg_.n_embd, F = cfg_.ffn_width(), row = shape_.row_width(), kv = shape_.kv_width() / 2;
+  const BlockTensors w = block_tensors_at(params_.data(), offsets_, layer);
+  // norm (n,C) -> qkv (n,row), RoPE (llama); keys and values join the cache.
+  norm(ln_.data(), x_.data(), w.ln1_w, w.ln1_b, n);
+  matmul_forward(qkv_.data(), ln_.data(), w.qkv_w, w.qkv_b, n, C, row);
+  if (cfg_.llama()) rope_forward(qkv_.data(), positions_.data(), n, shape_, rope_);
+  float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * kv;
+  float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * kv;
+  for (int i = 0; i < n; ++i) {
+    const float* r = qkv_.data() + size_t(i) * row + shape_.q_width();
+    std::copy(r, r + kv, keys + size_t(position_ + i) * kv);
+    std::copy(r + kv, r + 2 * kv, values + size_t(position_ + i) * kv);
+  }
+  attend(layer, n);
+  // x += attn proj; x += MLP(norm2(x)).
   matmul_forward_residual(x_.data(), x_.data(), atty_.data(), w.attproj_w, w.attproj_b, n, C, C);
-  layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), w.ln2_w, w.ln2_b, n, C);
-  matmul_forward(fch_.data(), ln_.data(), w.fc_w, w.fc_b, n, C, 4 * C);
-  gelu_forward(fch_gelu_.data(), fch_.data(), size_t(n) * 4 * C);
-  matmul_forward_residual(x_.data(), x_.data(), fch_gelu_.data(), w.fcproj_w, w.fcproj_b, n, 4 * C, C);
+  norm(ln_.data(), x_.data(), w.ln2_w, w.ln2_b, n);
+  matmul_forward(fch_.data(), ln_.data(), w.fc_w, w.fc_b, n, C, cfg_.ffn_in_width());
+  if (cfg_.llama())
+    swiglu_forward(fch_gelu_.data(), fch_.data(), n, F);
+  else
+    gelu_forward(fch_gelu_.data(), fch_.data(), size_t(n) * F);
+  matmul_forward_residual(x_.data(), x_.data(), fch_gelu_.data(), w.fcproj_w, w.fcproj_b, n, F, C);
 }
 
 const float* Generator::feed(const int32_t* tokens, int count) {
@@ -93,27 +116,30 @@ const float* Generator::feed(const int32_t* tokens, int count) {
   ln_.resize(n * C);
   mean_.resize(n);
   rstd_.resize(n);
-  qkv_.resize(n * 3 * C);
+  qkv_.resize(n * size_t(shape_.row_width()));
   atty_.resize(n * C);
-  fch_.resize(n * 4 * C);
-  fch_gelu_.resize(n * 4 * C);
+  fch_.resize(n * size_t(cfg_.ffn_in_width()));
+  fch_gelu_.resize(n * size_t(cfg_.ffn_width()));
+  positions_.resize(n);
+  for (size_t i = 0; i < n; ++i) positions_[i] = position_ + int32_t(i);
 
-  // Token + position embeddings: positions continue from the cache.
+  // Token (+ position) embeddings: positions continue from the cache.
   const float* wte = params_.data() + offsets_.wte;
-  const float* wpe = params_.data() + offsets_.wpe;
+  const float* wpe = tensor_at(params_.data(), offsets_.wpe);
   for (size_t i = 0; i < n; ++i) {
     const float* te = wte + size_t(tokens[i]) * C;
+    for (size_t c = 0; c < C; ++c) x_[i * C + c] = te[c];
+    if (wpe == nullptr) continue;
     const float* pe = wpe + size_t(position_ + int(i)) * C;
-    for (size_t c = 0; c < C; ++c) x_[i * C + c] = te[c] + pe[c];
+    for (size_t c = 0; c < C; ++c) x_[i * C + c] += pe[c];
   }
   for (int layer = 0; layer < cfg_.n_layer; ++layer) layer_forward(layer, count);
   position_ += count;
 
-  // Final LayerNorm and the tied head, for the last row only.
+  // The final norm and the head, for the last row only.
   const float* last = x_.data() + (n - 1) * C;
-  layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), last, params_.data() + offsets_.lnf_w,
-                    params_.data() + offsets_.lnf_b, 1, int(C));
-  matmul_forward(logits_.data(), ln_.data(), wte, nullptr, 1, int(C), cfg_.vocab_size);
+  norm(ln_.data(), last, params_.data() + offsets_.lnf_w, tensor_at(params_.data(), offsets_.lnf_b), 1);
+  matmul_forward(logits_.data(), ln_.data(), params_.data() + offsets_.head, nullptr, 1, int(C), cfg_.vocab_size);
   return logits_.data();
 }
 

@@ -1,4 +1,4 @@
-// Text generation with the GPT-2 model (docs/design.md, "Model") on the CPU: a forward pass over new
+// Text generation with the model (docs/design.md, "Model"; either architecture) on the CPU: a forward pass over new
 // tokens only, with every layer's keys and values kept in a cache, so a generated token costs
 // O(context) (one row through the dense layers, attention over the cached positions) rather than
 // a full forward over the whole sequence. Used by `kilter sample` and by training's periodic
@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "lib/model/attention.h"
 #include "lib/model/model.h"
+#include "lib/model/rope.h"
 
 namespace kilter::model {
 
@@ -32,14 +34,20 @@ class Generator {
 
  private:
   void layer_forward(int layer, int n);
+  void norm(float* out, const float* in, const float* w, const float* b, int n);  // LayerNorm or RMSNorm
+  void attend(int layer, int n);  // the new rows' attention over the cache, into atty_
 
   ModelSpec cfg_;
   std::vector<float> params_;
   LayoutOffsets offsets_;
+  AttentionShape shape_;
+  RopeTable rope_;  // llama
   int position_ = 0;
-  std::vector<float> key_cache_, value_cache_;  // per layer: (block_size, C), heads side by side
+  // Per layer: (block_size, kv_width / 2), the key (value) heads side by side.
+  std::vector<float> key_cache_, value_cache_;
   // Activations of the tokens being fed (n rows).
   std::vector<float> x_, ln_, mean_, rstd_, qkv_, atty_, fch_, fch_gelu_, scores_, logits_;
+  std::vector<int32_t> positions_;
 };
 
 // How the next token is chosen from the logits.

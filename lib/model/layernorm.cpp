@@ -11,7 +11,7 @@ namespace kilter::model {
 
 KILTER_SIMD_CLONES
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
+                       const float* bias, int N, int C, float eps) {
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<size_t>(n) * C;
     float* y = out + static_cast<size_t>(n) * C;
@@ -23,7 +23,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     float var = 0.0f;
     for (int j = 0; j < kSimdLanes; ++j) var += acc[j];
     for (; i < C; ++i) var += (x[i] - m) * (x[i] - m);
-    const float s = 1.0f / std::sqrt(var / C + kLayerNormEps);
+    const float s = 1.0f / std::sqrt(var / C + eps);
     for (int c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
     mean[n] = m;
     rstd[n] = s;

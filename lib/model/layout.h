@@ -47,6 +47,9 @@ struct LayoutOffsets {
   size_t embeddings_end() const { return block.empty() ? lnf_w : block.front(); }
 };
 
+// buffer + offset, or null where the tensor does not exist (kNoTensor).
+inline float* tensor_at(float* buffer, size_t offset) { return offset == kNoTensor ? nullptr : buffer + offset; }
+
 // Pointers to one block's tensors inside a flat buffer (parameters or gradients); null where the
 // architecture has no such tensor (then neither has the gradient).
 struct BlockTensors {

@@ -3,8 +3,8 @@
 // table (names, shapes, order, initialization), the activations a block keeps, the FLOPs and K/V
 // bytes a token costs, and where K and V sit in a row of the fused q|k|v projection all come from
 // here, so a backend, the memory plan, the batch plan and the K/V exchange cannot disagree.
-// GPT-2 is the architecture described today; every derived figure is a function of the spec, not
-// a formula written into its user.
+// GPT-2 and the Llama family (Llama 3, Qwen2, Mistral, SmolLM) are described; every derived figure
+// is a function of the spec, not a formula written into its user.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -21,29 +21,51 @@ struct ModelSpec {
   int n_embd = 256;
   int block_size = 256;  // context length: the longest piece the model sees
   int vocab_size = 0;    // 0 in a config: taken from the dataset index
+  // The architecture (docs/design.md, "Model"): gpt2 (learned positions, LayerNorm, GELU MLP,
+  // biases, tied head) or llama (RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no biases
+  // unless qkv_bias, untied head unless tie_embeddings says otherwise).
+  std::string arch = "gpt2";
+  int n_kv_head = 0;                  // key/value heads (0: n_head)
+  int ffn_hidden = 0;                 // MLP width (0: gpt2 4 n_embd; llama 8/3 n_embd up to a multiple of 256)
+  double rope_theta = 10000;          // llama: RoPE base
+  std::string rope_scaling = "none";  // llama: none | llama3 (Llama 3.1/3.2 long-context frequencies)
+  double rope_factor = 8;             // llama3 scaling: factor, low/high frequency factors, original context
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int rope_original_context = 8192;
+  double norm_eps = 1e-5;             // LayerNorm (gpt2) or RMSNorm (llama) epsilon
+  std::string tie_embeddings = "auto";  // auto (gpt2 true, llama false) | true | false
+  bool qkv_bias = false;              // llama: q/k/v projections with biases (Qwen2)
 
+  bool llama() const { return arch == "llama"; }
   int head_dim() const { return n_embd / n_head; }
-  int kv_heads() const { return n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   // Width of one row of the fused q|k|v projection: the query heads, then K, then V.
   int qkv_width() const { return (n_head + 2 * kv_heads()) * head_dim(); }
-  // The MLP: its hidden width, and the output width of its first Linear.
-  int ffn_hidden() const { return 4 * n_embd; }
-  int ffn_in_width() const { return ffn_hidden(); }
+  // The MLP: its hidden width, and the output width of its first Linear (llama: gate | up).
+  int ffn_width() const {
+    if (ffn_hidden > 0) return ffn_hidden;
+    return llama() ? (8 * n_embd / 3 + 255) / 256 * 256 : 4 * n_embd;
+  }
+  int ffn_in_width() const { return llama() ? 2 * ffn_width() : ffn_width(); }
   // The widest output of any Linear layer (the bias gradients' column sums).
   int widest_linear_out() const { return std::max({qkv_width(), n_embd, ffn_in_width()}); }
-  bool has_position_table() const { return true; }
-  bool has_biases() const { return true; }
-  bool tied_embeddings() const { return true; }
+  bool has_position_table() const { return !llama(); }
+  bool has_qkv_bias() const { return !llama() || qkv_bias; }
+  bool has_biases() const { return !llama(); }  // the other Linear layers' and the norms'
+  bool tied() const { return tie_embeddings == "auto" ? !llama() : tie_embeddings == "true"; }
 
-  bool operator==(const ModelSpec& o) const {
-    return n_layer == o.n_layer && n_head == o.n_head && n_embd == o.n_embd && block_size == o.block_size &&
-           vocab_size == o.vocab_size;
-  }
+  bool operator==(const ModelSpec& o) const;
   bool operator!=(const ModelSpec& o) const { return !(*this == o); }
 };
 
-// Throws kilter::Error when the shape cannot make a model (non-positive sizes, n_embd not a
-// multiple of n_head), naming the model.* keys.
+// RoPE's inverse frequencies, head_dim / 2 of them (HF's rotate-half convention: frequency i
+// turns the pair of columns (i, i + head_dim / 2)), with llama3 scaling applied where set.
+std::vector<double> rope_inverse_frequencies(const ModelSpec& spec);
+
+// Throws kilter::Error when the description cannot make a model (non-positive sizes, n_embd not a
+// multiple of n_head, n_head not a multiple of n_kv_head, an unknown arch, llama keys on gpt2),
+// naming the model.* keys.
 void check_spec(const ModelSpec& spec);
 
 // ---- parameters -------------------------------------------------------------------------------

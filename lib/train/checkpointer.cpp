@@ -8,6 +8,7 @@
 // checks the file and broadcasts the outcome first, so a bad file is the same clear error on every
 // rank, never a hang.
 #include "lib/train/checkpointer.h"
+#include "lib/train/checkpoint_model.h"
 
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -67,14 +68,15 @@ std::string checkpoints_dir(const std::string& run_dir) { return run_dir + "/che
 // so the message names the cause (another model, another config) rather than a tensor shape.
 void check_info_against_config(const std::string& path, const io::CheckpointInfo& info, const Config& cfg,
                                const model::ModelSpec& gpt) {
-  if (info.n_layer != gpt.n_layer || info.n_head != gpt.n_head || info.n_embd != gpt.n_embd ||
-      info.block_size != gpt.block_size || info.vocab_size != gpt.vocab_size) {
+  const model::ModelSpec held = spec_of(info);
+  if (held != gpt) {
     KILTER_FAIL("checkpoint " << path << " holds a model with n_layer=" << info.n_layer << " n_head=" << info.n_head
                               << " n_embd=" << info.n_embd << " block_size=" << info.block_size
-                              << " vocab_size=" << info.vocab_size << ", but the config asks for n_layer="
-                              << gpt.n_layer << " n_head=" << gpt.n_head << " n_embd=" << gpt.n_embd
-                              << " block_size=" << gpt.block_size << " vocab_size=" << gpt.vocab_size
-                              << "; resume with the run's own config (config.ini in its run directory), or set "
+                              << " vocab_size=" << info.vocab_size << " (" << model::describe_spec(held)
+                              << "), but the config asks for n_layer=" << gpt.n_layer << " n_head=" << gpt.n_head
+                              << " n_embd=" << gpt.n_embd << " block_size=" << gpt.block_size
+                              << " vocab_size=" << gpt.vocab_size << " (" << model::describe_spec(gpt)
+                              << "); resume with the run's own config (config.ini in its run directory), or set "
                                  "output.dir to a new folder to start another run");
   }
   const uint64_t now_hash = cfg.hash();
@@ -269,11 +271,7 @@ struct Checkpointer::Impl {
     info.world_size = world_size;
     info.cut_cost_t = state.cut_cost_t;
     info.config = config_text;
-    info.n_layer = gpt.n_layer;
-    info.n_head = gpt.n_head;
-    info.n_embd = gpt.n_embd;
-    info.block_size = gpt.block_size;
-    info.vocab_size = gpt.vocab_size;
+    set_model_keys(info, gpt);
     info.tokenizer = tokenizer;
     info.tokenizer_data = tokenizer_data;
     info.eos_id = eos_id;

@@ -1,13 +1,14 @@
 // HF export and train.init_from (see hf_interop.h).
 #include "lib/train/hf_interop.h"
+#include "lib/train/checkpoint_model.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <sstream>
 
 #include "io/checkpoint.h"
 #include "io/error.h"
+#include "io/text_format.h"
 #include "kilter/build_info.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/root_broadcast.h"
@@ -22,18 +23,6 @@ std::vector<io::CheckpointTensor> io_tensors(const model::ParamLayout& layout) {
   return tensors;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
-model::ModelSpec gpt_of(const io::CheckpointInfo& info) {
-  return model::ModelSpec{int(info.n_layer), int(info.n_head), int(info.n_embd), int(info.block_size),
-                          int(info.vocab_size)};
-}
 
 // A source's weights by nanoGPT name, its shape and what it says about its vocabulary.
 struct SourceWeights {
@@ -111,7 +100,7 @@ CheckpointWeights read_checkpoint_weights(const std::string& source) {
   KILTER_CHECK(!c.path.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
                                           "holding checkpoints/step-*.h5)");
   c.info = io::read_checkpoint_info(c.path);
-  c.gpt = gpt_of(c.info);
+  c.gpt = spec_of(c.info);
   c.layout = model::ParamLayout::build(c.gpt);
   c.params.resize(c.layout.num_params);
   io::read_checkpoint_params(c.path, io_tensors(c.layout), c.params.data());
@@ -184,7 +173,7 @@ std::vector<float> read_initial_weights(const std::string& source, const model::
       size_t dim = 0;
       while (dim < theirs.size() && dim < t.shape.size() && theirs[dim] == t.shape[dim]) ++dim;
       const std::string key = key_of_dimension(t.name, std::min(dim, t.shape.size() - 1));
-      KILTER_FAIL(where << ": tensor " << t.name << " is " << shape_text(theirs) << " there and " << shape_text(t.shape)
+      KILTER_FAIL(where << ": tensor " << t.name << " is " << io::shape_text(theirs) << " there and " << io::shape_text(t.shape)
                         << " in the model: set " << key << " = " << source_value_of(w.shape, key)
                         << " to load it (or train.init_from a model of this shape)");
     }

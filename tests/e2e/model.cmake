@@ -18,3 +18,8 @@ set_tests_properties(e2e_bf16_fortunes PROPERTIES SKIP_RETURN_CODE 77)
 # Activation recomputation (issue 24): 2-rank runs with each train.recompute mode bit-identical
 # to none (losses, weights, moments), with cut pieces, and in bf16 where the CPU has it.
 kilter_add_e2e_test(e2e_recompute ${CMAKE_CURRENT_LIST_DIR}/recompute.sh)
+
+# model.arch = llama end to end (issue 38): determinism, world-size invariance (flat, 2 x 2,
+# sharded or not), cut pieces and a context longer than a micro-batch against 1 rank, bf16 with
+# recompute, and a resume onto another world size.
+kilter_add_e2e_test(e2e_llama_train ${CMAKE_CURRENT_LIST_DIR}/llama_train.sh)

@@ -131,7 +131,7 @@ inline void attribute(hid_t obj, const char* name, Kind kind, int64_t good, cons
       std::string all;
       for (size_t i = 0; i < n; ++i) all += good_text.empty() ? std::string(1, '\0') : good_text;
       write_attr(obj, name, t, space, t, all.data());
-    } else if (kind == Kind::string) {  // as io/checkpoint.cpp and h5py write them
+    } else if (kind == Kind::string) {  // as io/checkpoint_attributes.cpp and h5py write them
       Id t = string_type(H5T_VARIABLE, true);
       std::vector<const char*> ptrs(n, good_text.c_str());
       write_attr(obj, name, t, space, t, ptrs.data());

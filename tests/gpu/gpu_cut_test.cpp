@@ -140,7 +140,7 @@ Result gpu_cut(const km::ModelSpec& cfg, const std::vector<float>& params, const
   Result out;
   std::vector<double> losses(ranks, 0.0);
   {
-    kt::ThreadKvHub hub(ranks, cfg.n_layer, cfg.n_embd, setup.cuts, std::chrono::seconds(60));
+    kt::ThreadKvHub hub(ranks, cfg.n_layer, km::kv_row_layout(cfg), setup.cuts, std::chrono::seconds(60));
     std::vector<km::Batch> batches = setup.batches;
     std::vector<std::unique_ptr<DeviceKvEndpoint>> endpoints;
     for (int r = 0; r < ranks; ++r) {

@@ -7,6 +7,8 @@ kilter_add_unit_test(model_attention_groups_test ${CMAKE_CURRENT_LIST_DIR}/model
 kilter_add_unit_test(model_bf16_test ${CMAKE_CURRENT_LIST_DIR}/model_bf16_test.cpp)
 # Cut pieces (issue 23): models in threads joined by tests/unit/thread_kv_exchange.h (label tsan).
 kilter_add_unit_test(model_cut_test ${CMAKE_CURRENT_LIST_DIR}/model_cut_test.cpp)
+# The Llama family (issue 38): RMSNorm, RoPE, SwiGLU and grouped-query attention on the CPU.
+kilter_add_unit_test(model_llama_test ${CMAKE_CURRENT_LIST_DIR}/model_llama_test.cpp)
 
 add_executable(kilter_bench_step ${CMAKE_SOURCE_DIR}/bench/cpu_step.cpp)
 target_link_libraries(kilter_bench_step PRIVATE kilter_lib)

@@ -140,7 +140,7 @@ TEST_F(ModelCut, PieceCutInTwoMatchesTheUncutPiece) {
 
   // Positions continue from the offset: the later part's rank trains wpe rows 70..149 only, the
   // earlier part's rows 0..69.
-  ThreadKvHub hub(2, cfg.n_layer, cfg.n_embd, setup.cuts);
+  ThreadKvHub hub(2, cfg.n_layer, kv_row_layout(cfg), setup.cuts);
   std::vector<Batch> batches = setup.batches;
   std::vector<std::vector<float>> wpe_grads(2);
   std::vector<std::unique_ptr<CpuModel>> models;
@@ -355,7 +355,7 @@ TEST_F(ModelCut, OffsetsAreCheckedAndEvaluationRefusesCutPieces) {
   model.init_params(1);
   const Batch whole = make_batch({100, 60}, cfg.vocab_size, 71);
   const CutBatches setup = cut_batches(whole, {{{0, 0, 40}}, {{1}, {0, 40, -1}}});
-  ThreadKvHub hub(2, cfg.n_layer, cfg.n_embd, setup.cuts);
+  ThreadKvHub hub(2, cfg.n_layer, kv_row_layout(cfg), setup.cuts);
   auto expect_refused = [&](const std::function<void()>& call, const std::vector<std::string>& words) {
     try {
       call();

@@ -42,7 +42,7 @@ double cut_forward_backward(const kilter::model::ModelSpec& cfg, const std::vect
   namespace kt = kilter::model::testing;
   const kt::CutBatches setup = kt::cut_batches(batch, ranks);
   const int n = static_cast<int>(ranks.size());
-  kt::ThreadKvHub hub(n, cfg.n_layer, cfg.n_embd, setup.cuts);
+  kt::ThreadKvHub hub(n, cfg.n_layer, kilter::model::kv_row_layout(cfg), setup.cuts);
   std::vector<std::unique_ptr<kilter::backend::CpuModel>> models;
   std::vector<kilter::model::Batch> batches = setup.batches;
   for (int r = 0; r < n; ++r) {

@@ -42,10 +42,11 @@ class ThreadKvHub {
  public:
   // cuts: per cut piece, its parts in token order (offsets contiguous from 0). Waits give up
   // after `timeout` (a broken contract would otherwise hang the test) and throw kilter::Error.
-  ThreadKvHub(int ranks, int n_layer, int C, std::vector<std::vector<CutPartSpec>> cuts,
+  // rows: where K and V sit in the backends' q|k|v rows (model::kv_row_layout).
+  ThreadKvHub(int ranks, int n_layer, model::KvRowLayout rows, std::vector<std::vector<CutPartSpec>> cuts,
               std::chrono::milliseconds timeout = std::chrono::seconds(120))
-      : n_layer_(n_layer), C_(C), cuts_(std::move(cuts)), timeout_(timeout) {
-    const size_t row = 2 * static_cast<size_t>(C);
+      : n_layer_(n_layer), rows_(rows), cuts_(std::move(cuts)), timeout_(timeout) {
+    const size_t row = static_cast<size_t>(rows_.kv_width);
     for (size_t c = 0; c < cuts_.size(); ++c) {
       const std::vector<CutPartSpec>& parts = cuts_[c];
       KILTER_CHECK(parts.size() >= 2, "ThreadKvHub: cut " << c << " has fewer than 2 parts");
@@ -94,13 +95,14 @@ class ThreadKvHub {
 
     void forward_send(int layer, const float* qkv) override {
       expect("forward_send", layer, Stage::forward_send);
-      const int C = hub_->C_;
+      const model::KvRowLayout& rows = hub_->rows_;
       for (const PartRef& ref : parts_) {
         const CutPartSpec& part = hub_->cuts_[ref.cut][ref.part];
-        float* kv = hub_->cuts_state_[ref.cut].kv[layer].data() + static_cast<size_t>(part.offset) * 2 * C;
+        float* kv = hub_->cuts_state_[ref.cut].kv[layer].data() + static_cast<size_t>(part.offset) * rows.kv_width;
         for (int i = 0; i < part.len; ++i)
-          std::memcpy(kv + static_cast<size_t>(i) * 2 * C, qkv + static_cast<size_t>(part.first_row + i) * 3 * C + C,
-                      sizeof(float) * 2 * C);
+          std::memcpy(kv + static_cast<size_t>(i) * rows.kv_width,
+                      qkv + static_cast<size_t>(part.first_row + i) * rows.row_width + rows.kv_offset,
+                      sizeof(float) * rows.kv_width);
       }
       std::lock_guard<std::mutex> lock(hub_->mutex_);
       for (const PartRef& ref : parts_) hub_->cuts_state_[ref.cut].kv_posted[ref.part][layer] = 1;
@@ -148,16 +150,16 @@ class ThreadKvHub {
         return true;
       });
       // Each later part's dK/dV of this part's tokens, added in part order.
-      const int C = hub_->C_;
+      const model::KvRowLayout& rows = hub_->rows_;
       for (const PartRef& ref : parts_) {
         const std::vector<CutPartSpec>& parts = hub_->cuts_[ref.cut];
         const CutPartSpec& mine = parts[ref.part];
         for (size_t j = ref.part + 1; j < parts.size(); ++j) {
           const float* dkv = hub_->cuts_state_[ref.cut].dkv[j][layer].data();
           for (int i = 0; i < mine.len; ++i) {
-            const float* src = dkv + static_cast<size_t>(mine.offset + i) * 2 * C;
-            float* dst = dqkv + static_cast<size_t>(mine.first_row + i) * 3 * C + C;
-            for (int c = 0; c < 2 * C; ++c) dst[c] += src[c];
+            const float* src = dkv + static_cast<size_t>(mine.offset + i) * rows.kv_width;
+            float* dst = dqkv + static_cast<size_t>(mine.first_row + i) * rows.row_width + rows.kv_offset;
+            for (int c = 0; c < rows.kv_width; ++c) dst[c] += src[c];
           }
         }
       }
@@ -235,7 +237,8 @@ class ThreadKvHub {
     errors_.push_back("rank " + std::to_string(rank) + ": " + what);
   }
 
-  int n_layer_, C_;
+  int n_layer_;
+  model::KvRowLayout rows_;
   std::vector<std::vector<CutPartSpec>> cuts_;
   std::chrono::milliseconds timeout_;
   std::vector<Cut> cuts_state_;
@@ -322,7 +325,7 @@ std::vector<double> forward_backward_ranks(const std::vector<ModelPtr>& models, 
                                            float loss_scale, std::vector<std::string>& problems) {
   const int ranks = static_cast<int>(setup.batches.size());
   const ModelSpec& cfg = models.at(0)->config();
-  ThreadKvHub hub(ranks, cfg.n_layer, cfg.n_embd, setup.cuts);
+  ThreadKvHub hub(ranks, cfg.n_layer, kv_row_layout(cfg), setup.cuts);
   std::vector<Batch> batches = setup.batches;
   for (int r = 0; r < ranks; ++r) batches[r].exchange = hub.endpoint(r);
   std::vector<double> losses(ranks, 0.0);

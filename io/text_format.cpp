@@ -1,0 +1,28 @@
+// Shared text forms (see text_format.h).
+#include "io/text_format.h"
+
+#include <cstdio>
+
+namespace kilter::io {
+
+std::string human_bytes(double bytes) {
+  if (bytes < 1024) return std::to_string(bytes < 0 ? int64_t(0) : int64_t(bytes)) + " bytes";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = bytes / 1024;
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f %s", value, units[unit]);
+  return text;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+}  // namespace kilter::io

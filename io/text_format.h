@@ -1,0 +1,17 @@
+// Small text forms that messages across kilter share, so one quantity reads the same in every
+// message: sizes in bytes and tensor shapes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kilter::io {
+
+// A size in binary units, as the memory plan and the docs write them: "17 bytes", "1.2 KiB",
+// "412.6 MiB", "3.0 GiB".
+std::string human_bytes(double bytes);
+
+// A tensor shape as torch prints it without the word: "[768, 3072]", "[]" for a scalar.
+std::string shape_text(const std::vector<int64_t>& shape);
+
+}  // namespace kilter::io
