@@ -105,6 +105,20 @@ for run in ["p2", "p3", "p4", "p4h", "p4f", "b4"]:
     assert cuts >= 1 and kv > 0 and summary["kv_bytes_per_step"] > 0, f"{run}: no piece was cut or exchanged"
     for key in ["cost_imbalance_uncut_p95", "cost_imbalance_bound_p95", "plan_kv_bytes_per_step_p50", "cuts_per_step_p50"]:
         assert key in summary, f"{run}: summary lacks {key}"
+# summary.json holds the plan's statistics under the names `kilter plan --json` gives them (one
+# function writes both: every key of the plan's JSON but its inputs and its own costs), and the
+# K/V figures' older names as aliases for one release (docs/diagnostics.md).
+plan4, summary4 = json.load(open("plan4.json")), json.load(open("runs/p4/summary.json"))
+plan_only = {"ranks_per_node", "node_cost_imbalance_p95", "epoch", "seed", "source", "context", "max_tokens",
+             "tokens_per_step", "naive_batch_size", "tail", "eval_docs", "cost_a", "cost_b", "cost_c", "cost_t",
+             "device_tflops", "cut_pieces_enabled", "kv_bytes_per_token", "index_load_seconds",
+             "plan_build_seconds", "plan_build_cpu_seconds", "plan_bytes", "bytes_per_doc",
+             "peak_extra_bytes_per_doc", "peak_rss_bytes", "fingerprint", "warnings"}
+for key, value in plan4.items():
+    if key not in plan_only:
+        assert summary4.get(key) == value, f"p4: summary.json {key} = {summary4.get(key)}, kilter plan --json {value}"
+for key in ["kv_bytes_per_step_p50", "kv_bytes_per_step_max", "kv_bytes_per_rank_max"]:
+    assert summary4["plan_" + key] == summary4[key] > 0, f"p4: summary.json plan_{key} is not {key}"
 ref_eval = json.load(open("runs/p1/summary.json"))["eval_loss"]
 assert ref_eval is not None and np.isfinite(ref_eval), ref_eval
 for run in ["p2", "p3", "p4", "p4h", "p4f"]:
