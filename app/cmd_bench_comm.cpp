@@ -98,7 +98,7 @@ int cmd_bench_comm(int argc, char** argv) {
     p = parse(argc, argv);
   } catch (const std::exception& e) {
     if (launcher_rank() == 0) std::fprintf(stderr, "kilter bench-comm: %s\n", e.what());
-    return 2;
+    return refused_before_mpi(2);
   }
   if (p.help) return 0;
 

@@ -51,10 +51,10 @@ int cmd_train(int argc, char** argv) {
     decision = train::decide_run_dir(cfg, opts.resume, force);
   } catch (const Error& e) {
     if (launcher_rank() == 0) std::fprintf(stderr, "kilter train: %s\n", e.what());
-    return e.is_user_error() ? 2 : 1;
+    return refused_before_mpi(e.is_user_error() ? 2 : 1);
   } catch (const std::exception& e) {
     if (launcher_rank() == 0) std::fprintf(stderr, "kilter train: %s\n", e.what());
-    return 2;
+    return refused_before_mpi(2);
   }
   if (decision.action == train::RunDirDecision::Action::nothing_to_do) {
     if (launcher_rank() == 0) std::fprintf(stderr, "kilter train: %s\n", decision.note.c_str());

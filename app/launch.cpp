@@ -1,8 +1,10 @@
 // See launch.h.
 #include "app/launch.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace kilter::app {
 
@@ -11,6 +13,13 @@ int launcher_rank() {
     if (const char* v = std::getenv(var)) return std::atoi(v);
   }
   return 0;
+}
+
+int refused_before_mpi(int code) {
+  // Rank 0 exits as soon as it has printed, and the launcher then ends this rank: the wait costs
+  // nothing in the common case and only bounds the rare one where rank 0 has not printed.
+  if (code != 0 && launcher_rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(5));
+  return code;
 }
 
 int init_mpi(int* argc, char*** argv) {
