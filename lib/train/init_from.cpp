@@ -155,7 +155,7 @@ void check_architecture(const WeightSource& w, const model::ModelSpec& run, cons
   if (run.llama()) {
     m.compare(w, "model.rope_theta", src.rope_theta, run.rope_theta);
     m.compare(w, "model.rope_scaling", src.rope_scaling, run.rope_scaling);
-    if (src.rope_scaling == "llama3" && run.rope_scaling == "llama3") {
+    if (src.rope_scaling == "llama3") {  // its factors, also what a run without scaling must set
       m.compare(w, "model.rope_factor", src.rope_factor, run.rope_factor);
       m.compare(w, "model.rope_low_freq_factor", src.rope_low_freq_factor, run.rope_low_freq_factor);
       m.compare(w, "model.rope_high_freq_factor", src.rope_high_freq_factor, run.rope_high_freq_factor);

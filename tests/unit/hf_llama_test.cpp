@@ -213,12 +213,14 @@ TEST(HfLlama, KeysThatDifferFromTheRunAreNamedBothWays) {
       << e;
   e = refusal(m, dir, [](nlohmann::json& c) {
     c["tie_word_embeddings"] = false;
-    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   });
   EXPECT_NE(e.find("rope_scaling.rope_type = llama3 in " + config + ", model.rope_scaling = none in the run"),
             std::string::npos)
       << e;
+  // The factors a run without scaling must set come with it (those equal to its defaults do not).
+  EXPECT_NE(e.find("set model.rope_scaling = llama3, model.rope_factor = 32"), std::string::npos) << e;
 
   model::ModelSpec gpt2;  // a gpt2 run
   gpt2.vocab_size = 11;
