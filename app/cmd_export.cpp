@@ -1,4 +1,4 @@
-// `kilter export --format hf`: a checkpoint as a Hugging Face GPT-2 directory
+// `kilter export --format hf`: a checkpoint as a Hugging Face model directory, GPT-2 or Llama
 // (lib/train/hf_interop.h, io/export/). One process, no MPI.
 #include <boost/program_options.hpp>
 
@@ -22,7 +22,7 @@ int run_export(int argc, char** argv) {
   po::options_description desc("options");
   desc.add_options()
       ("help,h", "show this help")
-      ("format", po::value(&format), "output format: hf (Hugging Face GPT-2: config.json, model.safetensors, generation_config.json, tokenizer files)")
+      ("format", po::value(&format), "output format: hf (Hugging Face: config.json, model.safetensors, generation_config.json, tokenizer files)")
       ("run", po::value(&run), "run directory: its newest checkpoint (RUN_DIR/checkpoints/step-*.h5)")
       ("checkpoint", po::value(&checkpoint), "a checkpoint file")
       ("out", po::value(&out), "output directory (written under a temporary name, then renamed)")
@@ -32,10 +32,11 @@ int run_export(int argc, char** argv) {
   po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
   if (vm.count("help")) {
     std::cout << "usage: kilter export --format hf (--run RUN_DIR | --checkpoint FILE) --out DIR [--dtype fp32|bf16]\n\n"
-                 "Writes a checkpoint as a Hugging Face GPT-2 directory that transformers' GPT2LMHeadModel.from_pretrained\n"
-                 "(and tools that read config.json + model.safetensors) load: the weights (Conv1D layout, LM head tied\n"
-                 "to the token embedding), config.json, generation_config.json, and the dataset's tokenizer files\n"
-                 "(hf-bpe: tokenizer.json; sentencepiece: tokenizer.model; byte-level datasets have none).\n\n"
+                 "Writes a checkpoint as a Hugging Face model directory that transformers' from_pretrained (and tools\n"
+                 "that read config.json + model.safetensors) load: model.arch = gpt2 as GPT2LMHeadModel (Conv1D\n"
+                 "layout), model.arch = llama as LlamaForCausalLM (as Qwen2ForCausalLM with model.qkv_bias); the\n"
+                 "weights (a tied LM head is not stored), config.json, generation_config.json, and the dataset's\n"
+                 "tokenizer files (hf-bpe: tokenizer.json; sentencepiece: tokenizer.model; byte-level datasets have none).\n\n"
               << desc << "\n";
     return 0;
   }
@@ -47,8 +48,8 @@ int run_export(int argc, char** argv) {
   const train::HfExportResult r = train::export_hf(run.empty() ? checkpoint : run, out, options);
   std::string files;
   for (const std::string& f : r.files) files += (files.empty() ? "" : ", ") + f;
-  std::fprintf(stderr, "kilter export: step %lld of %s -> %s (%s; %s)\n", (long long)r.step, r.checkpoint.c_str(),
-               out.c_str(), options.dtype.c_str(), files.c_str());
+  std::fprintf(stderr, "kilter export: step %lld of %s -> %s (%s, %s; %s)\n", (long long)r.step, r.checkpoint.c_str(),
+               out.c_str(), options.dtype.c_str(), r.architecture.c_str(), files.c_str());
   return 0;
 }
 

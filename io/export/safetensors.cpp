@@ -112,10 +112,18 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   write_all(out.fd, text.data(), text.size(), path);
   // Little-endian values (the machines kilter runs on are little-endian), in chunks.
   std::vector<unsigned char> chunk;
+  std::vector<float> scratch;
   for (const SafetensorsTensor& t : tensors) {
     const uint64_t n = element_count(t.shape);
+    const float* data = t.data;
+    if (!data) {
+      KILTER_CHECK(t.fill, "safetensors " << path << ": tensor " << t.name << " has neither data nor fill");
+      scratch.resize(size_t(n));
+      t.fill(scratch.data());
+      data = scratch.data();
+    }
     if (dtype == "F32") {
-      write_all(out.fd, t.data, size_t(n * 4), path);
+      write_all(out.fd, data, size_t(n * 4), path);
       continue;
     }
     constexpr uint64_t kChunk = 1 << 20;
@@ -123,7 +131,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
       const uint64_t count = std::min(kChunk, n - first);
       chunk.resize(size_t(count * 2));
       for (uint64_t i = 0; i < count; ++i) {
-        const uint16_t b = float_to_bf16(t.data[first + i]);
+        const uint16_t b = float_to_bf16(data[first + i]);
         chunk[size_t(2 * i)] = static_cast<unsigned char>(b & 0xff);
         chunk[size_t(2 * i + 1)] = static_cast<unsigned char>(b >> 8);
       }
@@ -133,23 +141,26 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   KILTER_CHECK(::fsync(out.fd) == 0, path << ": fsync failed: " << std::strerror(errno));
 }
 
-std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
-  Fd in;
-  in.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  KILTER_CHECK(in.fd >= 0, path << ": cannot open: " << std::strerror(errno));
+uint64_t SafetensorsEntry::elements() const { return element_count(shape); }
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  KILTER_CHECK(fd_ >= 0, path << ": cannot open: " << std::strerror(errno));
+  Fd owner;  // closes the file if the header is refused (the destructor does not run then)
+  owner.fd = fd_;
   struct stat st {};
-  KILTER_CHECK(::fstat(in.fd, &st) == 0, path << ": cannot stat: " << std::strerror(errno));
+  KILTER_CHECK(::fstat(fd_, &st) == 0, path << ": cannot stat: " << std::strerror(errno));
   const uint64_t file_size = uint64_t(st.st_size);
   KILTER_CHECK(file_size >= 8, path << ": not a safetensors file (" << file_size << " bytes, shorter than its 8-byte header length)");
   unsigned char length_bytes[8];
-  read_all(in.fd, length_bytes, 8, 0, path);
+  read_all(fd_, length_bytes, 8, 0, path);
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= uint64_t(length_bytes[i]) << (8 * i);
   KILTER_CHECK(header_size <= kMaxHeaderBytes && header_size <= file_size - 8,
                path << ": not a safetensors file, or truncated: its header length " << header_size
                     << " does not fit the file's " << file_size << " bytes");
   std::string text(size_t(header_size), '\0');
-  read_all(in.fd, text.data(), text.size(), 8, path);
+  read_all(fd_, text.data(), text.size(), 8, path);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -159,13 +170,11 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
   KILTER_CHECK(header.is_object(), path << ": the safetensors header is not a JSON object");
   const uint64_t data_start = 8 + header_size, data_size = file_size - data_start;
 
-  std::map<std::string, LoadedTensor> tensors;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  std::vector<unsigned char> raw;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = path + ": tensor " + name;
-    LoadedTensor t;
+    SafetensorsEntry t;
     uint64_t begin = 0, end = 0;
     try {
       t.dtype = entry.at("dtype").get<std::string>();
@@ -189,18 +198,55 @@ std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
     KILTER_CHECK(end - begin == n * width, where << ": holds " << (end - begin) << " bytes, but " << t.dtype << " "
                                                  << shape_text(t.shape) << " needs " << n * width);
     ranges.emplace_back(begin, end);
-    raw.resize(size_t(end - begin));
-    if (!raw.empty()) read_all(in.fd, raw.data(), raw.size(), data_start + begin, path);
-    t.values.resize(size_t(n));
-    if (width == 4 && !raw.empty()) std::memcpy(t.values.data(), raw.data(), raw.size());
-    else if (t.dtype == "BF16") for (uint64_t i = 0; i < n; ++i) t.values[i] = bf16_to_float(load_u16(&raw[size_t(2 * i)]));
-    else for (uint64_t i = 0; i < n; ++i) t.values[i] = f16_to_float(load_u16(&raw[size_t(2 * i)]));
-    tensors.emplace(name, std::move(t));
+    t.begin = data_start + begin;
+    t.end = data_start + end;
+    entries_.emplace(name, std::move(t));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     KILTER_CHECK(ranges[i].first >= ranges[i - 1].second, path << ": two tensors' data_offsets overlap at byte "
                                                                  << ranges[i].first << " (damaged file)");
+  owner.fd = -1;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::read(const std::string& name, float* out) const {
+  const auto found = entries_.find(name);
+  KILTER_CHECK(found != entries_.end(), path_ << ": no tensor " << name);
+  const SafetensorsEntry& t = found->second;
+  if (t.dtype == "F32") {
+    // Little-endian floats, as on the machines kilter runs on: straight into place.
+    if (t.end > t.begin) read_all(fd_, out, size_t(t.end - t.begin), t.begin, path_);
+    return;
+  }
+  // 16-bit values widened through a bounded buffer.
+  constexpr uint64_t kChunkElements = uint64_t(1) << 20;
+  std::vector<unsigned char> raw;
+  const uint64_t n = t.elements();
+  for (uint64_t first = 0; first < n; first += kChunkElements) {
+    const uint64_t count = std::min(kChunkElements, n - first);
+    raw.resize(size_t(2 * count));
+    read_all(fd_, raw.data(), raw.size(), t.begin + 2 * first, path_);
+    float* dst = out + first;
+    if (t.dtype == "BF16") for (uint64_t i = 0; i < count; ++i) dst[i] = bf16_to_float(load_u16(&raw[size_t(2 * i)]));
+    else for (uint64_t i = 0; i < count; ++i) dst[i] = f16_to_float(load_u16(&raw[size_t(2 * i)]));
+  }
+}
+
+std::map<std::string, LoadedTensor> read_safetensors(const std::string& path) {
+  const SafetensorsFile file(path);
+  std::map<std::string, LoadedTensor> tensors;
+  for (const auto& [name, entry] : file.entries()) {
+    LoadedTensor t;
+    t.dtype = entry.dtype;
+    t.shape = entry.shape;
+    t.values.resize(size_t(entry.elements()));
+    file.read(name, t.values.data());
+    tensors.emplace(name, std::move(t));
+  }
   return tensors;
 }
 

@@ -1,15 +1,13 @@
-// HF export and train.init_from (see hf_interop.h).
+// HF export, the ModelSpec <-> HF config mapping, and the collective train.init_from load (see
+// hf_interop.h; reading a source into a layout is init_from.cpp).
 #include "lib/train/hf_interop.h"
-#include "lib/train/checkpoint_model.h"
 
-#include <algorithm>
 #include <cstdio>
-#include <map>
 
 #include "io/checkpoint.h"
 #include "io/error.h"
-#include "io/text_format.h"
 #include "kilter/build_info.h"
+#include "lib/train/checkpoint_model.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/root_broadcast.h"
 
@@ -23,82 +21,70 @@ std::vector<io::CheckpointTensor> io_tensors(const model::ParamLayout& layout) {
   return tensors;
 }
 
-
-// A source's weights by nanoGPT name, its shape and what it says about its vocabulary.
-struct SourceWeights {
-  std::string kind;  // "Hugging Face GPT-2 directory" | "kilter checkpoint"
-  io::HfModelShape shape;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  std::map<std::string, std::vector<float>> values;
-  std::string tokenizer;       // kind ("" unknown)
-  std::string tokenizer_data;  // file bytes ("" unknown or none)
-  std::string detail;          // e.g. "step 200 of runs/x/checkpoints/step-00000200.h5"
-};
-
-SourceWeights read_source(const std::string& source) {
-  SourceWeights w;
-  if (io::is_hf_model_dir(source)) {
-    io::HfGpt2 hf = io::read_hf_gpt2(source);
-    w.kind = "Hugging Face GPT-2 directory";
-    w.shape = hf.shape;
-    w.shapes = std::move(hf.shapes);
-    w.values = std::move(hf.values);
-    if (!hf.tokenizer_json.empty()) {
-      w.tokenizer = "hf-bpe";
-      w.tokenizer_data = std::move(hf.tokenizer_json);
-    }
-    w.detail = source;
-    return w;
-  }
-  KILTER_USER_CHECK(!Checkpointer::latest(source).empty(),
-               "train.init_from = " << source << ": neither a Hugging Face GPT-2 directory (config.json + "
-               "model.safetensors) nor a kilter checkpoint (a step-*.h5 file, or a run directory holding "
-               "checkpoints): give one of those");
-  const CheckpointWeights c = read_checkpoint_weights(source);
-  const io::CheckpointInfo& info = c.info;
-  const model::ParamLayout& layout = c.layout;
-  const std::vector<float>& params = c.params;
-  const std::string& path = c.path;
-  w.kind = "kilter checkpoint";
-  w.shape = {info.n_layer, info.n_head, info.n_embd, info.block_size, info.vocab_size};
-  for (const auto& t : layout.tensors) {
-    w.shapes[t.name] = t.shape;
-    w.values[t.name].assign(params.begin() + long(t.offset), params.begin() + long(t.offset + t.size));
-  }
-  w.tokenizer = info.tokenizer;
-  w.tokenizer_data = info.tokenizer_data;
-  w.detail = "step " + std::to_string(info.step) + " of " + path;
-  return w;
-}
-
-// The config key that sets dimension `dim` of tensor `name`.
-std::string key_of_dimension(const std::string& name, size_t dim) {
-  if (name == "transformer.wte.weight" && dim == 0) return "model.vocab_size";
-  if (name == "transformer.wpe.weight" && dim == 0) return "model.block_size";
-  return "model.n_embd";
-}
-
-int64_t source_value_of(const io::HfModelShape& s, const std::string& key) {
-  if (key == "model.vocab_size") return s.vocab_size;
-  if (key == "model.block_size") return s.block_size;
-  if (key == "model.n_layer") return s.n_layer;
-  if (key == "model.n_head") return s.n_head;
-  return s.n_embd;
-}
-
 }  // namespace
+
+io::HfModelConfig hf_config_of(const model::ModelSpec& spec, int64_t eos_id) {
+  io::HfModelConfig c;
+  c.model_type = !spec.llama() ? "gpt2" : spec.qkv_bias ? "qwen2" : "llama";
+  c.n_layer = spec.n_layer;
+  c.n_head = spec.n_head;
+  c.n_kv_head = spec.kv_heads();
+  c.n_embd = spec.n_embd;
+  c.ffn_hidden = spec.ffn_width();
+  c.block_size = spec.block_size;
+  c.vocab_size = spec.vocab_size;
+  c.norm_eps = spec.norm_eps;
+  c.rope_theta = spec.rope_theta;
+  c.rope_scaling = spec.rope_scaling;
+  c.rope_factor = spec.rope_factor;
+  c.rope_low_freq_factor = spec.rope_low_freq_factor;
+  c.rope_high_freq_factor = spec.rope_high_freq_factor;
+  c.rope_original_context = spec.rope_original_context;
+  c.tied = spec.tied();
+  c.qkv_bias = spec.llama() && spec.qkv_bias;
+  c.eos_id = eos_id;
+  // GPT-2 has no BOS of its own: HF's GPT-2 configs name <|endoftext|> as both. kilter records no
+  // BOS for the Llama family.
+  c.bos_id = spec.llama() ? -1 : eos_id;
+  return c;
+}
+
+model::ModelSpec spec_of_hf(const io::HfModelConfig& c) {
+  model::ModelSpec spec;
+  spec.arch = c.llama_family() ? "llama" : "gpt2";
+  spec.n_layer = int(c.n_layer);
+  spec.n_head = int(c.n_head);
+  spec.n_kv_head = c.llama_family() ? int(c.n_kv_head) : 0;
+  spec.n_embd = int(c.n_embd);
+  spec.ffn_hidden = int(c.ffn_hidden);
+  spec.block_size = int(c.block_size);
+  spec.vocab_size = int(c.vocab_size);
+  spec.norm_eps = c.norm_eps;
+  if (c.llama_family()) {
+    spec.rope_theta = c.rope_theta;
+    spec.rope_scaling = c.rope_scaling;
+    spec.rope_factor = c.rope_factor;
+    spec.rope_low_freq_factor = c.rope_low_freq_factor;
+    spec.rope_high_freq_factor = c.rope_high_freq_factor;
+    spec.rope_original_context = int(c.rope_original_context);
+    spec.qkv_bias = c.qkv_bias;
+  }
+  spec.tie_embeddings = c.tied ? "true" : "false";
+  return spec;
+}
 
 std::vector<std::string> write_hf_model(const std::string& out, const io::CheckpointInfo& info,
                                         const model::ParamLayout& layout, const float* params,
                                         const io::HfExportOptions& options) {
-  return io::write_hf_gpt2(out, info, io_tensors(layout), params, options);
+  const io::HfModelConfig config = hf_config_of(spec_of(info), info.eos_id);
+  return io::write_hf_directory(out, config, info.tokenizer, info.tokenizer_data, io_tensors(layout), params, options);
 }
 
 CheckpointWeights read_checkpoint_weights(const std::string& source) {
   CheckpointWeights c;
   c.path = Checkpointer::latest(source);
-  KILTER_CHECK(!c.path.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
-                                          "holding checkpoints/step-*.h5)");
+  KILTER_USER_CHECK(!c.path.empty(), source << ": no checkpoint found (give a checkpoint file, or a run directory "
+                                               "holding checkpoints/step-*.h5)");
   c.info = io::read_checkpoint_info(c.path);
   c.gpt = spec_of(c.info);
   c.layout = model::ParamLayout::build(c.gpt);
@@ -113,6 +99,7 @@ HfExportResult export_hf(const std::string& source, const std::string& out, cons
   HfExportResult result;
   result.checkpoint = c.path;
   result.step = info.step;
+  result.architecture = io::hf_architecture(hf_config_of(c.gpt, info.eos_id).model_type);
   io::HfExportOptions opts = options;
   opts.metadata["kilter_version"] = KILTER_VERSION;
   opts.metadata["kilter_step"] = std::to_string(info.step);
@@ -121,77 +108,13 @@ HfExportResult export_hf(const std::string& source, const std::string& out, cons
   return result;
 }
 
-std::vector<float> read_initial_weights(const std::string& source, const model::ModelSpec& gpt,
+std::vector<float> read_initial_weights(const std::string& source, const model::ModelSpec& spec,
                                         const model::ParamLayout& layout, const RunVocabulary& vocab,
                                         const std::string& init_vocab, const std::vector<float>& init,
                                         std::string& note) {
-  KILTER_CHECK(init_vocab == "strict" || init_vocab == "resize",
-               "config key train.init_vocab = '" << init_vocab << "': expected strict | resize");
-  SourceWeights w = read_source(source);
-  const std::string where = "train.init_from = " + source + " (" + w.kind + ")";
-  const io::HfModelShape model_shape{gpt.n_layer, gpt.n_head, gpt.n_embd, gpt.block_size, gpt.vocab_size};
-  // Shape keys that no tensor shape shows (heads) or that show as missing tensors (layers).
-  for (const char* key : {"model.n_layer", "model.n_head"}) {
-    const int64_t theirs = source_value_of(w.shape, key), ours = source_value_of(model_shape, key);
-    KILTER_CHECK(theirs == ours, where << " has " << key + 6 << " = " << theirs << ", the model " << ours << ": set "
-                                       << key << " = " << theirs);
-  }
-
-  // The vocabulary: its size, and the tokenizer where both sides record one.
-  const auto wte_shape = w.shapes.find("transformer.wte.weight");
-  KILTER_CHECK(wte_shape != w.shapes.end() && wte_shape->second.size() == 2,
-               where << ": no 2-D tensor transformer.wte.weight (the token embedding)");
-  const int64_t source_vocab = wte_shape->second[0];
-  std::string vocab_problem;
-  if (source_vocab != vocab.vocab_size) {
-    vocab_problem = "its vocabulary has " + std::to_string(source_vocab) + " ids, the model's " +
-                    std::to_string(vocab.vocab_size) + " (model.vocab_size; the dataset " + vocab.dataset_dir +
-                    ", tokenizer " + vocab.tokenizer + ")";
-  } else if (!w.tokenizer.empty() && !vocab.tokenizer.empty() &&
-             (w.tokenizer != vocab.tokenizer || w.tokenizer_data != vocab.tokenizer_data)) {
-    vocab_problem = "its tokenizer (" + w.tokenizer + ") is not the tokenizer of the dataset " + vocab.dataset_dir +
-                    " (" + vocab.tokenizer + "), though both have " + std::to_string(source_vocab) + " ids";
-  }
-  const bool resize = !vocab_problem.empty() && init_vocab == "resize";
-  KILTER_CHECK(vocab_problem.empty() || resize,
-               where << ": " << vocab_problem << ". Prepare the dataset with the model's tokenizer"
-                     << (w.tokenizer == "hf-bpe" ? " (kilter prep --tokenizer " + source + "/tokenizer.json)" : "")
-                     << ", or set train.init_vocab = resize to keep the token embedding's first rows and "
-                        "initialize the rest");
-
   std::vector<float> params = init;
   params.resize(layout.num_params);
-  for (const model::ParamTensor& t : layout.tensors) {
-    const auto found = w.values.find(t.name);
-    KILTER_CHECK(found != w.values.end(), where << ": no tensor " << t.name << " (the model has " << gpt.n_layer
-                                                << " blocks; set model.n_layer = " << w.shape.n_layer << ")");
-    const std::vector<int64_t>& theirs = w.shapes.at(t.name);
-    const bool is_wte = t.name == "transformer.wte.weight";
-    bool same = theirs.size() == t.shape.size();
-    for (size_t d = 0; same && d < theirs.size(); ++d) same = theirs[d] == t.shape[d] || (is_wte && d == 0 && resize);
-    if (!same) {
-      size_t dim = 0;
-      while (dim < theirs.size() && dim < t.shape.size() && theirs[dim] == t.shape[dim]) ++dim;
-      const std::string key = key_of_dimension(t.name, std::min(dim, t.shape.size() - 1));
-      KILTER_FAIL(where << ": tensor " << t.name << " is " << io::shape_text(theirs) << " there and " << io::shape_text(t.shape)
-                        << " in the model: set " << key << " = " << source_value_of(w.shape, key)
-                        << " to load it (or train.init_from a model of this shape)");
-    }
-    if (is_wte && resize) {
-      const size_t rows = size_t(std::min<int64_t>(source_vocab, t.shape[0])), cols = size_t(t.shape[1]);
-      std::copy(found->second.begin(), found->second.begin() + long(rows * cols), params.begin() + long(t.offset));
-    } else {
-      std::copy(found->second.begin(), found->second.end(), params.begin() + long(t.offset));
-    }
-    w.values.erase(found);
-  }
-  // Tensors the model has no place for: more blocks than model.n_layer.
-  KILTER_CHECK(w.values.empty(), where << ": tensor " << w.values.begin()->first << " has no place in the model (set "
-                                       << "model.n_layer = " << w.shape.n_layer << "?)");
-  note = "weights from " + w.kind + " " + w.detail + "; optimizer state and data position start fresh";
-  if (resize)
-    note += "; vocabulary resized (" + vocab_problem + "): " +
-            std::to_string(std::min<int64_t>(source_vocab, vocab.vocab_size)) + " embedding rows kept";
+  read_initial_weights(source, spec, layout, vocab, init_vocab, params.data(), note);
   return params;
 }
 
@@ -203,10 +126,11 @@ std::string load_initial_weights(MPI_Comm world, const Config& cfg, const io::Da
   std::string problem, note;
   if (rank == 0) {
     try {
-      std::vector<float> init(layout.num_params);
-      model.get_params(init.data());
+      // The model's own initialization, overwritten in place tensor by tensor.
+      params.resize(layout.num_params);
+      model.get_params(params.data());
       const RunVocabulary vocab{index.dir, index.tokenizer, index.tokenizer_data, cfg.model.vocab_size};
-      params = read_initial_weights(cfg.train.init_from, model.config(), layout, vocab, cfg.train.init_vocab, init, note);
+      read_initial_weights(cfg.train.init_from, model.config(), layout, vocab, cfg.train.init_vocab, params.data(), note);
     } catch (const Error& e) {
       problem = e.message();
     }

@@ -85,6 +85,13 @@ hf_python() {  # hf_python: sets HFPY to the test-only venv with transformers + 
   "$HFPY" -c "import transformers, safetensors, torch, h5py" 2>/dev/null \
     || fail "$HFPY lacks transformers/safetensors/h5py (scripts/install-deps.sh --with-test-extras sets up the venv)"
 }
+hf_python_or_skip() {  # hf_python_or_skip: as hf_python, but where the venv is missing the test is
+  # skipped (exit 77, the tests' SKIP_RETURN_CODE) with a line saying why
+  HFPY=${KILTER_HF_PYTHON:-/opt/kilter-test-venv/bin/python}
+  "$HFPY" -c "import transformers, safetensors, torch, h5py" 2>/dev/null && return 0
+  echo "SKIP: $(basename "$0"): $HFPY lacks transformers/safetensors/h5py (scripts/install-deps.sh --with-test-extras sets up the venv)"
+  exit 77
+}
 drill() {  # drill MODE RANK STEP NP LIMIT_S NAME [args]: a fault drill (the test hook KILTER_TEST_FAIL_*
   # on rank RANK at step STEP; run dir runs/NAME, output NAME.log) that must end every rank
   # non-zero within LIMIT_S seconds (a coarse no-hang bound, not a timing) and leave no kilter

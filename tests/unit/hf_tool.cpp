@@ -3,8 +3,9 @@
 //   kilter_hf_tool logits SOURCE ID,ID,... OUT.f32   kilter's forward (lib/model/generate.h, the
 //       model `kilter sample` runs) over the ids of a checkpoint or run dir SOURCE: the logits at
 //       every position, raw float32 [n, vocab].
-//   kilter_hf_tool roundtrip HF_DIR OUT_DIR          the weights of HF_DIR through train.init_from's
-//       reading (read_initial_weights) and back out through export's writing (write_hf_model).
+//   kilter_hf_tool roundtrip HF_DIR OUT_DIR [bf16]   the weights of HF_DIR (GPT-2 or the Llama family)
+//       through train.init_from's reading (read_initial_weights, for a run whose model.* keys are
+//       the config's) and back out through export's writing (write_hf_model), fp32 or bf16.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -12,7 +13,8 @@
 #include <vector>
 
 #include "io/error.h"
-#include "io/export/hf_gpt2.h"
+#include "io/export/hf_directory.h"
+#include "lib/train/checkpoint_model.h"
 #include "lib/model/generate.h"
 #include "lib/train/hf_interop.h"
 #include "lib/train/sampling.h"
@@ -35,19 +37,20 @@ int logits(const std::string& source, const std::string& ids_text, const std::st
   return 0;
 }
 
-int roundtrip(const std::string& hf_dir, const std::string& out) {
-  const kilter::io::HfGpt2 hf = kilter::io::read_hf_gpt2(hf_dir);
-  const kilter::model::ModelSpec gpt{int(hf.shape.n_layer), int(hf.shape.n_head), int(hf.shape.n_embd),
-                                     int(hf.shape.block_size), int(hf.shape.vocab_size)};
-  const kilter::model::ParamLayout layout = kilter::model::ParamLayout::build(gpt);
+int roundtrip(const std::string& hf_dir, const std::string& out, const std::string& dtype) {
+  const kilter::io::HfModelDir hf(hf_dir);
+  const kilter::model::ModelSpec spec = kilter::train::spec_of_hf(hf.config());
+  const kilter::model::ParamLayout layout = kilter::model::ParamLayout::build(spec);
   std::string note;
-  const kilter::train::RunVocabulary vocab{hf_dir, "", "", hf.shape.vocab_size};
-  const std::vector<float> params = kilter::train::read_initial_weights(
-      hf_dir, gpt, layout, vocab, "strict", std::vector<float>(layout.num_params), note);
+  const kilter::train::RunVocabulary vocab{hf_dir, "", "", spec.vocab_size};
+  std::vector<float> params(layout.num_params);
+  kilter::train::read_initial_weights(hf_dir, spec, layout, vocab, "strict", params.data(), note);
   kilter::io::CheckpointInfo info;
-  info.n_layer = gpt.n_layer, info.n_head = gpt.n_head, info.n_embd = gpt.n_embd;
-  info.block_size = gpt.block_size, info.vocab_size = gpt.vocab_size, info.eos_id = hf.eos_id;
-  kilter::train::write_hf_model(out, info, layout, params.data(), {});
+  kilter::train::set_model_keys(info, spec);
+  info.eos_id = hf.config().eos_id;
+  kilter::io::HfExportOptions options;
+  options.dtype = dtype;
+  kilter::train::write_hf_model(out, info, layout, params.data(), options);
   std::printf("kilter_hf_tool: %s -> %s (%s)\n", hf_dir.c_str(), out.c_str(), note.c_str());
   return 0;
 }
@@ -58,11 +61,11 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "logits" && argc == 5) return logits(argv[2], argv[3], argv[4]);
-    if (mode == "roundtrip" && argc == 4) return roundtrip(argv[2], argv[3]);
+    if (mode == "roundtrip" && (argc == 4 || argc == 5)) return roundtrip(argv[2], argv[3], argc == 5 ? argv[4] : "fp32");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kilter_hf_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: kilter_hf_tool logits SOURCE ID,ID,... OUT.f32 | roundtrip HF_DIR OUT_DIR\n");
+  std::fprintf(stderr, "usage: kilter_hf_tool logits SOURCE ID,ID,... OUT.f32 | roundtrip HF_DIR OUT_DIR [bf16]\n");
   return 2;
 }

@@ -8,6 +8,13 @@
 // those of the pieces of 80 and 66 tokens cut between three "ranks" (CpuModels in threads joined
 // by tests/unit/thread_kv_exchange.h), summed over the ranks; the batch written is the uncut one,
 // so torch_parity.py compares a cut computation with PyTorch running whole pieces.
+// kilter_model_dump OUT_DIR --llama CASE (issue 38): the same batch through a model.arch = llama
+// model (tests/e2e/llama_parity.sh compares it with transformers' LlamaForCausalLM or
+// Qwen2ForCausalLM): CASE gqa (4 query heads over 2 K/V heads, untied, rope_theta 5e5, an MLP
+// width of its own), tied (tied head, as many K/V heads as query heads, eps 1e-6), llama3 (one
+// K/V head, llama3 RoPE scaling whose bands all fall inside the head), qwen2 (q/k/v biases).
+// It also writes logits.f32: the logits of every position, each piece fed on its own through
+// the KV-cache generator (lib/model/generate.h, what `kilter sample` runs).
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -18,6 +25,7 @@
 #include <vector>
 
 #include "lib/backend/cpu_model.h"
+#include "lib/model/generate.h"
 #include "tests/unit/model_testing.h"
 #include "tests/unit/thread_kv_exchange.h"
 
@@ -74,14 +82,62 @@ double cut_forward_backward(const kilter::model::ModelSpec& cfg, const std::vect
   return loss;
 }
 
+// The llama model of `name` (see the top), or nothing when `name` is none of the cases.
+bool llama_case(const std::string& name, kilter::model::ModelSpec& cfg) {
+  cfg.arch = "llama";
+  cfg.ffn_hidden = 96;
+  if (name == "gqa") {
+    cfg.n_kv_head = 2;
+    cfg.rope_theta = 500000;
+    cfg.tie_embeddings = "false";
+  } else if (name == "tied") {
+    cfg.n_kv_head = 4;
+    cfg.tie_embeddings = "true";
+    cfg.norm_eps = 1e-6;
+  } else if (name == "llama3") {
+    // head_dim 16: wavelengths 6.3, 20, 63, ... against 32 / 4 and 32 / 1: one pair of columns
+    // keeps its frequency, one is blended, the others are divided by the factor.
+    cfg.n_kv_head = 1;
+    cfg.rope_scaling = "llama3";
+    cfg.rope_factor = 8;
+    cfg.rope_low_freq_factor = 1;
+    cfg.rope_high_freq_factor = 4;
+    cfg.rope_original_context = 32;
+  } else if (name == "qwen2") {
+    cfg.n_kv_head = 2;
+    cfg.qkv_bias = true;
+    cfg.rope_theta = 1000000;
+    cfg.norm_eps = 1e-6;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The logits of every position of `batch`, each piece from position 0, [N, vocab].
+std::vector<float> generator_logits(const kilter::model::ModelSpec& cfg, const std::vector<float>& params,
+                                    const kilter::model::Batch& batch) {
+  kilter::model::Generator generator(cfg, params);
+  std::vector<float> logits;
+  for (size_t p = 0; p + 1 < batch.cu_seqlens.size(); ++p) {
+    generator.reset();
+    for (int t = batch.cu_seqlens[p]; t < batch.cu_seqlens[p + 1]; ++t) {
+      const float* row = generator.feed(&batch.inputs[size_t(t)], 1);
+      logits.insert(logits.end(), row, row + cfg.vocab_size);
+    }
+  }
+  return logits;
+}
+
 int main(int argc, char** argv) {
   const bool cut = argc == 3 && std::strcmp(argv[2], "--cut") == 0;
-  if (argc != 2 && !cut) {
-    std::fprintf(stderr, "usage: kilter_model_dump OUT_DIR [--cut]\n");
+  const bool llama = argc == 4 && std::strcmp(argv[2], "--llama") == 0;
+  kilter::model::ModelSpec cfg;
+  if ((argc != 2 && !cut && !llama) || (llama && !llama_case(argv[3], cfg))) {
+    std::fprintf(stderr, "usage: kilter_model_dump OUT_DIR [--cut | --llama gqa|tied|llama3|qwen2]\n");
     return 2;
   }
   const std::string dir = argv[1];
-  kilter::model::ModelSpec cfg;
   cfg.n_layer = 2;
   cfg.n_head = 4;
   cfg.n_embd = 64;
@@ -103,6 +159,10 @@ int main(int argc, char** argv) {
                               : model.forward_backward(batch, loss_scale, {});
   write_floats(dir + "/params.f32", params.data(), layout.num_params);
   write_floats(dir + "/grads.f32", model.grads(), layout.num_params);
+  if (llama) {
+    const std::vector<float> logits = generator_logits(cfg, params, batch);
+    write_floats(dir + "/logits.f32", logits.data(), logits.size());
+  }
 
   kilter::model::AdamWParams adamw;
   adamw.lr = 1e-2f;
@@ -115,6 +175,20 @@ int main(int argc, char** argv) {
   nlohmann::json meta;
   meta["config"] = {{"n_layer", cfg.n_layer}, {"n_head", cfg.n_head}, {"n_embd", cfg.n_embd},
                     {"block_size", cfg.block_size}, {"vocab_size", cfg.vocab_size}};
+  if (llama)
+    meta["config"].update({{"arch", cfg.arch},
+                           {"case", argv[3]},
+                           {"n_kv_head", cfg.kv_heads()},
+                           {"ffn_hidden", cfg.ffn_width()},
+                           {"rope_theta", cfg.rope_theta},
+                           {"rope_scaling", cfg.rope_scaling},
+                           {"rope_factor", cfg.rope_factor},
+                           {"rope_low_freq_factor", cfg.rope_low_freq_factor},
+                           {"rope_high_freq_factor", cfg.rope_high_freq_factor},
+                           {"rope_original_context", cfg.rope_original_context},
+                           {"norm_eps", cfg.norm_eps},
+                           {"tied", cfg.tied()},
+                           {"qkv_bias", cfg.qkv_bias}});
   meta["num_params"] = layout.num_params;
   for (const kilter::model::ParamTensor& t : layout.tensors)
     meta["tensors"].push_back(
@@ -128,8 +202,8 @@ int main(int argc, char** argv) {
                    {"eps", adamw.eps},     {"weight_decay", adamw.weight_decay},
                    {"grad_scale", adamw.grad_scale}};
   std::ofstream(dir + "/layout.json") << meta.dump(1) << "\n";
-  std::printf("kilter_model_dump: %zu parameters, %lld targets, loss sum %.6f%s -> %s\n", layout.num_params,
+  std::printf("kilter_model_dump: %zu parameters, %lld targets, loss sum %.6f%s%s -> %s\n", layout.num_params,
               static_cast<long long>(batch.num_targets), loss_sum, cut ? " (cut pieces on 3 ranks)" : "",
-              dir.c_str());
+              llama ? (std::string(" (llama, ") + argv[3] + ")").c_str() : "", dir.c_str());
   return 0;
 }

@@ -1,0 +1,51 @@
+// A Hugging Face model's config.json, both ways (issues 26 and 38): GPT-2 (`GPT2LMHeadModel`) and
+// the Llama family (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`), read into one
+// description in kilter's terms (HfModelConfig) and written from it. Reading refuses, naming the
+// field, what no kilter model computes (another activation, a RoPE scaling other than llama3, a
+// head_dim other than hidden_size / num_attention_heads, MLP biases, ...); whether the
+// description matches a run's model.* keys is lib/train's question (hf_interop). Knows JSON only.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace kilter::io {
+
+// What a config.json describes, in kilter's terms (the model.* keys of docs/design.md "Model").
+struct HfModelConfig {
+  std::string model_type = "gpt2";  // gpt2 | llama | qwen2 | mistral
+  int64_t n_layer = 0, n_head = 0, n_kv_head = 0, n_embd = 0;
+  int64_t ffn_hidden = 0;   // the MLP's hidden width (resolved: never 0 once read)
+  int64_t block_size = 0;   // n_positions (gpt2) or max_position_embeddings
+  int64_t vocab_size = 0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000;
+  std::string rope_scaling = "none";  // none | llama3
+  double rope_factor = 8, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
+  int64_t rope_original_context = 8192;
+  bool tied = true;          // tie_word_embeddings
+  bool qkv_bias = false;     // q/k/v biases: qwen2 always, llama with attention_bias
+  bool o_proj_bias = false;  // llama's attention_bias also puts a bias on o_proj (kilter loads zeros only)
+  int64_t sliding_window = 0;  // attention window in tokens (mistral, qwen2 with use_sliding_window); 0: none
+  int64_t bos_id = -1, eos_id = -1;  // -1: unknown
+
+  bool llama_family() const { return model_type != "gpt2"; }
+};
+
+// Reads DIR/config.json. Refused, naming the file and the field: a model_type other than gpt2,
+// llama, qwen2, mistral; a missing or non-integer size; what kilter does not compute (see the top).
+HfModelConfig read_hf_config(const std::string& dir);
+
+// The config.json of `config` (model_type gpt2, llama or qwen2), its tensors stored as `dtype`
+// (fp32 | bf16).
+nlohmann::json hf_config_json(const HfModelConfig& config, const std::string& dtype);
+
+// The transformers class that loads `model_type`: GPT2LMHeadModel, LlamaForCausalLM, ...
+std::string hf_architecture(const std::string& model_type);
+
+// The config.json field that gives kilter's `key` (e.g. "model.n_kv_head" -> "num_key_value_heads")
+// for `config`'s model_type, as messages name it.
+std::string hf_config_field(const HfModelConfig& config, const std::string& key);
+
+}  // namespace kilter::io
