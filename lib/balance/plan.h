@@ -183,6 +183,7 @@ struct PlanStats {
   uint64_t micro_batches = 0;          // in the epoch's steps
   uint64_t target_tokens = 0;          // real target tokens in the epoch's steps
   uint64_t tokens_computed = 0;        // rows x padded_len, summed
+  double attention_work = 0;           // sum(len (len + 2 offset)) over the epoch's pieces and parts
   uint64_t tail_pieces = 0;            // pieces of the partial last step (balanced plan)
   uint64_t tail_tokens = 0;            // their target tokens
   bool tail_redistributed = false;     // true: spread over earlier steps; false: dropped

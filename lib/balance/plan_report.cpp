@@ -79,6 +79,7 @@ nlohmann::json plan_stats_json(const PlanStats& s) {
           {"micro_batches", s.micro_batches},
           {"target_tokens", s.target_tokens},
           {"tokens_computed", s.tokens_computed},
+          {"attention_work", s.attention_work},
           {"target_tokens_per_step_mean", s.target_tokens_per_step_mean},
           {"target_tokens_per_step_min", s.target_tokens_per_step_min},
           {"target_tokens_per_step_max", s.target_tokens_per_step_max},

@@ -98,6 +98,7 @@ void compute_plan_stats(EpochPlan& plan) {
   PlanStats& s = plan.stats;
   s.steps_per_epoch = plan.steps.size();
   s.micro_batches = s.target_tokens = s.tokens_computed = 0;
+  s.attention_work = 0;
   s.idle_rank_steps = s.steps_with_idle_ranks = s.idle_ranks_max = 0;
   s.micro_batches_per_rank_max = 0;
   std::vector<double> imbalance, bound, cuts_per_step, kv_bytes_per_step;
@@ -127,6 +128,7 @@ void compute_plan_stats(EpochPlan& plan) {
     const std::vector<double> loads = rank_costs(step, scratch, [&](const MicroBatch& mb) {
       s.target_tokens += mb.target_tokens;
       s.tokens_computed += mb.tokens_computed();
+      s.attention_work += mb.attention_work();
       if (packed)
         for (const Piece& p : mb.pieces)
           if (p.offset == 0) piece_costs.push_back(plan.cost.piece(p.len));  // parts: below

@@ -148,6 +148,11 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
     os << "  final loss " << json_number(sum, "final_loss") << ", tokens/s "
        << json_number(sum, "tokens_per_second", "{:.0f}") << ", backend " << json_number(sum, "backend")
        << ", sampler " << json_number(sum, "sampler") << "\n";
+    if (sum.contains("mfu"))
+      os << "  model FLOPs: " << json_number(sum, "model_flops_per_token", "{:.4g}") << " per token, "
+         << json_number(sum, "model_tflops_per_rank", "{:.3g}") << " TFLOP/s per rank, MFU "
+         << fmt::format("{:.1f}%", 100 * sum.value("mfu", 0.0)) << " of " << json_number(sum, "mfu_peak_tflops", "{:.3g}")
+         << " TFLOP/s (comm.device_tflops)\n";
     os << "  plan: padding_efficiency " << json_number(sum, "padding_efficiency") << ", cost_imbalance p50 "
        << json_number(sum, "cost_imbalance_p50") << " p95 " << json_number(sum, "cost_imbalance_p95")
        << " max " << json_number(sum, "cost_imbalance_max") << ", steps_per_epoch "
@@ -156,7 +161,9 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
     if (sum.value("cuts_per_step_max", 0.0) > 0)
       os << "  plan cuts: per step p50 " << json_number(sum, "cuts_per_step_p50") << " max "
          << json_number(sum, "cuts_per_step_max") << ", K/V bytes per step p50 "
-         << json_number(sum, "plan_kv_bytes_per_step_p50", "{:.3g}") << "; cost_imbalance p95 without cuts "
+         << json_number(sum, sum.contains("kv_bytes_per_step_p50") ? "kv_bytes_per_step_p50" : "plan_kv_bytes_per_step_p50",
+                        "{:.3g}")
+         << "; cost_imbalance p95 without cuts "
          << json_number(sum, "cost_imbalance_uncut_p95") << ", whole-piece bound "
          << json_number(sum, "cost_imbalance_bound_p95") << "\n";
     if (sum.contains("cut_cost_check") && sum["cut_cost_check"].is_object()) {

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "lib/balance/plan_config.h"
 #include "lib/balance/plan_report.h"
+#include "lib/model/spec.h"
 #include "lib/train/signals.h"
 
 namespace kilter::train {
@@ -55,6 +57,25 @@ void add_run_figures(const Run& run, const RunProgress& progress, nlohmann::json
   }
 }
 
+// Model FLOPs (lib/model/spec.h): per target token of the epoch's plan, forward and backward of
+// the dense layers and the head, and the attention of the plan's pieces (padding a naive plan
+// computes counts as work, not as model FLOPs), the rate per rank they make at the run's tokens/s,
+// and MFU against comm.device_tflops (or the backend's figure the plan uses, which for a GPU is an
+// H100's dense bf16 rate): the model's arithmetic, whatever the architecture.
+void add_model_flops(const Run& run, double tokens_per_second, nlohmann::json& extra) {
+  const balance::PlanStats& st = run.start_stats;
+  if (st.target_tokens == 0) return;
+  const model::ModelSpec& spec = run.model->config();
+  const double flops_per_token = model::dense_flops_per_token(spec) +
+                                 model::attention_flops_per_square(spec) * st.attention_work / double(st.target_tokens);
+  const double tflops_per_rank = tokens_per_second * flops_per_token / double(run.world_size) / 1e12;
+  const double peak = balance::device_tflops(run.cfg);
+  extra["model_flops_per_token"] = flops_per_token;
+  extra["model_tflops_per_rank"] = tflops_per_rank;
+  extra["mfu_peak_tflops"] = peak;
+  extra["mfu"] = peak > 0 ? tflops_per_rank / peak : 0.0;
+}
+
 }  // namespace
 
 void write_run_summary(Run& run, const RunProgress& progress) {
@@ -67,6 +88,7 @@ void write_run_summary(Run& run, const RunProgress& progress) {
   extra["final_loss"] = progress.last_loss;
   extra["eval_loss"] = std::isfinite(progress.eval_loss) ? nlohmann::json(progress.eval_loss) : nlohmann::json(nullptr);
   add_plan_figures(run, extra);
+  add_model_flops(run, tokens_per_second, extra);
   // The cut-cost check (data.cut_cost_check): its window, what it measured, and where the plan
   // changed (null: it did not); absent where the check did not run in this process.
   if (!progress.cut_cost_check.is_null()) extra["cut_cost_check"] = progress.cut_cost_check;
