@@ -21,6 +21,7 @@ struct CostSample {
   double kv_wait = 0;        // seconds waiting for the K/V of earlier parts (issue 23; 0 when not recorded)
   double kv_tokens = 0;      // earlier tokens whose K/V the rank received in the step
   int64_t step = -1;         // the step of the row (-1: not recorded, as in the trainer's check)
+  int rank = -1;             // the rank of the row (-1: not recorded)
 };
 
 // The transfer coefficient from measured waits: every second any rank waited in the K/V

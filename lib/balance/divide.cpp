@@ -52,13 +52,24 @@ constexpr uint64_t kCutsPerRankBoundary = 2;
 
 }  // namespace
 
-StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces)
+StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces,
+                         const std::vector<double>& rank_speed)
     : cost_(cost), max_tokens_(max_tokens), world_size_(world_size), cut_pieces_(cut_pieces) {
   KILTER_CHECK(world_size >= 1, "StepDivider: world size " << world_size << " must be >= 1");
   KILTER_CHECK(max_tokens >= 1, "StepDivider: max_tokens must be >= 1");
   KILTER_CHECK(cost.a >= 0 && cost.b >= 0 && cost.c >= 0 && cost.t >= 0,
                "StepDivider: unresolved cost model a=" << cost.a << " b=" << cost.b << " c=" << cost.c
                << " t=" << cost.t);
+  KILTER_CHECK(rank_speed.empty() || rank_speed.size() == size_t(world_size),
+               "StepDivider: " << rank_speed.size() << " rank speeds for " << world_size << " ranks");
+  speed_.assign(size_t(world_size), 1.0);
+  inverse_speed_sum_ = 0;
+  for (int r = 0; r < world_size; ++r) {
+    if (!rank_speed.empty()) speed_[r] = rank_speed[r];
+    KILTER_CHECK(speed_[r] > 0 && std::isfinite(speed_[r]), "StepDivider: rank " << r << " speed " << speed_[r]);
+    inverse_speed_sum_ += 1.0 / speed_[r];
+  }
+  min_speed_ = *std::min_element(speed_.begin(), speed_.end());
   shares_.resize(world_size);
   base_shares_.resize(world_size);
 }
@@ -169,13 +180,14 @@ void StepDivider::best_fit(double capacity) {
     const uint32_t len = pieces_[item].len;
     const double w = piece_cost_[item];
     // The busiest rank whose load stays <= capacity with this piece (the c term can add one
-    // micro-batch: look back over a few candidates for the exact check).
-    auto it = by_load_.upper_bound({capacity - w, world_size_});
+    // micro-batch, and a slower rank's load grows by more than w: look back over a few
+    // candidates for the exact check).
+    auto it = by_load_.upper_bound({capacity - w * min_speed_, world_size_});
     int rank = -1;
     for (int tries = 0; tries < 4 && it != by_load_.begin(); ++tries) {
       --it;
       const Share& s = shares_[it->second];
-      if (load_of(s.piece_cost + w, s.tokens + len, s.slot_tokens.size()) <= capacity) {
+      if (rank_load(it->second, s.piece_cost + w, s.tokens + len, s.slot_tokens.size()) <= capacity) {
         rank = it->second;
         break;
       }
@@ -235,13 +247,14 @@ bool StepDivider::improve_busiest() {
       // Move x.
       {
         const double pair_max =
-            std::max(load_of(mine.piece_cost - w_x, mine.tokens - len_x, mine.slot_tokens.size()),
-                     load_of(theirs.piece_cost + w_x, theirs.tokens + len_x, theirs.slot_tokens.size()));
+            std::max(rank_load(busiest, mine.piece_cost - w_x, mine.tokens - len_x, mine.slot_tokens.size()),
+                     rank_load(partner, theirs.piece_cost + w_x, theirs.tokens + len_x, theirs.slot_tokens.size()));
         if (pair_max < best_pair_max) best_pair_max = pair_max, best_partner = partner, best_x = xi, best_y = -1;
       }
-      // Swap x for a shorter y, best near w_y = w_x - gap / 2; the partner's items are sorted
-      // longest first, i.e. by descending cost.
-      const double want = w_x - gap / 2;
+      // Swap x for a shorter y, best near w_y = w_x - gap / (speed of both): the cost whose move
+      // evens the two (w_x - gap / 2 at equal speeds); the partner's items are sorted longest
+      // first, i.e. by descending cost.
+      const double want = w_x - gap / (speed_[busiest] + speed_[partner]);
       const auto first_at_or_below = std::partition_point(
           theirs.items.begin(), theirs.items.end(), [&](uint32_t y) { return piece_cost_[y] > want; });
       const long j = long(first_at_or_below - theirs.items.begin());
@@ -251,8 +264,8 @@ bool StepDivider::improve_busiest() {
         if (len_y >= len_x) continue;
         const double d = w_x - piece_cost_[y];
         const double pair_max =
-            std::max(load_of(mine.piece_cost - d, mine.tokens - (len_x - len_y), mine.slot_tokens.size()),
-                     load_of(theirs.piece_cost + d, theirs.tokens + (len_x - len_y), theirs.slot_tokens.size()));
+            std::max(rank_load(busiest, mine.piece_cost - d, mine.tokens - (len_x - len_y), mine.slot_tokens.size()),
+                     rank_load(partner, theirs.piece_cost + d, theirs.tokens + (len_x - len_y), theirs.slot_tokens.size()));
         if (pair_max < best_pair_max) best_pair_max = pair_max, best_partner = partner, best_x = xi, best_y = yi;
       }
     }
@@ -332,7 +345,7 @@ size_t StepDivider::assign_bins(int rank) {
 double StepDivider::packed_busiest_load() {
   double top = 0;
   for (int r = 0; r < world_size_; ++r)
-    top = std::max(top, shares_[r].piece_cost + cost_.c * double(assign_bins(r)));
+    top = std::max(top, speed_[r] * (shares_[r].piece_cost + cost_.c * double(assign_bins(r))));
   return top;
 }
 
@@ -378,10 +391,10 @@ double StepDivider::refine() {
   double total_load = 0;
   by_load_.clear();
   for (int r = 0; r < world_size_; ++r) {
-    total_load += load(r);
+    total_load += load(r) / speed_[r];
     by_load_.insert({load(r), r});
   }
-  const double good_enough = std::max(least_busiest_, total_load / world_size_ * (1 + kGoodEnoughImbalance));
+  const double good_enough = std::max(least_busiest_, level_of(total_load) * (1 + kGoodEnoughImbalance));
   tolerance_ = std::prev(by_load_.end())->first * 1e-12;
   const size_t max_rounds = 2 * size_t(world_size_) + n;
   for (size_t round = 0; round < max_rounds; ++round) {
@@ -405,17 +418,18 @@ uint32_t StepDivider::largest_end(uint32_t o, double budget) const {
 }
 
 // Water filling of one piece over a chain of ranks, in token order: the smallest level T such that
-// every holder i, given base[i] (its load without this piece) plus its part, stays <= T, each part
-// >= 1 token and <= room[i]. Each holder in turn takes the longest part that keeps it at T
-// (where t < a, more for the earlier ranks only makes the later parts cheaper); binary search on
-// T. Returns false when no level below `ceiling` works; else `ends` holds each part's end.
-bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, const std::vector<uint64_t>& room,
-                             double ceiling, std::vector<uint32_t>& ends) const {
+// every holder i, given base[i] (its cost without this piece) plus its part, times its speed,
+// stays <= T, each part >= 1 token and <= room[i]. Each holder in turn takes the longest part that
+// keeps it at T (where t < a, more for the earlier ranks only makes the later parts cheaper);
+// binary search on T. Returns false when no level below `ceiling` works; else `ends` holds each
+// part's end.
+bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, const std::vector<double>& speed,
+                             const std::vector<uint64_t>& room, double ceiling, std::vector<uint32_t>& ends) const {
   const size_t k = base.size();
   ends.resize(k);
   if (k == 2) {  // most cuts: solved directly (split_two), not by bisection on the level
     uint32_t e = 0;
-    if (!split_two(len, base[0], base[1], room[0], room[1], ceiling, e)) return false;
+    if (!split_two(len, base[0], base[1], speed[0], speed[1], room[0], room[1], ceiling, e)) return false;
     ends[0] = e, ends[1] = len;
     return true;
   }
@@ -427,23 +441,28 @@ bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, cons
     for (size_t i = 0; i + 1 < k; ++i) {
       const uint32_t latest = uint32_t(len - (k - 1 - i));  // a token for each later holder
       const uint32_t e = uint32_t(std::min<uint64_t>(
-          {uint64_t(largest_end(o, level - base[i])), uint64_t(latest), uint64_t(o) + room[i]}));
+          {uint64_t(largest_end(o, level / speed[i] - base[i])), uint64_t(latest), uint64_t(o) + room[i]}));
       if (e <= o) return INFINITY;
       out[i] = e;
       o = e;
     }
     out[k - 1] = len;
     if (uint64_t(len - o) > room[k - 1]) return INFINITY;
-    return base[k - 1] + cost_.part(o, len - o) - level;
+    return speed[k - 1] * (base[k - 1] + cost_.part(o, len - o)) - level;
   };
   double g_hi = fill(ceiling, ends);
   if (!(g_hi <= 0)) return false;
-  // The level can be no lower than the holders' mean with the whole piece among them (the parts'
-  // b terms telescope to b len^2, and each later part pays t for at least one earlier token).
-  double sum = 0;
-  for (double b : base) sum += b;
+  // The level can be no lower than the holders' balanced level with the whole piece among them
+  // (the parts' b terms telescope to b len^2, and each later part pays t for at least one earlier
+  // token), nor than any holder's time without a part.
+  double sum = 0, inverse_speeds = 0, top = 0;
+  for (size_t i = 0; i < k; ++i) {
+    sum += base[i];
+    inverse_speeds += 1.0 / speed[i];
+    top = std::max(top, speed[i] * base[i]);
+  }
   const double spread = cost_.piece(len) + cost_.t * double(k - 1);
-  double lo = std::max(*std::max_element(base.begin(), base.end()), (sum + spread) / double(k)), hi = ceiling;
+  double lo = std::max(top, (sum + spread) / inverse_speeds), hi = ceiling;
   double g_lo = INFINITY;  // not evaluated: the first step bisects
   std::vector<uint32_t>& trial = fill_scratch_;
   trial.resize(k);
@@ -475,21 +494,23 @@ bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, cons
   return true;
 }
 
-// Two holders of a piece of len tokens, the first taking [0, e), the second [e, len): the e that
-// minimizes the larger of f0(e) = base0 + part(0, e) and f1(e) = base1 + part(e, len - e), e in
-// [max(1, len - room1), min(len - 1, room0)]. f0 rises with e and f1 is concave in e (b >= 0), so
-// the larger of the two is least at an end of the range or where they cross, the roots of
-// f0 - f1 = 2b e^2 + (2a - t) e + (base0 - base1 - a len - b len^2): those candidates (each
-// crossing's two integers) are compared, and a tie goes to the larger e (the longest first part,
-// as water filling takes it). What the bisection of water_fill() computes, in a few operations.
-// false: the range is empty or its best is above `ceiling`.
-bool StepDivider::split_two(uint32_t len, double base0, double base1, uint64_t room0, uint64_t room1, double ceiling,
-                            uint32_t& e_out) const {
+// Two holders of a piece of len tokens at speeds s0 and s1, the first taking [0, e), the second
+// [e, len): the e that minimizes the larger of f0(e) = s0 (base0 + part(0, e)) and
+// f1(e) = s1 (base1 + part(e, len - e)), e in [max(1, len - room1), min(len - 1, room0)]. f0 rises
+// with e and f1 is concave in e (b >= 0), so the larger of the two is least at an end of the range
+// or where they cross, the roots of f0 - f1 = (s0 + s1) b e^2 + ((s0 + s1) a - s1 t) e +
+// (s0 base0 - s1 base1 - s1 a len - s1 b len^2) (at equal speeds 2b e^2 + (2a - t) e + ...):
+// those candidates (each crossing's two integers) are compared, and a tie goes to the larger e
+// (the longest first part, as water filling takes it). What the bisection of water_fill()
+// computes, in a few operations. false: the range is empty or its best is above `ceiling`.
+bool StepDivider::split_two(uint32_t len, double base0, double base1, double speed0, double speed1, uint64_t room0,
+                            uint64_t room1, double ceiling, uint32_t& e_out) const {
   const int64_t lo = std::max<int64_t>(1, int64_t(len) - int64_t(room1));
   const int64_t hi = std::min<int64_t>(int64_t(len) - 1, int64_t(room0));
   if (lo > hi) return false;
   const auto level = [&](int64_t e) {
-    return std::max(base0 + cost_.part(0, uint32_t(e)), base1 + cost_.part(uint32_t(e), uint32_t(int64_t(len) - e)));
+    return std::max(speed0 * (base0 + cost_.part(0, uint32_t(e))),
+                    speed1 * (base1 + cost_.part(uint32_t(e), uint32_t(int64_t(len) - e))));
   };
   int64_t best_e = -1;
   double best = 0;
@@ -502,8 +523,9 @@ bool StepDivider::split_two(uint32_t len, double base0, double base1, uint64_t r
   };
   consider(double(lo));
   consider(double(hi));
-  const double L = len, qa = 2 * cost_.b, qb = 2 * cost_.a - cost_.t;
-  const double qc = base0 - base1 - cost_.a * L - cost_.b * L * L;
+  const double L = len, speeds = speed0 + speed1;
+  const double qa = speeds * cost_.b, qb = speeds * cost_.a - speed1 * cost_.t;
+  const double qc = speed0 * base0 - speed1 * base1 - speed1 * cost_.a * L - speed1 * cost_.b * L * L;
   std::array<double, 2> roots = {NAN, NAN};
   if (qa > 0) {
     const double disc = qb * qb - 4 * qa * qc;
@@ -529,9 +551,11 @@ void StepDivider::try_chain(uint32_t item, uint32_t slot, const std::vector<int>
   const size_t k = ranks.size();
   if (k < 2 || k > len) return;
   base_scratch_.resize(k);
+  speed_scratch_.resize(k);
   room_scratch_.resize(k);
   for (size_t i = 0; i < k; ++i) {
     const Share& s = shares_[ranks[i]];
+    speed_scratch_[i] = speed_[ranks[i]];
     double cost = s.piece_cost;
     uint64_t tokens = s.tokens;
     uint64_t in_slot = slot < s.slot_tokens.size() ? s.slot_tokens[slot] : 0;
@@ -548,13 +572,13 @@ void StepDivider::try_chain(uint32_t item, uint32_t slot, const std::vector<int>
     base_scratch_[i] = load_of(cost, tokens, slots);
     room_scratch_[i] = max_tokens_ - std::min<uint64_t>(max_tokens_, in_slot);
   }
-  // No chain can leave its holders below their mean with the whole piece among them: skip the
-  // water filling where that already loses to the best so far.
-  double sum = 0;
-  for (double b : base_scratch_) sum += b;
-  if ((sum + cost_.piece(len) + cost_.t * double(k - 1)) / double(k) > best.score) return;
+  // No chain can leave its holders below their balanced level with the whole piece among them:
+  // skip the water filling where that already loses to the best so far.
+  double sum = 0, inverse_speeds = 0;
+  for (size_t i = 0; i < k; ++i) sum += base_scratch_[i], inverse_speeds += 1.0 / speed_scratch_[i];
+  if ((sum + cost_.piece(len) + cost_.t * double(k - 1)) / inverse_speeds > best.score) return;
   std::vector<uint32_t>& ends = ends_scratch_;
-  if (!water_fill(len, base_scratch_, room_scratch_, best.score, ends)) return;
+  if (!water_fill(len, base_scratch_, speed_scratch_, room_scratch_, best.score, ends)) return;
   // The exact loads (the micro-batch count follows the tokens).
   double score = mean;
   uint32_t o = 0;
@@ -565,8 +589,8 @@ void StepDivider::try_chain(uint32_t item, uint32_t slot, const std::vector<int>
     const Part* own = find_part(s, item);
     if (own) cost -= cost_.part(own->offset, own->len), tokens -= own->len;
     else if (std::find(s.items.begin(), s.items.end(), item) != s.items.end()) cost -= piece_cost_[item], tokens -= len;
-    score = std::max(score, load_of(cost + cost_.part(o, ends[i] - o), tokens + (ends[i] - o),
-                                    std::max<size_t>(s.slot_tokens.size(), slot + 1)));
+    score = std::max(score, rank_load(ranks[i], cost + cost_.part(o, ends[i] - o), tokens + (ends[i] - o),
+                                      std::max<size_t>(s.slot_tokens.size(), slot + 1)));
     o = ends[i];
   }
   // Ties (both at the mean): the fewer new cuts.
@@ -647,10 +671,10 @@ void StepDivider::cut_for_balance() {
       return find_part(shares_[x], item)->offset < find_part(shares_[y], item)->offset;
     });
   by_load_.clear();
-  double total = 0;
+  double total = 0;  // the ranks' costs (loads over their speeds)
   for (int r = 0; r < world_size_; ++r) {
     by_load_.insert({load(r), r});
-    total += load(r);
+    total += load(r) / speed_[r];
   }
   std::vector<int> chain;
   const size_t max_rounds = 4 * kCutsPerRankBoundary * size_t(world_size_) + 64;
@@ -658,7 +682,7 @@ void StepDivider::cut_for_balance() {
     const auto top_entry = std::prev(by_load_.end());
     const double top = top_entry->first;
     const int busiest = top_entry->second;
-    const double mean = total / world_size_;
+    const double mean = level_of(total);
     if (top <= mean * (1 + kCutGoodEnough)) break;
     const bool may_cut = balance_cuts_ < kCutsPerRankBoundary * (uint64_t(world_size_) - 1);
     Cut best;
@@ -693,9 +717,10 @@ void StepDivider::cut_for_balance() {
       for (size_t xi = 0; xi < mine.items.size(); ++xi) {
         const uint32_t x = mine.items[xi], len = pieces_[x].len;
         if (xi > 0 && pieces_[mine.items[xi - 1]].len == len) continue;
-        const double score = std::max({load_of(mine.piece_cost - piece_cost_[x], mine.tokens - len, mine.slot_tokens.size()),
-                                       load_of(theirs.piece_cost + piece_cost_[x], theirs.tokens + len, theirs.slot_tokens.size()),
-                                       mean});
+        const double score =
+            std::max({rank_load(busiest, mine.piece_cost - piece_cost_[x], mine.tokens - len, mine.slot_tokens.size()),
+                      rank_load(partner, theirs.piece_cost + piece_cost_[x], theirs.tokens + len, theirs.slot_tokens.size()),
+                      mean});
         if (score < best.score || (score == best.score && best.new_cuts > 0)) {
           best = Cut{};
           best.score = score;
@@ -723,12 +748,12 @@ void StepDivider::cut_for_balance() {
     if (std::find(chain.begin(), chain.end(), busiest) == chain.end()) chain.push_back(busiest);
     double before = 0;
     for (int r : chain) {
-      before += load(r);
+      before += load(r) / speed_[r];
       by_load_.erase({load(r), r});
     }
     apply_cut(busiest, best);
     for (int r : chain) {
-      total += load(r);
+      total += load(r) / speed_[r];
       by_load_.insert({load(r), r});
     }
     total -= before;
@@ -765,6 +790,7 @@ void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
     for (size_t k = 0, P = size_t(world_size_); k * P < n_items; ++k)
       least_busiest_ = std::max(least_busiest_, prefix_cost_[k * P + 1] - prefix_cost_[k * P - k]);
     least_busiest_ += cost_.c;
+    least_busiest_ *= min_speed_;  // whichever rank holds them takes at least this long
   }
   reset_shares();
   longest_first();
@@ -777,7 +803,7 @@ void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
     double total_piece_cost = prefix_cost_[n_items];
     for (const Share& base : base_shares_) total_piece_cost += has_chains_ ? base.piece_cost : 0;
     const uint64_t micro_batches = std::max<uint64_t>(min_micro_batches(target_tokens), uint64_t(world_size_));
-    const double mean = (total_piece_cost + cost_.c * double(micro_batches)) / world_size_;
+    const double mean = level_of(total_piece_cost + cost_.c * double(micro_batches));
     double best_top = packed_busiest_load();
     // Nothing to gain once the busiest rank is within kGoodEnoughImbalance of the mean or at the
     // step's lower bound.
@@ -804,10 +830,10 @@ void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
     double total = 0;
     for (int r = 0; r < world_size_; ++r) {
       const double l = shares_[r].piece_cost + cost_.c * double(assign_bins(r));
-      top = std::max(top, l);
+      top = std::max(top, speed_[r] * l);
       total += l;
     }
-    uncut_imbalance_ = total > 0 ? top * world_size_ / total : 1.0;
+    uncut_imbalance_ = total > 0 ? top * inverse_speed_sum_ / total : 1.0;
   }
   if (cut_pieces_ && world_size_ > 1) {
     // The cuts weigh loads with the fewest micro-batches a share can pack into; where packing

@@ -2,8 +2,11 @@
 // between ranks where a cut lowers the busiest rank's cost by more than it costs (issue 23), and
 // the packing of each rank's share into as few micro-batches of at most max_tokens tokens as it
 // can (docs/design.md, "Batch plan"). A piece longer than max_tokens is always cut, one part per rank
-// (context parallelism). A pure function of (pieces, cost model, max_tokens, P, cut_pieces):
-// every rank computes the same division. Internal to lib/balance; build_epoch_plan() runs it
+// (context parallelism). Ranks may run at different speeds (a throttled GPU, a slower node: the
+// in-run calibration measures it, docs/plan.md "In-run calibration"): rank r's load is its cost
+// x speed[r], and the division evens the loads, so a slower rank gets proportionally less. A
+// pure function of (pieces, cost model, speeds, max_tokens, P, cut_pieces): every rank computes
+// the same division. Internal to lib/balance; build_epoch_plan() runs it
 // step by step.
 #pragma once
 #include <cstdint>
@@ -23,8 +26,11 @@ namespace kilter::balance {
 class StepDivider {
  public:
   // `cost` must be resolved (b >= 0, c >= 0, t >= 0). cut_pieces: cut for balance (pieces longer
-  // than max_tokens are cut whatever it says; at most world_size parts each).
-  StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces = false);
+  // than max_tokens are cut whatever it says; at most world_size parts each). rank_speed: per
+  // rank, the time one unit of cost takes there relative to the others (> 0; empty: all 1, the
+  // same division as before speeds existed, bit for bit: every load is multiplied by 1.0).
+  StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces = false,
+              const std::vector<double>& rank_speed = {});
 
   // Divides pieces[0, n) (one step, any order, uncut) and appends the step to `out`: rank by
   // rank, each rank's micro-batches; the parts of cut pieces first, in the micro-batch (slot) their
@@ -61,13 +67,21 @@ class StepDivider {
   };
   // While dividing, a share is charged the fewest micro-batches it can pack into (at least its
   // parts' slots); the packed result decides between the initial divisions (packed_busiest_load).
+  // load_of() is a share's cost; rank_load() its time on `rank`, the cost x the rank's speed (what
+  // the division evens).
   double load_of(double piece_cost, uint64_t tokens, size_t slots) const {
     return piece_cost + cost_.c * double(std::max<uint64_t>(slots, min_micro_batches(tokens)));
   }
+  double rank_load(int rank, double piece_cost, uint64_t tokens, size_t slots) const {
+    return speed_[rank] * load_of(piece_cost, tokens, slots);
+  }
   double load(int rank) const {
     const Share& s = shares_[rank];
-    return load_of(s.piece_cost, s.tokens, s.slot_tokens.size());
+    return rank_load(rank, s.piece_cost, s.tokens, s.slot_tokens.size());
   }
+  // The balanced level of a total cost: the time every rank takes when the loads are even,
+  // total / sum(1 / speed) (total / P at equal speeds).
+  double level_of(double total_cost) const { return total_cost / inverse_speed_sum_; }
   // A change the cut phase weighs: a piece water-filled over a chain of ranks (a new cut when
   // the chain is one rank longer), or an uncut piece moved whole.
   struct Cut {
@@ -84,10 +98,10 @@ class StepDivider {
   void build_chains(const std::vector<uint32_t>& long_items);
   static const Part* find_part(const Share& share, uint32_t item);
   uint32_t largest_end(uint32_t offset, double budget) const;
-  bool water_fill(uint32_t len, const std::vector<double>& base, const std::vector<uint64_t>& room, double ceiling,
-                  std::vector<uint32_t>& ends) const;
-  bool split_two(uint32_t len, double base0, double base1, uint64_t room0, uint64_t room1, double ceiling,
-                 uint32_t& e_out) const;
+  bool water_fill(uint32_t len, const std::vector<double>& base, const std::vector<double>& speed,
+                  const std::vector<uint64_t>& room, double ceiling, std::vector<uint32_t>& ends) const;
+  bool split_two(uint32_t len, double base0, double base1, double speed0, double speed1, uint64_t room0,
+                 uint64_t room1, double ceiling, uint32_t& e_out) const;
   void try_chain(uint32_t item, uint32_t slot, const std::vector<int>& ranks, int new_cuts, double mean,
                  Cut& best) const;
   void apply_cut(int busiest, const Cut& cut);
@@ -108,12 +122,15 @@ class StepDivider {
   uint64_t max_tokens_;
   int world_size_;
   bool cut_pieces_;
+  std::vector<double> speed_;       // per rank (1 where not given)
+  double inverse_speed_sum_ = 1.0;  // sum(1 / speed): P at equal speeds
+  double min_speed_ = 1.0;
   double uncut_imbalance_ = 1.0;
   uint64_t balance_cuts_ = 0;
   std::vector<Share> base_shares_;    // the chains of long pieces, before any uncut piece
   bool has_chains_ = false;
   std::map<uint32_t, std::vector<int>> holders_;  // cut item -> ranks holding its parts, in token order
-  mutable std::vector<double> base_scratch_;
+  mutable std::vector<double> base_scratch_, speed_scratch_;
   mutable std::vector<uint64_t> room_scratch_;
   mutable std::vector<uint32_t> ends_scratch_, fill_scratch_;
   double tolerance_ = 0;

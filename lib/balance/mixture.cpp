@@ -104,7 +104,10 @@ EpochPlan MixturePlanner::build(uint64_t epoch, int world_size, std::vector<Sour
   account_long_pieces(longest, long_pieces, opts_, world_size, plan.stats);
   plan.steps.reserve(steps.size(), pieces, 0);
   // The same division as one dataset's plan: cuts for balance where data.cut_pieces allows them.
-  StepDivider divider(cost, opts_.max_tokens, world_size, opts_.cut_pieces);
+  KILTER_CHECK(opts_.rank_speed.empty() || opts_.rank_speed.size() == size_t(world_size),
+               "plan: " << opts_.rank_speed.size() << " rank speeds for a world size of " << world_size);
+  StepDivider divider(cost, opts_.max_tokens, world_size, opts_.cut_pieces, opts_.rank_speed);
+  plan.rank_speed = opts_.rank_speed;
   plan.kv_bytes_per_token = opts_.kv_bytes_per_token;
   plan.uncut_imbalance.reserve(steps.size());
   for (const auto& step : steps) {

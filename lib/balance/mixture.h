@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lib/balance/plan.h"
@@ -44,9 +45,11 @@ class MixturePlanner {
   // sources that wrap in it. Deterministic: the same for every call and every world size.
   EpochPlan build(uint64_t epoch, int world_size, std::vector<SourceWrap>* wraps = nullptr);
   const PlanOptions& options() const { return opts_; }
-  // The cost model of the plans built from now on (a measured transfer charge): the steps and
-  // their tokens stay the same, only their division among the ranks follows it.
+  // The cost model and rank speeds of the plans built from now on (a measured transfer charge, the
+  // in-run calibration): the steps and their tokens stay the same, only their division among the
+  // ranks follows them.
   void set_cost(const CostModel& cost) { opts_.cost = cost; }
+  void set_rank_speed(std::vector<double> rank_speed) { opts_.rank_speed = std::move(rank_speed); }
 
  private:
   struct Stream {

@@ -153,6 +153,10 @@ void check_plan_options(const PlanOptions& opts, int world_size) {
   KILTER_CHECK(opts.cost.t >= 0 && std::isfinite(opts.cost.t), "data.cost_t = " << opts.cost.t << ": must be >= 0");
   KILTER_CHECK(opts.cost.a > 0 || opts.cost.b > 0,
                "data.cost_a = 0 with data.cost_b = " << opts.cost.b << ": the cost model needs a > 0 or b > 0");
+  KILTER_CHECK(opts.rank_speed.empty() || opts.rank_speed.size() == size_t(world_size),
+               "plan: " << opts.rank_speed.size() << " rank speeds for a world size of " << world_size);
+  for (double speed : opts.rank_speed)
+    KILTER_CHECK(speed > 0 && std::isfinite(speed), "plan: a rank speed of " << speed << " (must be > 0)");
 }
 
 uint64_t long_piece_ranks(uint32_t longest_piece, uint64_t max_tokens) {
@@ -303,7 +307,8 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   // Every piece but a dropped tail goes into the plan; the micro-batches' count is known only
   // once packed (shrink_to_fit() below trims that one array).
   plan.steps.reserve(n_steps, spread_tail ? pieces.size() : cut.tail_begin, 0);
-  StepDivider divider(cost, opts.max_tokens, world_size, opts.cut_pieces);
+  StepDivider divider(cost, opts.max_tokens, world_size, opts.cut_pieces, opts.rank_speed);
+  plan.rank_speed = opts.rank_speed;
   plan.kv_bytes_per_token = opts.kv_bytes_per_token;
   plan.uncut_imbalance.reserve(n_steps);
   std::vector<Piece> with_tail;  // a step's pieces plus its share of a redistributed tail

@@ -165,6 +165,10 @@ struct PlanOptions {
   // than the cut costs (data.cut_pieces). Pieces longer than max_tokens are cut whatever it says.
   bool cut_pieces = true;
   double kv_bytes_per_token = 0;     // K/V bytes of one token, all layers, one direction (statistics)
+  // Balanced sampler: per rank, how long a unit of cost takes there relative to the others (the
+  // in-run calibration's speed factors, docs/plan.md "In-run calibration"): the division evens
+  // cost x speed, so a slower rank gets less. Empty: every rank 1. Its size is the world size.
+  std::vector<double> rank_speed;
 };
 
 struct PlanStats {
@@ -342,6 +346,7 @@ struct EpochPlan {
   PlanSteps steps;
   PlanStats stats;
   CostModel cost;  // the resolved cost model the micro-batch costs are computed with
+  std::vector<double> rank_speed;  // PlanOptions::rank_speed (empty: equal); statistics weigh rank costs by it
   double kv_bytes_per_token = 0;  // PlanOptions::kv_bytes_per_token (statistics)
   // Per step: max / mean rank cost of the whole-piece division before the cuts for balance
   // (empty: no such figure, e.g. the naive plan).
@@ -431,7 +436,9 @@ std::vector<double> rank_costs(const Step& step);
 double least_busiest_cost(std::vector<double>& piece_costs, size_t world, double c);
 
 // Recomputes plan.stats' cost, padding, idle and token figures from plan.steps (the builders
-// call it; the counts of pieces, dropped, empty and tail figures are the builder's).
+// call it; the counts of pieces, dropped, empty and tail figures are the builder's). Where the
+// plan has rank speeds, the imbalance and wait figures are of the ranks' times (cost x speed, the
+// mean being the balanced level), which is what the division evened.
 void compute_plan_stats(EpochPlan& plan);
 
 // Per step: max node cost / mean node cost with `ranks_per_node` consecutive ranks per node;

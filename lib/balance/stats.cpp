@@ -48,6 +48,28 @@ std::vector<double> rank_costs(const StepView& step) {
   return rank_costs(step, scratch, [](const MicroBatch&) {});
 }
 
+// Rank times of a step, cost x speed (plan.rank_speed), in `times`; the costs themselves where the
+// plan has no speeds.
+static const std::vector<double>& rank_times(const std::vector<double>& loads, const std::vector<double>& speed,
+                                             std::vector<double>& times) {
+  if (speed.empty()) return loads;
+  times.resize(loads.size());
+  for (size_t r = 0; r < loads.size(); ++r) times[r] = loads[r] * speed[r];
+  return times;
+}
+
+// The busiest rank's time over the balanced level, sum(cost) / sum(1 / speed): 1 where the times
+// are even.
+static double max_over_level(const std::vector<double>& loads, const std::vector<double>& speed) {
+  double total = 0, inverse_speeds = 0, top = 0;
+  for (size_t r = 0; r < loads.size(); ++r) {
+    total += loads[r];
+    inverse_speeds += 1.0 / speed[r];
+    top = std::max(top, loads[r] * speed[r]);
+  }
+  return total > 0 ? top * inverse_speeds / total : 1.0;
+}
+
 static double max_over_mean(const std::vector<double>& loads) {
   if (loads.empty()) return 1.0;
   double total = 0, top = 0;
@@ -108,6 +130,7 @@ void compute_plan_stats(EpochPlan& plan) {
   s.link_bound_parts = 0;
   imbalance.reserve(plan.steps.size());
   std::vector<double> piece_costs;  // the step's piece costs, for step_bound()
+  std::vector<double> times_scratch;
   MicroBatch scratch;
   const bool packed = !plan.steps.padded();
   double critical_cost = 0, rank_time = 0, wait_time = 0;
@@ -168,11 +191,12 @@ void compute_plan_stats(EpochPlan& plan) {
     s.cuts += step_cuts_count;
     cuts_per_step.push_back(double(step_cuts_count));
     kv_bytes_per_step.push_back(step_kv_bytes);
-    imbalance.push_back(max_over_mean(loads));
-    const double busiest = loads.empty() ? 0 : *std::max_element(loads.begin(), loads.end());
+    imbalance.push_back(plan.rank_speed.empty() ? max_over_mean(loads) : max_over_level(loads, plan.rank_speed));
+    const std::vector<double>& times = rank_times(loads, plan.rank_speed, times_scratch);
+    const double busiest = times.empty() ? 0 : *std::max_element(times.begin(), times.end());
     critical_cost += busiest;
-    rank_time += busiest * double(loads.size());
-    for (double l : loads) wait_time += busiest - l;
+    rank_time += busiest * double(times.size());
+    for (double l : times) wait_time += busiest - l;
     if (packed) bound.push_back(step_bound(loads, plan.cost.c, piece_costs));
     const double t = double(step.target_tokens());
     step_tokens_min = i == 0 ? t : std::min(step_tokens_min, t);

@@ -1,0 +1,489 @@
+// The in-run fit (see window_fit.h). The rows form a panel of (step, rank). The plan in force
+// made its ranks' costs about equal under its own coefficients, so between the ranks of a step
+// the work differs mostly along what that model trades (tokens against attention against
+// micro-batches): the window tells well how far the true coefficients are from the plan's, and
+// hardly the scale. The fit therefore prices each row in the plan's own units u (a tokens + b
+// attention + c micro-batches), takes the scale (seconds per unit) from the level, sum(seconds) /
+// sum(speed x u), and fits the deviations of b and c from what differs within steps: each step's
+// mean and each rank's mean are taken out (two-way demeaning, by alternating projections, as idle
+// rank-steps leave holes) and least squares on [u, attention, micro-batches] gives the seconds per
+// unit of attention and of micro-batch beyond the plan's; b = b_plan + that / scale. Speed
+// factors come from ratios: a step's rows share how fast the machine ran then, each rank has its
+// own factor.
+#include "lib/balance/window_fit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace kilter::balance {
+
+namespace {
+
+// The rows of the window as a panel: dense step and rank indices, and the columns' values.
+struct Panel {
+  size_t n = 0;
+  size_t steps = 0;
+  int ranks = 0;
+  std::vector<size_t> step_of;
+  std::vector<int> rank_of;
+  std::vector<double> step_count, rank_count;
+  std::vector<double> y;           // compute seconds
+  std::vector<double> col[3];      // u (the plan's units), attention work, micro-batches
+  std::vector<double> kv_tokens, kv_wait;
+};
+
+Panel make_panel(const std::vector<CostSample>& samples, const WindowFitOptions& opts) {
+  Panel p;
+  p.ranks = opts.world_size;
+  std::map<int64_t, size_t> step_index;
+  for (const CostSample& s : samples) {
+    if (!(s.tokens_computed > 0) || s.step < 0 || s.rank < 0 || s.rank >= opts.world_size) continue;
+    const auto [it, inserted] = step_index.emplace(s.step, step_index.size());
+    p.step_of.push_back(it->second);
+    p.rank_of.push_back(s.rank);
+    p.y.push_back(s.seconds);
+    const CostModel& cur = opts.current;
+    p.col[0].push_back(cur.a * s.tokens_computed + cur.b * s.attn_work + cur.c * s.micro_batches);
+    p.col[1].push_back(s.attn_work);
+    p.col[2].push_back(s.micro_batches);
+    p.kv_tokens.push_back(s.kv_tokens);
+    p.kv_wait.push_back(s.kv_wait);
+  }
+  p.n = p.y.size();
+  p.steps = step_index.size();
+  p.step_count.assign(p.steps, 0);
+  p.rank_count.assign(size_t(p.ranks), 0);
+  for (size_t i = 0; i < p.n; ++i) p.step_count[p.step_of[i]] += 1, p.rank_count[size_t(p.rank_of[i])] += 1;
+  return p;
+}
+
+// The step effect and the rank effect of `v` (alternating means until they settle), either
+// subtracted from it (demean) or returned in `rank_effect` (relative: only differences count).
+void two_way(const Panel& p, std::vector<double>& v, std::vector<double>* rank_effect) {
+  std::vector<double> step_sum(p.steps), rank_sum(size_t(p.ranks)), rank_total(size_t(p.ranks), 0.0);
+  double scale = 0;
+  for (double x : v) scale = std::max(scale, std::fabs(x));
+  for (int iter = 0; iter < 100; ++iter) {
+    std::fill(step_sum.begin(), step_sum.end(), 0.0);
+    for (size_t i = 0; i < p.n; ++i) step_sum[p.step_of[i]] += v[i];
+    for (size_t i = 0; i < p.n; ++i) v[i] -= step_sum[p.step_of[i]] / p.step_count[p.step_of[i]];
+    std::fill(rank_sum.begin(), rank_sum.end(), 0.0);
+    for (size_t i = 0; i < p.n; ++i) rank_sum[size_t(p.rank_of[i])] += v[i];
+    double moved = 0;
+    for (int r = 0; r < p.ranks; ++r) {
+      if (p.rank_count[size_t(r)] > 0) rank_sum[size_t(r)] /= p.rank_count[size_t(r)];
+      rank_total[size_t(r)] += rank_sum[size_t(r)];
+      moved = std::max(moved, std::fabs(rank_sum[size_t(r)]));
+    }
+    for (size_t i = 0; i < p.n; ++i) v[i] -= rank_sum[size_t(p.rank_of[i])];
+    if (moved <= 1e-13 * scale) break;
+  }
+  if (rank_effect) *rank_effect = rank_total;
+}
+
+// Inverts the k x k matrix m (k <= 3) in place by Gauss-Jordan with partial pivoting; false where
+// a pivot is negligible (collinear columns; m is a correlation matrix, so the scale is 1).
+bool invert(int k, double m[3][3]) {
+  double inv[3][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+  for (int col = 0; col < k; ++col) {
+    int pivot = col;
+    for (int row = col + 1; row < k; ++row)
+      if (std::fabs(m[row][col]) > std::fabs(m[pivot][col])) pivot = row;
+    if (std::fabs(m[pivot][col]) < 1e-9) return false;
+    std::swap(m[pivot], m[col]);
+    std::swap(inv[pivot], inv[col]);
+    const double d = m[col][col];
+    for (int j = 0; j < k; ++j) m[col][j] /= d, inv[col][j] /= d;
+    for (int row = 0; row < k; ++row) {
+      if (row == col) continue;
+      const double f = m[row][col];
+      for (int j = 0; j < k; ++j) m[row][j] -= f * m[col][j], inv[row][j] -= f * inv[col][j];
+    }
+  }
+  for (int i = 0; i < k; ++i)
+    for (int j = 0; j < k; ++j) m[i][j] = inv[i][j];
+  return true;
+}
+
+// One regression of each row's seconds less what its rank's speed adds to the predicted work
+// (`extra`: (speed - 1) x predicted, so a shared time per step cancels within the step as it is):
+// the coefficients and their covariance of the columns in `use` on the demeaned data, the
+// within-step R^2 and the residual variance. ok = false: the columns are collinear or the degrees
+// of freedom run out.
+struct Regression {
+  bool ok = false;
+  double coef[3] = {}, cov[3][3] = {};
+  double r2 = 0, sigma2 = 0;
+  int dof = 0;
+};
+Regression regress(const Panel& p, const std::vector<double>& extra, const bool use[3]) {
+  Regression out;
+  std::vector<double> y(p.n);
+  for (size_t i = 0; i < p.n; ++i) y[i] = p.y[i] - extra[i];
+  two_way(p, y, nullptr);
+  std::vector<int> cols;
+  std::vector<std::vector<double>> z;
+  for (int j = 0; j < 3; ++j) {
+    if (!use[j]) continue;
+    std::vector<double> v(p.n);
+    for (size_t i = 0; i < p.n; ++i) v[i] = p.col[j][i];
+    two_way(p, v, nullptr);
+    cols.push_back(j);
+    z.push_back(std::move(v));
+  }
+  const int k = int(cols.size());
+  out.dof = int(p.n) - int(p.steps) - p.ranks + 1 - k;
+  if (k == 0 || out.dof < 1) return out;
+  double scale[3] = {}, m[3][3] = {}, r[3] = {}, syy = 0;
+  for (int a = 0; a < k; ++a) {
+    for (double x : z[size_t(a)]) scale[a] += x * x;
+    scale[a] = std::sqrt(scale[a]);
+    if (!(scale[a] > 0)) return out;
+  }
+  for (size_t i = 0; i < p.n; ++i) {
+    for (int a = 0; a < k; ++a) {
+      r[a] += z[size_t(a)][i] / scale[a] * y[i];
+      for (int b = 0; b < k; ++b) m[a][b] += z[size_t(a)][i] / scale[a] * (z[size_t(b)][i] / scale[b]);
+    }
+    syy += y[i] * y[i];
+  }
+  if (!invert(k, m)) return out;
+  double x[3] = {};
+  for (int a = 0; a < k; ++a)
+    for (int b = 0; b < k; ++b) x[a] += m[a][b] * r[b];
+  double sse = 0;
+  for (size_t i = 0; i < p.n; ++i) {
+    double e = y[i];
+    for (int a = 0; a < k; ++a) e -= x[a] * z[size_t(a)][i] / scale[a];
+    sse += e * e;
+  }
+  out.sigma2 = sse / double(out.dof);
+  out.r2 = syy > 0 ? 1.0 - sse / syy : 0.0;
+  for (int a = 0; a < k; ++a) {
+    out.coef[cols[size_t(a)]] = x[a] / scale[a];
+    for (int b = 0; b < k; ++b) out.cov[cols[size_t(a)]][cols[size_t(b)]] = out.sigma2 * m[a][b] / (scale[a] * scale[b]);
+  }
+  out.ok = true;
+  return out;
+}
+
+// The within-step spread of column j over its mean: whether the window tells its coefficient.
+double spread(const Panel& p, int j) {
+  std::vector<double> v = p.col[j];
+  double mean = 0;
+  for (double x : v) mean += std::fabs(x);
+  mean /= double(std::max<size_t>(p.n, 1));
+  two_way(p, v, nullptr);
+  double ss = 0;
+  for (double x : v) ss += x * x;
+  return mean > 0 ? std::sqrt(ss / double(std::max<size_t>(p.n, 1))) / mean : 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Each row's predicted work seconds at speed 1: the fitted columns.
+std::vector<double> predicted(const Panel& p, const double coef[3]) {
+  std::vector<double> out(p.n);
+  for (size_t i = 0; i < p.n; ++i) {
+    double work = 0;
+    for (int j = 0; j < 3; ++j) work += coef[j] * p.col[j][i];
+    out[i] = work;
+  }
+  return out;
+}
+
+// Speed factors as ratios: a step's rows share a factor m_s (how fast the machine ran then) and
+// each rank its own f_r, seconds ~ m_s f_r predicted. In ratios, what the coefficients get wrong
+// in a level every rank of a step shares (a micro-batch term the window cannot tell) cancels, as
+// the plan's steps give the ranks about the same predicted work. Alternating: m_s from the step's
+// rows, f_r from the rank's, three rounds; median 1. `se`: each factor's standard error, from the
+// spread of its rows' ratios.
+void update_speeds(const Panel& p, const double coef[3], std::vector<double>& speed, std::vector<double>& se) {
+  const std::vector<double> pred = predicted(p, coef);
+  std::vector<double> step_factor(p.steps, 1.0), num(p.steps), den(p.steps), rank_num(size_t(p.ranks)),
+      rank_den(size_t(p.ranks));
+  for (int round = 0; round < 3; ++round) {
+    std::fill(num.begin(), num.end(), 0.0);
+    std::fill(den.begin(), den.end(), 0.0);
+    for (size_t i = 0; i < p.n; ++i) {
+      num[p.step_of[i]] += p.y[i];
+      den[p.step_of[i]] += speed[size_t(p.rank_of[i])] * pred[i];
+    }
+    for (size_t s = 0; s < p.steps; ++s) step_factor[s] = den[s] > 0 ? num[s] / den[s] : 1.0;
+    std::fill(rank_num.begin(), rank_num.end(), 0.0);
+    std::fill(rank_den.begin(), rank_den.end(), 0.0);
+    for (size_t i = 0; i < p.n; ++i) {
+      rank_num[size_t(p.rank_of[i])] += p.y[i];
+      rank_den[size_t(p.rank_of[i])] += step_factor[p.step_of[i]] * pred[i];
+    }
+    std::vector<double> seen;
+    for (int r = 0; r < p.ranks; ++r) {
+      if (rank_den[size_t(r)] > 0 && rank_num[size_t(r)] > 0) speed[size_t(r)] = rank_num[size_t(r)] / rank_den[size_t(r)];
+      if (p.rank_count[size_t(r)] > 0) seen.push_back(speed[size_t(r)]);
+    }
+    const double mid = median(seen);
+    if (mid > 0)
+      for (double& f : speed) f /= mid;
+  }
+  // The standard error of each factor: the spread of its rows' ratios to the model, over sqrt(rows).
+  std::vector<double> sum(size_t(p.ranks), 0.0), sum2(size_t(p.ranks), 0.0);
+  for (size_t i = 0; i < p.n; ++i) {
+    const double fitted = step_factor[p.step_of[i]] * speed[size_t(p.rank_of[i])] * pred[i];
+    if (!(fitted > 0)) continue;
+    const double q = p.y[i] / fitted;
+    sum[size_t(p.rank_of[i])] += q, sum2[size_t(p.rank_of[i])] += q * q;
+  }
+  se.assign(size_t(p.ranks), 0.0);
+  for (int r = 0; r < p.ranks; ++r) {
+    const double n = p.rank_count[size_t(r)];
+    if (!(n > 1)) continue;
+    const double mean = sum[size_t(r)] / n, var = std::max(0.0, sum2[size_t(r)] / n - mean * mean);
+    se[size_t(r)] = speed[size_t(r)] * std::sqrt(var / (n - 1));
+  }
+}
+
+// The scale: seconds per unit of the plan's cost at speed 1, from the level (a ratio of sums, of
+// the seconds beyond what the deviations coef[1], coef[2] already price), and its variance as a
+// ratio estimator (every row's time counts, the steps' shared part included).
+void level_scale(const Panel& p, const std::vector<double>& speed, const double coef[3], double& scale,
+                 double& variance) {
+  std::vector<double> rest(p.n);
+  double seconds = 0, units = 0;
+  for (size_t i = 0; i < p.n; ++i) {
+    const double f = speed[size_t(p.rank_of[i])];
+    rest[i] = p.y[i] - f * (coef[1] * p.col[1][i] + coef[2] * p.col[2][i]);
+    seconds += rest[i], units += f * p.col[0][i];
+  }
+  scale = units > 0 ? seconds / units : 0;
+  double ss = 0;
+  for (size_t i = 0; i < p.n; ++i) {
+    const double e = rest[i] - scale * speed[size_t(p.rank_of[i])] * p.col[0][i];
+    ss += e * e;
+  }
+  variance = units > 0 && p.n > 1 ? ss / (units * units) * double(p.n) / double(p.n - 1) : 0;
+}
+
+// The ratio guards of a fit of b and/or c; "" where they hold.
+std::string ratio_refusal(const WindowFit& fit, const WindowFitOptions& opts) {
+  if (fit.r2 < kFitMinR2)
+    return fmt::format("R^2 {:.2f} of the within-step differences is below {}", fit.r2, kFitMinR2);
+  if (fit.b_fitted) {
+    const double derived = opts.derived.b > 0 ? opts.derived.b : opts.current.b;
+    if (!(fit.cost.b >= derived / kFitBRange && fit.cost.b <= derived * kFitBRange))
+      return fmt::format("cost_b = {:.3g} is outside [{:.3g}, {:.3g}] around the model shape's {:.3g}", fit.cost.b,
+                         derived / kFitBRange, derived * kFitBRange, derived);
+  }
+  if (fit.c_fitted && !(fit.cost.c >= 0 && fit.cost.c <= kFitCMaxTokens * opts.current.a))
+    return fmt::format("cost_c = {:.3g} is outside [0, {:.4g}]", fit.cost.c, kFitCMaxTokens * opts.current.a);
+  return "";
+}
+
+// The scale, the deviations of the columns in `use` (1: attention, 2: micro-batches; 0: u as a
+// regressor of its own where it spreads) and the speeds, three rounds of each. false: the
+// regression could not be made (collinear columns, too few rows); b and c then stay the plan's.
+bool fit_coefficients(const Panel& p, const bool use[3], WindowFit& fit) {
+  std::vector<double> speed(size_t(p.ranks), 1.0), se;
+  Regression reg;
+  double coef[3] = {}, scale_variance = 0;
+  const bool deviations = use[1] || use[2];
+  std::vector<double> extra(p.n, 0.0);
+  for (int round = 0; round < 3; ++round) {
+    level_scale(p, speed, coef, coef[0], scale_variance);
+    if (round > 0) {
+      const std::vector<double> pred = predicted(p, coef);
+      for (size_t i = 0; i < p.n; ++i) extra[i] = (speed[size_t(p.rank_of[i])] - 1) * pred[i];
+    }
+    if (deviations) reg = regress(p, extra, use);
+    coef[1] = reg.ok && use[1] ? reg.coef[1] : 0;
+    coef[2] = reg.ok && use[2] ? reg.coef[2] : 0;
+    update_speeds(p, coef, speed, se);
+  }
+  for (int j = 0; j < 3; ++j) {
+    fit.coef[j] = coef[j];
+    fit.column[j] = j == 0 || (reg.ok && use[j]);
+    for (int k = 0; k < 3; ++k) fit.cov[j][k] = j > 0 && k > 0 && reg.ok ? reg.cov[j][k] : 0;
+  }
+  fit.cov[0][0] = scale_variance;
+  fit.r2 = reg.ok ? reg.r2 : 0;
+  fit.rank_speed = speed;
+  fit.rank_speed_se = se;
+  return !deviations || reg.ok;
+}
+
+// Speeds that do not differ from 1 beyond their noise become 1; the rest stay within the range.
+void settle_speeds(WindowFit& fit) {
+  std::vector<std::string> clamped;
+  for (size_t r = 0; r < fit.rank_speed.size(); ++r) {
+    double& f = fit.rank_speed[r];
+    const double se = r < fit.rank_speed_se.size() ? fit.rank_speed_se[r] : 0;
+    if (!(std::fabs(f - 1) >= std::max(kFitMinSpeedGap, kFitSpeedNoise * se))) f = 1;
+    if (f > kFitSpeedRange || f < 1 / kFitSpeedRange) {
+      clamped.push_back(std::to_string(r));
+      f = std::clamp(f, 1 / kFitSpeedRange, kFitSpeedRange);
+    }
+  }
+  if (!clamped.empty())
+    fit.note += fmt::format("{}speed factors of ranks {} held within [1/{}, {}]", fit.note.empty() ? "" : "; ",
+                            fmt::join(clamped, ", "), kFitSpeedRange, kFitSpeedRange);
+}
+
+// The transfer charge, as the cut-cost check measures it, where the window saw enough cuts.
+void fit_transfer(const Panel& p, WindowFit& fit) {
+  double waits = 0, kv = 0;
+  std::set<size_t> kv_steps;
+  uint64_t kv_rows = 0;
+  for (size_t i = 0; i < p.n; ++i) {
+    waits += p.kv_wait[i];
+    if (p.kv_tokens[i] > 0) kv += p.kv_tokens[i], ++kv_rows, kv_steps.insert(p.step_of[i]);
+  }
+  if (kv_rows < kCutCostAdviceMinRows || kv_steps.size() < kCutCostAdviceMinSteps || !(kv > 0)) return;
+  fit.t_seconds = waits / kv;
+  fit.cost.t = fit.t_seconds / fit.seconds_per_unit;
+  fit.cost.layers = 0;  // measured: as it is, not raised by the link-bound rule
+  fit.t_fitted = true;
+}
+
+}  // namespace
+
+WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOptions& opts) {
+  WindowFit fit;
+  fit.cost = fit.units = opts.current;
+  const Panel p = make_panel(samples, opts);
+  fit.rows = p.n;
+  fit.steps = p.steps;
+  fit.rank_speed.assign(size_t(std::max(opts.world_size, 1)), 1.0);
+  if (opts.world_size < 2 || p.n == 0) {
+    fit.note = "one rank: nothing to divide";
+    return fit;
+  }
+  if (int(p.n) - int(p.steps) - p.ranks + 1 - 3 < kFitMinDegreesOfFreedom) {
+    fit.note = fmt::format("{} (rank, step) rows over {} steps are too few", p.n, p.steps);
+    return fit;
+  }
+  // The deviations the window can tell: of b and c where free and their work differed within steps.
+  bool use[3] = {spread(p, 0) >= kFitMinTokenSpread, opts.fit_b && spread(p, 1) >= kFitMinAttnSpread,
+                 opts.fit_c && spread(p, 2) >= kFitMinAttnSpread};
+  // Collinear columns: c goes first, then b.
+  while (!fit_coefficients(p, use, fit)) {
+    const int j = use[2] ? 2 : use[1] ? 1 : 0;
+    if (j == 0) break;
+    use[j] = false;
+  }
+  const double unit = fit.coef[0];
+  fit.b_fitted = fit.column[1] && unit > 0;
+  fit.c_fitted = fit.column[2] && unit > 0;
+  if (fit.b_fitted) fit.cost.b = opts.current.b + fit.coef[1] / unit;
+  if (fit.c_fitted) fit.cost.c = opts.current.c + fit.coef[2] / unit;
+  if (fit.b_fitted || fit.c_fitted) {
+    const std::string refused = ratio_refusal(fit, opts);
+    if (!refused.empty()) {
+      // b and c stay the plan's; the scale and the speeds are fitted again without them.
+      fit.note = refused + ": cost_b and cost_c kept";
+      fit.cost.b = opts.current.b;
+      fit.cost.c = opts.current.c;
+      fit.b_fitted = fit.c_fitted = false;
+      const bool scale_only[3] = {false, false, false};
+      fit_coefficients(p, scale_only, fit);
+    }
+  } else if (!use[1] && !use[2] && (opts.fit_b || opts.fit_c)) {
+    fit.note = "the ranks' work did not differ within steps: cost_b and cost_c kept";
+  }
+  fit.seconds_per_unit = fit.coef[0];
+  if (!(fit.seconds_per_unit > 0)) {
+    fit.note = "the fitted seconds per unit of cost are not positive";
+    return fit;
+  }
+  settle_speeds(fit);
+  if (opts.fit_t) fit_transfer(p, fit);
+  fit.usable = true;
+  return fit;
+}
+
+bool PlanComparison::pays() const {
+  return steps > 0 && gain() > kReplanGainNoise * gain_sd && gain() > kReplanMinGain * current_seconds;
+}
+
+std::vector<RankWork> step_rank_work(const StepView& step) {
+  std::vector<RankWork> work(size_t(step.world_size()));
+  MicroBatch mb;
+  for (int r = 0; r < step.world_size(); ++r) {
+    const auto [first, end] = step.rank_micro_batches(r);
+    for (uint32_t m = first; m < end; ++m) {
+      step.micro_batch(m, mb);
+      work[size_t(r)].tokens += double(mb.tokens_computed());
+      work[size_t(r)].attn += mb.attention_work();
+      work[size_t(r)].kv_tokens += mb.kv_tokens();
+      work[size_t(r)].micro_batches += 1;
+    }
+  }
+  return work;
+}
+
+namespace {
+// The fit's columns of one rank's work: its units under the plan the window ran, its attention
+// work and its micro-batches.
+void columns_of(const WindowFit& fit, const RankWork& w, double out[3]) {
+  const CostModel& u = fit.units;
+  out[0] = u.a * w.tokens + u.b * w.attn + u.c * w.micro_batches;
+  out[1] = w.attn;
+  out[2] = w.micro_batches;
+}
+}  // namespace
+
+double predicted_seconds(const WindowFit& fit, const RankWork& work, int rank) {
+  if (!(work.micro_batches > 0)) return 0;
+  double col[3];
+  columns_of(fit, work, col);
+  double seconds = 0;
+  for (int j = 0; j < 3; ++j) seconds += fit.coef[j] * col[j];
+  const double speed = size_t(rank) < fit.rank_speed.size() ? fit.rank_speed[size_t(rank)] : 1.0;
+  return speed * seconds + fit.t_seconds * work.kv_tokens;
+}
+
+PlanComparison compare_divisions(const std::vector<StepView>& current, const std::vector<StepView>& candidate,
+                                 const WindowFit& fit) {
+  PlanComparison out;
+  const size_t steps = std::min(current.size(), candidate.size());
+  double g[3] = {};                         // the columns' difference between the busiest ranks
+  std::vector<double> speed_diff(fit.rank_speed.size(), 0.0);  // per rank: its unscaled work as busiest, current - candidate
+  double imbalance[2] = {0, 0};
+  for (size_t s = 0; s < steps; ++s) {
+    for (int which = 0; which < 2; ++which) {
+      const std::vector<RankWork> work = step_rank_work(which == 0 ? current[s] : candidate[s]);
+      int busiest = 0;
+      double top = -1, total = 0;
+      for (size_t r = 0; r < work.size(); ++r) {
+        const double t = predicted_seconds(fit, work[r], int(r));
+        total += t;
+        if (t > top) top = t, busiest = int(r);
+      }
+      (which == 0 ? out.current_seconds : out.candidate_seconds) += top;
+      imbalance[which] += total > 0 ? top * double(work.size()) / total : 1.0;
+      double col[3];
+      columns_of(fit, work[size_t(busiest)], col);
+      const double speed = size_t(busiest) < fit.rank_speed.size() ? fit.rank_speed[size_t(busiest)] : 1.0;
+      const double sign = which == 0 ? 1.0 : -1.0;
+      double unscaled = 0;
+      for (int j = 0; j < 3; ++j) g[j] += sign * speed * col[j], unscaled += fit.coef[j] * col[j];
+      if (size_t(busiest) < speed_diff.size()) speed_diff[size_t(busiest)] += sign * unscaled;
+    }
+  }
+  out.steps = steps;
+  if (steps > 0) out.current_imbalance = imbalance[0] / double(steps), out.candidate_imbalance = imbalance[1] / double(steps);
+  double var = 0;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) var += g[i] * fit.cov[i][j] * g[j];
+  for (size_t r = 0; r < speed_diff.size() && r < fit.rank_speed_se.size(); ++r)
+    var += (fit.rank_speed_se[r] * speed_diff[r]) * (fit.rank_speed_se[r] * speed_diff[r]);
+  out.gain_sd = std::sqrt(std::max(var, 0.0));
+  return out;
+}
+
+}  // namespace kilter::balance

@@ -1,0 +1,95 @@
+// The cost model fitted to a window of a training run (data.cost_calibration = auto; docs/plan.md,
+// "In-run calibration"). Every rank's compute seconds in every step of the window are set against
+// its work: computed tokens, attention work (sum of L^2) and micro-batches. A time shared by all
+// ranks of a step (what the machine did to everyone then: the scheduler, the file system, a
+// longer step) and a time per rank are taken out first, so the coefficients rest only on what
+// differs between the ranks of one step, which is what the division decides; each rank's own
+// time becomes its speed factor. Guards say whether the fit may be used; compare_divisions() says
+// whether a division made with it beats the one in force by more than the fit's own noise.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/balance/calibrate.h"
+#include "lib/balance/plan.h"
+
+namespace kilter::balance {
+
+// What a window's fit may change.
+struct WindowFitOptions {
+  CostModel current;   // the resolved cost model the window's steps were planned with
+  CostModel derived;   // the model shape's coefficients (b, c): the centre of the bounds a fit must keep
+  bool fit_b = true;   // false: data.cost_b is pinned (kept at current.b)
+  bool fit_c = true;   // false: data.cost_c is pinned
+  bool fit_t = true;   // false: data.cost_t is pinned (or nothing is cut)
+  int world_size = 1;
+};
+
+// The guards' figures (docs/plan.md says why each).
+constexpr double kFitMinR2 = 0.25;          // of the differences within steps, where b or c is fitted
+constexpr double kFitMinTokenSpread = 1e-3; // within-step sd of a column over its mean, to fit it
+constexpr double kFitMinAttnSpread = 1e-2;
+constexpr double kFitBRange = 4;            // b within [derived / 4, derived x 4]
+constexpr double kFitCMaxTokens = 1024;     // c within [0, 1024 tokens' worth]
+constexpr double kFitMinSpeedGap = 0.02;    // a speed factor differs from 1 by at least this ...
+constexpr double kFitSpeedNoise = 3;        // ... and by this many of its standard errors
+constexpr double kFitSpeedRange = 3;        // speed factors within [1/3, 3]
+constexpr int kFitMinDegreesOfFreedom = 8;
+
+struct WindowFit {
+  bool usable = false;         // the fit passed its guards (at least for the speeds and the scale)
+  std::string note;            // what the guards kept or refused, in words ("" where all was fitted)
+  CostModel cost;              // the fitted model in the plan's units (a stays the plan's); current where not fitted
+  CostModel units;             // the plan the window ran (WindowFitOptions::current): column 0's prices
+  bool b_fitted = false, c_fitted = false, t_fitted = false;
+  double seconds_per_unit = 0; // seconds one unit of cost takes on a rank of speed 1
+  std::vector<double> rank_speed;     // per rank; 1 where it does not differ beyond its noise
+  std::vector<double> rank_speed_se;  // their standard errors
+  double r2 = 0;               // of the within-step differences, where b or c was fitted (else 0)
+  uint64_t rows = 0, steps = 0;
+  // The prediction's columns: 0, the units of `units` (a tokens + b attention + c micro-batches),
+  // at coef[0] = seconds_per_unit; 1, attention work, and 2, micro-batches, at the seconds beyond
+  // what `units` charges for them (0 where not fitted). Their covariance (the scale's as a ratio
+  // estimator, the others' from the within-step regression) is what compare_divisions()'s noise
+  // rests on.
+  bool column[3] = {true, false, false};
+  double coef[3] = {};
+  double cov[3][3] = {};
+  double t_seconds = 0;        // seconds per earlier token of a cut (kv_wait / kv_tokens), 0: not measured
+};
+
+// The fit of `samples` (rows with step >= 0 and rank >= 0; idle rank-steps left out). Never throws
+// on data: what cannot be fitted comes back with usable = false and the reason in `note`.
+WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOptions& opts);
+
+// The fit's prediction of two divisions of the same steps, the plan in force and a candidate made
+// with the fit (the same pieces in each step): per step, the busiest rank's seconds, each rank's
+// work priced by the fitted coefficients x its fitted speed.
+struct PlanComparison {
+  uint64_t steps = 0;
+  double current_seconds = 0;    // sum over the steps of the busiest rank's predicted seconds
+  double candidate_seconds = 0;
+  double gain_sd = 0;            // standard deviation of the difference, from the fit's noise
+  double current_imbalance = 1;  // mean over the steps of busiest / mean predicted seconds
+  double candidate_imbalance = 1;
+  double gain() const { return current_seconds - candidate_seconds; }
+  double relative_gain() const { return current_seconds > 0 ? gain() / current_seconds : 0; }
+  // The candidate pays: its predicted gain is above kReplanGainNoise of its standard deviations and
+  // above kReplanMinGain of the steps' time (a re-plan for less is churn: the noise of a step is more).
+  bool pays() const;
+};
+constexpr double kReplanGainNoise = 2;
+constexpr double kReplanMinGain = 2e-3;
+PlanComparison compare_divisions(const std::vector<StepView>& current, const std::vector<StepView>& candidate,
+                                 const WindowFit& fit);
+
+// One rank's work in one step of a plan, as the fit prices it.
+struct RankWork {
+  double tokens = 0, attn = 0, micro_batches = 0, kv_tokens = 0;
+};
+std::vector<RankWork> step_rank_work(const StepView& step);
+// Predicted seconds of `work` on `rank` under `fit` (speed included).
+double predicted_seconds(const WindowFit& fit, const RankWork& work, int rank);
+
+}  // namespace kilter::balance

@@ -1,0 +1,279 @@
+// Unit tests of the in-run calibration's pieces in lib/balance (issue 39): the division with
+// per-rank speeds (divide.h), the window fit with its guards and speed factors, and the
+// comparison of two divisions under a fit (window_fit.h). Synthetic rank-steps with known
+// coefficients, so nothing depends on timing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "lib/balance/divide.h"
+#include "lib/balance/rng.h"
+#include "lib/balance/window_fit.h"
+
+namespace kilter::balance {
+namespace {
+
+std::vector<Piece> random_pieces(size_t n, uint32_t max_len, uint64_t seed, uint64_t first_doc = 0) {
+  Xoshiro256 rng(seed);
+  std::vector<Piece> pieces(n);
+  for (size_t i = 0; i < n; ++i) pieces[i] = Piece{first_doc + i, 0, uint32_t(1 + rng.below(max_len))};
+  return pieces;
+}
+
+CostModel model(double b, double c, double t = 0) {
+  CostModel cost;
+  cost.a = 1;
+  cost.b = b;
+  cost.c = c;
+  cost.t = t;
+  return cost;
+}
+
+// Steps of random pieces divided among `world` ranks by `cost` at `speed`, into one PlanSteps.
+PlanSteps divide_steps(const std::vector<std::vector<Piece>>& steps, const CostModel& cost, int world,
+                       const std::vector<double>& speed, bool cut = false, uint64_t max_tokens = 2048) {
+  PlanSteps out(uint32_t(max_tokens), world);
+  StepDivider divider(cost, max_tokens, world, cut, speed);
+  for (const auto& pieces : steps) divider.divide(pieces.data(), pieces.size(), out);
+  return out;
+}
+
+std::vector<std::vector<Piece>> random_steps(size_t count, size_t pieces, uint32_t max_len, uint64_t seed) {
+  std::vector<std::vector<Piece>> steps;
+  for (size_t s = 0; s < count; ++s) steps.push_back(random_pieces(pieces, max_len, seed + s, s * pieces));
+  return steps;
+}
+
+std::vector<StepView> views(const PlanSteps& steps) {
+  std::vector<StepView> out;
+  for (uint64_t s = 0; s < steps.size(); ++s) out.push_back(steps[s]);
+  return out;
+}
+
+// The rank-steps of `plan` timed by a hardware of seconds = step_shift + speed_r (alpha tokens +
+// beta attn + gamma mb) + noise: `seconds_per_token` alpha, b = beta / alpha, c = gamma / alpha;
+// the step shift is a time every rank of the step shares (the machine's load), as large as
+// `shared_noise` of a rank's time, the noise per row `row_noise` of it.
+std::vector<CostSample> timed(const PlanSteps& plan, double alpha, double b, double c, const std::vector<double>& speed,
+                              double shared_noise, double row_noise, uint64_t seed, int64_t first_step = 0) {
+  Xoshiro256 rng(seed);
+  auto uniform = [&rng]() { return double(rng.below(1u << 30)) / double(1u << 30) * 2 - 1; };
+  std::vector<CostSample> rows;
+  for (uint64_t s = 0; s < plan.size(); ++s) {
+    const std::vector<RankWork> work = step_rank_work(plan[s]);
+    double mean = 0;
+    for (const RankWork& w : work) mean += alpha * (w.tokens + b * w.attn + c * w.micro_batches) / double(work.size());
+    const double shift = shared_noise * mean * uniform();
+    for (size_t r = 0; r < work.size(); ++r) {
+      if (!(work[r].micro_batches > 0)) continue;
+      CostSample row;
+      row.step = first_step + int64_t(s);
+      row.rank = int(r);
+      row.tokens_computed = work[r].tokens;
+      row.attn_work = work[r].attn;
+      row.micro_batches = work[r].micro_batches;
+      const double seconds = alpha * (work[r].tokens + b * work[r].attn + c * work[r].micro_batches);
+      row.seconds = shift + speed[r] * seconds * (1 + row_noise * uniform());
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+WindowFitOptions options(const CostModel& current, int world) {
+  WindowFitOptions opts;
+  opts.current = current;
+  opts.derived = current;
+  opts.world_size = world;
+  return opts;
+}
+
+TEST(BalanceSpeed, EqualSpeedsGiveTheDivisionWithoutSpeeds) {
+  const auto steps = random_steps(6, 300, 900, 5);
+  for (int world : {2, 7, 64}) {
+    for (bool cut : {false, true}) {
+      const PlanSteps plain = divide_steps(steps, model(1.0 / 3072, 64, 0.01), world, {}, cut);
+      const PlanSteps ones = divide_steps(steps, model(1.0 / 3072, 64, 0.01), world, std::vector<double>(world, 1.0), cut);
+      for (uint64_t s = 0; s < plain.size(); ++s) {
+        const Step a = plain[s].expand(), b = ones[s].expand();
+        ASSERT_EQ(a.rank_batches, b.rank_batches) << "world " << world << " cut " << cut << " step " << s;
+        for (size_t m = 0; m < a.micro_batches.size(); ++m) {
+          ASSERT_EQ(a.micro_batches[m].pieces.size(), b.micro_batches[m].pieces.size());
+          for (size_t i = 0; i < a.micro_batches[m].pieces.size(); ++i) {
+            EXPECT_EQ(a.micro_batches[m].pieces[i].doc, b.micro_batches[m].pieces[i].doc);
+            EXPECT_EQ(a.micro_batches[m].pieces[i].len, b.micro_batches[m].pieces[i].len);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A rank that takes 1.5x as long per unit of cost gets about 1/1.5 of the others' cost, so that
+// every rank's time (cost x speed) is even, with cuts and without.
+TEST(BalanceSpeed, ASlowerRankGetsProportionallyLess) {
+  const auto steps = random_steps(4, 200, 600, 9);
+  const int world = 4;
+  std::vector<double> speed = {1, 1, 1.5, 1};
+  for (bool cut : {false, true}) {
+    const PlanSteps plan = divide_steps(steps, model(1.0 / 3072, 64), world, speed, cut);
+    for (uint64_t s = 0; s < plan.size(); ++s) {
+      const std::vector<double> costs = rank_costs(plan[s]);
+      double others = 0, top = 0, level_total = 0, inverse = 0;
+      for (int r = 0; r < world; ++r) {
+        if (r != 2) others += costs[r] / 3;
+        top = std::max(top, costs[r] * speed[r]);
+        level_total += costs[r];
+        inverse += 1 / speed[r];
+      }
+      EXPECT_NEAR(costs[2] / others, 1 / 1.5, 0.02) << "cut " << cut << " step " << s;
+      EXPECT_LT(top / (level_total / inverse), 1.01) << "cut " << cut << " step " << s;
+    }
+  }
+}
+
+TEST(BalanceSpeed, PlanStatisticsWeighTheRanksBySpeed) {
+  std::vector<uint32_t> lengths;
+  Xoshiro256 rng(3);
+  for (int i = 0; i < 3000; ++i) lengths.push_back(uint32_t(1 + rng.below(400)));
+  PlanOptions opts;
+  opts.context = 256;
+  opts.max_tokens = 1024;
+  opts.tokens_per_step = 8192;
+  opts.cost = model(1.0 / 1536, 32);
+  opts.rank_speed = {1.0, 1.3};
+  const EpochPlan plan = build_epoch_plan(lengths, all_documents(lengths.size()), opts, 2, 0);
+  EXPECT_EQ(plan.rank_speed, opts.rank_speed);
+  EXPECT_LT(plan.stats.cost_imbalance_p95, 1.01) << "the times are even";
+  opts.rank_speed = {1.0, 1.0, 1.0};
+  EXPECT_ANY_THROW(build_epoch_plan(lengths, all_documents(lengths.size()), opts, 2, 0));
+}
+
+// Coefficients and a slow rank recovered from rank-steps of a plan made with other coefficients,
+// whatever every rank of a step shares (the machine's load: here up to 30% of a step).
+TEST(BalanceWindowFit, RecoversCoefficientsAndSpeedsDespiteSharedNoise) {
+  const int world = 4;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(30, 24, 1024, 21), planned, world, {}, false, 1024);
+  const std::vector<double> speed = {1, 1, 1.15, 1};
+  const auto rows = timed(plan, 1e-5, 1.1e-3, 60, speed, 0.3, 0.002, 4);
+  const WindowFit fit = fit_window(rows, options(planned, world));
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_TRUE(fit.b_fitted && fit.c_fitted) << fit.note;
+  EXPECT_NEAR(fit.cost.b, 1.1e-3, 0.05 * 1.1e-3);
+  EXPECT_NEAR(fit.cost.c, 60, 0.2 * 60);
+  EXPECT_NEAR(fit.seconds_per_unit, 1e-5, 0.05e-5);
+  EXPECT_GT(fit.r2, 0.9);
+  EXPECT_NEAR(fit.rank_speed[2], 1.15, 0.01);
+  for (int r : {0, 1, 3}) EXPECT_EQ(fit.rank_speed[r], 1.0) << "rank " << r;
+  EXPECT_EQ(fit.rows, 120u);
+  EXPECT_EQ(fit.steps, 30u);
+}
+
+// Pinned coefficients stay as they are; the others are fitted.
+TEST(BalanceWindowFit, PinnedCoefficientsStay) {
+  const int world = 4;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(30, 24, 1024, 21), planned, world, {}, false, 1024);
+  const auto rows = timed(plan, 1e-5, 6e-4, 60, std::vector<double>(world, 1.0), 0.3, 0.002, 4);
+  WindowFitOptions opts = options(planned, world);
+  opts.fit_b = false;
+  WindowFit fit = fit_window(rows, opts);
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_FALSE(fit.b_fitted);
+  EXPECT_EQ(fit.cost.b, planned.b);
+  EXPECT_TRUE(fit.c_fitted) << fit.note;
+  EXPECT_NEAR(fit.cost.c, 60, 0.2 * 60);
+  opts.fit_c = false;
+  fit = fit_window(rows, opts);
+  EXPECT_FALSE(fit.b_fitted || fit.c_fitted);
+  EXPECT_EQ(fit.cost.c, planned.c);
+}
+
+// Every rank with the same work each step: the coefficients cannot be told, a slower rank still can.
+TEST(BalanceWindowFit, EqualWorkKeepsTheCoefficientsAndFindsASlowRank) {
+  const int world = 2;
+  std::vector<std::vector<Piece>> steps;
+  for (uint64_t s = 0; s < 40; ++s) {
+    std::vector<Piece> pieces;
+    for (uint64_t i = 0; i < 8; ++i) pieces.push_back(Piece{s * 8 + i, 0, 512});
+    steps.push_back(pieces);
+  }
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(steps, planned, world, {});
+  const auto rows = timed(plan, 1e-5, 1e-3, 100, {1.0, 1.12}, 0.2, 0.005, 7);
+  const WindowFit fit = fit_window(rows, options(planned, world));
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_FALSE(fit.b_fitted || fit.c_fitted);
+  EXPECT_EQ(fit.cost.b, planned.b);
+  EXPECT_EQ(fit.cost.c, planned.c);
+  EXPECT_NE(fit.note.find("did not differ"), std::string::npos) << fit.note;
+  // Median 1 over two ranks: each is reported against their middle.
+  EXPECT_NEAR(fit.rank_speed[1] / fit.rank_speed[0], 1.12, 0.01);
+}
+
+// Noise alone (the plan's own coefficients are right): no speed factor, and no division made with
+// the fit pays.
+TEST(BalanceWindowFit, NoiseAloneNeitherSlowsARankNorPays) {
+  const int world = 4;
+  const CostModel planned = model(6e-4, 64);
+  const auto pieces = random_steps(30, 120, 1024, 33);
+  const PlanSteps plan = divide_steps(pieces, planned, world, {});
+  const auto rows = timed(plan, 1e-5, 6e-4, 64, std::vector<double>(world, 1.0), 0.3, 0.03, 8);
+  const WindowFit fit = fit_window(rows, options(planned, world));
+  for (int r = 0; r < world; ++r) EXPECT_EQ(fit.rank_speed[r], 1.0) << "rank " << r;
+  if (fit.usable) {
+    const PlanSteps next = divide_steps(random_steps(16, 120, 1024, 99), planned, world, {});
+    const PlanSteps candidate = divide_steps(random_steps(16, 120, 1024, 99), fit.cost, world, fit.rank_speed);
+    const PlanComparison cmp = compare_divisions(views(next), views(candidate), fit);
+    EXPECT_FALSE(cmp.pays()) << "gain " << cmp.gain() << " sd " << cmp.gain_sd;
+  }
+}
+
+// The guards: too few rows; b far from the model shape's.
+TEST(BalanceWindowFit, GuardsRefuseWhatTheyShould) {
+  const int world = 4;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(3, 24, 1024, 21), planned, world, {}, false, 1024);
+  WindowFit fit = fit_window(timed(plan, 1e-5, 1e-3, 60, std::vector<double>(world, 1.0), 0.1, 0.01, 1),
+                             options(planned, world));
+  EXPECT_FALSE(fit.usable);
+  EXPECT_NE(fit.note.find("too few"), std::string::npos) << fit.note;
+
+  const PlanSteps long_plan = divide_steps(random_steps(30, 24, 1024, 21), planned, world, {}, false, 1024);
+  fit = fit_window(timed(long_plan, 1e-5, 1e-2, 60, std::vector<double>(world, 1.0), 0.1, 0.001, 1),
+                   options(planned, world));
+  ASSERT_TRUE(fit.usable) << "the scale and the speeds still hold";
+  EXPECT_FALSE(fit.b_fitted);
+  EXPECT_EQ(fit.cost.b, planned.b);
+  EXPECT_NE(fit.note.find("outside"), std::string::npos) << fit.note;
+}
+
+// A division made with the fit beats the plan in force under the fit, by more than its noise, where
+// the hardware differs from the plan (attention dearer, a slow rank); the predicted imbalance falls.
+TEST(BalanceWindowFit, ADivisionWithTheFitPaysWhereTheHardwareDiffers) {
+  const int world = 4;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(30, 24, 1024, 21), planned, world, {}, false, 1024);
+  const auto rows = timed(plan, 1e-5, 1.1e-3, 60, {1, 1, 1.15, 1}, 0.3, 0.002, 4);
+  const WindowFit fit = fit_window(rows, options(planned, world));
+  ASSERT_TRUE(fit.usable);
+  const auto next = random_steps(16, 24, 1024, 77);
+  const PlanSteps current = divide_steps(next, planned, world, {}, false, 1024);
+  const PlanSteps candidate = divide_steps(next, fit.cost, world, fit.rank_speed, false, 1024);
+  const PlanComparison cmp = compare_divisions(views(current), views(candidate), fit);
+  EXPECT_EQ(cmp.steps, 16u);
+  EXPECT_TRUE(cmp.pays()) << "gain " << cmp.gain() << " sd " << cmp.gain_sd;
+  EXPECT_GT(cmp.relative_gain(), 0.05);
+  EXPECT_GT(cmp.current_imbalance, 1.08);
+  EXPECT_LT(cmp.candidate_imbalance, 1.01);
+  // The same division compared with itself gains nothing.
+  const PlanComparison same = compare_divisions(views(candidate), views(candidate), fit);
+  EXPECT_EQ(same.gain(), 0.0);
+  EXPECT_FALSE(same.pays());
+}
+
+}  // namespace
+}  // namespace kilter::balance
