@@ -3,7 +3,8 @@
 //   /params/<nanoGPT name>   float32, torch shape (Linear weights [out, in])
 //   /adam/m/<name>, /adam/v/<name>   AdamW first and second moments, same shapes
 //   root attributes: format "kilter-checkpoint", format_version, kilter_version, step, epoch,
-//   step_in_epoch, seed, config_hash, tokens_seen, world_size, cut_cost_t, config (resolved INI text),
+//   step_in_epoch, seed, config_hash, tokens_seen, world_size, cut_cost_t, cost_calibration (the
+//   calibrated cost models, "" where none), config (resolved INI text),
 //   n_layer, n_head, n_embd, block_size, vocab_size, the architecture's keys (arch, n_kv_head,
 //   ffn_hidden, rope_*, norm_eps, tie_embeddings, qkv_bias; absent before model.arch: gpt2);
 //   tokenizer (kind, as index.h5 records it)
@@ -56,6 +57,10 @@ struct CheckpointInfo {
   // The charge per earlier token of a cut piece that the run measured and plans with since
   // (data.cut_cost_check); -1: none, the plan derives it (absent in older checkpoints).
   double cut_cost_t = -1;
+  // The cost models the run's in-run calibration put in force, each with the step it took effect
+  // (data.cost_calibration = auto): text that lib/train writes and reads (JSON); "" where none
+  // (absent in older checkpoints). io keeps it as it is.
+  std::string cost_calibration;
   std::string config;          // resolved INI text of the run
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
   // The architecture, as the config's model.* keys give it (lib/model/spec.h); checkpoints from

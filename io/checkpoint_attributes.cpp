@@ -58,6 +58,7 @@ const Key kRunKeys[] = {
     {"tokens_seen", &CheckpointInfo::tokens_seen},
     {"world_size", &CheckpointInfo::world_size},
     {"cut_cost_t", &CheckpointInfo::cut_cost_t, /*optional=*/true},  // since the cut-cost check
+    {"cost_calibration", &CheckpointInfo::cost_calibration, /*optional=*/true},  // since the in-run calibration
     {"config", &CheckpointInfo::config},
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -190,6 +191,8 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
   std::vector<CostSample> samples;
   for (const fs::path& path : files) {
     const std::string file = path.string();
+    const std::string stem = path.stem().string();  // rank-NNNNN
+    const int rank = std::atoi(stem.c_str() + std::min<size_t>(stem.size(), 5));
     std::ifstream in(path);
     KILTER_CHECK(in, "cannot open " << file);
     std::string line;
@@ -212,6 +215,7 @@ std::vector<CostSample> read_cost_samples(const std::string& run_dir, int64_t sk
                    << header.size());
       if (parse_number(f[c_step], file, line_no, "step") < double(skip_steps)) continue;
       CostSample s;
+      s.rank = rank;
       s.step = int64_t(parse_number(f[c_step], file, line_no, "step"));
       s.tokens_computed = parse_number(f[c_tokens], file, line_no, "tokens_computed");
       s.attn_work = parse_number(f[c_attn], file, line_no, "attn_work");

@@ -2,17 +2,13 @@
 // made its ranks' costs about equal under its own coefficients, so between the ranks of a step
 // the work differs mostly along what that model trades (tokens against attention against
 // micro-batches): the window tells well how far the true coefficients are from the plan's, and
-// hardly the scale. The fit therefore prices each row in the plan's own units u (a tokens + b
-// attention + c micro-batches), takes the scale (seconds per unit) from the level, sum(seconds) /
-// sum(speed x u), and fits the deviations of b and c from what differs within steps: each step's
-// mean and each rank's mean are taken out (two-way demeaning, by alternating projections, as idle
-// rank-steps leave holes) and least squares on [u, attention, micro-batches] gives the seconds per
-// unit of attention and of micro-batch beyond the plan's; b = b_plan + that / scale. Speed
-// factors come from ratios: a step's rows share how fast the machine ran then, each rank has its
-// own factor.
+// the scale from the level. The fit alternates: step factors and speeds as ratios of sums given
+// the coefficients; the coefficients by least squares of seconds / (step factor x speed) on the
+// plan's units, attention and micro-batches given the factors; until they settle.
 #include "lib/balance/window_fit.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <set>
@@ -109,68 +105,6 @@ bool invert(int k, double m[3][3]) {
   return true;
 }
 
-// One regression of each row's seconds less what its rank's speed adds to the predicted work
-// (`extra`: (speed - 1) x predicted, so a shared time per step cancels within the step as it is):
-// the coefficients and their covariance of the columns in `use` on the demeaned data, the
-// within-step R^2 and the residual variance. ok = false: the columns are collinear or the degrees
-// of freedom run out.
-struct Regression {
-  bool ok = false;
-  double coef[3] = {}, cov[3][3] = {};
-  double r2 = 0, sigma2 = 0;
-  int dof = 0;
-};
-Regression regress(const Panel& p, const std::vector<double>& extra, const bool use[3]) {
-  Regression out;
-  std::vector<double> y(p.n);
-  for (size_t i = 0; i < p.n; ++i) y[i] = p.y[i] - extra[i];
-  two_way(p, y, nullptr);
-  std::vector<int> cols;
-  std::vector<std::vector<double>> z;
-  for (int j = 0; j < 3; ++j) {
-    if (!use[j]) continue;
-    std::vector<double> v(p.n);
-    for (size_t i = 0; i < p.n; ++i) v[i] = p.col[j][i];
-    two_way(p, v, nullptr);
-    cols.push_back(j);
-    z.push_back(std::move(v));
-  }
-  const int k = int(cols.size());
-  out.dof = int(p.n) - int(p.steps) - p.ranks + 1 - k;
-  if (k == 0 || out.dof < 1) return out;
-  double scale[3] = {}, m[3][3] = {}, r[3] = {}, syy = 0;
-  for (int a = 0; a < k; ++a) {
-    for (double x : z[size_t(a)]) scale[a] += x * x;
-    scale[a] = std::sqrt(scale[a]);
-    if (!(scale[a] > 0)) return out;
-  }
-  for (size_t i = 0; i < p.n; ++i) {
-    for (int a = 0; a < k; ++a) {
-      r[a] += z[size_t(a)][i] / scale[a] * y[i];
-      for (int b = 0; b < k; ++b) m[a][b] += z[size_t(a)][i] / scale[a] * (z[size_t(b)][i] / scale[b]);
-    }
-    syy += y[i] * y[i];
-  }
-  if (!invert(k, m)) return out;
-  double x[3] = {};
-  for (int a = 0; a < k; ++a)
-    for (int b = 0; b < k; ++b) x[a] += m[a][b] * r[b];
-  double sse = 0;
-  for (size_t i = 0; i < p.n; ++i) {
-    double e = y[i];
-    for (int a = 0; a < k; ++a) e -= x[a] * z[size_t(a)][i] / scale[a];
-    sse += e * e;
-  }
-  out.sigma2 = sse / double(out.dof);
-  out.r2 = syy > 0 ? 1.0 - sse / syy : 0.0;
-  for (int a = 0; a < k; ++a) {
-    out.coef[cols[size_t(a)]] = x[a] / scale[a];
-    for (int b = 0; b < k; ++b) out.cov[cols[size_t(a)]][cols[size_t(b)]] = out.sigma2 * m[a][b] / (scale[a] * scale[b]);
-  }
-  out.ok = true;
-  return out;
-}
-
 // The within-step spread of column j over its mean: whether the window tells its coefficient.
 double spread(const Panel& p, int j) {
   std::vector<double> v = p.col[j];
@@ -183,9 +117,11 @@ double spread(const Panel& p, int j) {
   return mean > 0 ? std::sqrt(ss / double(std::max<size_t>(p.n, 1))) / mean : 0;
 }
 
-double median(std::vector<double> v) {
+// The lower median: the speeds' reference. A typical rank is 1, and of two ranks the faster one (a
+// slower rank then reads "1.15", not "1.07" against "0.93").
+double lower_median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return v.empty() ? 0 : v[(v.size() - 1) / 2];
 }
 
 // Each row's predicted work seconds at speed 1: the fitted columns.
@@ -199,75 +135,136 @@ std::vector<double> predicted(const Panel& p, const double coef[3]) {
   return out;
 }
 
-// Speed factors as ratios: a step's rows share a factor m_s (how fast the machine ran then) and
-// each rank its own f_r, seconds ~ m_s f_r predicted. In ratios, what the coefficients get wrong
-// in a level every rank of a step shares (a micro-batch term the window cannot tell) cancels, as
-// the plan's steps give the ranks about the same predicted work. Alternating: m_s from the step's
-// rows, f_r from the rank's, three rounds; median 1. `se`: each factor's standard error, from the
-// spread of its rows' ratios.
-void update_speeds(const Panel& p, const double coef[3], std::vector<double>& speed, std::vector<double>& se) {
-  const std::vector<double> pred = predicted(p, coef);
-  std::vector<double> step_factor(p.steps, 1.0), num(p.steps), den(p.steps), rank_num(size_t(p.ranks)),
-      rank_den(size_t(p.ranks));
+// The model: seconds = m_s x f_r x (coef . columns), m_s how fast the machine ran in step s (the
+// same for every rank of the step), f_r rank r's speed factor. State of the alternating fit.
+struct Factors {
+  std::vector<double> step;   // m_s, mean 1
+  std::vector<double> speed;  // f_r, lower median 1
+};
+
+// m and f given the coefficients: ratios of sums, alternating (what the prediction gets wrong in a
+// level every rank of a step shares cancels in them, as the plan gives the ranks of a step about
+// the same predicted work). f is normalized to a lower median of 1, m to a mean of 1: the scale
+// stays with the coefficients.
+void update_factors(const Panel& p, const std::vector<double>& pred, Factors& x) {
+  std::vector<double> num(p.steps), den(p.steps), rank_num(size_t(p.ranks)), rank_den(size_t(p.ranks));
   for (int round = 0; round < 3; ++round) {
     std::fill(num.begin(), num.end(), 0.0);
     std::fill(den.begin(), den.end(), 0.0);
     for (size_t i = 0; i < p.n; ++i) {
       num[p.step_of[i]] += p.y[i];
-      den[p.step_of[i]] += speed[size_t(p.rank_of[i])] * pred[i];
+      den[p.step_of[i]] += x.speed[size_t(p.rank_of[i])] * pred[i];
     }
-    for (size_t s = 0; s < p.steps; ++s) step_factor[s] = den[s] > 0 ? num[s] / den[s] : 1.0;
+    for (size_t s = 0; s < p.steps; ++s) x.step[s] = den[s] > 0 && num[s] > 0 ? num[s] / den[s] : 1.0;
     std::fill(rank_num.begin(), rank_num.end(), 0.0);
     std::fill(rank_den.begin(), rank_den.end(), 0.0);
     for (size_t i = 0; i < p.n; ++i) {
       rank_num[size_t(p.rank_of[i])] += p.y[i];
-      rank_den[size_t(p.rank_of[i])] += step_factor[p.step_of[i]] * pred[i];
+      rank_den[size_t(p.rank_of[i])] += x.step[p.step_of[i]] * pred[i];
     }
     std::vector<double> seen;
     for (int r = 0; r < p.ranks; ++r) {
-      if (rank_den[size_t(r)] > 0 && rank_num[size_t(r)] > 0) speed[size_t(r)] = rank_num[size_t(r)] / rank_den[size_t(r)];
-      if (p.rank_count[size_t(r)] > 0) seen.push_back(speed[size_t(r)]);
+      if (rank_den[size_t(r)] > 0 && rank_num[size_t(r)] > 0) x.speed[size_t(r)] = rank_num[size_t(r)] / rank_den[size_t(r)];
+      if (p.rank_count[size_t(r)] > 0) seen.push_back(x.speed[size_t(r)]);
     }
-    const double mid = median(seen);
+    const double mid = lower_median(seen);
     if (mid > 0)
-      for (double& f : speed) f /= mid;
+      for (double& f : x.speed) f /= mid;
   }
-  // The standard error of each factor: the spread of its rows' ratios to the model, over sqrt(rows).
-  std::vector<double> sum(size_t(p.ranks), 0.0), sum2(size_t(p.ranks), 0.0);
+  double mean = 0;
+  for (double m : x.step) mean += m;
+  mean /= double(std::max<size_t>(p.steps, 1));
+  if (mean > 0)
+    for (double& m : x.step) m /= mean;
+}
+
+// The coefficients relative to the plan's units (coef[0] = 1) given the speeds, with the step
+// factors eliminated: within a step, rank r's share of the seconds is its share of the predicted
+// work, y_rs / Y_s = f_r (theta . z_rs) / sum_r' f_r' (theta . z_r's), which is linear in theta:
+// theta . (y_rs F_s - Y_s f_r z_rs) = 0 with F_s = sum_r' f_r' z_r's. Least squares of the units'
+// term on the others' (each row scaled by Y_s F_s[0], so every step weighs alike) gives beta and
+// gamma per unit of the plan's cost: what b and c are off by, whatever the scale. Their covariance
+// and the residual variance come with them. ok = false: collinear, or too few rows.
+struct Regression {
+  bool ok = false;
+  double coef[3] = {1, 0, 0}, cov[3][3] = {};
+  int dof = 0;
+};
+Regression regress_shares(const Panel& p, const std::vector<double>& speed, const bool use[3]) {
+  Regression out;
+  int cols[2], k = 0;
+  for (int j = 1; j < 3; ++j)
+    if (use[j]) cols[k++] = j;
+  out.dof = int(p.n) - int(p.steps) - k;
+  if (k == 0 || out.dof < 1) return out;
+  std::vector<double> total(p.steps, 0.0);
+  std::vector<std::array<double, 3>> work(p.steps, {0, 0, 0});
   for (size_t i = 0; i < p.n; ++i) {
-    const double fitted = step_factor[p.step_of[i]] * speed[size_t(p.rank_of[i])] * pred[i];
-    if (!(fitted > 0)) continue;
-    const double q = p.y[i] / fitted;
-    sum[size_t(p.rank_of[i])] += q, sum2[size_t(p.rank_of[i])] += q * q;
+    const size_t s = p.step_of[i];
+    total[s] += p.y[i];
+    for (int j = 0; j < 3; ++j) work[s][j] += speed[size_t(p.rank_of[i])] * p.col[j][i];
   }
-  se.assign(size_t(p.ranks), 0.0);
+  // g_j per row; target -g_0, regressors g_cols.
+  std::vector<std::array<double, 3>> g(p.n);
+  for (size_t i = 0; i < p.n; ++i) {
+    const size_t s = p.step_of[i];
+    const double norm = total[s] * work[s][0];
+    for (int j = 0; j < 3; ++j)
+      g[i][j] = norm > 0 ? (p.y[i] * work[s][j] - total[s] * speed[size_t(p.rank_of[i])] * p.col[j][i]) / norm : 0;
+  }
+  double scale[2] = {}, m[3][3] = {}, r[3] = {};
+  for (int a = 0; a < k; ++a) {
+    for (size_t i = 0; i < p.n; ++i) scale[a] += g[i][cols[a]] * g[i][cols[a]];
+    scale[a] = std::sqrt(scale[a]);
+    if (!(scale[a] > 0)) return out;
+  }
+  for (size_t i = 0; i < p.n; ++i)
+    for (int a = 0; a < k; ++a) {
+      r[a] += g[i][cols[a]] / scale[a] * -g[i][0];
+      for (int b = 0; b < k; ++b) m[a][b] += g[i][cols[a]] / scale[a] * (g[i][cols[b]] / scale[b]);
+    }
+  if (!invert(k, m)) return out;
+  double x[2] = {};
+  for (int a = 0; a < k; ++a)
+    for (int b = 0; b < k; ++b) x[a] += m[a][b] * r[b];
+  double sse = 0;
+  for (size_t i = 0; i < p.n; ++i) {
+    double e = -g[i][0];
+    for (int a = 0; a < k; ++a) e -= x[a] * g[i][cols[a]] / scale[a];
+    sse += e * e;
+  }
+  const double sigma2 = sse / double(out.dof);
+  for (int a = 0; a < k; ++a) {
+    out.coef[cols[a]] = x[a] / scale[a];
+    for (int b = 0; b < k; ++b) out.cov[cols[a]][cols[b]] = sigma2 * m[a][b] / (scale[a] * scale[b]);
+  }
+  out.ok = true;
+  return out;
+}
+
+// The share of the within-step variation of the seconds the model explains, and each speed's
+// standard error (the spread of its rows' ratios to the model, over the square root of its rows).
+void goodness(const Panel& p, const Factors& x, const double coef[3], WindowFit& fit) {
+  const std::vector<double> pred = predicted(p, coef);
+  std::vector<double> step_mean(p.steps, 0.0), sum(size_t(p.ranks), 0.0), sum2(size_t(p.ranks), 0.0);
+  for (size_t i = 0; i < p.n; ++i) step_mean[p.step_of[i]] += p.y[i] / p.step_count[p.step_of[i]];
+  double sse = 0, sst = 0;
+  for (size_t i = 0; i < p.n; ++i) {
+    const double fitted = x.step[p.step_of[i]] * x.speed[size_t(p.rank_of[i])] * pred[i];
+    sse += (p.y[i] - fitted) * (p.y[i] - fitted);
+    sst += (p.y[i] - step_mean[p.step_of[i]]) * (p.y[i] - step_mean[p.step_of[i]]);
+    if (!(fitted > 0)) continue;
+    const double ratio = p.y[i] / fitted;
+    sum[size_t(p.rank_of[i])] += ratio, sum2[size_t(p.rank_of[i])] += ratio * ratio;
+  }
+  fit.r2 = sst > 0 ? 1.0 - sse / sst : 1.0;
+  fit.rank_speed_se.assign(size_t(p.ranks), 0.0);
   for (int r = 0; r < p.ranks; ++r) {
     const double n = p.rank_count[size_t(r)];
     if (!(n > 1)) continue;
     const double mean = sum[size_t(r)] / n, var = std::max(0.0, sum2[size_t(r)] / n - mean * mean);
-    se[size_t(r)] = speed[size_t(r)] * std::sqrt(var / (n - 1));
+    fit.rank_speed_se[size_t(r)] = x.speed[size_t(r)] * std::sqrt(var / (n - 1));
   }
-}
-
-// The scale: seconds per unit of the plan's cost at speed 1, from the level (a ratio of sums, of
-// the seconds beyond what the deviations coef[1], coef[2] already price), and its variance as a
-// ratio estimator (every row's time counts, the steps' shared part included).
-void level_scale(const Panel& p, const std::vector<double>& speed, const double coef[3], double& scale,
-                 double& variance) {
-  std::vector<double> rest(p.n);
-  double seconds = 0, units = 0;
-  for (size_t i = 0; i < p.n; ++i) {
-    const double f = speed[size_t(p.rank_of[i])];
-    rest[i] = p.y[i] - f * (coef[1] * p.col[1][i] + coef[2] * p.col[2][i]);
-    seconds += rest[i], units += f * p.col[0][i];
-  }
-  scale = units > 0 ? seconds / units : 0;
-  double ss = 0;
-  for (size_t i = 0; i < p.n; ++i) {
-    const double e = rest[i] - scale * speed[size_t(p.rank_of[i])] * p.col[0][i];
-    ss += e * e;
-  }
-  variance = units > 0 && p.n > 1 ? ss / (units * units) * double(p.n) / double(p.n - 1) : 0;
 }
 
 // The ratio guards of a fit of b and/or c; "" where they hold.
@@ -285,36 +282,39 @@ std::string ratio_refusal(const WindowFit& fit, const WindowFitOptions& opts) {
   return "";
 }
 
-// The scale, the deviations of the columns in `use` (1: attention, 2: micro-batches; 0: u as a
-// regressor of its own where it spreads) and the speeds, three rounds of each. false: the
-// regression could not be made (collinear columns, too few rows); b and c then stay the plan's.
+// The coefficients of the plan's units and of the columns in `use` (1: attention, 2:
+// micro-batches, priced beyond what the units charge), the step factors and the speeds,
+// alternating until they settle; the scale (seconds per unit) from the level at the end. false: the
+// regression could not be made (collinear columns, too few rows); the caller drops a column.
 bool fit_coefficients(const Panel& p, const bool use[3], WindowFit& fit) {
-  std::vector<double> speed(size_t(p.ranks), 1.0), se;
-  Regression reg;
-  double coef[3] = {}, scale_variance = 0;
+  Factors x{std::vector<double>(p.steps, 1.0), std::vector<double>(size_t(p.ranks), 1.0)};
+  Regression reg;  // coefficients per unit of the plan's cost
   const bool deviations = use[1] || use[2];
-  std::vector<double> extra(p.n, 0.0);
-  for (int round = 0; round < 3; ++round) {
-    level_scale(p, speed, coef, coef[0], scale_variance);
-    if (round > 0) {
-      const std::vector<double> pred = predicted(p, coef);
-      for (size_t i = 0; i < p.n; ++i) extra[i] = (speed[size_t(p.rank_of[i])] - 1) * pred[i];
-    }
-    if (deviations) reg = regress(p, extra, use);
-    coef[1] = reg.ok && use[1] ? reg.coef[1] : 0;
-    coef[2] = reg.ok && use[2] ? reg.coef[2] : 0;
-    update_speeds(p, coef, speed, se);
+  constexpr int kRounds = 50;
+  for (int round = 0; round < kRounds; ++round) {
+    update_factors(p, predicted(p, reg.coef), x);
+    if (!deviations) break;
+    const double before[3] = {reg.coef[0], reg.coef[1], reg.coef[2]};
+    const std::vector<double> speed_before = x.speed;
+    reg = regress_shares(p, x.speed, use);
+    if (!reg.ok) return false;
+    double moved = 0;
+    for (int j = 1; j < 3; ++j) moved = std::max(moved, std::fabs(reg.coef[j] - before[j]) * (p.col[j].empty() ? 0 : 1));
+    for (size_t r = 0; r < x.speed.size(); ++r) moved = std::max(moved, std::fabs(x.speed[r] - speed_before[r]));
+    if (round > 0 && moved < 1e-12) break;
   }
+  const std::vector<double> pred = predicted(p, reg.coef);
+  double seconds = 0, units = 0;
+  for (size_t i = 0; i < p.n; ++i) seconds += p.y[i], units += x.speed[size_t(p.rank_of[i])] * pred[i];
+  const double scale = units > 0 ? seconds / units : 0;
   for (int j = 0; j < 3; ++j) {
-    fit.coef[j] = coef[j];
-    fit.column[j] = j == 0 || (reg.ok && use[j]);
-    for (int k = 0; k < 3; ++k) fit.cov[j][k] = j > 0 && k > 0 && reg.ok ? reg.cov[j][k] : 0;
+    fit.coef[j] = scale * reg.coef[j];
+    fit.column[j] = j == 0 || use[j];
+    for (int k = 0; k < 3; ++k) fit.cov[j][k] = scale * scale * reg.cov[j][k];
   }
-  fit.cov[0][0] = scale_variance;
-  fit.r2 = reg.ok ? reg.r2 : 0;
-  fit.rank_speed = speed;
-  fit.rank_speed_se = se;
-  return !deviations || reg.ok;
+  fit.rank_speed = x.speed;
+  goodness(p, x, fit.coef, fit);
+  return true;
 }
 
 // Speeds that do not differ from 1 beyond their noise become 1; the rest stay within the range.
@@ -368,12 +368,14 @@ WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOpti
     return fit;
   }
   // The deviations the window can tell: of b and c where free and their work differed within steps.
-  bool use[3] = {spread(p, 0) >= kFitMinTokenSpread, opts.fit_b && spread(p, 1) >= kFitMinAttnSpread,
-                 opts.fit_c && spread(p, 2) >= kFitMinAttnSpread};
+  bool use[3] = {true, opts.fit_b && spread(p, 1) >= kFitMinSpread, opts.fit_c && spread(p, 2) >= kFitMinSpread};
   // Collinear columns: c goes first, then b.
   while (!fit_coefficients(p, use, fit)) {
     const int j = use[2] ? 2 : use[1] ? 1 : 0;
-    if (j == 0) break;
+    if (j == 0) {
+      fit.note = "the seconds per unit of cost could not be fitted";
+      return fit;
+    }
     use[j] = false;
   }
   const double unit = fit.coef[0];

@@ -1,11 +1,14 @@
 // The cost model fitted to a window of a training run (data.cost_calibration = auto; docs/plan.md,
 // "In-run calibration"). Every rank's compute seconds in every step of the window are set against
-// its work: computed tokens, attention work (sum of L^2) and micro-batches. A time shared by all
-// ranks of a step (what the machine did to everyone then: the scheduler, the file system, a
-// longer step) and a time per rank are taken out first, so the coefficients rest only on what
-// differs between the ranks of one step, which is what the division decides; each rank's own
-// time becomes its speed factor. Guards say whether the fit may be used; compare_divisions() says
-// whether a division made with it beats the one in force by more than the fit's own noise.
+// its work: computed tokens, attention work (sum of L^2) and micro-batches, as
+//   seconds(r, s) = m_s x f_r x (scale x units + beta x attention + gamma x micro-batches)
+// with units the plan's own cost (a tokens + b attention + c micro-batches), m_s how fast the
+// machine ran in step s (shared by its ranks: the scheduler, the file system, other jobs), f_r
+// rank r's speed factor. The step factors keep what every rank of a step shares out of the
+// coefficients, so b and c move by what differs between the ranks of one step (which is what the
+// division decides): b = b_plan + beta / scale, c = c_plan + gamma / scale. Guards say whether
+// the fit may be used; compare_divisions() says whether a division made with it beats the one in
+// force by more than the fit's own noise.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,8 +31,7 @@ struct WindowFitOptions {
 
 // The guards' figures (docs/plan.md says why each).
 constexpr double kFitMinR2 = 0.25;          // of the differences within steps, where b or c is fitted
-constexpr double kFitMinTokenSpread = 1e-3; // within-step sd of a column over its mean, to fit it
-constexpr double kFitMinAttnSpread = 1e-2;
+constexpr double kFitMinSpread = 1e-2;      // within-step sd of attention (micro-batches) over its mean, to fit b (c)
 constexpr double kFitBRange = 4;            // b within [derived / 4, derived x 4]
 constexpr double kFitCMaxTokens = 1024;     // c within [0, 1024 tokens' worth]
 constexpr double kFitMinSpeedGap = 0.02;    // a speed factor differs from 1 by at least this ...

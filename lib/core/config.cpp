@@ -79,6 +79,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("data.cut_pieces", po::value(&d.cut_pieces)->default_value(d.cut_pieces, shortest_text(d.cut_pieces)), "balanced sampler: cut pieces between ranks where that lowers the busiest rank's cost (pieces longer than data.max_tokens are always cut)")
     ("data.cut_cost_check", po::value(&d.cut_cost_check)->default_value(d.cut_cost_check, shortest_text(d.cut_cost_check)), "training: after this many steps (past the first two), measure what cut pieces cost from the K/V exchange's waits and say whether the derived data.cost_t held: above 1.5 x and costing a rank that received K/V >= 2% of its step, it did not (0: never check; a given data.cost_t is never checked)")
     ("data.cut_cost_replan", po::value(&d.cut_cost_replan)->default_value(d.cut_cost_replan, shortest_text(d.cut_cost_replan)), "training: where the cut-cost check finds that the charge did not hold, plan the rest of the run with the measured charge (its division among the ranks then depends on its timings: not bit-reproducible) instead of only warning")
+    ("data.cost_calibration", po::value(&d.cost_calibration)->default_value(d.cost_calibration, shortest_text(d.cost_calibration)), "training: auto | off. auto: rank 0 fits the cost model (data.cost_b, cost_c, and cost_t where pieces are cut; those pinned >= 0 stay) and each rank's speed to the measured compute times over windows of steps (20 after warm-up, then 100, 200, 400, ...), and where the division made with the fit beats the one in force by more than the fit's noise, every rank re-plans the remaining steps with it (same steps and tokens, other division; the fitted models go into checkpoints and summary.json; two runs may differ in the last bits). off: the configured cost model throughout (bit-reproducible)")
     ("data.stage_dir", po::value(&d.stage_dir)->default_value(d.stage_dir, shortest_text(d.stage_dir)), "node-local directory to stage shards into (empty: read in place)")
     ("train.steps", po::value(&t.steps)->default_value(t.steps, shortest_text(t.steps)), "total optimizer steps of the run")
     ("train.tokens_per_step", po::value(&t.tokens_per_step)->default_value(t.tokens_per_step, shortest_text(t.tokens_per_step)), "target tokens per global step, all ranks together")
@@ -190,6 +191,7 @@ void Config::validate() const {
   KILTER_CHECK_KEY(data.eval_fraction >= 0 && data.eval_fraction <= 0.5, "data.eval_fraction",
                    data.eval_fraction, "must be in [0, 0.5]");
   check_one_of("data.tail", data.tail, {"drop", "redistribute"});
+  check_one_of("data.cost_calibration", data.cost_calibration, {"auto", "off"});
   KILTER_CHECK_KEY(data.cost_a >= 0, "data.cost_a", data.cost_a, "must be >= 0");
   KILTER_CHECK_KEY(data.cut_cost_check >= 0, "data.cut_cost_check", data.cut_cost_check,
                    "must be >= 0 (0: never check what cut pieces cost)");
@@ -365,8 +367,13 @@ uint64_t Config::hash() const {
   // The cut-cost check changes who computes which tokens of a step, never which tokens it holds.
   c.data.cut_cost_check = 0;
   c.data.cut_cost_replan = false;
+  // The in-run calibration too (and a run resumed with it toggled continues); its line stays out of
+  // the hash, so a checkpoint written before the key existed resumes.
+  c.data.cost_calibration.clear();
   c.comm.timeout_s = 0;
   std::string text = without_default_model_keys(c.to_ini());
+  const size_t calibration = text.find("\ncost_calibration = \n");
+  if (calibration != std::string::npos) text.erase(calibration, std::string("\ncost_calibration = ").size());
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : text) {
     h ^= ch;

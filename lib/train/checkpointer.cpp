@@ -270,6 +270,7 @@ struct Checkpointer::Impl {
     info.tokens_seen = state.tokens_seen;
     info.world_size = world_size;
     info.cut_cost_t = state.cut_cost_t;
+    info.cost_calibration = state.cost_calibration;
     info.config = config_text;
     set_model_keys(info, gpt);
     info.tokenizer = tokenizer;
@@ -530,6 +531,7 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
   info.tokens_seen = doubles[0];
   info.cut_cost_t = doubles[1];
   broadcast_string(world, info.kilter_version, 0);
+  broadcast_string(world, info.cost_calibration, 0);
   broadcast_floats(world, params, 0);
   broadcast_floats(world, adam_m, 0);
   broadcast_floats(world, adam_v, 0);
@@ -545,6 +547,7 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
   state.world_size = int(scalars[5]);
   state.tokens_seen = info.tokens_seen;
   state.cut_cost_t = info.cut_cost_t;
+  state.cost_calibration = info.cost_calibration;
   return state;
 }
 

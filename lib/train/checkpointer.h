@@ -28,6 +28,9 @@ struct TrainState {
   // The charge per earlier token the plan uses since the cut-cost check measured it
   // (data.cut_cost_check); -1: none, the plan derives it.
   double cut_cost_t = -1;
+  // The cost models the in-run calibration put in force with their steps (CostCalibration's
+  // checkpoint text); "" where none.
+  std::string cost_calibration;
 };
 
 class Checkpointer {

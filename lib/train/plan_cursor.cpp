@@ -14,17 +14,28 @@ PlanCache::PlanCache(const io::DatasetIndex& index, std::vector<uint64_t> docs, 
 PlanCache::PlanCache(const io::DatasetIndex& index, std::shared_ptr<balance::MixturePlanner> mixture, int world_size)
     : index_(index), world_size_(world_size), mixture_(std::move(mixture)) {}
 
+PlanCache::~PlanCache() {
+  if (build_ && build_->thread.joinable()) build_->thread.join();
+}
+
+balance::EpochPlan PlanCache::build_with(const io::DatasetIndex& index, const std::vector<uint64_t>& docs,
+                                         balance::PlanOptions opts, balance::MixturePlanner* mixture, int world_size,
+                                         uint64_t epoch) {
+  if (mixture) return mixture->build(epoch, world_size);
+  balance::EpochPlan plan = balance::build_epoch_plan(index.doc_lengths, docs, opts, world_size, epoch);
+  KILTER_CHECK(!plan.steps.empty(),
+               "dataset " << index.dir << ": the plan of epoch " << epoch
+                          << " has no step: the split holds too few tokens for train.tokens_per_step = "
+                          << opts.tokens_per_step << " (" << docs.size() << " documents)");
+  return plan;
+}
+
 balance::EpochPlan PlanCache::build(uint64_t epoch) {
   if (mixture_) {
     wraps_[epoch].clear();  // built again after a replan(): the same wraps
     return mixture_->build(epoch, world_size_, &wraps_[epoch]);
   }
-  balance::EpochPlan plan = balance::build_epoch_plan(index_.doc_lengths, docs_, opts_, world_size_, epoch);
-  KILTER_CHECK(!plan.steps.empty(),
-               "dataset " << index_.dir << ": the plan of epoch " << epoch
-                          << " has no step: the split holds too few tokens for train.tokens_per_step = "
-                          << opts_.tokens_per_step << " (" << docs_.size() << " documents)");
-  return plan;
+  return build_with(index_, docs_, opts_, nullptr, world_size_, epoch);
 }
 
 PlanCache::Entry& PlanCache::entry(uint64_t epoch) {
@@ -39,36 +50,121 @@ const balance::EpochPlan& PlanCache::get(uint64_t epoch) { return entry(epoch).p
 
 const balance::EpochPlan& PlanCache::plan_at(balance::PlanPosition pos) {
   const Entry& e = entry(pos.epoch);
-  return pos.step_in_epoch >= e.switch_step ? *e.later : e.plan;
+  for (auto it = e.later.rbegin(); it != e.later.rend(); ++it)
+    if (pos.step_in_epoch >= it->first) return *it->second;
+  return e.plan;
 }
 
 balance::StepView PlanCache::step(balance::PlanPosition pos) { return plan_at(pos).steps[pos.step_in_epoch]; }
 
 const balance::CostModel& PlanCache::cost(balance::PlanPosition pos) { return plan_at(pos).cost; }
 
+const std::vector<double>& PlanCache::rank_speed(balance::PlanPosition pos) { return plan_at(pos).rank_speed; }
+
 void PlanCache::drop_before(uint64_t epoch) {
   while (!plans_.empty() && plans_.begin()->first < epoch) plans_.erase(plans_.begin());
 }
 
-void PlanCache::replan(balance::PlanPosition from, double t) {
-  balance::CostModel cost = mixture_ ? mixture_->options().cost : opts_.cost;
-  cost.t = t;
-  cost.layers = 0;  // as given: the link-bound rule raises only a derived t
-  if (mixture_)
-    mixture_->set_cost(cost);
-  else
-    opts_.cost = cost;
-  for (auto it = plans_.begin(); it != plans_.end();) {
-    if (it->first < from.epoch) {
-      ++it;
-    } else if (it->first == from.epoch && from.step_in_epoch > 0) {
-      it->second.later = std::make_unique<balance::EpochPlan>(build(it->first));
-      it->second.switch_step = from.step_in_epoch;
-      ++it;
-    } else {
-      it = plans_.erase(it);  // nothing has been read from it: built again on demand
-    }
+PlanModel PlanCache::model() const {
+  const balance::PlanOptions& opts = mixture_ ? mixture_->options() : opts_;
+  return PlanModel{opts.cost, opts.rank_speed};
+}
+
+void PlanCache::set_model(const PlanModel& model) {
+  if (mixture_) {
+    mixture_->set_cost(model.cost);
+    mixture_->set_rank_speed(model.rank_speed);
+  } else {
+    opts_.cost = model.cost;
+    opts_.rank_speed = model.rank_speed;
   }
+}
+
+void PlanCache::replan(balance::PlanPosition from, double t) {
+  PlanModel next = model();
+  next.cost.t = t;
+  next.cost.layers = 0;  // as given: the link-bound rule raises only a derived t
+  replan(from, next);
+}
+
+void PlanCache::replan(balance::PlanPosition from, const PlanModel& model) {
+  set_model(model);
+  if (from.step_in_epoch > 0 && plans_.count(from.epoch)) {
+    install(from, std::make_unique<balance::EpochPlan>(build(from.epoch)));
+    return;
+  }
+  // Nothing has been read from the epoch: built again on demand (the later ones too).
+  plans_.erase(plans_.lower_bound(from.epoch), plans_.end());
+}
+
+void PlanCache::install(balance::PlanPosition from, std::unique_ptr<balance::EpochPlan> plan) {
+  plans_.erase(plans_.upper_bound(from.epoch), plans_.end());  // not read from: built again on demand
+  auto it = plans_.find(from.epoch);
+  if (from.step_in_epoch == 0 || it == plans_.end()) {
+    Entry e;
+    e.plan = std::move(*plan);
+    if (it != plans_.end()) plans_.erase(it);
+    plans_.emplace(from.epoch, std::move(e));
+    return;
+  }
+  Entry& e = it->second;
+  while (!e.later.empty() && e.later.back().first >= from.step_in_epoch) e.later.pop_back();
+  e.later.emplace_back(from.step_in_epoch, std::move(plan));
+}
+
+void PlanCache::start_build(uint64_t epoch, PlanModel model) {
+  KILTER_CHECK(!build_, "plan: a re-plan is already being built");
+  build_ = std::make_unique<Build>();
+  Build& b = *build_;
+  b.epoch = epoch;
+  b.model = std::move(model);
+  balance::PlanOptions opts = opts_;
+  opts.cost = b.model.cost;
+  opts.rank_speed = b.model.rank_speed;
+  build_mixture_.reset();
+  if (mixture_) {
+    build_mixture_ = std::make_unique<balance::MixturePlanner>(*mixture_);  // its own draw state
+    build_mixture_->set_cost(b.model.cost);
+    build_mixture_->set_rank_speed(b.model.rank_speed);
+  }
+  b.thread = std::thread([&b, &index = index_, docs = docs_, opts, mixture = build_mixture_.get(),
+                          world = world_size_]() {
+    try {
+      b.plan = build_with(index, docs, opts, mixture, world, b.epoch);
+    } catch (...) {
+      b.error = std::current_exception();
+    }
+    b.done.store(true);
+  });
+}
+
+const balance::EpochPlan& PlanCache::built_plan() {
+  KILTER_CHECK(build_ready(), "plan: the re-plan is not built yet");
+  if (build_->thread.joinable()) build_->thread.join();
+  if (build_->error) std::rethrow_exception(build_->error);
+  return build_->plan;
+}
+
+bool PlanCache::switch_to(balance::PlanPosition from) {
+  built_plan();
+  Build& b = *build_;
+  KILTER_CHECK(from.epoch >= b.epoch, "plan: a re-plan of epoch " << b.epoch << " switched to at epoch " << from.epoch);
+  if (from.epoch > b.epoch && from.step_in_epoch > 0) return false;
+  set_model(b.model);
+  if (from.epoch == b.epoch)
+    install(from, std::make_unique<balance::EpochPlan>(std::move(b.plan)));
+  else
+    plans_.erase(plans_.lower_bound(from.epoch), plans_.end());  // not read from: built again on demand
+  build_.reset();
+  build_mixture_.reset();
+  return true;
+}
+
+void PlanCache::drop_build() {
+  if (!build_) return;
+  if (build_->thread.joinable()) build_->thread.join();
+  build_.reset();
+  build_mixture_.reset();
 }
 
 PrefetchCursor::PrefetchCursor(PlanCache& plans, int rank, balance::PlanPosition start, int64_t steps_left)

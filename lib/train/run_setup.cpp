@@ -18,6 +18,7 @@
 #include "lib/train/guards.h"
 #include "lib/train/hf_interop.h"
 #include "lib/train/memory_plan.h"
+#include "lib/train/run_calibration.h"
 #include "lib/train/run_dir.h"
 #include "lib/train/signals.h"
 #include "lib/train/staging.h"
@@ -179,9 +180,10 @@ void load_state(Run& run) {
                    run.resume_path.c_str(), (long long)state.step, (unsigned long long)state.position.epoch,
                    (unsigned long long)state.position.step_in_epoch);
     state.world_size = run.world_size;
-    if (cfg.data.cost_t >= 0) {
-      state.cut_cost_t = -1;  // a given data.cost_t is the charge
-    } else if (state.cut_cost_t >= 0) {
+    if (cfg.data.cost_t >= 0) state.cut_cost_t = -1;  // a given data.cost_t is the charge
+    // The models the in-run calibration put in force, with the cut-cost check's charge in them.
+    restore_calibration(run);
+    if (state.cut_cost_t >= 0 && run.calibration.models().empty()) {
       // The charge this run's cut-cost check measured before the checkpoint: the plans it made
       // since continue (nothing has been planned yet in this process).
       run.plans->replan(state.position, state.cut_cost_t);
@@ -326,6 +328,7 @@ std::unique_ptr<Run> make_run(MPI_Comm world, const Config& cfg, const RunOption
   if (run->rank == 0) log_run_start(*run, start_plan);
   make_step_context(*run);
   start_cut_cost_watch(*run);
+  start_calibration(*run);
   return run;
 }
 

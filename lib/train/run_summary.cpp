@@ -92,6 +92,14 @@ void write_run_summary(Run& run, const RunProgress& progress) {
   // The cut-cost check (data.cut_cost_check): its window, what it measured, and where the plan
   // changed (null: it did not); absent where the check did not run in this process.
   if (!progress.cut_cost_check.is_null()) extra["cut_cost_check"] = progress.cut_cost_check;
+  // The in-run calibration (data.cost_calibration = auto): every window's fit and verdict, the
+  // models in force with their steps, and the rank speeds of the last (rank 0 decided them).
+  if (run.rank == 0 && run.calibration.active()) extra["cost_calibration"] = run.calibration.summary();
+  const std::vector<double>& speeds = run.plans->rank_speed(run.state.position);
+  nlohmann::json speed_map = nlohmann::json::object();
+  for (size_t r = 0; r < speeds.size(); ++r)
+    if (speeds[r] != 1.0) speed_map[std::to_string(r)] = speeds[r];
+  extra["plan_rank_speed"] = speed_map;
   add_run_figures(run, progress, extra);
   const nlohmann::json summary = run.diagnostics->finish(extra);
   if (run.rank == 0) {

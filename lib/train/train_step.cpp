@@ -119,16 +119,20 @@ ReducedStep reduce(StepContext& ctx, const balance::StepView& step, double local
   const double exposed = ctx.reducer->finish();
   ctx.diagnostics->add_phase_seconds(diag::kCommExposed, exposed);
   // Loss of the global step, the stop flag, the non-finite flag, rank 0's "a timed checkpoint
-  // is due" and rank 0's cut-cost verdict in one small collective (no rank waits on another's
-  // clock; only rank 0 adds a non-zero verdict, so every rank reads its exact value).
-  double scalars[5] = {local_loss_sum, double(stop_signal_received() != 0), double(ctx.local_nonfinite),
-                       double(ctx.checkpoint_due), ctx.replan_t};
-  MPI_Allreduce(MPI_IN_PLACE, scalars, 5, MPI_DOUBLE, MPI_SUM, ctx.world);
+  // is due", rank 0's cut-cost verdict, rank 0's calibration verdict and the count of ranks still
+  // building a re-plan in one small collective (no rank waits on another's clock; only rank 0
+  // adds a non-zero verdict, so every rank reads its exact value).
+  double scalars[7] = {local_loss_sum, double(stop_signal_received() != 0), double(ctx.local_nonfinite),
+                       double(ctx.checkpoint_due), ctx.replan_t, double(ctx.calibration_verdict),
+                       double(ctx.replan_building)};
+  MPI_Allreduce(MPI_IN_PLACE, scalars, 7, MPI_DOUBLE, MPI_SUM, ctx.world);
   ReducedStep reduced;
   reduced.loss = scalars[0] / double(step.target_tokens());
   reduced.stop_requested = scalars[1] > 0;
   reduced.checkpoint_due = scalars[3] > 0;
   reduced.replan_t = scalars[4];
+  reduced.calibration_verdict = scalars[5] > 0;
+  reduced.replans_building = int(scalars[6]);
   if (scalars[2] > 0) {
     // Every rank saw the same sum, so every rank joins this allgather.
     int size = 1;

@@ -41,6 +41,8 @@ struct StepContext {
   bool local_nonfinite = false;  // this step: this rank's own loss or gradient was not finite
   bool checkpoint_due = false;   // rank 0: output.checkpoint_minutes passed (travels with the stop flag)
   double replan_t = 0;           // rank 0: the cut-cost check's measured charge, > 0 to re-plan (travels too)
+  bool calibration_verdict = false;  // rank 0: the in-run calibration has a model to re-plan with (travels too)
+  bool replan_building = false;      // this rank's background re-plan is not built yet (summed)
   // train.shard_optimizer in force: the reducer leaves each rank 1/P of the gradient, update()
   // sums the norm over ranks and all-gathers the parameters.
   bool shard_optimizer = false;
@@ -59,6 +61,8 @@ struct ReducedStep {
   bool stop_requested = false;  // a rank received a stop signal
   bool checkpoint_due = false;  // rank 0's clock says a timed checkpoint is due (every rank agrees)
   double replan_t = 0;          // > 0: rank 0's cut-cost check asks every rank to re-plan with this t
+  bool calibration_verdict = false;  // rank 0's calibration asks every rank to re-plan (run_calibration.h)
+  int replans_building = 0;     // ranks whose background re-plan is not built yet
   std::vector<int> nonfinite_ranks;  // ranks whose own loss or gradient was not finite
 };
 // Waits for the gradient reduction and sums the loss, the stop flag and the non-finite flag over

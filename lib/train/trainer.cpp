@@ -14,6 +14,7 @@
 #include "lib/balance/plan.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
+#include "lib/train/run_calibration.h"
 #include "lib/train/run_setup.h"
 #include "lib/train/run_summary.h"
 #include "lib/train/signals.h"
@@ -73,6 +74,8 @@ double judge_cut_cost(Run& run, StepLoop& loop) {
 // fed from.
 void replan_cut_cost(Run& run, StepLoop& loop, double replan_t) {
   TrainState& state = run.state;
+  // One re-plan at a time: the calibration's candidate was divided with the old charge.
+  abandon_calibration(run, "the cut-cost check re-planned with its measured charge");
   run.watchdog->enter("cut-cost re-plan", long(state.step));
   long long fed = (long long)(run.total_steps - run.cursor->steps_left());
   MPI_Allreduce(MPI_IN_PLACE, &fed, 1, MPI_LONG_LONG, MPI_MAX, run.world);
@@ -180,6 +183,7 @@ void checkpoint_if_due(Run& run, StepLoop& loop, const ReducedStep& reduced) {
   if (!periodic && !final_checkpoint) return;
   loop.t_last_checkpoint = now_seconds();
   run.model->finish_arriving_params();  // as before evaluating
+  run.state.cost_calibration = run.calibration.checkpoint_text();
   // The run ends after a final one: its failure fails the run (Checkpointer::wait), while a
   // periodic one that fails is a warning and the next interval tries again.
   run.checkpointer->save(*run.model, run.state, final_checkpoint);
@@ -200,6 +204,7 @@ bool run_step(Run& run, StepLoop& loop) {
   ctx.checkpoint_due = run.rank == 0 && run.cfg.output.checkpoint_minutes > 0 &&
                        now_seconds() - loop.t_last_checkpoint >= run.cfg.output.checkpoint_minutes * 60;
   ctx.replan_t = run.rank == 0 && run.cut_watch.ready() ? judge_cut_cost(run, loop) : 0;
+  calibration_before_step(run);
   // read -> forward/backward (the reduction starts inside the last backward)
   StepWork work;
   const double local_loss_sum = compute_gradients(ctx, step, work);
@@ -210,6 +215,7 @@ bool run_step(Run& run, StepLoop& loop) {
   loop.progress.nonfinite_skipped += updated.skipped;
   count_step(run, loop, plan, step, work, reduced.loss);
   if (reduced.replan_t > 0) replan_cut_cost(run, loop, reduced.replan_t);
+  calibration_after_step(run, reduced);
 
   const bool eval_now = run.cfg.train.eval_every > 0 && state.step % run.cfg.train.eval_every == 0;
   const double eval_loss = eval_now ? evaluate_now(run, loop) : NAN;

@@ -52,10 +52,9 @@ std::vector<StepView> views(const PlanSteps& steps) {
   return out;
 }
 
-// The rank-steps of `plan` timed by a hardware of seconds = step_shift + speed_r (alpha tokens +
-// beta attn + gamma mb) + noise: `seconds_per_token` alpha, b = beta / alpha, c = gamma / alpha;
-// the step shift is a time every rank of the step shares (the machine's load), as large as
-// `shared_noise` of a rank's time, the noise per row `row_noise` of it.
+// The rank-steps of `plan` timed by a hardware of seconds = shared_s x speed_r x alpha (tokens + b
+// attn + c mb) x (1 + noise): shared_s how fast the machine ran in step s for every rank (the
+// machine's load: within 1 +- `shared_noise`), the noise per row within +- `row_noise`.
 std::vector<CostSample> timed(const PlanSteps& plan, double alpha, double b, double c, const std::vector<double>& speed,
                               double shared_noise, double row_noise, uint64_t seed, int64_t first_step = 0) {
   Xoshiro256 rng(seed);
@@ -63,9 +62,7 @@ std::vector<CostSample> timed(const PlanSteps& plan, double alpha, double b, dou
   std::vector<CostSample> rows;
   for (uint64_t s = 0; s < plan.size(); ++s) {
     const std::vector<RankWork> work = step_rank_work(plan[s]);
-    double mean = 0;
-    for (const RankWork& w : work) mean += alpha * (w.tokens + b * w.attn + c * w.micro_batches) / double(work.size());
-    const double shift = shared_noise * mean * uniform();
+    const double shared = 1 + shared_noise * uniform();
     for (size_t r = 0; r < work.size(); ++r) {
       if (!(work[r].micro_batches > 0)) continue;
       CostSample row;
@@ -75,7 +72,7 @@ std::vector<CostSample> timed(const PlanSteps& plan, double alpha, double b, dou
       row.attn_work = work[r].attn;
       row.micro_batches = work[r].micro_batches;
       const double seconds = alpha * (work[r].tokens + b * work[r].attn + c * work[r].micro_batches);
-      row.seconds = shift + speed[r] * seconds * (1 + row_noise * uniform());
+      row.seconds = shared * speed[r] * seconds * (1 + row_noise * uniform());
       rows.push_back(row);
     }
   }
@@ -172,6 +169,21 @@ TEST(BalanceWindowFit, RecoversCoefficientsAndSpeedsDespiteSharedNoise) {
   EXPECT_EQ(fit.steps, 30u);
 }
 
+// Without noise (a test hook's timings): exact, slow rank included, two ranks of one micro-batch each.
+TEST(BalanceWindowFit, ExactWithoutNoise) {
+  const int world = 2;
+  const CostModel planned = model(2.3e-3, 256);
+  const PlanSteps plan = divide_steps(random_steps(20, 8, 64, 21), planned, world, {}, false, 128);
+  const WindowFit fit = fit_window(timed(plan, 1e-6, 4e-3, 256, {1.0, 1.3}, 0.0, 0.0, 4), options(planned, world));
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_TRUE(fit.b_fitted);
+  EXPECT_FALSE(fit.c_fitted) << "every rank ran one micro-batch per step";
+  EXPECT_NEAR(fit.cost.b, 4e-3, 1e-9);
+  EXPECT_NEAR(fit.rank_speed[1], 1.3, 1e-9);
+  EXPECT_EQ(fit.rank_speed[0], 1.0);
+  EXPECT_NEAR(fit.r2, 1.0, 1e-9);
+}
+
 // Pinned coefficients stay as they are; the others are fitted.
 TEST(BalanceWindowFit, PinnedCoefficientsStay) {
   const int world = 4;
@@ -210,8 +222,9 @@ TEST(BalanceWindowFit, EqualWorkKeepsTheCoefficientsAndFindsASlowRank) {
   EXPECT_EQ(fit.cost.b, planned.b);
   EXPECT_EQ(fit.cost.c, planned.c);
   EXPECT_NE(fit.note.find("did not differ"), std::string::npos) << fit.note;
-  // Median 1 over two ranks: each is reported against their middle.
-  EXPECT_NEAR(fit.rank_speed[1] / fit.rank_speed[0], 1.12, 0.01);
+  // Two ranks: the faster is the reference.
+  EXPECT_EQ(fit.rank_speed[0], 1.0);
+  EXPECT_NEAR(fit.rank_speed[1], 1.12, 0.01);
 }
 
 // Noise alone (the plan's own coefficients are right): no speed factor, and no division made with
