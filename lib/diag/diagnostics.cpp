@@ -72,7 +72,7 @@ int phase_from_name(const std::string& name) {
 InjectDelay parse_inject_delay(const std::string& text) {
   InjectDelay d;
   if (text.empty()) return d;
-  const char* expected = "expected RANK:SECONDS[:PHASE], e.g. 2:0.05:forward";
+  const char* expected = "expected RANK:SECONDS[:PHASE] or RANK:SHARE%[:PHASE], e.g. 2:0.05:forward or 5:15%";
   std::vector<std::string> parts;
   size_t begin = 0;
   while (true) {
@@ -88,10 +88,17 @@ InjectDelay parse_inject_delay(const std::string& text) {
   KILTER_CHECK(!parts[0].empty() && *end == '\0' && rank >= 0 && rank < (1L << 30),
                "config key train.inject_delay = '" << text << "': RANK '" << parts[0]
                                                    << "' is not a rank number; " << expected);
-  double seconds = std::strtod(parts[1].c_str(), &end);
-  KILTER_CHECK(!parts[1].empty() && *end == '\0' && std::isfinite(seconds) && seconds >= 0 && seconds <= 3600,
-               "config key train.inject_delay = '" << text << "': SECONDS '" << parts[1]
-                                                   << "' must be a number of seconds in [0, 3600]");
+  const bool proportional = !parts[1].empty() && parts[1].back() == '%';
+  const std::string amount = proportional ? parts[1].substr(0, parts[1].size() - 1) : parts[1];
+  double seconds = std::strtod(amount.c_str(), &end);
+  if (proportional)
+    KILTER_CHECK(!amount.empty() && *end == '\0' && std::isfinite(seconds) && seconds >= 0 && seconds <= 1000,
+                 "config key train.inject_delay = '" << text << "': SHARE '" << parts[1]
+                                                     << "' must be a percentage in [0%, 1000%]");
+  else
+    KILTER_CHECK(!amount.empty() && *end == '\0' && std::isfinite(seconds) && seconds >= 0 && seconds <= 3600,
+                 "config key train.inject_delay = '" << text << "': SECONDS '" << parts[1]
+                                                     << "' must be a number of seconds in [0, 3600]");
   Phase phase = kForward;
   if (parts.size() == 3) {
     int p = phase_from_name(parts[2]);
@@ -102,7 +109,9 @@ InjectDelay parse_inject_delay(const std::string& text) {
   }
   d.active = true;
   d.rank = int(rank);
-  d.seconds = seconds;
+  d.seconds = proportional ? 0 : seconds;
+  d.share = proportional ? seconds / 100 : 0;
+  d.every_compute = proportional && parts.size() == 2;
   d.phase = phase;
   return d;
 }
@@ -253,7 +262,13 @@ void RankDiagnostics::phase_begin(Phase p) {
 
 void RankDiagnostics::phase_end(Phase p) {
   Impl& d = *impl_;
-  if (d.delay.active && !d.delay_done && p == d.delay.phase && d.rank == d.delay.rank) {
+  if (d.delay.active && d.rank == d.delay.rank && d.delay.share > 0 &&
+      (d.delay.every_compute ? p == kForward || p == kBackward : p == d.delay.phase)) {
+    // The proportional drill: a share of the phase's own time (its waits for K/V left out), every
+    // time, so the rank is that much slower on whatever work it gets.
+    const int64_t spent = steady_now_ns() - d.phase_begin_ns[p] - (d.kv_wait_ns - d.kv_wait_at_begin[p]);
+    std::this_thread::sleep_for(std::chrono::duration<double>(d.delay.share * double(std::max<int64_t>(spent, 0)) * 1e-9));
+  } else if (d.delay.active && !d.delay_done && p == d.delay.phase && d.rank == d.delay.rank) {
     // The drill: once per step, inside the phase, so the trainer cannot tell it from real work.
     std::this_thread::sleep_for(std::chrono::duration<double>(d.delay.seconds));
     d.delay_done = true;
@@ -381,7 +396,10 @@ nlohmann::json RankDiagnostics::finish(const nlohmann::json& extra) {
   const nlohmann::json statistics = d.stats->to_json();
   for (const auto& item : statistics.items()) summary[item.key()] = item.value();
   summary["clock_alignment_max_rtt_us"] = double(d.max_rtt_ns) * 1e-3;
-  if (d.delay.active)
+  if (d.delay.active && d.delay.share > 0)
+    summary["inject_delay"] = {{"rank", d.delay.rank}, {"share", d.delay.share},
+                               {"phase", d.delay.every_compute ? "forward+backward" : phase_name(d.delay.phase)}};
+  else if (d.delay.active)
     summary["inject_delay"] = {{"rank", d.delay.rank}, {"seconds", d.delay.seconds},
                                {"phase", phase_name(d.delay.phase)}};
 

@@ -24,11 +24,15 @@ const char* phase_name(int phase);
 int phase_from_name(const std::string& name);
 
 // `--train.inject_delay=RANK:SECONDS[:PHASE]`, a diagnostics drill: rank RANK sleeps SECONDS
-// inside PHASE (default forward) once in every step.
+// inside PHASE (default forward) once in every step. `RANK:SHARE%[:PHASE]`: a rank that runs
+// SHARE% slower on all its work: at the end of each forward and backward (or of each PHASE) it
+// sleeps SHARE% of the time it just spent there (a throttled device, a slower node).
 struct InjectDelay {
   bool active = false;
   int rank = -1;
   double seconds = 0;
+  double share = 0;          // > 0: proportional (RANK:SHARE%)
+  bool every_compute = false;  // proportional without PHASE: forward and backward
   Phase phase = kForward;
 };
 // Parses the drill string ("" means no drill). Throws kilter::Error naming train.inject_delay

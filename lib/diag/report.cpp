@@ -185,6 +185,7 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
           os << ": the charge did not hold, and the run kept its plan (data.cut_cost_replan = false)\n";
       }
     }
+    os << calibration_text(run);
   } else {
     os << "  (no summary.json: the run did not finish; figures below come from the metrics CSVs)\n";
   }
@@ -214,6 +215,7 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
   } else {
     os << "  straggler: none beyond noise\n";
   }
+  os << rank_speed_text(run);
 
   const nlohmann::json& stalls = st["stalls"];
   os << fmt::format("  stalls: {} step(s) slower than {:.1f}x the median", stalls["count"].get<int>(),

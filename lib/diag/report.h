@@ -57,6 +57,14 @@ RunData load_run(const std::string& run_dir);
 // The statistics (RunStatistics::to_json fields) recomputed over the steps every rank recorded.
 nlohmann::json recompute_statistics(const RunData& run);
 
+// The in-run calibration (summary.json cost_calibration; report_calibration.cpp): per window its
+// fit and verdict, and per re-plan the predicted and measured imbalance before and after and the
+// sync_wait it saved ("" where the run did not calibrate); and the rank speeds in force at the end
+// with the tokens the plan gave each ("rank 5 runs 12% slower on equal work; the plan gives it 11%
+// fewer tokens than the other ranks' mean").
+std::string calibration_text(const RunData& run);
+std::string rank_speed_text(const RunData& run);
+
 // The text summary printed on stdout: run figures, plan statistics, straggler, stalls, memory
 // and the per-rank phase table.
 std::string report_text(const RunData& run, const nlohmann::json& stats);

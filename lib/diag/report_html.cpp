@@ -352,6 +352,8 @@ std::string report_html(const RunData& run, const nlohmann::json& stats) {
   if (!stall_rows.str().empty())
     html << "<table id=\"stalls\"><tr><th>step</th><th>seconds</th><th>phase that grew</th><th>excess (s)</th><th>cause</th></tr>"
          << stall_rows.str() << "</table>\n";
+  const std::string calibration = calibration_text(run) + rank_speed_text(run);
+  if (!calibration.empty()) html << "<h2>Cost calibration</h2>\n<pre>" << escape_html(calibration) << "</pre>\n";
   if (!run.config_text.empty()) html << "<h2>Configuration</h2>\n<pre>" << escape_html(run.config_text) << "</pre>\n";
   html << "<script type=\"application/json\" id=\"kilter-data\">" << data_json << "</script>\n";
   html << "<script>" << multi_line_chart_js() << "</script>\n";

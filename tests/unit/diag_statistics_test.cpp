@@ -289,6 +289,23 @@ TEST(DiagInjectDelay, ParsesAndRefuses) {
   }
 }
 
+// The proportional form (issue 39): RANK:SHARE%[:PHASE].
+TEST(DiagInjectDelay, ParsesTheProportionalForm) {
+  InjectDelay d = parse_inject_delay("5:15%");
+  EXPECT_TRUE(d.active);
+  EXPECT_EQ(d.rank, 5);
+  EXPECT_DOUBLE_EQ(d.share, 0.15);
+  EXPECT_EQ(d.seconds, 0.0);
+  EXPECT_TRUE(d.every_compute) << "no PHASE: forward and backward";
+  d = parse_inject_delay("1:20%:backward");
+  EXPECT_DOUBLE_EQ(d.share, 0.2);
+  EXPECT_FALSE(d.every_compute);
+  EXPECT_EQ(d.phase, kBackward);
+  EXPECT_EQ(parse_inject_delay("2:0.05").share, 0.0) << "the absolute form stays";
+  for (const char* bad : {"1:%", "1:-5%", "1:x%", "1:2000%", "1:15%:comm_exposed"})
+    EXPECT_THROW(parse_inject_delay(bad), kilter::Error) << bad;
+}
+
 class DiagFiles : public ::testing::Test {
  protected:
   void SetUp() override {
