@@ -69,7 +69,7 @@ void CostCalibration::add_step(const diag::StepRecord* records, int ranks) {
     s.seconds = rec.phase[diag::kForward] + rec.phase[diag::kBackward];
     s.kv_wait = rec.phase[diag::kKvWait];
     s.kv_tokens = double(rec.kv_tokens);
-    if (!test_model_.empty()) s.seconds = test_seconds(s), s.kv_wait = 0;
+    if (!test_model_.empty()) s.seconds = test_seconds(s), s.kv_wait = 0, s.kv_tokens = 0;  // t stays the plan's
     samples_.push_back(s);
   }
 }

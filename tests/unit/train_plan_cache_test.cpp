@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -117,6 +118,52 @@ TEST(TrainPlanCache, CursorFollowsTheSwitch) {
     EXPECT_EQ(got[i].start, expected[i].start) << i;
     EXPECT_EQ(got[i].len, expected[i].len) << i;
   }
+}
+
+// The in-run calibration's re-plan (issue 39): built on a thread of its own, the same plan as one
+// built in place; put in force from a step on; a second re-plan in the same epoch keeps the steps
+// of the first that were fed.
+TEST(TrainPlanCache, BackgroundBuildSwitchesLikeAReplan) {
+  Fixture f;
+  PlanCache in_place(f.index, balance::all_documents(f.index.num_docs()), f.opts, f.world);
+  PlanCache plans(f.index, balance::all_documents(f.index.num_docs()), f.opts, f.world);
+  PlanCache reference(f.index, balance::all_documents(f.index.num_docs()), f.opts, f.world);
+  const uint64_t steps = plans.get(0).steps.size();
+  in_place.get(0);
+  reference.get(0);
+  PlanModel slow = plans.model();
+  slow.rank_speed = {1.0, 1.5, 1.0, 1.0};
+  plans.start_build(0, slow);
+  EXPECT_TRUE(plans.build_pending());
+  while (!plans.build_ready()) std::this_thread::yield();
+  ASSERT_TRUE(plans.switch_to({0, 5}));
+  EXPECT_FALSE(plans.build_pending());
+  in_place.replan({0, 5}, slow);
+  for (uint64_t s = 0; s < steps; ++s) {
+    const balance::StepView a = plans.step({0, s}), b = in_place.step({0, s});
+    for (int r = 0; r < f.world; ++r) EXPECT_EQ(a.rank_micro_batches(r), b.rank_micro_batches(r)) << "step " << s;
+    EXPECT_EQ(tokens_of(a), tokens_of(reference.step({0, s})));
+  }
+  EXPECT_EQ(plans.rank_speed({0, 4}), std::vector<double>{});
+  EXPECT_EQ(plans.rank_speed({0, 5}), slow.rank_speed);
+  EXPECT_EQ(plans.rank_speed({1, 0}), slow.rank_speed) << "the next epoch is planned with the new model";
+  // A second re-plan later in the epoch: the steps of the first stay as they were before it.
+  PlanModel dearer = slow;
+  dearer.cost.t = 1e6;
+  plans.start_build(0, dearer);
+  while (!plans.build_ready()) std::this_thread::yield();
+  ASSERT_TRUE(plans.switch_to({0, 12}));
+  for (uint64_t s = 5; s < 12; ++s)
+    for (int r = 0; r < f.world; ++r)
+      EXPECT_EQ(plans.step({0, s}).rank_micro_batches(r), in_place.step({0, s}).rank_micro_batches(r)) << "step " << s;
+  EXPECT_DOUBLE_EQ(plans.cost({0, 11}).t, in_place.cost({0, 11}).t);
+  EXPECT_DOUBLE_EQ(plans.cost({0, 12}).t, 1e6);
+  // Built for epoch 0 while the readers crossed into epoch 1 past its first step: not switched.
+  plans.start_build(0, slow);
+  while (!plans.build_ready()) std::this_thread::yield();
+  EXPECT_FALSE(plans.switch_to({1, 2}));
+  plans.drop_build();
+  EXPECT_FALSE(plans.build_pending());
 }
 
 }  // namespace
