@@ -38,7 +38,7 @@
 # dK/dV), the plan's cost imbalance p95, cuts' earlier tokens per step, and the ratios with
 # cuts / without, beside the ratio the cost model predicts (`kilter plan`'s
 # critical_cost_per_token without / with cuts).
-#   env: SECTIONS (default "samplers cuts"), CUT_CORPORA (default "lognormal:6,0.8,1024
+#   env: SECTIONS (default "samplers cuts"; add calibration for the third), CUT_CORPORA (default "lognormal:6,0.8,1024
 #        uniform:600,1024": a skewed corpus, and one of pieces of half to one context, where two
 #        ranks gain the most from cuts), CUT_CONTEXT (default 1024; data.max_tokens = 2 x that,
 #        so each rank's share and a part fit one micro-batch), CUT_STEPS (default 100),
@@ -54,6 +54,16 @@
 #        2 nodes x RANKS/2 ranks with the link between them shaped to that many Gbit/s, so K/V of
 #        cuts across nodes are real network traffic, and the plan sees comm.link_gbps = that; needs
 #        root and no vcluster up, and takes the vcluster down when it ends)
+# A third section, `calibration` (issue 39; not in the default SECTIONS), trains the balanced
+# sampler on 2 ranks with data.cost_calibration off and auto side by side, beside the equal-work
+# floor (documents of exactly one context, off), and the slow-rank drill (train.inject_delay =
+# 1:CAL_DRILL%: rank 1 that much slower on all its work) with off and auto, alternating, REPEATS runs
+# each. It prints sync_wait over the whole run and over the steps from the auto runs' latest switch
+# (what the calibration changed), step-time imbalance p95, the median step, tokens/s, where each
+# auto run switched and the model in force, and the ratios auto / floor and drill off / auto.
+#   env: CAL_CORPUS (default lognormal:4.8,1.1,1024), CAL_CONTEXT (default 512; data.max_tokens =
+#        4 x that), CAL_MB (micro-batches per rank per step, default 4: 16384-token steps, the
+#        issue's setting), CAL_STEPS (default 100), CAL_DRILL (default 15, percent)
 # The cut section also compares step by step (a step holds the same tokens with cuts on and off):
 # `slower` is the share of steps whose slowest-rank time, median over the repeats, is more than 5%
 # above the same step's without cuts.
@@ -80,6 +90,11 @@ SECTIONS=${SECTIONS:-"samplers cuts"}
 CUT_CORPORA=${CUT_CORPORA:-"lognormal:6,0.8,1024 uniform:600,1024"}
 CUT_CONTEXT=${CUT_CONTEXT:-1024}
 CUT_STEPS=${CUT_STEPS:-100}
+CAL_CORPUS=${CAL_CORPUS:-lognormal:4.8,1.1,1024}
+CAL_CONTEXT=${CAL_CONTEXT:-512}
+CAL_STEPS=${CAL_STEPS:-100}
+CAL_DRILL=${CAL_DRILL:-15}
+CAL_MB=${CAL_MB:-4}
 CUT_REPEATS=${CUT_REPEATS:-3}
 LAYERS=${LAYERS:-4}
 EMBD=${EMBD:-128}
@@ -178,6 +193,95 @@ PY
    done
   done
 done
+fi
+
+# ---- calibration: data.cost_calibration auto vs off, and the slow-rank drill (issue 39) --------
+if [[ " $SECTIONS " == *" calibration "* ]]; then
+  P=2
+  bind=$(bind_for "$P")
+  synth "$CAL_CORPUS" caldata
+  synth "uniform:$CAL_CONTEXT,$CAL_CONTEXT" calfloor
+  cal_args=(--model.n_layer="$LAYERS" --model.n_head=2 --model.n_embd="$EMBD" --model.block_size="$CAL_CONTEXT"
+            --data.max_tokens=$((4 * CAL_CONTEXT)) --data.sampler=balanced
+            --train.tokens_per_step=$((P * CAL_MB * 4 * CAL_CONTEXT)) --train.steps="$CAL_STEPS" --train.warmup=5
+            --output.log_every=1000 --output.trace_steps=0 --comm.timeout_s=120)
+  # Alternating, repeat after repeat, so every setting sees the same drift in the machine's load.
+  for rep in $(seq 1 "$REPEATS"); do
+    for kind in off auto floor drill_off drill_auto; do
+      dir=caldata mode=${kind#drill_} drill=()
+      [[ $kind == floor ]] && dir=calfloor mode=off
+      [[ $kind == drill_* ]] && drill=(--train.inject_delay="1:$CAL_DRILL%")
+      run="runs/cal-$kind-$rep"
+      timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to "$bind" -np "$P" "$KILTER" train \
+        --data.dir="$dir" "${cal_args[@]}" --data.cost_calibration="$mode" "${drill[@]}" --output.dir="$run" \
+        > "${run#runs/}.log" 2>&1 || { cat "${run#runs/}.log"; echo "bench/balance_effect.sh: calibration run $kind failed" >&2; exit 1; }
+    done
+  done
+  echo
+  echo "calibration: balanced sampler, $P ranks, $CAL_CORPUS, context $CAL_CONTEXT, $((P * CAL_MB * 4 * CAL_CONTEXT))-token steps," \
+    "model $LAYERS x $EMBD, $CAL_STEPS steps, $REPEATS runs per setting (medians); load $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$PY" - "$CAL_STEPS" "$REPEATS" "$SKIP" "$CAL_DRILL" <<'PY'
+import csv, glob, json, math, statistics, sys
+steps, repeats, skip, drill = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+med = statistics.median
+
+
+def load(run):
+    v = json.load(open(f"{run}/summary.json"))
+    assert v["steps"] == steps and math.isfinite(v["final_loss"]), f"{run}: {v['steps']} steps, loss {v['final_loss']}"
+    by = {}
+    for f in sorted(glob.glob(f"{run}/metrics/rank-*.csv")):
+        for r in csv.DictReader(open(f)):
+            by.setdefault(int(r["step"]), []).append(r)
+    return v, by
+
+
+def sync(by, first):
+    """sync_wait over the steps from `first`: rank-seconds waiting for the last arrival / rank-seconds."""
+    wait = total = 0.0
+    for s, rows in by.items():
+        if s < first or len(rows) < 2:
+            continue
+        last = max(float(r["arrival"]) for r in rows)
+        wait += sum(last - float(r["arrival"]) for r in rows)
+        total += sum(float(r["step_total"]) for r in rows)
+    return wait / total if total > 0 else 0.0
+
+
+def switch_of(v):
+    cc = v.get("cost_calibration") or {}
+    froms = [m["from_step"] for m in cc.get("in_force", [])]
+    return froms[-1] if froms else None
+
+
+runs = {k: [load(f"runs/cal-{k}-{rep}") for rep in range(1, repeats + 1)]
+        for k in ("off", "auto", "floor", "drill_off", "drill_auto")}
+# The steps compared after the switch: from the latest switch of the auto runs (else SKIP).
+switches = [switch_of(v) for v, _ in runs["auto"] + runs["drill_auto"]]
+first = max([s for s in switches if s is not None] + [skip])
+print(f"{'setting':<11} {'sync_wait':>9} {'from ' + str(first):>9} {'imb_p95':>8} {'step_med':>9} {'tokens/s':>9}  switch  fitted")
+fig = {}
+for k, rs in runs.items():
+    whole = med([v["sync_wait_fraction"] for v, _ in rs])
+    after = med([sync(by, first) for _, by in rs])
+    imb = med([v["step_time_imbalance_p95"] for v, _ in rs])
+    tps = med([v["tokens_per_second"] for v, _ in rs])
+    step_med = med([v.get("median_step_seconds", 0) for v, _ in rs])
+    fig[k] = after
+    sw = ",".join("-" if switch_of(v) is None else str(switch_of(v)) for v, _ in rs)
+    fitted = ""
+    last = (rs[0][0].get("cost_calibration") or {}).get("in_force", [])
+    if last:
+        m = last[-1]
+        fitted = f"cost_b {m['cost_b']:.3g} cost_c {m['cost_c']:.3g} speed {m['rank_speed'] or '-'}"
+    print(f"{k:<11} {whole:9.4f} {after:9.4f} {imb:8.3f} {step_med * 1e3:7.1f}ms {tps:9.0f}  {sw:<7} {fitted}")
+ratio = lambda x, y: x / y if y > 0 else float("inf")
+print(f"ratio from step {first}: auto / floor sync_wait {ratio(fig['auto'], fig['floor']):.2f}x (issue 39 asks <= 1.5x), "
+      f"off / floor {ratio(fig['off'], fig['floor']):.2f}x; drill (rank 1 {drill}% slower on all work): "
+      f"off / auto sync_wait {ratio(fig['drill_off'], fig['drill_auto']):.2f}x (asks >= 3x)")
+PY
+  # What `kilter report` says of the first drill run with auto: the re-plan and the slow rank.
+  "$KILTER" report runs/cal-drill_auto-1 2>/dev/null | grep -E "^    steps|rank speed:" | sed 's/^ */  report: /'
 fi
 
 # ---- cuts: data.cut_pieces true vs false at one context per rank per step (issue 23) ----------

@@ -63,11 +63,14 @@ StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_s
   KILTER_CHECK(rank_speed.empty() || rank_speed.size() == size_t(world_size),
                "StepDivider: " << rank_speed.size() << " rank speeds for " << world_size << " ranks");
   speed_.assign(size_t(world_size), 1.0);
+  inverse_speed_.assign(size_t(world_size), 1.0);
   inverse_speed_sum_ = 0;
   for (int r = 0; r < world_size; ++r) {
     if (!rank_speed.empty()) speed_[r] = rank_speed[r];
     KILTER_CHECK(speed_[r] > 0 && std::isfinite(speed_[r]), "StepDivider: rank " << r << " speed " << speed_[r]);
-    inverse_speed_sum_ += 1.0 / speed_[r];
+    inverse_speed_[r] = 1.0 / speed_[r];
+    inverse_speed_sum_ += inverse_speed_[r];
+    uniform_speed_ = uniform_speed_ && speed_[r] == 1.0;
   }
   min_speed_ = *std::min_element(speed_.begin(), speed_.end());
   shares_.resize(world_size);
@@ -254,7 +257,7 @@ bool StepDivider::improve_busiest() {
       // Swap x for a shorter y, best near w_y = w_x - gap / (speed of both): the cost whose move
       // evens the two (w_x - gap / 2 at equal speeds); the partner's items are sorted longest
       // first, i.e. by descending cost.
-      const double want = w_x - gap / (speed_[busiest] + speed_[partner]);
+      const double want = w_x - (uniform_speed_ ? gap / 2 : gap / (speed_[busiest] + speed_[partner]));
       const auto first_at_or_below = std::partition_point(
           theirs.items.begin(), theirs.items.end(), [&](uint32_t y) { return piece_cost_[y] > want; });
       const long j = long(first_at_or_below - theirs.items.begin());
@@ -391,7 +394,7 @@ double StepDivider::refine() {
   double total_load = 0;
   by_load_.clear();
   for (int r = 0; r < world_size_; ++r) {
-    total_load += load(r) / speed_[r];
+    total_load += cost_of_load(r, load(r));
     by_load_.insert({load(r), r});
   }
   const double good_enough = std::max(least_busiest_, level_of(total_load) * (1 + kGoodEnoughImbalance));
@@ -423,13 +426,14 @@ uint32_t StepDivider::largest_end(uint32_t o, double budget) const {
 // keeps it at T (where t < a, more for the earlier ranks only makes the later parts cheaper);
 // binary search on T. Returns false when no level below `ceiling` works; else `ends` holds each
 // part's end.
-bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, const std::vector<double>& speed,
+bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, const double* speed, const double* inverse,
                              const std::vector<uint64_t>& room, double ceiling, std::vector<uint32_t>& ends) const {
   const size_t k = base.size();
   ends.resize(k);
   if (k == 2) {  // most cuts: solved directly (split_two), not by bisection on the level
     uint32_t e = 0;
-    if (!split_two(len, base[0], base[1], speed[0], speed[1], room[0], room[1], ceiling, e)) return false;
+    if (!split_two(len, base[0], base[1], speed ? speed[0] : 1.0, speed ? speed[1] : 1.0, room[0], room[1], ceiling, e))
+      return false;
     ends[0] = e, ends[1] = len;
     return true;
   }
@@ -441,14 +445,16 @@ bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, cons
     for (size_t i = 0; i + 1 < k; ++i) {
       const uint32_t latest = uint32_t(len - (k - 1 - i));  // a token for each later holder
       const uint32_t e = uint32_t(std::min<uint64_t>(
-          {uint64_t(largest_end(o, level / speed[i] - base[i])), uint64_t(latest), uint64_t(o) + room[i]}));
+          {uint64_t(largest_end(o, (inverse ? level * inverse[i] : level) - base[i])), uint64_t(latest),
+           uint64_t(o) + room[i]}));
       if (e <= o) return INFINITY;
       out[i] = e;
       o = e;
     }
     out[k - 1] = len;
     if (uint64_t(len - o) > room[k - 1]) return INFINITY;
-    return speed[k - 1] * (base[k - 1] + cost_.part(o, len - o)) - level;
+    const double last = base[k - 1] + cost_.part(o, len - o);
+    return (speed ? speed[k - 1] * last : last) - level;
   };
   double g_hi = fill(ceiling, ends);
   if (!(g_hi <= 0)) return false;
@@ -458,8 +464,8 @@ bool StepDivider::water_fill(uint32_t len, const std::vector<double>& base, cons
   double sum = 0, inverse_speeds = 0, top = 0;
   for (size_t i = 0; i < k; ++i) {
     sum += base[i];
-    inverse_speeds += 1.0 / speed[i];
-    top = std::max(top, speed[i] * base[i]);
+    inverse_speeds += inverse ? inverse[i] : 1.0;
+    top = std::max(top, speed ? speed[i] * base[i] : base[i]);
   }
   const double spread = cost_.piece(len) + cost_.t * double(k - 1);
   double lo = std::max(top, (sum + spread) / inverse_speeds), hi = ceiling;
@@ -551,11 +557,14 @@ void StepDivider::try_chain(uint32_t item, uint32_t slot, const std::vector<int>
   const size_t k = ranks.size();
   if (k < 2 || k > len) return;
   base_scratch_.resize(k);
-  speed_scratch_.resize(k);
   room_scratch_.resize(k);
+  if (!uniform_speed_) {
+    speed_scratch_.resize(k);
+    inverse_scratch_.resize(k);
+    for (size_t i = 0; i < k; ++i) speed_scratch_[i] = speed_[ranks[i]], inverse_scratch_[i] = inverse_speed_[ranks[i]];
+  }
   for (size_t i = 0; i < k; ++i) {
     const Share& s = shares_[ranks[i]];
-    speed_scratch_[i] = speed_[ranks[i]];
     double cost = s.piece_cost;
     uint64_t tokens = s.tokens;
     uint64_t in_slot = slot < s.slot_tokens.size() ? s.slot_tokens[slot] : 0;
@@ -575,10 +584,12 @@ void StepDivider::try_chain(uint32_t item, uint32_t slot, const std::vector<int>
   // No chain can leave its holders below their balanced level with the whole piece among them:
   // skip the water filling where that already loses to the best so far.
   double sum = 0, inverse_speeds = 0;
-  for (size_t i = 0; i < k; ++i) sum += base_scratch_[i], inverse_speeds += 1.0 / speed_scratch_[i];
+  for (size_t i = 0; i < k; ++i) sum += base_scratch_[i], inverse_speeds += uniform_speed_ ? 1.0 : inverse_scratch_[i];
   if ((sum + cost_.piece(len) + cost_.t * double(k - 1)) / inverse_speeds > best.score) return;
   std::vector<uint32_t>& ends = ends_scratch_;
-  if (!water_fill(len, base_scratch_, speed_scratch_, room_scratch_, best.score, ends)) return;
+  const double* speed = uniform_speed_ ? nullptr : speed_scratch_.data();
+  const double* inverse = uniform_speed_ ? nullptr : inverse_scratch_.data();
+  if (!water_fill(len, base_scratch_, speed, inverse, room_scratch_, best.score, ends)) return;
   // The exact loads (the micro-batch count follows the tokens).
   double score = mean;
   uint32_t o = 0;
@@ -674,7 +685,7 @@ void StepDivider::cut_for_balance() {
   double total = 0;  // the ranks' costs (loads over their speeds)
   for (int r = 0; r < world_size_; ++r) {
     by_load_.insert({load(r), r});
-    total += load(r) / speed_[r];
+    total += cost_of_load(r, load(r));
   }
   std::vector<int> chain;
   const size_t max_rounds = 4 * kCutsPerRankBoundary * size_t(world_size_) + 64;
@@ -748,12 +759,12 @@ void StepDivider::cut_for_balance() {
     if (std::find(chain.begin(), chain.end(), busiest) == chain.end()) chain.push_back(busiest);
     double before = 0;
     for (int r : chain) {
-      before += load(r) / speed_[r];
+      before += cost_of_load(r, load(r));
       by_load_.erase({load(r), r});
     }
     apply_cut(busiest, best);
     for (int r : chain) {
-      total += load(r) / speed_[r];
+      total += cost_of_load(r, load(r));
       by_load_.insert({load(r), r});
     }
     total -= before;

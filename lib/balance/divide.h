@@ -73,8 +73,11 @@ class StepDivider {
     return piece_cost + cost_.c * double(std::max<uint64_t>(slots, min_micro_batches(tokens)));
   }
   double rank_load(int rank, double piece_cost, uint64_t tokens, size_t slots) const {
-    return speed_[rank] * load_of(piece_cost, tokens, slots);
+    const double cost = load_of(piece_cost, tokens, slots);
+    return uniform_speed_ ? cost : speed_[rank] * cost;
   }
+  // A rank's cost from its time (load / speed).
+  double cost_of_load(int rank, double load) const { return uniform_speed_ ? load : load * inverse_speed_[rank]; }
   double load(int rank) const {
     const Share& s = shares_[rank];
     return rank_load(rank, s.piece_cost, s.tokens, s.slot_tokens.size());
@@ -98,7 +101,8 @@ class StepDivider {
   void build_chains(const std::vector<uint32_t>& long_items);
   static const Part* find_part(const Share& share, uint32_t item);
   uint32_t largest_end(uint32_t offset, double budget) const;
-  bool water_fill(uint32_t len, const std::vector<double>& base, const std::vector<double>& speed,
+  // speed and inverse: per holder, or null at equal speeds.
+  bool water_fill(uint32_t len, const std::vector<double>& base, const double* speed, const double* inverse,
                   const std::vector<uint64_t>& room, double ceiling, std::vector<uint32_t>& ends) const;
   bool split_two(uint32_t len, double base0, double base1, double speed0, double speed1, uint64_t room0,
                  uint64_t room1, double ceiling, uint32_t& e_out) const;
@@ -123,6 +127,8 @@ class StepDivider {
   int world_size_;
   bool cut_pieces_;
   std::vector<double> speed_;       // per rank (1 where not given)
+  std::vector<double> inverse_speed_;
+  bool uniform_speed_ = true;       // every rank 1: the arithmetic of equal speeds, no multiplications
   double inverse_speed_sum_ = 1.0;  // sum(1 / speed): P at equal speeds
   double min_speed_ = 1.0;
   double uncut_imbalance_ = 1.0;
@@ -130,7 +136,7 @@ class StepDivider {
   std::vector<Share> base_shares_;    // the chains of long pieces, before any uncut piece
   bool has_chains_ = false;
   std::map<uint32_t, std::vector<int>> holders_;  // cut item -> ranks holding its parts, in token order
-  mutable std::vector<double> base_scratch_, speed_scratch_;
+  mutable std::vector<double> base_scratch_, speed_scratch_, inverse_scratch_;
   mutable std::vector<uint64_t> room_scratch_;
   mutable std::vector<uint32_t> ends_scratch_, fill_scratch_;
   double tolerance_ = 0;

@@ -11,6 +11,7 @@
 // run_calibration.h drives it from the step loop.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,10 @@ class CostCalibration {
   bool fit(const balance::CostModel& planned, const std::vector<double>& planned_speed, int64_t next_step,
            PlanModel* candidate);
   const balance::WindowFit& last_fit() const { return verdicts_.back().fit; }
+  // Rank 0, stage evaluating: where the background build leaves its comparison (written on the
+  // build's thread before the build reads as ready).
+  void set_evaluation(std::shared_ptr<balance::PlanComparison> comparison) { evaluation_ = std::move(comparison); }
+  const balance::PlanComparison& evaluation() const { return *evaluation_; }
   // Rank 0: the candidate's comparison with the plan in force. true: it pays (stage announced;
   // `step` is the step whose reduction carries it); false: kept, the next window starts at `next_step`.
   bool judge(const balance::PlanComparison& comparison, int64_t step, int64_t next_step);
@@ -123,6 +128,7 @@ class CostCalibration {
   // The test hook, parsed: alpha, b, c and per-rank speeds (empty: no hook).
   std::vector<double> test_model_;
   std::vector<double> test_speed_;
+  std::shared_ptr<balance::PlanComparison> evaluation_ = std::make_shared<balance::PlanComparison>();
 };
 
 }  // namespace kilter::train

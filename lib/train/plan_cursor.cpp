@@ -42,18 +42,20 @@ PlanCache::Entry& PlanCache::entry(uint64_t epoch) {
   auto it = plans_.find(epoch);
   if (it != plans_.end()) return it->second;
   Entry e;
-  e.plan = build(epoch);
+  e.plan = std::make_shared<balance::EpochPlan>(build(epoch));
   return plans_.emplace(epoch, std::move(e)).first->second;
 }
 
-const balance::EpochPlan& PlanCache::get(uint64_t epoch) { return entry(epoch).plan; }
+const balance::EpochPlan& PlanCache::get(uint64_t epoch) { return *entry(epoch).plan; }
 
-const balance::EpochPlan& PlanCache::plan_at(balance::PlanPosition pos) {
+std::shared_ptr<const balance::EpochPlan> PlanCache::shared_plan_at(balance::PlanPosition pos) {
   const Entry& e = entry(pos.epoch);
   for (auto it = e.later.rbegin(); it != e.later.rend(); ++it)
-    if (pos.step_in_epoch >= it->first) return *it->second;
+    if (pos.step_in_epoch >= it->first) return it->second;
   return e.plan;
 }
+
+const balance::EpochPlan& PlanCache::plan_at(balance::PlanPosition pos) { return *shared_plan_at(pos); }
 
 balance::StepView PlanCache::step(balance::PlanPosition pos) { return plan_at(pos).steps[pos.step_in_epoch]; }
 
@@ -90,19 +92,19 @@ void PlanCache::replan(balance::PlanPosition from, double t) {
 void PlanCache::replan(balance::PlanPosition from, const PlanModel& model) {
   set_model(model);
   if (from.step_in_epoch > 0 && plans_.count(from.epoch)) {
-    install(from, std::make_unique<balance::EpochPlan>(build(from.epoch)));
+    install(from, std::make_shared<balance::EpochPlan>(build(from.epoch)));
     return;
   }
   // Nothing has been read from the epoch: built again on demand (the later ones too).
   plans_.erase(plans_.lower_bound(from.epoch), plans_.end());
 }
 
-void PlanCache::install(balance::PlanPosition from, std::unique_ptr<balance::EpochPlan> plan) {
+void PlanCache::install(balance::PlanPosition from, std::shared_ptr<balance::EpochPlan> plan) {
   plans_.erase(plans_.upper_bound(from.epoch), plans_.end());  // not read from: built again on demand
   auto it = plans_.find(from.epoch);
   if (from.step_in_epoch == 0 || it == plans_.end()) {
     Entry e;
-    e.plan = std::move(*plan);
+    e.plan = std::move(plan);
     if (it != plans_.end()) plans_.erase(it);
     plans_.emplace(from.epoch, std::move(e));
     return;
@@ -112,7 +114,7 @@ void PlanCache::install(balance::PlanPosition from, std::unique_ptr<balance::Epo
   e.later.emplace_back(from.step_in_epoch, std::move(plan));
 }
 
-void PlanCache::start_build(uint64_t epoch, PlanModel model) {
+void PlanCache::start_build(uint64_t epoch, PlanModel model, std::function<void(const balance::EpochPlan&)> then) {
   KILTER_CHECK(!build_, "plan: a re-plan is already being built");
   build_ = std::make_unique<Build>();
   Build& b = *build_;
@@ -128,9 +130,10 @@ void PlanCache::start_build(uint64_t epoch, PlanModel model) {
     build_mixture_->set_rank_speed(b.model.rank_speed);
   }
   b.thread = std::thread([&b, &index = index_, docs = docs_, opts, mixture = build_mixture_.get(),
-                          world = world_size_]() {
+                          world = world_size_, then = std::move(then)]() {
     try {
       b.plan = build_with(index, docs, opts, mixture, world, b.epoch);
+      if (then) then(b.plan);
     } catch (...) {
       b.error = std::current_exception();
     }
@@ -152,7 +155,7 @@ bool PlanCache::switch_to(balance::PlanPosition from) {
   if (from.epoch > b.epoch && from.step_in_epoch > 0) return false;
   set_model(b.model);
   if (from.epoch == b.epoch)
-    install(from, std::make_unique<balance::EpochPlan>(std::move(b.plan)));
+    install(from, std::make_shared<balance::EpochPlan>(std::move(b.plan)));
   else
     plans_.erase(plans_.lower_bound(from.epoch), plans_.end());  // not read from: built again on demand
   build_.reset();

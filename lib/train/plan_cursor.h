@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -58,8 +59,12 @@ class PlanCache {
   const std::vector<double>& rank_speed(balance::PlanPosition pos);
 
   // A re-plan in the background: the plan of `epoch` with `model`, built on a thread of its own
-  // (identically on every rank); nothing waits for it. One at a time.
-  void start_build(uint64_t epoch, PlanModel model);
+  // (identically on every rank); nothing waits for it. One at a time. `then`, where given, runs on
+  // that thread with the built plan before build_ready() turns true (rank 0 compares it there).
+  void start_build(uint64_t epoch, PlanModel model, std::function<void(const balance::EpochPlan&)> then = {});
+  // The plan that holds the step at `pos`, shared: it stays alive for a thread that reads it while
+  // the cache moves on (drop_before()).
+  std::shared_ptr<const balance::EpochPlan> shared_plan_at(balance::PlanPosition pos);
   bool build_pending() const { return build_ != nullptr; }  // started, not yet switched to or dropped
   bool build_ready() const { return build_ && build_->done.load(); }
   uint64_t build_epoch() const { return build_ ? build_->epoch : 0; }
@@ -83,8 +88,8 @@ class PlanCache {
   // An epoch's plan and, after re-plans inside it, the plans of its steps from each switch step
   // on (ascending).
   struct Entry {
-    balance::EpochPlan plan;
-    std::vector<std::pair<uint64_t, std::unique_ptr<balance::EpochPlan>>> later;
+    std::shared_ptr<balance::EpochPlan> plan;
+    std::vector<std::pair<uint64_t, std::shared_ptr<balance::EpochPlan>>> later;
   };
   // A background build (start_build): its own copy of what it plans with.
   struct Build {
@@ -103,7 +108,7 @@ class PlanCache {
   void set_model(const PlanModel& model);
   // `plan` in force from `from` on: a segment of its epoch (or the whole epoch from its first
   // step); later epochs are planned again on demand.
-  void install(balance::PlanPosition from, std::unique_ptr<balance::EpochPlan> plan);
+  void install(balance::PlanPosition from, std::shared_ptr<balance::EpochPlan> plan);
   Entry& entry(uint64_t epoch);
   // The plan that holds the step at `pos`: the later one from its switch step on.
   const balance::EpochPlan& plan_at(balance::PlanPosition pos);

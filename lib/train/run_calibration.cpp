@@ -17,26 +17,43 @@ balance::PlanPosition position_after(Run& run, balance::PlanPosition pos, int64_
   return pos;
 }
 
-// Rank 0, stage evaluating, the candidate built: its division of the next steps against the plan
-// in force, under the fit. It pays: stage announced (the flag rides in this step's reduction);
-// else the candidate goes.
-void compare_candidate(Run& run) {
+// Rank 0, a usable fit: the candidate built in the background, and compared there with the plan
+// in force on the next kCalibrationCompareSteps steps of the epoch under the fit (the plans that
+// hold those steps are shared with the thread, so the cache may move on meanwhile).
+void start_evaluation(Run& run, PlanModel candidate) {
+  const balance::PlanPosition pos = run.state.position;
+  const uint64_t steps = run.plans->get(pos.epoch).steps.size();
+  std::vector<std::shared_ptr<const balance::EpochPlan>> holders;
+  std::vector<uint64_t> indices;
+  for (uint64_t s = pos.step_in_epoch; s < steps && indices.size() < kCalibrationCompareSteps; ++s) {
+    holders.push_back(run.plans->shared_plan_at({pos.epoch, s}));
+    indices.push_back(s);
+  }
+  auto result = std::make_shared<balance::PlanComparison>();
+  run.calibration.set_evaluation(result);
+  run.plans->start_build(pos.epoch, std::move(candidate),
+                         [result, holders, indices, fit = run.calibration.last_fit()](const balance::EpochPlan& built) {
+                           std::vector<balance::StepView> current, next;
+                           for (size_t i = 0; i < indices.size(); ++i) {
+                             current.push_back(holders[i]->steps[indices[i]]);
+                             next.push_back(built.steps[indices[i]]);
+                           }
+                           *result = balance::compare_divisions(current, next, fit);
+                         });
+}
+
+// Rank 0, stage evaluating, the candidate built and compared: it pays, stage announced (the flag
+// rides in this step's reduction); else the candidate goes.
+void judge_candidate(Run& run) {
   CostCalibration& calibration = run.calibration;
   const int64_t step = run.state.step;
-  const balance::PlanPosition pos = run.state.position;
-  const balance::EpochPlan& built = run.plans->built_plan();
-  std::vector<balance::StepView> current, candidate;
-  if (pos.epoch == run.plans->build_epoch())
-    for (uint64_t s = pos.step_in_epoch; s < built.steps.size() && current.size() < kCalibrationCompareSteps; ++s) {
-      current.push_back(run.plans->step({pos.epoch, s}));
-      candidate.push_back(built.steps[s]);
-    }
-  if (current.empty()) {
+  run.plans->built_plan();  // rethrows the build's error
+  const balance::PlanComparison comparison = calibration.evaluation();
+  if (comparison.steps == 0) {
     run.plans->drop_build();
     calibration.abandon("its epoch ended before the candidate was compared", step);
     return;
   }
-  const balance::PlanComparison comparison = balance::compare_divisions(current, candidate, calibration.last_fit());
   if (!calibration.judge(comparison, step, step)) run.plans->drop_build();
 }
 
@@ -169,9 +186,9 @@ void calibration_before_step(Run& run) {
   if (calibration.window_complete()) {
     PlanModel candidate;
     if (calibration.fit(run.plans->cost(pos), run.plans->rank_speed(pos), run.state.step, &candidate))
-      run.plans->start_build(pos.epoch, std::move(candidate));
+      start_evaluation(run, std::move(candidate));
   }
-  if (calibration.stage() == Stage::evaluating && run.plans->build_ready()) compare_candidate(run);
+  if (calibration.stage() == Stage::evaluating && run.plans->build_ready()) judge_candidate(run);
   ctx.calibration_verdict = calibration.stage() == Stage::announced;
 }
 
