@@ -86,60 +86,89 @@ void CostCalibration::next_window(int64_t begin) {
   window_length_ = windows_done_ == 1 ? kSecondCalibrationWindow : 2 * window_length_;
 }
 
-bool CostCalibration::fit(const balance::CostModel& planned, const std::vector<double>& planned_speed,
-                          int64_t next_step, PlanModel* candidate) {
-  balance::WindowFitOptions opts;
-  opts.current = planned;
-  opts.derived = settings_.derived;
-  opts.fit_b = settings_.fit_b;
-  opts.fit_c = settings_.fit_c;
-  opts.fit_t = settings_.fit_t;
-  opts.world_size = settings_.world_size;
-  WindowVerdict v;
-  v.begin = window_begin_;
-  v.end = window_begin_ + window_length_ - 1;
-  v.fit = balance::fit_window(samples_, opts);
-  v.planned = planned;
-  verdicts_.push_back(v);
-  const balance::WindowFit& f = verdicts_.back().fit;
-  if (!f.usable) {
-    verdicts_.back().decision = "kept: " + f.note;
-    next_window(next_step);
-    return false;
+void WindowJob::evaluate() {
+  fit = balance::fit_window(samples, options);
+  if (!fit.usable) {
+    kept = fit.note;
+    return;
   }
-  candidate->cost = f.cost;
-  candidate->rank_speed.clear();
-  if (std::any_of(f.rank_speed.begin(), f.rank_speed.end(), [](double s) { return s != 1.0; }))
-    candidate->rank_speed = f.rank_speed;
-  if (candidate->cost.b == planned.b && candidate->cost.c == planned.c && candidate->cost.t == planned.t &&
-      candidate->rank_speed == planned_speed) {
-    verdicts_.back().decision = "kept: the fit is the plan's own model";
-    next_window(next_step);
-    return false;
+  model.cost = fit.cost;
+  model.rank_speed.clear();
+  if (std::any_of(fit.rank_speed.begin(), fit.rank_speed.end(), [](double s) { return s != 1.0; }))
+    model.rank_speed = fit.rank_speed;
+  const balance::CostModel& planned = options.current;
+  if (model.cost.b == planned.b && model.cost.c == planned.c && model.cost.t == planned.t &&
+      model.rank_speed == planned_speed) {
+    kept = "the fit is the plan's own model";
+    return;
   }
-  stage_ = Stage::evaluating;
-  return true;
+  candidate = true;
 }
 
-bool CostCalibration::judge(const balance::PlanComparison& comparison, int64_t step, int64_t next_step) {
-  WindowVerdict& v = verdicts_.back();
-  v.compared = true;
-  v.comparison = comparison;
-  if (comparison.pays()) {
+std::shared_ptr<WindowJob> CostCalibration::start_window(const balance::CostModel& planned,
+                                                         const std::vector<double>& planned_speed) {
+  job_ = std::make_shared<WindowJob>();
+  WindowJob& job = *job_;
+  job.begin = window_begin_;
+  job.end = window_begin_ + window_length_ - 1;
+  job.samples = std::move(samples_);
+  samples_.clear();
+  job.options.current = planned;
+  job.options.derived = settings_.derived;
+  job.options.fit_b = settings_.fit_b;
+  job.options.fit_c = settings_.fit_c;
+  job.options.fit_t = settings_.fit_t;
+  job.options.world_size = settings_.world_size;
+  job.planned_speed = planned_speed;
+  stage_ = Stage::evaluating;
+  return job_;
+}
+
+namespace {
+WindowVerdict verdict_of(const WindowJob& job) {
+  WindowVerdict v;
+  v.begin = job.begin;
+  v.end = job.end;
+  v.fit = job.fit;
+  v.planned = job.options.current;
+  v.compared = job.compared;
+  v.comparison = job.comparison;
+  return v;
+}
+}  // namespace
+
+bool CostCalibration::finish_window(int64_t step, int64_t next_step) {
+  const WindowJob& job = *job_;
+  WindowVerdict v = verdict_of(job);
+  if (!job.candidate) {
+    v.decision = "kept: " + job.kept;
+  } else if (!job.compared || job.comparison.steps == 0) {
+    v.decision = "kept: its epoch ended before the candidate was compared";
+  } else if (job.comparison.pays()) {
     v.decided_at = step;
+  } else {
+    const balance::PlanComparison& c = job.comparison;
+    v.decision = fmt::format("kept: the division with the fit would gain {:.2f}% of the busiest rank's time over the "
+                             "next {} steps, not above {}x its noise ({:.2f}%) and {:.1f}%",
+                             100 * c.relative_gain(), c.steps, balance::kReplanGainNoise,
+                             c.current_seconds > 0 ? 100 * c.gain_sd / c.current_seconds : 0.0,
+                             100 * balance::kReplanMinGain);
+  }
+  verdicts_.push_back(std::move(v));
+  job_.reset();
+  if (verdicts_.back().decided_at >= 0) {
     stage_ = Stage::announced;
     return true;
   }
-  v.decision = fmt::format("kept: the division with the fit would gain {:.2f}% of the busiest rank's time over the "
-                           "next {} steps, not above {}x its noise ({:.2f}%) and {:.1f}%",
-                           100 * comparison.relative_gain(), comparison.steps, balance::kReplanGainNoise,
-                           comparison.current_seconds > 0 ? 100 * comparison.gain_sd / comparison.current_seconds : 0.0,
-                           100 * balance::kReplanMinGain);
   next_window(next_step);
   return false;
 }
 
 void CostCalibration::abandon(const std::string& why, int64_t next_step) {
+  if (job_) {  // evaluating (its thread has ended): what it found, kept
+    verdicts_.push_back(verdict_of(*job_));
+    job_.reset();
+  }
   if (!verdicts_.empty() && verdicts_.back().decision.empty()) verdicts_.back().decision = "kept: " + why;
   next_window(next_step);
 }

@@ -53,6 +53,24 @@ struct CalibratedModel {
   int world_size = 1;  // the speeds are per rank of this world size
 };
 
+// One window's evaluation, made on a thread of its own (run_calibration.cpp): its rows, the fit
+// and the candidate model (evaluate()), then the candidate's comparison with the plan in force on
+// the next steps (written by the build's thread). Everything it reads is its own.
+struct WindowJob {
+  int64_t begin = 0, end = 0;
+  std::vector<balance::CostSample> samples;
+  balance::WindowFitOptions options;  // the plan in force (current), the pins, the world size
+  std::vector<double> planned_speed;
+  // Results.
+  balance::WindowFit fit;
+  bool candidate = false;  // the fit is usable and differs from the plan in force
+  std::string kept;        // where not: why
+  PlanModel model;
+  bool compared = false;
+  balance::PlanComparison comparison;
+  void evaluate();
+};
+
 // What one window found (rank 0).
 struct WindowVerdict {
   int64_t begin = 0, end = 0;  // its steps
@@ -83,19 +101,13 @@ class CostCalibration {
   void add_step(const diag::StepRecord* records, int ranks);
   // Rank 0, stage idle: the window's last step has been gathered.
   bool window_complete() const;
-  // Rank 0: fits the window against `planned` and `planned_speed`, what its steps were divided
-  // with. true: the fit is usable and differs, *candidate is the model to build and compare
-  // (stage evaluating); false: the verdict is kept and the next window starts at `next_step`.
-  bool fit(const balance::CostModel& planned, const std::vector<double>& planned_speed, int64_t next_step,
-           PlanModel* candidate);
-  const balance::WindowFit& last_fit() const { return verdicts_.back().fit; }
-  // Rank 0, stage evaluating: where the background build leaves its comparison (written on the
-  // build's thread before the build reads as ready).
-  void set_evaluation(std::shared_ptr<balance::PlanComparison> comparison) { evaluation_ = std::move(comparison); }
-  const balance::PlanComparison& evaluation() const { return *evaluation_; }
-  // Rank 0: the candidate's comparison with the plan in force. true: it pays (stage announced;
-  // `step` is the step whose reduction carries it); false: kept, the next window starts at `next_step`.
-  bool judge(const balance::PlanComparison& comparison, int64_t step, int64_t next_step);
+  // Rank 0: the window's rows handed to a job against `planned` and `planned_speed`, what its steps
+  // were divided with (stage evaluating).
+  std::shared_ptr<WindowJob> start_window(const balance::CostModel& planned, const std::vector<double>& planned_speed);
+  const std::shared_ptr<WindowJob>& job() const { return job_; }
+  // Rank 0, the job done: its verdict recorded. true: the candidate pays (stage announced; `step`
+  // is the step whose reduction carries it); false: kept, the next window starts at `next_step`.
+  bool finish_window(int64_t step, int64_t next_step);
   // Any rank: the candidate was given up (the cut-cost check re-planned, the run ends first).
   void abandon(const std::string& why, int64_t next_step);
   // Every rank: `model` in force from `from_step`; the next window starts there.
@@ -128,7 +140,7 @@ class CostCalibration {
   // The test hook, parsed: alpha, b, c and per-rank speeds (empty: no hook).
   std::vector<double> test_model_;
   std::vector<double> test_speed_;
-  std::shared_ptr<balance::PlanComparison> evaluation_ = std::make_shared<balance::PlanComparison>();
+  std::shared_ptr<WindowJob> job_;
 };
 
 }  // namespace kilter::train

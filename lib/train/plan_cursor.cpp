@@ -115,25 +115,38 @@ void PlanCache::install(balance::PlanPosition from, std::shared_ptr<balance::Epo
 }
 
 void PlanCache::start_build(uint64_t epoch, PlanModel model, std::function<void(const balance::EpochPlan&)> then) {
+  start_job(
+      epoch,
+      [model = std::move(model)](PlanModel& chosen) {
+        chosen = model;
+        return true;
+      },
+      std::move(then));
+}
+
+void PlanCache::start_job(uint64_t epoch, std::function<bool(PlanModel&)> choose,
+                          std::function<void(const balance::EpochPlan&)> then) {
   KILTER_CHECK(!build_, "plan: a re-plan is already being built");
   build_ = std::make_unique<Build>();
   Build& b = *build_;
   b.epoch = epoch;
-  b.model = std::move(model);
-  balance::PlanOptions opts = opts_;
-  opts.cost = b.model.cost;
-  opts.rank_speed = b.model.rank_speed;
   build_mixture_.reset();
-  if (mixture_) {
-    build_mixture_ = std::make_unique<balance::MixturePlanner>(*mixture_);  // its own draw state
-    build_mixture_->set_cost(b.model.cost);
-    build_mixture_->set_rank_speed(b.model.rank_speed);
-  }
-  b.thread = std::thread([&b, &index = index_, docs = docs_, opts, mixture = build_mixture_.get(),
-                          world = world_size_, then = std::move(then)]() {
+  if (mixture_) build_mixture_ = std::make_unique<balance::MixturePlanner>(*mixture_);  // its own draw state
+  b.thread = std::thread([&b, &index = index_, docs = docs_, opts = opts_, mixture = build_mixture_.get(),
+                          world = world_size_, choose = std::move(choose), then = std::move(then)]() mutable {
     try {
-      b.plan = build_with(index, docs, opts, mixture, world, b.epoch);
-      if (then) then(b.plan);
+      if (!choose(b.model)) {
+        b.skipped = true;
+      } else {
+        opts.cost = b.model.cost;
+        opts.rank_speed = b.model.rank_speed;
+        if (mixture) {
+          mixture->set_cost(b.model.cost);
+          mixture->set_rank_speed(b.model.rank_speed);
+        }
+        b.plan = build_with(index, docs, opts, mixture, world, b.epoch);
+        if (then) then(b.plan);
+      }
     } catch (...) {
       b.error = std::current_exception();
     }
@@ -145,7 +158,7 @@ const balance::EpochPlan& PlanCache::built_plan() {
   KILTER_CHECK(build_ready(), "plan: the re-plan is not built yet");
   if (build_->thread.joinable()) build_->thread.join();
   if (build_->error) std::rethrow_exception(build_->error);
-  return build_->plan;
+  return build_->plan;  // empty where the build was skipped
 }
 
 bool PlanCache::switch_to(balance::PlanPosition from) {

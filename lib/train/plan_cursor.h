@@ -62,6 +62,11 @@ class PlanCache {
   // (identically on every rank); nothing waits for it. One at a time. `then`, where given, runs on
   // that thread with the built plan before build_ready() turns true (rank 0 compares it there).
   void start_build(uint64_t epoch, PlanModel model, std::function<void(const balance::EpochPlan&)> then = {});
+  // The same where the model is chosen on the thread too: `choose` fills it, or returns false for
+  // no build at all (build_skipped()).
+  void start_job(uint64_t epoch, std::function<bool(PlanModel&)> choose,
+                 std::function<void(const balance::EpochPlan&)> then = {});
+  bool build_skipped() const { return build_ready() && build_->skipped; }
   // The plan that holds the step at `pos`, shared: it stays alive for a thread that reads it while
   // the cache moves on (drop_before()).
   std::shared_ptr<const balance::EpochPlan> shared_plan_at(balance::PlanPosition pos);
@@ -70,7 +75,7 @@ class PlanCache {
   uint64_t build_epoch() const { return build_ ? build_->epoch : 0; }
   const PlanModel& build_model() const { return build_->model; }
   // After build_ready(): the plan (rank 0 compares it with the plan in force). Rethrows the
-  // thread's error.
+  // thread's error (also where the build was skipped: then call it only for that).
   const balance::EpochPlan& built_plan();
   // After build_ready(): the built plan holds the steps from `from` on (its epoch's; later epochs
   // are planned with its model). false where `from` lies in a later epoch than the one built,
@@ -98,6 +103,7 @@ class PlanCache {
     balance::EpochPlan plan;
     std::thread thread;
     std::atomic<bool> done{false};
+    bool skipped = false;
     std::exception_ptr error;
   };
   balance::EpochPlan build(uint64_t epoch);

@@ -17,10 +17,12 @@ balance::PlanPosition position_after(Run& run, balance::PlanPosition pos, int64_
   return pos;
 }
 
-// Rank 0, a usable fit: the candidate built in the background, and compared there with the plan
-// in force on the next kCalibrationCompareSteps steps of the epoch under the fit (the plans that
-// hold those steps are shared with the thread, so the cache may move on meanwhile).
-void start_evaluation(Run& run, PlanModel candidate) {
+// Rank 0, a window gathered: its evaluation on a thread of its own, so that no step waits for it:
+// the fit (WindowJob::evaluate), where it is usable and differs the division it makes, and that
+// division compared with the plan in force on the next kCalibrationCompareSteps steps of the epoch
+// under the fit (the plans that hold those steps are shared with the thread, so the cache may move
+// on meanwhile).
+void start_evaluation(Run& run) {
   const balance::PlanPosition pos = run.state.position;
   const uint64_t steps = run.plans->get(pos.epoch).steps.size();
   std::vector<std::shared_ptr<const balance::EpochPlan>> holders;
@@ -29,32 +31,31 @@ void start_evaluation(Run& run, PlanModel candidate) {
     holders.push_back(run.plans->shared_plan_at({pos.epoch, s}));
     indices.push_back(s);
   }
-  auto result = std::make_shared<balance::PlanComparison>();
-  run.calibration.set_evaluation(result);
-  run.plans->start_build(pos.epoch, std::move(candidate),
-                         [result, holders, indices, fit = run.calibration.last_fit()](const balance::EpochPlan& built) {
-                           std::vector<balance::StepView> current, next;
-                           for (size_t i = 0; i < indices.size(); ++i) {
-                             current.push_back(holders[i]->steps[indices[i]]);
-                             next.push_back(built.steps[indices[i]]);
-                           }
-                           *result = balance::compare_divisions(current, next, fit);
-                         });
+  std::shared_ptr<WindowJob> job = run.calibration.start_window(run.plans->cost(pos), run.plans->rank_speed(pos));
+  run.plans->start_job(
+      pos.epoch,
+      [job](PlanModel& model) {
+        job->evaluate();
+        if (job->candidate) model = job->model;
+        return job->candidate;
+      },
+      [job, holders, indices](const balance::EpochPlan& built) {
+        std::vector<balance::StepView> current, next;
+        for (size_t i = 0; i < indices.size(); ++i) {
+          current.push_back(holders[i]->steps[indices[i]]);
+          next.push_back(built.steps[indices[i]]);
+        }
+        job->comparison = balance::compare_divisions(current, next, job->fit);
+        job->compared = true;
+      });
 }
 
-// Rank 0, stage evaluating, the candidate built and compared: it pays, stage announced (the flag
-// rides in this step's reduction); else the candidate goes.
+// Rank 0, stage evaluating, the job done: it pays, stage announced (the flag rides in this step's
+// reduction); else the candidate goes.
 void judge_candidate(Run& run) {
-  CostCalibration& calibration = run.calibration;
   const int64_t step = run.state.step;
-  run.plans->built_plan();  // rethrows the build's error
-  const balance::PlanComparison comparison = calibration.evaluation();
-  if (comparison.steps == 0) {
-    run.plans->drop_build();
-    calibration.abandon("its epoch ended before the candidate was compared", step);
-    return;
-  }
-  if (!calibration.judge(comparison, step, step)) run.plans->drop_build();
+  run.plans->built_plan();  // rethrows the job's error
+  if (!run.calibration.finish_window(step, step)) run.plans->drop_build();
 }
 
 // Every rank, on rank 0's verdict: the model (and the epoch it was built for) from rank 0 in one
@@ -182,12 +183,7 @@ void calibration_before_step(Run& run) {
   using Stage = CostCalibration::Stage;
   if (calibration.stage() == Stage::building) ctx.replan_building = !run.plans->build_ready();
   if (run.rank != 0) return;
-  const balance::PlanPosition pos = run.state.position;
-  if (calibration.window_complete()) {
-    PlanModel candidate;
-    if (calibration.fit(run.plans->cost(pos), run.plans->rank_speed(pos), run.state.step, &candidate))
-      start_evaluation(run, std::move(candidate));
-  }
+  if (calibration.window_complete()) start_evaluation(run);
   if (calibration.stage() == Stage::evaluating && run.plans->build_ready()) judge_candidate(run);
   ctx.calibration_verdict = calibration.stage() == Stage::announced;
 }

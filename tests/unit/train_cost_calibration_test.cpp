@@ -50,15 +50,18 @@ TEST(TrainCostCalibration, WindowsFitVerdictAndRecord) {
   EXPECT_FALSE(cal.window_complete()) << "steps 2-21 make the first window";
   cal.add_step(records(21, world).data(), world);
   ASSERT_TRUE(cal.window_complete());
-  PlanModel candidate;
-  ASSERT_TRUE(cal.fit(balance::CostModel{1, 2e-3, 64}, {}, 23, &candidate)) << cal.last_fit().note;
+  std::shared_ptr<WindowJob> job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::evaluating);
+  job->evaluate();
+  ASSERT_TRUE(job->candidate) << job->kept;
+  const PlanModel candidate = job->model;
   EXPECT_NEAR(candidate.cost.b, 4e-3, 1e-9);
   ASSERT_EQ(candidate.rank_speed.size(), 2u);
   EXPECT_NEAR(candidate.rank_speed[1], 1.25, 1e-9);
   balance::PlanComparison pays;
   pays.steps = 16, pays.current_seconds = 1, pays.candidate_seconds = 0.9, pays.gain_sd = 0.01;
-  EXPECT_TRUE(cal.judge(pays, 23, 23));
+  job->comparison = pays, job->compared = true;
+  EXPECT_TRUE(cal.finish_window(23, 23));
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::announced);
   cal.switched(27, candidate, world);
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::idle);
@@ -70,10 +73,12 @@ TEST(TrainCostCalibration, WindowsFitVerdictAndRecord) {
   cal.add_step(records(126, world).data(), world);
   EXPECT_TRUE(cal.window_complete());
   // A candidate that does not pay is kept out, and said why.
-  ASSERT_TRUE(cal.fit(balance::CostModel{1, 2e-3, 64}, {}, 128, &candidate));
-  balance::PlanComparison noise = pays;
-  noise.candidate_seconds = 0.999;
-  EXPECT_FALSE(cal.judge(noise, 128, 128));
+  job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
+  job->evaluate();
+  ASSERT_TRUE(job->candidate);
+  job->comparison = pays, job->comparison.candidate_seconds = 0.999, job->compared = true;
+  EXPECT_FALSE(cal.finish_window(128, 128));
+  EXPECT_EQ(cal.stage(), CostCalibration::Stage::idle);
   const nlohmann::json summary = cal.summary();
   ASSERT_EQ(summary["windows"].size(), 2u);
   EXPECT_EQ(summary["windows"][0]["decision"], "replanned");
