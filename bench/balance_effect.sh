@@ -63,7 +63,8 @@
 # auto run switched and the model in force, and the ratios auto / floor and drill off / auto.
 #   env: CAL_CORPUS (default lognormal:4.8,1.1,1024), CAL_CONTEXT (default 512; data.max_tokens =
 #        4 x that), CAL_MB (micro-batches per rank per step, default 4: 16384-token steps, the
-#        issue's setting), CAL_STEPS (default 100), CAL_DRILL (default 15, percent)
+#        issue's setting), CAL_STEPS (default 100), CAL_DRILL (default 15, percent), WAIT_LOAD
+#        (unset; e.g. 2.5: before each run wait until the 1-minute load average is below it)
 # The cut section also compares step by step (a step holds the same tokens with cuts on and off):
 # `slower` is the share of steps whose slowest-rank time, median over the repeats, is more than 5%
 # above the same step's without cuts.
@@ -105,6 +106,15 @@ cd "$work"
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
 # synth LENGTHS DIR: a fresh synthetic corpus
 synth() { rm -rf "$2"; "$KILTER" prep synth --docs "$DOCS" --lengths "$1" --vocab 256 --shards 2 --seed 11 --out "$2" > /dev/null 2>&1; }
+# WAIT_LOAD set: before each run of the calibration section, wait (up to 30 min) until the 1-minute
+# load average is below it (a shared machine: other jobs' load is the noise these runs measure).
+wait_for_quiet() {
+  [[ -n ${WAIT_LOAD:-} ]] || return 0
+  for _ in $(seq 360); do
+    awk -v max="$WAIT_LOAD" '{ exit !($1 < max) }' /proc/loadavg && return 0
+    sleep 5
+  done
+}
 # A rank per core, pinned, where the cores suffice (less scheduler noise in the waits);
 # unpinned when oversubscribed.
 bind_for() { if (( $1 <= $(nproc) )); then echo core; else echo none; fi; }
@@ -208,6 +218,7 @@ if [[ " $SECTIONS " == *" calibration "* ]]; then
   # Alternating, repeat after repeat, so every setting sees the same drift in the machine's load.
   for rep in $(seq 1 "$REPEATS"); do
     for kind in off auto floor drill_off drill_auto; do
+      wait_for_quiet
       dir=caldata mode=${kind#drill_} drill=()
       [[ $kind == floor ]] && dir=calfloor mode=off
       [[ $kind == drill_* ]] && drill=(--train.inject_delay="1:$CAL_DRILL%")

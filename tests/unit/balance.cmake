@@ -6,3 +6,6 @@ kilter_add_unit_test(balance_calibrate_test ${CMAKE_CURRENT_LIST_DIR}/balance_ca
 kilter_add_unit_test(balance_plan_steps_test ${CMAKE_CURRENT_LIST_DIR}/balance_plan_steps_test.cpp)
 kilter_add_unit_test(balance_cut_test ${CMAKE_CURRENT_LIST_DIR}/balance_cut_test.cpp)
 kilter_add_unit_test(balance_window_fit_test ${CMAKE_CURRENT_LIST_DIR}/balance_window_fit_test.cpp)
+# What an in-run re-plan costs (bench/replan_cost.sh; never run as a test).
+add_executable(kilter_bench_replan ${CMAKE_SOURCE_DIR}/bench/replan_cost.cpp)
+target_link_libraries(kilter_bench_replan PRIVATE kilter_lib)
