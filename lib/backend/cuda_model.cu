@@ -23,8 +23,10 @@
 // step, so no NCCL collective is in flight there: a cudaMalloc/cudaFree (which synchronize the
 // device) cannot deadlock against a peer's collective.
 //
-// Attention engine (train.attention): cuDNN's multi-head attention API (attention_cudnn.cu) or
-// cuBLASLt + a masked softmax (attention.cu), chosen per attention group shape (B,T).
+// Attention engine (train.attention): cuDNN's SDPA on the packed rows (cuda_attention_sdpa.cu;
+// sdpa, or auto in bf16, per shape bucket after its self-check), else cuDNN's multi-head attention
+// API (attention_cudnn.cu) or cuBLASLt + a masked softmax (attention.cu), chosen per attention
+// group shape (B,T).
 // Cut pieces (issue 23; docs/model.md, "Cut pieces"): a later part [s, s+L) of a piece takes
 // positions from s and runs on its own (attention_prefix_*: L queries against the s prefix keys
 // from batch.exchange and its own, bottom-right causal mask; cuBLASLt whatever the engine); the
@@ -62,8 +64,9 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
   const std::string& precision = options_.precision;
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
-  KILTER_CHECK(options_.attention == "auto" || options_.attention == "cudnn" || options_.attention == "cublaslt",
-               "train.attention=" << options_.attention << " is not one of auto, cudnn, cublaslt");
+  KILTER_CHECK(options_.attention == "auto" || options_.attention == "sdpa" || options_.attention == "cudnn" ||
+                   options_.attention == "cublaslt",
+               "train.attention=" << options_.attention << " is not one of auto, sdpa, cudnn, cublaslt");
   KILTER_USER_CHECK(!cfg_.llama(), "model.arch = llama: the cuda backend runs gpt2 only so far; use "
                                    "train.backend = cpu");
   recompute_ = model::parse_recompute(options_.recompute);
@@ -87,7 +90,8 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
     gemm_capture_ = std::make_unique<kc::Gemm>(capture_stream_, math);
     gemm_capture_->share_bf16_scratch(*gemm_);  // the two engines' work is ordered by events
   }
-  if (options_.attention != "cublaslt") {
+  sdpa_init();  // cuda_attention_sdpa.cu
+  if (options_.attention == "auto" || options_.attention == "cudnn") {
 #ifdef KILTER_WITH_CUDNN
     try {
       cudnn_ = std::make_unique<kc::CudnnAttention>(stream_, math, cfg_.n_embd, cfg_.n_head);
@@ -124,6 +128,7 @@ CudaModel::~CudaModel() {
   cudaStreamSynchronize(stream_);
   cudaStreamSynchronize(copy_stream_);
   drop_graphs();
+  sdpa_.reset();
   cudnn_.reset();
   gemm_.reset();
   gemm_capture_.reset();
@@ -166,7 +171,7 @@ std::string CudaModel::describe() const {
   cudaGetDeviceProperties(&prop, device_);
   std::string text = "cuda device " + std::to_string(device_) + " (" + prop.name + "), GEMMs " +
                      (options_.precision == "bf16" ? "bf16 tensor cores, fp32 accumulation" : "fp32") +
-                     " on cuBLASLt, attention ";
+                     " on cuBLASLt, attention " + sdpa_description();
 #ifdef KILTER_WITH_CUDNN
   if (cudnn_) text += cudnn_->description();
 #endif
@@ -195,12 +200,13 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
   exchange_ = batch.exchange;
   layout.groups.build(batch.cu_seqlens.data(), layout.pieces, cfg_.block_size,
                       batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
-  // Each group's engine (cuDNN's per-shape trial and self-check run here, before any kernel of
-  // this micro-batch is queued).
+  // The attention engine: SDPA on the packed rows, or each group's engine (the per-shape trials
+  // and self-checks run here, before any kernel of this micro-batch is queued).
+  batch_sdpa_ = sdpa_for_batch(batch);
   const size_t num_groups = layout.groups.groups.size();
   layout.group_cudnn.assign(num_groups, 0);
   batch_cudnn_ = false;
-  for (size_t g = 0; g < num_groups; ++g) {
+  for (size_t g = 0; g < num_groups && !batch_sdpa_; ++g) {
     layout.group_cudnn[g] = cudnn_for_shape(layout.groups.groups[g].B, layout.groups.groups[g].T);
     batch_cudnn_ = batch_cudnn_ || layout.group_cudnn[g];
   }
@@ -303,6 +309,7 @@ void CudaModel::attention_backward_groups(const BlockActivations& a) {
 }
 
 void CudaModel::attention_forward_layer(int layer, const BlockActivations& a) {
+  if (batch_sdpa_) return sdpa_forward_layer(layer, a, a.atty, /*exchange_calls=*/true);
   if (exchange_ == nullptr) {
     attention_forward_groups(a);
     return;
@@ -329,6 +336,7 @@ void CudaModel::attention_forward_prefixed(int layer, const BlockActivations& a,
 }
 
 void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
+  if (batch_sdpa_) return sdpa_backward_layer(layer, a);
   if (exchange_ == nullptr) {
     attention_backward_groups(a);
     return;
@@ -357,6 +365,7 @@ void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
 }
 
 void CudaModel::attention_recompute(int layer, const BlockActivations& a, float* out) {
+  if (batch_sdpa_) return sdpa_forward_layer(layer, a, out, /*exchange_calls=*/false);
   BlockActivations into = a;
   into.atty = out;
   attention_forward_groups(into);

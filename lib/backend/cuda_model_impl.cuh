@@ -20,7 +20,17 @@
 #include "lib/model/attention_groups.h"
 #include "lib/model/layout.h"
 
+namespace kilter::model {
+struct SdpaCall;
+}
+
 namespace kilter::backend {
+
+// The cuDNN SDPA path's state (cuda_attention_sdpa.cu, where it is complete).
+struct SdpaState;
+struct SdpaStateDeleter {
+  void operator()(SdpaState* state) const;
+};
 
 using model::Batch;
 using model::ModelSpec;
@@ -124,6 +134,18 @@ class CudaModel final : public ModelBase {
   void attention_forward_prefixed(int layer, const BlockActivations& a, float* out);
   void attention_backward_layer(int layer, const BlockActivations& a);
   bool cudnn_for_shape(int B, int T);
+  // The cuDNN SDPA path (cuda_attention_sdpa.cu): train.attention = sdpa, or auto in bf16. The
+  // constructor calls sdpa_init; upload_batch calls sdpa_for_batch, which plans the micro-batch
+  // and decides each new shape bucket once (graphs, trial run, self-check against cuBLASLt);
+  // when it returns true the layers' attention runs through sdpa_forward_layer/sdpa_backward_layer
+  // (kv_exchange.h's order; exchange_calls = false: a recompute, the prefixes are still there).
+  void sdpa_init();
+  bool sdpa_for_batch(const Batch& batch);
+  bool sdpa_bucket_usable(const model::SdpaCall& call);
+  bool sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry);
+  void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls);
+  void sdpa_backward_layer(int layer, const BlockActivations& a);
+  std::string sdpa_description() const;  // "" when SDPA was not asked for
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
   // forward and backward) and compares them: code that has never met a device must prove
   // itself before a run trusts it.
@@ -163,6 +185,9 @@ class CudaModel final : public ModelBase {
   std::string cudnn_note_;                     // why cuDNN attention is off, for describe()
   std::map<std::pair<int, int>, bool> cudnn_shapes_;  // decided group shapes: cuDNN or not
   bool batch_cudnn_ = false;                   // some group of the current micro-batch runs on cuDNN
+  std::unique_ptr<SdpaState, SdpaStateDeleter> sdpa_;  // null: no SDPA path
+  std::string sdpa_note_;                      // why SDPA is off, for describe()
+  bool batch_sdpa_ = false;                    // the current micro-batch's attention runs on SDPA
   model::KvExchange* exchange_ = nullptr;      // the current micro-batch's (cut pieces), or null
   Layout layout_now_;                          // the current micro-batch's layout
   // The stream and GEMM engine the segment kernels go to: stream_/gemm_, or the capture pair

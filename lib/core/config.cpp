@@ -93,7 +93,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.seed", po::value(&t.seed)->default_value(t.seed, shortest_text(t.seed)), "seed of initialization and data order")
     ("train.precision", po::value(&t.precision)->default_value(t.precision, shortest_text(t.precision)), "fp32 | bf16 (bf16 GEMM inputs, fp32 accumulation and weights; on the cpu backend it needs AVX512_BF16 or AMX)")
     ("train.backend", po::value(&t.backend)->default_value(t.backend, shortest_text(t.backend)), "auto | cpu | cuda")
-    ("train.attention", po::value(&t.attention)->default_value(t.attention, shortest_text(t.attention)), "CUDA attention engine: auto (cuDNN when usable, else cuBLASLt) | cudnn | cublaslt")
+    ("train.attention", po::value(&t.attention)->default_value(t.attention, shortest_text(t.attention)), "CUDA attention engine: auto (train.precision=bf16: cuDNN SDPA flash attention on the packed pieces where its self-check passes; else cuDNN when usable, else cuBLASLt) | sdpa (bf16 attention, also under fp32) | cudnn | cublaslt")
     ("train.cuda_graphs", po::value(&t.cuda_graphs)->default_value(t.cuda_graphs, shortest_text(t.cuda_graphs)), "replay each micro-batch shape as CUDA graphs (cuda backend, cuBLASLt attention shapes)")
     ("train.threads", po::value(&t.threads)->default_value(t.threads, shortest_text(t.threads)), "BLAS threads per rank")
     ("train.eval_every", po::value(&t.eval_every)->default_value(t.eval_every, shortest_text(t.eval_every)), "evaluate on the held-out split every N steps (0: off)")
@@ -208,7 +208,7 @@ void Config::validate() const {
   KILTER_CHECK_KEY(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, "must be >= 0");
   check_one_of("train.precision", train.precision, {"fp32", "bf16"});
   check_one_of("train.backend", train.backend, {"auto", "cpu", "cuda"});
-  check_one_of("train.attention", train.attention, {"auto", "cudnn", "cublaslt"});
+  check_one_of("train.attention", train.attention, {"auto", "sdpa", "cudnn", "cublaslt"});
   check_one_of("train.recompute", train.recompute, {"none", "gelu", "attention", "block"});
   KILTER_CHECK_KEY(train.threads >= 1, "train.threads", train.threads, "must be >= 1");
   KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");

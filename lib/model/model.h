@@ -70,7 +70,7 @@ using GradReadyFn = std::function<void(size_t offset, size_t count)>;
 // takes only the defaults; anything else is refused naming the key.
 struct BackendOptions {
   std::string precision = "fp32";  // fp32 | bf16
-  std::string attention = "auto";  // auto | cudnn | cublaslt (CUDA backend)
+  std::string attention = "auto";  // auto | sdpa | cudnn | cublaslt (CUDA backend)
   bool cuda_graphs = false;        // replay each micro-batch shape's kernels as CUDA graphs
   std::string recompute = "none";  // none | gelu | attention | block (train.recompute; cpu backend)
 };

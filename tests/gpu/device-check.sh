@@ -5,8 +5,9 @@
 #      `tests/gpu/device-check.sh --build-only` and brought along), else a fresh standalone build
 #      in build-gpu-standalone/ (tests/gpu/standalone: needs nvcc, cmake and OpenBLAS only);
 #   2. kilter_gpu_ops_test (every kernel vs its CPU twin), kilter_gpu_model_test (a full training
-#      step and short runs, GPU vs CPU, fp32 and bf16) and kilter_gpu_cut_test (pieces cut
-#      between ranks vs the uncut pieces);
+#      step and short runs, GPU vs CPU, fp32 and bf16), kilter_gpu_cut_test (pieces cut
+#      between ranks vs the uncut pieces) and kilter_gpu_sdpa_test (the cuDNN SDPA engine vs the
+#      CPU packed attention; built where the cudnn-frontend headers were: "not built" otherwise);
 #   3. bench/gpu_step.sh: kilter's tokens/s and MFU, small config and GPT-2 124M, fp32 and bf16;
 #   4. the PyTorch peer on the same GPU (bench/torch_gpu_step.py: GPT-2 124M, bf16 autocast with
 #      flash attention and fused AdamW, eager and torch.compile; fp32), where python3 has torch;
@@ -14,7 +15,7 @@
 # With $OUT set (the device tool), the whole log also goes to $OUT/device-check.log.
 # --profile adds, last, the GPU time per kernel of one GPT-2 124M bf16 step (Nsight Compute, one
 # metric per kernel: gpu__time_duration), grouped by kernel, to find where the step's time goes.
-# --tests-only runs the three tests and stops.
+# --tests-only runs the tests and stops.
 # --nccl runs, instead of all this, kilter's NCCL paths on 1, 2 and 4 ranks of this one GPU
 # against CPU/MPI runs, and two fault drills (tests/gpu/nccl-check.sh, at most 8 minutes; its
 # runtime travels in build-nccl-carry/, which `--build-only --nccl` makes on a build machine).
@@ -69,11 +70,13 @@ build_standalone() {
   [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "device-check: build failed" >&2; exit 1; }
 }
 
-binaries=(kilter_gpu_ops_test kilter_gpu_model_test kilter_gpu_cut_test kilter_bench_gpu_step)
+binaries=(kilter_gpu_ops_test kilter_gpu_model_test kilter_gpu_cut_test kilter_gpu_sdpa_test kilter_bench_gpu_step)
 if [[ $build_only -eq 1 ]]; then
   build_standalone
   mkdir -p "$carry"
-  for b in "${binaries[@]}" libkilter_gpu_core.so; do strip -o "$carry/$b" "$build/$b"; done
+  for b in "${binaries[@]}" libkilter_gpu_core.so; do
+    [[ -e "$build/$b" ]] && strip -o "$carry/$b" "$build/$b"
+  done
   mkdir -p "$carry/lib"
   cudnn_front=$(ldd "$carry/kilter_gpu_ops_test" | awk '/libcudnn\.so/ {print $3}')
   [[ -n "$cudnn_front" ]] && cp -L "$cudnn_front" "$carry/lib/"
@@ -94,7 +97,8 @@ fi
 ldd "$build/kilter_gpu_ops_test" | grep -E "cudnn|cublasLt|cudart" | sed 's/^/  /'
 
 declare -A result
-for t in ops model cut; do
+for t in ops model cut sdpa; do
+  if [[ ! -x "$build/kilter_gpu_${t}_test" ]]; then result[$t]="not built"; say "kilter_gpu_${t}_test: not built"; continue; fi
   say "kilter_gpu_${t}_test"
   timeout "${KILTER_GPU_TEST_TIMEOUT:-150}" "$build/kilter_gpu_${t}_test"
   rc=$?
@@ -102,8 +106,9 @@ for t in ops model cut; do
 done
 
 if [[ $tests_only -eq 1 ]]; then
-  printf 'gpu_ops_test: %s   gpu_model_test: %s   gpu_cut_test: %s\n' "${result[ops]}" "${result[model]}" "${result[cut]}"
-  for v in "${result[@]}"; do [[ "$v" == pass ]] || exit 1; done
+  printf 'gpu_ops_test: %s   gpu_model_test: %s   gpu_cut_test: %s   gpu_sdpa_test: %s\n' "${result[ops]}" \
+    "${result[model]}" "${result[cut]}" "${result[sdpa]}"
+  for v in "${result[@]}"; do [[ "$v" == pass || "$v" == "not built" ]] || exit 1; done
   exit 0
 fi
 
@@ -131,8 +136,8 @@ fi
 
 echo
 say "summary"
-printf 'gpu_ops_test: %s   gpu_model_test: %s   gpu_cut_test: %s   kilter benchmark checks: %s\n' \
-  "${result[ops]}" "${result[model]}" "${result[cut]}" "${result[bench]}"
+printf 'gpu_ops_test: %s   gpu_model_test: %s   gpu_cut_test: %s   gpu_sdpa_test: %s   kilter benchmark checks: %s\n' \
+  "${result[ops]}" "${result[model]}" "${result[cut]}" "${result[sdpa]}" "${result[bench]}"
 echo "$bench_out" | sed -n '/^config /,$p'
 if [[ ${#peer_rows[@]} -gt 0 ]]; then
   # kilter's best GPT-2 124M row per precision against PyTorch's best.
@@ -177,5 +182,5 @@ for k, us in total.most_common(25):
 PY
   fi
 fi
-for v in "${result[@]}"; do [[ "$v" == pass ]] || exit 1; done
+for v in "${result[@]}"; do [[ "$v" == pass || "$v" == "not built" ]] || exit 1; done
 exit 0

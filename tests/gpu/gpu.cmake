@@ -11,7 +11,12 @@ if(KILTER_WITH_CUDA)
   target_link_libraries(kilter_gpu_core PUBLIC CUDA::cudart kilter::blas Threads::Threads ${CMAKE_DL_LIBS})
   kilter_link_cudnn(kilter_gpu_core)
 
-  foreach(test_name gpu_ops gpu_model gpu_cut)
+  # gpu_sdpa: the cuDNN SDPA engine against the CPU twin, where the engine is built.
+  set(KILTER_GPU_TESTS gpu_ops gpu_model gpu_cut)
+  if(KILTER_WITH_SDPA)
+    list(APPEND KILTER_GPU_TESTS gpu_sdpa)
+  endif()
+  foreach(test_name ${KILTER_GPU_TESTS})
     add_executable(kilter_${test_name}_test ${CMAKE_SOURCE_DIR}/tests/gpu/${test_name}_test.cpp)
     target_link_libraries(kilter_${test_name}_test PRIVATE kilter_gpu_core)
     add_test(NAME ${test_name} COMMAND kilter_${test_name}_test)

@@ -71,7 +71,7 @@ TEST(ConfigValidate, CudaEngineKeysAreChecked) {
   } catch (const kilter::Error& e) {
     EXPECT_NE(e.message().find("train.attention"), std::string::npos) << e.message();
   }
-  for (const char* engine : {"auto", "cudnn", "cublaslt"}) {
+  for (const char* engine : {"auto", "sdpa", "cudnn", "cublaslt"}) {
     c.train.attention = engine;
     EXPECT_NO_THROW(c.validate()) << engine;
   }

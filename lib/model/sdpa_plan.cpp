@@ -1,0 +1,161 @@
+// Offsets, buckets and the staging map of the cuDNN SDPA engine's calls (sdpa_plan.h).
+#include "lib/model/sdpa_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "io/error.h"
+
+namespace kilter::model {
+
+std::string SdpaBucket::text() const {
+  std::string text = "B=" + std::to_string(batch);
+  if (seq_q == seq_kv && !bottom_right)
+    text += " S=" + std::to_string(seq_q);
+  else
+    text += " Sq=" + std::to_string(seq_q) + " Skv=" + std::to_string(seq_kv) + (bottom_right ? " bottom-right" : "");
+  return text + " rows=" + std::to_string(rows_q) + (rows_kv == rows_q ? "" : "/" + std::to_string(rows_kv));
+}
+
+size_t SdpaCall::descriptor_index(int batch, Array array) {
+  auto aligned = [](size_t n) { return (n + kSdpaDescriptorAlign - 1) / kSdpaDescriptorAlign * kSdpaDescriptorAlign; };
+  const size_t lengths = aligned(static_cast<size_t>(batch)), offsets = aligned(static_cast<size_t>(batch) + 1);
+  const int a = static_cast<int>(array);
+  return a <= seq_kv_array ? a * lengths : 2 * lengths + (a - q_offsets) * offsets;
+}
+
+std::vector<int32_t> SdpaCall::descriptor_block() const {
+  const int B = bucket.batch;
+  std::vector<int32_t> block(descriptor_ints(B), 0);
+  auto put = [&](Array array, const std::vector<int32_t>& values) {
+    std::copy(values.begin(), values.end(), block.begin() + static_cast<std::ptrdiff_t>(descriptor_index(B, array)));
+  };
+  put(seq_q_array, seq_len_q);
+  put(seq_kv_array, seq_len_kv);
+  put(q_offsets, offset_q);
+  put(k_offsets, offset_k);
+  put(v_offsets, offset_v);
+  put(o_offsets, offset_o);
+  put(stats_offsets, offset_stats);
+  return block;
+}
+
+bool sdpa_shape_supported(const AttentionShape& shape, std::string* why) {
+  const int hd = shape.head_dim;
+  std::string reason;
+  if (shape.n_head <= 0 || shape.n_kv_head <= 0 || shape.n_head % shape.n_kv_head != 0)
+    reason = "n_head must be a multiple of n_kv_head";
+  else if (hd % 8 != 0)  // 16-byte rows of bf16 per head: the kernels' vector loads and TMA
+    reason = "head_dim " + std::to_string(hd) + " is not a multiple of 8";
+  else if (hd > 256)
+    reason = "head_dim " + std::to_string(hd) + " is above 256";
+  if (why != nullptr) *why = reason;
+  return reason.empty();
+}
+
+int sdpa_bucket(int n, int minimum) {
+  int bucket = std::max(minimum, 1);
+  while (bucket < n) bucket *= 2;
+  return bucket;
+}
+
+namespace {
+
+// (B, H, S, D) rows of row_stride elements, head h at column + h * head_dim.
+SdpaTensorLayout row_layout(int64_t column, int batch, int heads, int seq, int head_dim, int64_t row_stride) {
+  SdpaTensorLayout layout;
+  layout.column = column;
+  layout.dim = {batch, heads, seq, head_dim};
+  layout.stride = {seq * row_stride, head_dim, row_stride, 1};
+  return layout;
+}
+
+// Element offset of `row` in rows of `stride` elements, checked against cuDNN's int32 offsets.
+int32_t element_offset(int64_t row, int64_t stride) {
+  const int64_t offset = row * stride;
+  KILTER_CHECK(offset <= std::numeric_limits<int32_t>::max(),
+               "SDPA attention: element offset " << offset << " does not fit cuDNN's int32 ragged offsets");
+  return static_cast<int32_t>(offset);
+}
+
+// A call's entries for the pieces of `entries`: their query rows and key rows (first row, count).
+struct Entry {
+  int piece, q_row, q_len, kv_row, kv_len;
+};
+
+void fill_call(SdpaCall& call, const std::vector<Entry>& entries, const AttentionShape& shape, int tokens,
+               int key_rows, bool bottom_right, SdpaKeyRows keys) {
+  const int hd = shape.head_dim, W = shape.row_width();
+  int max_q = 0, max_kv = 0;
+  for (const Entry& e : entries) max_q = std::max(max_q, e.q_len), max_kv = std::max(max_kv, e.kv_len);
+  const int B = entries.empty() ? 0 : sdpa_bucket(static_cast<int>(entries.size()), 1);
+  SdpaBucket& bucket = call.bucket;
+  bucket.batch = B;
+  bucket.seq_q = entries.empty() ? 0 : sdpa_bucket(max_q, kSdpaMinSeq);
+  bucket.seq_kv = entries.empty() ? 0 : sdpa_bucket(max_kv, kSdpaMinSeq);
+  bucket.bottom_right = bottom_right;
+  call.keys = keys;
+  call.entries = static_cast<int>(entries.size());
+  call.piece.clear();
+  for (const Entry& e : entries) call.piece.push_back(e.piece);
+  const int64_t kv_stride = keys == SdpaKeyRows::packed_qkv ? W : shape.kv_width();
+  const int64_t k_column = keys == SdpaKeyRows::packed_qkv ? shape.q_width() : 0;
+  call.q = row_layout(0, B, shape.n_head, bucket.seq_q, hd, W);
+  call.k = row_layout(k_column, B, shape.n_kv_head, bucket.seq_kv, hd, kv_stride);
+  call.v = row_layout(k_column + static_cast<int64_t>(shape.n_kv_head) * hd, B, shape.n_kv_head, bucket.seq_kv, hd,
+                      kv_stride);
+  call.o = row_layout(0, B, shape.n_head, bucket.seq_q, hd, shape.q_width());
+  // Stats (B, H, S, 1) packed by rows: row r's heads at r * n_head + h.
+  call.stats.column = 0;
+  call.stats.dim = {B, shape.n_head, bucket.seq_q, 1};
+  call.stats.stride = {static_cast<int64_t>(shape.n_head) * bucket.seq_q, 1, shape.n_head, 1};
+  bucket.rows_q = entries.empty() ? 0 : sdpa_bucket(tokens, kSdpaMinSeq);
+  bucket.rows_kv = entries.empty() ? 0 : sdpa_bucket(key_rows, kSdpaMinSeq);
+  call.seq_len_q.assign(B, 0);
+  call.seq_len_kv.assign(B, 0);
+  for (auto* offsets : {&call.offset_q, &call.offset_k, &call.offset_v, &call.offset_o, &call.offset_stats})
+    offsets->assign(B + 1, 0);
+  // Entries past the real ones are empty and start where the last one ends.
+  int q_end = 0, kv_end = 0;
+  for (int b = 0; b <= B; ++b) {
+    const bool real = b < call.entries;
+    const int q_row = real ? entries[b].q_row : q_end, kv_row = real ? entries[b].kv_row : kv_end;
+    if (b < B) {
+      call.seq_len_q[b] = real ? entries[b].q_len : 0;
+      call.seq_len_kv[b] = real ? entries[b].kv_len : 0;
+    }
+    call.offset_q[b] = element_offset(q_row, W);
+    call.offset_k[b] = call.offset_v[b] = element_offset(kv_row, kv_stride);
+    call.offset_o[b] = element_offset(q_row, shape.q_width());
+    call.offset_stats[b] = element_offset(q_row, shape.n_head);
+    if (real) q_end = entries[b].q_row + entries[b].q_len, kv_end = entries[b].kv_row + entries[b].kv_len;
+  }
+}
+
+}  // namespace
+
+void plan_sdpa(SdpaPlan& plan, const int32_t* cu_seqlens, int pieces, const int32_t* pos_offset,
+               const AttentionShape& shape) {
+  plan.shape = shape;
+  plan.tokens = pieces > 0 ? cu_seqlens[pieces] : 0;
+  plan.staging.clear();
+  std::vector<Entry> whole, later;
+  int staged = 0;
+  for (int p = 0; p < pieces; ++p) {
+    const int row = cu_seqlens[p], len = cu_seqlens[p + 1] - cu_seqlens[p];
+    const int s = pos_offset == nullptr ? 0 : pos_offset[p];
+    if (s == 0) {
+      whole.push_back({p, row, len, row, len});
+      continue;
+    }
+    later.push_back({p, row, len, staged, s + len});
+    plan.staging.push_back({staged, s, p, /*from_prefix=*/true, 0});
+    plan.staging.push_back({staged + s, len, p, /*from_prefix=*/false, row});
+    staged += s + len;
+  }
+  plan.staged_rows = staged;
+  fill_call(plan.whole, whole, shape, plan.tokens, plan.tokens, /*bottom_right=*/false, SdpaKeyRows::packed_qkv);
+  fill_call(plan.later, later, shape, plan.tokens, staged, /*bottom_right=*/true, SdpaKeyRows::staged);
+}
+
+}  // namespace kilter::model
