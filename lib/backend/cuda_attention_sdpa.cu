@@ -48,15 +48,7 @@ struct DeviceScratch {
 // Pseudo-random values in [-1, 1) for the self-check (an integer hash of the index).
 std::vector<float> hash_floats(size_t n, uint32_t seed) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
-    v[i] = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-  }
+  for (size_t i = 0; i < n; ++i) v[i] = hash_unit(i, seed);
   return v;
 }
 

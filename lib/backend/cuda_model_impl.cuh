@@ -40,6 +40,18 @@ constexpr size_t kAlignFloats = 64;  // 256-byte alignment of every arena slice
 
 inline size_t align_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
 
+// Deterministic pseudo-random values in [-1, 1) from an integer hash of the index, on the host or
+// the device: the inputs of the attention engines' self-checks.
+__host__ __device__ inline float hash_unit(size_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+
 // Carves 256-byte aligned slices out of one allocation; with base == nullptr it only measures.
 class ArenaCarver {
  public:
