@@ -150,6 +150,7 @@ int run_training(MPI_Comm world, const Config& cfg_in, const RunOptions& opts) {
   backend_options.attention = cfg.train.attention;
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   backend_options.recompute = cfg.train.recompute;
+  backend_options.bf16_storage = cfg.train.bf16_storage;
   std::unique_ptr<model::Model> model = model::make_model(backend, gpt, pad_multiple, backend_options);
   if (shard_optimizer && !model->supports_optimizer_shard()) {
     shard_optimizer = false;
