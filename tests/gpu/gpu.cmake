@@ -11,7 +11,7 @@ if(KILTER_WITH_CUDA)
   target_link_libraries(kilter_gpu_core PUBLIC CUDA::cudart kilter::blas Threads::Threads ${CMAKE_DL_LIBS})
   kilter_link_cudnn(kilter_gpu_core)
 
-  foreach(test_name gpu_ops gpu_bf16_ops gpu_model gpu_cut)
+  foreach(test_name gpu_ops gpu_bf16_ops gpu_model gpu_bf16_model gpu_cut)
     add_executable(kilter_${test_name}_test ${CMAKE_SOURCE_DIR}/tests/gpu/${test_name}_test.cpp)
     target_link_libraries(kilter_${test_name}_test PRIVATE kilter_gpu_core)
     add_test(NAME ${test_name} COMMAND kilter_${test_name}_test)

@@ -156,15 +156,27 @@ inline std::vector<float> device_grads(model::Model& m) {
   return host;
 }
 
-// The CUDA backend's options of a test case.
+// The CUDA backend's options of a test case. bf16 storage is off unless asked for: the cases
+// written before it compare the fp32-activation datapath with the fp32 CPU model.
 inline model::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false,
-                                  const std::string& recompute = "none") {
+                                  const std::string& recompute = "none", const std::string& bf16_storage = "off") {
   model::BackendOptions options;
   options.precision = precision;
   options.attention = attention;
   options.cuda_graphs = graphs;
   options.recompute = recompute;
+  options.bf16_storage = bf16_storage;
   return options;
+}
+
+// The bf16-storage datapath's options (train.bf16_storage = on).
+inline model::BackendOptions bf16_storage(const std::string& recompute = "none", bool graphs = false) {
+  return with("bf16", "cublaslt", graphs, recompute, "on");
+}
+
+// Whether a CUDA model runs the bf16-storage datapath (its describe() says so).
+inline bool runs_bf16_storage(const model::Model& m) {
+  return m.describe().find("activations bf16") != std::string::npos;
 }
 
 }  // namespace kilter::gputest
