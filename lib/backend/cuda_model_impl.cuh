@@ -1,6 +1,7 @@
 // The CudaModel class (cuda_model.h makes it): shared by the files that implement it, one concept
 // each: cuda_model.cu (the model: set-up, the fp32-storage forward and backward kernels in
-// CpuModel's order, the optimizer), cuda_datapath_bf16.cu (the bf16-storage datapath,
+// CpuModel's order), cuda_optimizer.cu (AdamW, the norm, the moments, the bf16 weight copy),
+// cuda_datapath_bf16.cu (the bf16-storage datapath,
 // train.bf16_storage), cuda_self_check.cu (that datapath's runtime check against the CPU oracle),
 // cuda_arena.cu (the activation arena of either datapath), cuda_graphs.cu (the CUDA-graph cache)
 // and cuda_attention_choice.cu (which attention engine runs a shape, and its self-check). CUDA

@@ -6,8 +6,8 @@
 //   bf16 storage (twins in lib/model/bf16_ops.h, attention_bf16.h, which round where these kernels
 //   store bf16): the encoder, the norms fused with the residual add and their backward, the
 //   Linear layers with the GELU_AUX/DGELU/BGRADB epilogues (or their fallbacks), GELU, SwiGLU,
-//   RoPE, attention (a group in chunks of rows, grouped heads) and a later part's, and the
-//   chunked classifier. A bf16 output must be within 1e-2 of its scale (about two bf16 ulps) AND
+//   RoPE, attention (a group in chunks of rows, grouped heads) and a later part's, the chunked
+//   classifier, the exchange's adds, the bf16 gather/scatter and the weights' bf16 copy. A bf16 output must be within 1e-2 of its scale (about two bf16 ulps) AND
 //   mostly bit for bit (near_bf16): summation orders differ only in fp32; fp32 gradients of bf16
 //   operands within 1e-4.
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
@@ -496,6 +496,46 @@ void test_classifier(Checker& check, kc::Gemm& gemm) {
   check.near("[bf16] classifier dweight (fp32, accumulated)", d_dw.download(), dw, 1e-3);
 }
 
+// The datapath's small movers: the exchange's fp32 adds into bf16 rows (round(x + y)), the bf16
+// gather into padded attention groups and the scatter back, and the weights' first rounding with
+// the head's padded copy (rows past the vocabulary stay zero).
+void test_movers(Checker& check) {
+  const size_t n = 1000;
+  const auto x = bf16_values(n), y = random_floats(n, 0.1f);
+  std::vector<float> sum(n);
+  for (size_t i = 0; i < n; ++i) sum[i] = km::round_bf16(x[i] + y[i]);
+  Bf16Device b_x(x);
+  DeviceBuffer<float> d_y(y);
+  kc::add_into_bf16(b_x.get(), d_y.get(), n, stream());
+  check.near_bf16("[bf16] add_into_bf16 (the exchange's dK/dV)", b_x.download(), sum, kBf16Tol, 1.0);
+
+  const int W = 13;
+  const std::vector<int32_t> padded_token = {4, 0, -1, 2, 1, -1, 3};  // 5 token rows, 2 padding rows
+  const auto rows = bf16_values(5 * size_t(W));
+  Bf16Device b_rows(rows), b_padded(padded_token.size() * W), b_back(rows.size());
+  DeviceBuffer<int32_t> d_token(padded_token);
+  kc::gather_padded_rows(b_padded.get(), b_rows.get(), d_token.get(), padded_token.size(), W, stream());
+  kc::scatter_padded_rows(b_back.get(), b_padded.get(), d_token.get(), padded_token.size(), W, stream());
+  const std::vector<float> padded = b_padded.download();
+  bool gathered = true;
+  for (size_t r = 0; r < padded_token.size(); ++r)
+    for (int c = 0; c < W; ++c)
+      gathered &= padded[r * W + c] == (padded_token[r] < 0 ? 0.0f : rows[size_t(padded_token[r]) * W + c]);
+  check.expect("[bf16] gather into padded rows (padding 0)", gathered);
+  check.expect("[bf16] scatter back gives the rows", b_back.download() == rows);
+
+  const int V = 37, C = 8, Vp = 128;
+  const auto params = random_floats(100 + size_t(V) * C);
+  std::vector<float> want(params.size()), head(size_t(Vp) * C, 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) want[i] = km::round_bf16(params[i]);
+  std::copy(want.begin() + 100, want.end(), head.begin());
+  DeviceBuffer<float> d_params(params);
+  Bf16Device b_copy(params.size()), b_head(head.size());
+  kc::round_params_bf16(b_copy.get(), d_params.get(), params.size(), b_head.get(), 100, params.size(), stream());
+  check.expect("[bf16] the weights' working copy", b_copy.download() == want);
+  check.expect("[bf16] the head's padded copy (rows past the vocabulary 0)", b_head.download() == head);
+}
+
 }  // namespace
 
 int main() {
@@ -518,6 +558,7 @@ int main() {
     test_prefix_attention_bf16(check, gemm_bf16, 37, 70, 4, 4, 6);
     test_prefix_attention_bf16(check, gemm_bf16, 200, 64, 8, 2, 16);
     test_classifier(check, gemm_bf16);
+    test_movers(check);
     return check.finish("kilter_gpu_bf16_ops_test");
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

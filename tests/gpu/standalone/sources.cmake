@@ -19,6 +19,7 @@ list(APPEND KILTER_GPU_CORE_SOURCES
      ${KILTER_GPU_ROOT}/lib/backend/cuda_graphs.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_attention_choice.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_datapath_bf16.cu
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_optimizer.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_self_check.cu)
 # cuDNN files (lib/model/*cudnn*) need KILTER_WITH_CUDNN, like in the main build.
 if(NOT KILTER_WITH_CUDNN)
