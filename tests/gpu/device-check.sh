@@ -20,7 +20,7 @@
 #   5. a table last: every kilter row with tokens/s, MFU, device GiB and its ratio to
 #      torch.compile on the same shape. Exit 0 only when every test and check passed.
 # With $OUT set (the device tool), the whole log also goes to $OUT/device-check.log.
-# --profile adds, last, the GPU time per kernel of one GPT-2 124M bf16 step (Nsight Compute, one
+# --profile adds, last, the GPU time per kernel of one GPT-2 124M bf16-storage step (Nsight Compute, one
 # metric per kernel: gpu__time_duration), grouped by kernel, to find where the step's time goes.
 # --tests-only runs the three tests and stops.
 # usage: tests/gpu/device-check.sh [--build-only] [--quick] [--profile] [--tests-only]
@@ -152,7 +152,7 @@ echo "$bench_out" | sed -n '/^config /,$p' | awk -v peers="$peer_table" '
     printf "%s %10s\n", $0, r }'
 if [[ $profile -eq 1 ]]; then
   echo
-  say "profile: GPU time per kernel, one GPT-2 124M bf16 step (cuBLASLt attention)"
+  say "profile: GPU time per kernel, one GPT-2 124M bf16-storage step (cuBLASLt attention)"
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [[ -z "$ncu_bin" ]]; then
     echo "  no ncu here"
@@ -160,7 +160,7 @@ if [[ $profile -eq 1 ]]; then
     # 2 warm-up steps, then ~one step of kernels (a step launches several hundred).
     csv=${OUT:-/tmp}/profile.csv
     timeout "${KILTER_PROFILE_TIMEOUT:-150}" "$ncu_bin" --csv --metrics gpu__time_duration.sum --launch-skip 1200 \
-      --launch-count 900 "$build/kilter_bench_gpu_step" --name p --precision bf16 --attention cublaslt --B 16 --T 1024 \
+      --launch-count 900 "$build/kilter_bench_gpu_step" --name p --precision bf16 --bf16-storage on --attention cublaslt --B 16 --T 1024 \
       --n-layer 12 --n-head 12 --n-embd 768 --vocab 50257 --steps 4 --warmup 2 >"$csv" 2>/dev/null
     python3 - "$csv" <<'PY'
 import csv, sys, collections
