@@ -13,9 +13,10 @@
 namespace kilter::backend {
 
 // A CudaModel on this process's device (see cuda_device_index()). precision: "fp32" (IEEE fp32
-// GEMMs) or "bf16" (bf16 tensor-core GEMMs with fp32 accumulation; fp32 master weights,
-// moments and activations). Throws kilter::Error naming train.precision for anything else, and
-// naming the device when none is usable.
+// GEMMs) or "bf16" (bf16 tensor-core GEMMs with fp32 accumulation and fp32 master weights and
+// moments; activations bf16 where train.bf16_storage's default, auto, passes its self-check,
+// BackendOptions::bf16_storage). Throws kilter::Error naming train.precision for anything else,
+// and naming the device when none is usable.
 std::unique_ptr<model::Model> make_cuda_model(const model::ModelSpec& cfg, size_t pad_multiple,
                                               const std::string& precision);
 // With every option: attention "auto" (cuDNN when built with it and usable here, else cuBLASLt,

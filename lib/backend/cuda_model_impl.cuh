@@ -1,8 +1,11 @@
 // The CudaModel class (cuda_model.h makes it): shared by the files that implement it, one concept
-// each: cuda_model.cu (the model: set-up, the forward and backward kernels in CpuModel's order, the
-// optimizer), cuda_arena.cu (the activation arena), cuda_graphs.cu (the CUDA-graph cache) and
-// cuda_attention_choice.cu (which attention engine runs a shape, and its self-check). CUDA C++:
-// only .cu files include it.
+// each: cuda_model.cu (the model: set-up, the fp32-storage forward and backward kernels in
+// CpuModel's order), cuda_optimizer.cu (AdamW, the norm, the moments, the bf16 weight copy),
+// cuda_datapath_bf16.cu (the bf16-storage datapath,
+// train.bf16_storage), cuda_self_check.cu (that datapath's runtime check against the CPU oracle),
+// cuda_arena.cu (the activation arena of either datapath), cuda_graphs.cu (the CUDA-graph cache)
+// and cuda_attention_choice.cu (which attention engine runs a shape, and its self-check). CUDA
+// C++: only .cu files include it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_memory.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/backend/model_base.h"
@@ -116,6 +120,32 @@ class CudaModel final : public ModelBase {
     int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
     std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
     std::vector<size_t> prefixed_saved_offset;  // per later part (Layout::prefixed): its att after the groups'
+    float* dact = nullptr;  // llama: SwiGLU's output gradient (N, ffn_width)
+  };
+  // The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
+  // norms' statistics, laid out from the same activation plan; the ints stay in Activations.
+  struct BlockBf16 {
+    kc::bf16 *ln1 = nullptr, *qkv = nullptr, *atty = nullptr, *att = nullptr, *residual2 = nullptr;
+    kc::bf16 *ln2 = nullptr, *fch = nullptr, *fch_act = nullptr, *residual3 = nullptr;
+    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
+  };
+  struct ActivationsBf16 {
+    kc::bf16* encoded = nullptr;
+    std::vector<BlockBf16> blocks;  // att: the groups' saved softmax, group after group, then later parts'
+    kc::bf16* lnf = nullptr;
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+    kc::bf16* projection = nullptr;  // a Linear's output before the fused residual add and norm
+    kc::bf16* logits = nullptr;      // one chunk of the classifier: classifier_rows x vocab_padded
+    int classifier_rows = 0;
+    float* row_losses = nullptr;     // N
+    float* dresidual = nullptr;      // the residual stream's gradient, fp32
+    kc::bf16 *dresidual_bf16 = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr;
+    kc::bf16 *dfch = nullptr, *dact = nullptr;
+    kc::bf16 *padded_qkv = nullptr, *padded_io = nullptr, *padded_dqkv = nullptr;
+    void* attention_workspace = nullptr;
+    float* column_scratch = nullptr;
+    float *exchange_qkv = nullptr, *exchange_dqkv = nullptr;  // fp32 rows for the K/V exchange (cut pieces)
+    std::vector<size_t> saved_offset, prefixed_saved_offset;  // in bf16 elements
   };
   // A later part of a cut piece in the current micro-batch.
   struct PrefixedPiece {
@@ -124,6 +154,7 @@ class CudaModel final : public ModelBase {
   // The current micro-batch's layout (host side).
   struct Layout {
     int N = 0, pieces = 0, max_len = 0;  // max_len: rows of dwpe touched (max offset + length)
+    bool exchange = false;               // the batch has cut pieces (bf16 storage stages their K/V)
     model::AttentionGroups groups;       // the pieces without a prefix
     std::vector<PrefixedPiece> prefixed;
     std::vector<char> group_cudnn;  // per group: runs on cuDNN
@@ -134,6 +165,10 @@ class CudaModel final : public ModelBase {
   // Lays out every activation for a micro-batch layout; returns the floats used. The same
   // function measures (null base) and assigns, so they cannot disagree.
   size_t carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const;
+  // The bf16 datapath's layout (into bacts, the ints into acts); the same contract.
+  size_t carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activations* acts, const Layout& layout) const;
+  // Measures the current datapath's layout, grows the arena to it and assigns acts_ (and bacts_).
+  void lay_out_arena(const Layout& layout);
   void ensure_arena(size_t floats, const Layout& layout);
   // Attention of one block over the current layout's groups (gather, engine, scatter).
   void attention_forward_groups(const BlockActivations& a);
@@ -168,6 +203,52 @@ class CudaModel final : public ModelBase {
   // host asynchronously) and dlogits in place.
   void forward_kernels();
   void backward_block_kernels(int layer);
+  // The architecture's steps on fp32 rows (spec.h: LayerNorm or RMSNorm, GELU or SwiGLU).
+  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N);
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
+                     const float* mean, const float* rstd, int N, float* scratch);
+  void activation_forward(const BlockActivations& a, int N);
+  // ---- the bf16-storage datapath (cuda_datapath_bf16.cu) --------------------------------------
+  bool bf16_storage_ = false;          // decided at construction (train.bf16_storage)
+  std::string storage_note_;           // why bf16 storage is off, or how it was checked, for describe()
+  ActivationsBf16 bacts_;
+  kc::bf16* params_bf16_ = nullptr;    // the working copy of every parameter (AdamW writes it)
+  kc::bf16* head_bf16_ = nullptr;      // the head's copy with its vocabulary padded (vocab_padded_ rows)
+  int vocab_padded_ = 0;               // the vocabulary rounded up to a multiple of 128
+  size_t score_budget_ = kAttentionScoreBudgetFloats;  // fp32 attention scores of one chunk (floats)
+  size_t classifier_bytes_ = kClassifierChunkBytes;    // one chunk of bf16 logits
+  const kc::bf16* working(const float* param) const {
+    return param == nullptr ? nullptr : params_bf16_ + (param - params_);
+  }
+  void refresh_working_copy();  // params_bf16_ and head_bf16_ from params_
+  // Sets bf16_storage_ from train.precision and train.bf16_storage (auto: the self-check below).
+  void choose_storage();
+  void forward_kernels_bf16(bool with_loss);
+  void block_forward_bf16(int layer, bool recomputing);
+  void head_backward_bf16();
+  void backward_block_bf16(int layer);
+  void attention_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool recomputing);
+  void attention_backward_bf16(int layer, const BlockBf16& a);
+  double forward_backward_bf16(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
+  double forward_loss_bf16(const Batch& batch);
+
+ public:
+  // The runtime check of train.bf16_storage = auto (cuda_self_check.cu): one forward, backward,
+  // AdamW step and forward_loss of a small model of this architecture through the bf16 datapath on
+  // this device, against the CPU oracle (CpuModel with bf16_storage) from the same weights. Empty
+  // when they agree within its tolerance, else what differed (or failed).
+  static std::string bf16_storage_self_check(const ModelSpec& cfg, const model::BackendOptions& options);
+  // Smaller chunks than the defaults (the self-check and the tests: several chunks on small shapes).
+  void set_chunk_budgets(size_t score_floats, size_t classifier_bytes) {
+    score_budget_ = score_floats;
+    classifier_bytes_ = classifier_bytes;
+  }
+  bool bf16_storage() const { return bf16_storage_; }
+  void params_changed() override {
+    if (bf16_storage_) refresh_working_copy();
+  }
+
+ private:
   // Runs one segment's kernels eagerly, or as a CUDA graph of this shape (see top of file).
   void run_segment(int segment, const std::function<void()>& body);
   void finish_forward();  // records loss_ready_ after the forward segment
@@ -235,9 +316,16 @@ class CudaModel final : public ModelBase {
   void download(float* host, const float* from, size_t count) const override;
   void zero(float* to, size_t count) override;
   void finish_copies() const override;
-  double* range_norms_ = nullptr;  // per owned range: its squared gradient norm (device)
-  size_t range_norms_capacity_ = 0;
-  double* loss_device_ = nullptr;   // [0] loss sum, then the squared norms' scratch
+  // The owned ranges' parts as the one-launch AdamW and norm take them (rebuilt when they change).
+  kc::AdamWSegment* segments_ = nullptr;
+  int segment_count_ = 0;
+  uint64_t segment_total_ = 0;
+  std::vector<model::ParamRange> segments_for_;
+  void ensure_segments();
+  unsigned* norm_counter_ = nullptr;  // the one-launch norm's last-block counter
+  // RoPE (llama): model::RopeTable's cos and sin for the context, on the device.
+  float *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+  double* loss_device_ = nullptr;   // [0] loss sum, [1] squared norm, then the squared norms' scratch
   double* host_scalars_ = nullptr;  // pinned: [0] loss
   // Two upload slots used in turn, each a pinned host buffer and a device buffer for inputs,
   // targets and lengths: micro-batch k+1 goes up on the copy stream while micro-batch k computes;

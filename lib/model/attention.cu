@@ -10,6 +10,7 @@
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
+#include "lib/model/attention_index.cuh"
 
 namespace kilter::model::cuda {
 
@@ -27,33 +28,16 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
-// Element i of a head-major (B,NH,T,hd) tensor: its row b, head h, position t and lane d, and
-// its index in the token-major layout (B,T,k,NH,hd) with k = 1 (out, dout) or 3 (qkv, dqkv).
-struct HeadElement {
-  int b, h, t, d;
-  __device__ HeadElement(size_t i, int T, int NH, int hd) {
-    d = static_cast<int>(i % hd);
-    size_t rest = i / hd;
-    t = static_cast<int>(rest % T);
-    rest /= T;
-    h = static_cast<int>(rest % NH);
-    b = static_cast<int>(rest / NH);
-  }
-  __device__ size_t token_major(int T, int NH, int hd, int k) const {
-    return (static_cast<size_t>(b) * T + t) * k * NH * hd + static_cast<size_t>(h) * hd + d;
-  }
-};
-
-// qkv (B,T,3,NH,hd) -> q, k, v (B,NH,T,hd).
-__global__ void split_heads_kernel(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd) {
+// qkv (B,T,W) -> q, k, v (B,NH,T,hd), each K/V head copied to its query heads.
+__global__ void split_heads_kernel(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int NKV,
+                                   int hd) {
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t C = static_cast<size_t>(NH) * hd;
-    const size_t src = HeadElement(i, T, NH, hd).token_major(T, NH, hd, 3);
-    q[i] = qkv[src];
-    k[i] = qkv[src + C];
-    v[i] = qkv[src + 2 * C];
+    const QkvColumns at(HeadElement(i, T, NH, hd), T, NH, NKV, hd);
+    q[i] = qkv[at.row + at.q];
+    k[i] = qkv[at.row + at.k];
+    v[i] = qkv[at.row + at.v];
   }
 }
 
@@ -79,27 +63,29 @@ __global__ void split_grad_kernel(float* dy, const float* dout, int B, int T, in
   }
 }
 
-// dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,3,NH,hd), added or stored; with lengths, rows t >= lengths[b]
-// count as 0.
+// dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,W), added or stored; with lengths, rows t >= lengths[b]
+// count as 0. The first query head of each K/V group writes that head's dk and dv: the sum of the
+// group's query heads in head order (one head without grouping).
 __global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float* dk, const float* dv,
-                                      const int32_t* lengths, int B, int T, int NH, int hd, bool accumulate) {
+                                      const int32_t* lengths, int B, int T, int NH, int NKV, int hd, bool accumulate) {
   const size_t total = static_cast<size_t>(B) * NH * T * hd;
+  const int group = NH / NKV;
+  const size_t head_stride = static_cast<size_t>(T) * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const HeadElement e(i, T, NH, hd);
-    const size_t C = static_cast<size_t>(NH) * hd;
-    const size_t dst = e.token_major(T, NH, hd, 3);
+    const QkvColumns at(e, T, NH, NKV, hd);
     const bool padded = lengths != nullptr && e.t >= lengths[e.b];
-    const float gq = padded ? 0.0f : dq[i], gk = padded ? 0.0f : dk[i], gv = padded ? 0.0f : dv[i];
-    if (accumulate) {
-      dqkv[dst] += gq;
-      dqkv[dst + C] += gk;
-      dqkv[dst + 2 * C] += gv;
-    } else {
-      dqkv[dst] = gq;
-      dqkv[dst + C] = gk;
-      dqkv[dst + 2 * C] = gv;
+    const float gq = padded ? 0.0f : dq[i];
+    dqkv[at.row + at.q] = accumulate ? dqkv[at.row + at.q] + gq : gq;
+    if (e.h % group != 0) continue;
+    float gk = 0.0f, gv = 0.0f;
+    for (int r = 0; r < group && !padded; ++r) {
+      gk += dk[i + r * head_stride];
+      gv += dv[i + r * head_stride];
     }
+    dqkv[at.row + at.k] = accumulate ? dqkv[at.row + at.k] + gk : gk;
+    dqkv[at.row + at.v] = accumulate ? dqkv[at.row + at.v] + gv : gv;
   }
 }
 
@@ -155,62 +141,48 @@ __global__ void masked_softmax_backward_kernel(float* datt, const float* att, co
   for (int s = lane; s < Tk; s += kWarp) d[s] = s <= last ? a[s] * (d[s] - dot) * scale : 0.0f;
 }
 
-// A later part of a cut piece: q (NH,L,hd) from its own rows of qkv (L,3C); k and v (NH,s+L,hd):
-// rows j < s from the prefix (s,2C: k | v), rows j >= s from qkv row j - s.
-// Element i of a later part's (NH, s+L, hd) keys: key row j of head h, and where it lives: the
-// prefix's row j (s,2C) when j < s, else qkv's row j - s (L,3C), and q's index (NH,L,hd).
-struct PrefixedElement {
-  size_t C, column, prefix_row, own_row, q_index;
-  bool in_prefix;
-  __device__ PrefixedElement(size_t i, int s, int L, int NH, int hd) {
-    const int Tk = s + L;
-    const int d = static_cast<int>(i % hd);
-    const int j = static_cast<int>((i / hd) % Tk);
-    const int h = static_cast<int>(i / (static_cast<size_t>(hd) * Tk));
-    C = static_cast<size_t>(NH) * hd;
-    column = static_cast<size_t>(h) * hd + d;
-    in_prefix = j < s;
-    prefix_row = static_cast<size_t>(j) * 2 * C;
-    own_row = static_cast<size_t>(j - s) * 3 * C;
-    q_index = in_prefix ? 0 : (static_cast<size_t>(h) * L + (j - s)) * hd + d;
-  }
-};
-
 __global__ void split_prefixed_heads_kernel(float* q, float* k, float* v, const float* qkv, const float* prefix_kv,
-                                            int s, int L, int NH, int hd) {
+                                            int s, int L, int NH, int NKV, int hd) {
   const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const PrefixedElement e(i, s, L, NH, hd);
+    const PrefixedElement e(i, s, L, NH, NKV, hd);
     if (e.in_prefix) {
-      k[i] = prefix_kv[e.prefix_row + e.column];
-      v[i] = prefix_kv[e.prefix_row + e.C + e.column];
+      k[i] = prefix_kv[e.prefix_row + e.prefix_k_col];
+      v[i] = prefix_kv[e.prefix_row + e.prefix_v_col];
     } else {
-      const size_t src = e.own_row + e.column;
-      k[i] = qkv[src + e.C];
-      v[i] = qkv[src + 2 * e.C];
-      q[e.q_index] = qkv[src];
+      k[i] = qkv[e.own_row + e.k_col];
+      v[i] = qkv[e.own_row + e.v_col];
+      q[e.q_index] = qkv[e.own_row + e.q_col];
     }
   }
 }
 
-// The gradients of a later part: dq (NH,L,hd) added into dqkv's q columns; dk, dv (NH,s+L,hd):
-// rows j >= s added into dqkv's k and v columns of row j - s, rows j < s into the prefix's
-// gradient (s,2C: dk | dv), which goes back to the ranks owning those tokens.
+// The gradients of a later part: dq (NH,L,hd) added into dqkv's q columns; dk, dv (NH,s+L,hd),
+// summed over each K/V head's query heads in head order by the group's first head: rows j >= s
+// added into dqkv's k and v columns of row j - s, rows j < s into the prefix's gradient (s,KVW:
+// dk | dv), which goes back to the ranks owning those tokens.
 __global__ void merge_prefixed_grads_kernel(float* dqkv, float* prefix_dkv, const float* dq, const float* dk,
-                                            const float* dv, int s, int L, int NH, int hd) {
+                                            const float* dv, int s, int L, int NH, int NKV, int hd) {
   const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
+  const int group = NH / NKV;
+  const size_t head_stride = static_cast<size_t>(s + L) * hd;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const PrefixedElement e(i, s, L, NH, hd);
+    const PrefixedElement e(i, s, L, NH, NKV, hd);
+    if (!e.in_prefix) dqkv[e.own_row + e.q_col] += dq[e.q_index];
+    if (e.h % group != 0) continue;
+    float gk = 0.0f, gv = 0.0f;
+    for (int r = 0; r < group; ++r) {
+      gk += dk[i + r * head_stride];
+      gv += dv[i + r * head_stride];
+    }
     if (e.in_prefix) {
-      prefix_dkv[e.prefix_row + e.column] += dk[i];
-      prefix_dkv[e.prefix_row + e.C + e.column] += dv[i];
+      prefix_dkv[e.prefix_row + e.prefix_k_col] += gk;
+      prefix_dkv[e.prefix_row + e.prefix_v_col] += gv;
     } else {
-      const size_t dst = e.own_row + e.column;
-      dqkv[dst] += dq[e.q_index];
-      dqkv[dst + e.C] += dk[i];
-      dqkv[dst + 2 * e.C] += dv[i];
+      dqkv[e.own_row + e.k_col] += gk;
+      dqkv[e.own_row + e.v_col] += gv;
     }
   }
 }
@@ -223,9 +195,9 @@ unsigned row_blocks(int B, int NH, int T) {
 }  // namespace
 
 void attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, int NKV) {
   const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  split_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, hd);
+  split_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, NKV > 0 ? NKV : NH, hd);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
@@ -243,10 +215,10 @@ void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, in
 }
 
 void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
-                              int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths) {
+                              int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths, int NKV) {
   const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  merge_qkv_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, lengths, B, T, NH, hd,
-                                                                       accumulate);
+  merge_qkv_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, lengths, B, T, NH,
+                                                                       NKV > 0 ? NKV : NH, hd, accumulate);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
@@ -263,7 +235,8 @@ struct HeadProblem {
   int hd, heads;
   int64_t head_stride, score_stride;
   float *q, *k, *v, *y, *dq, *dk, *dv, *scores;
-  HeadProblem(const char* op, const float* qkv, int B, int T, int C, int NH, float* workspace, cudaStream_t stream) {
+  HeadProblem(const char* op, const float* qkv, int B, int T, int C, int NH, int NKV, float* workspace,
+              cudaStream_t stream) {
     KILTER_CHECK(C % NH == 0, op << ": n_embd " << C << " is not a multiple of n_head " << NH);
     hd = C / NH;
     heads = B * NH;
@@ -274,17 +247,17 @@ struct HeadProblem {
     for (int i = 0; i < 8; ++i) slices[i] = workspace + i * btc;
     q = slices[0], k = slices[1], v = slices[2], y = slices[3];
     dq = slices[4], dk = slices[5], dv = slices[6], scores = slices[7];
-    attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream);
+    attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream, NKV);
   }
 };
 
 }  // namespace
 
 void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, const int32_t* lengths,
-                       int B, int T, int C, int NH, float* workspace) {
+                       int B, int T, int C, int NH, float* workspace, int NKV) {
   if (B == 0 || T == 0) return;
   cudaStream_t stream = gemm.stream();
-  const HeadProblem p("attention_forward", qkv, B, T, C, NH, workspace, stream);
+  const HeadProblem p("attention_forward", qkv, B, T, C, NH, NKV, workspace, stream);
   const int hd = p.hd, heads = p.heads;
   const int64_t head_stride = p.head_stride, score_stride = p.score_stride;
   float *q = p.q, *k = p.k, *v = p.v, *y = p.y;
@@ -303,10 +276,10 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
 
 void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float* qkv, const float* att,
                         const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
-                        bool accumulate) {
+                        bool accumulate, int NKV) {
   if (B == 0 || T == 0) return;
   cudaStream_t stream = gemm.stream();
-  const HeadProblem p("attention_backward", qkv, B, T, C, NH, workspace, stream);
+  const HeadProblem p("attention_backward", qkv, B, T, C, NH, NKV, workspace, stream);
   const int hd = p.hd, heads = p.heads;
   const int64_t head_stride = p.head_stride, score_stride = p.score_stride;
   float *q = p.q, *k = p.k, *v = p.v, *dy = p.y, *dq = p.dq, *dk = p.dk, *dv = p.dv, *datt = p.scores;
@@ -327,7 +300,7 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
   // dK'(d,s) = Q' (hd,T) dP'^T   (dk[s] = sum_t dP[t][s] q[t])
   gemm.run(dk, q, datt, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
-  attention_merge_qkv_grad(dqkv, dq, dk, dv, B, T, NH, hd, accumulate, stream);
+  attention_merge_qkv_grad(dqkv, dq, dk, dv, B, T, NH, hd, accumulate, stream, nullptr, NKV);
 }
 
 // ---- a later part of a cut piece (issue 23): L queries against s + L keys -------------------
@@ -345,7 +318,7 @@ struct PrefixProblem {
   int hd, Tk;
   int64_t q_stride, k_stride, score_stride;
   float *q, *k, *v, *y, *dq, *dk, *dv, *scores;
-  PrefixProblem(const char* op, const float* qkv, const float* prefix_kv, int s, int L, int C, int NH,
+  PrefixProblem(const char* op, const float* qkv, const float* prefix_kv, int s, int L, int C, int NH, int NKV,
                 float* workspace, cudaStream_t stream) {
     KILTER_CHECK(C % NH == 0, op << ": n_embd " << C << " is not a multiple of n_head " << NH);
     hd = C / NH;
@@ -358,7 +331,8 @@ struct PrefixProblem {
     k = dq + lc, v = k + kc, dk = v + kc, dv = dk + kc;
     scores = dv + kc;
     const size_t n = static_cast<size_t>(NH) * Tk * hd;
-    split_prefixed_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, prefix_kv, s, L, NH, hd);
+    split_prefixed_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, prefix_kv, s, L, NH,
+                                                                               NKV, hd);
     KILTER_CUDA_LAUNCH_CHECK();
   }
 };
@@ -366,10 +340,11 @@ struct PrefixProblem {
 }  // namespace
 
 void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* qkv, const float* prefix_kv, int s,
-                              int L, int C, int NH, float* workspace) {
+                              int L, int C, int NH, float* workspace, int NKV) {
   if (L == 0) return;
   cudaStream_t stream = gemm.stream();
-  const PrefixProblem p("attention_prefix_forward", qkv, prefix_kv, s, L, C, NH, workspace, stream);
+  NKV = NKV > 0 ? NKV : NH;
+  const PrefixProblem p("attention_prefix_forward", qkv, prefix_kv, s, L, C, NH, NKV, workspace, stream);
   const int hd = p.hd, Tk = p.Tk;
   // preatt'(j,t) = K'^T Q' * scale: (Tk, L) column-major = att (L, Tk) row-major.
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -386,10 +361,11 @@ void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* q
 
 void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const float* dout, const float* qkv,
                                const float* prefix_kv, const float* att, int s, int L, int C, int NH,
-                               float* workspace) {
+                               float* workspace, int NKV) {
   if (L == 0) return;
   cudaStream_t stream = gemm.stream();
-  const PrefixProblem p("attention_prefix_backward", qkv, prefix_kv, s, L, C, NH, workspace, stream);
+  NKV = NKV > 0 ? NKV : NH;
+  const PrefixProblem p("attention_prefix_backward", qkv, prefix_kv, s, L, C, NH, NKV, workspace, stream);
   const int hd = p.hd, Tk = p.Tk;
   float *dy = p.y, *datt = p.scores;
   attention_split_grad(dy, dout, 1, L, NH, hd, stream);
@@ -411,7 +387,7 @@ void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const
            p.k_stride);
   const size_t n = static_cast<size_t>(NH) * Tk * hd;
   merge_prefixed_grads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, prefix_dkv, p.dq, p.dk, p.dv, s, L,
-                                                                             NH, hd);
+                                                                             NH, NKV, hd);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 

@@ -18,7 +18,7 @@ __device__ inline float warp_sum(float v) {
 }
 
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* weight, const float* bias, int N, int C) {
+                                         const float* weight, const float* bias, int N, int C, float eps) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.y;
   const int lane = threadIdx.x;
   if (row >= N) return;
@@ -31,7 +31,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     const float d = x[i] - m;
     sq += d * d;
   }
-  const float s = rsqrtf(warp_sum(sq) / C + 1e-5f);
+  const float s = rsqrtf(warp_sum(sq) / C + eps);
   float* y = out + static_cast<size_t>(row) * C;
   for (int i = lane; i < C; i += kWarp) y[i] = (x[i] - m) * s * weight[i] + bias[i];
   if (lane == 0) {
@@ -115,11 +115,11 @@ __global__ void layernorm_backward_params_final(float* dweight, float* dbias, co
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, cudaStream_t stream) {
+                       const float* bias, int N, int C, cudaStream_t stream, float eps) {
   if (N == 0) return;
   const dim3 block(kWarp, kRowsPerBlock);
   const unsigned grid = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  layernorm_forward_kernel<<<grid, block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  layernorm_forward_kernel<<<grid, block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C, eps);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 

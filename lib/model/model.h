@@ -73,6 +73,11 @@ struct BackendOptions {
   std::string attention = "auto";  // auto | sdpa | cudnn | cublaslt (CUDA backend)
   bool cuda_graphs = false;        // replay each micro-batch shape's kernels as CUDA graphs
   std::string recompute = "none";  // none | gelu | attention | block (train.recompute; cpu backend)
+  // train.bf16_storage, with precision bf16: auto | on | off. CUDA: on stores every activation in
+  // bf16 (the fused bf16 datapath), off keeps them fp32 (bf16 GEMM math only), auto takes bf16
+  // storage where its runtime self-check against the CPU oracle passes on this device. CPU: on
+  // runs the oracle of the CUDA bf16 storage (CpuModel), auto and off the CPU's own bf16.
+  std::string bf16_storage = "auto";
 };
 
 class Model {

@@ -111,6 +111,7 @@ std::unique_ptr<model::Model> make_run_model(const Run& run, size_t pad_multiple
   backend_options.attention = cfg.train.attention;
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   backend_options.recompute = cfg.train.recompute;
+  backend_options.bf16_storage = cfg.train.bf16_storage;
   return model::make_model(run.backend, gpt, pad_multiple, backend_options);
 }
 

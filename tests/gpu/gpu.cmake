@@ -12,7 +12,7 @@ if(KILTER_WITH_CUDA)
   kilter_link_cudnn(kilter_gpu_core)
 
   # gpu_sdpa: the cuDNN SDPA engine against the CPU twin, where the engine is built.
-  set(KILTER_GPU_TESTS gpu_ops gpu_model gpu_cut)
+  set(KILTER_GPU_TESTS gpu_ops gpu_bf16_ops gpu_model gpu_bf16_model gpu_cut)
   if(KILTER_WITH_SDPA)
     list(APPEND KILTER_GPU_TESTS gpu_sdpa)
   endif()

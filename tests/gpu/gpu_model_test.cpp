@@ -6,7 +6,9 @@
 // mixed lengths (one of length 1) that the CUDA attention groups by length, and untargeted positions.
 // Also: train.recompute (gelu, attention, block) against none and against the CPU, and the
 // sharded optimizer (ZeRO-1) against the unsharded one. And the memory plan's device figures
-// (lib/backend/cuda_memory.h) against the device memory a model takes for a step.
+// (lib/backend/cuda_memory.h) against the device memory a model takes for a step, for both
+// datapaths (fp32 activations; bf16 storage) and a llama. bf16 here is train.bf16_storage = off,
+// the fp32-activation datapath; gpu_bf16_model checks bf16 storage against its CPU oracle.
 // Tolerances (relative to each tensor's max |value|): fp32 loss 1e-5, gradients 5e-4, AdamW from
 // identical gradients 1e-6; bf16 losses 2e-2. After the 2-step run parameters agree to 2.5e-3:
 // Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
@@ -362,7 +364,8 @@ void compare_memory_plan(Checker& check, const km::ModelSpec& cfg, int max_token
     KILTER_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     const double taken = static_cast<double>(free_before - std::min(free_before, free_after));
     const kilter::backend::CudaDeviceBytes plan = kilter::backend::cuda_device_bytes(
-        cfg, padded, shard_ranks > 1 ? share : model->layout().num_params, max_tokens, options.recompute, false);
+        cfg, padded, shard_ranks > 1 ? share : model->layout().num_params, max_tokens, options.recompute, false,
+        kilter::gputest::runs_bf16_storage(*model));
     const double planned = static_cast<double>(plan.total());
     std::printf("%splanned %.1f MiB, taken %.1f MiB\n", tag.c_str(), planned / (1 << 20), taken / (1 << 20));
     check.expect(tag + "the plan is within 2% + 16 MiB of the device memory taken",
@@ -385,6 +388,14 @@ int main() {
     for (const char* mode : {"none", "gelu", "attention", "block"})
       compare_memory_plan(check, medium, 8 * 512, with("bf16", "cublaslt", false, mode), 1);
     compare_memory_plan(check, medium, 8 * 512, with("fp32", "cublaslt", false, "block"), 4);
+    // The bf16-storage datapath's arena (bf16 activations, the weights' bf16 copy), and a llama.
+    for (const char* mode : {"none", "block"})
+      compare_memory_plan(check, medium, 8 * 512, kilter::gputest::bf16_storage(mode), 1);
+    km::ModelSpec medium_llama = medium;
+    medium_llama.arch = "llama";
+    medium_llama.n_kv_head = 2;
+    compare_memory_plan(check, medium_llama, 8 * 512, kilter::gputest::bf16_storage(), 1);
+    compare_memory_plan(check, medium_llama, 8 * 512, with("fp32", "cublaslt"), 1);
     for (const char* attention : {"cublaslt", "cudnn"}) {
       compare_step(check, tiny, 3, 16, with("fp32", attention));
       compare_step(check, small, 4, 64, with("fp32", attention));
@@ -407,6 +418,7 @@ int main() {
     // The sharded optimizer (issue 24).
     compare_shard(check, small, with("fp32", "cublaslt"));
     compare_shard(check, small, with("bf16", "cublaslt"));
+    compare_shard(check, small, kilter::gputest::bf16_storage());
     // Refusals name the key.
     bool refused = false;
     try {

@@ -104,6 +104,23 @@ class Checker {
     report(name, ok, error, tolerance, finite ? "" : " (size mismatch or non-finite values)");
     return ok;
   }
+  // A bf16 output against its twin, which rounds at the same points: within `tolerance` of the
+  // tensor's scale, AND at least `min_same` of the elements bit for bit (summation orders differ
+  // in fp32, so a value within an fp32 rounding of a bf16 boundary may round the other way; a
+  // kernel that rounds at other points differs in about half of them).
+  bool near_bf16(const std::string& name, const std::vector<float>& gpu, const std::vector<float>& cpu,
+                 double tolerance, double min_same) {
+    size_t same = 0;
+    for (size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) same += gpu[i] == cpu[i];
+    const double fraction = cpu.empty() ? 1.0 : static_cast<double>(same) / cpu.size();
+    const bool close = near(name, gpu, cpu, tolerance);
+    ++checks_;
+    const bool ok = fraction >= min_same;
+    if (!ok) ++failures_;
+    std::printf("  %-4s %-48s %.4f of the elements bit for bit (at least %.2f)\n", ok ? "ok" : "FAIL", name.c_str(),
+                fraction, min_same);
+    return close && ok;
+  }
   bool near_scalar(const std::string& name, double gpu, double cpu, double tolerance) {
     ++checks_;
     const double error = std::fabs(gpu - cpu) / std::max(std::fabs(cpu), 1e-12);
@@ -139,15 +156,27 @@ inline std::vector<float> device_grads(model::Model& m) {
   return host;
 }
 
-// The CUDA backend's options of a test case.
+// The CUDA backend's options of a test case. bf16 storage is off unless asked for: the cases
+// written before it compare the fp32-activation datapath with the fp32 CPU model.
 inline model::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false,
-                                  const std::string& recompute = "none") {
+                                  const std::string& recompute = "none", const std::string& bf16_storage = "off") {
   model::BackendOptions options;
   options.precision = precision;
   options.attention = attention;
   options.cuda_graphs = graphs;
   options.recompute = recompute;
+  options.bf16_storage = bf16_storage;
   return options;
+}
+
+// The bf16-storage datapath's options (train.bf16_storage = on).
+inline model::BackendOptions bf16_storage(const std::string& recompute = "none", bool graphs = false) {
+  return with("bf16", "cublaslt", graphs, recompute, "on");
+}
+
+// Whether a CUDA model runs the bf16-storage datapath (its describe() says so).
+inline bool runs_bf16_storage(const model::Model& m) {
+  return m.describe().find("activations bf16") != std::string::npos;
 }
 
 }  // namespace kilter::gputest

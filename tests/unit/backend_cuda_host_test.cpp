@@ -1,6 +1,7 @@
 // The CUDA backend's host side, which needs no device (built only with CUDA; the CPU machine
 // runs it): kilter does not link cuBLASLt, and the table of its functions loads on first use
-// (lib/backend/cublaslt_loader.h); the device-memory query answers false without a device.
+// (lib/backend/cublaslt_loader.h); the device-memory query answers false without a device; the
+// memory plan's figures of the bf16-storage datapath.
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>
@@ -9,6 +10,8 @@
 #include <string>
 
 #include "lib/backend/cublaslt_loader.h"
+#include "lib/backend/cuda_memory.h"
+#include "lib/model/layout.h"
 #include "lib/model/model.h"
 
 namespace {
@@ -44,3 +47,33 @@ TEST(CudaDeviceMemory, FalseWithoutADevice) {
 }
 
 }  // namespace
+
+// The memory plan of the bf16-storage datapath (lib/backend/cuda_memory.h): GPT-2 124M, 16 x 1024
+// tokens, recompute none, at most half of the 24.94 GiB the fp32-activation datapath took on the
+// H200 (issue 37's target), and less than half of its own fp32-activation figure; a Llama shape's
+// bf16 figure counts the SwiGLU gradient and the weights' bf16 copy (more than the fp32 weights
+// alone).
+TEST(CudaMemoryPlan, Bf16StorageAtMostHalfOfTheFp32Datapath) {
+  kilter::model::ModelSpec gpt2;
+  gpt2.n_layer = 12, gpt2.n_head = 12, gpt2.n_embd = 768, gpt2.block_size = 1024, gpt2.vocab_size = 50257;
+  const kilter::model::ParamLayout layout = kilter::model::ParamLayout::build(gpt2, 64);
+  const auto fp32 = kilter::backend::cuda_device_bytes(gpt2, layout.padded_size, layout.num_params, 16384, "none",
+                                                       false, false);
+  const auto bf16 = kilter::backend::cuda_device_bytes(gpt2, layout.padded_size, layout.num_params, 16384, "none",
+                                                       false, true);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  EXPECT_NEAR(fp32.total() / gib, 24.94, 0.05) << "the fp32-activation figure measured on the H200";
+  EXPECT_LE(bf16.total() / gib, 24.94 / 2) << "bf16 storage: " << bf16.total() / gib << " GiB";
+  EXPECT_LT(bf16.activations, fp32.activations / 2);
+  EXPECT_GT(bf16.parameters, fp32.parameters) << "the bf16 working copy";
+  kilter::model::ModelSpec llama = gpt2;
+  llama.arch = "llama";
+  llama.n_kv_head = 4;
+  const kilter::model::ParamLayout llama_layout = kilter::model::ParamLayout::build(llama, 64);
+  const auto llama_bf16 = kilter::backend::cuda_device_bytes(llama, llama_layout.padded_size, llama_layout.num_params,
+                                                             16384, "none", false, true);
+  const auto llama_fp32 = kilter::backend::cuda_device_bytes(llama, llama_layout.padded_size, llama_layout.num_params,
+                                                             16384, "none", false, false);
+  EXPECT_LT(llama_bf16.activations, llama_fp32.activations / 2);
+  EXPECT_GT(llama_bf16.engine, fp32.engine) << "RoPE's table";
+}
