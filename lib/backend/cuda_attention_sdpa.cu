@@ -117,7 +117,7 @@ void CudaModel::sdpa_init() {
 #ifdef KILTER_WITH_SDPA
   try {
     std::unique_ptr<SdpaState, SdpaStateDeleter> state(new SdpaState);
-    state->engine = std::make_unique<kc::SdpaAttention>(model::AttentionShape::mha(cfg_.n_embd, cfg_.n_head));
+    state->engine = std::make_unique<kc::SdpaAttention>(model::AttentionShape{cfg_.n_head, cfg_.kv_heads(), cfg_.head_dim()});
     KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&state->descriptors_copied, cudaEventDisableTiming));
     sdpa_ = std::move(state);
   } catch (const Error& e) {
@@ -149,7 +149,7 @@ bool CudaModel::sdpa_for_batch(const Batch& batch) {
   SdpaState& st = *sdpa_;
   model::plan_sdpa(st.plan, batch.cu_seqlens.data(), batch.num_pieces(),
                    batch.pos_offset.empty() ? nullptr : batch.pos_offset.data(),
-                   model::AttentionShape::mha(cfg_.n_embd, cfg_.n_head));
+                   model::AttentionShape{cfg_.n_head, cfg_.kv_heads(), cfg_.head_dim()});
   // Buffers first: the self-check of a new bucket runs on them.
   const model::AttentionShape& shape = st.plan.shape;
   const size_t N = batch.N, W = shape.row_width(), C = shape.q_width(), R = st.plan.staged_rows;
@@ -212,7 +212,7 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   *retry = false;
   SdpaState& st = *sdpa_;
   const model::SdpaPlan& plan = st.plan;
-  const int C = cfg_.n_embd, NH = cfg_.n_head, kv = plan.shape.kv_width();
+  const int C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.kv_heads(), W = cfg_.qkv_width(), kv = plan.shape.kv_width();
   const size_t N = plan.tokens, R = std::max(plan.staged_rows, 1);
   const bool later = call.keys == model::SdpaKeyRows::staged;
   // The cuBLASLt engine's scratch for the largest entry: its saved softmax and workspace.
@@ -222,8 +222,8 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
     att = std::max(att, static_cast<size_t>(NH) * L * (s + L));
     work = std::max(work, later ? kc::attention_prefix_workspace_floats(s, L, C, NH) : kc::attention_workspace_floats(1, L, C, NH));
   }
-  // qkv, dqkv x2 (3C per row), dout, out x2 (C per row), prefix rows and their dK/dV x2, the rest.
-  const size_t floats = 3 * align_up(N * 3 * C) + 3 * align_up(N * C) + 3 * align_up(R * kv) + align_up(att) +
+  // qkv, dqkv x2 (W per row), dout, out x2 (C per row), prefix rows and their dK/dV x2, the rest.
+  const size_t floats = 3 * align_up(N * W) + 3 * align_up(N * C) + 3 * align_up(R * kv) + align_up(att) +
                         align_up(work) + align_up(call.entries);
   float* scratch = nullptr;
   const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * floats);
@@ -234,9 +234,9 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
     return false;
   }
   ArenaCarver carver(scratch);
-  float* qkv = carver.take(N * 3 * C);
-  float* dqkv_sdpa = carver.take(N * 3 * C);
-  float* dqkv_ref = carver.take(N * 3 * C);
+  float* qkv = carver.take(N * W);
+  float* dqkv_sdpa = carver.take(N * W);
+  float* dqkv_ref = carver.take(N * W);
   float* dout = carver.take(N * C);
   float* out_sdpa = carver.take(N * C);
   float* out_ref = carver.take(N * C);
@@ -262,14 +262,14 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   try {
     // The previous micro-batch's kernels may still read the descriptors rewritten below.
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    const std::vector<float> qkv_host = hash_floats(N * 3 * C, 12345u), dout_host = hash_floats(N * C, 54321u),
+    const std::vector<float> qkv_host = hash_floats(N * W, 12345u), dout_host = hash_floats(N * C, 54321u),
                              prefix_host = hash_floats(R * kv, 777u);
     KILTER_CUDA_CHECK(cudaMemcpyAsync(qkv, qkv_host.data(), sizeof(float) * qkv_host.size(), cudaMemcpyHostToDevice, stream_));
     KILTER_CUDA_CHECK(cudaMemcpyAsync(dout, dout_host.data(), sizeof(float) * dout_host.size(), cudaMemcpyHostToDevice, stream_));
     KILTER_CUDA_CHECK(cudaMemcpyAsync(prefix_rows, prefix_host.data(), sizeof(float) * prefix_host.size(), cudaMemcpyHostToDevice, stream_));
     // Rows outside the call stay 0 on both sides.
     for (float* zeroed : {dqkv_sdpa, dqkv_ref, out_sdpa, out_ref})
-      KILTER_CUDA_CHECK(cudaMemsetAsync(zeroed, 0, sizeof(float) * (zeroed == out_sdpa || zeroed == out_ref ? N * C : N * 3 * C), stream_));
+      KILTER_CUDA_CHECK(cudaMemsetAsync(zeroed, 0, sizeof(float) * (zeroed == out_sdpa || zeroed == out_ref ? N * C : N * W), stream_));
     KILTER_CUDA_CHECK(cudaMemsetAsync(prefix_dkv_sdpa, 0, sizeof(float) * R * kv, stream_));
     KILTER_CUDA_CHECK(cudaMemsetAsync(prefix_dkv_ref, 0, sizeof(float) * R * kv, stream_));
     KILTER_CUDA_CHECK(cudaMemsetAsync(st.out16.ptr, 0, st.out16.bytes, stream_));
@@ -281,14 +281,14 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
                                  sizeof(int32_t) * later_block.size(), cudaMemcpyHostToDevice));
     st.workspace.ensure(std::max<size_t>(st.engine->workspace_bytes(call), 1), stream_);
     // SDPA, as the layers run it.
-    kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), 3 * C, qkv, 3 * C, N, 3 * C, stream_);
+    kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, qkv, W, N, W, stream_);
     kc::rows_to_bf16(st.dout16.as<kc::bf16>(), C, dout, C, N, C, stream_);
     if (later) kc::sdpa_stage_keys(plan, prefix_sdpa, qkv, st.staged.as<kc::bf16>(), stream_);
     float* stats = st.layer_stats(0);
     st.forward(call, stats, stream_);
     st.backward(call, stats, stream_);
     kc::rows_to_fp32(out_sdpa, C, st.out16.as<kc::bf16>(), C, N, C, false, stream_);
-    kc::rows_to_fp32(dqkv_sdpa, 3 * C, st.dqkv16.as<kc::bf16>(), 3 * C, N, 3 * C, false, stream_);
+    kc::rows_to_fp32(dqkv_sdpa, W, st.dqkv16.as<kc::bf16>(), W, N, W, false, stream_);
     if (later) kc::sdpa_unstage_key_grads(plan, prefix_sdpa, st.staged_grad.as<kc::bf16>(), dqkv_sdpa, stream_);
     // cuBLASLt, entry by entry: a whole piece is a (1, L) batch on its own rows; a later part runs
     // against its prefix (attention_prefix_*, bottom-right).
@@ -298,18 +298,19 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
       const int piece = call.piece[e], L = call.seq_len_q[e], s = call.seq_len_kv[e] - L;
       const size_t row = static_cast<size_t>(call.offset_o[e]) / C;
       if (later) {
-        kc::attention_prefix_forward(*gemm_, out_ref + row * C, saved, qkv + row * 3 * C, prefix_kv[piece], s, L, C, NH, workspace);
-        kc::attention_prefix_backward(*gemm_, dqkv_ref + row * 3 * C, dkv_ref[piece], dout + row * C, qkv + row * 3 * C,
-                                      prefix_kv[piece], saved, s, L, C, NH, workspace);
+        kc::attention_prefix_forward(*gemm_, out_ref + row * C, saved, qkv + row * W, prefix_kv[piece], s, L, C, NH, workspace,
+                                     NKV);
+        kc::attention_prefix_backward(*gemm_, dqkv_ref + row * W, dkv_ref[piece], dout + row * C, qkv + row * W,
+                                      prefix_kv[piece], saved, s, L, C, NH, workspace, NKV);
       } else {
-        kc::attention_forward(*gemm_, out_ref + row * C, saved, qkv + row * 3 * C, lengths + e, 1, L, C, NH, workspace);
-        kc::attention_backward(*gemm_, dqkv_ref + row * 3 * C, dout + row * C, qkv + row * 3 * C, saved, lengths + e, 1,
-                               L, C, NH, workspace, /*accumulate=*/false);
+        kc::attention_forward(*gemm_, out_ref + row * C, saved, qkv + row * W, lengths + e, 1, L, C, NH, workspace, NKV);
+        kc::attention_backward(*gemm_, dqkv_ref + row * W, dout + row * C, qkv + row * W, saved, lengths + e, 1,
+                               L, C, NH, workspace, /*accumulate=*/false, NKV);
       }
     }
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     out_error = relative_difference(download_floats(out_sdpa, N * C), download_floats(out_ref, N * C));
-    grad_error = relative_difference(download_floats(dqkv_sdpa, N * 3 * C), download_floats(dqkv_ref, N * 3 * C));
+    grad_error = relative_difference(download_floats(dqkv_sdpa, N * W), download_floats(dqkv_ref, N * W));
     if (later) prefix_error = relative_difference(download_floats(prefix_dkv_sdpa, R * kv), download_floats(prefix_dkv_ref, R * kv));
     ran = true;
   } catch (const Error& e) {
@@ -331,13 +332,13 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
 
 void CudaModel::sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls) {
   SdpaState& st = *sdpa_;
-  const int C = cfg_.n_embd, N = layout_now_.N;
+  const int C = cfg_.n_embd, W = cfg_.qkv_width(), N = layout_now_.N;
   const bool exchange = exchange_ != nullptr;
   if (exchange && exchange_calls) {
     KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));  // the exchange reads the rows from elsewhere
     exchange_->forward_send(layer, a.qkv);
   }
-  kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), 3 * C, a.qkv, 3 * C, N, 3 * C, s_);
+  kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, a.qkv, W, N, W, s_);
   float* stats = st.layer_stats(layer);
   if (!st.plan.whole.empty()) st.forward(st.plan.whole, stats, s_);
   if (!st.plan.later.empty()) {
@@ -354,10 +355,10 @@ void CudaModel::sdpa_forward_layer(int layer, const BlockActivations& a, float* 
 
 void CudaModel::sdpa_backward_layer(int layer, const BlockActivations& a) {
   SdpaState& st = *sdpa_;
-  const int C = cfg_.n_embd, N = layout_now_.N;
+  const int C = cfg_.n_embd, W = cfg_.qkv_width(), N = layout_now_.N;
   float* dqkv = acts_.dqkv;
   const float* stats = st.layer_stats(layer);
-  kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), 3 * C, a.qkv, 3 * C, N, 3 * C, s_);
+  kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, a.qkv, W, N, W, s_);
   kc::rows_to_bf16(st.out16.as<kc::bf16>(), C, a.atty, C, N, C, s_);  // exact: a.atty holds bf16 values
   kc::rows_to_bf16(st.dout16.as<kc::bf16>(), C, acts_.datty, C, N, C, s_);
   std::vector<const float*> prefix_kv(layout_now_.pieces, nullptr);
@@ -379,7 +380,7 @@ void CudaModel::sdpa_backward_layer(int layer, const BlockActivations& a) {
   }
   if (!st.plan.whole.empty()) st.backward(st.plan.whole, stats, s_);
   // dQ of every row and dK/dV of the whole pieces' rows, then the later parts' own dK/dV.
-  kc::rows_to_fp32(dqkv, 3 * C, st.dqkv16.as<kc::bf16>(), 3 * C, N, 3 * C, false, s_);
+  kc::rows_to_fp32(dqkv, W, st.dqkv16.as<kc::bf16>(), W, N, W, false, s_);
   if (!st.plan.later.empty())
     kc::sdpa_unstage_key_grads(st.plan, prefix, st.staged_grad.as<kc::bf16>(), dqkv, s_, kc::SdpaUnstage::own_rows);
   if (exchange_ != nullptr) {

@@ -171,12 +171,14 @@ void CudaModel::choose_storage() {
   if (options_.precision != "bf16") return;
   const std::string& storage = options_.bf16_storage;
   if (storage == "off") {
-    storage_note_ = "train.bf16_storage=off";
+    storage_note_ = options_.bf16_storage_checked ? "the bf16-storage self-check failed on a rank"
+                                                  : "train.bf16_storage=off";
     return;
   }
   if (storage == "on") {
     bf16_storage_ = true;
-    storage_note_ = "train.bf16_storage=on, not self-checked";
+    storage_note_ = options_.bf16_storage_checked ? "self-checked against the CPU oracle at start-up on every rank"
+                                                  : "train.bf16_storage=on, not self-checked";
     return;
   }
   if (options_.attention == "cudnn") {
@@ -646,6 +648,10 @@ void CudaModel::zero_grads() {
 std::unique_ptr<model::Model> make_cuda_model(const ModelSpec& cfg, size_t pad_multiple,
                                               const model::BackendOptions& options) {
   return std::make_unique<CudaModel>(cfg, pad_multiple, options);
+}
+
+std::string cuda_bf16_storage_self_check(const ModelSpec& cfg, const model::BackendOptions& options) {
+  return CudaModel::bf16_storage_self_check(cfg, options);
 }
 
 std::unique_ptr<model::Model> make_cuda_model(const ModelSpec& cfg, size_t pad_multiple, const std::string& precision) {

@@ -28,6 +28,10 @@ std::unique_ptr<model::Model> make_cuda_model(const model::ModelSpec& cfg, size_
 
 // cudaGetDeviceCount > 0. False (never an exception) when there is no driver, the driver is
 // older than the runtime ("driver insufficient"), or no device is visible.
+// The bf16-storage datapath's start-up self-check on this process's device (model.h:
+// datapath_self_check): "" when it agrees with the CPU oracle, else why not.
+std::string cuda_bf16_storage_self_check(const model::ModelSpec& cfg, const model::BackendOptions& options);
+
 bool cuda_device_present();
 // Why no device is usable ("" when one is): cudaGetErrorString of the failed query, or
 // "no CUDA device visible".

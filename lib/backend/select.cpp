@@ -43,6 +43,18 @@ std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& c
   return make_model(backend, cfg, pad_multiple, options);
 }
 
+std::string datapath_self_check(const std::string& backend, const ModelSpec& cfg, const BackendOptions& options) {
+  if (backend != "cuda" || options.precision != "bf16" || options.bf16_storage != "auto" ||
+      options.attention == "cudnn")
+    return "";
+#ifdef KILTER_WITH_CUDA
+  return backend::cuda_bf16_storage_self_check(cfg, options);
+#else
+  (void)cfg;
+  return "";
+#endif
+}
+
 bool cuda_available() {
 #ifdef KILTER_WITH_CUDA
   return backend::cuda_device_present();
