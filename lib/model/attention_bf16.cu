@@ -16,6 +16,7 @@
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/attention_kernels.cuh"
+#include "lib/model/gemm_call.h"
 
 namespace kilter::model::cuda {
 
@@ -29,13 +30,8 @@ size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // type cd. Every shape of the engine has a plain bf16 kernel; a missing one is an error.
 void batched(Gemm& gemm, void* D, GemmType cd, const bf16* A, const bf16* B, int m, int n, int k, bool trans_a,
              bool trans_b, float alpha, int heads, int64_t stride_a, int64_t stride_b, int64_t stride_d) {
-  GemmCall call;
-  call.D = D;
-  call.A = A;
-  call.B = B;
+  GemmCall call = gemm_call(D, A, B, m, n, k, trans_a, trans_b);
   call.cd = cd;
-  call.m = m, call.n = n, call.k = k;
-  call.trans_a = trans_a, call.trans_b = trans_b;
   call.alpha = alpha;
   call.batch = heads;
   call.stride_a = stride_a, call.stride_b = stride_b, call.stride_d = stride_d;

@@ -10,6 +10,7 @@
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/crossentropy_kernels.cuh"
+#include "lib/model/gemm_call.h"
 
 namespace kilter::model::cuda {
 
@@ -66,29 +67,15 @@ void classifier_chunks_bf16(Gemm& gemm, bf16* dx, float* dweight, const bf16* x,
     const int rows = std::min(R, N - r0);
     const bf16* xc = x + static_cast<size_t>(r0) * C;
     // logits' (Vp,rows) = W'^T x'
-    GemmCall call;
-    call.D = logits;
-    call.A = weight;
-    call.B = xc;
-    call.m = Vp, call.n = rows, call.k = C;
-    call.trans_a = true;
-    KILTER_CHECK(gemm.run_typed(call), "cuBLASLt has no bf16 algorithm for the LM head's logits");
+    KILTER_CHECK(gemm.run_typed(gemm_call(logits, weight, xc, Vp, rows, C, /*trans_a=*/true)),
+                 "cuBLASLt has no bf16 algorithm for the LM head's logits");
     classifier_bf16(logits, row_losses + r0, targets + r0, rows, V, Vp, dloss_scale, scale_device, backward, stream);
     if (!backward) continue;
     // dx' (C,rows) = W' (C,Vp) dlogits' (Vp,rows)
-    GemmCall dinp;
-    dinp.D = dx + static_cast<size_t>(r0) * C;
-    dinp.A = weight;
-    dinp.B = logits;
-    dinp.m = C, dinp.n = rows, dinp.k = Vp;
-    KILTER_CHECK(gemm.run_typed(dinp), "cuBLASLt has no bf16 algorithm for the LM head's input gradient");
+    KILTER_CHECK(gemm.run_typed(gemm_call(dx + static_cast<size_t>(r0) * C, weight, logits, C, rows, Vp)),
+                 "cuBLASLt has no bf16 algorithm for the LM head's input gradient");
     // dW' (C,V) += x' (C,rows) dlogits'^T (rows,V): the real vocabulary's columns only.
-    GemmCall dw;
-    dw.D = dweight;
-    dw.A = xc;
-    dw.B = logits;
-    dw.m = C, dw.n = V, dw.k = rows;
-    dw.trans_b = true;
+    GemmCall dw = gemm_call(dweight, xc, logits, C, V, rows, /*trans_a=*/false, /*trans_b=*/true);
     dw.ldb = Vp;
     dw.cd = GemmType::f32;
     dw.beta = 1.0f;

@@ -19,6 +19,7 @@
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
+#include "lib/model/gemm_call.h"
 
 namespace kilter::model::cuda {
 
@@ -490,12 +491,7 @@ size_t linear_scratch_floats(int OC) { return column_sum_scratch_floats(OC); }
 void linear_forward_bf16(Gemm& gemm, bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight,
                          const bf16* bias, int N, int C, int OC) {
   // out' (OC,N) = W'^T (OC,C) inp' (C,N), as matmul_forward.
-  GemmCall call;
-  call.D = out;
-  call.A = weight;
-  call.B = inp;
-  call.m = OC, call.n = N, call.k = C;
-  call.trans_a = true;
+  GemmCall call = gemm_call(out, weight, inp, OC, N, C, /*trans_a=*/true);
   call.bias = bias;
   call.epilogue = bias != nullptr ? GemmEpilogue::bias : GemmEpilogue::none;
   if (pre_gelu != nullptr && aux_allowed(OC)) {
@@ -518,11 +514,7 @@ void linear_backward_bf16(Gemm& gemm, bf16* dinp, float* dweight, float* dbias, 
   cudaStream_t stream = gemm.stream();
   if (dinp != nullptr) {
     // dinp' (C,N) = W' (C,OC) dout' (OC,N)
-    GemmCall call;
-    call.D = dinp;
-    call.A = weight;
-    call.B = dout;
-    call.m = C, call.n = N, call.k = OC;
+    const GemmCall call = gemm_call(dinp, weight, dout, C, N, OC);
     bool done = false;
     if (pre_gelu != nullptr && aux_allowed(C)) {
       GemmCall fused = call;
@@ -539,12 +531,7 @@ void linear_backward_bf16(Gemm& gemm, bf16* dinp, float* dweight, float* dbias, 
   }
   // dW' (C,OC) += inp' (C,N) dout'^T (N,OC), into the fp32 gradient; BGRADB sums op(B) = dout
   // over the N rows: the bias gradient, into scratch (the epilogue stores, the gradient adds).
-  GemmCall call;
-  call.D = dweight;
-  call.A = inp;
-  call.B = dout;
-  call.m = C, call.n = OC, call.k = N;
-  call.trans_b = true;
+  GemmCall call = gemm_call(dweight, inp, dout, C, OC, N, /*trans_a=*/false, /*trans_b=*/true);
   call.cd = GemmType::f32;
   call.beta = 1.0f;
   if (dbias != nullptr) {
