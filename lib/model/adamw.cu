@@ -16,21 +16,59 @@ namespace {
 constexpr int kNormThreads = 256;
 constexpr int kNormBlocks = 1024;  // partial sums; the final pass adds them in a fixed order
 
-// Same arithmetic, in the same order, as lib/optim/adamw.cpp (torch.optim.AdamW's form):
-// decoupled decay first, then the Adam step with host-computed bias-correction factors.
+// The factors of one AdamW call, computed on the host once, as lib/optim/adamw.cpp does: the bias
+// corrections in double, then rounded to float.
+struct AdamWFactors {
+  float step_size, inv_sqrt_bc2, decay_factor;
+  AdamWFactors(float lr, float beta1, float beta2, float weight_decay, int64_t t) {
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
+    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
+    step_size = static_cast<float>(lr / bias_correction1);
+    inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+    decay_factor = 1.0f - lr * weight_decay;
+  }
+};
+
+// One element, with the same arithmetic in the same order as lib/optim/adamw.cpp (torch.optim.
+// AdamW's form): the moments, then decoupled decay and the Adam step. Returns the new parameter.
+// decays: the element's part's decay flag (0: no weight decay), null where every element decays.
+// The factors are the kernels' own scalar parameters and the flag is read after the moments, as
+// the kernels always did: with the factors in a struct, or the flag read first, nvcc contracts
+// other products into FMAs (the PTX shows it) and the results move by an ulp.
+__device__ __forceinline__ float adamw_element(float* param, float grad, float* m, float* v, const float* decays,
+                                               float decay_factor, float beta1, float beta2, float eps,
+                                               float grad_scale, float step_size, float inv_sqrt_bc2) {
+  const float g = grad * grad_scale;
+  const float mi = beta1 * *m + (1.0f - beta1) * g;
+  const float vi = beta2 * *v + (1.0f - beta2) * g * g;
+  *m = mi;
+  *v = vi;
+  const float denom = sqrtf(vi) * inv_sqrt_bc2 + eps;
+  const float decay = decays == nullptr || *decays != 0.0f ? decay_factor : 1.0f;
+  const float updated = *param * decay - step_size * mi / denom;
+  *param = updated;
+  return updated;
+}
+
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, size_t n, float decay_factor,
                              float beta1, float beta2, float eps, float grad_scale, float step_size,
                              float inv_sqrt_bc2) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = grads[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) * inv_sqrt_bc2 + eps;
-    params[i] = params[i] * decay_factor - step_size * mi / denom;
+    adamw_element(&params[i], grads[i], &m[i], &v[i], nullptr, decay_factor, beta1, beta2, eps, grad_scale, step_size,
+                  inv_sqrt_bc2);
   }
+}
+
+// The block's sum of `local` (kNormThreads threads) in a fixed tree order; the result in thread 0.
+__device__ double block_sum(double local, double* shared) {
+  shared[threadIdx.x] = local;
+  __syncthreads();
+  for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  return shared[0];
 }
 
 __global__ void sum_of_squares_partial(double* partial, const float* x, size_t n) {
@@ -41,26 +79,16 @@ __global__ void sum_of_squares_partial(double* partial, const float* x, size_t n
     const double value = x[i];
     local += value * value;
   }
-  shared[threadIdx.x] = local;
-  __syncthreads();
-  for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = shared[0];
+  const double sum = block_sum(local, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
 __global__ void sum_partials(double* result, const double* partial, int count) {
   __shared__ double shared[kNormThreads];
   double local = 0.0;
   for (int i = threadIdx.x; i < count; i += kNormThreads) local += partial[i];
-  shared[threadIdx.x] = local;
-  __syncthreads();
-  for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *result = shared[0];
+  const double sum = block_sum(local, shared);
+  if (threadIdx.x == 0) *result = sum;
 }
 
 // The segment holding element i of the concatenated owned parts (segments[k].first <= i).
@@ -85,14 +113,8 @@ __global__ void adamw_segments_kernel(float* params, const float* grads, float* 
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const AdamWSegment& seg = segments[segment_of(segments, count, i)];
     const uint64_t offset = i - seg.first, p = seg.lo + offset, k = seg.moment + offset;
-    const float g = grads[p] * grad_scale;
-    const float mi = beta1 * m[k] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[k] + (1.0f - beta2) * g * g;
-    m[k] = mi;
-    v[k] = vi;
-    const float denom = sqrtf(vi) * inv_sqrt_bc2 + eps;
-    const float updated = params[p] * (seg.decay != 0.0f ? decay_factor : 1.0f) - step_size * mi / denom;
-    params[p] = updated;
+    const float updated = adamw_element(&params[p], grads[p], &m[k], &v[k], &seg.decay, decay_factor, beta1, beta2,
+                                        eps, grad_scale, step_size, inv_sqrt_bc2);
     if (params_bf16 != nullptr) params_bf16[p] = __float2bfloat16_rn(updated);
     if (head_bf16 != nullptr && p >= head_lo && p < head_hi) head_bf16[p - head_lo] = __float2bfloat16_rn(updated);
   }
@@ -111,14 +133,9 @@ __global__ void sum_of_squares_segments_kernel(double* result, const float* grad
     const double value = grads[seg.lo + (i - seg.first)];
     local += value * value;
   }
-  shared[threadIdx.x] = local;
-  __syncthreads();
-  for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
+  const double block = block_sum(local, shared);
   if (threadIdx.x == 0) {
-    partial[blockIdx.x] = shared[0];
+    partial[blockIdx.x] = block;
     __threadfence();
     last = atomicAdd(counter, 1u) == gridDim.x - 1;
   }
@@ -128,14 +145,9 @@ __global__ void sum_of_squares_segments_kernel(double* result, const float* grad
   const volatile double* written = partial;  // other blocks' partials: read past this SM's L1
   double sum = 0.0;
   for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += kNormThreads) sum += written[b];
-  shared[threadIdx.x] = sum;
-  __syncthreads();
-  for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
+  const double grid = block_sum(sum, shared);
   if (threadIdx.x == 0) {
-    *result = shared[0];
+    *result = grid;
     *counter = 0;  // ready for the next call
   }
 }
@@ -158,15 +170,10 @@ void adamw_update_segments(float* params, const float* grads, float* m, float* v
                            bf16* head_bf16, uint64_t head_lo, uint64_t head_hi) {
   if (total == 0 || count == 0) return;
   KILTER_CHECK(t >= 1, "adamw_update_segments: step t must be >= 1, got " << t);
-  // The host's factors, as adamw_update computes them.
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-  const float step_size = static_cast<float>(lr / bias_correction1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-  const float decay_factor = 1.0f - lr * weight_decay;
+  const AdamWFactors factors(lr, beta1, beta2, weight_decay, t);
   adamw_segments_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(
-      params, grads, m, v, segments, count, total, decay_factor, beta1, beta2, eps, grad_scale, step_size,
-      inv_sqrt_bc2, params_bf16, head_bf16, head_lo, head_hi);
+      params, grads, m, v, segments, count, total, factors.decay_factor, beta1, beta2, eps, grad_scale,
+      factors.step_size, factors.inv_sqrt_bc2, params_bf16, head_bf16, head_lo, head_hi);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
@@ -193,14 +200,10 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
                   float beta2, float eps, float weight_decay, float grad_scale, int64_t t, cudaStream_t stream) {
   if (n == 0) return;
   KILTER_CHECK(t >= 1, "adamw_update: step t must be >= 1, got " << t);
-  // Bias corrections in double on the host, exactly as the CPU computes them once per call.
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-  const float step_size = static_cast<float>(lr / bias_correction1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-  const float decay_factor = 1.0f - lr * weight_decay;
-  adamw_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(params, grads, m, v, n, decay_factor, beta1, beta2,
-                                                              eps, grad_scale, step_size, inv_sqrt_bc2);
+  const AdamWFactors factors(lr, beta1, beta2, weight_decay, t);
+  adamw_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(params, grads, m, v, n, factors.decay_factor, beta1,
+                                                              beta2, eps, grad_scale, factors.step_size,
+                                                              factors.inv_sqrt_bc2);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 

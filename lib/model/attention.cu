@@ -10,216 +10,33 @@
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
-#include "lib/model/attention_index.cuh"
+#include "lib/model/attention_kernels.cuh"
 
 namespace kilter::model::cuda {
 
-namespace {
-
-constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = 8;
-
-__device__ inline float warp_sum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-__device__ inline float warp_max(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-// qkv (B,T,W) -> q, k, v (B,NH,T,hd), each K/V head copied to its query heads.
-__global__ void split_heads_kernel(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int NKV,
-                                   int hd) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const QkvColumns at(HeadElement(i, T, NH, hd), T, NH, NKV, hd);
-    q[i] = qkv[at.row + at.q];
-    k[i] = qkv[at.row + at.k];
-    v[i] = qkv[at.row + at.v];
-  }
-}
-
-// y (B,NH,T,hd) -> out (B,T,NH*hd); with lengths, rows t >= lengths[b] are written as 0
-// whatever y holds there.
-__global__ void merge_heads_kernel(float* out, const float* y, const int32_t* lengths, int B, int T, int NH,
-                                   int hd) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const HeadElement e(i, T, NH, hd);
-    const bool padded = lengths != nullptr && e.t >= lengths[e.b];
-    out[e.token_major(T, NH, hd, 1)] = padded ? 0.0f : y[i];
-  }
-}
-
-// dout (B,T,NH*hd) -> dy (B,NH,T,hd).
-__global__ void split_grad_kernel(float* dy, const float* dout, int B, int T, int NH, int hd) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dy[i] = dout[HeadElement(i, T, NH, hd).token_major(T, NH, hd, 1)];
-  }
-}
-
-// dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,W), added or stored; with lengths, rows t >= lengths[b]
-// count as 0. The first query head of each K/V group writes that head's dk and dv: the sum of the
-// group's query heads in head order (one head without grouping).
-__global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float* dk, const float* dv,
-                                      const int32_t* lengths, int B, int T, int NH, int NKV, int hd, bool accumulate) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  const int group = NH / NKV;
-  const size_t head_stride = static_cast<size_t>(T) * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const HeadElement e(i, T, NH, hd);
-    const QkvColumns at(e, T, NH, NKV, hd);
-    const bool padded = lengths != nullptr && e.t >= lengths[e.b];
-    const float gq = padded ? 0.0f : dq[i];
-    dqkv[at.row + at.q] = accumulate ? dqkv[at.row + at.q] + gq : gq;
-    if (e.h % group != 0) continue;
-    float gk = 0.0f, gv = 0.0f;
-    for (int r = 0; r < group && !padded; ++r) {
-      gk += dk[i + r * head_stride];
-      gv += dv[i + r * head_stride];
-    }
-    dqkv[at.row + at.k] = accumulate ? dqkv[at.row + at.k] + gk : gk;
-    dqkv[at.row + at.v] = accumulate ? dqkv[at.row + at.v] + gv : gv;
-  }
-}
-
-// One warp per (b,h,t) row of preatt (already scaled; rows of Tk keys): att = softmax over the
-// keys s <= t + key_offset; zero elsewhere and on rows t >= lengths[b] (lengths may be null: no
-// padded rows). key_offset = 0, Tk = T: the square causal mask; a later part of a cut piece has
-// Tk = key_offset + T (its prefix's keys first): the bottom-right causal mask. preatt and att may
-// alias.
-__global__ void masked_softmax_kernel(float* att, const float* preatt, const int32_t* lengths, int B, int NH,
-                                      int T, int Tk, int key_offset) {
-  const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  const size_t rows = static_cast<size_t>(B) * NH * T;
-  if (row >= rows) return;
-  const int lane = threadIdx.x;
-  const int t = static_cast<int>(row % T);
-  const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
-  const float* in = preatt + row * Tk;
-  float* out = att + row * Tk;
-  if (lengths != nullptr && t >= lengths[b]) {
-    for (int s = lane; s < Tk; s += kWarp) out[s] = 0.0f;
-    return;
-  }
-  const int last = t + key_offset;
-  float row_max = -INFINITY;
-  for (int s = lane; s <= last; s += kWarp) row_max = fmaxf(row_max, in[s]);
-  row_max = warp_max(row_max);
-  float sum = 0.0f;
-  for (int s = lane; s <= last; s += kWarp) sum += expf(in[s] - row_max);
-  const float inv_sum = 1.0f / warp_sum(sum);
-  for (int s = lane; s < Tk; s += kWarp) out[s] = s <= last ? expf(in[s] - row_max) * inv_sum : 0.0f;
-}
-
-// One warp per row: dpreatt = att * (datt - sum(att * datt)) * scale on the causal, in-length
-// part (keys s <= t + key_offset); zero elsewhere. In place on datt.
-__global__ void masked_softmax_backward_kernel(float* datt, const float* att, const int32_t* lengths, int B,
-                                               int NH, int T, float scale, int Tk, int key_offset) {
-  const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  const size_t rows = static_cast<size_t>(B) * NH * T;
-  if (row >= rows) return;
-  const int lane = threadIdx.x;
-  const int t = static_cast<int>(row % T);
-  const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
-  float* d = datt + row * Tk;
-  const float* a = att + row * Tk;
-  if (lengths != nullptr && t >= lengths[b]) {
-    for (int s = lane; s < Tk; s += kWarp) d[s] = 0.0f;
-    return;
-  }
-  const int last = t + key_offset;
-  float dot = 0.0f;
-  for (int s = lane; s <= last; s += kWarp) dot += a[s] * d[s];
-  dot = warp_sum(dot);
-  for (int s = lane; s < Tk; s += kWarp) d[s] = s <= last ? a[s] * (d[s] - dot) * scale : 0.0f;
-}
-
-__global__ void split_prefixed_heads_kernel(float* q, float* k, float* v, const float* qkv, const float* prefix_kv,
-                                            int s, int L, int NH, int NKV, int hd) {
-  const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const PrefixedElement e(i, s, L, NH, NKV, hd);
-    if (e.in_prefix) {
-      k[i] = prefix_kv[e.prefix_row + e.prefix_k_col];
-      v[i] = prefix_kv[e.prefix_row + e.prefix_v_col];
-    } else {
-      k[i] = qkv[e.own_row + e.k_col];
-      v[i] = qkv[e.own_row + e.v_col];
-      q[e.q_index] = qkv[e.own_row + e.q_col];
-    }
-  }
-}
-
-// The gradients of a later part: dq (NH,L,hd) added into dqkv's q columns; dk, dv (NH,s+L,hd),
-// summed over each K/V head's query heads in head order by the group's first head: rows j >= s
-// added into dqkv's k and v columns of row j - s, rows j < s into the prefix's gradient (s,KVW:
-// dk | dv), which goes back to the ranks owning those tokens.
-__global__ void merge_prefixed_grads_kernel(float* dqkv, float* prefix_dkv, const float* dq, const float* dk,
-                                            const float* dv, int s, int L, int NH, int NKV, int hd) {
-  const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
-  const int group = NH / NKV;
-  const size_t head_stride = static_cast<size_t>(s + L) * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const PrefixedElement e(i, s, L, NH, NKV, hd);
-    if (!e.in_prefix) dqkv[e.own_row + e.q_col] += dq[e.q_index];
-    if (e.h % group != 0) continue;
-    float gk = 0.0f, gv = 0.0f;
-    for (int r = 0; r < group; ++r) {
-      gk += dk[i + r * head_stride];
-      gv += dv[i + r * head_stride];
-    }
-    if (e.in_prefix) {
-      prefix_dkv[e.prefix_row + e.prefix_k_col] += gk;
-      prefix_dkv[e.prefix_row + e.prefix_v_col] += gv;
-    } else {
-      dqkv[e.own_row + e.k_col] += gk;
-      dqkv[e.own_row + e.v_col] += gv;
-    }
-  }
-}
-
-unsigned row_blocks(int B, int NH, int T) {
-  const size_t rows = static_cast<size_t>(B) * NH * T;
-  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-}
-
-}  // namespace
+using namespace attention_detail;
 
 void attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd,
                            cudaStream_t stream, int NKV) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  split_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, NKV > 0 ? NKV : NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  split_heads(q, k, v, qkv, B, T, NH, NKV > 0 ? NKV : NH, hd, stream);
 }
 
 void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream,
                            const int32_t* lengths) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  merge_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(out, y, lengths, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  merge_heads(out, y, lengths, B, T, NH, hd, stream);
 }
 
 void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, int hd, cudaStream_t stream) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  split_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dy, dout, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  split_grad(dy, dout, B, T, NH, hd, stream);
 }
 
 void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
                               int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths, int NKV) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  merge_qkv_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, lengths, B, T, NH,
-                                                                       NKV > 0 ? NKV : NH, hd, accumulate);
-  KILTER_CUDA_LAUNCH_CHECK();
+  NKV = NKV > 0 ? NKV : NH;
+  if (accumulate)
+    merge_qkv_grad</*kAccumulate=*/true>(dqkv, dq, dk, dv, lengths, B, T, NH, NKV, hd, stream);
+  else
+    merge_qkv_grad</*kAccumulate=*/false>(dqkv, dq, dk, dv, lengths, B, T, NH, NKV, hd, stream);
 }
 
 size_t attention_workspace_floats(int B, int T, int C, int NH) {
@@ -265,9 +82,7 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   gemm.run(att, k, q, nullptr, T, T, hd, true, false, scale, 0.0f, nullptr, heads, head_stride, head_stride,
            score_stride);
-  masked_softmax_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(att, att, lengths, B,
-                                                                                       NH, T, T, 0);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax(att, att, lengths, B, NH, T, T, 0, stream);
   // y'(d,t) = V' (hd,T) att' (T,T)
   gemm.run(y, v, att, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
@@ -291,9 +106,7 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
   gemm.run(dv, dy, att, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  masked_softmax_backward_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(
-      datt, att, lengths, B, NH, T, scale, T, 0);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax_backward(datt, datt, att, lengths, B, NH, T, scale, T, 0, stream);
   // dQ'(d,t) = K' (hd,T) dP' (T,T)   (dq[t] = sum_s dP[t][s] k[s])
   gemm.run(dq, k, datt, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
@@ -330,10 +143,7 @@ struct PrefixProblem {
     q = workspace, y = q + lc, dq = y + lc;
     k = dq + lc, v = k + kc, dk = v + kc, dv = dk + kc;
     scores = dv + kc;
-    const size_t n = static_cast<size_t>(NH) * Tk * hd;
-    split_prefixed_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, prefix_kv, s, L, NH,
-                                                                               NKV, hd);
-    KILTER_CUDA_LAUNCH_CHECK();
+    split_prefixed_heads(q, k, v, qkv, prefix_kv, s, L, NH, NKV, hd, stream);
   }
 };
 
@@ -350,9 +160,7 @@ void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* q
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   gemm.run(att, p.k, p.q, nullptr, Tk, L, hd, true, false, scale, 0.0f, nullptr, NH, p.k_stride, p.q_stride,
            p.score_stride);
-  masked_softmax_kernel<<<row_blocks(1, NH, L), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(att, att, nullptr, 1, NH,
-                                                                                       L, Tk, s);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax(att, att, nullptr, 1, NH, L, Tk, s, stream);
   // y'(d,t) = V' (hd,Tk) att' (Tk,L)
   gemm.run(p.y, p.v, att, nullptr, hd, L, Tk, false, false, 1.0f, 0.0f, nullptr, NH, p.k_stride, p.score_stride,
            p.q_stride);
@@ -376,19 +184,14 @@ void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const
   gemm.run(p.dv, dy, att, nullptr, hd, Tk, L, false, true, 1.0f, 0.0f, nullptr, NH, p.q_stride, p.score_stride,
            p.k_stride);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  masked_softmax_backward_kernel<<<row_blocks(1, NH, L), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(
-      datt, att, nullptr, 1, NH, L, scale, Tk, s);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax_backward(datt, datt, att, nullptr, 1, NH, L, scale, Tk, s, stream);
   // dQ'(d,t) = K' (hd,Tk) dP' (Tk,L)
   gemm.run(p.dq, p.k, datt, nullptr, hd, L, Tk, false, false, 1.0f, 0.0f, nullptr, NH, p.k_stride, p.score_stride,
            p.q_stride);
   // dK'(d,j) = Q' (hd,L) dP'^T (L,Tk)
   gemm.run(p.dk, p.q, datt, nullptr, hd, Tk, L, false, true, 1.0f, 0.0f, nullptr, NH, p.q_stride, p.score_stride,
            p.k_stride);
-  const size_t n = static_cast<size_t>(NH) * Tk * hd;
-  merge_prefixed_grads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, prefix_dkv, p.dq, p.dk, p.dv, s, L,
-                                                                             NH, NKV, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  merge_prefixed_grads</*kAccumulate=*/true>(dqkv, prefix_dkv, p.dq, p.dk, p.dv, s, L, NH, NKV, hd, stream);
 }
 
 }  // namespace kilter::model::cuda

@@ -9,27 +9,17 @@
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
-#include "lib/model/bf16_device.cuh"
+#include "lib/model/crossentropy_kernels.cuh"
+#include "lib/model/gemm_call.h"
 
 namespace kilter::model::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-__device__ float block_reduce(float v, bool use_max, float* shared) {
-  v = use_max ? warp_reduce_max(v) : warp_reduce_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // shared may still be read by a previous reduction
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float result = shared[0];
-  for (int w = 1; w < kThreads / 32; ++w) result = use_max ? fmaxf(result, shared[w]) : result + shared[w];
-  return result;
-}
+using namespace crossentropy_detail;
 
 // Each thread reads an element before it writes the same element; the target logit is read by
-// every thread before any write (the __syncthreads below).
+// every thread before any write (row_softmax).
 __global__ void classifier_kernel(bf16* logits, float* row_losses, const int32_t* targets, int V, int Vp,
                                   float dloss_scale, const float* scale_device, bool backward) {
   __shared__ float shared[kThreads / 32];
@@ -43,34 +33,14 @@ __global__ void classifier_kernel(bf16* logits, float* row_losses, const int32_t
     if (threadIdx.x == 0) row_losses[row] = 0.0f;
     return;
   }
-  float local_max = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += kThreads) local_max = fmaxf(local_max, load_f(x[i]));
-  const float row_max = block_reduce(local_max, true, shared);
-  float local_sum = 0.0f;
-  for (int i = threadIdx.x; i < V; i += kThreads) local_sum += expf(load_f(x[i]) - row_max);
-  const float sum = block_reduce(local_sum, false, shared);
-  const float target_logit = load_f(x[target]);
-  __syncthreads();
-  if (threadIdx.x == 0) row_losses[row] = logf(sum) + row_max - target_logit;
+  const RowSoftmax softmax = row_softmax(x, V, target, shared);
+  if (threadIdx.x == 0) row_losses[row] = softmax.loss();
   if (!backward) return;
-  const float inv_sum = 1.0f / sum;
+  const float inv_sum = 1.0f / softmax.sum;
   for (int i = threadIdx.x; i < Vp; i += kThreads) {
-    const float p = i < V ? expf(load_f(x[i]) - row_max) * inv_sum : 0.0f;
+    const float p = i < V ? expf(load_f(x[i]) - softmax.row_max) * inv_sum : 0.0f;
     x[i] = __float2bfloat16_rn(i < V ? (p - (i == target ? 1.0f : 0.0f)) * dloss_scale : 0.0f);
   }
-}
-
-__global__ void sum_row_losses_kernel(double* loss_sum, const float* row_losses, int N) {
-  __shared__ double shared[kThreads];
-  double local = 0.0;
-  for (int i = threadIdx.x; i < N; i += kThreads) local += row_losses[i];
-  shared[threadIdx.x] = local;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *loss_sum += shared[0];
 }
 
 }  // namespace
@@ -97,29 +67,15 @@ void classifier_chunks_bf16(Gemm& gemm, bf16* dx, float* dweight, const bf16* x,
     const int rows = std::min(R, N - r0);
     const bf16* xc = x + static_cast<size_t>(r0) * C;
     // logits' (Vp,rows) = W'^T x'
-    GemmCall call;
-    call.D = logits;
-    call.A = weight;
-    call.B = xc;
-    call.m = Vp, call.n = rows, call.k = C;
-    call.trans_a = true;
-    KILTER_CHECK(gemm.run_typed(call), "cuBLASLt has no bf16 algorithm for the LM head's logits");
+    KILTER_CHECK(gemm.run_typed(gemm_call(logits, weight, xc, Vp, rows, C, /*trans_a=*/true)),
+                 "cuBLASLt has no bf16 algorithm for the LM head's logits");
     classifier_bf16(logits, row_losses + r0, targets + r0, rows, V, Vp, dloss_scale, scale_device, backward, stream);
     if (!backward) continue;
     // dx' (C,rows) = W' (C,Vp) dlogits' (Vp,rows)
-    GemmCall dinp;
-    dinp.D = dx + static_cast<size_t>(r0) * C;
-    dinp.A = weight;
-    dinp.B = logits;
-    dinp.m = C, dinp.n = rows, dinp.k = Vp;
-    KILTER_CHECK(gemm.run_typed(dinp), "cuBLASLt has no bf16 algorithm for the LM head's input gradient");
+    KILTER_CHECK(gemm.run_typed(gemm_call(dx + static_cast<size_t>(r0) * C, weight, logits, C, rows, Vp)),
+                 "cuBLASLt has no bf16 algorithm for the LM head's input gradient");
     // dW' (C,V) += x' (C,rows) dlogits'^T (rows,V): the real vocabulary's columns only.
-    GemmCall dw;
-    dw.D = dweight;
-    dw.A = xc;
-    dw.B = logits;
-    dw.m = C, dw.n = V, dw.k = rows;
-    dw.trans_b = true;
+    GemmCall dw = gemm_call(dweight, xc, logits, C, V, rows, /*trans_a=*/false, /*trans_b=*/true);
     dw.ldb = Vp;
     dw.cd = GemmType::f32;
     dw.beta = 1.0f;

@@ -4,21 +4,11 @@
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
+#include "lib/model/piece_position.cuh"
 
 namespace kilter::model::cuda {
 
 namespace {
-
-// The piece holding token row i: the last p with cu_seqlens[p] <= i (binary search).
-__device__ int piece_of(const int32_t* cu_seqlens, int pieces, int i) {
-  int lo = 0, hi = pieces - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu_seqlens[mid] <= i) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
 
 // out: float, or bf16 (the sum rounded once). wpe null: no position table (llama).
 template <typename T>
@@ -34,8 +24,7 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* inp, const float* 
       out[i] = store_f<T>(token);
       continue;
     }
-    const int p = piece_of(cu_seqlens, pieces, row);
-    const int t = row - cu_seqlens[p] + (pos_offset == nullptr ? 0 : pos_offset[p]);
+    const int t = position_in_piece(cu_seqlens, pos_offset, pieces, row);
     out[i] = store_f<T>(token + wpe[static_cast<size_t>(t) * C + c]);
   }
 }

@@ -19,6 +19,7 @@
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
+#include "lib/model/gemm_call.h"
 
 namespace kilter::model::cuda {
 
@@ -47,6 +48,40 @@ struct CachedMatmul {
 };
 
 namespace {
+
+// Destroys a cached matmul's descriptors.
+void release(CachedMatmul& m) {
+  lt().MatrixLayoutDestroy(m.a);
+  lt().MatrixLayoutDestroy(m.b);
+  lt().MatrixLayoutDestroy(m.c);
+  lt().MatrixLayoutDestroy(m.d);
+  lt().MatmulDescDestroy(m.desc);
+}
+
+// Asks cuBLASLt's heuristic for the best algorithm of entry's descriptors within the engine's
+// workspace, for operands of these alignments in bytes (A, B, C, D). False when it has none.
+bool choose_algorithm(cublasLtHandle_t handle, CachedMatmul& entry, const uint32_t (&alignments)[4]) {
+  cublasLtMatmulPreference_t preference = nullptr;
+  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = kWorkspaceBytes;
+  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                        &workspace_bytes, sizeof workspace_bytes));
+  const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    KILTER_CUBLAS_CHECK(
+        lt().MatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
+  }
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found_algorithms = 0;
+  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(handle, entry.desc, entry.a, entry.b, entry.c, entry.d,
+                                                            preference, 1, &heuristic, &found_algorithms);
+  lt().MatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS || found_algorithms == 0) return false;
+  entry.algo = heuristic.algo;
+  return true;
+}
 
 // The bf16 copies of A and B. Grown, never shrunk; a replaced buffer is kept until the engine
 // dies, because a CUDA graph captured earlier may still point at it (and a cudaFree inside a
@@ -142,23 +177,9 @@ Gemm::Gemm(cudaStream_t stream, GemmMath math) : impl_(std::make_unique<Impl>())
 }
 
 Gemm::~Gemm() {
-  for (auto& entry : impl_->typed_cache) {
-    if (!entry.second.second) continue;
-    CachedMatmul& m = entry.second.first;
-    lt().MatrixLayoutDestroy(m.a);
-    lt().MatrixLayoutDestroy(m.b);
-    lt().MatrixLayoutDestroy(m.c);
-    lt().MatrixLayoutDestroy(m.d);
-    lt().MatmulDescDestroy(m.desc);
-  }
-  for (auto& entry : impl_->cache) {
-    CachedMatmul& m = entry.second;
-    lt().MatrixLayoutDestroy(m.a);
-    lt().MatrixLayoutDestroy(m.b);
-    lt().MatrixLayoutDestroy(m.c);
-    lt().MatrixLayoutDestroy(m.d);
-    lt().MatmulDescDestroy(m.desc);
-  }
+  for (auto& entry : impl_->typed_cache)
+    if (entry.second.second) release(entry.second.first);
+  for (auto& entry : impl_->cache) release(entry.second);
   cudaFree(impl_->workspace);
   lt().Destroy(impl_->handle);
 }
@@ -212,36 +233,11 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
   entry.b = trans_b ? make_layout(n, k, batch, stride_b, ab_type) : make_layout(k, n, batch, stride_b, ab_type);
   entry.c = make_layout(m, n, batch, stride_d);
   entry.d = make_layout(m, n, batch, stride_d);
-
-  cublasLtMatmulPreference_t preference = nullptr;
-  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = kWorkspaceBytes;
-  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace_bytes, sizeof workspace_bytes));
   // The bf16 copies start at their (256-byte aligned) scratch.
   const uint32_t alignments[4] = {entry.bf16_inputs ? 16u : align_a, entry.bf16_inputs ? 16u : align_b, align_c,
                                   align_d};
-  const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i) {
-    KILTER_CUBLAS_CHECK(
-        lt().MatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
-  }
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found_algorithms = 0;
-  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(impl_->handle, entry.desc, entry.a, entry.b, entry.c,
-                                                               entry.d, preference, 1, &heuristic, &found_algorithms);
-  lt().MatmulPreferenceDestroy(preference);
-  if (status == CUBLAS_STATUS_SUCCESS && found_algorithms > 0) {
-    entry.algo = heuristic.algo;
-    return true;
-  }
-  lt().MatrixLayoutDestroy(entry.a);
-  lt().MatrixLayoutDestroy(entry.b);
-  lt().MatrixLayoutDestroy(entry.c);
-  lt().MatrixLayoutDestroy(entry.d);
-  lt().MatmulDescDestroy(entry.desc);
+  if (choose_algorithm(impl_->handle, entry, alignments)) return true;
+  release(entry);
   const bool bf16_inputs = entry.bf16_inputs;
   entry = CachedMatmul{};
   entry.bf16_inputs = bf16_inputs;
@@ -362,34 +358,11 @@ bool Gemm::plan_typed(CachedMatmul& entry, const GemmCall& call) {
                          : typed_layout(ab, call.k, call.n, ld.b, call.batch, call.stride_b);
   entry.c = typed_layout(cd, call.m, call.n, ld.d, call.batch, call.stride_d);
   entry.d = typed_layout(cd, call.m, call.n, ld.d, call.batch, call.stride_d);
-  cublasLtMatmulPreference_t preference = nullptr;
-  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = kWorkspaceBytes;
-  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                        &workspace_bytes, sizeof workspace_bytes));
   const void* C = call.C != nullptr ? call.C : call.D;
   const uint32_t alignments[4] = {pointer_alignment(call.A), pointer_alignment(call.B), pointer_alignment(C),
                                   pointer_alignment(call.D)};
-  const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i)
-    KILTER_CUBLAS_CHECK(
-        lt().MatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(impl_->handle, entry.desc, entry.a, entry.b, entry.c,
-                                                            entry.d, preference, 1, &heuristic, &found);
-  lt().MatmulPreferenceDestroy(preference);
-  if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
-    entry.algo = heuristic.algo;
-    return true;
-  }
-  lt().MatrixLayoutDestroy(entry.a);
-  lt().MatrixLayoutDestroy(entry.b);
-  lt().MatrixLayoutDestroy(entry.c);
-  lt().MatrixLayoutDestroy(entry.d);
-  lt().MatmulDescDestroy(entry.desc);
+  if (choose_algorithm(impl_->handle, entry, alignments)) return true;
+  release(entry);
   entry = CachedMatmul{};
   return false;
 }
@@ -518,12 +491,7 @@ size_t linear_scratch_floats(int OC) { return column_sum_scratch_floats(OC); }
 void linear_forward_bf16(Gemm& gemm, bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight,
                          const bf16* bias, int N, int C, int OC) {
   // out' (OC,N) = W'^T (OC,C) inp' (C,N), as matmul_forward.
-  GemmCall call;
-  call.D = out;
-  call.A = weight;
-  call.B = inp;
-  call.m = OC, call.n = N, call.k = C;
-  call.trans_a = true;
+  GemmCall call = gemm_call(out, weight, inp, OC, N, C, /*trans_a=*/true);
   call.bias = bias;
   call.epilogue = bias != nullptr ? GemmEpilogue::bias : GemmEpilogue::none;
   if (pre_gelu != nullptr && aux_allowed(OC)) {
@@ -546,11 +514,7 @@ void linear_backward_bf16(Gemm& gemm, bf16* dinp, float* dweight, float* dbias, 
   cudaStream_t stream = gemm.stream();
   if (dinp != nullptr) {
     // dinp' (C,N) = W' (C,OC) dout' (OC,N)
-    GemmCall call;
-    call.D = dinp;
-    call.A = weight;
-    call.B = dout;
-    call.m = C, call.n = N, call.k = OC;
+    const GemmCall call = gemm_call(dinp, weight, dout, C, N, OC);
     bool done = false;
     if (pre_gelu != nullptr && aux_allowed(C)) {
       GemmCall fused = call;
@@ -567,12 +531,7 @@ void linear_backward_bf16(Gemm& gemm, bf16* dinp, float* dweight, float* dbias, 
   }
   // dW' (C,OC) += inp' (C,N) dout'^T (N,OC), into the fp32 gradient; BGRADB sums op(B) = dout
   // over the N rows: the bias gradient, into scratch (the epilogue stores, the gradient adds).
-  GemmCall call;
-  call.D = dweight;
-  call.A = inp;
-  call.B = dout;
-  call.m = C, call.n = OC, call.k = N;
-  call.trans_b = true;
+  GemmCall call = gemm_call(dweight, inp, dout, C, OC, N, /*trans_a=*/false, /*trans_b=*/true);
   call.cd = GemmType::f32;
   call.beta = 1.0f;
   if (dbias != nullptr) {

@@ -1,8 +1,8 @@
-// The row kernels of LayerNorm and RMSNorm over fp32 or bf16 rows (T), shared by rmsnorm.cu (the
-// fp32 RMSNorm of the Llama family) and residual_norm.cu (the bf16 datapath's norms, fused with
-// the residual add). One warp per row, kRowsPerBlock rows per block, fp32 arithmetic; the
-// weight and bias gradients are chunked column sums added in a fixed order (deterministic), as
-// in layernorm.cu. Included by .cu files only.
+// The row kernels of LayerNorm and RMSNorm over fp32 or bf16 rows (T), shared by layernorm.cu
+// (GPT-2's fp32 LayerNorm), rmsnorm.cu (the fp32 RMSNorm of the Llama family) and residual_norm.cu
+// (the bf16 datapath's norms, fused with the residual add). One warp per row, kRowsPerBlock rows
+// per block, fp32 arithmetic; the weight and bias gradients are chunked column sums added in a
+// fixed order (deterministic). Included by .cu files only.
 #pragma once
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
@@ -63,7 +63,10 @@ __global__ void norm_forward_kernel(T* residual, T* out, float* mean, float* rst
 }
 
 // dinp (fp32) += the norm's input gradient; dinp_copy (bf16, may be null) = round(dinp).
-template <typename T, bool kRms>
+// LayerNorm's sum of dnorm xhat is (dnorm (x - mean)) rstd, as the CPU twins take it, or with
+// kXhatFirst dnorm ((x - mean) rstd): the fp32 LayerNorm's order (layernorm.cu), kept so that its
+// results do not move by an ulp.
+template <typename T, bool kRms, bool kXhatFirst = false>
 __global__ void norm_backward_input_kernel(float* dinp, __nv_bfloat16* dinp_copy, const T* dout, const T* inp,
                                            const float* weight, const float* mean, const float* rstd, int N, int C) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.y;
@@ -80,7 +83,7 @@ __global__ void norm_backward_input_kernel(float* dinp, __nv_bfloat16* dinp_copy
       first += dnorm * x;
     } else {
       first += dnorm;
-      second += dnorm * (x - m) * s;
+      second += kXhatFirst ? dnorm * ((x - m) * s) : dnorm * (x - m) * s;
     }
   }
   first = warp_reduce_sum(first);
@@ -154,14 +157,15 @@ void launch_forward(T* residual, T* out, float* mean, float* rstd, const T* a, c
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
-template <typename T, bool kRms>
+template <typename T, bool kRms, bool kXhatFirst = false>
 void launch_backward(float* dinp, __nv_bfloat16* dinp_copy, float* dweight, float* dbias, const T* dout, const T* inp,
                      const float* weight, const float* mean, const float* rstd, int N, int C, float* scratch,
                      cudaStream_t stream) {
   if (N == 0) return;
   const dim3 block(kWarp, kRowsPerBlock);
   const unsigned grid = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  norm_backward_input_kernel<T, kRms><<<grid, block, 0, stream>>>(dinp, dinp_copy, dout, inp, weight, mean, rstd, N, C);
+  norm_backward_input_kernel<T, kRms, kXhatFirst>
+      <<<grid, block, 0, stream>>>(dinp, dinp_copy, dout, inp, weight, mean, rstd, N, C);
   KILTER_CUDA_LAUNCH_CHECK();
   float* partial_w = scratch;
   float* partial_b = scratch + column_sum_scratch_floats(C);

@@ -5,21 +5,11 @@
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
+#include "lib/model/piece_position.cuh"
 
 namespace kilter::model::cuda {
 
 namespace {
-
-// The piece holding token row i: the last p with cu_seqlens[p] <= i (as encoder.cu finds it).
-__device__ int piece_of(const int32_t* cu_seqlens, int pieces, int i) {
-  int lo = 0, hi = pieces - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu_seqlens[mid] <= i) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
 
 // One thread per (row, head, pair i): the NH query heads then the NKV key heads of a row W wide.
 template <typename T>
@@ -33,8 +23,7 @@ __global__ void rope_kernel(T* rows, const int32_t* cu_seqlens, const int32_t* p
     const size_t rest = i / half;
     const int h = static_cast<int>(rest % heads);
     const int row = static_cast<int>(rest / heads);
-    const int p = piece_of(cu_seqlens, pieces, row);
-    const int position = row - cu_seqlens[p] + (pos_offset == nullptr ? 0 : pos_offset[p]);
+    const int position = position_in_piece(cu_seqlens, pos_offset, pieces, row);
     const float c = cos[static_cast<size_t>(position) * half + j], s = sin[static_cast<size_t>(position) * half + j];
     T* x1 = rows + static_cast<size_t>(row) * W + static_cast<size_t>(h) * hd + j;
     T* x2 = x1 + half;

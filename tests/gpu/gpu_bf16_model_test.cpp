@@ -25,38 +25,20 @@
 #include "lib/backend/cpu_model.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/model/model.h"
+#include "tests/gpu/gpu_model_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 using kilter::gputest::bf16_storage;
 using kilter::gputest::Checker;
 using kilter::gputest::device_grads;
-using kilter::gputest::random_int;
+using kilter::gputest::params_of;
+using kilter::gputest::random_batch;
+using kilter::gputest::run_steps;
 using kilter::gputest::with;
 namespace km = kilter::model;
 using kilter::backend::CpuModel;
 
 namespace {
-
-km::Batch random_batch(const km::ModelSpec& cfg, int pieces, int max_len) {
-  km::Batch batch;
-  batch.clear();
-  for (int p = 0; p < pieces; ++p) {
-    const int length = p == 0 ? max_len : p == 1 ? 1 : 1 + static_cast<int>((p * 7919L) % max_len);
-    std::vector<int32_t> inputs(length), targets(length, -1);
-    for (int t = 0; t < length; ++t) {
-      inputs[t] = random_int(0, cfg.vocab_size - 1);
-      if (t + 1 < length) targets[t] = random_int(0, cfg.vocab_size - 1);
-    }
-    batch.append_piece(inputs.data(), targets.data(), length);
-  }
-  return batch;
-}
-
-std::vector<float> params_of(const km::Model& model) {
-  std::vector<float> host(model.layout().num_params);
-  model.get_params(host.data());
-  return host;
-}
 
 std::string tag_of(const km::ModelSpec& cfg, const km::BackendOptions& o) {
   return "[" + cfg.arch + " " + std::to_string(cfg.n_head) + "/" + std::to_string(cfg.kv_heads()) + " heads, " +
@@ -131,27 +113,6 @@ void compare_step(Checker& check, const km::ModelSpec& cfg, int pieces, int long
   } catch (const kilter::Error& e) {
     check.expect(tag + "step comparison ran", false, e.what());
   }
-}
-
-// Steps of two micro-batches, clipped at 1, as the trainer drives a model.
-std::vector<double> run_steps(km::Model& model, const std::vector<km::Batch>& batches, int steps) {
-  std::vector<double> losses;
-  for (int step = 0; step < steps; ++step) {
-    const km::Batch& a = batches[2 * step];
-    const km::Batch& b = batches[2 * step + 1];
-    const float scale = 1.0f / static_cast<float>(a.num_targets + b.num_targets);
-    model.zero_grads();
-    const double loss = model.forward_backward(a, scale, {}) + model.forward_backward(b, scale, {});
-    losses.push_back(loss * scale);
-    const double norm = std::sqrt(model.grad_norm_squared());
-    km::AdamWParams adam;
-    adam.lr = 1e-3f;
-    adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-    adam.t = step + 1;
-    model.adamw_step(adam);
-  }
-  model.synchronize();
-  return losses;
 }
 
 void compare_steps(Checker& check, const km::ModelSpec& cfg, const km::BackendOptions& options, int steps,

@@ -34,8 +34,11 @@ namespace kc = kilter::model::cuda;
 namespace km = kilter::model;
 using kilter::gputest::Checker;
 using kilter::gputest::DeviceBuffer;
+using kilter::gputest::offsets_of;
+using kilter::gputest::pack_rows;
 using kilter::gputest::random_floats;
 using kilter::gputest::random_int;
+using kilter::gputest::random_lengths;
 
 namespace {
 
@@ -80,12 +83,6 @@ class Bf16Device {
   DeviceBuffer<float> staging_;
   size_t n_;
 };
-
-std::vector<int32_t> offsets_of(const std::vector<int32_t>& lengths) {
-  std::vector<int32_t> cu = {0};
-  for (int32_t len : lengths) cu.push_back(cu.back() + len);
-  return cu;
-}
 
 // ---- the Llama family's kernels in fp32 --------------------------------------------------------
 
@@ -185,12 +182,7 @@ void test_gqa_attention(Checker& check, kc::Gemm& gemm) {
   const std::vector<int32_t> cu = offsets_of(lengths);
   const auto qkv = random_floats(size_t(B) * T * W, 2.0f), dout = random_floats(size_t(B) * T * C);
   // Padded (B,T) rows for the device; the packed real rows for the CPU.
-  std::vector<float> packed_qkv, packed_dout;
-  for (int b = 0; b < B; ++b) {
-    packed_qkv.insert(packed_qkv.end(), qkv.begin() + size_t(b) * T * W, qkv.begin() + (size_t(b) * T + lengths[b]) * W);
-    packed_dout.insert(packed_dout.end(), dout.begin() + size_t(b) * T * C,
-                       dout.begin() + (size_t(b) * T + lengths[b]) * C);
-  }
+  const std::vector<float> packed_qkv = pack_rows(qkv, lengths, T, W), packed_dout = pack_rows(dout, lengths, T, C);
   std::vector<float> out(size_t(cu.back()) * C), att(km::attention_saved_floats(cu.data(), B, NH));
   std::vector<float> dqkv(packed_qkv.size(), 0.0f);
   km::attention_forward(out.data(), att.data(), packed_qkv.data(), cu.data(), B, shape);
@@ -201,15 +193,8 @@ void test_gqa_attention(Checker& check, kc::Gemm& gemm) {
   kc::attention_forward(gemm, d_out.get(), d_att.get(), d_qkv.get(), d_lengths.get(), B, T, C, NH, workspace.get(), NKV);
   kc::attention_backward(gemm, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), d_lengths.get(), B, T, C, NH,
                          workspace.get(), false, NKV);
-  std::vector<float> out_gpu, dqkv_gpu;
-  const std::vector<float> all_out = d_out.download(), all_dqkv = d_dqkv.download();
-  for (int b = 0; b < B; ++b) {
-    out_gpu.insert(out_gpu.end(), all_out.begin() + size_t(b) * T * C, all_out.begin() + (size_t(b) * T + lengths[b]) * C);
-    dqkv_gpu.insert(dqkv_gpu.end(), all_dqkv.begin() + size_t(b) * T * W,
-                    all_dqkv.begin() + (size_t(b) * T + lengths[b]) * W);
-  }
-  check.near("GQA attention (6 heads, 2 K/V) forward", out_gpu, out, kGemmTol);
-  check.near("GQA attention backward dqkv", dqkv_gpu, dqkv, kGemmTol);
+  check.near("GQA attention (6 heads, 2 K/V) forward", pack_rows(d_out.download(), lengths, T, C), out, kGemmTol);
+  check.near("GQA attention backward dqkv", pack_rows(d_dqkv.download(), lengths, T, W), dqkv, kGemmTol);
 
   // A later part: L queries against s prefix keys of the 2 K/V heads.
   const int s = 23, L = 17;
@@ -404,16 +389,10 @@ void test_attention_bf16(Checker& check, kc::Gemm& gemm, int B, int T, int NH, i
                           std::to_string(NH) + " NKV" + std::to_string(NKV) + " ";
   const km::AttentionShape shape{NH, NKV, hd};
   const int C = NH * hd, W = shape.row_width();
-  std::vector<int32_t> lengths(B);
-  for (int b = 0; b < B; ++b) lengths[b] = b == 0 ? T : random_int(1, T);
+  const std::vector<int32_t> lengths = random_lengths(B, T);
   const std::vector<int32_t> cu = offsets_of(lengths);
   const auto qkv = bf16_values(size_t(B) * T * W, 2.0f), dout = bf16_values(size_t(B) * T * C);
-  std::vector<float> packed_qkv, packed_dout;
-  for (int b = 0; b < B; ++b) {
-    packed_qkv.insert(packed_qkv.end(), qkv.begin() + size_t(b) * T * W, qkv.begin() + (size_t(b) * T + lengths[b]) * W);
-    packed_dout.insert(packed_dout.end(), dout.begin() + size_t(b) * T * C,
-                       dout.begin() + (size_t(b) * T + lengths[b]) * C);
-  }
+  const std::vector<float> packed_qkv = pack_rows(qkv, lengths, T, W), packed_dout = pack_rows(dout, lengths, T, C);
   std::vector<float> out(size_t(cu.back()) * C), att(km::attention_saved_floats(cu.data(), B, NH));
   std::vector<float> dqkv(packed_qkv.size());
   km::attention_bf16_forward(out.data(), att.data(), packed_qkv.data(), cu.data(), B, shape);
@@ -425,13 +404,12 @@ void test_attention_bf16(Checker& check, kc::Gemm& gemm, int B, int T, int NH, i
                              workspace.get(), budget);
   kc::attention_bf16_backward(gemm, b_dqkv.get(), b_dout.get(), b_qkv.get(), b_att.get(), d_lengths.get(), B, T, C, NH,
                               NKV, workspace.get(), budget);
-  const std::vector<float> all_out = b_out.download(), all_dqkv = b_dqkv.download(), all_att = b_att.download();
-  std::vector<float> out_gpu, dqkv_gpu, att_gpu;
+  const std::vector<float> all_out = b_out.download(), all_att = b_att.download();
+  const std::vector<float> out_gpu = pack_rows(all_out, lengths, T, C);
+  const std::vector<float> dqkv_gpu = pack_rows(b_dqkv.download(), lengths, T, W);
+  std::vector<float> att_gpu;
   bool padded_zero = true;
   for (int b = 0; b < B; ++b) {
-    out_gpu.insert(out_gpu.end(), all_out.begin() + size_t(b) * T * C, all_out.begin() + (size_t(b) * T + lengths[b]) * C);
-    dqkv_gpu.insert(dqkv_gpu.end(), all_dqkv.begin() + size_t(b) * T * W,
-                    all_dqkv.begin() + (size_t(b) * T + lengths[b]) * W);
     for (size_t i = (size_t(b) * T + lengths[b]) * C; i < size_t(b + 1) * T * C; ++i) padded_zero &= all_out[i] == 0.0f;
     const size_t L = lengths[b];
     for (int h = 0; h < NH; ++h)

@@ -26,40 +26,18 @@
 #include "lib/backend/cuda_memory.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/model/model.h"
+#include "tests/gpu/gpu_model_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 using kilter::gputest::Checker;
 using kilter::gputest::device_grads;
+using kilter::gputest::params_of;
+using kilter::gputest::random_batch;
+using kilter::gputest::run_steps;
 using kilter::gputest::with;
-using kilter::gputest::random_int;
 namespace km = kilter::model;
 
 namespace {
-
-// A packed micro-batch of `pieces` pieces: the first of max_len tokens, the second of 1, the
-// others of lengths fixed by (pieces, max_len) so that a layout repeats (CUDA graphs are kept
-// per layout); tokens random.
-km::Batch random_batch(const km::ModelSpec& cfg, int pieces, int max_len) {
-  km::Batch batch;
-  batch.clear();
-  for (int p = 0; p < pieces; ++p) {
-    const int length = p == 0 ? max_len : p == 1 ? 1 : 1 + static_cast<int>((p * 7919L) % max_len);
-    std::vector<int32_t> inputs(length), targets(length, -1);
-    for (int t = 0; t < length; ++t) {
-      inputs[t] = random_int(0, cfg.vocab_size - 1);
-      // The last position of a piece has no target (the document ends there).
-      if (t + 1 < length) targets[t] = random_int(0, cfg.vocab_size - 1);
-    }
-    batch.append_piece(inputs.data(), targets.data(), length);
-  }
-  return batch;
-}
-
-std::vector<float> params_of(const km::Model& model) {
-  std::vector<float> host(model.layout().num_params);
-  model.get_params(host.data());
-  return host;
-}
 
 using Ranges = std::vector<std::pair<size_t, size_t>>;
 
@@ -142,29 +120,6 @@ void compare_step_body(Checker& check, const km::ModelSpec& cfg, int B, int T, c
   gpu->adamw_step(adam);
   check.near(tag + "params after AdamW (same grads)", params_of(*gpu), params_of(cpu), 1e-6);
   check.near_scalar(tag + "forward_loss", gpu->forward_loss(batch), cpu.forward_loss(batch), 1e-5);
-}
-
-// Optimizer steps of two micro-batches each, with global-norm clipping at 1.0, the way the
-// trainer drives a model. Returns the per-step losses (token means).
-std::vector<double> run_steps(km::Model& model, const std::vector<km::Batch>& batches, int steps) {
-  std::vector<double> losses;
-  for (int step = 0; step < steps; ++step) {
-    const km::Batch& first = batches[2 * step];
-    const km::Batch& second = batches[2 * step + 1];
-    const float loss_scale = 1.0f / static_cast<float>(first.num_targets + second.num_targets);
-    model.zero_grads();
-    double loss = model.forward_backward(first, loss_scale, {});
-    loss += model.forward_backward(second, loss_scale, {});
-    losses.push_back(loss * loss_scale);
-    const double norm = std::sqrt(model.grad_norm_squared());
-    km::AdamWParams adam;
-    adam.lr = 1e-3f;
-    adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-    adam.t = step + 1;
-    model.adamw_step(adam);
-  }
-  model.synchronize();
-  return losses;
 }
 
 // `steps` steps; micro-batch layouts alternate between two, so with 5 steps each layout runs five

@@ -1,4 +1,5 @@
-// A tiny harness for the GPU tests (tests/gpu/*.cpp): device buffers, fresh random inputs, and
+// A tiny harness for the GPU tests (tests/gpu/*.cpp): device buffers, fresh random inputs, the
+// padded (B,T) rows the attention engines take and the packed rows their CPU twins take, and
 // comparisons against the CPU twin with a stated tolerance. No GoogleTest on purpose: these
 // binaries must build and run on a GPU machine that has only the CUDA toolkit. A binary exits 0
 // when every check passes, 1 on a failure, and 77 (ctest SKIP_RETURN_CODE) with
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +58,38 @@ inline std::vector<float> random_floats(size_t n, float scale = 1.0f) {
 
 inline int random_int(int lo, int hi) {  // inclusive
   return std::uniform_int_distribution<int>(lo, hi)(rng());
+}
+
+// Row lengths of a padded (B,T) attention group: one full row, the others ragged.
+inline std::vector<int32_t> random_lengths(int B, int T) {
+  std::vector<int32_t> lengths(B);
+  for (int b = 0; b < B; ++b) lengths[b] = b == 0 ? T : random_int(1, T);
+  return lengths;
+}
+
+// cu_seqlens of pieces of these lengths: 0, then the running sums.
+inline std::vector<int32_t> offsets_of(const std::vector<int32_t>& lengths) {
+  std::vector<int32_t> cu = {0};
+  for (int32_t len : lengths) cu.push_back(cu.back() + len);
+  return cu;
+}
+
+// The CPU twins are packed-only (model.h); the padded engines' (B,T,lengths) problems are
+// compared by packing their real rows: padded (B,T,W) rows <-> packed (sum lengths, W).
+inline std::vector<float> pack_rows(const std::vector<float>& padded, const std::vector<int32_t>& lengths, int T,
+                                    int W) {
+  std::vector<float> packed;
+  for (size_t b = 0; b < lengths.size(); ++b)
+    packed.insert(packed.end(), padded.begin() + b * T * W, padded.begin() + (b * T + lengths[b]) * W);
+  return packed;
+}
+// Writes the packed rows back over the real rows of `padded`; padded rows keep their values.
+inline void unpack_rows(std::vector<float>& padded, const std::vector<float>& packed,
+                        const std::vector<int32_t>& lengths, int T, int W) {
+  size_t row = 0;
+  for (size_t b = 0; b < lengths.size(); ++b)
+    for (int t = 0; t < lengths[b]; ++t, ++row)
+      std::copy(packed.begin() + row * W, packed.begin() + (row + 1) * W, padded.begin() + (b * T + t) * W);
 }
 
 // A device copy of a host vector that frees itself.
