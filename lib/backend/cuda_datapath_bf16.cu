@@ -7,10 +7,10 @@
 // at exactly these points):
 //   forward:  encoder (bf16), ln_1; per block: qkv GEMM (bias epilogue) [llama: RoPE], attention
 //             (cuDNN SDPA on the rows where sdpa_for_batch chose it, cuda_attention_sdpa.cu; else
-//             the bf16 cuBLASLt engine in padded groups), the output projection, the residual add fused with ln_2, the first
-//             MLP GEMM with GELU in its epilogue (GELU_AUX; llama: the gate|up GEMM and SwiGLU), the
-//             second MLP GEMM, the residual add fused with the next norm (the next block's ln_1,
-//             or ln_f);
+//             the bf16 cuBLASLt engine in padded groups), the output projection, the residual add
+//             fused with ln_2, the first MLP GEMM with GELU in its epilogue (GELU_AUX; llama: the
+//             gate|up GEMM and SwiGLU), the second MLP GEMM, the residual add fused with the next
+//             norm (the next block's ln_1, or ln_f);
 //   head:     the chunked classifier (bf16 logits of a chunk of rows, loss, dlogits in place, its
 //             two GEMMs), then ln_f's backward;
 //   backward: per block the MLP (DGELU epilogue; llama: SwiGLU's backward), its weight gradients
