@@ -106,25 +106,33 @@ size_t floats_of_bf16(size_t elements) { return (elements + 1) / 2; }
 }  // namespace
 
 // The bf16 datapath's arena: the activation plan's slots in bf16 (its norm statistics in fp32),
-// the saved softmax in bf16, the classifier's one chunk of logits, the residual stream's fp32
-// gradient with its bf16 copy, and bf16 scratch; the same ints as the fp32 layout.
+// the saved attention state (the groups' softmax in bf16, or on SDPA cuDNN's fp32 Stats), the
+// classifier's one chunk of logits, the residual stream's fp32 gradient with its bf16 copy, bf16
+// scratch (the groups' padded rows and workspace only off SDPA; on SDPA the later parts' staged
+// K/V); the same ints as the fp32 layout.
 size_t CudaModel::carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activations* acts,
                              const Layout& layout) const {
   using kc::bf16;
   const size_t C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
-  const size_t tokens = layout.N, padded_rows = layout.groups.padded_rows();
+  const size_t kv = W - NH * static_cast<size_t>(cfg_.head_dim());
+  // SDPA reads the packed rows themselves: the groups' padded rows are not carved.
+  const size_t tokens = layout.N, padded_rows = layout.sdpa ? 0 : layout.groups.padded_rows();
   auto take_bf16 = [&](size_t elements) { return reinterpret_cast<bf16*>(carver.take(floats_of_bf16(elements))); };
   ActivationsBf16 b;
   size_t att_slice = 0, workspace = 0;  // bf16 elements; bytes
-  for (const model::AttentionGroup& g : layout.groups.groups) {
-    b.saved_offset.push_back(att_slice);
-    att_slice += 2 * align_up(floats_of_bf16(static_cast<size_t>(g.B) * NH * g.T * g.T));
-    workspace = std::max(workspace, kc::attention_bf16_workspace_bytes(g.B, g.T, int(C), int(NH), score_budget_));
-  }
-  for (const PrefixedPiece& part : layout.prefixed) {
-    b.prefixed_saved_offset.push_back(att_slice);
-    att_slice += 2 * align_up(floats_of_bf16(NH * part.len * (static_cast<size_t>(part.offset) + part.len)));
-    workspace = std::max(workspace, kc::attention_prefix_bf16_workspace_bytes(part.offset, part.len, int(C), int(NH)));
+  if (layout.sdpa) {
+    att_slice = 2 * align_up(tokens * NH);  // cuDNN's Stats, fp32 (the SDPA workspace is the engine's)
+  } else {
+    for (const model::AttentionGroup& g : layout.groups.groups) {
+      b.saved_offset.push_back(att_slice);
+      att_slice += 2 * align_up(floats_of_bf16(static_cast<size_t>(g.B) * NH * g.T * g.T));
+      workspace = std::max(workspace, kc::attention_bf16_workspace_bytes(g.B, g.T, int(C), int(NH), score_budget_));
+    }
+    for (const PrefixedPiece& part : layout.prefixed) {
+      b.prefixed_saved_offset.push_back(att_slice);
+      att_slice += 2 * align_up(floats_of_bf16(NH * part.len * (static_cast<size_t>(part.offset) + part.len)));
+      workspace = std::max(workspace, kc::attention_prefix_bf16_workspace_bytes(part.offset, part.len, int(C), int(NH)));
+    }
   }
   b.encoded = take_bf16(tokens * C);
   // The plan's slots: the norm statistics (one float per token) stay fp32, every other slot bf16.
@@ -151,6 +159,7 @@ size_t CudaModel::carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activa
     block.fch_act = as_bf16(a.fch_gelu), block.residual3 = as_bf16(a.residual3);
     block.ln1_mean = a.ln1_mean, block.ln1_rstd = a.ln1_rstd, block.ln2_mean = a.ln2_mean, block.ln2_rstd = a.ln2_rstd;
     block.att = plan.attention_per_layer ? take_bf16(att_slice) : shared_att;
+    block.stats = layout.sdpa ? reinterpret_cast<float*>(block.att) : nullptr;
   }
   b.lnf = take_bf16(tokens * C);
   b.lnf_mean = carver.take(tokens);
@@ -179,15 +188,20 @@ size_t CudaModel::carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activa
     b.exchange_qkv = carver.take(tokens * W);
     b.exchange_dqkv = carver.take(tokens * W);
   }
+  if (layout.sdpa && layout.sdpa_staged_rows > 0) {
+    b.sdpa_staged = take_bf16(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
+    b.sdpa_staged_grad = take_bf16(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
+  }
+  // The ints keep the groups' row map whatever the engine: upload_batch writes one layout.
   Activations ints;
-  const size_t pieces = layout.pieces;
-  ints.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + padded_rows);
+  const size_t pieces = layout.pieces, map_rows = layout.groups.padded_rows();
+  ints.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + map_rows);
   ints.inputs = ints.ints;
   ints.targets = ints.inputs + tokens;
   ints.cu_seqlens = ints.targets + tokens;
   ints.lengths = ints.cu_seqlens + pieces + 1;
   ints.padded_token = ints.lengths + pieces;
-  ints.pos_offset = ints.padded_token + padded_rows;
+  ints.pos_offset = ints.padded_token + map_rows;
   if (bacts != nullptr) *bacts = std::move(b);
   if (acts != nullptr) *acts = std::move(ints);
   return carver.used();
@@ -225,6 +239,9 @@ void CudaModel::reserve(int max_tokens, int context) {
   layout.pieces = static_cast<int>(cu_seqlens.size()) - 1;
   layout.max_len = std::min(max_tokens, context);
   layout.groups.build(cu_seqlens.data(), layout.pieces, cfg_.block_size);
+  // bf16 storage where SDPA may run: its layout (cuda_memory.cpp counts the same); a shape bucket
+  // that falls back to the groups grows the arena at its micro-batch.
+  layout.sdpa = bf16_storage_ && sdpa_ != nullptr;
   ensure_moments();  // before the arena: the state first, and no allocation left for the first step
   ensure_segments();
   ArenaCarver measure(nullptr);

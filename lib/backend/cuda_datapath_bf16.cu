@@ -5,11 +5,12 @@
 // to a multiple of 128). Gradients of the weights stay fp32 in the flat buffer the reducer and
 // ZeRO-1 read. The steps, in CpuModel's order (its bf16-storage oracle, cpu_model_bf16.cpp, rounds
 // at exactly these points):
-//   forward:  encoder (bf16), ln_1; per block: qkv GEMM (bias epilogue) [llama: RoPE], the bf16
-//             attention engine, the output projection, the residual add fused with ln_2, the first
-//             MLP GEMM with GELU in its epilogue (GELU_AUX; llama: the gate|up GEMM and SwiGLU), the
-//             second MLP GEMM, the residual add fused with the next norm (the next block's ln_1,
-//             or ln_f);
+//   forward:  encoder (bf16), ln_1; per block: qkv GEMM (bias epilogue) [llama: RoPE], attention
+//             (cuDNN SDPA on the rows where sdpa_for_batch chose it, cuda_attention_sdpa.cu; else
+//             the bf16 cuBLASLt engine in padded groups), the output projection, the residual add
+//             fused with ln_2, the first MLP GEMM with GELU in its epilogue (GELU_AUX; llama: the
+//             gate|up GEMM and SwiGLU), the second MLP GEMM, the residual add fused with the next
+//             norm (the next block's ln_1, or ln_f);
 //   head:     the chunked classifier (bf16 logits of a chunk of rows, loss, dlogits in place, its
 //             two GEMMs), then ln_f's backward;
 //   backward: per block the MLP (DGELU epilogue; llama: SwiGLU's backward), its weight gradients
@@ -90,6 +91,7 @@ void CudaModel::block_forward_bf16(int l, bool recomputing) {
 }
 
 void CudaModel::attention_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool recomputing) {
+  if (batch_sdpa_) return sdpa_forward_bf16(layer, a, out, /*exchange_calls=*/!recomputing);
   const ActivationsBf16& x = bacts_;
   const int N = layout_now_.N, C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.kv_heads(), W = cfg_.qkv_width();
   if (exchange_ != nullptr && !recomputing) {
@@ -122,6 +124,7 @@ void CudaModel::attention_forward_bf16(int layer, const BlockBf16& a, kc::bf16* 
 }
 
 void CudaModel::attention_backward_bf16(int layer, const BlockBf16& a) {
+  if (batch_sdpa_) return sdpa_backward_bf16(layer, a);
   const ActivationsBf16& x = bacts_;
   const int N = layout_now_.N, C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.kv_heads(), W = cfg_.qkv_width();
   if (exchange_ != nullptr) {

@@ -288,6 +288,8 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
   // The attention engine: SDPA on the packed rows, or each group's engine (the per-shape trials
   // and self-checks run here, before any kernel of this micro-batch is queued).
   batch_sdpa_ = sdpa_for_batch(batch);
+  layout.sdpa = batch_sdpa_ && bf16_storage_;  // the arena of the bf16 datapath follows the engine
+  layout.sdpa_staged_rows = layout.sdpa ? sdpa_staged_rows() : 0;
   const size_t num_groups = layout.groups.groups.size();
   layout.group_cudnn.assign(num_groups, 0);
   batch_cudnn_ = false;

@@ -5,7 +5,7 @@
 // train.bf16_storage), cuda_self_check.cu (that datapath's runtime check against the CPU oracle),
 // cuda_arena.cu (the activation arena of either datapath), cuda_graphs.cu (the CUDA-graph cache)
 // and cuda_attention_choice.cu (which attention engine runs a shape, and its self-check). CUDA
-// C++: only .cu files include it.
+// C++: only .cu files include it. cuda_attention_sdpa.cu: the cuDNN SDPA path of both datapaths.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -128,6 +128,7 @@ class CudaModel final : public ModelBase {
     kc::bf16 *ln1 = nullptr, *qkv = nullptr, *atty = nullptr, *att = nullptr, *residual2 = nullptr;
     kc::bf16 *ln2 = nullptr, *fch = nullptr, *fch_act = nullptr, *residual3 = nullptr;
     float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
+    float* stats = nullptr;  // a batch on SDPA: cuDNN's Stats (N x n_head) in att's slice; else null
   };
   struct ActivationsBf16 {
     kc::bf16* encoded = nullptr;
@@ -145,6 +146,8 @@ class CudaModel final : public ModelBase {
     void* attention_workspace = nullptr;
     float* column_scratch = nullptr;
     float *exchange_qkv = nullptr, *exchange_dqkv = nullptr;  // fp32 rows for the K/V exchange (cut pieces)
+    // A batch on SDPA with later parts: their staged K/V rows and those rows' dK/dV (kv_width wide).
+    kc::bf16 *sdpa_staged = nullptr, *sdpa_staged_grad = nullptr;
     std::vector<size_t> saved_offset, prefixed_saved_offset;  // in bf16 elements
   };
   // A later part of a cut piece in the current micro-batch.
@@ -158,6 +161,10 @@ class CudaModel final : public ModelBase {
     model::AttentionGroups groups;       // the pieces without a prefix
     std::vector<PrefixedPiece> prefixed;
     std::vector<char> group_cudnn;  // per group: runs on cuDNN
+    // bf16 storage with the batch on SDPA: no groups' softmax, padded rows or group workspace, but
+    // cuDNN's Stats per layer and the later parts' staged K/V rows (sdpa_staged_rows of them).
+    bool sdpa = false;
+    int sdpa_staged_rows = 0;
     std::vector<int32_t> key() const;  // N, pieces, max_len, then the groups' (B,T)
   };
 
@@ -192,6 +199,11 @@ class CudaModel final : public ModelBase {
   bool sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry);
   void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls);
   void sdpa_backward_layer(int layer, const BlockActivations& a);
+  // The same on the bf16-storage datapath's rows (attention_forward_bf16/attention_backward_bf16
+  // call them for a batch on SDPA): out (N, C) bf16, Stats in a.stats, later parts staged in the arena.
+  void sdpa_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool exchange_calls);
+  void sdpa_backward_bf16(int layer, const BlockBf16& a);
+  int sdpa_staged_rows() const;          // the current plan's staged K/V rows (later parts)
   std::string sdpa_description() const;  // "" when SDPA was not asked for
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
   // forward and backward) and compares them: code that has never met a device must prove

@@ -3,11 +3,12 @@
 // them, so one translation unit pays their compile time). The host side, what a call reads, is
 // lib/model/sdpa_plan.h; docs/gpu.md ("cuDNN SDPA") says how it is used and what has run.
 //
-// Per layer, two calls (sdpa_plan.h): the whole pieces, causal, with Q/K/V as strided views of
+// Per layer, the calls of sdpa_plan.h: the whole pieces, causal, with Q/K/V as strided views of
 // the packed qkv rows and O, dQ, dK, dV straight in the packed rows; and the later parts of cut
-// pieces, causal aligned bottom-right, over their staged K/V rows. cuDNN's SDPA takes fp16/bf16
-// only: the rows are bf16 (the conversion kernels below serve a caller whose activations are
-// fp32). The backward runs cuDNN's deterministic algorithm, so reruns are bit-identical.
+// pieces, causal aligned bottom-right, over their staged K/V rows (each kind one call, or several
+// within the score budget). cuDNN's SDPA takes fp16/bf16 only: the rows are bf16, the
+// bf16-storage datapath's own; the conversion kernels below serve the fp32-activation datapath.
+// The backward runs cuDNN's deterministic algorithm, so reruns are bit-identical.
 //
 // Built only with KILTER_WITH_SDPA (cmake/KilterCudnn.cmake); the conversion and staging kernels
 // (attention_sdpa_rows.cu) need no frontend.
@@ -91,5 +92,15 @@ void sdpa_stage_keys(const SdpaPlan& plan, const AttentionPrefix& prefix, const 
 enum class SdpaUnstage { prefix_rows, own_rows, all };
 void sdpa_unstage_key_grads(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* staged_grad, float* dqkv,
                             cudaStream_t stream, SdpaUnstage which = SdpaUnstage::all);
+// The same on bf16 rows (the bf16-storage datapath): own rows copied from qkv's k|v columns, and
+// back into dqkv's, bit for bit; the prefixes stay fp32 (the exchange's rows), rounded to bf16 on
+// the way in (exactly: they are bf16 values on their owner) and added in fp32 on the way back.
+void sdpa_stage_keys(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* qkv, bf16* staged,
+                     cudaStream_t stream);
+void sdpa_unstage_key_grads(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* staged_grad, bf16* dqkv,
+                            cudaStream_t stream, SdpaUnstage which = SdpaUnstage::all);
+// dst (rows, cols) = src, bf16 rows at their strides (a strided copy, no rounding).
+void rows_copy_bf16(bf16* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows, int cols,
+                    cudaStream_t stream);
 
 }  // namespace kilter::model::cuda

@@ -2,7 +2,10 @@
 #include "lib/model/sdpa_plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "io/error.h"
 
@@ -132,10 +135,93 @@ void fill_call(SdpaCall& call, const std::vector<Entry>& entries, const Attentio
   }
 }
 
+// B x Sq x Skv of the bucket one call of `entries` would take.
+int64_t call_scores(const std::vector<Entry>& entries) {
+  int max_q = 0, max_kv = 0;
+  for (const Entry& e : entries) max_q = std::max(max_q, e.q_len), max_kv = std::max(max_kv, e.kv_len);
+  return int64_t(sdpa_bucket(static_cast<int>(entries.size()), 1)) * sdpa_bucket(max_q, kSdpaMinSeq) *
+         sdpa_bucket(max_kv, kSdpaMinSeq);
+}
+
+// The calls of one kind of entries (plan_sdpa's rule): one call when it fits the budget, else one
+// class per (Sq, Skv) bucket, longest first, cut into calls of at most budget / (Sq x Skv) entries.
+std::vector<std::vector<Entry>> split_calls(const std::vector<Entry>& entries, int64_t budget) {
+  if (entries.empty()) return {};
+  if (budget <= 0 || call_scores(entries) <= budget) return {entries};
+  std::map<std::pair<int, int>, std::vector<Entry>, std::greater<>> classes;  // (Sq, Skv) bucket, longest first
+  for (const Entry& e : entries)
+    classes[{sdpa_bucket(e.kv_len, kSdpaMinSeq), sdpa_bucket(e.q_len, kSdpaMinSeq)}].push_back(e);
+  std::vector<std::vector<Entry>> calls;
+  for (const auto& [bucket, members] : classes) {
+    int64_t cap = 1;  // a power of two: the call's B bucket stays within it
+    while (cap * 2 * bucket.first * bucket.second <= budget) cap *= 2;
+    for (size_t first = 0; first < members.size(); first += static_cast<size_t>(cap)) {
+      const size_t end = std::min(members.size(), first + static_cast<size_t>(cap));
+      calls.emplace_back(members.begin() + static_cast<std::ptrdiff_t>(first),
+                         members.begin() + static_cast<std::ptrdiff_t>(end));
+    }
+  }
+  return calls;
+}
+
+void fill_calls(std::vector<SdpaCall>& calls, const std::vector<Entry>& entries, int64_t budget,
+                const AttentionShape& shape, int tokens, int key_rows, bool bottom_right, SdpaKeyRows keys) {
+  const std::vector<std::vector<Entry>> split = split_calls(entries, budget);
+  calls.resize(split.size());
+  for (size_t i = 0; i < split.size(); ++i) fill_call(calls[i], split[i], shape, tokens, key_rows, bottom_right, keys);
+}
+
 }  // namespace
 
+std::vector<const SdpaCall*> SdpaPlan::calls() const {
+  std::vector<const SdpaCall*> all;
+  for (const SdpaCall& call : whole) all.push_back(&call);
+  for (const SdpaCall& call : later) all.push_back(&call);
+  return all;
+}
+
+std::vector<int32_t> SdpaPlan::descriptor_blocks(std::vector<size_t>* offsets) const {
+  std::vector<int32_t> blocks;
+  offsets->clear();
+  for (const SdpaCall* call : calls()) {
+    offsets->push_back(blocks.size());
+    const std::vector<int32_t> block = call->descriptor_block();
+    blocks.insert(blocks.end(), block.begin(), block.end());
+  }
+  return blocks;
+}
+
+int64_t sdpa_score_budget(int tokens, int context) {
+  const int longest = std::max(1, std::min(tokens, context));
+  const int64_t S = sdpa_bucket(longest, kSdpaMinSeq);
+  return int64_t(sdpa_bucket((std::max(tokens, 1) + longest - 1) / longest, 1)) * S * S;
+}
+
+uint64_t sdpa_workspace_estimate(const SdpaBucket& bucket, int64_t kv_row_stride, const AttentionShape& shape) {
+  if (bucket.batch == 0) return 0;
+  auto up64 = [](uint64_t n) { return (n + 63) / 64 * 64; };
+  const uint64_t H = uint64_t(shape.n_head), group = uint64_t(shape.n_head / std::max(shape.n_kv_head, 1));
+  uint64_t bytes = uint64_t(bucket.batch) * H * up64(uint64_t(bucket.seq_q)) * up64(uint64_t(bucket.seq_kv)) * 2;
+  bytes += uint64_t(bucket.rows_q) * H * 4;  // the softmax sums, laid out as the Stats
+  if (group > 1) bytes += 2 * uint64_t(bucket.rows_kv) * uint64_t(kv_row_stride) * group * 4;
+  return bytes;
+}
+
+uint64_t sdpa_workspace_bound(const AttentionShape& shape, int tokens, int context) {
+  const int longest = std::max(1, std::min(tokens, context));
+  const int64_t budget = sdpa_score_budget(tokens, context), S = sdpa_bucket(longest, kSdpaMinSeq);
+  const int rows = sdpa_bucket(std::max(tokens, 1), kSdpaMinSeq);
+  // Whole pieces: every call within the budget (a call of one full-context piece is within it).
+  SdpaBucket whole{static_cast<int>(budget / (S * S)), static_cast<int>(S), static_cast<int>(S), false, rows, rows};
+  // One later part: up to `longest` queries after a prefix, up to `context` keys in all.
+  const int keys = sdpa_bucket(std::max(context, 1), kSdpaMinSeq);
+  SdpaBucket later{1, static_cast<int>(S), keys, true, rows, keys};
+  return std::max(sdpa_workspace_estimate(whole, shape.row_width(), shape),
+                  sdpa_workspace_estimate(later, shape.kv_width(), shape));
+}
+
 void plan_sdpa(SdpaPlan& plan, const int32_t* cu_seqlens, int pieces, const int32_t* pos_offset,
-               const AttentionShape& shape) {
+               const AttentionShape& shape, int64_t score_budget) {
   plan.shape = shape;
   plan.tokens = pieces > 0 ? cu_seqlens[pieces] : 0;
   plan.staging.clear();
@@ -154,8 +240,9 @@ void plan_sdpa(SdpaPlan& plan, const int32_t* cu_seqlens, int pieces, const int3
     staged += s + len;
   }
   plan.staged_rows = staged;
-  fill_call(plan.whole, whole, shape, plan.tokens, plan.tokens, /*bottom_right=*/false, SdpaKeyRows::packed_qkv);
-  fill_call(plan.later, later, shape, plan.tokens, staged, /*bottom_right=*/true, SdpaKeyRows::staged);
+  fill_calls(plan.whole, whole, score_budget, shape, plan.tokens, plan.tokens, /*bottom_right=*/false,
+             SdpaKeyRows::packed_qkv);
+  fill_calls(plan.later, later, score_budget, shape, plan.tokens, staged, /*bottom_right=*/true, SdpaKeyRows::staged);
 }
 
 }  // namespace kilter::model

@@ -1,6 +1,6 @@
 // The host side of the cuDNN SDPA attention engine (lib/model/attention_sdpa.h): from a packed
-// micro-batch (cu_seqlens, each piece's pos_offset, the AttentionShape) it computes what the two
-// SDPA calls of a layer read, so that the engine itself only turns numbers into graphs. Plain C++
+// micro-batch (cu_seqlens, each piece's pos_offset, the AttentionShape) it computes what the SDPA
+// calls of a layer read, so that the engine itself only turns numbers into graphs. Plain C++
 // (no CUDA): tests/unit/model_sdpa_plan_test.cpp runs the CPU packed attention through these very
 // offsets and staging maps and compares it with attention_forward/backward on the packed batch.
 //
@@ -23,9 +23,18 @@
 // least kSdpaMinSeq) and the graphs are cached per bucket: entries past the pieces have length 0.
 // Stats (the softmax's log-sum-exp, kept for the backward) are packed like the rows: (N, n_head)
 // floats, ragged offset = row * n_head.
+//
+// cuDNN's deterministic backward on sm_90 takes a workspace of the bucket's B x H x Sq x Skv bf16
+// (dP; sdpa_workspace_estimate), which follows the padded bucket, not the pieces: one long piece
+// among many short ones would make it B_pow2 x longest^2. So the pieces of one kind (whole, or
+// later parts) run as SEVERAL calls when one call's B x Sq x Skv would pass a score budget
+// (sdpa_score_budget: what full-context pieces of the micro-batch's size take): pieces of similar
+// length together, each call within the budget. Buckets, graphs and the workspace stay bounded by
+// the shape of the micro-batch the memory plan counts (sdpa_workspace_bound).
 #pragma once
 #include <array>
 #include <cstdint>
+#include <cstddef>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -104,10 +113,16 @@ struct SdpaStagedRows {
 struct SdpaPlan {
   AttentionShape shape;
   int tokens = 0;                       // N
-  SdpaCall whole;                       // pieces without a prefix
-  SdpaCall later;                       // later parts of cut pieces, keys staged
+  std::vector<SdpaCall> whole;          // pieces without a prefix (one call, or several within the budget)
+  std::vector<SdpaCall> later;          // later parts of cut pieces, keys staged (likewise)
   std::vector<SdpaStagedRows> staging;  // the later parts' staged rows, part after part: prefix, own
   int staged_rows = 0;                  // rows of kv_width in the staging buffer
+
+  // Every call, the whole ones first, then the later ones (the order of descriptor_blocks).
+  std::vector<const SdpaCall*> calls() const;
+  // Every call's descriptor_block(), one after the other in calls() order; offsets[i] is where
+  // call i's starts (a multiple of kSdpaDescriptorAlign, as every block's size is).
+  std::vector<int32_t> descriptor_blocks(std::vector<size_t>* offsets) const;
 };
 
 // Whether the SDPA engine takes this attention shape; *why says why not.
@@ -118,8 +133,27 @@ int sdpa_bucket(int n, int minimum);
 
 // Plans a packed micro-batch: cu_seqlens (pieces + 1 offsets), pos_offset (per piece, s earlier
 // tokens; null = none). Reuses plan's buffers. Throws kilter::Error when an element offset would
-// not fit cuDNN's int32 ragged offsets.
+// not fit cuDNN's int32 ragged offsets. score_budget: the most B x Sq x Skv of a call's bucket
+// (per head); the pieces of a kind run as one call when it fits (or score_budget <= 0), else in
+// calls per (Sq, Skv) bucket, longest first, of at most score_budget / (Sq x Skv) entries (a power
+// of two, at least one), each call's entries in piece order.
 void plan_sdpa(SdpaPlan& plan, const int32_t* cu_seqlens, int pieces, const int32_t* pos_offset,
-               const AttentionShape& shape);
+               const AttentionShape& shape, int64_t score_budget = 0);
+
+// The score budget of micro-batches of `tokens` tokens whose pieces are at most `context` long:
+// B x S^2 of full-context pieces filling them (B and S rounded up to their buckets).
+int64_t sdpa_score_budget(int tokens, int context);
+
+// cuDNN's device workspace for a call of `bucket` (its backward: the larger of the two), by
+// cudnn-frontend 1.32's sizing of the deterministic backward on sm_90 with cuDNN < 9.25: dP of
+// the bucket in bf16 (B x H x Sq x Skv, each S rounded up to 64), the softmax sums (fp32, by the
+// Stats rows), and with grouped K/V heads the fp32 dK and dV of every query head before they are
+// summed into their K/V head (by the key rows, kv_row_stride apart, times the group). An estimate
+// for the memory plan: the engine asks cuDNN for the real figure (SdpaAttention::workspace_bytes).
+uint64_t sdpa_workspace_estimate(const SdpaBucket& bucket, int64_t kv_row_stride, const AttentionShape& shape);
+// The estimate of the largest call plan_sdpa makes, with sdpa_score_budget(tokens, context), for
+// micro-batches of at most `tokens` tokens: whole pieces, and one later part of a piece of up to
+// `context` tokens (several later parts in one micro-batch may take more, as their staging does).
+uint64_t sdpa_workspace_bound(const AttentionShape& shape, int tokens, int context);
 
 }  // namespace kilter::model

@@ -12,7 +12,11 @@
 //   recompute vs none on the GPU: attention and block 1e-6 (the embedding backward's float
 //   atomics), gelu (GPT-2 recomputes GELU from the stored bf16 pre-activation) 2e-2;
 //   Llama in fp32: loss 1e-5, gradients 5e-4, as gpu_model's GPT-2 cases.
-// Also: train.bf16_storage = auto takes the datapath after its self-check on this device.
+// Also: train.bf16_storage = auto takes the datapath after its self-check on this device. And the
+// same cases with cuDNN SDPA on the bf16 rows (train.attention = sdpa), against the same oracle at
+// the same tolerances (cut pieces on SDPA: gpu_cut), recompute attention and block against none
+// on SDPA, and reruns bit for bit (loss, every gradient but the token embedding's float atomics);
+// skipped with a note where the build or the machine has no SDPA.
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
 #include <algorithm>
 #include <cmath>
@@ -42,8 +46,8 @@ namespace {
 
 std::string tag_of(const km::ModelSpec& cfg, const km::BackendOptions& o) {
   return "[" + cfg.arch + " " + std::to_string(cfg.n_head) + "/" + std::to_string(cfg.kv_heads()) + " heads, " +
-         o.precision + (o.bf16_storage == "on" ? " storage" : "") + (o.cuda_graphs ? ", graphs" : "") +
-         (o.recompute != "none" ? ", recompute " + o.recompute : "") + "] ";
+         o.precision + (o.bf16_storage == "on" ? " storage" : "") + (o.attention == "sdpa" ? ", SDPA" : "") +
+         (o.cuda_graphs ? ", graphs" : "") + (o.recompute != "none" ? ", recompute " + o.recompute : "") + "] ";
 }
 
 // Every gradient tensor within `tensor_tol` of its scale, and the whole gradient within l2_tol.
@@ -134,12 +138,14 @@ void compare_steps(Checker& check, const km::ModelSpec& cfg, const km::BackendOp
   }
 }
 
-// Recompute on the GPU against none on the GPU, under bf16 storage.
-void compare_recompute(Checker& check, const km::ModelSpec& cfg, const std::string& mode) {
-  const std::string tag = "recompute " + mode + " vs none " + tag_of(cfg, bf16_storage(mode));
+// Recompute on the GPU against none on the GPU, under bf16 storage (attention: cublaslt or sdpa).
+void compare_recompute(Checker& check, const km::ModelSpec& cfg, const std::string& mode,
+                       const std::string& attention = "cublaslt") {
+  auto options = [&](const std::string& recompute) { return with("bf16", attention, false, recompute, "on"); };
+  const std::string tag = "recompute " + mode + " vs none " + tag_of(cfg, options(mode));
   try {
-    std::unique_ptr<km::Model> base = kilter::backend::make_cuda_model(cfg, 1, bf16_storage("none"));
-    std::unique_ptr<km::Model> model = kilter::backend::make_cuda_model(cfg, 1, bf16_storage(mode));
+    std::unique_ptr<km::Model> base = kilter::backend::make_cuda_model(cfg, 1, options("none"));
+    std::unique_ptr<km::Model> model = kilter::backend::make_cuda_model(cfg, 1, options(mode));
     base->init_params(7);
     model->init_params(7);
     // GPT-2's recompute = gelu takes GELU of the stored pre-activation (cuda_datapath_bf16.cu).
@@ -158,6 +164,80 @@ void compare_recompute(Checker& check, const km::ModelSpec& cfg, const std::stri
   } catch (const kilter::Error& e) {
     check.expect(tag + "ran", false, e.what());
   }
+}
+
+// The same micro-batch twice on one model: the loss and every gradient tensor but the token
+// embedding's (the encoder backward's float atomics) bit for bit. Under SDPA this is cuDNN's
+// deterministic backward at work, the property recompute's exactness rests on.
+void compare_rerun(Checker& check, const km::ModelSpec& cfg, const km::BackendOptions& options) {
+  const std::string tag = "rerun " + tag_of(cfg, options);
+  try {
+    std::unique_ptr<km::Model> model = kilter::backend::make_cuda_model(cfg, 1, options);
+    model->init_params(5);
+    const km::Batch batch = random_batch(cfg, 7, cfg.block_size);
+    const float scale = 1.0f / static_cast<float>(batch.num_targets);
+    double losses[2];
+    std::vector<float> grads[2];
+    for (int run = 0; run < 2; ++run) {
+      model->zero_grads();
+      losses[run] = model->forward_backward(batch, scale, {});
+      grads[run] = device_grads(*model);
+    }
+    check.expect(tag + "the same loss, bit for bit", losses[0] == losses[1]);
+    bool same = true;
+    std::string first_differing;
+    for (const km::ParamTensor& t : model->layout().tensors) {
+      if (t.name == "transformer.wte.weight" || t.name == "model.embed_tokens.weight") continue;
+      const bool equal = std::equal(grads[0].begin() + t.offset, grads[0].begin() + t.offset + t.size,
+                                    grads[1].begin() + t.offset);
+      if (!equal && same) first_differing = t.name;
+      same = same && equal;
+    }
+    check.expect(tag + "the same gradients, bit for bit (but the token embedding's)", same, first_differing);
+  } catch (const kilter::Error& e) {
+    check.expect(tag + "ran", false, e.what());
+  }
+}
+
+// The cases above with cuDNN SDPA on the bf16 rows (train.attention = sdpa insists: a bucket it
+// cannot take is an error, so a case that ran, ran on SDPA), against the same CPU oracle at the
+// same tolerances: the oracle's attention is the cuBLASLt engine's twin, and flash attention
+// differs from it only by fp32 summation order and the bf16 roundings that flips (gpu_sdpa: 2e-2
+// on the output, 3e-2 on the gradients of attention alone). Every model decides its own shape
+// buckets (graphs, self-check), so the cases are fewer than above: the recompute modes that touch
+// attention (gelu does not), and 23 pieces (calls split by the score budget) for the two
+// architectures. Skipped, with a note, where this build or this machine has no SDPA.
+void sdpa_cases(Checker& check, const std::vector<km::ModelSpec>& configs, const km::ModelSpec& small,
+                const km::ModelSpec& gqa) {
+  using kilter::gputest::bf16_storage_sdpa;
+  const std::string absent = kilter::gputest::sdpa_absent_reason(small);
+  if (!absent.empty()) {
+    std::printf("NOTE: cuDNN SDPA on the bf16 datapath not tested here: %s\n", absent.c_str());
+    return;
+  }
+  for (const km::ModelSpec& cfg : configs) compare_step(check, cfg, 4, cfg.block_size, bf16_storage_sdpa());
+  compare_step(check, small, 23, 64, bf16_storage_sdpa());  // many pieces: calls split
+  compare_step(check, gqa, 23, 64, bf16_storage_sdpa());
+  for (const char* mode : {"attention", "block"}) {
+    compare_step(check, small, 4, 64, bf16_storage_sdpa(mode));
+    compare_step(check, gqa, 4, 64, bf16_storage_sdpa(mode));
+    compare_recompute(check, small, mode, "sdpa");
+    compare_recompute(check, gqa, mode, "sdpa");
+  }
+  compare_steps(check, small, bf16_storage_sdpa(), 2, 2.5e-3);
+  compare_steps(check, gqa, bf16_storage_sdpa("block"), 2, 2.5e-3);
+  compare_rerun(check, small, bf16_storage_sdpa());
+  compare_rerun(check, gqa, bf16_storage_sdpa("attention"));
+  compare_rerun(check, small, bf16_storage());  // the cuBLASLt engine: the same property
+  std::unique_ptr<km::Model> model = kilter::backend::make_cuda_model(gqa, 1, bf16_storage_sdpa());
+  model->init_params(1);
+  model->forward_loss(random_batch(gqa, 3, 64));
+  const std::string text = model->describe();
+  std::printf("  %s\n", text.c_str());
+  check.expect("SDPA runs on the bf16 rows of the datapath (describe)",
+               text.find("on the bf16 rows of the datapath") != std::string::npos &&
+                   text.find("activations bf16") != std::string::npos,
+               text);
 }
 
 km::ModelSpec llama(int n_head, int n_kv_head, int n_embd, int context, int vocab, bool tied, bool qkv_bias) {
@@ -210,6 +290,7 @@ int main() {
     compare_steps(check, gqa, bf16_storage(), 2, 2.5e-3);
     compare_steps(check, small, bf16_storage("none", true), 5, 5e-3);  // CUDA graphs, every stage
     compare_steps(check, gqa, bf16_storage("block", true), 5, 5e-3);
+    sdpa_cases(check, {tiny, small, gqa, qwen}, small, gqa);
     // auto: the self-check on this device decides, and says so.
     std::unique_ptr<km::Model> automatic = kilter::backend::make_cuda_model(small, 1, with("bf16", "auto", false, "none", "auto"));
     std::printf("  %s\n", automatic->describe().c_str());

@@ -6,8 +6,10 @@
 // token, one of the full context), later parts of cut pieces with their prefixes (bottom-right,
 // staged K/V; a prefix of one token, a part of one token), grouped-query heads (8 over 2, 32 over
 // 8 at head_dim 64, and head_dim 128), buckets wider than the batch. The backward runs cuDNN's
-// deterministic algorithm: a second forward + backward must give the same bits. The graphs'
-// building time is printed (the engine's build_stats).
+// deterministic algorithm: a second forward + backward must give the same bits. Calls split within
+// the score budget the model plans with; the bf16-storage datapath's staging (bf16 rows in and
+// out) against the fp32 datapath's, bit for bit. The graphs' building time is printed (the
+// engine's build_stats).
 // Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
 #include <cstring>
 #include <string>
@@ -39,6 +41,7 @@ struct Case {
   std::string name;
   km::AttentionShape shape;
   std::vector<int> lengths, offsets;
+  int context = 0;  // > 0: plan within sdpa_score_budget(tokens, context) (calls split as the model plans them)
 };
 
 // The CPU twin on the packed batch.
@@ -70,7 +73,16 @@ struct DeviceResult {
   std::vector<float> out, dqkv;
   std::vector<std::vector<float>> prefix_dkv;
   std::vector<uint16_t> out_bits, dqkv_bits;
+  // The bf16-storage datapath's staging (from bf16 qkv rows, own dK/dV back into bf16 dqkv rows)
+  // against the fp32 datapath's: the same bits.
+  bool bf16_staging_same = true;
 };
+
+std::vector<uint16_t> bits_of(const std::vector<kc::bf16>& v) {
+  std::vector<uint16_t> b(v.size());
+  std::memcpy(b.data(), v.data(), sizeof(uint16_t) * v.size());
+  return b;
+}
 
 DeviceResult run_sdpa(kc::SdpaAttention& engine, const km::SdpaPlan& plan, const std::vector<float>& qkv_host,
                       const std::vector<float>& dout_host, const std::vector<std::vector<float>>& prefix_kv) {
@@ -93,22 +105,36 @@ DeviceResult run_sdpa(kc::SdpaAttention& engine, const km::SdpaPlan& plan, const
     dkv[p] = prefix_grads[p]->get();
   }
   const km::AttentionPrefix prefix{nullptr, kv.data(), dkv.data()};
-  DeviceBuffer<int32_t> whole_desc(plan.whole.descriptor_block()), later_desc(plan.later.descriptor_block());
-  const size_t workspace_bytes = std::max(engine.workspace_bytes(plan.whole), engine.workspace_bytes(plan.later));
-  DeviceBuffer<uint8_t> workspace(std::max<size_t>(workspace_bytes, 1));
+  std::vector<size_t> offsets;
+  DeviceBuffer<int32_t> descriptors(plan.descriptor_blocks(&offsets));
+  const std::vector<const km::SdpaCall*> calls = plan.calls();
+  size_t workspace_bytes = 1;
+  for (const km::SdpaCall* call : calls) workspace_bytes = std::max(workspace_bytes, engine.workspace_bytes(*call));
+  DeviceBuffer<uint8_t> workspace(workspace_bytes);
 
   kc::rows_to_bf16(qkv16.get(), shape.row_width(), qkv.get(), shape.row_width(), N, shape.row_width(), stream);
   kc::rows_to_bf16(dout16.get(), shape.q_width(), dout.get(), shape.q_width(), N, shape.q_width(), stream);
-  engine.forward(plan.whole, whole_desc.get(), qkv16.get(), qkv16.get(), out16.get(), stats.get(), workspace.get(), stream);
   kc::sdpa_stage_keys(plan, prefix, qkv.get(), staged.get(), stream);
-  engine.forward(plan.later, later_desc.get(), qkv16.get(), staged.get(), out16.get(), stats.get(), workspace.get(), stream);
-  engine.backward(plan.whole, whole_desc.get(), qkv16.get(), qkv16.get(), out16.get(), dout16.get(), stats.get(),
-                  dqkv16.get(), dqkv16.get(), workspace.get(), stream);
-  engine.backward(plan.later, later_desc.get(), qkv16.get(), staged.get(), out16.get(), dout16.get(), stats.get(),
-                  dqkv16.get(), staged_grad.get(), workspace.get(), stream);
+  for (size_t i = 0; i < calls.size(); ++i)
+    engine.forward(*calls[i], descriptors.get() + offsets[i], qkv16.get(),
+                   calls[i]->keys == km::SdpaKeyRows::staged ? staged.get() : qkv16.get(), out16.get(), stats.get(),
+                   workspace.get(), stream);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const bool later = calls[i]->keys == km::SdpaKeyRows::staged;
+    engine.backward(*calls[i], descriptors.get() + offsets[i], qkv16.get(), later ? staged.get() : qkv16.get(),
+                    out16.get(), dout16.get(), stats.get(), dqkv16.get(), later ? staged_grad.get() : dqkv16.get(),
+                    workspace.get(), stream);
+  }
   kc::rows_to_fp32(out32.get(), shape.q_width(), out16.get(), shape.q_width(), N, shape.q_width(), false, stream);
   kc::rows_to_fp32(dqkv32.get(), shape.row_width(), dqkv16.get(), shape.row_width(), N, shape.row_width(), false,
                    stream);
+  // The bf16 datapath's variants: staging from the bf16 rows, and the own rows' dK/dV into a copy
+  // of the bf16 dqkv (before the fp32 unstaging below adds the prefixes' gradients).
+  DeviceBuffer<kc::bf16> staged_from_bf16(staged_elems), dqkv16_own(qkv_host.size());
+  kc::sdpa_stage_keys(plan, prefix, qkv16.get(), staged_from_bf16.get(), stream);
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(dqkv16_own.get(), dqkv16.get(), sizeof(kc::bf16) * qkv_host.size(),
+                                    cudaMemcpyDeviceToDevice, stream));
+  kc::sdpa_unstage_key_grads(plan, prefix, staged_grad.get(), dqkv16_own.get(), stream, kc::SdpaUnstage::own_rows);
   kc::sdpa_unstage_key_grads(plan, prefix, staged_grad.get(), dqkv32.get(), stream);
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream));
 
@@ -116,13 +142,11 @@ DeviceResult run_sdpa(kc::SdpaAttention& engine, const km::SdpaPlan& plan, const
   r.out = out32.download();
   r.dqkv = dqkv32.download();
   for (auto& g : prefix_grads) r.prefix_dkv.push_back(g->download());
-  auto bits = [](const std::vector<kc::bf16>& v) {
-    std::vector<uint16_t> b(v.size());
-    std::memcpy(b.data(), v.data(), sizeof(uint16_t) * v.size());
-    return b;
-  };
-  r.out_bits = bits(out16.download());
-  r.dqkv_bits = bits(dqkv16.download());
+  r.out_bits = bits_of(out16.download());
+  r.dqkv_bits = bits_of(dqkv16.download());
+  r.bf16_staging_same = bits_of(staged_from_bf16.download()) == bits_of(staged.download());
+  const std::vector<kc::bf16> own = dqkv16_own.download();
+  for (size_t i = 0; i < own.size(); ++i) r.bf16_staging_same = r.bf16_staging_same && km::bf16_to_float(own[i]) == r.dqkv[i];
   return r;
 }
 
@@ -137,9 +161,10 @@ void run_case(Checker& check, kc::SdpaAttention& engine, const Case& c) {
   for (int p = 0; p < pieces; ++p)
     prefix_kv.push_back(bf16_rounded(kilter::gputest::random_floats(static_cast<size_t>(c.offsets[p]) * c.shape.kv_width(), 2.0f)));
   km::SdpaPlan plan;
-  km::plan_sdpa(plan, cu.data(), pieces, c.offsets.data(), c.shape);
-  for (const km::SdpaCall* call : {&plan.whole, &plan.later}) {
-    if (call->empty()) continue;
+  km::plan_sdpa(plan, cu.data(), pieces, c.offsets.data(), c.shape,
+                c.context > 0 ? km::sdpa_score_budget(N, c.context) : 0);
+  std::printf("  %zu whole call(s), %zu later call(s)\n", plan.whole.size(), plan.later.size());
+  for (const km::SdpaCall* call : plan.calls()) {
     std::string why;
     if (!check.expect("graphs build for " + call->bucket.text(), engine.prepare(*call, &why), why)) return;
   }
@@ -152,6 +177,7 @@ void run_case(Checker& check, kc::SdpaAttention& engine, const Case& c) {
   const DeviceResult again = run_sdpa(engine, plan, qkv, dout, prefix_kv);
   check.expect(c.name + ": rerun gives the same bits (out, dqkv, prefix dK/dV)",
                again.out_bits == got.out_bits && again.dqkv_bits == got.dqkv_bits && again.prefix_dkv == got.prefix_dkv);
+  check.expect(c.name + ": staging from bf16 rows and own dK/dV into bf16 rows as from fp32 ones", got.bf16_staging_same);
 }
 
 }  // namespace
@@ -166,6 +192,12 @@ int main() {
       {"grouped-query 8 over 2, cut", {8, 2, 64}, {33, 130, 9}, {0, 70, 0}},
       {"grouped-query 32 over 8 (Llama 3.2 1B)", {32, 8, 64}, {256, 40}, {0, 0}},
       {"head_dim 128, 4 over 1, cut", {4, 1, 128}, {60, 60}, {0, 60}},
+      // The model's score budget (sdpa_plan.h): one long piece among short ones runs as several
+      // calls; later parts of several (Sq, Skv) buckets likewise.
+      {"calls split within the score budget, 12 heads of 64", km::AttentionShape::mha(768, 12),
+       {1000, 1, 17, 40, 63, 5, 900, 2, 30}, {0, 0, 0, 0, 0, 0, 0, 0, 0}, 1024},
+      {"later parts split within the score budget, 8 over 2", {8, 2, 64}, {9, 30, 1, 12, 70, 4, 20, 7},
+       {0, 37, 100, 0, 1, 100, 3, 0}, 64},
   };
   try {
     for (const Case& c : cases) {

@@ -208,6 +208,26 @@ inline model::BackendOptions bf16_storage(const std::string& recompute = "none",
   return with("bf16", "cublaslt", graphs, recompute, "on");
 }
 
+// The bf16-storage datapath with cuDNN SDPA attention insisted on (train.attention = sdpa).
+inline model::BackendOptions bf16_storage_sdpa(const std::string& recompute = "none") {
+  return with("bf16", "sdpa", false, recompute, "on");
+}
+
+// Why cuDNN SDPA cannot run here, "" when it can: this kilter was built without cudnn-frontend, or
+// cuDNN refuses on this machine (older than 9.6, say). The SDPA cases are then reported, not failed.
+inline std::string sdpa_absent_reason(const model::ModelSpec& cfg) {
+  try {
+    backend::make_cuda_model(cfg, 1, bf16_storage_sdpa());
+    return "";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find("built without cuDNN SDPA") != std::string::npos ||
+        what.find("cannot be used on device") != std::string::npos)
+      return what;
+    throw;
+  }
+}
+
 // Whether a CUDA model runs the bf16-storage datapath (its describe() says so).
 inline bool runs_bf16_storage(const model::Model& m) {
   return m.describe().find("activations bf16") != std::string::npos;

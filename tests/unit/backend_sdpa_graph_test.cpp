@@ -24,8 +24,7 @@ SdpaPlan plan_for(const AttentionShape& shape, const std::vector<int32_t>& cu, c
 
 void expect_valid(const SdpaPlan& plan) {
   std::string why;
-  EXPECT_TRUE(cuda::sdpa_validate_graphs(plan.whole, plan.shape, 90, &why)) << why;
-  EXPECT_TRUE(cuda::sdpa_validate_graphs(plan.later, plan.shape, 90, &why)) << why;
+  for (const SdpaCall* call : plan.calls()) EXPECT_TRUE(cuda::sdpa_validate_graphs(*call, plan.shape, 90, &why)) << why;
 }
 
 TEST(SdpaGraphs, CudnnIsRecentEnough) {
@@ -36,7 +35,7 @@ TEST(SdpaGraphs, CudnnIsRecentEnough) {
 TEST(SdpaGraphs, WholePiecesValidateForSm90) {
   // GPT-2 124M's attention: 12 heads of 64; packed pieces of mixed lengths.
   const SdpaPlan plan = plan_for(AttentionShape::mha(768, 12), {0, 1024, 1500, 1501, 2048}, {});
-  ASSERT_FALSE(plan.whole.empty());
+  ASSERT_EQ(plan.whole.size(), 1u);
   ASSERT_TRUE(plan.later.empty());
   expect_valid(plan);
 }
@@ -44,9 +43,20 @@ TEST(SdpaGraphs, WholePiecesValidateForSm90) {
 TEST(SdpaGraphs, LaterPartsValidateForSm90) {
   // A batch holding whole pieces and later parts of cut pieces (s = 300 and s = 1).
   const SdpaPlan plan = plan_for(AttentionShape::mha(768, 12), {0, 200, 712, 720, 1000}, {0, 300, 0, 1});
-  ASSERT_FALSE(plan.later.empty());
-  EXPECT_TRUE(plan.later.bucket.bottom_right);
-  EXPECT_NE(plan.later.bucket.seq_q, plan.later.bucket.seq_kv);
+  ASSERT_EQ(plan.later.size(), 1u);
+  EXPECT_TRUE(plan.later[0].bucket.bottom_right);
+  EXPECT_NE(plan.later[0].bucket.seq_q, plan.later[0].bucket.seq_kv);
+  expect_valid(plan);
+}
+
+TEST(SdpaGraphs, CallsSplitWithinTheScoreBudgetValidateForSm90) {
+  // One long piece among short ones, with the budget of the batch's size: several calls.
+  const AttentionShape shape = AttentionShape::mha(768, 12);
+  std::vector<int32_t> cu{0, 1000};
+  for (int p = 0; p < 40; ++p) cu.push_back(cu.back() + 1 + (p * 37) % 60);
+  SdpaPlan plan;
+  plan_sdpa(plan, cu.data(), static_cast<int>(cu.size()) - 1, nullptr, shape, sdpa_score_budget(cu.back(), 1024));
+  EXPECT_GT(plan.whole.size(), 1u);
   expect_valid(plan);
 }
 
@@ -61,7 +71,8 @@ TEST(SdpaGraphs, ValidationRefusesWhatCudnnRefuses) {
   // refuses it too, so a refusal is reported and not hidden.
   const SdpaPlan plan = plan_for(AttentionShape::mha(12, 2), {0, 10, 30}, {});
   std::string why;
-  EXPECT_FALSE(cuda::sdpa_validate_graphs(plan.whole, plan.shape, 90, &why));
+  ASSERT_EQ(plan.whole.size(), 1u);
+  EXPECT_FALSE(cuda::sdpa_validate_graphs(plan.whole[0], plan.shape, 90, &why));
   EXPECT_FALSE(why.empty());
 }
 

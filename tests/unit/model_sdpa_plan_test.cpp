@@ -189,17 +189,18 @@ void emulate_call(const SdpaCall& call, const AttentionShape& shape, const std::
   }
 }
 
-// Both calls of a plan emulated: the whole pieces on the packed rows, the later parts on the
+// Every call of a plan emulated: the whole pieces on the packed rows, the later parts on the
 // staged rows (with their gradients unstaged).
 AttentionResult sdpa_emulation(const SdpaPlan& plan, const PackedCase& c) {
   AttentionResult r;
   r.out.assign(static_cast<size_t>(c.tokens()) * c.shape.q_width(), 0.0f);
   r.dqkv.assign(static_cast<size_t>(c.tokens()) * c.shape.row_width(), 0.0f);
   for (int p = 0; p < c.pieces(); ++p) r.prefix_dkv.emplace_back(c.prefix_kv[p].size(), 0.0f);
-  emulate_call(plan.whole, plan.shape, c.qkv, c.qkv, c.dout, r.out, r.dqkv, r.dqkv);
+  for (const SdpaCall& call : plan.whole) emulate_call(call, plan.shape, c.qkv, c.qkv, c.dout, r.out, r.dqkv, r.dqkv);
   const std::vector<float> staged = stage_keys(plan, c);
   std::vector<float> staged_grad(staged.size(), 0.0f);
-  emulate_call(plan.later, plan.shape, c.qkv, staged, c.dout, r.out, r.dqkv, staged_grad);
+  for (const SdpaCall& call : plan.later)
+    emulate_call(call, plan.shape, c.qkv, staged, c.dout, r.out, r.dqkv, staged_grad);
   unstage_key_grads(plan, staged_grad, r);
   return r;
 }
@@ -213,9 +214,9 @@ double max_relative_difference(const std::vector<float>& a, const std::vector<fl
   return diff / scale;
 }
 
-void expect_same_attention(const PackedCase& c) {
+void expect_same_attention(const PackedCase& c, int64_t score_budget = 0) {
   SdpaPlan plan;
-  plan_sdpa(plan, c.cu_seqlens.data(), c.pieces(), c.pos_offset.data(), c.shape);
+  plan_sdpa(plan, c.cu_seqlens.data(), c.pieces(), c.pos_offset.data(), c.shape, score_budget);
   const AttentionResult want = packed_attention(c);
   const AttentionResult got = sdpa_emulation(plan, c);
   // The same CPU code runs the same pieces, so only the gathers could differ: 1e-6 is a loose bound.
@@ -246,7 +247,8 @@ TEST(SdpaPlan, OffsetsLayoutsAndStaging) {
   plan_sdpa(plan, cu.data(), 3, offsets.data(), shape);
   EXPECT_EQ(plan.tokens, 40);
   // Whole pieces 0 and 2: B = 2, S = 64 (the minimum bucket), top-left causal on the qkv rows.
-  const SdpaCall& whole = plan.whole;
+  ASSERT_EQ(plan.whole.size(), 1u);
+  const SdpaCall& whole = plan.whole[0];
   EXPECT_EQ(whole.entries, 2);
   EXPECT_EQ(whole.piece, (std::vector<int>{0, 2}));
   EXPECT_EQ(whole.bucket, (SdpaBucket{2, 64, 64, false, 64, 64}));
@@ -261,7 +263,8 @@ TEST(SdpaPlan, OffsetsLayoutsAndStaging) {
   EXPECT_EQ(whole.k.dim, (std::array<int64_t, 4>{2, 2, 64, 8}));
   EXPECT_EQ(whole.stats.stride, (std::array<int64_t, 4>{4 * 64, 1, 4, 1}));
   // The later part (piece 1: 5 queries after 20 prefix tokens): 25 staged rows, bottom-right.
-  const SdpaCall& later = plan.later;
+  ASSERT_EQ(plan.later.size(), 1u);
+  const SdpaCall& later = plan.later[0];
   EXPECT_EQ(later.entries, 1);
   EXPECT_EQ(later.bucket, (SdpaBucket{1, 64, 64, true, 64, 64}));  // 40 rows, 25 staged
   EXPECT_EQ(later.seq_len_q, (std::vector<int32_t>{5}));
@@ -293,22 +296,136 @@ TEST(SdpaPlan, BucketsAreReusedAndPaddedEntriesAreEmpty) {
   const std::vector<int32_t> cu_a{0, 100, 300, 301}, cu_b{0, 129, 256, 300, 310, 400};
   plan_sdpa(a, cu_a.data(), 3, nullptr, shape);
   plan_sdpa(b, cu_b.data(), 5, nullptr, shape);
-  EXPECT_EQ(a.whole.bucket, (SdpaBucket{4, 256, 256, false, 512, 512}));
-  EXPECT_EQ(b.whole.bucket, (SdpaBucket{8, 256, 256, false, 512, 512}));
+  ASSERT_EQ(a.whole.size(), 1u);
+  ASSERT_EQ(b.whole.size(), 1u);
+  EXPECT_EQ(a.whole[0].bucket, (SdpaBucket{4, 256, 256, false, 512, 512}));
+  EXPECT_EQ(b.whole[0].bucket, (SdpaBucket{8, 256, 256, false, 512, 512}));
   EXPECT_TRUE(a.later.empty());
-  EXPECT_EQ(a.later.bucket.batch, 0);
   // The fourth entry of `a` pads the bucket: no tokens, and it starts where the last piece ends.
-  EXPECT_EQ(a.whole.seq_len_q[3], 0);
-  EXPECT_EQ(a.whole.offset_q[3], 301 * shape.row_width());
-  EXPECT_EQ(a.whole.offset_q[4], 301 * shape.row_width());
+  EXPECT_EQ(a.whole[0].seq_len_q[3], 0);
+  EXPECT_EQ(a.whole[0].offset_q[3], 301 * shape.row_width());
+  EXPECT_EQ(a.whole[0].offset_q[4], 301 * shape.row_width());
   // The same bucket for another batch of up to 4 pieces of up to 256 tokens.
   const std::vector<int32_t> cu_c{0, 256, 257};
   SdpaPlan c;
   plan_sdpa(c, cu_c.data(), 2, nullptr, shape);
-  EXPECT_EQ(c.whole.bucket.seq_q, 256);
+  EXPECT_EQ(c.whole[0].bucket.seq_q, 256);
   EXPECT_EQ(sdpa_bucket(1, kSdpaMinSeq), kSdpaMinSeq);
   EXPECT_EQ(sdpa_bucket(1025, kSdpaMinSeq), 2048);
   EXPECT_EQ(sdpa_bucket(3, 1), 4);
+}
+
+// Every call of a plan within the score budget, every piece in exactly one call of its kind, each
+// call's entries in piece order; the descriptor blocks one after the other at aligned offsets.
+void expect_calls_within(const SdpaPlan& plan, int pieces, const std::vector<int32_t>& pos_offset, int64_t budget) {
+  std::vector<int> seen(pieces, 0);
+  for (const SdpaCall* call : plan.calls()) {
+    const SdpaBucket& b = call->bucket;
+    const bool alone = call->entries == 1;  // one entry over the budget runs alone
+    EXPECT_TRUE(alone || int64_t(b.batch) * b.seq_q * b.seq_kv <= budget) << b.text();
+    EXPECT_TRUE(std::is_sorted(call->piece.begin(), call->piece.end()));
+    for (int p : call->piece) {
+      ++seen[p];
+      EXPECT_EQ(pos_offset[p] > 0, call->keys == SdpaKeyRows::staged) << "piece " << p;
+    }
+  }
+  for (int p = 0; p < pieces; ++p) EXPECT_EQ(seen[p], 1) << "piece " << p;
+  std::vector<size_t> offsets;
+  const std::vector<int32_t> blocks = plan.descriptor_blocks(&offsets);
+  const std::vector<const SdpaCall*> calls = plan.calls();
+  ASSERT_EQ(offsets.size(), calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(offsets[i] % kSdpaDescriptorAlign, 0u);
+    const std::vector<int32_t> block = calls[i]->descriptor_block();
+    EXPECT_TRUE(std::equal(block.begin(), block.end(), blocks.begin() + static_cast<std::ptrdiff_t>(offsets[i])));
+  }
+}
+
+TEST(SdpaPlan, CallsSplitWithinTheScoreBudget) {
+  // A budget of 4 x 64^2: the piece of 100 (bucket 128) runs alone, the seven pieces of the 64
+  // bucket in calls of 4 and 3 entries; without a budget, one call of 8 x 128^2.
+  const PackedCase c = make_case({2, 2, 8}, {5, 1, 17, 100, 64, 3, 40, 2}, {0, 0, 0, 0, 0, 0, 0, 0}, 21);
+  const int64_t budget = 4 * 64 * 64;
+  SdpaPlan plan;
+  plan_sdpa(plan, c.cu_seqlens.data(), c.pieces(), c.pos_offset.data(), c.shape, budget);
+  ASSERT_EQ(plan.whole.size(), 3u);
+  EXPECT_EQ(plan.whole[0].piece, (std::vector<int>{3}));
+  EXPECT_EQ(plan.whole[0].bucket, (SdpaBucket{1, 128, 128, false, 256, 256}));
+  EXPECT_EQ(plan.whole[1].piece, (std::vector<int>{0, 1, 2, 4}));
+  EXPECT_EQ(plan.whole[2].piece, (std::vector<int>{5, 6, 7}));
+  EXPECT_EQ(plan.whole[2].bucket.batch, 4);
+  expect_calls_within(plan, c.pieces(), c.pos_offset, budget);
+  expect_same_attention(c, budget);
+  SdpaPlan unbounded;
+  plan_sdpa(unbounded, c.cu_seqlens.data(), c.pieces(), c.pos_offset.data(), c.shape);
+  ASSERT_EQ(unbounded.whole.size(), 1u);
+  EXPECT_EQ(unbounded.whole[0].bucket, (SdpaBucket{8, 128, 128, false, 256, 256}));
+  // A budget the one call fits keeps it one call.
+  plan_sdpa(unbounded, c.cu_seqlens.data(), c.pieces(), c.pos_offset.data(), c.shape, 8 * 128 * 128);
+  EXPECT_EQ(unbounded.whole.size(), 1u);
+}
+
+TEST(SdpaPlan, LaterPartsSplitWithinTheScoreBudgetEqualPackedAttention) {
+  // Later parts of (Sq, Skv) buckets (64, 128) x 3 and (64, 64) x 2, whole pieces between them.
+  const PackedCase c = make_case({4, 2, 8}, {9, 30, 1, 12, 70, 4, 20, 7}, {0, 37, 100, 0, 1, 100, 3, 0}, 22);
+  const int64_t budget = 2 * 64 * 128;
+  SdpaPlan plan;
+  plan_sdpa(plan, c.cu_seqlens.data(), c.pieces(), c.pos_offset.data(), c.shape, budget);
+  EXPECT_GT(plan.later.size(), 1u);
+  expect_calls_within(plan, c.pieces(), c.pos_offset, budget);
+  expect_same_attention(c, budget);
+}
+
+TEST(SdpaPlan, ScoreBudgetIsFullContextPiecesOfTheBatchSize) {
+  EXPECT_EQ(sdpa_score_budget(16384, 1024), 16 * 1024 * 1024);  // GPT-2 124M's 16 x 1024
+  EXPECT_EQ(sdpa_score_budget(4096, 512), 8 * 512 * 512);
+  EXPECT_EQ(sdpa_score_budget(16000, 1024), 16 * 1024 * 1024);  // 15.6 pieces round up
+  EXPECT_EQ(sdpa_score_budget(100, 1024), 128 * 128);             // one piece of the batch's size
+  EXPECT_EQ(sdpa_score_budget(239, 64), 4 * 64 * 64);
+  // Full-context pieces fit their own budget in one call.
+  const AttentionShape shape = AttentionShape::mha(768, 12);
+  std::vector<int32_t> cu{0};
+  while (cu.back() < 16384) cu.push_back(cu.back() + 1024);
+  SdpaPlan plan;
+  plan_sdpa(plan, cu.data(), 16, nullptr, shape, sdpa_score_budget(16384, 1024));
+  ASSERT_EQ(plan.whole.size(), 1u);
+  EXPECT_EQ(plan.whole[0].bucket, (SdpaBucket{16, 1024, 1024, false, 16384, 16384}));
+}
+
+TEST(SdpaPlan, WorkspaceEstimateAndItsBound) {
+  // GPT-2 124M, 16 x 1024: dP of 16 x 12 x 1024 x 1024 bf16 and the softmax sums of 16384 rows.
+  const AttentionShape gpt2 = AttentionShape::mha(768, 12);
+  const uint64_t dp = 16ull * 12 * 1024 * 1024 * 2, sums = 16384ull * 12 * 4;
+  EXPECT_EQ(sdpa_workspace_estimate(SdpaBucket{16, 1024, 1024, false, 16384, 16384}, gpt2.row_width(), gpt2), dp + sums);
+  EXPECT_EQ(sdpa_workspace_bound(gpt2, 16384, 1024), dp + sums);
+  // Grouped K/V heads add the fp32 dK and dV of every query head (4 per K/V head here).
+  const AttentionShape gqa{8, 2, 16};
+  EXPECT_EQ(sdpa_workspace_estimate(SdpaBucket{2, 64, 64, false, 128, 128}, gqa.row_width(), gqa),
+            2ull * 8 * 64 * 64 * 2 + 128ull * 8 * 4 + 2ull * 128 * gqa.row_width() * 4 * 4);
+  // A context longer than the micro-batch (a piece cut over ranks): one later part's keys count.
+  EXPECT_GT(sdpa_workspace_bound(gpt2, 4096, 16384), sdpa_workspace_bound(gpt2, 4096, 4096));
+  // No call of random batches of up to 3000 tokens (pieces up to 512, some later parts) passes the bound.
+  for (const AttentionShape& shape : {gpt2, gqa}) {
+    const uint64_t bound = sdpa_workspace_bound(shape, 3000, 512);
+    uint32_t state = 7;
+    auto next = [&](int n) { return static_cast<int>((state = state * 1664525u + 1013904223u) >> 8) % n; };
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<int32_t> cu{0}, offsets;
+      while (true) {
+        const int len = 1 + (next(4) == 0 ? next(512) : next(40));
+        if (cu.back() + len > 3000) break;
+        cu.push_back(cu.back() + len);
+        offsets.push_back(next(8) == 0 ? next(512 - len + 1) : 0);
+      }
+      SdpaPlan plan;
+      const int pieces = static_cast<int>(offsets.size());
+      plan_sdpa(plan, cu.data(), pieces, offsets.data(), shape, sdpa_score_budget(cu.back(), 512));
+      for (const SdpaCall* call : plan.calls()) {
+        if (call->keys == SdpaKeyRows::staged && call->entries > 1) continue;  // the bound counts one later part
+        EXPECT_LE(sdpa_workspace_estimate(call->bucket, call->k.stride[2], shape), bound) << call->bucket.text();
+      }
+    }
+  }
 }
 
 TEST(SdpaPlan, ShapesTheEngineTakes) {
