@@ -45,7 +45,7 @@ struct Options {
 
 void usage() {
   std::printf("usage: kilter_bench_gpu_step [--name S] [--n-layer L] [--n-head H] [--n-embd C] [--vocab V]\n"
-              "         [--B rows] [--T tokens] [--precision fp32|bf16] [--attention auto|cudnn|cublaslt]\n"
+              "         [--B rows] [--T tokens] [--precision fp32|bf16] [--attention auto|sdpa|cudnn|cublaslt]\n"
               "         [--graphs 0|1] [--recompute none|gelu|attention|block] [--shard-ranks P]\n"
               "         [--arch gpt2|llama] [--n-kv-head K] [--ffn-hidden F] [--untied 0|1] [--bf16-storage off|on|auto]\n"
               "         [--steps N] [--warmup N] [--peak-tflops X]\n");
@@ -103,6 +103,21 @@ double datasheet_peak_tflops(const std::string& device_name, const std::string& 
   return 0.0;
 }
 
+// The attention engine the timed steps ran on, from the model's description after them: cuDNN
+// SDPA where a shape bucket passed its self-check, else the per-group engine (cuDNN's fused
+// attention or cuBLASLt with the masked softmax).
+std::string attention_engine(const std::string& described) {
+  const bool sdpa_built = described.find("SDPA") != std::string::npos &&
+                          described.find("SDPA off") == std::string::npos;
+  if (sdpa_built && described.find("(0 shape buckets passed") == std::string::npos) return "sdpa";
+  // The groups' engine stands after the SDPA text: "..., else <engine>" or "SDPA off (why); <engine>".
+  const size_t off = described.find("SDPA off (");
+  const size_t groups = sdpa_built ? described.find("), else ") : off == std::string::npos ? described.find(", attention ")
+                                                                                          : described.find("); ", off);
+  const std::string rest = described.substr(groups == std::string::npos ? 0 : groups + 2);
+  return rest.find("cuDNN") != std::string::npos && rest.find("(cuDNN:") == std::string::npos ? "cudnn" : "cublaslt";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,8 +151,6 @@ int main(int argc, char** argv) {
       model = kilter::backend::make_cuda_model(o.cfg, 1, backend);
     }
     std::printf("%s\n", model->describe().c_str());
-    const bool cudnn_attention = model->describe().find("cuDNN") != std::string::npos &&
-                                 model->describe().find("(cuDNN:") == std::string::npos;
     if (o.shard_ranks > 1) {
       const size_t padded = model->layout().padded_size, share = (padded + o.shard_ranks - 1) / o.shard_ranks;
       model->shard_optimizer({{0, share}});
@@ -185,7 +198,8 @@ int main(int argc, char** argv) {
     }
     model->synchronize();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (o.graphs) std::printf("after the run: %s\n", model->describe().c_str());
+    const std::string after = model->describe();
+    if (o.graphs || o.attention != "cublaslt") std::printf("after the run: %s\n", after.c_str());
     // Device memory the model took (state, moments, arena, engine workspaces): free memory before
     // it was made minus free memory after the run.
     size_t free_after = 0;
@@ -214,7 +228,7 @@ int main(int argc, char** argv) {
                 "device=\"%s\" tokens_per_s=%.1f "
                 "ms_per_step=%.3f tflops=%.2f peak_tflops=%.1f mfu=%.4f first_loss=%.5f last_loss=%.5f check=%s\n",
                 o.name.c_str(), o.cfg.arch.c_str(), storage ? "bf16" : "fp32", o.precision.c_str(),
-                cudnn_attention ? "cudnn" : "cublaslt", o.graphs ? 1 : 0,
+                attention_engine(after).c_str(), o.graphs ? 1 : 0,
                 o.recompute.c_str(), o.shard_ranks, model_gib, o.B, o.T,
                 prop.name, tokens_per_s, 1e3 * seconds / o.steps,
                 achieved_tflops, peak, peak > 0 ? mfu : -1.0, first_loss, last_loss, ok ? "ok" : "failed");

@@ -3,9 +3,8 @@
 # 4 heads, vocab 8192, T=256) and the GPT-2 124M shape (12 layers, 768 wide, 12 heads, vocab
 # 50257, T=1024): fp32; bf16 on the fp32-activation datapath (storage off: bf16 GEMM math, the
 # datapath measured on the H200 in 2026-12); bf16 on the bf16-storage datapath (storage on), with
-# and without CUDA graphs; cuBLASLt attention throughout (the cuDNN engine takes fp32 activations
-# only; device-check.sh's time is spent on the new datapath). Prints tokens/s and MFU per run,
-# then a table.
+# and without CUDA graphs, with cuBLASLt attention and with cuDNN SDPA (flash attention on the
+# bf16 rows; graphs stay off for its batches). Prints tokens/s and MFU per run, then a table.
 # Then memory (issue 24), on the bf16-storage datapath: GPT-2 124M with train.recompute = gelu,
 # attention, block, and block with the AdamW moments of 1/8 of the buffer (rank 0 of a ZeRO-1 run
 # of 8), and the GPT-2 large shape (774M) without and with both; GiB is the device memory the
@@ -52,6 +51,10 @@ run gpt2-124m fp32 off cublaslt 0 "${gpt2[@]}"
 run gpt2-124m bf16 off cublaslt 0 "${gpt2[@]}"
 run gpt2-124m bf16 on cublaslt 0 "${gpt2[@]}"
 run gpt2-124m bf16 on cublaslt 1 "${gpt2[@]}"
+# cuDNN SDPA (flash attention) on the bf16 rows: the datapath's fastest configuration where the
+# engine is built and passes its self-check (the attn column says which engine ran).
+run small bf16 on sdpa 0 "${small[@]}"
+run gpt2-124m bf16 on sdpa 0 "${gpt2[@]}"
 # Memory (issue 24) on the new datapath: activation recomputation and the sharded optimizer (this
 # rank's 1/8 of the moments, as rank 0 of 8 holds them), GPT-2 124M and the GPT-2 large shape.
 for mode in gelu attention block; do run gpt2-124m bf16 on cublaslt 0 "${gpt2[@]}" $mode; done
@@ -65,8 +68,9 @@ run gpt2-774m bf16 on cublaslt 0 "${large[@]}" block 8
 extra=(--arch llama --n-kv-head 2 --ffn-hidden 704 --untied 1)
 run llama-small bf16 off cublaslt 0 "${small[@]}"
 run llama-small bf16 on cublaslt 0 "${small[@]}"
+run llama-small bf16 on sdpa 0 "${small[@]}"
 extra=(--arch llama --n-kv-head 8 --ffn-hidden 8192 --untied 0)
-[[ "${KILTER_BENCH_LLAMA_1B:-1}" == 1 ]] && run llama-1b bf16 on cublaslt 0 8 1024 16 32 2048 128256
+[[ "${KILTER_BENCH_LLAMA_1B:-1}" == 1 ]] && run llama-1b bf16 on sdpa 0 8 1024 16 32 2048 128256
 extra=()
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }

@@ -12,6 +12,7 @@
 #      GPT-2 and Llama; train.bf16_storage=auto's self-check), kilter_gpu_cut_test (pieces cut
 #      between ranks vs the uncut pieces) and kilter_gpu_sdpa_test (the cuDNN SDPA engine vs the
 #      CPU packed attention; built where the cudnn-frontend headers were: "not built" otherwise);
+#      then kilter_gpu_loss_curve: 200 bf16 steps against fp32 on a real text, within 1% at the end;
 #   3. bench/gpu_step.sh: kilter's tokens/s, MFU and device GiB, the small config and GPT-2 124M in
 #      fp32 and bf16, the old datapath (fp32 activations) against the new (bf16 storage), memory
 #      rows, Llama rows;
@@ -79,7 +80,7 @@ build_standalone() {
 }
 
 binaries=(kilter_gpu_ops_test kilter_gpu_bf16_ops_test kilter_gpu_model_test kilter_gpu_bf16_model_test
-          kilter_gpu_cut_test kilter_gpu_sdpa_test kilter_bench_gpu_step)
+          kilter_gpu_cut_test kilter_gpu_sdpa_test kilter_bench_gpu_step kilter_gpu_loss_curve)
 tests=(ops bf16_ops model bf16_model cut sdpa)
 if [[ $build_only -eq 1 ]]; then
   build_standalone
@@ -114,7 +115,22 @@ for t in "${tests[@]}"; do
   rc=$?
   case $rc in 0) result[$t]=pass ;; 77) result[$t]=skipped ;; *) result[$t]="FAIL(rc=$rc)" ;; esac
 done
-test_line() { for t in "${tests[@]}"; do printf 'gpu_%s_test: %s   ' "$t" "${result[$t]}"; done; }
+# The loss curve: 200 steps of the GPT-2 124M shape (byte vocabulary) on the docs' English text,
+# bf16 (storage, SDPA where it passes its self-check) against fp32 from the same weights: the
+# final loss within 1%.
+if [[ -x "$build/kilter_gpu_loss_curve" ]]; then
+  say "loss curve: bf16 against fp32, GPT-2 124M shape, the docs' text"
+  timeout "${KILTER_LOSS_CURVE_TIMEOUT:-240}" "$build/kilter_gpu_loss_curve" --steps "$([[ -n $quick ]] && echo 60 || echo 200)" \
+    "$root/README.md" "$root"/docs/*.md
+  rc=$?
+  case $rc in 0) result[loss_curve]=pass ;; 77) result[loss_curve]=skipped ;; *) result[loss_curve]="FAIL(rc=$rc)" ;; esac
+else
+  result[loss_curve]="not built"
+fi
+test_line() {
+  for t in "${tests[@]}"; do printf 'gpu_%s_test: %s   ' "$t" "${result[$t]}"; done
+  printf 'loss_curve: %s   ' "${result[loss_curve]}"
+}
 
 if [[ $tests_only -eq 1 ]]; then
   echo "$(test_line)"
@@ -166,7 +182,7 @@ echo "$bench_out" | sed -n '/^config /,$p' | awk -v peers="$peer_table" '
     printf "%s %10s\n", $0, r }'
 if [[ $profile -eq 1 ]]; then
   echo
-  say "profile: GPU time per kernel, one GPT-2 124M bf16-storage step (cuBLASLt attention)"
+  say "profile: GPU time per kernel, one GPT-2 124M bf16-storage step (attention auto: SDPA where it passes)"
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [[ -z "$ncu_bin" ]]; then
     echo "  no ncu here"
@@ -174,7 +190,7 @@ if [[ $profile -eq 1 ]]; then
     # 2 warm-up steps, then ~one step of kernels (a step launches several hundred).
     csv=${OUT:-/tmp}/profile.csv
     timeout "${KILTER_PROFILE_TIMEOUT:-150}" "$ncu_bin" --csv --metrics gpu__time_duration.sum --launch-skip 1200 \
-      --launch-count 900 "$build/kilter_bench_gpu_step" --name p --precision bf16 --bf16-storage on --attention cublaslt --B 16 --T 1024 \
+      --launch-count 900 "$build/kilter_bench_gpu_step" --name p --precision bf16 --bf16-storage on --attention auto --B 16 --T 1024 \
       --n-layer 12 --n-head 12 --n-embd 768 --vocab 50257 --steps 4 --warmup 2 >"$csv" 2>/dev/null
     python3 - "$csv" <<'PY'
 import csv, sys, collections
