@@ -1,6 +1,8 @@
 // Shared text forms (see text_format.h).
 #include "io/text_format.h"
 
+#include <algorithm>
+
 #include <cstdio>
 
 namespace kilter::io {
@@ -23,6 +25,20 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
+}
+
+std::string rank_list_text(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
 }
 
 }  // namespace kilter::io

@@ -1,5 +1,5 @@
 // Small text forms that messages across kilter share, so one quantity reads the same in every
-// message: sizes in bytes and tensor shapes.
+// message: sizes in bytes, tensor shapes, lists of ranks.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,5 +13,8 @@ std::string human_bytes(double bytes);
 
 // A tensor shape as torch prints it without the word: "[768, 3072]", "[]" for a scalar.
 std::string shape_text(const std::vector<int64_t>& shape);
+
+// Ranks in ascending order with runs collapsed: "0-3", "0,2,5-6" (any order given).
+std::string rank_list_text(std::vector<int> ranks);
 
 }  // namespace kilter::io

@@ -76,3 +76,44 @@ if [[ "${1:-}" == "--with-test-extras" ]]; then
       "transformers==$TRANSFORMERS_VERSION" "safetensors==$SAFETENSORS_VERSION"
   fi
 fi
+
+# cudnn-frontend's header-only C++ API (the cuDNN SDPA flash-attention engine,
+# lib/model/attention_sdpa.cu) where the CUDA toolkit is present. Debian does not package it; PyPI's
+# `nvidia-cudnn-frontend` wheel ships the headers under include/ (its Python dependencies serve
+# its Python API only: --no-deps). The wheel is downloaded, not installed, and its include/ goes
+# into a folder this script owns, which CMake searches (cmake/KilterCudnn.cmake); the version is
+# pinned and recorded in that folder, so a second run with the same version does nothing.
+CUDA_NVCC=${KILTER_CUDA_NVCC:-/usr/local/cuda/bin/nvcc}
+if [[ -x "$CUDA_NVCC" ]] || command -v nvcc >/dev/null; then
+  CFE_VERSION=${KILTER_CUDNN_FRONTEND_VERSION:-1.32.0}
+  CFE_ROOT=${KILTER_CUDNN_FRONTEND_ROOT:-/opt/kilter/cudnn-frontend}
+  if [[ -f "$CFE_ROOT/include/cudnn_frontend.h" && "$(cat "$CFE_ROOT/VERSION" 2>/dev/null)" == "$CFE_VERSION" ]]; then
+    echo "install-deps: cudnn-frontend $CFE_VERSION headers present in $CFE_ROOT/include"
+  else
+    echo "install-deps: cudnn-frontend $CFE_VERSION headers (PyPI nvidia-cudnn-frontend) into $CFE_ROOT/include"
+    PY=${KILTER_PYTHON:-/usr/bin/python3}
+    if ! "$PY" -m pip --version >/dev/null 2>&1; then
+      $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+    fi
+    cfe_tmp=$(mktemp -d)
+    trap 'rm -rf "$cfe_tmp"' EXIT
+    # Any wheel of the release carries the same headers: ask for the CPython 3.11 one of this
+    # architecture whatever the local python is.
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.11 --platform "manylinux_2_28_$(uname -m)" \
+      "nvidia-cudnn-frontend==$CFE_VERSION" -d "$cfe_tmp"
+    "$PY" - "$cfe_tmp" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/nvidia_cudnn_frontend-*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    members = [m for m in z.namelist() if m.startswith("include/")]
+    z.extractall(sys.argv[1] + "/unpacked", members)
+PY
+    [[ -f "$cfe_tmp/unpacked/include/cudnn_frontend.h" ]] || { echo "install-deps: the wheel has no include/cudnn_frontend.h" >&2; exit 1; }
+    $SUDO mkdir -p "$CFE_ROOT"
+    $SUDO rm -rf "$CFE_ROOT/include"
+    $SUDO cp -r "$cfe_tmp/unpacked/include" "$CFE_ROOT/include"
+    echo "$CFE_VERSION" | $SUDO tee "$CFE_ROOT/VERSION" >/dev/null
+    echo "install-deps: done ($CFE_ROOT/include)"
+  fi
+fi

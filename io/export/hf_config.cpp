@@ -62,14 +62,6 @@ struct ConfigReader {
   }
 };
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  KILTER_USER_CHECK(in, path.string() << ": cannot open");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
 // GPT2Config: the fields kilter's GPT-2 reads, and the refusals of what it does not compute.
 void read_gpt2_fields(const ConfigReader& r, HfModelConfig& c) {
   if (r.has("activation_function")) {
@@ -151,13 +143,21 @@ void read_llama_fields(const ConfigReader& r, HfModelConfig& c) {
 
 }  // namespace
 
+std::string read_hf_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KILTER_USER_CHECK(in, path << ": cannot open");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
 HfModelConfig read_hf_config(const std::string& dir) {
   ConfigReader r;
   r.path = (fs::path(dir) / "config.json").string();
   KILTER_USER_CHECK(fs::exists(r.path), dir << ": no config.json (expected a Hugging Face model directory: config.json "
                                                "+ model.safetensors)");
   try {
-    r.json = nlohmann::json::parse(read_text(r.path));
+    r.json = nlohmann::json::parse(read_hf_text(r.path));
   } catch (const nlohmann::json::exception& e) {
     KILTER_USER_FAIL(r.path << ": not valid JSON (" << e.what() << ")");
   }

@@ -36,6 +36,9 @@ struct HfModelConfig {
 // Reads DIR/config.json. Refused, naming the file and the field: a model_type other than gpt2,
 // llama, qwen2, mistral; a missing or non-integer size; what kilter does not compute (see the top).
 HfModelConfig read_hf_config(const std::string& dir);
+// A file of a Hugging Face directory (config.json, an index) as text; a user error naming it when
+// it cannot be opened.
+std::string read_hf_text(const std::string& path);
 
 // The config.json of `config` (model_type gpt2, llama or qwen2), its tensors stored as `dtype`
 // (fp32 | bf16).

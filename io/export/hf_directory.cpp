@@ -29,14 +29,6 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   KILTER_CHECK(out.good(), path << ": cannot write");
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  KILTER_USER_CHECK(in, path.string() << ": cannot open");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
 bool ends_with(const std::string& name, const std::string& suffix) {
   return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -56,7 +48,7 @@ std::vector<fs::path> weight_files(const std::string& dir) {
                                                    "pytorch_model.bin with transformers' save_pretrained(safe_serialization=True))");
   nlohmann::json index;
   try {
-    index = nlohmann::json::parse(read_text(index_path));
+    index = nlohmann::json::parse(read_hf_text(index_path));
   } catch (const nlohmann::json::exception& e) {
     KILTER_USER_FAIL(index_path.string() << ": not valid JSON (" << e.what() << ")");
   }
@@ -199,7 +191,7 @@ const std::string& HfModelDir::dtype(const std::string& name) const {
 
 std::string HfModelDir::tokenizer_json() const {
   const fs::path path = fs::path(dir_) / "tokenizer.json";
-  return fs::exists(path) ? read_text(path) : std::string();
+  return fs::exists(path) ? read_hf_text(path) : std::string();
 }
 
 }  // namespace kilter::io

@@ -47,13 +47,17 @@ void set_blas_threads(int threads) { model::set_gemm_threads(threads); }
 int blas_threads() { return model::gemm_threads(); }
 
 CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string& precision,
-                   const std::string& recompute)
+                   const std::string& recompute, bool bf16_storage)
     : ModelBase(cfg, pad_multiple) {
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cpu backend (fp32 | bf16)");
   bf16_ = precision == "bf16";
+  bf16_storage_ = bf16_storage;
+  KILTER_USER_CHECK(!bf16_storage_ || bf16_, "train.bf16_storage = on needs train.precision = bf16 (got "
+                                                 << precision << ")");
   recompute_ = model::parse_recompute(recompute);
-  KILTER_CHECK(!bf16_ || model::gemm_has_bf16(),
+  // The bf16-storage oracle multiplies bf16 values in fp32 GEMMs: it needs no bf16 instructions.
+  KILTER_CHECK(!bf16_ || bf16_storage_ || model::gemm_has_bf16(),
                "train.precision=bf16 needs bf16 GEMM instructions (AVX512_BF16 or AMX) on the cpu backend; this CPU "
                "and build give " << model::gemm_engine() << " (use train.precision=fp32)");
   params_.assign(layout_.padded_size, 0.0f);
@@ -65,8 +69,10 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
 }
 
 std::string CpuModel::describe() const {
-  return "cpu (" + model::gemm_engine() + ", " + (bf16_ ? "bf16 GEMM inputs, fp32 accumulation and weights" : "fp32") +
-         ", " + std::to_string(model::gemm_threads()) + " threads)";
+  const std::string math = bf16_storage_ ? "bf16 storage (the CUDA datapath's oracle), fp32 accumulation and weights"
+                           : bf16_       ? "bf16 GEMM inputs, fp32 accumulation and weights"
+                                         : "fp32";
+  return "cpu (" + model::gemm_engine() + ", " + math + ", " + std::to_string(model::gemm_threads()) + " threads)";
 }
 
 void CpuModel::refresh_bf16_params() {
@@ -112,7 +118,7 @@ CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
 
 CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
   BlockInputsBf16 b;
-  if (!bf16_) return b;
+  if (!bf16_ || bf16_storage_) return b;
   const size_t C = cfg_.n_embd;
   const size_t N = static_cast<size_t>(rows);
   const size_t held = plan_.bf16_layers == 1 ? 0 : static_cast<size_t>(layer);
@@ -140,7 +146,11 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
     grow(encoded_, tokens * C);
     grow(block_acts_, L * tokens * plan_.kept_per_token);
     grow(block_scratch_, tokens * plan_.shared_per_token);
-    if (bf16_) grow(inputs_bf16_, plan_.bf16_layers * tokens * plan_.bf16_inputs_per_token);
+    if (bf16_ && !bf16_storage_) grow(inputs_bf16_, plan_.bf16_layers * tokens * plan_.bf16_inputs_per_token);
+    if (bf16_storage_) {
+      grow(projection_, tokens * C);
+      grow(dresidual_bf16_, tokens * C);
+    }
     grow(lnf_, tokens * C);
     grow(lnf_mean_, tokens);
     grow(lnf_rstd_, tokens);
@@ -362,6 +372,7 @@ int64_t CpuModel::gather_target_rows(const Batch& batch) {
 
 double CpuModel::forward_loss(const Batch& batch) {
   model::check_evaluation_batch(batch);
+  if (bf16_storage_) return forward_loss_bf16(batch);
   const auto precision = gemm_precision_scope();
   forward(batch);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
@@ -377,6 +388,7 @@ double CpuModel::forward_loss(const Batch& batch) {
 }
 
 double CpuModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
+  if (bf16_storage_) return forward_backward_bf16(batch, loss_scale, on_ready);
   const auto precision = gemm_precision_scope();
   forward(batch);
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by

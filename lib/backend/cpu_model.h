@@ -5,6 +5,12 @@
 // after init/set_params/adamw_step, activations rounded per GEMM) and accumulate in fp32; master
 // weights, AdamW moments, gradients and every other op stay fp32. It needs bf16 instructions
 // (AVX512_BF16 or AMX); elsewhere the constructor throws, naming train.precision.
+// bf16_storage (train.bf16_storage = on; needs precision "bf16"): the oracle of the CUDA backend's
+// bf16-storage datapath (cpu_model_bf16.cpp): every activation is rounded to bf16 exactly where the
+// device stores it, GEMMs multiply those bf16 values and the bf16 weight copy with fp32
+// accumulation (fp32 GEMMs on bf16 values: any CPU), the classifier keeps bf16 logits; master
+// weights, gradients and moments stay fp32. Composed from lib/model/bf16_ops.h and
+// attention_bf16.h, the CUDA kernels' twins, so that the GPU path is compared at a tight tolerance.
 // recompute (train.recompute): activations the forward does not keep and the backward recomputes,
 // with the same kernels in the same order, so gradients are bit-identical to "none": "gelu" the
 // MLP's GELU output (from its input), "attention" the saved softmax (from Q and K, and the prefix
@@ -20,6 +26,7 @@
 
 #include "lib/backend/model_base.h"
 #include "lib/model/attention.h"
+#include "lib/model/bf16_ops.h"
 #include "lib/model/layout.h"
 #include "lib/model/gemm.h"
 #include "lib/model/matmul.h"
@@ -41,7 +48,7 @@ int blas_threads();
 class CpuModel final : public ModelBase {
  public:
   CpuModel(const model::ModelSpec& cfg, size_t pad_multiple, const std::string& precision = "fp32",
-           const std::string& recompute = "none");
+           const std::string& recompute = "none", bool bf16_storage = false);
   ~CpuModel() override { release_moments(); }
 
   std::string backend_name() const override { return "cpu"; }
@@ -112,6 +119,24 @@ class CpuModel final : public ModelBase {
   void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
                      const float* mean, const float* rstd, int N);
   void activation_forward(const BlockActivations& a, int N);
+  // ---- bf16 storage (cpu_model_bf16.cpp): the same steps, rounded where the device stores bf16.
+  double forward_backward_bf16(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
+  double forward_loss_bf16(const model::Batch& batch);
+  void forward_bf16(const model::Batch& batch);
+  void block_forward_bf16(const model::Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
+                          bool recomputing);
+  void block_backward_bf16(const model::Batch& batch, int layer);
+  void attention_forward_bf16(const model::Batch& batch, int layer, const BlockActivations& a, float* out,
+                              bool recomputing);
+  void attention_backward_bf16(const model::Batch& batch, int layer, const BlockActivations& a);
+  // The weight copy the bf16 GEMMs read: param's position in params_bf16_ (null for null).
+  const model::bf16* working(const float* param) const {
+    return param == nullptr ? nullptr : params_bf16_.data() + (param - params_.data());
+  }
+  model::NormSpec norm_spec() const { return {cfg_.llama(), static_cast<float>(cfg_.norm_eps)}; }
+  // GELU through the GEMM's epilogue (pre-activation and GELU of the unrounded sum), except under
+  // recompute = gelu, whose recomputation can only start from the stored bf16 pre-activation.
+  bool gelu_in_epilogue() const { return !cfg_.llama() && recompute_ != Recompute::gelu; }
   void activation_backward(const BlockActivations& a, int N);
   float* activation_gradient() { return cfg_.llama() ? dact_.data() : dfch_.data(); }
   // The batch's prefixes over prefix_kv_ / prefix_dkv_ (offset null when no piece has one).
@@ -138,6 +163,7 @@ class CpuModel final : public ModelBase {
   std::vector<float> params_, grads_;
   // precision=bf16: the bf16 copy of params_ the GEMMs read (empty in fp32).
   bool bf16_ = false;
+  bool bf16_storage_ = false;  // the oracle of the GPU's bf16 storage (above)
   std::vector<model::bf16> params_bf16_;
   // precision=bf16: per layer and token, plan_.bf16_inputs_per_token bf16s (BlockInputsBf16; empty in fp32).
   std::vector<model::bf16> inputs_bf16_;
@@ -154,6 +180,9 @@ class CpuModel final : public ModelBase {
   // Backward scratch: residual-stream gradient and per-op input gradients (dact_: llama's SwiGLU
   // output gradient).
   std::vector<float> dresidual_, dln_, dqkv_, datty_, dfch_, dact_;
+  // bf16 storage: a Linear layer's output before the fused residual add + norm, and the bf16
+  // copy of dresidual_ the GEMMs read.
+  std::vector<float> projection_, dresidual_bf16_;
   // The attention's heads in the q|k|v rows; llama: RoPE's table for the context, and the current
   // micro-batch's positions (piece offset + index).
   model::AttentionShape shape_;

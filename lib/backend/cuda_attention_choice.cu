@@ -16,15 +16,8 @@ namespace {
 // Deterministic pseudo-random values in [-1, 1) (an integer hash of the index), for self-checks.
 __global__ void fill_hash_kernel(float* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
-    x[i] = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-  }
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    x[i] = hash_unit(i, seed);
 }
 
 // result[0] = max |a - b|, result[1] = max |b|, as float bits (non-negative floats order like

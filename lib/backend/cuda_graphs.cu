@@ -12,7 +12,7 @@
 namespace kilter::backend {
 
 void CudaModel::run_segment(int segment, const std::function<void()>& body) {
-  if (!options_.cuda_graphs || batch_cudnn_ || exchange_ != nullptr) {
+  if (!options_.cuda_graphs || batch_cudnn_ || batch_sdpa_ || exchange_ != nullptr) {
     body();
     return;
   }

@@ -1,7 +1,12 @@
-// CudaModel: the GPT-2 model on one CUDA device, composed from the CUDA twins of the CPU ops
+// CudaModel: the model (GPT-2 or the Llama family: RMSNorm, RoPE, SwiGLU, grouped K/V heads, an
+// untied head) on one CUDA device, composed from the CUDA twins of the CPU ops
 // (lib/backend/cuda_ops.h) in exactly CpuModel's order, so the CPU backend is its oracle
-// (tests/gpu/). fp32 master weights, gradients, AdamW moments and activations; precision "bf16"
-// switches the GEMMs to bf16 tensor-core math with fp32 accumulation (kc::Gemm). Device memory: one
+// (tests/gpu/). fp32 master weights, gradients and AdamW moments. Two datapaths: this file's, with
+// fp32 activations (train.precision = fp32: IEEE fp32 GEMMs; bf16 with train.bf16_storage = off:
+// bf16 tensor-core math on fp32 operands, kc::Gemm), and the bf16-storage one
+// (cuda_datapath_bf16.cu: bf16 activations, fused kernels), which train.bf16_storage = auto takes
+// where its self-check against the CPU oracle passes at construction (cuda_self_check.cu). The
+// optimizer (one launch for AdamW, one for the norm) is cuda_optimizer.cu. Device memory: one
 // persistent state allocation (params, grads), the AdamW moments of the owned ranges (all of
 // them, or 1/P with train.shard_optimizer: shard_optimizer()), and one activation arena sized by
 // reserve() (grown, with the stream drained first, if a larger micro-batch arrives);
@@ -23,8 +28,10 @@
 // step, so no NCCL collective is in flight there: a cudaMalloc/cudaFree (which synchronize the
 // device) cannot deadlock against a peer's collective.
 //
-// Attention engine (train.attention): cuDNN's multi-head attention API (attention_cudnn.cu) or
-// cuBLASLt + a masked softmax (attention.cu), chosen per attention group shape (B,T).
+// Attention engine (train.attention): cuDNN's SDPA on the packed rows (cuda_attention_sdpa.cu;
+// sdpa, or auto in bf16, per shape bucket after its self-check), else cuDNN's multi-head attention
+// API (attention_cudnn.cu) or cuBLASLt + a masked softmax (attention.cu), chosen per attention
+// group shape (B,T).
 // Cut pieces (issue 23; docs/model.md, "Cut pieces"): a later part [s, s+L) of a piece takes
 // positions from s and runs on its own (attention_prefix_*: L queries against the s prefix keys
 // from batch.exchange and its own, bottom-right causal mask; cuBLASLt whatever the engine); the
@@ -47,6 +54,7 @@
 
 #include "lib/backend/cuda_model_impl.cuh"
 #include "lib/model/init.h"
+#include "lib/model/rope.h"
 
 namespace kilter::backend {
 
@@ -62,10 +70,17 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
   const std::string& precision = options_.precision;
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
-  KILTER_CHECK(options_.attention == "auto" || options_.attention == "cudnn" || options_.attention == "cublaslt",
-               "train.attention=" << options_.attention << " is not one of auto, cudnn, cublaslt");
-  KILTER_USER_CHECK(!cfg_.llama(), "model.arch = llama: the cuda backend runs gpt2 only so far; use "
-                                   "train.backend = cpu");
+  KILTER_CHECK(options_.attention == "auto" || options_.attention == "sdpa" || options_.attention == "cudnn" ||
+                   options_.attention == "cublaslt",
+               "train.attention=" << options_.attention << " is not one of auto, sdpa, cudnn, cublaslt");
+  const std::string& storage = options_.bf16_storage;
+  KILTER_USER_CHECK(storage == "auto" || storage == "on" || storage == "off",
+                    "train.bf16_storage=" << storage << " is not one of auto, on, off");
+  KILTER_USER_CHECK(storage != "on" || precision == "bf16",
+                    "train.bf16_storage = on needs train.precision = bf16 (got " << precision << ")");
+  KILTER_USER_CHECK(storage != "on" || options_.attention != "cudnn",
+                    "train.bf16_storage = on: cuDNN's multi-head attention API takes fp32 activations; use "
+                    "train.attention = auto, sdpa or cublaslt with bf16 storage, or train.bf16_storage = off");
   recompute_ = model::parse_recompute(options_.recompute);
   plan_ = model::activation_plan(cfg_, recompute_);
   device_ = cuda_device_index();
@@ -87,7 +102,18 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
     gemm_capture_ = std::make_unique<kc::Gemm>(capture_stream_, math);
     gemm_capture_->share_bf16_scratch(*gemm_);  // the two engines' work is ordered by events
   }
-  if (options_.attention != "cublaslt") {
+  sdpa_init();  // cuda_attention_sdpa.cu
+  choose_storage();
+  const bool grouped_heads = cfg_.kv_heads() != cfg_.n_head;
+  const bool legacy_cudnn = options_.attention == "auto" || options_.attention == "cudnn";
+  if (legacy_cudnn && (bf16_storage_ || grouped_heads)) {
+    // The bf16 datapath runs the bf16 cuBLASLt engine; cuDNN's multi-head attention API gives each
+    // of its heads the whole vector, so grouped K/V heads cannot be expressed.
+    cudnn_note_ = bf16_storage_ ? "bf16 storage runs the bf16 cuBLASLt engine"
+                                : "grouped K/V heads (model.n_kv_head) are not in cuDNN's multi-head attention API";
+    KILTER_USER_CHECK(options_.attention != "cudnn", "train.attention=cudnn: " << cudnn_note_
+                                                                               << "; use train.attention=auto or cublaslt");
+  } else if (legacy_cudnn) {
 #ifdef KILTER_WITH_CUDNN
     try {
       cudnn_ = std::make_unique<kc::CudnnAttention>(stream_, math, cfg_.n_embd, cfg_.n_head);
@@ -112,11 +138,64 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
   grads_ = state_ + padded;
   KILTER_CUDA_CHECK(cudaMemsetAsync(state_, 0, sizeof(float) * padded * 2, stream_));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_),
-                               sizeof(double) * (1 + kc::sum_of_squares_scratch_doubles())));
+                               sizeof(double) * (2 + kc::sum_of_squares_scratch_doubles())));
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_counter_), sizeof(unsigned)));
+  KILTER_CUDA_CHECK(cudaMemsetAsync(norm_counter_, 0, sizeof(unsigned), stream_));
+  if (bf16_storage_) {
+    // The bf16 working copy of the weights, and the head's with the vocabulary padded to a
+    // multiple of 128 (its extra rows stay zero: zero logits, masked by the classifier).
+    vocab_padded_ = (cfg_.vocab_size + 127) / 128 * 128;
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_bf16_), sizeof(kc::bf16) * padded));
+    const size_t head = static_cast<size_t>(vocab_padded_) * cfg_.n_embd;
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_bf16_), sizeof(kc::bf16) * head));
+    KILTER_CUDA_CHECK(cudaMemsetAsync(head_bf16_, 0, sizeof(kc::bf16) * head, stream_));
+    refresh_working_copy();
+  }
+  if (cfg_.llama()) {
+    const model::RopeTable table = model::RopeTable::build(cfg_, cfg_.block_size);
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&rope_cos_), sizeof(float) * table.cos.size()));
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&rope_sin_), sizeof(float) * table.sin.size()));
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(rope_cos_, table.cos.data(), sizeof(float) * table.cos.size(),
+                                      cudaMemcpyHostToDevice, stream_));
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(rope_sin_, table.sin.data(), sizeof(float) * table.sin.size(),
+                                      cudaMemcpyHostToDevice, stream_));
+  }
   KILTER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_scalars_), sizeof(double)));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scale_device_), sizeof(float)));
 
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::choose_storage() {
+  bf16_storage_ = false;
+  if (options_.precision != "bf16") return;
+  const std::string& storage = options_.bf16_storage;
+  if (storage == "off") {
+    storage_note_ = options_.bf16_storage_checked ? "the bf16-storage self-check failed on a rank"
+                                                  : "train.bf16_storage=off";
+    return;
+  }
+  if (storage == "on") {
+    bf16_storage_ = true;
+    storage_note_ = options_.bf16_storage_checked ? "self-checked against the CPU oracle at start-up on every rank"
+                                                  : "train.bf16_storage=on, not self-checked";
+    return;
+  }
+  if (options_.attention == "cudnn") {
+    storage_note_ = "train.attention=cudnn takes fp32 activations";
+    return;
+  }
+  // auto: the datapath has to prove itself on this device first (cuda_self_check.cu).
+  const std::string why = bf16_storage_self_check(cfg_, options_);
+  if (why.empty()) {
+    bf16_storage_ = true;
+    storage_note_ = "self-checked against the CPU oracle at start-up";
+    return;
+  }
+  storage_note_ = "the bf16-storage self-check failed: " + why;
+  std::fprintf(stderr, "kilter: cuda backend: the bf16-storage datapath disagreed with the CPU oracle on device %d (%s); "
+               "training with fp32 activations and bf16 GEMMs, as train.bf16_storage=off does\n",
+               device_, why.c_str());
 }
 
 CudaModel::~CudaModel() {
@@ -124,6 +203,7 @@ CudaModel::~CudaModel() {
   cudaStreamSynchronize(stream_);
   cudaStreamSynchronize(copy_stream_);
   drop_graphs();
+  sdpa_.reset();
   cudnn_.reset();
   gemm_.reset();
   gemm_capture_.reset();
@@ -137,7 +217,12 @@ CudaModel::~CudaModel() {
   cudaFree(arena_);
   cudaFree(state_);
   release_moments();
-  cudaFree(range_norms_);
+  cudaFree(segments_);
+  cudaFree(norm_counter_);
+  cudaFree(params_bf16_);
+  cudaFree(head_bf16_);
+  cudaFree(rope_cos_);
+  cudaFree(rope_sin_);
   cudaFree(loss_device_);
   cudaFreeHost(host_scalars_);
   for (UploadSlot& slot : slots_) {
@@ -164,13 +249,17 @@ CudaModel::BlockTensors CudaModel::block_tensors(float* base, int layer) const {
 std::string CudaModel::describe() const {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, device_);
-  std::string text = "cuda device " + std::to_string(device_) + " (" + prop.name + "), GEMMs " +
+  std::string text = "cuda device " + std::to_string(device_) + " (" + prop.name + "), " + cfg_.arch + ", GEMMs " +
                      (options_.precision == "bf16" ? "bf16 tensor cores, fp32 accumulation" : "fp32") +
-                     " on cuBLASLt, attention ";
+                     " on cuBLASLt, activations " +
+                     (bf16_storage_ ? "bf16 (fused datapath)" : "fp32") +
+                     (storage_note_.empty() ? "" : " (" + storage_note_ + ")") + ", attention " + sdpa_description();
 #ifdef KILTER_WITH_CUDNN
   if (cudnn_) text += cudnn_->description();
 #endif
-  if (!cudnn_) text += "cuBLASLt + masked softmax" + (cudnn_note_.empty() ? "" : " (cuDNN: " + cudnn_note_ + ")");
+  if (!cudnn_)
+    text += std::string(bf16_storage_ ? "bf16 " : "") + "cuBLASLt + masked softmax" +
+            (cudnn_note_.empty() ? "" : " (cuDNN: " + cudnn_note_ + ")");
   if (options_.cuda_graphs)
     text += ", CUDA graphs on (" + std::to_string(graphs_kept_) + " segment graphs kept where the replay beat eager, " +
             std::to_string(graphs_dropped_) + " left eager)";
@@ -193,23 +282,22 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
     if (offset > 0) layout.prefixed.push_back({p, batch.cu_seqlens[p], offset, len});
   }
   exchange_ = batch.exchange;
+  layout.exchange = exchange_ != nullptr;
   layout.groups.build(batch.cu_seqlens.data(), layout.pieces, cfg_.block_size,
                       batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
-  // Each group's engine (cuDNN's per-shape trial and self-check run here, before any kernel of
-  // this micro-batch is queued).
+  // The attention engine: SDPA on the packed rows, or each group's engine (the per-shape trials
+  // and self-checks run here, before any kernel of this micro-batch is queued).
+  batch_sdpa_ = sdpa_for_batch(batch);
+  layout.sdpa = batch_sdpa_ && bf16_storage_;  // the arena of the bf16 datapath follows the engine
+  layout.sdpa_staged_rows = layout.sdpa ? sdpa_staged_rows() : 0;
   const size_t num_groups = layout.groups.groups.size();
   layout.group_cudnn.assign(num_groups, 0);
   batch_cudnn_ = false;
-  for (size_t g = 0; g < num_groups; ++g) {
+  for (size_t g = 0; g < num_groups && !batch_sdpa_; ++g) {
     layout.group_cudnn[g] = cudnn_for_shape(layout.groups.groups[g].B, layout.groups.groups[g].T);
     batch_cudnn_ = batch_cudnn_ || layout.group_cudnn[g];
   }
-  {
-    ArenaCarver measure(nullptr);
-    ensure_arena(carve(measure, nullptr, layout), layout);
-    ArenaCarver carver(arena_);
-    carve(carver, &acts_, layout);
-  }
+  lay_out_arena(layout);
   const size_t N = batch.N, pieces = layout.pieces, padded_rows = layout.groups.padded_rows();
   const size_t ints = 2 * N + 3 * pieces + 1 + padded_rows;
   UploadSlot& slot = slots_[next_slot_];
@@ -253,15 +341,15 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
 
 
 void CudaModel::attention_forward_groups(const BlockActivations& a) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
   const Activations& x = acts_;
   const model::AttentionGroups& groups = layout_now_.groups;
-  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), 3 * C, s_);
+  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), W, s_);
   for (size_t g = 0; g < groups.groups.size(); ++g) {
     const model::AttentionGroup& group = groups.groups[g];
     float* out = x.padded_io + group.first_row * C;
     float* saved = a.att + x.saved_offset[g];
-    const float* qkv = x.padded_qkv + group.first_row * 3 * C;
+    const float* qkv = x.padded_qkv + group.first_row * W;
     const int32_t* lengths = x.lengths + group.first_length;
 #ifdef KILTER_WITH_CUDNN
     if (layout_now_.group_cudnn[g]) {
@@ -270,23 +358,24 @@ void CudaModel::attention_forward_groups(const BlockActivations& a) {
       continue;
     }
 #endif
-    kc::attention_forward(*g_, out, saved, qkv, lengths, group.B, group.T, C, NH, x.attention_workspace);
+    kc::attention_forward(*g_, out, saved, qkv, lengths, group.B, group.T, C, NH, x.attention_workspace,
+                          cfg_.kv_heads());
   }
   kc::scatter_padded_rows(a.atty, x.padded_io, x.padded_token, groups.padded_rows(), C, /*accumulate=*/false, s_);
 }
 
 void CudaModel::attention_backward_groups(const BlockActivations& a) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
   const Activations& x = acts_;
   const model::AttentionGroups& groups = layout_now_.groups;
-  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), 3 * C, s_);
+  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), W, s_);
   kc::gather_padded_rows(x.padded_io, x.datty, x.padded_token, groups.padded_rows(), C, s_);
   for (size_t g = 0; g < groups.groups.size(); ++g) {
     const model::AttentionGroup& group = groups.groups[g];
-    float* dqkv = x.padded_dqkv + group.first_row * 3 * C;
+    float* dqkv = x.padded_dqkv + group.first_row * W;
     const float* dout = x.padded_io + group.first_row * C;
     float* saved = a.att + x.saved_offset[g];
-    const float* qkv = x.padded_qkv + group.first_row * 3 * C;
+    const float* qkv = x.padded_qkv + group.first_row * W;
     const int32_t* lengths = x.lengths + group.first_length;
 #ifdef KILTER_WITH_CUDNN
     if (layout_now_.group_cudnn[g]) {
@@ -296,13 +385,13 @@ void CudaModel::attention_backward_groups(const BlockActivations& a) {
     }
 #endif
     kc::attention_backward(*g_, dqkv, dout, qkv, saved, lengths, group.B, group.T, C, NH, x.attention_workspace,
-                           /*accumulate=*/false);
+                           /*accumulate=*/false, cfg_.kv_heads());
   }
-  kc::scatter_padded_rows(x.dqkv, x.padded_dqkv, x.padded_token, groups.padded_rows(), 3 * C, /*accumulate=*/false,
-                          s_);
+  kc::scatter_padded_rows(x.dqkv, x.padded_dqkv, x.padded_token, groups.padded_rows(), W, /*accumulate=*/false, s_);
 }
 
 void CudaModel::attention_forward_layer(int layer, const BlockActivations& a) {
+  if (batch_sdpa_) return sdpa_forward_layer(layer, a, a.atty, /*exchange_calls=*/true);
   if (exchange_ == nullptr) {
     attention_forward_groups(a);
     return;
@@ -316,37 +405,38 @@ void CudaModel::attention_forward_layer(int layer, const BlockActivations& a) {
 }
 
 void CudaModel::attention_forward_prefixed(int layer, const BlockActivations& a, float* out) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
   const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
   for (size_t k = 0; k < prefixed.size(); ++k) {
     const PrefixedPiece& part = prefixed[k];
     kc::attention_prefix_forward(*g_, out + static_cast<size_t>(part.first_row) * C,
                                  a.att + acts_.prefixed_saved_offset[k],
-                                 a.qkv + static_cast<size_t>(part.first_row) * 3 * C,
+                                 a.qkv + static_cast<size_t>(part.first_row) * W,
                                  exchange_->prefix_kv(layer, part.piece), part.offset, part.len, C, NH,
-                                 acts_.attention_workspace);
+                                 acts_.attention_workspace, cfg_.kv_heads());
   }
 }
 
 void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
+  if (batch_sdpa_) return sdpa_backward_layer(layer, a);
   if (exchange_ == nullptr) {
     attention_backward_groups(a);
     return;
   }
-  const int C = cfg_.n_embd, NH = cfg_.n_head;
+  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
   const Activations& x = acts_;
   // The later parts first (their rows of dqkv are not written by the groups' scatter: zero them),
   // then their prefixes' dK/dV go back while the groups run.
   const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
   for (size_t k = 0; k < prefixed.size(); ++k) {
     const PrefixedPiece& part = prefixed[k];
-    float* dqkv = x.dqkv + static_cast<size_t>(part.first_row) * 3 * C;
-    KILTER_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, sizeof(float) * part.len * 3 * C, s_));
+    float* dqkv = x.dqkv + static_cast<size_t>(part.first_row) * W;
+    KILTER_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, sizeof(float) * part.len * W, s_));
     kc::attention_prefix_backward(*g_, dqkv, exchange_->prefix_dkv(layer, part.piece),
                                   x.datty + static_cast<size_t>(part.first_row) * C,
-                                  a.qkv + static_cast<size_t>(part.first_row) * 3 * C,
+                                  a.qkv + static_cast<size_t>(part.first_row) * W,
                                   exchange_->prefix_kv(layer, part.piece), a.att + x.prefixed_saved_offset[k],
-                                  part.offset, part.len, C, NH, x.attention_workspace);
+                                  part.offset, part.len, C, NH, x.attention_workspace, cfg_.kv_heads());
   }
   KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
   exchange_->backward_send(layer);
@@ -357,10 +447,35 @@ void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
 }
 
 void CudaModel::attention_recompute(int layer, const BlockActivations& a, float* out) {
+  if (batch_sdpa_) return sdpa_forward_layer(layer, a, out, /*exchange_calls=*/false);
   BlockActivations into = a;
   into.atty = out;
   attention_forward_groups(into);
   attention_forward_prefixed(layer, a, out);
+}
+
+void CudaModel::norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
+                             int N) {
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  if (cfg_.llama())
+    kc::rmsnorm_forward(out, rstd, in, w, N, cfg_.n_embd, eps, s_);
+  else
+    kc::layernorm_forward(out, mean, rstd, in, w, b, N, cfg_.n_embd, s_, eps);
+}
+
+void CudaModel::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
+                              const float* mean, const float* rstd, int N, float* scratch) {
+  if (cfg_.llama())
+    kc::rmsnorm_backward(dinp, dw, dout, in, w, rstd, N, cfg_.n_embd, scratch, s_);
+  else
+    kc::layernorm_backward(dinp, dw, db, dout, in, w, mean, rstd, N, cfg_.n_embd, scratch, s_);
+}
+
+void CudaModel::activation_forward(const BlockActivations& a, int N) {
+  if (cfg_.llama())
+    kc::swiglu_forward(a.fch_gelu, a.fch, N, cfg_.ffn_width(), s_);
+  else
+    kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * cfg_.ffn_width(), s_);
 }
 
 void CudaModel::block_recompute(int l) {
@@ -370,40 +485,46 @@ void CudaModel::block_recompute(int l) {
   const BlockActivations& a = acts_.blocks[l];
   const float* residual = l == 0 ? acts_.encoded : acts_.blocks[l - 1].residual3;
   // The forward's kernels in its order, but for the output projection (residual3 is kept).
-  kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C, s_);
-  kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N);
+  kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, cfg_.qkv_width());
+  if (cfg_.llama())
+    kc::rope_forward(a.qkv, acts_.cu_seqlens, acts_.pos_offset, layout_now_.pieces, N, cfg_.n_head, cfg_.kv_heads(),
+                     cfg_.head_dim(), rope_cos_, rope_sin_, s_);
   attention_recompute(l, a, a.atty);
   kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, N, C, C);
-  kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C, s_);
-  kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
-  kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C, s_);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N);
+  kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, cfg_.ffn_in_width());
+  activation_forward(a, N);
 }
 
 void CudaModel::forward_kernels() {
-  const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int C = cfg_.n_embd, V = cfg_.vocab_size, F = cfg_.ffn_width();
   const int N = layout_now_.N;
-  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, params_ + offsets_.wpe, acts_.cu_seqlens,
-                      layout_now_.pieces, N, C, s_, acts_.pos_offset);
+  kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
+                      acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
   const float* residual = acts_.encoded;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const BlockTensors p = block_tensors(params_, l);
     const BlockActivations& a = acts_.blocks[l];
-    kc::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N, C, s_);
-    kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
+    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N);
+    kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, cfg_.qkv_width());
+    if (cfg_.llama())
+      kc::rope_forward(a.qkv, acts_.cu_seqlens, acts_.pos_offset, layout_now_.pieces, N, cfg_.n_head, cfg_.kv_heads(),
+                       cfg_.head_dim(), rope_cos_, rope_sin_, s_);
     attention_forward_layer(l, a);
     kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, N, C, C);
-    kc::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N, C, s_);
-    kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
-    kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C, s_);
-    kc::matmul_forward_residual(*g_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, N, 4 * C, C);
+    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N);
+    kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, cfg_.ffn_in_width());
+    activation_forward(a, N);
+    kc::matmul_forward_residual(*g_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, N, F, C);
     residual = a.residual3;
   }
-  kc::layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, params_ + offsets_.lnf_w,
-                        params_ + offsets_.lnf_b, N, C, s_);
+  norm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, params_ + offsets_.lnf_w,
+               model::tensor_at(params_, offsets_.lnf_b), N);
   // Head: every row's logits (rows without a target get a zero gradient; the CPU gathers target
   // rows instead, which gives the same loss and gradients), then the loss and dlogits in place,
   // scaled by the device-side loss scale.
-  kc::matmul_forward(*g_, acts_.logits, acts_.lnf, params_ + offsets_.wte, nullptr, N, C, V);
+  kc::matmul_forward(*g_, acts_.logits, acts_.lnf, params_ + offsets_.head, nullptr, N, C, V);
   KILTER_CUDA_CHECK(cudaMemsetAsync(loss_device_, 0, sizeof(double), s_));
   kc::crossentropy_forward_backward_async(acts_.logits, acts_.logits, acts_.targets, N, V, 0.0f, loss_device_,
                                           /*accumulate=*/false, s_, scale_device_);
@@ -419,6 +540,7 @@ double CudaModel::read_loss() {
 
 double CudaModel::forward_loss(const Batch& batch) {
   model::check_evaluation_batch(batch);
+  if (bf16_storage_) return forward_loss_bf16(batch);
   upload_batch(batch, 0.0f);
   run_segment(0, [&] { forward_kernels(); });
   finish_forward();
@@ -426,7 +548,7 @@ double CudaModel::forward_loss(const Batch& batch) {
 }
 
 void CudaModel::backward_block_kernels(int l) {
-  const int C = cfg_.n_embd;
+  const int C = cfg_.n_embd, F = cfg_.ffn_width();
   const int N = layout_now_.N;
   float* scratch = acts_.column_scratch;
   const Activations& a = acts_;
@@ -435,25 +557,33 @@ void CudaModel::backward_block_kernels(int l) {
   const BlockActivations& act = a.blocks[l];
   const float* residual_in = l == 0 ? a.encoded : a.blocks[l - 1].residual3;
   if (recompute_ == Recompute::block) block_recompute(l);
-  if (recompute_ == Recompute::gelu) kc::gelu_forward(act.fch_gelu, act.fch, static_cast<size_t>(N) * 4 * C, s_);
-  kc::matmul_backward(*g_, a.dfch, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, N, 4 * C, C,
-                      scratch, false);
-  kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(N) * 4 * C, s_, /*accumulate=*/false);
-  kc::matmul_backward(*g_, a.dln, g.fc_w, g.fc_b, a.dfch, act.ln2, p.fc_w, N, C, 4 * C, scratch, false);
-  kc::layernorm_backward(a.dresidual, g.ln2_w, g.ln2_b, a.dln, act.residual2, p.ln2_w, act.ln2_mean, act.ln2_rstd,
-                         N, C, scratch, s_);
+  if (recompute_ == Recompute::gelu) activation_forward(act, N);
+  // MLP: gpt2's GELU backward turns dfch in place; llama's SwiGLU writes dfch from dact.
+  float* dact = cfg_.llama() ? a.dact : a.dfch;
+  kc::matmul_backward(*g_, dact, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, N, F, C, scratch,
+                      false);
+  if (cfg_.llama())
+    kc::swiglu_backward(a.dfch, a.dact, act.fch, N, F, s_);
+  else
+    kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(N) * F, s_, /*accumulate=*/false);
+  kc::matmul_backward(*g_, a.dln, g.fc_w, g.fc_b, a.dfch, act.ln2, p.fc_w, N, C, cfg_.ffn_in_width(), scratch, false);
+  norm_backward(a.dresidual, g.ln2_w, g.ln2_b, a.dln, act.residual2, p.ln2_w, act.ln2_mean, act.ln2_rstd, N, scratch);
   kc::matmul_backward(*g_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, N, C, C, scratch,
                       false);
-  // dln is free from the layernorm backward above until the QKV projection's backward: the
+  // dln is free from the norm's backward above until the QKV projection's backward: the
   // recomputed attention output (equal to act.atty, not needed) lands there.
   if (recompute_ == Recompute::attention) attention_recompute(l, act, a.dln);
   attention_backward_layer(l, act);
-  kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, N, C, 3 * C, scratch, false);
-  kc::layernorm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, N,
-                         C, scratch, s_);
+  // RoPE's backward after the exchange added the later parts' dK/dV (they were taken rotated).
+  if (cfg_.llama())
+    kc::rope_backward(a.dqkv, a.cu_seqlens, a.pos_offset, layout_now_.pieces, N, cfg_.n_head, cfg_.kv_heads(),
+                      cfg_.head_dim(), rope_cos_, rope_sin_, s_);
+  kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, N, C, cfg_.qkv_width(), scratch, false);
+  norm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, N, scratch);
 }
 
 double CudaModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
+  if (bf16_storage_) return forward_backward_bf16(batch, loss_scale, on_ready);
   upload_batch(batch, loss_scale);
   const int N = batch.N, C = cfg_.n_embd, V = cfg_.vocab_size;
   const size_t NC = static_cast<size_t>(N) * C;
@@ -462,14 +592,14 @@ double CudaModel::forward_backward(const Batch& batch, float loss_scale, const m
   finish_forward();
   if (backward_start_hook_) backward_start_hook_();
 
-  // LM head (tied to wte): dlnf = dlogits @ wte; dwte += dlogits^T @ lnf; then ln_f.
+  // LM head (tied to wte, or its own): dlnf = dlogits @ head; dhead += dlogits^T @ lnf; then ln_f.
   run_segment(1, [&] {
-    kc::matmul_backward(*g_, a.dln, grads_ + offsets_.wte, nullptr, a.logits, a.lnf, params_ + offsets_.wte, N, C, V,
+    kc::matmul_backward(*g_, a.dln, grads_ + offsets_.head, nullptr, a.logits, a.lnf, params_ + offsets_.head, N, C, V,
                         a.column_scratch, /*accumulate_dinp=*/false);
     KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * NC, s_));
-    kc::layernorm_backward(a.dresidual, grads_ + offsets_.lnf_w, grads_ + offsets_.lnf_b, a.dln,
-                           a.blocks[cfg_.n_layer - 1].residual3, params_ + offsets_.lnf_w, a.lnf_mean, a.lnf_rstd, N,
-                           C, a.column_scratch, s_);
+    norm_backward(a.dresidual, grads_ + offsets_.lnf_w, model::tensor_at(grads_, offsets_.lnf_b), a.dln,
+                  a.blocks[cfg_.n_layer - 1].residual3, params_ + offsets_.lnf_w, a.lnf_mean, a.lnf_rstd, N,
+                  a.column_scratch);
   });
   // Reported ranges are final in stream order: the NCCL communicator waits on this stream.
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
@@ -480,10 +610,10 @@ double CudaModel::forward_backward(const Batch& batch, float loss_scale, const m
   }
 
   run_segment(cfg_.n_layer + 2, [&] {
-    kc::encoder_backward(grads_ + offsets_.wte, grads_ + offsets_.wpe, a.dresidual, a.inputs, a.cu_seqlens,
-                         layout_now_.pieces, N, layout_now_.max_len, C, s_, a.pos_offset);
+    kc::encoder_backward(grads_ + offsets_.wte, model::tensor_at(grads_, offsets_.wpe), a.dresidual, a.inputs,
+                         a.cu_seqlens, layout_now_.pieces, N, layout_now_.max_len, C, s_, a.pos_offset);
   });
-  if (on_ready) on_ready(offsets_.wte, offsets_.block[0] - offsets_.wte);
+  if (on_ready) on_ready(offsets_.wte, offsets_.embeddings_end() - offsets_.wte);
   return read_loss();
 }
 
@@ -493,6 +623,7 @@ void CudaModel::init_params(uint64_t seed) {
   cuda_device_index();
   KILTER_CUDA_CHECK(cudaMemcpyAsync(params_, host.data(), sizeof(float) * layout_.padded_size, cudaMemcpyHostToDevice,
                                     stream_));
+  if (bf16_storage_) refresh_working_copy();
   zero_moments();
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` goes out of scope
 }
@@ -500,8 +631,10 @@ void CudaModel::init_params(uint64_t seed) {
 void CudaModel::set_params(const float* host) {
   cuda_device_index();
   KILTER_CUDA_CHECK(cudaMemcpyAsync(params_, host, sizeof(float) * layout_.num_params, cudaMemcpyHostToDevice, stream_));
+  if (bf16_storage_) refresh_working_copy();
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
+
 
 void CudaModel::get_params(float* host) const {
   cuda_device_index();
@@ -509,104 +642,18 @@ void CudaModel::get_params(float* host) const {
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-float* CudaModel::allocate_moments(size_t floats) {
-  cuda_device_index();
-  float* moments = nullptr;
-  const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&moments), sizeof(float) * floats);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    KILTER_FAIL("cuda backend: cannot allocate the AdamW moments (" << (sizeof(float) * floats >> 20) << " MiB) on device "
-                << device_ << " (" << cudaGetErrorString(status) << "); set train.shard_optimizer = true to hold "
-                << "1/world_size of them per rank, or use more ranks");
-  }
-  KILTER_CUDA_CHECK(cudaMemsetAsync(moments, 0, sizeof(float) * floats, stream_));
-  return moments;
-}
-
-void CudaModel::free_moments(float* moments) {
-  cudaStreamSynchronize(stream_);  // queued kernels may still use them; never throws (destructor)
-  cudaFree(moments);
-}
-
-void CudaModel::upload(float* to, const float* host, size_t count) {
-  cuda_device_index();
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(to, host, sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
-}
-
-void CudaModel::download(float* host, const float* from, size_t count) const {
-  cuda_device_index();
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(host, from, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
-}
-
-void CudaModel::zero(float* to, size_t count) {
-  cuda_device_index();
-  KILTER_CUDA_CHECK(cudaMemsetAsync(to, 0, sizeof(float) * count, stream_));
-}
-
-void CudaModel::finish_copies() const { KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
 void CudaModel::zero_grads() {
   cuda_device_index();
   KILTER_CUDA_CHECK(cudaMemsetAsync(grads_, 0, sizeof(float) * layout_.padded_size, stream_));
 }
 
-double CudaModel::grad_norm_squared() {
-  cuda_device_index();
-  // Per owned range (a deterministic device sum each), then over the ranges on the host in order
-  // (unsharded: one range, the same sum as ever).
-  const std::vector<model::ParamRange>& owned_ranges = owned();
-  const size_t ranges = owned_ranges.size();
-  if (ranges > range_norms_capacity_) {
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    cudaFree(range_norms_);
-    range_norms_ = nullptr;
-    range_norms_capacity_ = 0;
-    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&range_norms_), sizeof(double) * ranges));
-    range_norms_capacity_ = ranges;
-  }
-  // A range wholly in the padding has no gradient: its sum stays 0.
-  KILTER_CUDA_CHECK(cudaMemsetAsync(range_norms_, 0, sizeof(double) * ranges, stream_));
-  for (size_t i = 0; i < ranges; ++i) {
-    const size_t end = std::min(owned_ranges[i].offset + owned_ranges[i].count, layout_.num_params);
-    if (owned_ranges[i].offset < end)
-      kc::sum_of_squares_async(range_norms_ + i, grads_ + owned_ranges[i].offset, end - owned_ranges[i].offset, loss_device_ + 1,
-                               stream_);
-  }
-  std::vector<double> norms(ranges);
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(norms.data(), range_norms_, sizeof(double) * ranges, cudaMemcpyDeviceToHost, stream_));
-  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  double total = 0.0;
-  for (double norm : norms) total += norm;
-  return total;
-}
-
-void CudaModel::adamw_step(const model::AdamWParams& p) {
-  cuda_device_index();
-  ensure_moments();
-  // Every tensor's part inside every owned range (unsharded: every tensor whole), one launch per
-  // run of consecutive parts that share the decay flag (the layout alternates 2-D weights and 1-D
-  // biases, so runs are short, but this keeps the formula per tensor exact). Adjacent owned
-  // ranges continue a run: their moments are adjacent too.
-  float *m = moment_m(), *v = moment_v();
-  size_t run_lo = 0, run_hi = 0, run_k = 0;
-  bool run_decay = false;
-  auto flush = [&] {
-    if (run_hi > run_lo)
-      kc::adamw_update(params_ + run_lo, grads_ + run_lo, m + run_k, v + run_k, run_hi - run_lo, p.lr, p.beta1, p.beta2,
-                       p.eps, run_decay ? p.weight_decay : 0.0f, p.grad_scale, p.t, stream_);
-    run_lo = run_hi = 0;
-  };
-  model::for_each_owned_part(layout_, owned(), [&](size_t lo, size_t hi, size_t k, bool decay) {
-    if (run_hi > run_lo && (decay != run_decay || lo != run_hi || k != run_k + (run_hi - run_lo))) flush();
-    if (run_hi == run_lo) run_lo = lo, run_k = k, run_decay = decay;
-    run_hi = hi;
-  });
-  flush();
-}
-
 std::unique_ptr<model::Model> make_cuda_model(const ModelSpec& cfg, size_t pad_multiple,
                                               const model::BackendOptions& options) {
   return std::make_unique<CudaModel>(cfg, pad_multiple, options);
+}
+
+std::string cuda_bf16_storage_self_check(const ModelSpec& cfg, const model::BackendOptions& options) {
+  return CudaModel::bf16_storage_self_check(cfg, options);
 }
 
 std::unique_ptr<model::Model> make_cuda_model(const ModelSpec& cfg, size_t pad_multiple, const std::string& precision) {

@@ -13,9 +13,10 @@
 namespace kilter::backend {
 
 // A CudaModel on this process's device (see cuda_device_index()). precision: "fp32" (IEEE fp32
-// GEMMs) or "bf16" (bf16 tensor-core GEMMs with fp32 accumulation; fp32 master weights,
-// moments and activations). Throws kilter::Error naming train.precision for anything else, and
-// naming the device when none is usable.
+// GEMMs) or "bf16" (bf16 tensor-core GEMMs with fp32 accumulation and fp32 master weights and
+// moments; activations bf16 where train.bf16_storage's default, auto, passes its self-check,
+// BackendOptions::bf16_storage). Throws kilter::Error naming train.precision for anything else,
+// and naming the device when none is usable.
 std::unique_ptr<model::Model> make_cuda_model(const model::ModelSpec& cfg, size_t pad_multiple,
                                               const std::string& precision);
 // With every option: attention "auto" (cuDNN when built with it and usable here, else cuBLASLt,
@@ -27,6 +28,10 @@ std::unique_ptr<model::Model> make_cuda_model(const model::ModelSpec& cfg, size_
 
 // cudaGetDeviceCount > 0. False (never an exception) when there is no driver, the driver is
 // older than the runtime ("driver insufficient"), or no device is visible.
+// The bf16-storage datapath's start-up self-check on this process's device (model.h:
+// datapath_self_check): "" when it agrees with the CPU oracle, else why not.
+std::string cuda_bf16_storage_self_check(const model::ModelSpec& cfg, const model::BackendOptions& options);
+
 bool cuda_device_present();
 // Why no device is usable ("" when one is): cudaGetErrorString of the failed query, or
 // "no CUDA device visible".

@@ -1,8 +1,11 @@
 // The CudaModel class (cuda_model.h makes it): shared by the files that implement it, one concept
-// each: cuda_model.cu (the model: set-up, the forward and backward kernels in CpuModel's order, the
-// optimizer), cuda_arena.cu (the activation arena), cuda_graphs.cu (the CUDA-graph cache) and
-// cuda_attention_choice.cu (which attention engine runs a shape, and its self-check). CUDA C++:
-// only .cu files include it.
+// each: cuda_model.cu (the model: set-up, the fp32-storage forward and backward kernels in
+// CpuModel's order), cuda_optimizer.cu (AdamW, the norm, the moments, the bf16 weight copy),
+// cuda_datapath_bf16.cu (the bf16-storage datapath,
+// train.bf16_storage), cuda_self_check.cu (that datapath's runtime check against the CPU oracle),
+// cuda_arena.cu (the activation arena of either datapath), cuda_graphs.cu (the CUDA-graph cache)
+// and cuda_attention_choice.cu (which attention engine runs a shape, and its self-check). CUDA
+// C++: only .cu files include it. cuda_attention_sdpa.cu: the cuDNN SDPA path of both datapaths.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,13 +17,24 @@
 #include <vector>
 
 #include "lib/backend/cuda_common.h"
+#include "lib/backend/cuda_memory.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/backend/cuda_ops.h"
 #include "lib/backend/model_base.h"
 #include "lib/model/attention_groups.h"
 #include "lib/model/layout.h"
 
+namespace kilter::model {
+struct SdpaCall;
+}
+
 namespace kilter::backend {
+
+// The cuDNN SDPA path's state (cuda_attention_sdpa.cu, where it is complete).
+struct SdpaState;
+struct SdpaStateDeleter {
+  void operator()(SdpaState* state) const;
+};
 
 using model::Batch;
 using model::ModelSpec;
@@ -29,6 +43,18 @@ namespace kc = model::cuda;
 constexpr size_t kAlignFloats = 64;  // 256-byte alignment of every arena slice
 
 inline size_t align_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// Deterministic pseudo-random values in [-1, 1) from an integer hash of the index, on the host or
+// the device: the inputs of the attention engines' self-checks.
+__host__ __device__ inline float hash_unit(size_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
 
 // Carves 256-byte aligned slices out of one allocation; with base == nullptr it only measures.
 class ArenaCarver {
@@ -94,6 +120,35 @@ class CudaModel final : public ModelBase {
     int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
     std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
     std::vector<size_t> prefixed_saved_offset;  // per later part (Layout::prefixed): its att after the groups'
+    float* dact = nullptr;  // llama: SwiGLU's output gradient (N, ffn_width)
+  };
+  // The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
+  // norms' statistics, laid out from the same activation plan; the ints stay in Activations.
+  struct BlockBf16 {
+    kc::bf16 *ln1 = nullptr, *qkv = nullptr, *atty = nullptr, *att = nullptr, *residual2 = nullptr;
+    kc::bf16 *ln2 = nullptr, *fch = nullptr, *fch_act = nullptr, *residual3 = nullptr;
+    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
+    float* stats = nullptr;  // a batch on SDPA: cuDNN's Stats (N x n_head) in att's slice; else null
+  };
+  struct ActivationsBf16 {
+    kc::bf16* encoded = nullptr;
+    std::vector<BlockBf16> blocks;  // att: the groups' saved softmax, group after group, then later parts'
+    kc::bf16* lnf = nullptr;
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+    kc::bf16* projection = nullptr;  // a Linear's output before the fused residual add and norm
+    kc::bf16* logits = nullptr;      // one chunk of the classifier: classifier_rows x vocab_padded
+    int classifier_rows = 0;
+    float* row_losses = nullptr;     // N
+    float* dresidual = nullptr;      // the residual stream's gradient, fp32
+    kc::bf16 *dresidual_bf16 = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr;
+    kc::bf16 *dfch = nullptr, *dact = nullptr;
+    kc::bf16 *padded_qkv = nullptr, *padded_io = nullptr, *padded_dqkv = nullptr;
+    void* attention_workspace = nullptr;
+    float* column_scratch = nullptr;
+    float *exchange_qkv = nullptr, *exchange_dqkv = nullptr;  // fp32 rows for the K/V exchange (cut pieces)
+    // A batch on SDPA with later parts: their staged K/V rows and those rows' dK/dV (kv_width wide).
+    kc::bf16 *sdpa_staged = nullptr, *sdpa_staged_grad = nullptr;
+    std::vector<size_t> saved_offset, prefixed_saved_offset;  // in bf16 elements
   };
   // A later part of a cut piece in the current micro-batch.
   struct PrefixedPiece {
@@ -102,9 +157,14 @@ class CudaModel final : public ModelBase {
   // The current micro-batch's layout (host side).
   struct Layout {
     int N = 0, pieces = 0, max_len = 0;  // max_len: rows of dwpe touched (max offset + length)
+    bool exchange = false;               // the batch has cut pieces (bf16 storage stages their K/V)
     model::AttentionGroups groups;       // the pieces without a prefix
     std::vector<PrefixedPiece> prefixed;
     std::vector<char> group_cudnn;  // per group: runs on cuDNN
+    // bf16 storage with the batch on SDPA: no groups' softmax, padded rows or group workspace, but
+    // cuDNN's Stats per layer and the later parts' staged K/V rows (sdpa_staged_rows of them).
+    bool sdpa = false;
+    int sdpa_staged_rows = 0;
     std::vector<int32_t> key() const;  // N, pieces, max_len, then the groups' (B,T)
   };
 
@@ -112,6 +172,10 @@ class CudaModel final : public ModelBase {
   // Lays out every activation for a micro-batch layout; returns the floats used. The same
   // function measures (null base) and assigns, so they cannot disagree.
   size_t carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const;
+  // The bf16 datapath's layout (into bacts, the ints into acts); the same contract.
+  size_t carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activations* acts, const Layout& layout) const;
+  // Measures the current datapath's layout, grows the arena to it and assigns acts_ (and bacts_).
+  void lay_out_arena(const Layout& layout);
   void ensure_arena(size_t floats, const Layout& layout);
   // Attention of one block over the current layout's groups (gather, engine, scatter).
   void attention_forward_groups(const BlockActivations& a);
@@ -124,6 +188,23 @@ class CudaModel final : public ModelBase {
   void attention_forward_prefixed(int layer, const BlockActivations& a, float* out);
   void attention_backward_layer(int layer, const BlockActivations& a);
   bool cudnn_for_shape(int B, int T);
+  // The cuDNN SDPA path (cuda_attention_sdpa.cu): train.attention = sdpa, or auto in bf16. The
+  // constructor calls sdpa_init; upload_batch calls sdpa_for_batch, which plans the micro-batch
+  // and decides each new shape bucket once (graphs, trial run, self-check against cuBLASLt);
+  // when it returns true the layers' attention runs through sdpa_forward_layer/sdpa_backward_layer
+  // (kv_exchange.h's order; exchange_calls = false: a recompute, the prefixes are still there).
+  void sdpa_init();
+  bool sdpa_for_batch(const Batch& batch);
+  bool sdpa_bucket_usable(const model::SdpaCall& call);
+  bool sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry);
+  void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls);
+  void sdpa_backward_layer(int layer, const BlockActivations& a);
+  // The same on the bf16-storage datapath's rows (attention_forward_bf16/attention_backward_bf16
+  // call them for a batch on SDPA): out (N, C) bf16, Stats in a.stats, later parts staged in the arena.
+  void sdpa_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool exchange_calls);
+  void sdpa_backward_bf16(int layer, const BlockBf16& a);
+  int sdpa_staged_rows() const;          // the current plan's staged K/V rows (later parts)
+  std::string sdpa_description() const;  // "" when SDPA was not asked for
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
   // forward and backward) and compares them: code that has never met a device must prove
   // itself before a run trusts it.
@@ -134,6 +215,52 @@ class CudaModel final : public ModelBase {
   // host asynchronously) and dlogits in place.
   void forward_kernels();
   void backward_block_kernels(int layer);
+  // The architecture's steps on fp32 rows (spec.h: LayerNorm or RMSNorm, GELU or SwiGLU).
+  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N);
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
+                     const float* mean, const float* rstd, int N, float* scratch);
+  void activation_forward(const BlockActivations& a, int N);
+  // ---- the bf16-storage datapath (cuda_datapath_bf16.cu) --------------------------------------
+  bool bf16_storage_ = false;          // decided at construction (train.bf16_storage)
+  std::string storage_note_;           // why bf16 storage is off, or how it was checked, for describe()
+  ActivationsBf16 bacts_;
+  kc::bf16* params_bf16_ = nullptr;    // the working copy of every parameter (AdamW writes it)
+  kc::bf16* head_bf16_ = nullptr;      // the head's copy with its vocabulary padded (vocab_padded_ rows)
+  int vocab_padded_ = 0;               // the vocabulary rounded up to a multiple of 128
+  size_t score_budget_ = kAttentionScoreBudgetFloats;  // fp32 attention scores of one chunk (floats)
+  size_t classifier_bytes_ = kClassifierChunkBytes;    // one chunk of bf16 logits
+  const kc::bf16* working(const float* param) const {
+    return param == nullptr ? nullptr : params_bf16_ + (param - params_);
+  }
+  void refresh_working_copy();  // params_bf16_ and head_bf16_ from params_
+  // Sets bf16_storage_ from train.precision and train.bf16_storage (auto: the self-check below).
+  void choose_storage();
+  void forward_kernels_bf16(bool with_loss);
+  void block_forward_bf16(int layer, bool recomputing);
+  void head_backward_bf16();
+  void backward_block_bf16(int layer);
+  void attention_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool recomputing);
+  void attention_backward_bf16(int layer, const BlockBf16& a);
+  double forward_backward_bf16(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
+  double forward_loss_bf16(const Batch& batch);
+
+ public:
+  // The runtime check of train.bf16_storage = auto (cuda_self_check.cu): one forward, backward,
+  // AdamW step and forward_loss of a small model of this architecture through the bf16 datapath on
+  // this device, against the CPU oracle (CpuModel with bf16_storage) from the same weights. Empty
+  // when they agree within its tolerance, else what differed (or failed).
+  static std::string bf16_storage_self_check(const ModelSpec& cfg, const model::BackendOptions& options);
+  // Smaller chunks than the defaults (the self-check and the tests: several chunks on small shapes).
+  void set_chunk_budgets(size_t score_floats, size_t classifier_bytes) {
+    score_budget_ = score_floats;
+    classifier_bytes_ = classifier_bytes;
+  }
+  bool bf16_storage() const { return bf16_storage_; }
+  void params_changed() override {
+    if (bf16_storage_) refresh_working_copy();
+  }
+
+ private:
   // Runs one segment's kernels eagerly, or as a CUDA graph of this shape (see top of file).
   void run_segment(int segment, const std::function<void()>& body);
   void finish_forward();  // records loss_ready_ after the forward segment
@@ -163,6 +290,9 @@ class CudaModel final : public ModelBase {
   std::string cudnn_note_;                     // why cuDNN attention is off, for describe()
   std::map<std::pair<int, int>, bool> cudnn_shapes_;  // decided group shapes: cuDNN or not
   bool batch_cudnn_ = false;                   // some group of the current micro-batch runs on cuDNN
+  std::unique_ptr<SdpaState, SdpaStateDeleter> sdpa_;  // null: no SDPA path
+  std::string sdpa_note_;                      // why SDPA is off, for describe()
+  bool batch_sdpa_ = false;                    // the current micro-batch's attention runs on SDPA
   model::KvExchange* exchange_ = nullptr;      // the current micro-batch's (cut pieces), or null
   Layout layout_now_;                          // the current micro-batch's layout
   // The stream and GEMM engine the segment kernels go to: stream_/gemm_, or the capture pair
@@ -198,9 +328,16 @@ class CudaModel final : public ModelBase {
   void download(float* host, const float* from, size_t count) const override;
   void zero(float* to, size_t count) override;
   void finish_copies() const override;
-  double* range_norms_ = nullptr;  // per owned range: its squared gradient norm (device)
-  size_t range_norms_capacity_ = 0;
-  double* loss_device_ = nullptr;   // [0] loss sum, then the squared norms' scratch
+  // The owned ranges' parts as the one-launch AdamW and norm take them (rebuilt when they change).
+  kc::AdamWSegment* segments_ = nullptr;
+  int segment_count_ = 0;
+  uint64_t segment_total_ = 0;
+  std::vector<model::ParamRange> segments_for_;
+  void ensure_segments();
+  unsigned* norm_counter_ = nullptr;  // the one-launch norm's last-block counter
+  // RoPE (llama): model::RopeTable's cos and sin for the context, on the device.
+  float *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+  double* loss_device_ = nullptr;   // [0] loss sum, [1] squared norm, then the squared norms' scratch
   double* host_scalars_ = nullptr;  // pinned: [0] loss
   // Two upload slots used in turn, each a pinned host buffer and a device buffer for inputs,
   // targets and lengths: micro-batch k+1 goes up on the copy stream while micro-batch k computes;

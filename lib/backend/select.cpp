@@ -21,7 +21,10 @@ std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& c
                                                                    "attention; use auto)");
     KILTER_CHECK(!options.cuda_graphs, "train.cuda_graphs=true needs train.backend=cuda");
     // The constructor checks the precision and the recompute mode.
-    return std::make_unique<backend::CpuModel>(cfg, pad_multiple, options.precision, options.recompute);
+    KILTER_USER_CHECK(options.bf16_storage == "auto" || options.bf16_storage == "on" || options.bf16_storage == "off",
+                      "train.bf16_storage=" << options.bf16_storage << " is not one of auto, on, off");
+    return std::make_unique<backend::CpuModel>(cfg, pad_multiple, options.precision, options.recompute,
+                                               options.bf16_storage == "on");
   }
   if (backend == "cuda") {
 #ifdef KILTER_WITH_CUDA
@@ -38,6 +41,18 @@ std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& c
   BackendOptions options;
   options.precision = precision;
   return make_model(backend, cfg, pad_multiple, options);
+}
+
+std::string datapath_self_check(const std::string& backend, const ModelSpec& cfg, const BackendOptions& options) {
+  if (backend != "cuda" || options.precision != "bf16" || options.bf16_storage != "auto" ||
+      options.attention == "cudnn")
+    return "";
+#ifdef KILTER_WITH_CUDA
+  return backend::cuda_bf16_storage_self_check(cfg, options);
+#else
+  (void)cfg;
+  return "";
+#endif
 }
 
 bool cuda_available() {

@@ -13,29 +13,15 @@
 #include <vector>
 
 #include "io/error.h"
+#include "io/text_format.h"
 #include "lib/comm/mpi_check.h"
 
 namespace kilter::comm {
 
 namespace {
 
-// "0-3", "0,2,5-6": ranks in ascending order, runs collapsed.
-std::string rank_list(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(ranks[i]);
-    if (j > i) out += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 std::string ranks_word(const std::vector<int>& ranks) {
-  return (ranks.size() == 1 ? "rank " : "ranks ") + rank_list(ranks);
+  return (ranks.size() == 1 ? "rank " : "ranks ") + io::rank_list_text(ranks);
 }
 
 bool switch_on(const RankDevice& r) { return r.switch_set && r.switch_value == "1"; }

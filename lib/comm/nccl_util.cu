@@ -24,9 +24,12 @@ NcclComm::NcclComm(MPI_Comm comm, double timeout_s, const char* purpose) : timeo
                purpose_ << ": MPI_Bcast of the ncclUniqueId failed on rank " << rank_);
   KILTER_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), nullptr);
   KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // The watchdog aborts it before it ends a stuck job (abort_hooks.h).
+  abort_hook_ = register_abort_hook([this] { abort(); });
 }
 
 NcclComm::~NcclComm() {
+  unregister_abort_hook(abort_hook_);
   if (!aborted_) {
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
@@ -69,8 +72,7 @@ void NcclComm::wait(cudaEvent_t done, const NcclFailureMessage& message) {
 }
 
 void NcclComm::abort() {
-  if (aborted_) return;
-  aborted_ = true;
+  if (aborted_.exchange(true)) return;  // once, whichever thread comes first (the watchdog's too)
   ncclCommAbort(comm_);
 }
 

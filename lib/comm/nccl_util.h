@@ -10,10 +10,13 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 
 #include "io/error.h"
+#include "lib/comm/abort_hooks.h"
 
 namespace kilter::comm {
 
@@ -72,7 +75,8 @@ class NcclComm {
   int rank_ = 0, size_ = 1, device_ = 0;
   double timeout_s_;
   std::string purpose_;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};
+  uint64_t abort_hook_ = 0;
 };
 
 }  // namespace kilter::comm

@@ -94,8 +94,9 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.seed", po::value(&t.seed)->default_value(t.seed, shortest_text(t.seed)), "seed of initialization and data order")
     ("train.precision", po::value(&t.precision)->default_value(t.precision, shortest_text(t.precision)), "fp32 | bf16 (bf16 GEMM inputs, fp32 accumulation and weights; on the cpu backend it needs AVX512_BF16 or AMX)")
     ("train.backend", po::value(&t.backend)->default_value(t.backend, shortest_text(t.backend)), "auto | cpu | cuda")
-    ("train.attention", po::value(&t.attention)->default_value(t.attention, shortest_text(t.attention)), "CUDA attention engine: auto (cuDNN when usable, else cuBLASLt) | cudnn | cublaslt")
+    ("train.attention", po::value(&t.attention)->default_value(t.attention, shortest_text(t.attention)), "CUDA attention engine: auto (train.precision=bf16: cuDNN SDPA flash attention on the packed pieces where its self-check passes; else cuDNN when usable, else cuBLASLt) | sdpa (bf16 attention, also under fp32) | cudnn | cublaslt")
     ("train.cuda_graphs", po::value(&t.cuda_graphs)->default_value(t.cuda_graphs, shortest_text(t.cuda_graphs)), "replay each micro-batch shape as CUDA graphs (cuda backend, cuBLASLt attention shapes)")
+    ("train.bf16_storage", po::value(&t.bf16_storage)->default_value(t.bf16_storage, shortest_text(t.bf16_storage)), "with train.precision = bf16, store activations in bf16: auto (the cuda backend does where a self-check against the CPU oracle passes at start-up, else keeps them fp32 and says so) | on | off (fp32 activations, bf16 GEMM math); on the cpu backend, on runs the oracle of the cuda datapath")
     ("train.threads", po::value(&t.threads)->default_value(t.threads, shortest_text(t.threads)), "BLAS threads per rank")
     ("train.eval_every", po::value(&t.eval_every)->default_value(t.eval_every, shortest_text(t.eval_every)), "evaluate on the held-out split every N steps (0: off)")
     ("train.eval_batches", po::value(&t.eval_batches)->default_value(t.eval_batches, shortest_text(t.eval_batches)), "micro-batches per rank in one evaluation")
@@ -210,8 +211,12 @@ void Config::validate() const {
   KILTER_CHECK_KEY(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, "must be >= 0");
   check_one_of("train.precision", train.precision, {"fp32", "bf16"});
   check_one_of("train.backend", train.backend, {"auto", "cpu", "cuda"});
-  check_one_of("train.attention", train.attention, {"auto", "cudnn", "cublaslt"});
+  check_one_of("train.attention", train.attention, {"auto", "sdpa", "cudnn", "cublaslt"});
   check_one_of("train.recompute", train.recompute, {"none", "gelu", "attention", "block"});
+  check_one_of("train.bf16_storage", train.bf16_storage, {"auto", "on", "off"});
+  KILTER_USER_CHECK(train.bf16_storage != "on" || train.precision == "bf16",
+                    "train.bf16_storage = on needs train.precision = bf16 (got " << train.precision
+                                                                                 << "); use bf16 or leave bf16_storage at auto");
   KILTER_CHECK_KEY(train.threads >= 1, "train.threads", train.threads, "must be >= 1");
   KILTER_CHECK_KEY(train.eval_every >= 0, "train.eval_every", train.eval_every, "must be >= 0");
   KILTER_CHECK_KEY(train.eval_every == 0 || data.eval_fraction > 0, "train.eval_every", train.eval_every,
@@ -339,6 +344,8 @@ static std::string without_default_model_keys(const std::string& ini) {
       const auto key = later.find(line.substr(0, eq));
       if (key != later.end() && line.substr(eq + 3) == key->second) continue;
     }
+    // Train keys added after checkpoints existed, at their defaults (the hash clears them).
+    if (section == "[train]" && line == "bf16_storage = auto") continue;
     out += line + "\n";
   }
   return out;
@@ -361,6 +368,9 @@ uint64_t Config::hash() const {
   // (cuDNN missing on another cluster) or with graphs toggled, like with other BLAS threads.
   c.train.attention.clear();
   c.train.cuda_graphs = false;
+  // Likewise bf16 storage: the datapath auto picks depends on the device's self-check, and a run
+  // moved to a machine where it fails must still resume.
+  c.train.bf16_storage = "auto";
   // Sharding changes where the optimizer state lives and the summation order, not the run: a
   // checkpoint resumes sharded or not.
   c.train.shard_optimizer = false;

@@ -54,6 +54,7 @@ struct TrainConfig {
   std::string backend = "auto";    // auto | cpu | cuda
   std::string attention = "auto";  // auto | cudnn | cublaslt (CUDA backend's attention engine)
   bool cuda_graphs = false;        // CUDA backend: replay micro-batch shapes as CUDA graphs
+  std::string bf16_storage = "auto";  // auto | on | off: bf16 activations (precision bf16; CUDA datapath, CPU oracle)
   int threads = 1;                 // BLAS threads per rank
   int64_t eval_every = 0;          // evaluate every N steps (0: off)
   int64_t eval_batches = 8;        // micro-batches per rank in one evaluation

@@ -10,244 +10,33 @@
 
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
+#include "lib/model/attention_kernels.cuh"
 
 namespace kilter::model::cuda {
 
-namespace {
-
-constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = 8;
-
-__device__ inline float warp_sum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-__device__ inline float warp_max(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-// Element i of a head-major (B,NH,T,hd) tensor: its row b, head h, position t and lane d, and
-// its index in the token-major layout (B,T,k,NH,hd) with k = 1 (out, dout) or 3 (qkv, dqkv).
-struct HeadElement {
-  int b, h, t, d;
-  __device__ HeadElement(size_t i, int T, int NH, int hd) {
-    d = static_cast<int>(i % hd);
-    size_t rest = i / hd;
-    t = static_cast<int>(rest % T);
-    rest /= T;
-    h = static_cast<int>(rest % NH);
-    b = static_cast<int>(rest / NH);
-  }
-  __device__ size_t token_major(int T, int NH, int hd, int k) const {
-    return (static_cast<size_t>(b) * T + t) * k * NH * hd + static_cast<size_t>(h) * hd + d;
-  }
-};
-
-// qkv (B,T,3,NH,hd) -> q, k, v (B,NH,T,hd).
-__global__ void split_heads_kernel(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t C = static_cast<size_t>(NH) * hd;
-    const size_t src = HeadElement(i, T, NH, hd).token_major(T, NH, hd, 3);
-    q[i] = qkv[src];
-    k[i] = qkv[src + C];
-    v[i] = qkv[src + 2 * C];
-  }
-}
-
-// y (B,NH,T,hd) -> out (B,T,NH*hd); with lengths, rows t >= lengths[b] are written as 0
-// whatever y holds there.
-__global__ void merge_heads_kernel(float* out, const float* y, const int32_t* lengths, int B, int T, int NH,
-                                   int hd) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const HeadElement e(i, T, NH, hd);
-    const bool padded = lengths != nullptr && e.t >= lengths[e.b];
-    out[e.token_major(T, NH, hd, 1)] = padded ? 0.0f : y[i];
-  }
-}
-
-// dout (B,T,NH*hd) -> dy (B,NH,T,hd).
-__global__ void split_grad_kernel(float* dy, const float* dout, int B, int T, int NH, int hd) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dy[i] = dout[HeadElement(i, T, NH, hd).token_major(T, NH, hd, 1)];
-  }
-}
-
-// dq, dk, dv (B,NH,T,hd) -> dqkv (B,T,3,NH,hd), added or stored; with lengths, rows t >= lengths[b]
-// count as 0.
-__global__ void merge_qkv_grad_kernel(float* dqkv, const float* dq, const float* dk, const float* dv,
-                                      const int32_t* lengths, int B, int T, int NH, int hd, bool accumulate) {
-  const size_t total = static_cast<size_t>(B) * NH * T * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const HeadElement e(i, T, NH, hd);
-    const size_t C = static_cast<size_t>(NH) * hd;
-    const size_t dst = e.token_major(T, NH, hd, 3);
-    const bool padded = lengths != nullptr && e.t >= lengths[e.b];
-    const float gq = padded ? 0.0f : dq[i], gk = padded ? 0.0f : dk[i], gv = padded ? 0.0f : dv[i];
-    if (accumulate) {
-      dqkv[dst] += gq;
-      dqkv[dst + C] += gk;
-      dqkv[dst + 2 * C] += gv;
-    } else {
-      dqkv[dst] = gq;
-      dqkv[dst + C] = gk;
-      dqkv[dst + 2 * C] = gv;
-    }
-  }
-}
-
-// One warp per (b,h,t) row of preatt (already scaled; rows of Tk keys): att = softmax over the
-// keys s <= t + key_offset; zero elsewhere and on rows t >= lengths[b] (lengths may be null: no
-// padded rows). key_offset = 0, Tk = T: the square causal mask; a later part of a cut piece has
-// Tk = key_offset + T (its prefix's keys first): the bottom-right causal mask. preatt and att may
-// alias.
-__global__ void masked_softmax_kernel(float* att, const float* preatt, const int32_t* lengths, int B, int NH,
-                                      int T, int Tk, int key_offset) {
-  const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  const size_t rows = static_cast<size_t>(B) * NH * T;
-  if (row >= rows) return;
-  const int lane = threadIdx.x;
-  const int t = static_cast<int>(row % T);
-  const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
-  const float* in = preatt + row * Tk;
-  float* out = att + row * Tk;
-  if (lengths != nullptr && t >= lengths[b]) {
-    for (int s = lane; s < Tk; s += kWarp) out[s] = 0.0f;
-    return;
-  }
-  const int last = t + key_offset;
-  float row_max = -INFINITY;
-  for (int s = lane; s <= last; s += kWarp) row_max = fmaxf(row_max, in[s]);
-  row_max = warp_max(row_max);
-  float sum = 0.0f;
-  for (int s = lane; s <= last; s += kWarp) sum += expf(in[s] - row_max);
-  const float inv_sum = 1.0f / warp_sum(sum);
-  for (int s = lane; s < Tk; s += kWarp) out[s] = s <= last ? expf(in[s] - row_max) * inv_sum : 0.0f;
-}
-
-// One warp per row: dpreatt = att * (datt - sum(att * datt)) * scale on the causal, in-length
-// part (keys s <= t + key_offset); zero elsewhere. In place on datt.
-__global__ void masked_softmax_backward_kernel(float* datt, const float* att, const int32_t* lengths, int B,
-                                               int NH, int T, float scale, int Tk, int key_offset) {
-  const size_t row = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  const size_t rows = static_cast<size_t>(B) * NH * T;
-  if (row >= rows) return;
-  const int lane = threadIdx.x;
-  const int t = static_cast<int>(row % T);
-  const int b = static_cast<int>(row / (static_cast<size_t>(NH) * T));
-  float* d = datt + row * Tk;
-  const float* a = att + row * Tk;
-  if (lengths != nullptr && t >= lengths[b]) {
-    for (int s = lane; s < Tk; s += kWarp) d[s] = 0.0f;
-    return;
-  }
-  const int last = t + key_offset;
-  float dot = 0.0f;
-  for (int s = lane; s <= last; s += kWarp) dot += a[s] * d[s];
-  dot = warp_sum(dot);
-  for (int s = lane; s < Tk; s += kWarp) d[s] = s <= last ? a[s] * (d[s] - dot) * scale : 0.0f;
-}
-
-// A later part of a cut piece: q (NH,L,hd) from its own rows of qkv (L,3C); k and v (NH,s+L,hd):
-// rows j < s from the prefix (s,2C: k | v), rows j >= s from qkv row j - s.
-// Element i of a later part's (NH, s+L, hd) keys: key row j of head h, and where it lives: the
-// prefix's row j (s,2C) when j < s, else qkv's row j - s (L,3C), and q's index (NH,L,hd).
-struct PrefixedElement {
-  size_t C, column, prefix_row, own_row, q_index;
-  bool in_prefix;
-  __device__ PrefixedElement(size_t i, int s, int L, int NH, int hd) {
-    const int Tk = s + L;
-    const int d = static_cast<int>(i % hd);
-    const int j = static_cast<int>((i / hd) % Tk);
-    const int h = static_cast<int>(i / (static_cast<size_t>(hd) * Tk));
-    C = static_cast<size_t>(NH) * hd;
-    column = static_cast<size_t>(h) * hd + d;
-    in_prefix = j < s;
-    prefix_row = static_cast<size_t>(j) * 2 * C;
-    own_row = static_cast<size_t>(j - s) * 3 * C;
-    q_index = in_prefix ? 0 : (static_cast<size_t>(h) * L + (j - s)) * hd + d;
-  }
-};
-
-__global__ void split_prefixed_heads_kernel(float* q, float* k, float* v, const float* qkv, const float* prefix_kv,
-                                            int s, int L, int NH, int hd) {
-  const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const PrefixedElement e(i, s, L, NH, hd);
-    if (e.in_prefix) {
-      k[i] = prefix_kv[e.prefix_row + e.column];
-      v[i] = prefix_kv[e.prefix_row + e.C + e.column];
-    } else {
-      const size_t src = e.own_row + e.column;
-      k[i] = qkv[src + e.C];
-      v[i] = qkv[src + 2 * e.C];
-      q[e.q_index] = qkv[src];
-    }
-  }
-}
-
-// The gradients of a later part: dq (NH,L,hd) added into dqkv's q columns; dk, dv (NH,s+L,hd):
-// rows j >= s added into dqkv's k and v columns of row j - s, rows j < s into the prefix's
-// gradient (s,2C: dk | dv), which goes back to the ranks owning those tokens.
-__global__ void merge_prefixed_grads_kernel(float* dqkv, float* prefix_dkv, const float* dq, const float* dk,
-                                            const float* dv, int s, int L, int NH, int hd) {
-  const size_t total = static_cast<size_t>(NH) * (s + L) * hd;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const PrefixedElement e(i, s, L, NH, hd);
-    if (e.in_prefix) {
-      prefix_dkv[e.prefix_row + e.column] += dk[i];
-      prefix_dkv[e.prefix_row + e.C + e.column] += dv[i];
-    } else {
-      const size_t dst = e.own_row + e.column;
-      dqkv[dst] += dq[e.q_index];
-      dqkv[dst + e.C] += dk[i];
-      dqkv[dst + 2 * e.C] += dv[i];
-    }
-  }
-}
-
-unsigned row_blocks(int B, int NH, int T) {
-  const size_t rows = static_cast<size_t>(B) * NH * T;
-  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-}
-
-}  // namespace
+using namespace attention_detail;
 
 void attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int NH, int hd,
-                           cudaStream_t stream) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  split_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+                           cudaStream_t stream, int NKV) {
+  split_heads(q, k, v, qkv, B, T, NH, NKV > 0 ? NKV : NH, hd, stream);
 }
 
 void attention_merge_heads(float* out, const float* y, int B, int T, int NH, int hd, cudaStream_t stream,
                            const int32_t* lengths) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  merge_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(out, y, lengths, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  merge_heads(out, y, lengths, B, T, NH, hd, stream);
 }
 
 void attention_split_grad(float* dy, const float* dout, int B, int T, int NH, int hd, cudaStream_t stream) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  split_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dy, dout, B, T, NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  split_grad(dy, dout, B, T, NH, hd, stream);
 }
 
 void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, const float* dv, int B, int T, int NH,
-                              int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths) {
-  const size_t n = static_cast<size_t>(B) * T * NH * hd;
-  merge_qkv_grad_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, dq, dk, dv, lengths, B, T, NH, hd,
-                                                                       accumulate);
-  KILTER_CUDA_LAUNCH_CHECK();
+                              int hd, bool accumulate, cudaStream_t stream, const int32_t* lengths, int NKV) {
+  NKV = NKV > 0 ? NKV : NH;
+  if (accumulate)
+    merge_qkv_grad</*kAccumulate=*/true>(dqkv, dq, dk, dv, lengths, B, T, NH, NKV, hd, stream);
+  else
+    merge_qkv_grad</*kAccumulate=*/false>(dqkv, dq, dk, dv, lengths, B, T, NH, NKV, hd, stream);
 }
 
 size_t attention_workspace_floats(int B, int T, int C, int NH) {
@@ -263,7 +52,8 @@ struct HeadProblem {
   int hd, heads;
   int64_t head_stride, score_stride;
   float *q, *k, *v, *y, *dq, *dk, *dv, *scores;
-  HeadProblem(const char* op, const float* qkv, int B, int T, int C, int NH, float* workspace, cudaStream_t stream) {
+  HeadProblem(const char* op, const float* qkv, int B, int T, int C, int NH, int NKV, float* workspace,
+              cudaStream_t stream) {
     KILTER_CHECK(C % NH == 0, op << ": n_embd " << C << " is not a multiple of n_head " << NH);
     hd = C / NH;
     heads = B * NH;
@@ -274,17 +64,17 @@ struct HeadProblem {
     for (int i = 0; i < 8; ++i) slices[i] = workspace + i * btc;
     q = slices[0], k = slices[1], v = slices[2], y = slices[3];
     dq = slices[4], dk = slices[5], dv = slices[6], scores = slices[7];
-    attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream);
+    attention_split_heads(q, k, v, qkv, B, T, NH, hd, stream, NKV);
   }
 };
 
 }  // namespace
 
 void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, const int32_t* lengths,
-                       int B, int T, int C, int NH, float* workspace) {
+                       int B, int T, int C, int NH, float* workspace, int NKV) {
   if (B == 0 || T == 0) return;
   cudaStream_t stream = gemm.stream();
-  const HeadProblem p("attention_forward", qkv, B, T, C, NH, workspace, stream);
+  const HeadProblem p("attention_forward", qkv, B, T, C, NH, NKV, workspace, stream);
   const int hd = p.hd, heads = p.heads;
   const int64_t head_stride = p.head_stride, score_stride = p.score_stride;
   float *q = p.q, *k = p.k, *v = p.v, *y = p.y;
@@ -292,9 +82,7 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   gemm.run(att, k, q, nullptr, T, T, hd, true, false, scale, 0.0f, nullptr, heads, head_stride, head_stride,
            score_stride);
-  masked_softmax_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(att, att, lengths, B,
-                                                                                       NH, T, T, 0);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax(att, att, lengths, B, NH, T, T, 0, stream);
   // y'(d,t) = V' (hd,T) att' (T,T)
   gemm.run(y, v, att, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
@@ -303,10 +91,10 @@ void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, con
 
 void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float* qkv, const float* att,
                         const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
-                        bool accumulate) {
+                        bool accumulate, int NKV) {
   if (B == 0 || T == 0) return;
   cudaStream_t stream = gemm.stream();
-  const HeadProblem p("attention_backward", qkv, B, T, C, NH, workspace, stream);
+  const HeadProblem p("attention_backward", qkv, B, T, C, NH, NKV, workspace, stream);
   const int hd = p.hd, heads = p.heads;
   const int64_t head_stride = p.head_stride, score_stride = p.score_stride;
   float *q = p.q, *k = p.k, *v = p.v, *dy = p.y, *dq = p.dq, *dk = p.dk, *dv = p.dv, *datt = p.scores;
@@ -318,16 +106,14 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
   gemm.run(dv, dy, att, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  masked_softmax_backward_kernel<<<row_blocks(B, NH, T), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(
-      datt, att, lengths, B, NH, T, scale, T, 0);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax_backward(datt, datt, att, lengths, B, NH, T, scale, T, 0, stream);
   // dQ'(d,t) = K' (hd,T) dP' (T,T)   (dq[t] = sum_s dP[t][s] k[s])
   gemm.run(dq, k, datt, nullptr, hd, T, T, false, false, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
   // dK'(d,s) = Q' (hd,T) dP'^T   (dk[s] = sum_t dP[t][s] q[t])
   gemm.run(dk, q, datt, nullptr, hd, T, T, false, true, 1.0f, 0.0f, nullptr, heads, head_stride, score_stride,
            head_stride);
-  attention_merge_qkv_grad(dqkv, dq, dk, dv, B, T, NH, hd, accumulate, stream);
+  attention_merge_qkv_grad(dqkv, dq, dk, dv, B, T, NH, hd, accumulate, stream, nullptr, NKV);
 }
 
 // ---- a later part of a cut piece (issue 23): L queries against s + L keys -------------------
@@ -345,7 +131,7 @@ struct PrefixProblem {
   int hd, Tk;
   int64_t q_stride, k_stride, score_stride;
   float *q, *k, *v, *y, *dq, *dk, *dv, *scores;
-  PrefixProblem(const char* op, const float* qkv, const float* prefix_kv, int s, int L, int C, int NH,
+  PrefixProblem(const char* op, const float* qkv, const float* prefix_kv, int s, int L, int C, int NH, int NKV,
                 float* workspace, cudaStream_t stream) {
     KILTER_CHECK(C % NH == 0, op << ": n_embd " << C << " is not a multiple of n_head " << NH);
     hd = C / NH;
@@ -357,27 +143,24 @@ struct PrefixProblem {
     q = workspace, y = q + lc, dq = y + lc;
     k = dq + lc, v = k + kc, dk = v + kc, dv = dk + kc;
     scores = dv + kc;
-    const size_t n = static_cast<size_t>(NH) * Tk * hd;
-    split_prefixed_heads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(q, k, v, qkv, prefix_kv, s, L, NH, hd);
-    KILTER_CUDA_LAUNCH_CHECK();
+    split_prefixed_heads(q, k, v, qkv, prefix_kv, s, L, NH, NKV, hd, stream);
   }
 };
 
 }  // namespace
 
 void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* qkv, const float* prefix_kv, int s,
-                              int L, int C, int NH, float* workspace) {
+                              int L, int C, int NH, float* workspace, int NKV) {
   if (L == 0) return;
   cudaStream_t stream = gemm.stream();
-  const PrefixProblem p("attention_prefix_forward", qkv, prefix_kv, s, L, C, NH, workspace, stream);
+  NKV = NKV > 0 ? NKV : NH;
+  const PrefixProblem p("attention_prefix_forward", qkv, prefix_kv, s, L, C, NH, NKV, workspace, stream);
   const int hd = p.hd, Tk = p.Tk;
   // preatt'(j,t) = K'^T Q' * scale: (Tk, L) column-major = att (L, Tk) row-major.
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   gemm.run(att, p.k, p.q, nullptr, Tk, L, hd, true, false, scale, 0.0f, nullptr, NH, p.k_stride, p.q_stride,
            p.score_stride);
-  masked_softmax_kernel<<<row_blocks(1, NH, L), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(att, att, nullptr, 1, NH,
-                                                                                       L, Tk, s);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax(att, att, nullptr, 1, NH, L, Tk, s, stream);
   // y'(d,t) = V' (hd,Tk) att' (Tk,L)
   gemm.run(p.y, p.v, att, nullptr, hd, L, Tk, false, false, 1.0f, 0.0f, nullptr, NH, p.k_stride, p.score_stride,
            p.q_stride);
@@ -386,10 +169,11 @@ void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* q
 
 void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const float* dout, const float* qkv,
                                const float* prefix_kv, const float* att, int s, int L, int C, int NH,
-                               float* workspace) {
+                               float* workspace, int NKV) {
   if (L == 0) return;
   cudaStream_t stream = gemm.stream();
-  const PrefixProblem p("attention_prefix_backward", qkv, prefix_kv, s, L, C, NH, workspace, stream);
+  NKV = NKV > 0 ? NKV : NH;
+  const PrefixProblem p("attention_prefix_backward", qkv, prefix_kv, s, L, C, NH, NKV, workspace, stream);
   const int hd = p.hd, Tk = p.Tk;
   float *dy = p.y, *datt = p.scores;
   attention_split_grad(dy, dout, 1, L, NH, hd, stream);
@@ -400,19 +184,14 @@ void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const
   gemm.run(p.dv, dy, att, nullptr, hd, Tk, L, false, true, 1.0f, 0.0f, nullptr, NH, p.q_stride, p.score_stride,
            p.k_stride);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  masked_softmax_backward_kernel<<<row_blocks(1, NH, L), dim3(kWarp, kWarpsPerBlock), 0, stream>>>(
-      datt, att, nullptr, 1, NH, L, scale, Tk, s);
-  KILTER_CUDA_LAUNCH_CHECK();
+  masked_softmax_backward(datt, datt, att, nullptr, 1, NH, L, scale, Tk, s, stream);
   // dQ'(d,t) = K' (hd,Tk) dP' (Tk,L)
   gemm.run(p.dq, p.k, datt, nullptr, hd, L, Tk, false, false, 1.0f, 0.0f, nullptr, NH, p.k_stride, p.score_stride,
            p.q_stride);
   // dK'(d,j) = Q' (hd,L) dP'^T (L,Tk)
   gemm.run(p.dk, p.q, datt, nullptr, hd, Tk, L, false, true, 1.0f, 0.0f, nullptr, NH, p.q_stride, p.score_stride,
            p.k_stride);
-  const size_t n = static_cast<size_t>(NH) * Tk * hd;
-  merge_prefixed_grads_kernel<<<backend::grid_for(n, 256), 256, 0, stream>>>(dqkv, prefix_dkv, p.dq, p.dk, p.dv, s, L,
-                                                                             NH, hd);
-  KILTER_CUDA_LAUNCH_CHECK();
+  merge_prefixed_grads</*kAccumulate=*/true>(dqkv, prefix_dkv, p.dq, p.dk, p.dv, s, L, NH, NKV, hd, stream);
 }
 
 }  // namespace kilter::model::cuda

@@ -4,26 +4,13 @@
 // are summed by one block in a fixed order into a double, so the loss is deterministic.
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
+#include "lib/model/crossentropy_kernels.cuh"
 
 namespace kilter::model::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-__device__ float block_reduce(float v, bool use_max, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = use_max ? fmaxf(v, other) : v + other;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // shared may still be read by a previous reduction
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float result = shared[0];
-  for (int w = 1; w < kThreads / 32; ++w) result = use_max ? fmaxf(result, shared[w]) : result + shared[w];
-  return result;
-}
+using namespace crossentropy_detail;
 
 // No __restrict__: dlogits may alias logits (in-place overwrite). Each thread reads an element
 // before it writes the same element, and the target logit is read before any write.
@@ -43,35 +30,14 @@ __global__ void crossentropy_kernel(float* dlogits, const float* logits, const i
     if (threadIdx.x == 0) row_losses[row] = 0.0f;
     return;
   }
-  float local_max = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += kThreads) local_max = fmaxf(local_max, x[i]);
-  const float row_max = block_reduce(local_max, true, shared);
-  float local_sum = 0.0f;
-  for (int i = threadIdx.x; i < V; i += kThreads) local_sum += expf(x[i] - row_max);
-  const float sum = block_reduce(local_sum, false, shared);
-  const float target_logit = x[target];
-  __syncthreads();  // every thread has read x[target] before anyone overwrites it
-  const float inv_sum = 1.0f / sum;
+  const RowSoftmax softmax = row_softmax(x, V, target, shared);
+  const float inv_sum = 1.0f / softmax.sum;
   for (int i = threadIdx.x; i < V; i += kThreads) {
-    const float p = expf(x[i] - row_max) * inv_sum;
+    const float p = expf(x[i] - softmax.row_max) * inv_sum;
     const float g = (p - (i == target ? 1.0f : 0.0f)) * dloss_scale;
     dx[i] = accumulate ? dx[i] + g : g;
   }
-  if (threadIdx.x == 0) row_losses[row] = logf(sum) + row_max - target_logit;
-}
-
-// One block: loss_sum += sum(row_losses) in doubles, fixed order.
-__global__ void sum_row_losses_kernel(double* loss_sum, const float* row_losses, int N) {
-  __shared__ double shared[kThreads];
-  double local = 0.0;
-  for (int i = threadIdx.x; i < N; i += kThreads) local += row_losses[i];
-  shared[threadIdx.x] = local;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *loss_sum += shared[0];
+  if (threadIdx.x == 0) row_losses[row] = softmax.loss();
 }
 
 }  // namespace

@@ -3,32 +3,29 @@
 // continue from pos_offset[p] in a later part of a cut piece.
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
+#include "lib/model/bf16_device.cuh"
+#include "lib/model/piece_position.cuh"
 
 namespace kilter::model::cuda {
 
 namespace {
 
-// The piece holding token row i: the last p with cu_seqlens[p] <= i (binary search).
-__device__ int piece_of(const int32_t* cu_seqlens, int pieces, int i) {
-  int lo = 0, hi = pieces - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu_seqlens[mid] <= i) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
-__global__ void encoder_forward_kernel(float* out, const int32_t* inp, const float* wte, const float* wpe,
+// out: float, or bf16 (the sum rounded once). wpe null: no position table (llama).
+template <typename T>
+__global__ void encoder_forward_kernel(T* out, const int32_t* inp, const float* wte, const float* wpe,
                                        const int32_t* cu_seqlens, const int32_t* pos_offset, int pieces, int C,
                                        size_t total) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int row = static_cast<int>(i / C);
     const int c = static_cast<int>(i % C);
-    const int p = piece_of(cu_seqlens, pieces, row);
-    const int t = row - cu_seqlens[p] + (pos_offset == nullptr ? 0 : pos_offset[p]);
-    out[i] = wte[static_cast<size_t>(inp[row]) * C + c] + wpe[static_cast<size_t>(t) * C + c];
+    const float token = wte[static_cast<size_t>(inp[row]) * C + c];
+    if (wpe == nullptr) {
+      out[i] = store_f<T>(token);
+      continue;
+    }
+    const int t = position_in_piece(cu_seqlens, pos_offset, pieces, row);
+    out[i] = store_f<T>(token + wpe[static_cast<size_t>(t) * C + c]);
   }
 }
 
@@ -65,8 +62,17 @@ void encoder_forward(float* out, const int32_t* inp, const float* wte, const flo
                      int pieces, int N, int C, cudaStream_t stream, const int32_t* pos_offset) {
   const size_t total = static_cast<size_t>(N) * C;
   if (total == 0) return;
-  encoder_forward_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(out, inp, wte, wpe, cu_seqlens, pos_offset,
-                                                                            pieces, C, total);
+  encoder_forward_kernel<float><<<backend::grid_for(total, 256), 256, 0, stream>>>(out, inp, wte, wpe, cu_seqlens,
+                                                                                   pos_offset, pieces, C, total);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void encoder_forward_bf16(bf16* out, const int32_t* inp, const float* wte, const float* wpe, const int32_t* cu_seqlens,
+                          int pieces, int N, int C, cudaStream_t stream, const int32_t* pos_offset) {
+  const size_t total = static_cast<size_t>(N) * C;
+  if (total == 0) return;
+  encoder_forward_kernel<bf16><<<backend::grid_for(total, 256), 256, 0, stream>>>(out, inp, wte, wpe, cu_seqlens,
+                                                                                  pos_offset, pieces, C, total);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
@@ -75,9 +81,11 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   const size_t total = static_cast<size_t>(N) * C;
   if (total == 0) return;
   const size_t wpe_total = static_cast<size_t>(max_len) * C;
-  encoder_backward_wpe_kernel<<<backend::grid_for(wpe_total, 256), 256, 0, stream>>>(dwpe, dout, cu_seqlens,
-                                                                                     pos_offset, pieces, max_len, C);
-  KILTER_CUDA_LAUNCH_CHECK();
+  if (dwpe != nullptr) {
+    encoder_backward_wpe_kernel<<<backend::grid_for(wpe_total, 256), 256, 0, stream>>>(dwpe, dout, cu_seqlens,
+                                                                                       pos_offset, pieces, max_len, C);
+    KILTER_CUDA_LAUNCH_CHECK();
+  }
   encoder_backward_wte_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(dwte, dout, inp, C, total);
   KILTER_CUDA_LAUNCH_CHECK();
 }

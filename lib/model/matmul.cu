@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -17,6 +18,8 @@
 #include "lib/backend/cublaslt_loader.h"
 #include "lib/backend/cuda_common.h"
 #include "lib/backend/cuda_ops.h"
+#include "lib/model/bf16_device.cuh"
+#include "lib/model/gemm_call.h"
 
 namespace kilter::model::cuda {
 
@@ -45,6 +48,40 @@ struct CachedMatmul {
 };
 
 namespace {
+
+// Destroys a cached matmul's descriptors.
+void release(CachedMatmul& m) {
+  lt().MatrixLayoutDestroy(m.a);
+  lt().MatrixLayoutDestroy(m.b);
+  lt().MatrixLayoutDestroy(m.c);
+  lt().MatrixLayoutDestroy(m.d);
+  lt().MatmulDescDestroy(m.desc);
+}
+
+// Asks cuBLASLt's heuristic for the best algorithm of entry's descriptors within the engine's
+// workspace, for operands of these alignments in bytes (A, B, C, D). False when it has none.
+bool choose_algorithm(cublasLtHandle_t handle, CachedMatmul& entry, const uint32_t (&alignments)[4]) {
+  cublasLtMatmulPreference_t preference = nullptr;
+  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = kWorkspaceBytes;
+  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                        &workspace_bytes, sizeof workspace_bytes));
+  const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    KILTER_CUBLAS_CHECK(
+        lt().MatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
+  }
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found_algorithms = 0;
+  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(handle, entry.desc, entry.a, entry.b, entry.c, entry.d,
+                                                            preference, 1, &heuristic, &found_algorithms);
+  lt().MatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS || found_algorithms == 0) return false;
+  entry.algo = heuristic.algo;
+  return true;
+}
 
 // The bf16 copies of A and B. Grown, never shrunk; a replaced buffer is kept until the engine
 // dies, because a CUDA graph captured earlier may still point at it (and a cudaFree inside a
@@ -125,6 +162,9 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::map<GemmKey, CachedMatmul> cache;
+  // Typed calls (run_typed): the shape, types, leading dimensions, batching, epilogue and the
+  // alignments of every pointer the heuristic looks at; `ok` false caches "no algorithm".
+  std::map<std::array<int64_t, 24>, std::pair<CachedMatmul, bool>> typed_cache;
 };
 
 Gemm::Gemm(cudaStream_t stream, GemmMath math) : impl_(std::make_unique<Impl>()) {
@@ -137,14 +177,9 @@ Gemm::Gemm(cudaStream_t stream, GemmMath math) : impl_(std::make_unique<Impl>())
 }
 
 Gemm::~Gemm() {
-  for (auto& entry : impl_->cache) {
-    CachedMatmul& m = entry.second;
-    lt().MatrixLayoutDestroy(m.a);
-    lt().MatrixLayoutDestroy(m.b);
-    lt().MatrixLayoutDestroy(m.c);
-    lt().MatrixLayoutDestroy(m.d);
-    lt().MatmulDescDestroy(m.desc);
-  }
+  for (auto& entry : impl_->typed_cache)
+    if (entry.second.second) release(entry.second.first);
+  for (auto& entry : impl_->cache) release(entry.second);
   cudaFree(impl_->workspace);
   lt().Destroy(impl_->handle);
 }
@@ -198,36 +233,11 @@ bool Gemm::plan(CachedMatmul& entry, int compute_type, const GemmKey& key) {
   entry.b = trans_b ? make_layout(n, k, batch, stride_b, ab_type) : make_layout(k, n, batch, stride_b, ab_type);
   entry.c = make_layout(m, n, batch, stride_d);
   entry.d = make_layout(m, n, batch, stride_d);
-
-  cublasLtMatmulPreference_t preference = nullptr;
-  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = kWorkspaceBytes;
-  KILTER_CUBLAS_CHECK(lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace_bytes, sizeof workspace_bytes));
   // The bf16 copies start at their (256-byte aligned) scratch.
   const uint32_t alignments[4] = {entry.bf16_inputs ? 16u : align_a, entry.bf16_inputs ? 16u : align_b, align_c,
                                   align_d};
-  const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i) {
-    KILTER_CUBLAS_CHECK(
-        lt().MatmulPreferenceSetAttribute(preference, alignment_attrs[i], &alignments[i], sizeof alignments[i]));
-  }
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found_algorithms = 0;
-  const cublasStatus_t status = lt().MatmulAlgoGetHeuristic(impl_->handle, entry.desc, entry.a, entry.b, entry.c,
-                                                               entry.d, preference, 1, &heuristic, &found_algorithms);
-  lt().MatmulPreferenceDestroy(preference);
-  if (status == CUBLAS_STATUS_SUCCESS && found_algorithms > 0) {
-    entry.algo = heuristic.algo;
-    return true;
-  }
-  lt().MatrixLayoutDestroy(entry.a);
-  lt().MatrixLayoutDestroy(entry.b);
-  lt().MatrixLayoutDestroy(entry.c);
-  lt().MatrixLayoutDestroy(entry.d);
-  lt().MatmulDescDestroy(entry.desc);
+  if (choose_algorithm(impl_->handle, entry, alignments)) return true;
+  release(entry);
   const bool bf16_inputs = entry.bf16_inputs;
   entry = CachedMatmul{};
   entry.bf16_inputs = bf16_inputs;
@@ -284,10 +294,115 @@ void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, 
                                      impl_->stream));
 }
 
+// ---- typed calls with epilogues (the bf16-storage datapath) ----------------------------------
+
+namespace {
+
+cudaDataType_t data_type(GemmType type) { return type == GemmType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+cublasLtEpilogue_t epilogue_of(const GemmCall& call) {
+  switch (call.epilogue) {
+    case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::gelu_aux: return call.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::bias_gradient: return CUBLASLT_EPILOGUE_BGRADB;
+    case GemmEpilogue::none: break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// A (rows x cols) column-major layout with leading dimension ld, optionally strided-batched.
+cublasLtMatrixLayout_t typed_layout(cudaDataType_t type, int rows, int cols, int64_t ld, int batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  KILTER_CUBLAS_CHECK(lt().MatrixLayoutCreate(&layout, type, rows, cols, ld));
+  if (batch > 1) {
+    KILTER_CUBLAS_CHECK(lt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+    KILTER_CUBLAS_CHECK(
+        lt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return layout;
+}
+
+// The leading dimensions a call means by 0: its matrices stored packed.
+struct Leading {
+  int64_t a, b, d;
+  explicit Leading(const GemmCall& c)
+      : a(c.lda ? c.lda : (c.trans_a ? c.k : c.m)), b(c.ldb ? c.ldb : (c.trans_b ? c.n : c.k)), d(c.ldd ? c.ldd : c.m) {}
+};
+
+}  // namespace
+
+bool Gemm::plan_typed(CachedMatmul& entry, const GemmCall& call) {
+  const Leading ld(call);
+  KILTER_CUBLAS_CHECK(lt().MatmulDescCreate(&entry.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = call.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = call.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const cublasLtEpilogue_t epilogue = epilogue_of(call);
+  KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  // The heuristic reads the pointers' alignment, so they are set before it runs (and again per call).
+  if (call.bias != nullptr)
+    KILTER_CUBLAS_CHECK(
+        lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias));
+  if (call.aux != nullptr) {
+    KILTER_CUBLAS_CHECK(
+        lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux, sizeof call.aux));
+    KILTER_CUBLAS_CHECK(lt().MatmulDescSetAttribute(entry.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &call.aux_ld,
+                                                    sizeof call.aux_ld));
+  }
+  const cudaDataType_t ab = data_type(call.ab), cd = data_type(call.cd);
+  entry.a = call.trans_a ? typed_layout(ab, call.k, call.m, ld.a, call.batch, call.stride_a)
+                         : typed_layout(ab, call.m, call.k, ld.a, call.batch, call.stride_a);
+  entry.b = call.trans_b ? typed_layout(ab, call.n, call.k, ld.b, call.batch, call.stride_b)
+                         : typed_layout(ab, call.k, call.n, ld.b, call.batch, call.stride_b);
+  entry.c = typed_layout(cd, call.m, call.n, ld.d, call.batch, call.stride_d);
+  entry.d = typed_layout(cd, call.m, call.n, ld.d, call.batch, call.stride_d);
+  const void* C = call.C != nullptr ? call.C : call.D;
+  const uint32_t alignments[4] = {pointer_alignment(call.A), pointer_alignment(call.B), pointer_alignment(C),
+                                  pointer_alignment(call.D)};
+  if (choose_algorithm(impl_->handle, entry, alignments)) return true;
+  release(entry);
+  entry = CachedMatmul{};
+  return false;
+}
+
+bool Gemm::run_typed(const GemmCall& call) {
+  if (call.m == 0 || call.n == 0) return true;
+  const Leading ld(call);
+  const void* C = call.C != nullptr ? call.C : call.D;
+  const std::array<int64_t, 24> key = {call.m, call.n, call.k, call.trans_a, call.trans_b, ld.a, ld.b, ld.d,
+                                       static_cast<int64_t>(call.ab), static_cast<int64_t>(call.cd), call.batch,
+                                       call.stride_a, call.stride_b, call.stride_d,
+                                       static_cast<int64_t>(call.epilogue), call.bias != nullptr, call.aux_ld,
+                                       pointer_alignment(call.A), pointer_alignment(call.B), pointer_alignment(C),
+                                       pointer_alignment(call.D), pointer_alignment(call.bias),
+                                       pointer_alignment(call.aux), 0};
+  auto found = impl_->typed_cache.find(key);
+  if (found == impl_->typed_cache.end()) {
+    CachedMatmul entry;
+    const bool ok = plan_typed(entry, call);
+    found = impl_->typed_cache.emplace(key, std::make_pair(entry, ok)).first;
+  }
+  if (!found->second.second) return false;
+  CachedMatmul& cached = found->second.first;
+  if (call.bias != nullptr)
+    KILTER_CUBLAS_CHECK(
+        lt().MatmulDescSetAttribute(cached.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias));
+  if (call.aux != nullptr)
+    KILTER_CUBLAS_CHECK(
+        lt().MatmulDescSetAttribute(cached.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux, sizeof call.aux));
+  KILTER_CUBLAS_CHECK(lt().Matmul(impl_->handle, cached.desc, &call.alpha, call.A, cached.a, call.B, cached.b,
+                                  &call.beta, C, cached.c, call.D, cached.d, &cached.algo, impl_->workspace,
+                                  kWorkspaceBytes, impl_->stream));
+  return true;
+}
+
 namespace {
 
 // grid (ceil(C/32), kColumnChunks), block (32, 8): partial column sums of one chunk of rows.
-__global__ void column_sums_partial(float* partial, const float* x, int N, int C) {
+template <typename T>
+__global__ void column_sums_partial(float* partial, const T* x, int N, int C) {
   __shared__ float shared[8][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
   const int rows_per_chunk = (N + kColumnChunks - 1) / kColumnChunks;
@@ -295,7 +410,7 @@ __global__ void column_sums_partial(float* partial, const float* x, int N, int C
   const int row_end = min(N, row_begin + rows_per_chunk);
   float sum = 0.0f;
   if (c < C) {
-    for (int r = row_begin + threadIdx.y; r < row_end; r += 8) sum += x[static_cast<size_t>(r) * C + c];
+    for (int r = row_begin + threadIdx.y; r < row_end; r += 8) sum += load_f(x[static_cast<size_t>(r) * C + c]);
   }
   shared[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
@@ -318,12 +433,21 @@ __global__ void column_sums_final(float* out, const float* partial, int C) {
 
 size_t column_sum_scratch_floats(int C) { return static_cast<size_t>(kColumnChunks) * C; }
 
-void column_sums_accumulate(float* out, const float* x, int N, int C, float* scratch, cudaStream_t stream) {
+template <typename T>
+void column_sums(float* out, const T* x, int N, int C, float* scratch, cudaStream_t stream) {
   if (N == 0 || C == 0) return;
-  column_sums_partial<<<dim3((C + 31) / 32, kColumnChunks), dim3(32, 8), 0, stream>>>(scratch, x, N, C);
+  column_sums_partial<T><<<dim3((C + 31) / 32, kColumnChunks), dim3(32, 8), 0, stream>>>(scratch, x, N, C);
   KILTER_CUDA_LAUNCH_CHECK();
   column_sums_final<<<(C + 255) / 256, 256, 0, stream>>>(out, scratch, C);
   KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void column_sums_accumulate(float* out, const float* x, int N, int C, float* scratch, cudaStream_t stream) {
+  column_sums(out, x, N, C, scratch, stream);
+}
+
+void column_sums_accumulate(float* out, const bf16* x, int N, int C, float* scratch, cudaStream_t stream) {
+  column_sums(out, x, N, C, scratch, stream);
 }
 
 void matmul_forward(Gemm& gemm, float* out, const float* inp, const float* weight, const float* bias,
@@ -346,6 +470,83 @@ void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, cons
   // dW' (C,OC) += inp' (C,N) dout'^T (N,OC)
   gemm.run(dweight, inp, dout, dweight, C, OC, N, false, true, 1.0f, 1.0f);
   if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, scratch, gemm.stream());
+}
+
+// ---- Linear layers of the bf16-storage datapath --------------------------------------------
+
+namespace {
+
+__global__ void add_vector_kernel(float* out, const float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] += x[i];
+}
+
+// The epilogue's aux matrix needs a leading dimension that is a multiple of 8 (cublasLt.h).
+bool aux_allowed(int rows) { return rows % 8 == 0; }
+
+}  // namespace
+
+size_t linear_scratch_floats(int OC) { return column_sum_scratch_floats(OC); }
+
+void linear_forward_bf16(Gemm& gemm, bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight,
+                         const bf16* bias, int N, int C, int OC) {
+  // out' (OC,N) = W'^T (OC,C) inp' (C,N), as matmul_forward.
+  GemmCall call = gemm_call(out, weight, inp, OC, N, C, /*trans_a=*/true);
+  call.bias = bias;
+  call.epilogue = bias != nullptr ? GemmEpilogue::bias : GemmEpilogue::none;
+  if (pre_gelu != nullptr && aux_allowed(OC)) {
+    GemmCall fused = call;
+    fused.epilogue = GemmEpilogue::gelu_aux;
+    fused.aux = pre_gelu;
+    fused.aux_ld = OC;
+    if (gemm.run_typed(fused)) return;
+  }
+  // No GELU epilogue here: the pre-activation from the GEMM, GELU from it by a kernel.
+  if (pre_gelu != nullptr) call.D = pre_gelu;
+  KILTER_CHECK(gemm.run_typed(call), "cuBLASLt has no bf16 algorithm for a Linear layer N=" << N << " C=" << C
+                                                                                        << " OC=" << OC);
+  if (pre_gelu != nullptr) gelu_forward(out, pre_gelu, static_cast<size_t>(N) * OC, gemm.stream());
+}
+
+void linear_backward_bf16(Gemm& gemm, bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                          const bf16* weight, const bf16* pre_gelu, int N, int C, int OC, float* scratch) {
+  if (N == 0) return;
+  cudaStream_t stream = gemm.stream();
+  if (dinp != nullptr) {
+    // dinp' (C,N) = W' (C,OC) dout' (OC,N)
+    const GemmCall call = gemm_call(dinp, weight, dout, C, N, OC);
+    bool done = false;
+    if (pre_gelu != nullptr && aux_allowed(C)) {
+      GemmCall fused = call;
+      fused.epilogue = GemmEpilogue::dgelu;
+      fused.aux = const_cast<bf16*>(pre_gelu);
+      fused.aux_ld = C;
+      done = gemm.run_typed(fused);
+    }
+    if (!done) {
+      KILTER_CHECK(gemm.run_typed(call), "cuBLASLt has no bf16 algorithm for a Linear backward N=" << N << " C=" << C
+                                                                                                 << " OC=" << OC);
+      if (pre_gelu != nullptr) gelu_backward_inplace(dinp, pre_gelu, static_cast<size_t>(N) * C, stream);
+    }
+  }
+  // dW' (C,OC) += inp' (C,N) dout'^T (N,OC), into the fp32 gradient; BGRADB sums op(B) = dout
+  // over the N rows: the bias gradient, into scratch (the epilogue stores, the gradient adds).
+  GemmCall call = gemm_call(dweight, inp, dout, C, OC, N, /*trans_a=*/false, /*trans_b=*/true);
+  call.cd = GemmType::f32;
+  call.beta = 1.0f;
+  if (dbias != nullptr) {
+    GemmCall fused = call;
+    fused.epilogue = GemmEpilogue::bias_gradient;
+    fused.bias = scratch;
+    if (gemm.run_typed(fused)) {
+      add_vector_kernel<<<(OC + 255) / 256, 256, 0, stream>>>(dbias, scratch, OC);
+      KILTER_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
+  KILTER_CHECK(gemm.run_typed(call), "cuBLASLt has no bf16 algorithm for a weight gradient N=" << N << " C=" << C
+                                                                                               << " OC=" << OC);
+  if (dbias != nullptr) column_sums_accumulate(dbias, dout, N, OC, scratch, stream);
 }
 
 }  // namespace kilter::model::cuda

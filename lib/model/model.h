@@ -70,9 +70,17 @@ using GradReadyFn = std::function<void(size_t offset, size_t count)>;
 // takes only the defaults; anything else is refused naming the key.
 struct BackendOptions {
   std::string precision = "fp32";  // fp32 | bf16
-  std::string attention = "auto";  // auto | cudnn | cublaslt (CUDA backend)
+  std::string attention = "auto";  // auto | sdpa | cudnn | cublaslt (CUDA backend)
   bool cuda_graphs = false;        // replay each micro-batch shape's kernels as CUDA graphs
   std::string recompute = "none";  // none | gelu | attention | block (train.recompute; cpu backend)
+  // train.bf16_storage, with precision bf16: auto | on | off. CUDA: on stores every activation in
+  // bf16 (the fused bf16 datapath), off keeps them fp32 (bf16 GEMM math only), auto takes bf16
+  // storage where its runtime self-check against the CPU oracle passes on this device. CPU: on
+  // runs the oracle of the CUDA bf16 storage (CpuModel), auto and off the CPU's own bf16.
+  std::string bf16_storage = "auto";
+  // bf16_storage on or off as the trainer resolved auto: every rank ran datapath_self_check and
+  // they agreed (MPI), so that no rank trains on another datapath than the others.
+  bool bf16_storage_checked = false;
 };
 
 class Model {
@@ -178,6 +186,12 @@ void validate_batch(const Batch& batch, const ModelSpec& cfg);
 // What Model::forward_loss (evaluation) takes on top: no part of a cut piece (no offset, no
 // exchange); throws kilter::Error naming the piece otherwise. Every backend calls it.
 void check_evaluation_batch(const Batch& batch);
+
+// The start-up self-check of the datapath `options` would give a model on `backend` (CUDA,
+// precision bf16, bf16_storage auto: the bf16-storage datapath against its CPU oracle on this
+// device): "" where it passes or nothing needs checking, else why it failed. Collective callers
+// (the trainer) agree on the result and pass bf16_storage on or off with bf16_storage_checked.
+std::string datapath_self_check(const std::string& backend, const ModelSpec& cfg, const BackendOptions& options);
 
 // The one place that picks a backend ("cpu" | "cuda"); throws if it was not compiled in.
 std::unique_ptr<Model> make_model(const std::string& backend, const ModelSpec& cfg,

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "io/error.h"
+#include "io/text_format.h"
 #include "lib/core/config.h"
 #include "lib/train/signals.h"
 
@@ -83,19 +84,6 @@ std::vector<std::string> config_differences(const std::string& ini_a, const std:
   return lines;
 }
 
-std::string format_rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(ranks[i]);
-    if (j > i) out += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 void check_consistent_across_ranks(MPI_Comm world, uint64_t config_hash, const std::string& version,
                                    const std::string& config_ini) {
   int rank = 0, size = 1;
@@ -141,7 +129,7 @@ void check_consistent_across_ranks(MPI_Comm world, uint64_t config_hash, const s
     for (const auto& [hash, ranks] : by_hash) {
       char hex[24];
       std::snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)hash);
-      msg << "\n  config hash " << hex << ": ranks " << format_rank_list(ranks);
+      msg << "\n  config hash " << hex << ": ranks " << io::rank_list_text(ranks);
     }
     if (!texts.empty()) {
       // Each group's first rank against rank 0's group.
@@ -157,7 +145,7 @@ void check_consistent_across_ranks(MPI_Comm world, uint64_t config_hash, const s
     }
   }
   if (by_version.size() > 1)
-    for (const auto& [v, ranks] : by_version) msg << "\n  kilter version " << v << ": ranks " << format_rank_list(ranks);
+    for (const auto& [v, ranks] : by_version) msg << "\n  kilter version " << v << ": ranks " << io::rank_list_text(ranks);
   KILTER_FAIL(msg.str());
 }
 

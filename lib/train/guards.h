@@ -25,8 +25,6 @@ void check_consistent_across_ranks(MPI_Comm world, uint64_t config_hash, const s
 // ...) are left out, so the list explains a hash mismatch.
 std::vector<std::string> config_differences(const std::string& ini_a, const std::string& ini_b, bool only_hashed);
 
-// "0-3,5,7": ranks in ascending order, runs compressed.
-std::string format_rank_list(const std::vector<int>& ranks);
 
 // Test hook for the fault e2e tests: when env KILTER_TEST_FAIL_RANK equals `rank` and
 // KILTER_TEST_FAIL_STEP equals `step` (the optimizer steps completed, as the trainer passes it),

@@ -133,7 +133,9 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
     const char* copies = std::getenv("KILTER_CUDA_BF16_INPUTS");
     const backend::CudaDeviceBytes device =
         backend::cuda_device_bytes(gpt, layout.padded_size, shard, int(cfg.data.max_tokens), cfg.train.recompute,
-                                   bf16 && copies != nullptr && std::string(copies) == "1");
+                                   bf16 && copies != nullptr && std::string(copies) == "1",
+                                   bf16 && cfg.train.bf16_storage != "off",
+                                   backend::cuda_plan_counts_sdpa(gpt, cfg.train.attention, cfg.train.precision));
     p.parameters = device.parameters;
     p.gradients = device.gradients;
     p.optimizer = device.optimizer;

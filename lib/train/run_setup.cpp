@@ -112,6 +112,23 @@ std::unique_ptr<model::Model> make_run_model(const Run& run, size_t pad_multiple
   backend_options.attention = cfg.train.attention;
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   backend_options.recompute = cfg.train.recompute;
+  backend_options.bf16_storage = cfg.train.bf16_storage;
+  // bf16 storage (auto) takes its start-up self-check; every rank checks on its own device and the
+  // ranks agree, so that they all train on one datapath.
+  if (backend_options.bf16_storage == "auto" && run.backend == "cuda" && backend_options.precision == "bf16" &&
+      backend_options.attention != "cudnn") {  // what datapath_self_check checks
+    const std::string why = model::datapath_self_check(run.backend, gpt, backend_options);
+    int passed = why.empty() ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &passed, 1, MPI_INT, MPI_MIN, run.world);
+    if (!why.empty())
+      std::fprintf(stderr, "kilter: rank %d: the bf16-storage datapath disagreed with the CPU oracle (%s)\n", run.rank,
+                   why.c_str());
+    if (!passed && run.rank == 0)
+      std::fprintf(stderr, "kilter: cuda backend: every rank trains with fp32 activations and bf16 GEMMs, as "
+                   "train.bf16_storage = off does\n");
+    backend_options.bf16_storage = passed ? "on" : "off";
+    backend_options.bf16_storage_checked = true;
+  }
   return model::make_model(run.backend, gpt, pad_multiple, backend_options);
 }
 

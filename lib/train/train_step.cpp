@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "io/error.h"
+#include "io/text_format.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/cut_schedule.h"
 #include "lib/train/guards.h"
@@ -169,7 +170,7 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
          << (reduced.nonfinite_ranks.empty()
                  ? std::string(" after the reduction (no rank's own values were flagged: this backend does not check them)")
                  : (reduced.nonfinite_ranks.size() == 1 ? " on rank " : " on ranks ") +
-                       format_rank_list(reduced.nonfinite_ranks))
+                       io::rank_list_text(reduced.nonfinite_ranks))
          << " (loss " << loss << ", grad norm " << result.grad_norm << ")";
     KILTER_CHECK(train.on_nonfinite == "skip",
                  what.str() << "; every rank stops: lower train.lr or raise train.warmup, check that step's data, or "

@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "lib/comm/abort_hooks.h"
+
 namespace kilter::train {
 namespace {
 
@@ -187,6 +189,9 @@ struct Watchdog::Impl {
                  "kilter: rank %d: %s at step %lld has not completed after %.0f s; ranks not arrived: %s "
                  "(comm.timeout_s = %g; aborting the job)\n",
                  rank, mine.what, (long long)mine.step, seconds, missing.c_str(), timeout_s);
+    // NCCL communicators first: this rank leaves any collective its peers stalled in at once.
+    const int aborted = comm::run_abort_hooks();
+    if (aborted > 0) std::fprintf(stderr, "kilter: rank %d: %d NCCL communicator(s) aborted (ncclCommAbort)\n", rank, aborted);
     std::fflush(stderr);
     std::fflush(stdout);
     MPI_Abort(world, 1);

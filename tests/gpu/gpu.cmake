@@ -11,7 +11,12 @@ if(KILTER_WITH_CUDA)
   target_link_libraries(kilter_gpu_core PUBLIC CUDA::cudart kilter::blas Threads::Threads ${CMAKE_DL_LIBS})
   kilter_link_cudnn(kilter_gpu_core)
 
-  foreach(test_name gpu_ops gpu_model gpu_cut)
+  # gpu_sdpa: the cuDNN SDPA engine against the CPU twin, where the engine is built.
+  set(KILTER_GPU_TESTS gpu_ops gpu_bf16_ops gpu_model gpu_bf16_model gpu_cut)
+  if(KILTER_WITH_SDPA)
+    list(APPEND KILTER_GPU_TESTS gpu_sdpa)
+  endif()
+  foreach(test_name ${KILTER_GPU_TESTS})
     add_executable(kilter_${test_name}_test ${CMAKE_SOURCE_DIR}/tests/gpu/${test_name}_test.cpp)
     target_link_libraries(kilter_${test_name}_test PRIVATE kilter_gpu_core)
     add_test(NAME ${test_name} COMMAND kilter_${test_name}_test)
@@ -31,4 +36,14 @@ if(KILTER_WITH_CUDA)
   # Not a test: bench/gpu_step.sh and tests/gpu/device-check.sh run it.
   add_executable(kilter_bench_gpu_step ${CMAKE_SOURCE_DIR}/bench/gpu_step.cpp)
   target_link_libraries(kilter_bench_gpu_step PRIVATE kilter_gpu_core)
+
+  # The bf16 loss curve against fp32's on a real corpus: 200 GPT-2-shaped steps in device-check.sh;
+  # here its CPU form (fp32 model against the bf16-storage oracle, a small shape on the docs'
+  # text), so the tool and its check are tested where there is no GPU.
+  add_executable(kilter_gpu_loss_curve ${CMAKE_SOURCE_DIR}/tests/gpu/gpu_loss_curve.cpp)
+  target_link_libraries(kilter_gpu_loss_curve PRIVATE kilter_gpu_core)
+  add_test(NAME loss_curve_cpu COMMAND kilter_gpu_loss_curve --backend cpu --steps 40 --B 4 --T 64 --n-layer 2
+                                       --n-head 2 --n-embd 64 --lr 3e-3 --tolerance 0.02 --every 10
+                                       ${CMAKE_SOURCE_DIR}/docs/design.md ${CMAKE_SOURCE_DIR}/docs/model.md)
+  set_tests_properties(loss_curve_cpu PROPERTIES LABELS "unit;no_asan" TIMEOUT 300)
 endif()

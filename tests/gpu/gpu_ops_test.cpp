@@ -26,43 +26,18 @@ namespace kc = kilter::model::cuda;
 namespace km = kilter::model;
 using kilter::gputest::Checker;
 using kilter::gputest::DeviceBuffer;
+using kilter::gputest::offsets_of;
+using kilter::gputest::pack_rows;
 using kilter::gputest::random_floats;
 using kilter::gputest::random_int;
+using kilter::gputest::random_lengths;
+using kilter::gputest::unpack_rows;
 
 namespace {
 
 constexpr double kRowTol = 1e-5;
 constexpr double kGemmTol = 1e-4;
 constexpr double kBf16Tol = 3e-2;
-
-std::vector<int32_t> random_lengths(int B, int T) {
-  std::vector<int32_t> lengths(B);
-  for (int b = 0; b < B; ++b) lengths[b] = b == 0 ? T : random_int(1, T);  // one full row, others ragged
-  return lengths;
-}
-
-std::vector<int32_t> offsets_of(const std::vector<int32_t>& lengths) {
-  std::vector<int32_t> cu = {0};
-  for (int32_t len : lengths) cu.push_back(cu.back() + len);
-  return cu;
-}
-
-// The CPU twins are packed-only (model.h); the padded engines' (B,T,lengths) problems are
-// compared by packing their real rows: padded (B,T,W) rows <-> packed (sum lengths, W).
-std::vector<float> pack_rows(const std::vector<float>& padded, const std::vector<int32_t>& lengths, int T, int W) {
-  std::vector<float> packed;
-  for (size_t b = 0; b < lengths.size(); ++b)
-    packed.insert(packed.end(), padded.begin() + b * T * W, padded.begin() + (b * T + lengths[b]) * W);
-  return packed;
-}
-// Writes the packed rows back over the real rows of `padded`; padded rows keep their values.
-void unpack_rows(std::vector<float>& padded, const std::vector<float>& packed, const std::vector<int32_t>& lengths,
-                 int T, int W) {
-  size_t row = 0;
-  for (size_t b = 0; b < lengths.size(); ++b)
-    for (int t = 0; t < lengths[b]; ++t, ++row)
-      std::copy(packed.begin() + row * W, packed.begin() + (row + 1) * W, padded.begin() + (b * T + t) * W);
-}
 
 // Packed pieces: positions restart in every piece, or start at `offset` (later parts of cut
 // pieces, issue 23; empty: none). maxT: rows of wpe, >= the last position reached.

@@ -1,4 +1,5 @@
-// A tiny harness for the GPU tests (tests/gpu/*.cpp): device buffers, fresh random inputs, and
+// A tiny harness for the GPU tests (tests/gpu/*.cpp): device buffers, fresh random inputs, the
+// padded (B,T) rows the attention engines take and the packed rows their CPU twins take, and
 // comparisons against the CPU twin with a stated tolerance. No GoogleTest on purpose: these
 // binaries must build and run on a GPU machine that has only the CUDA toolkit. A binary exits 0
 // when every check passes, 1 on a failure, and 77 (ctest SKIP_RETURN_CODE) with
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +60,38 @@ inline int random_int(int lo, int hi) {  // inclusive
   return std::uniform_int_distribution<int>(lo, hi)(rng());
 }
 
+// Row lengths of a padded (B,T) attention group: one full row, the others ragged.
+inline std::vector<int32_t> random_lengths(int B, int T) {
+  std::vector<int32_t> lengths(B);
+  for (int b = 0; b < B; ++b) lengths[b] = b == 0 ? T : random_int(1, T);
+  return lengths;
+}
+
+// cu_seqlens of pieces of these lengths: 0, then the running sums.
+inline std::vector<int32_t> offsets_of(const std::vector<int32_t>& lengths) {
+  std::vector<int32_t> cu = {0};
+  for (int32_t len : lengths) cu.push_back(cu.back() + len);
+  return cu;
+}
+
+// The CPU twins are packed-only (model.h); the padded engines' (B,T,lengths) problems are
+// compared by packing their real rows: padded (B,T,W) rows <-> packed (sum lengths, W).
+inline std::vector<float> pack_rows(const std::vector<float>& padded, const std::vector<int32_t>& lengths, int T,
+                                    int W) {
+  std::vector<float> packed;
+  for (size_t b = 0; b < lengths.size(); ++b)
+    packed.insert(packed.end(), padded.begin() + b * T * W, padded.begin() + (b * T + lengths[b]) * W);
+  return packed;
+}
+// Writes the packed rows back over the real rows of `padded`; padded rows keep their values.
+inline void unpack_rows(std::vector<float>& padded, const std::vector<float>& packed,
+                        const std::vector<int32_t>& lengths, int T, int W) {
+  size_t row = 0;
+  for (size_t b = 0; b < lengths.size(); ++b)
+    for (int t = 0; t < lengths[b]; ++t, ++row)
+      std::copy(packed.begin() + row * W, packed.begin() + (row + 1) * W, padded.begin() + (b * T + t) * W);
+}
+
 // A device copy of a host vector that frees itself.
 template <typename T>
 class DeviceBuffer {
@@ -104,6 +138,23 @@ class Checker {
     report(name, ok, error, tolerance, finite ? "" : " (size mismatch or non-finite values)");
     return ok;
   }
+  // A bf16 output against its twin, which rounds at the same points: within `tolerance` of the
+  // tensor's scale, AND at least `min_same` of the elements bit for bit (summation orders differ
+  // in fp32, so a value within an fp32 rounding of a bf16 boundary may round the other way; a
+  // kernel that rounds at other points differs in about half of them).
+  bool near_bf16(const std::string& name, const std::vector<float>& gpu, const std::vector<float>& cpu,
+                 double tolerance, double min_same) {
+    size_t same = 0;
+    for (size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) same += gpu[i] == cpu[i];
+    const double fraction = cpu.empty() ? 1.0 : static_cast<double>(same) / cpu.size();
+    const bool close = near(name, gpu, cpu, tolerance);
+    ++checks_;
+    const bool ok = fraction >= min_same;
+    if (!ok) ++failures_;
+    std::printf("  %-4s %-48s %.4f of the elements bit for bit (at least %.2f)\n", ok ? "ok" : "FAIL", name.c_str(),
+                fraction, min_same);
+    return close && ok;
+  }
   bool near_scalar(const std::string& name, double gpu, double cpu, double tolerance) {
     ++checks_;
     const double error = std::fabs(gpu - cpu) / std::max(std::fabs(cpu), 1e-12);
@@ -139,15 +190,47 @@ inline std::vector<float> device_grads(model::Model& m) {
   return host;
 }
 
-// The CUDA backend's options of a test case.
+// The CUDA backend's options of a test case. bf16 storage is off unless asked for: the cases
+// written before it compare the fp32-activation datapath with the fp32 CPU model.
 inline model::BackendOptions with(const std::string& precision, const std::string& attention, bool graphs = false,
-                                  const std::string& recompute = "none") {
+                                  const std::string& recompute = "none", const std::string& bf16_storage = "off") {
   model::BackendOptions options;
   options.precision = precision;
   options.attention = attention;
   options.cuda_graphs = graphs;
   options.recompute = recompute;
+  options.bf16_storage = bf16_storage;
   return options;
+}
+
+// The bf16-storage datapath's options (train.bf16_storage = on).
+inline model::BackendOptions bf16_storage(const std::string& recompute = "none", bool graphs = false) {
+  return with("bf16", "cublaslt", graphs, recompute, "on");
+}
+
+// The bf16-storage datapath with cuDNN SDPA attention insisted on (train.attention = sdpa).
+inline model::BackendOptions bf16_storage_sdpa(const std::string& recompute = "none") {
+  return with("bf16", "sdpa", false, recompute, "on");
+}
+
+// Why cuDNN SDPA cannot run here, "" when it can: this kilter was built without cudnn-frontend, or
+// cuDNN refuses on this machine (older than 9.6, say). The SDPA cases are then reported, not failed.
+inline std::string sdpa_absent_reason(const model::ModelSpec& cfg) {
+  try {
+    backend::make_cuda_model(cfg, 1, bf16_storage_sdpa());
+    return "";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find("built without cuDNN SDPA") != std::string::npos ||
+        what.find("cannot be used on device") != std::string::npos)
+      return what;
+    throw;
+  }
+}
+
+// Whether a CUDA model runs the bf16-storage datapath (its describe() says so).
+inline bool runs_bf16_storage(const model::Model& m) {
+  return m.describe().find("activations bf16") != std::string::npos;
 }
 
 }  // namespace kilter::gputest

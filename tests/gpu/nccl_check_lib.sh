@@ -382,7 +382,7 @@ check_transport() {
 # A fault drill on 4 ranks (the test hook of lib/train/guards.cpp on rank 1 at step 3): every
 # rank must end, non-zero, within comm.timeout_s plus a margin (a coarse no-hang bound, not a
 # timing), no kilter left behind, and rank 1 named by the others or by the launcher. Whether the
-# others' NCCL communicators were aborted (ncclCommAbort: "communicator aborted") is reported.
+# others' NCCL communicators were aborted (ncclCommAbort) is counted, and on the GPU required.
 drill() {  # drill MODE PATH NAME_PATTERN [MPIRUN OPTIONS]
   local mode=$1 path=$2 named=$3 timeout_s=10 name=drill-$1 options=${4:-}
   local limit=$((timeout_s + 40)) t0=$SECONDS rc=0
@@ -397,9 +397,12 @@ drill() {  # drill MODE PATH NAME_PATTERN [MPIRUN OPTIONS]
   [[ $rc -ne 124 ]] || problems+=("ranks still running after $limit s")
   pgrep -f "output.dir=runs/$name" >/dev/null && problems+=("kilter processes left behind")
   grep -qE -- "$named" "$name.log" || problems+=("rank 1 not named ('$named')")
-  aborts=$(grep -c "communicator aborted" "$name.log")
+  # The communicators' own error path says "communicator aborted"; the watchdog, before it ends a
+  # stuck job, "N NCCL communicator(s) aborted (ncclCommAbort)" (lib/comm/abort_hooks.h).
+  aborts=$(grep -cE "communicator aborted|NCCL communicator\(s\) aborted" "$name.log" || true)
+  [[ $backend != cuda || $aborts -gt 0 ]] || problems+=("no rank ended through ncclCommAbort")
   local detail="ended after $seconds s (limit $limit, exit $rc); ncclCommAbort on $aborts rank(s); $(grep -m1 -oE -- "($named).{0,60}" "$name.log" | head -1)"
-  grep -m3 -E "communicator aborted|ranks not arrived|Process name|exited" "$name.log" | cut -c1-200 | sed 's/^/  /'
+  grep -m3 -E "communicator aborted|communicator\(s\) aborted|ranks not arrived|Process name|exited" "$name.log" | cut -c1-200 | sed 's/^/  /'
   if [[ ${#problems[@]} -eq 0 ]]; then drill_row "$path" 4 "$detail" pass
   else drill_row "$path" 4 "$detail" "FAIL: $(IFS=';'; echo "${problems[*]}")"; fi
 }

@@ -15,6 +15,7 @@
 #include "io/error.h"
 #include "lib/core/config.h"
 #include "lib/model/gemm.h"
+#include "io/text_format.h"
 #include "lib/train/guards.h"
 #include "lib/train/signals.h"
 
@@ -71,7 +72,7 @@ TEST(ConfigValidate, CudaEngineKeysAreChecked) {
   } catch (const kilter::Error& e) {
     EXPECT_NE(e.message().find("train.attention"), std::string::npos) << e.message();
   }
-  for (const char* engine : {"auto", "cudnn", "cublaslt"}) {
+  for (const char* engine : {"auto", "sdpa", "cudnn", "cublaslt"}) {
     c.train.attention = engine;
     EXPECT_NO_THROW(c.validate()) << engine;
   }
@@ -81,9 +82,10 @@ TEST(ConfigValidate, CudaEngineKeysAreChecked) {
 }
 
 TEST(RankList, CompressesRuns) {
-  EXPECT_EQ(kilter::train::format_rank_list({0, 1, 2, 3, 5, 7, 8}), "0-3,5,7-8");
-  EXPECT_EQ(kilter::train::format_rank_list({4}), "4");
-  EXPECT_EQ(kilter::train::format_rank_list({}), "");
+  EXPECT_EQ(kilter::io::rank_list_text({0, 1, 2, 3, 5, 7, 8}), "0-3,5,7-8");
+  EXPECT_EQ(kilter::io::rank_list_text({4}), "4");
+  EXPECT_EQ(kilter::io::rank_list_text({}), "");
+  EXPECT_EQ(kilter::io::rank_list_text({6, 0, 2, 5}), "0,2,5-6");  // any order
 }
 
 TEST(StopSignals, Sigusr1AndSigtermSetTheFlagAndDoNotKill) {

@@ -22,3 +22,7 @@ kilter_add_unit_test(model_recompute_test ${CMAKE_CURRENT_LIST_DIR}/model_recomp
 if(KILTER_WITH_CUDA)
   kilter_add_unit_test(backend_cuda_host_test ${CMAKE_CURRENT_LIST_DIR}/backend_cuda_host_test.cpp)
 endif()
+
+# The CPU oracle of the CUDA backend's bf16 storage (issue 37): its twins, determinism, recompute,
+# cut pieces and the distance to fp32.
+kilter_add_unit_test(model_bf16_storage_test ${CMAKE_CURRENT_LIST_DIR}/model_bf16_storage_test.cpp)
