@@ -207,6 +207,13 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
     if (sg.value("kv_wait_for_rank", -1) >= 0)
       os << fmt::format("  (its kv_wait is time spent waiting for the K/V of cut pieces held by rank {})\n",
                         sg["kv_wait_for_rank"].get<int>());
+    // A rank slower at computing the same work, in a run that divided by the configured model:
+    // the in-run calibration is what fits such a rank's speed (docs/plan.md, "In-run calibration").
+    const std::string phase = sg["phase"].get<std::string>();
+    if ((phase == "forward" || phase == "backward") && !run.summary.contains("cost_calibration"))
+      os << fmt::format("  (if rank {} is slower on all work, data.cost_calibration = auto measures its speed and "
+                        "gives it less)\n",
+                        sg["candidate"].get<int>());
   } else if (sg["candidate"].get<int>() >= 0) {
     os << fmt::format("  straggler: none beyond noise (rank {} was last in {:.0f}% of steps; naming needs "
                       ">= {:.0f}%)\n",

@@ -24,6 +24,8 @@ echo "drill: $(field runs/drill "s['straggler']")"
 grep -q "kilter: warning: rank 2 arrived last.*slowest phase: forward" drill.log || { cat drill.log; fail "no live warning naming rank 2 / forward"; }
 "$KILTER" report runs/drill > report.txt || { cat report.txt; fail "kilter report failed"; }
 grep -q "straggler: rank 2, .*slowest phase forward" report.txt || { cat report.txt; fail "report does not name rank 2"; }
+grep -q "if rank 2 is slower on all work, data.cost_calibration = auto" report.txt \
+  || { cat report.txt; fail "the report of a run with data.cost_calibration = off does not point to auto"; }
 for r in 0 1 2 3; do
   [ "$(($(wc -l < runs/drill/metrics/rank-0000$r.csv) - 1))" -eq 30 ] || fail "rank $r: expected 30 CSV rows"
   "$PY" -c "import json; json.load(open('runs/drill/trace/rank-0000$r.json'))" || fail "rank $r: trace is not JSON"
