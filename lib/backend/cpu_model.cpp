@@ -14,6 +14,7 @@
 
 #include "io/error.h"
 #include "lib/model/attention.h"
+#include "lib/model/attention_bf16.h"
 #include "lib/model/crossentropy.h"
 #include "lib/model/encoder.h"
 #include "lib/model/gelu.h"
@@ -206,35 +207,56 @@ model::AttentionPrefix CpuModel::attention_prefix(const Batch& batch) const {
   return prefix;
 }
 
-void CpuModel::attention_forward(const Batch& batch, int layer, const BlockActivations& a) {
-  const int pieces = batch.num_pieces();
-  const int32_t* cu_seqlens = batch.cu_seqlens.data();
+void CpuModel::attention_kernel_forward(float* out, const BlockActivations& a, const Batch& batch,
+                                        const model::AttentionPrefix& prefix, model::AttentionPieces which) {
+  if (bf16_storage_)
+    model::attention_bf16_forward(out, a.att, a.qkv, batch.cu_seqlens.data(), batch.num_pieces(), shape_, prefix,
+                                  which);
+  else
+    model::attention_forward(out, a.att, a.qkv, batch.cu_seqlens.data(), batch.num_pieces(), shape_, bf16_, prefix,
+                             which);
+}
+
+void CpuModel::attention_kernel_backward(const BlockActivations& a, const Batch& batch,
+                                         const model::AttentionPrefix& prefix, model::AttentionPieces which) {
+  if (bf16_storage_)
+    model::attention_bf16_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, batch.cu_seqlens.data(),
+                                   batch.num_pieces(), shape_, prefix, which);
+  else
+    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, batch.cu_seqlens.data(), batch.num_pieces(),
+                              shape_, bf16_, prefix, which);
+}
+
+void CpuModel::attention_forward(const Batch& batch, int layer, const BlockActivations& a, float* out,
+                                 bool recomputing) {
   model::KvExchange* exchange = batch.exchange;
   if (exchange == nullptr) {
-    model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_);
+    attention_kernel_forward(out, a, batch);
     return;
   }
   // Post this micro-batch's K/V first (later parts elsewhere may wait on them), compute the pieces
-  // that need nothing from others while the prefixes travel, then the later parts.
-  exchange->forward_send(layer, a.qkv);
+  // that need nothing from others while the prefixes travel, then the later parts. A
+  // recomputation sends and waits for nothing (the forward did) and makes the forward's two calls
+  // on the prefixes the exchange still holds, so that every piece is computed exactly as it was.
+  if (!recomputing) exchange->forward_send(layer, a.qkv);
   const model::AttentionPrefix prefix = attention_prefix(batch);
-  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
-                           model::AttentionPieces::without_prefix);
-  exchange->forward_wait(layer);
+  attention_kernel_forward(out, a, batch, prefix, model::AttentionPieces::without_prefix);
+  if (!recomputing) exchange->forward_wait(layer);
   if (prefix.offset == nullptr) return;
+  const int pieces = batch.num_pieces();
   for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
-  model::attention_forward(a.atty, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
-                           model::AttentionPieces::with_prefix);
+  attention_kernel_forward(out, a, batch, prefix, model::AttentionPieces::with_prefix);
 }
 
 void CpuModel::attention_backward(const Batch& batch, int layer, const BlockActivations& a) {
   const int N = batch.N, pieces = batch.num_pieces();
-  const int32_t* cu_seqlens = batch.cu_seqlens.data();
   float* dqkv = dqkv_.data();
-  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(N) * cfg_.qkv_width());
+  // The fp32 kernels add into dqkv; the bf16 twins overwrite the rows of the pieces they compute,
+  // and every piece is computed.
+  if (!bf16_storage_) std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(N) * cfg_.qkv_width());
   model::KvExchange* exchange = batch.exchange;
   if (exchange == nullptr) {
-    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, bf16_);
+    attention_kernel_backward(a, batch);
     return;
   }
   // The later parts first: their prefixes' dK/dV go back to the owners while this rank computes
@@ -246,16 +268,17 @@ void CpuModel::attention_backward(const Batch& batch, int layer, const BlockActi
       prefix_kv_[p] = has ? exchange->prefix_kv(layer, p) : nullptr;
       prefix_dkv_[p] = has ? exchange->prefix_dkv(layer, p) : nullptr;
     }
-    model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, bf16_, prefix,
-                              model::AttentionPieces::with_prefix);
+    attention_kernel_backward(a, batch, prefix, model::AttentionPieces::with_prefix);
   }
   exchange->backward_send(layer);
-  model::attention_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, bf16_, prefix,
-                            model::AttentionPieces::without_prefix);
+  attention_kernel_backward(a, batch, prefix, model::AttentionPieces::without_prefix);
   exchange->backward_wait_add(layer, dqkv);
+  // bf16 storage: the dK/dV of later parts elsewhere arrive in fp32 and are added, then the sums
+  // rounded, as the device's staging does.
+  if (bf16_storage_) model::round_bf16_inplace(dqkv, static_cast<size_t>(N) * cfg_.qkv_width());
 }
 
-void CpuModel::forward(const Batch& batch) {
+void CpuModel::begin_forward(const Batch& batch) {
   model::validate_batch(batch, cfg_);
   const int pieces = batch.num_pieces();
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
@@ -264,13 +287,17 @@ void CpuModel::forward(const Batch& batch) {
                   model::attention_saved_floats(cu_seqlens, pieces, cfg_.n_head, pos_offset));
   prefix_kv_.assign(static_cast<size_t>(pieces), nullptr);
   prefix_dkv_.assign(static_cast<size_t>(pieces), nullptr);
-  const int N = batch.N, C = cfg_.n_embd;
   // A sharded step's all-gather may still be arriving (params_arriving): each layer waits for its
   // own range only, so the gather of the later layers overlaps the earlier layers' forward.
   await_params(offsets_.embeddings_end());
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
-                         model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, C, pos_offset);
+                         model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, cfg_.n_embd, pos_offset);
   if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
+}
+
+void CpuModel::forward(const Batch& batch) {
+  begin_forward(batch);
+  const int N = batch.N;
   const float* residual = encoded_.data();
   for (int l = 0; l < cfg_.n_layer; ++l) {
     await_params(offsets_.block[size_t(l)] + offsets_.block_floats);
@@ -321,10 +348,7 @@ void CpuModel::block_forward(const Batch& batch, int layer, const float* residua
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, p.ln1_w, p.ln1_b, N);
   model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, cfg_.qkv_width(), h.ln1);
   if (cfg_.llama()) model::rope_forward(a.qkv, positions_.data(), N, shape_, rope_);
-  if (recomputing)
-    attention_recompute(batch, layer, a, a.atty);
-  else
-    attention_forward(batch, layer, a);
+  attention_forward(batch, layer, a, a.atty, recomputing);
   exchange_progress(batch);
   model::matmul_forward_residual(a.residual2, residual_in, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
   exchange_progress(batch);
@@ -336,24 +360,6 @@ void CpuModel::block_forward(const Batch& batch, int layer, const float* residua
   exchange_progress(batch);
   model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, F, C, h.fch_gelu);
   exchange_progress(batch);
-}
-
-void CpuModel::attention_recompute(const Batch& batch, int layer, const BlockActivations& a, float* out) {
-  const int pieces = batch.num_pieces();
-  const int32_t* cu_seqlens = batch.cu_seqlens.data();
-  model::KvExchange* exchange = batch.exchange;
-  if (exchange == nullptr) {
-    model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_);
-    return;
-  }
-  // The forward's two calls, so that every piece is computed exactly as it was.
-  const model::AttentionPrefix prefix = attention_prefix(batch);
-  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
-                           model::AttentionPieces::without_prefix);
-  if (prefix.offset == nullptr) return;
-  for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
-  model::attention_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, bf16_, prefix,
-                           model::AttentionPieces::with_prefix);
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
@@ -409,20 +415,27 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // final too.
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
 
-  // Blocks, last to first. dresidual carries the gradient of the residual stream; each norm's
+  backward_blocks_and_embeddings(batch, on_ready);
+  return loss;
+}
+
+void CpuModel::backward_blocks_and_embeddings(const Batch& batch, const model::GradReadyFn& on_ready) {
+  // Blocks, last to first. dresidual_ carries the gradient of the residual stream; each norm's
   // backward adds its input gradient into it, which is the residual connection.
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    block_backward(batch, l);
+    if (bf16_storage_)
+      block_backward_bf16(batch, l);
+    else
+      block_backward(batch, l);
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
   }
-
-  model::encoder_backward(grads + offsets_.wte, model::tensor_at(grads, offsets_.wpe), dresidual,
-                          batch.inputs.data(), batch.cu_seqlens.data(), batch.num_pieces(), C,
+  float* grads = grads_.data();
+  model::encoder_backward(grads + offsets_.wte, model::tensor_at(grads, offsets_.wpe), dresidual_.data(),
+                          batch.inputs.data(), batch.cu_seqlens.data(), batch.num_pieces(), cfg_.n_embd,
                           batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
   // The token embedding also holds a tied head's gradient, so it (with wpe next to it) is final
   // only now.
   if (on_ready) on_ready(offsets_.wte, offsets_.embeddings_end() - offsets_.wte);
-  return loss;
 }
 
 double CpuModel::head_backward(const Batch& batch, float loss_scale) {
@@ -476,7 +489,7 @@ void CpuModel::block_backward(const Batch& batch, int l) {
                                         C, C, h.atty);
   exchange_progress(batch);
   // dln_ is free until the QKV projection's backward: the recomputed output lands there.
-  if (recompute_ == Recompute::attention) attention_recompute(batch, l, a, dln_.data());
+  if (recompute_ == Recompute::attention) attention_forward(batch, l, a, dln_.data(), true);
   // The rows' dq|dk|dv, the later parts' dK/dV for our rows already added: RoPE's backward then
   // turns them back (the prefixes' gradients went out still rotated, as the K/V came in).
   attention_backward(batch, l, a);

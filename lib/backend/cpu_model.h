@@ -91,27 +91,40 @@ class CpuModel final : public ModelBase {
   BlockInputsBf16 block_inputs_bf16(int layer, int N);
   // Grows the activations to `tokens` rows and `att` saved-softmax floats per layer.
   void ensure_capacity(size_t tokens, size_t att);
+  // What both datapaths start a forward with: the batch checked, room for it, no prefixes yet, the
+  // embeddings into encoded_ (their weights awaited) and llama's positions.
+  void begin_forward(const model::Batch& batch);
   void forward(const model::Batch& batch);  // fills the activations up to the final norm
   // The LM head's logits, loss and gradient into dln_ (the final norm's output gradient); returns
   // the summed loss.
   double head_backward(const model::Batch& batch, float loss_scale);
   // One block's backward from dresidual_ (recomputing what train.recompute dropped).
   void block_backward(const model::Batch& batch, int layer);
+  // Both datapaths' backward after the final norm: the blocks, last to first (each block's
+  // gradients reported ready), then the embeddings.
+  void backward_blocks_and_embeddings(const model::Batch& batch, const model::GradReadyFn& on_ready);
   // One block's forward from residual_in. recomputing: in the backward, up to the GELU (the last
-  // projection's output is not needed), and attention without sends (attention_recompute).
+  // projection's output is not needed), and attention without sends.
   void block_forward(const model::Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
                      const BlockInputsBf16& h, bool recomputing);
-  // The backward's copy of one layer's attention forward: the saved softmax into a.att and the
-  // output into `out`, the prefixes read from the exchange, nothing sent (the forward sent them).
-  void attention_recompute(const model::Batch& batch, int layer, const BlockActivations& a, float* out);
-  // One layer's attention with the K/V exchange of cut pieces when batch.exchange is set
-  // (the calls in lib/model/kv_exchange.h's order); attention_backward also zeroes dqkv_ first.
-  void attention_forward(const model::Batch& batch, int layer, const BlockActivations& a);
+  // One layer's attention, the saved softmax into a.att and the output into `out`, with the K/V
+  // exchange of cut pieces when batch.exchange is set (the calls in lib/model/kv_exchange.h's
+  // order). recomputing: the backward's copy, the prefixes read from the exchange, nothing sent
+  // (the forward sent them). attention_backward writes dqkv_ from datty_. Both datapaths run
+  // them; attention_kernel_* pick the kernels (bf16 storage: the CUDA kernels' twins).
+  void attention_forward(const model::Batch& batch, int layer, const BlockActivations& a, float* out,
+                         bool recomputing);
+  void attention_backward(const model::Batch& batch, int layer, const BlockActivations& a);
+  void attention_kernel_forward(float* out, const BlockActivations& a, const model::Batch& batch,
+                                const model::AttentionPrefix& prefix = {},
+                                model::AttentionPieces which = model::AttentionPieces::all);
+  void attention_kernel_backward(const BlockActivations& a, const model::Batch& batch,
+                                 const model::AttentionPrefix& prefix = {},
+                                 model::AttentionPieces which = model::AttentionPieces::all);
   // Between kernels of a micro-batch with cut pieces: lets the K/V exchange move (kv_exchange.h).
   static void exchange_progress(const model::Batch& batch) {
     if (batch.exchange != nullptr) batch.exchange->progress();
   }
-  void attention_backward(const model::Batch& batch, int layer, const BlockActivations& a);
   // The architecture's steps of a block (spec.h): LayerNorm or RMSNorm (mean unused), and the
   // MLP's activation, GELU or SwiGLU. The backward writes dfch_ from dact (gpt2: dact is dfch_
   // itself, turned in place).
@@ -126,9 +139,6 @@ class CpuModel final : public ModelBase {
   void block_forward_bf16(const model::Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
                           bool recomputing);
   void block_backward_bf16(const model::Batch& batch, int layer);
-  void attention_forward_bf16(const model::Batch& batch, int layer, const BlockActivations& a, float* out,
-                              bool recomputing);
-  void attention_backward_bf16(const model::Batch& batch, int layer, const BlockActivations& a);
   // The weight copy the bf16 GEMMs read: param's position in params_bf16_ (null for null).
   const model::bf16* working(const float* param) const {
     return param == nullptr ? nullptr : params_bf16_.data() + (param - params_.data());

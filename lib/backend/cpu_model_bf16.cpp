@@ -13,16 +13,15 @@
 //   backward: the residual stream's gradient in fp32 with a bf16 copy that the GEMMs read; every
 //             other gradient of an activation rounded to bf16 where its kernel writes it; weight
 //             and bias gradients fp32 (DGELU and BGRADB epilogues, or their fallbacks).
-// Cut pieces: the K/V the exchange sends are the bf16 qkv values, and the dK/dV it brings are
-// added in fp32 and rounded, as the device's staging does.
-#include <algorithm>
+// The steps that are the fp32 model's too live in cpu_model.cpp: the embeddings, the blocks' loop
+// of the backward, and attention with the K/V exchange of cut pieces (the bf16 twins chosen
+// there), whose K/V are the bf16 qkv values and whose dK/dV are added in fp32 and rounded, as the
+// device's staging does.
 #include <cstring>
 
 #include "io/error.h"
 #include "lib/backend/cpu_model.h"
-#include "lib/model/attention_bf16.h"
 #include "lib/model/bf16_ops.h"
-#include "lib/model/encoder.h"
 #include "lib/model/rope.h"
 
 namespace kilter::backend {
@@ -30,21 +29,10 @@ namespace kilter::backend {
 using model::Batch;
 
 void CpuModel::forward_bf16(const Batch& batch) {
-  model::validate_batch(batch, cfg_);
-  const int pieces = batch.num_pieces();
-  const int32_t* cu_seqlens = batch.cu_seqlens.data();
-  const int32_t* pos_offset = batch.pos_offset.empty() ? nullptr : batch.pos_offset.data();
-  ensure_capacity(static_cast<size_t>(batch.N),
-                  model::attention_saved_floats(cu_seqlens, pieces, cfg_.n_head, pos_offset));
-  prefix_kv_.assign(static_cast<size_t>(pieces), nullptr);
-  prefix_dkv_.assign(static_cast<size_t>(pieces), nullptr);
+  begin_forward(batch);
   const int N = batch.N, C = cfg_.n_embd;
   float* params = params_.data();
-  await_params(offsets_.embeddings_end());
-  model::encoder_forward(encoded_.data(), batch.inputs.data(), params + offsets_.wte,
-                         model::tensor_at(params, offsets_.wpe), cu_seqlens, pieces, C, pos_offset);
   model::round_bf16_inplace(encoded_.data(), static_cast<size_t>(N) * C);
-  if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
   await_params(offsets_.block[0] + offsets_.block_floats);
   const BlockActivations first = block_activations(0, N);
   const BlockTensors p0 = block_tensors(params, 0);
@@ -74,7 +62,7 @@ void CpuModel::block_forward_bf16(const Batch& batch, int layer, const float* re
     model::rope_forward(a.qkv, positions_.data(), N, shape_, rope_);
     model::round_bf16_columns(a.qkv, N, shape_.row_width(), 0, shape_.q_width() + shape_.n_kv_head * shape_.head_dim);
   }
-  attention_forward_bf16(batch, layer, a, a.atty, recomputing);
+  attention_forward(batch, layer, a, a.atty, recomputing);
   exchange_progress(batch);
   float* projection = projection_.data();
   model::linear_forward_bf16(projection, nullptr, a.atty, working(p.attproj_w), working(p.attproj_b), N, Cq, C);
@@ -103,54 +91,6 @@ void CpuModel::block_forward_bf16(const Batch& batch, int layer, const float* re
   exchange_progress(batch);
 }
 
-void CpuModel::attention_forward_bf16(const Batch& batch, int layer, const BlockActivations& a, float* out,
-                                      bool recomputing) {
-  const int pieces = batch.num_pieces();
-  const int32_t* cu_seqlens = batch.cu_seqlens.data();
-  model::KvExchange* exchange = batch.exchange;
-  if (exchange == nullptr) {
-    model::attention_bf16_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_);
-    return;
-  }
-  // The forward sends (and waits) once; a recomputation reads the prefixes the exchange still holds.
-  if (!recomputing) exchange->forward_send(layer, a.qkv);
-  const model::AttentionPrefix prefix = attention_prefix(batch);
-  model::attention_bf16_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, prefix,
-                                model::AttentionPieces::without_prefix);
-  if (!recomputing) exchange->forward_wait(layer);
-  if (prefix.offset == nullptr) return;
-  for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
-  model::attention_bf16_forward(out, a.att, a.qkv, cu_seqlens, pieces, shape_, prefix,
-                                model::AttentionPieces::with_prefix);
-}
-
-void CpuModel::attention_backward_bf16(const Batch& batch, int layer, const BlockActivations& a) {
-  const int N = batch.N, pieces = batch.num_pieces();
-  const int32_t* cu_seqlens = batch.cu_seqlens.data();
-  float* dqkv = dqkv_.data();
-  model::KvExchange* exchange = batch.exchange;
-  if (exchange == nullptr) {
-    model::attention_bf16_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_);
-    return;
-  }
-  const model::AttentionPrefix prefix = attention_prefix(batch);
-  if (prefix.offset != nullptr) {
-    for (int p = 0; p < pieces; ++p) {
-      const bool has = prefix.of(p) > 0;
-      prefix_kv_[p] = has ? exchange->prefix_kv(layer, p) : nullptr;
-      prefix_dkv_[p] = has ? exchange->prefix_dkv(layer, p) : nullptr;
-    }
-    model::attention_bf16_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, prefix,
-                                   model::AttentionPieces::with_prefix);
-  }
-  exchange->backward_send(layer);
-  model::attention_bf16_backward(dqkv, datty_.data(), a.qkv, a.att, cu_seqlens, pieces, shape_, prefix,
-                                 model::AttentionPieces::without_prefix);
-  // The dK/dV of later parts elsewhere arrive in fp32 and are added, then rounded, to the rows'.
-  exchange->backward_wait_add(layer, dqkv);
-  model::round_bf16_inplace(dqkv, static_cast<size_t>(N) * cfg_.qkv_width());
-}
-
 double CpuModel::forward_loss_bf16(const Batch& batch) {
   forward_bf16(batch);
   return model::classifier_bf16(nullptr, nullptr, lnf_.data(), working(params_.data() + offsets_.head),
@@ -173,14 +113,7 @@ double CpuModel::forward_backward_bf16(const Batch& batch, float loss_scale, con
                             block_activations(cfg_.n_layer - 1, N).residual3, params + offsets_.lnf_w,
                             lnf_mean_.data(), lnf_rstd_.data(), N, C, norm_spec());
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    block_backward_bf16(batch, l);
-    if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
-  }
-  model::encoder_backward(grads + offsets_.wte, model::tensor_at(grads, offsets_.wpe), dresidual_.data(),
-                          batch.inputs.data(), batch.cu_seqlens.data(), batch.num_pieces(), C,
-                          batch.pos_offset.empty() ? nullptr : batch.pos_offset.data());
-  if (on_ready) on_ready(offsets_.wte, offsets_.embeddings_end() - offsets_.wte);
+  backward_blocks_and_embeddings(batch, on_ready);
   return loss;
 }
 
@@ -217,8 +150,8 @@ void CpuModel::block_backward_bf16(const Batch& batch, int l) {
                               N, Cq, C);
   exchange_progress(batch);
   // dln_ is free until the QKV projection's backward: a recomputed attention output lands there.
-  if (recompute_ == Recompute::attention) attention_forward_bf16(batch, l, a, dln_.data(), true);
-  attention_backward_bf16(batch, l, a);
+  if (recompute_ == Recompute::attention) attention_forward(batch, l, a, dln_.data(), true);
+  attention_backward(batch, l, a);
   if (cfg_.llama()) {
     model::rope_backward(dqkv_.data(), positions_.data(), N, shape_, rope_);
     model::round_bf16_columns(dqkv_.data(), N, shape_.row_width(), 0,

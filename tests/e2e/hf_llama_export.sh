@@ -7,6 +7,8 @@
 # logits; --dtype bf16 stores the fp32 weights rounded to nearest even; import then export
 # (train.init_from's reader, export's writer) gives the same tensors bit for bit, fp32 and bf16.
 # Skipped (exit 77) where the test-only venv with transformers is missing.
+# The steps shared with hf_export.sh: lib.sh (sentence_model, sentence_greedy) and
+# tests/python/hf_export_checks.py.
 # usage: hf_llama_export.sh KILTER KILTER_HF_TOOL   (KILTER_HF_PYTHON: the venv with transformers)
 source "$(dirname "$0")/lib.sh"
 set -E
@@ -14,20 +16,16 @@ trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" 
 TOOL=$(readlink -f "$2")
 hf_python_or_skip
 
-sentence_corpus corpus.txt
-"$KILTER" prep --input corpus.txt --format fortune --shards 1 --out data --quiet >/dev/null
 MODEL=(--model.arch=llama --model.n_layer=2 --model.n_head=4 --model.n_kv_head=2 --model.n_embd=64
-       --model.block_size=128 --data.max_tokens=1024 --output.trace_steps=0)
-timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train --data.dir=data "${MODEL[@]}" --train.tokens_per_step=1024 \
-  --train.steps=60 --train.warmup=5 --train.lr=3e-3 --output.log_every=30 --output.dir=runs/t \
-  > train.log 2>&1 || { cat train.log; fail "kilter train failed"; }
+       --model.block_size=128 --data.max_tokens=1024)
+sentence_model "${MODEL[@]}"
 # Two more shapes, a few steps each: tied + q/k/v biases (Qwen2), llama3 RoPE scaling.
 for variant in "qwen --model.tie_embeddings=true --model.qkv_bias=true --model.rope_theta=1000000" \
                "scaled --model.rope_scaling=llama3 --model.rope_factor=8 --model.rope_original_context=32"; do
   read -r name keys <<< "$variant"
   # shellcheck disable=SC2086
   timeout 300 "${MPIRUN[@]}" -np 1 "$KILTER" train --data.dir=data "${MODEL[@]}" $keys --train.tokens_per_step=1024 \
-    --train.steps=3 --output.dir="runs/$name" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: kilter train failed"; }
+    --train.steps=3 --output.trace_steps=0 --output.dir="runs/$name" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: kilter train failed"; }
   "$KILTER" export --format hf --run "runs/$name" --out "hf_$name" 2> "export_$name.log" \
     || { cat "export_$name.log"; fail "$name: export failed"; }
 done
@@ -39,21 +37,22 @@ grep -q "step 60 of runs/t/checkpoints/step-00000060.h5 -> hf (fp32, LlamaForCau
 "$KILTER" export --format hf --run runs/t --out hf16 --dtype bf16 2>/dev/null
 
 # kilter's logits (the KV-cache generator `kilter sample` runs) and greedy tokens.
-prompt="84,104,101,32,99,97,116,32,115,101,101,115,32,116,104,101,32,114,101,100,32,98,97,108,108,46,32,65,32"
-for run in t qwen scaled; do "$TOOL" logits "runs/$run" "$prompt" "logits_$run.f32" >/dev/null; done
-"$KILTER" sample --run runs/t --prompt-tokens "$prompt" --temperature 0 --max-new-tokens 64 --ignore-eos --json \
-  > greedy.json 2>/dev/null
+for run in t qwen scaled; do "$TOOL" logits "runs/$run" "$SENTENCE_PROMPT" "logits_$run.f32" >/dev/null; done
+sentence_greedy runs/t greedy.json
 
 # Import then export: through train.init_from's reader and export's writer, fp32 and bf16.
 "$TOOL" roundtrip hf back >/dev/null
 "$TOOL" roundtrip hf16 back16 bf16 >/dev/null
 "$TOOL" roundtrip hf_qwen back_qwen >/dev/null
 
-"$HFPY" - "$prompt" <<'PY'
+"$HFPY" - "$SRC/tests/python" "$SENTENCE_PROMPT" <<'PY'
 import json, sys
 import numpy as np, torch
+from safetensors.torch import load_file as load_torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
-ids = [int(x) for x in sys.argv[1].split(",")]
+sys.path.insert(0, sys.argv[1])
+from hf_export_checks import check_bf16_export, check_greedy
+ids = [int(x) for x in sys.argv[2].split(",")]
 
 def load(path, cls):
     model, info = cls.from_pretrained(path, output_loading_info=True)
@@ -78,21 +77,8 @@ model = load("hf", LlamaForCausalLM)
 config = json.load(open("hf/config.json"))
 assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2, config
 assert config["tie_word_embeddings"] is False and config["rope_scaling"] is None, config
-want = json.load(open("greedy.json"))["tokens"]
-assert len(want) == 64, len(want)
-with torch.no_grad():
-    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=64, eos_token_id=None, pad_token_id=0)
-got = out[0][len(ids):].tolist()
-assert got == want, f"greedy tokens differ:\n transformers {got}\n kilter       {want}"
-assert len(set(got)) > 3, f"the model generates almost one token ({set(got)}): train it longer"
-print(f"hf_llama_export: greedy generate == kilter sample --temperature 0 for {len(got)} tokens")
-
-from safetensors.torch import load_file as load_torch
-fp32, t16 = load_torch("hf/model.safetensors"), load_torch("hf16/model.safetensors")
-assert json.load(open("hf16/config.json"))["torch_dtype"] == "bfloat16"
-for name, value in fp32.items():
-    assert torch.equal(value.to(torch.bfloat16), t16[name]), name
-print(f"hf_llama_export: bf16 export == fp32 export rounded to bf16, {len(fp32)} tensors")
+check_greedy("hf_llama_export", model, ids, "greedy.json")
+check_bf16_export("hf_llama_export", "hf", "hf16")
 LlamaForCausalLM.from_pretrained("hf16")
 
 for src, back in [("hf", "back"), ("hf16", "back16"), ("hf_qwen", "back_qwen")]:

@@ -80,6 +80,21 @@ with open(sys.argv[1], "w") as f:
         f.write("\n%\n")
 PY
 }
+# The HF export tests' model: corpus.txt (sentence_corpus), its byte-level dataset data/, and a
+# model trained on it into runs/t, 60 steps on 2 ranks, long enough that greedy decoding varies.
+sentence_model() {  # sentence_model [MODEL ARGS]: the args give the model's shape; log in train.log
+  sentence_corpus corpus.txt
+  "$KILTER" prep --input corpus.txt --format fortune --shards 1 --out data --quiet >/dev/null
+  timeout 300 "${MPIRUN[@]}" -np 2 "$KILTER" train --data.dir=data "$@" --train.tokens_per_step=1024 \
+    --train.steps=60 --train.warmup=5 --train.lr=3e-3 --output.trace_steps=0 --output.log_every=30 \
+    --output.dir=runs/t > train.log 2>&1 || { cat train.log; fail "kilter train failed"; }
+}
+SENTENCE_PROMPT="84,104,101,32,99,97,116,32,115,101,101,115,32,116,104,101,32,114,101,100,32,98,97,108,108,46,32,65,32"
+sentence_greedy() {  # sentence_greedy RUN_DIR OUT: `kilter sample`'s 64 greedy tokens after SENTENCE_PROMPT
+  # ("The cat sees the red ball. A " in bytes) as --json writes them, for tests/python/hf_export_checks.py
+  "$KILTER" sample --run "$1" --prompt-tokens "$SENTENCE_PROMPT" --temperature 0 --max-new-tokens 64 --ignore-eos \
+    --json > "$2" 2>/dev/null
+}
 hf_python() {  # hf_python: sets HFPY to the test-only venv with transformers + safetensors, or fails
   HFPY=${KILTER_HF_PYTHON:-/opt/kilter-test-venv/bin/python}
   "$HFPY" -c "import transformers, safetensors, torch, h5py" 2>/dev/null \

@@ -9,12 +9,14 @@ every packed piece as a sequence of its own in float64, and checks:
 Prints one line per case; exit status 0 when every case is within them.
 usage: hf_llama_parity.py DUMP_DIR...
 """
-import json
 import os
 import sys
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_dump import check_gradients, load_weights, packed_pieces, read_dump  # noqa: E402
 
 LOGITS_TOL, LOSS_TOL, GRAD_TOL = 1e-4, 1e-5, 1e-4
 
@@ -40,12 +42,8 @@ def hf_model(cfg):
 
 
 def check(dump):
-    with open(os.path.join(dump, "layout.json")) as f:
-        meta = json.load(f)
+    meta, (params, grads, logits_kilter) = read_dump(dump, "params", "grads", "logits")
     cfg = meta["config"]
-    params = np.fromfile(os.path.join(dump, "params.f32"), dtype=np.float32)
-    grads = np.fromfile(os.path.join(dump, "grads.f32"), dtype=np.float32)
-    logits_kilter = np.fromfile(os.path.join(dump, "logits.f32"), dtype=np.float32)
     assert params.size == grads.size == meta["num_params"], "dump sizes do not match layout.json"
 
     torch.manual_seed(0)
@@ -54,18 +52,11 @@ def check(dump):
     kilter_names = [t["name"] for t in meta["tensors"]]
     assert sorted(kilter_names) == sorted(named), \
         f"tensor names differ:\n kilter {sorted(kilter_names)}\n hf     {sorted(named)}"
-    with torch.no_grad():
-        for t in meta["tensors"]:
-            p = named[t["name"]]
-            assert list(p.shape) == t["shape"], f"{t['name']}: transformers {list(p.shape)} vs kilter {t['shape']}"
-            p.copy_(torch.from_numpy(params[t["offset"]:t["offset"] + t["size"]].astype(np.float64)).view(p.shape))
+    load_weights(named, meta, params, "transformers")
 
-    batch = meta["batch"]
-    inputs = torch.tensor(batch["inputs"], dtype=torch.long)
-    targets = torch.tensor(batch["targets"], dtype=torch.long)
-    cu = batch["cu_seqlens"]
+    inputs, targets, pieces = packed_pieces(meta)
     loss_sum, logits = 0.0, []
-    for a, b in zip(cu[:-1], cu[1:]):
+    for a, b in pieces:
         out = model(input_ids=inputs[a:b].view(1, -1), use_cache=False).logits[0]
         logits.append(out.detach())
         loss_sum = loss_sum + torch.nn.functional.cross_entropy(out, targets[a:b], ignore_index=-1, reduction="sum")
@@ -81,15 +72,7 @@ def check(dump):
     loss_err = abs(loss_hf - loss_kilter)
     if not loss_err <= LOSS_TOL:
         failures.append(f"loss {loss_err:.2e}")
-    worst = (0.0, "")
-    for t in meta["tensors"]:
-        ref = named[t["name"]].grad.detach().numpy().reshape(-1)
-        got = grads[t["offset"]:t["offset"] + t["size"]].astype(np.float64)
-        scale = np.abs(ref).max()
-        err = float(np.abs(got - ref).max() / scale) if scale > 0 else float(np.abs(got).max())
-        worst = max(worst, (err, t["name"]))
-        if not err <= GRAD_TOL:
-            failures.append(f"grad {t['name']} {err:.2e}")
+    worst = check_gradients(named, meta, grads, GRAD_TOL, failures)
     kind = type(model).__name__
     print(f"{cfg['case']:7s} {kind}: heads {cfg['n_head']}/{cfg['n_kv_head']} kv, tied {cfg['tied']}, "
           f"rope {cfg['rope_scaling']}, qkv_bias {cfg['qkv_bias']}: logits max diff {logits_err:.1e}, "

@@ -6,11 +6,9 @@
 // llama3, head_dim, hidden_act, mlp_bias, a short sliding window, a non-zero o_proj bias).
 // The parity with transformers itself is tests/e2e/llama_parity.sh's and hf_llama_*.sh's.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -21,34 +19,14 @@
 #include "io/export/safetensors.h"
 #include "lib/train/checkpoint_model.h"
 #include "lib/train/hf_interop.h"
+#include "tests/unit/io_testing.h"
+#include "tests/unit/model_testing.h"
 
 namespace kilter::train {
 namespace {
 
-namespace fs = std::filesystem;
-
-class Scratch {
- public:
-  Scratch() : dir_(fs::temp_directory_path() / ("kilter-hf-llama-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~Scratch() { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
- private:
-  fs::path dir_;
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_TRUE(e.is_user_error()) << e.what();
-    return e.message();
-  }
-  return "";
-}
+using io::testing::ScratchDir;
+using io::testing::user_error_message;
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -64,14 +42,7 @@ struct TinyLlama {
   std::vector<float> params;
   io::CheckpointInfo info;
   explicit TinyLlama(const std::function<void(model::ModelSpec&)>& adjust = {}) {
-    spec.arch = "llama";
-    spec.n_layer = 2;
-    spec.n_head = 4;
-    spec.n_kv_head = 2;
-    spec.n_embd = 16;
-    spec.ffn_hidden = 24;
-    spec.block_size = 16;
-    spec.vocab_size = 11;
+    spec = model::testing::tiny_llama_config(16, 11);
     if (adjust) adjust(spec);
     layout = model::ParamLayout::build(spec);
     params.resize(layout.num_params);
@@ -96,7 +67,7 @@ struct TinyLlama {
 };
 
 TEST(HfLlama, ExportWritesLlamaForCausalLMUnderHfNames) {
-  Scratch s;
+  ScratchDir s;
   const TinyLlama m;
   m.export_to(s.path("hf"));
   const nlohmann::json config = read_json(s.path("hf/config.json"));
@@ -131,7 +102,7 @@ TEST(HfLlama, ExportWritesLlamaForCausalLMUnderHfNames) {
 }
 
 TEST(HfLlama, TiedBiasedAndScaledModels) {
-  Scratch s;
+  ScratchDir s;
   const TinyLlama tied([](model::ModelSpec& spec) {
     spec.tie_embeddings = "true";
     spec.rope_scaling = "llama3";
@@ -180,11 +151,11 @@ std::string refusal(const TinyLlama& m, const std::string& dir, const std::funct
   nlohmann::json config = read_json(dir + "/config.json");
   edit(config);
   write_json(dir + "/config.json", config);
-  return error_of([&] { m.load(dir, run); });
+  return user_error_message([&] { m.load(dir, run); });
 }
 
 TEST(HfLlama, KeysThatDifferFromTheRunAreNamedBothWays) {
-  Scratch s;
+  ScratchDir s;
   const TinyLlama m;
   const std::string dir = m.export_to(s.path("hf"));
   const std::string config = dir + "/config.json";
@@ -232,7 +203,7 @@ TEST(HfLlama, KeysThatDifferFromTheRunAreNamedBothWays) {
 }
 
 TEST(HfLlama, WhatKilterDoesNotComputeIsRefusedNamingTheField) {
-  Scratch s;
+  ScratchDir s;
   const TinyLlama m;
   const std::string dir = m.export_to(s.path("hf"));
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
@@ -259,7 +230,7 @@ TEST(HfLlama, WhatKilterDoesNotComputeIsRefusedNamingTheField) {
 }
 
 TEST(HfLlama, MistralAndQwen2Configs) {
-  Scratch s;
+  ScratchDir s;
   const TinyLlama m;
   const std::string dir = m.export_to(s.path("hf"));
   const auto as_mistral = [](int window) {
@@ -292,7 +263,7 @@ TEST(HfLlama, MistralAndQwen2Configs) {
 }
 
 TEST(HfLlama, LlamaAttentionBiasLoadsOnlyWithZeroOutputBiases) {
-  Scratch s;
+  ScratchDir s;
   const TinyLlama m([](model::ModelSpec& spec) { spec.qkv_bias = true; });
   const std::string dir = m.export_to(s.path("hf"));
   // Rewrite the directory as Llama with attention_bias: o_proj gets a bias of its own.
@@ -311,12 +282,12 @@ TEST(HfLlama, LlamaAttentionBiasLoadsOnlyWithZeroOutputBiases) {
   write_weights(zeros);
   EXPECT_EQ(m.load(dir), m.params);
   write_weights(ones);
-  const std::string e = error_of([&] { m.load(dir); });
+  const std::string e = user_error_message([&] { m.load(dir); });
   EXPECT_NE(e.find("tensor model.layers.0.self_attn.o_proj.bias is not zero"), std::string::npos) << e;
 }
 
 TEST(HfLlama, UntiedGpt2ExportsItsHead) {
-  Scratch s;
+  ScratchDir s;
   model::ModelSpec spec{2, 2, 8, 16, 11};
   spec.tie_embeddings = "false";
   const model::ParamLayout layout = model::ParamLayout::build(spec);

@@ -2,13 +2,10 @@
 // naming the file; the HF GPT-2 directory (Conv1D transposes, config checks) and train.init_from's
 // refusals (shape, layers, vocabulary) with the names a user acts on.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,49 +13,22 @@
 #include "io/export/hf_gpt2.h"
 #include "io/export/safetensors.h"
 #include "lib/train/hf_interop.h"
+#include "tests/unit/io_testing.h"
 
 namespace kilter::io {
 namespace {
 
-namespace fs = std::filesystem;
-
-class Scratch {
- public:
-  Scratch() : dir_(fs::temp_directory_path() / ("kilter-safetensors-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~Scratch() { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
- private:
-  fs::path dir_;
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-}
+using testing::error_message;
+using testing::read_file;
+using testing::ScratchDir;
+using testing::write_file;
 
 TEST(Safetensors, WritesAndReadsBackF32Exactly) {
-  Scratch s;
+  ScratchDir s;
   const std::vector<float> a = {1.5f, -2.25f, 3e-8f, 1e30f, 0.f, -0.f};
   const std::vector<float> b = {7.f, 8.f, 9.f};
   write_safetensors(s.path("m.safetensors"), {{"a", {2, 3}, a.data()}, {"b", {3}, b.data()}}, "F32", {{"format", "pt"}});
-  const std::string bytes = read_bytes(s.path("m.safetensors"));
+  const std::string bytes = read_file(s.path("m.safetensors"));
   uint64_t header = 0;
   for (int i = 0; i < 8; ++i) header |= uint64_t(uint8_t(bytes[size_t(i)])) << (8 * i);
   EXPECT_EQ(header % 8, 0u);  // the data section starts 8-byte aligned
@@ -77,7 +47,7 @@ TEST(Safetensors, Bf16RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
   EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
-  Scratch s;
+  ScratchDir s;
   const std::vector<float> v = {0.1f, -3.3f, 1234.5f};
   write_safetensors(s.path("h.safetensors"), {{"v", {3}, v.data()}}, "BF16");
   const auto t = read_safetensors(s.path("h.safetensors"));
@@ -86,35 +56,35 @@ TEST(Safetensors, Bf16RoundsToNearestEven) {
 }
 
 TEST(Safetensors, DamagedFilesAreRefusedNamingTheFile) {
-  Scratch s;
+  ScratchDir s;
   const std::vector<float> a = {1, 2, 3, 4};
   const std::string good = s.path("good.safetensors");
   write_safetensors(good, {{"a", {4}, a.data()}}, "F32");
-  const std::string bytes = read_bytes(good);
+  const std::string bytes = read_file(good);
 
   const std::string truncated = s.path("truncated.safetensors");
-  write_bytes(truncated, bytes.substr(0, bytes.size() - 3));
-  std::string e = error_of([&] { read_safetensors(truncated); });
+  write_file(truncated, bytes.substr(0, bytes.size() - 3));
+  std::string e = error_message([&] { read_safetensors(truncated); });
   EXPECT_NE(e.find(truncated), std::string::npos) << e;
   EXPECT_NE(e.find("tensor a"), std::string::npos) << e;
 
   const std::string huge_header = s.path("header.safetensors");
   std::string bad = bytes;
   bad[7] = '\x40';
-  write_bytes(huge_header, bad);
-  e = error_of([&] { read_safetensors(huge_header); });
+  write_file(huge_header, bad);
+  e = error_message([&] { read_safetensors(huge_header); });
   EXPECT_NE(e.find("header length"), std::string::npos) << e;
 
   const std::string not_json = s.path("json.safetensors");
   bad = bytes;
   bad[8] = '[';
   bad[9] = '[';
-  write_bytes(not_json, bad);
-  EXPECT_NE(error_of([&] { read_safetensors(not_json); }).find("not JSON"), std::string::npos);
+  write_file(not_json, bad);
+  EXPECT_NE(error_message([&] { read_safetensors(not_json); }).find("not JSON"), std::string::npos);
 
   const std::string tiny = s.path("tiny.safetensors");
-  write_bytes(tiny, "abc");
-  EXPECT_NE(error_of([&] { read_safetensors(tiny); }).find("not a safetensors file"), std::string::npos);
+  write_file(tiny, "abc");
+  EXPECT_NE(error_message([&] { read_safetensors(tiny); }).find("not a safetensors file"), std::string::npos);
 }
 
 // A tiny model as kilter lays it out, with distinct values everywhere.
@@ -132,7 +102,7 @@ struct TinyModel {
 };
 
 TEST(HfGpt2, ExportTransposesConv1DAndReadsBackExactly) {
-  Scratch s;
+  ScratchDir s;
   TinyModel m;
   const auto files = train::write_hf_model(s.path("hf"), m.info, m.layout, m.params.data(), {});
   EXPECT_EQ(files.size(), 3u);  // no tokenizer files for a dataset without one
@@ -140,7 +110,7 @@ TEST(HfGpt2, ExportTransposesConv1DAndReadsBackExactly) {
   const model::ParamTensor& c_fc = m.layout.find("transformer.h.1.mlp.c_fc.weight");  // [4C, C] in kilter
   ASSERT_EQ(raw.at(c_fc.name).shape, (std::vector<int64_t>{8, 32}));                 // [C, 4C] in HF
   EXPECT_EQ(raw.at(c_fc.name).values[1], m.params[c_fc.offset + 8]);                  // (in 0, out 1) = kilter (1, 0)
-  const nlohmann::json config = nlohmann::json::parse(read_bytes(s.path("hf/config.json")));
+  const nlohmann::json config = nlohmann::json::parse(read_file(s.path("hf/config.json")));
   EXPECT_EQ(config["activation_function"], "gelu_new");
   EXPECT_EQ(config["n_positions"], 16);
   EXPECT_EQ(config["eos_token_id"], 10);
@@ -153,26 +123,26 @@ TEST(HfGpt2, ExportTransposesConv1DAndReadsBackExactly) {
         << t.name;
   }
   // An existing non-empty directory is not overwritten without force.
-  EXPECT_NE(error_of([&] { train::write_hf_model(s.path("hf"), m.info, m.layout, m.params.data(), {}); }).find("--force"),
+  EXPECT_NE(error_message([&] { train::write_hf_model(s.path("hf"), m.info, m.layout, m.params.data(), {}); }).find("--force"),
             std::string::npos);
 }
 
 TEST(HfGpt2, ConfigsKilterCannotComputeAreRefused) {
-  Scratch s;
+  ScratchDir s;
   TinyModel m;
   train::write_hf_model(s.path("hf"), m.info, m.layout, m.params.data(), {});
-  nlohmann::json config = nlohmann::json::parse(read_bytes(s.path("hf/config.json")));
+  nlohmann::json config = nlohmann::json::parse(read_file(s.path("hf/config.json")));
   config["activation_function"] = "relu";
-  write_bytes(s.path("hf/config.json"), config.dump());
-  EXPECT_NE(error_of([&] { read_hf_gpt2(s.path("hf")); }).find("activation_function"), std::string::npos);
+  write_file(s.path("hf/config.json"), config.dump());
+  EXPECT_NE(error_message([&] { read_hf_gpt2(s.path("hf")); }).find("activation_function"), std::string::npos);
   config["activation_function"] = "gelu_new";
   config["tie_word_embeddings"] = false;
-  write_bytes(s.path("hf/config.json"), config.dump());
-  EXPECT_NE(error_of([&] { read_hf_gpt2(s.path("hf")); }).find("tie_word_embeddings"), std::string::npos);
+  write_file(s.path("hf/config.json"), config.dump());
+  EXPECT_NE(error_message([&] { read_hf_gpt2(s.path("hf")); }).find("tie_word_embeddings"), std::string::npos);
 }
 
 TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
-  Scratch s;
+  ScratchDir s;
   TinyModel m;
   train::write_hf_model(s.path("hf"), m.info, m.layout, m.params.data(), {});
   const std::vector<float> init(m.layout.num_params, 0.5f);
@@ -186,7 +156,7 @@ TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
   model::ModelSpec wider = m.gpt;
   wider.block_size = 32;
   const model::ParamLayout wider_layout = model::ParamLayout::build(wider);
-  std::string e = error_of([&] {
+  std::string e = error_message([&] {
     train::read_initial_weights(s.path("hf"), wider, wider_layout, vocab, "strict",
                                 std::vector<float>(wider_layout.num_params), note);
   });
@@ -196,7 +166,7 @@ TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
   model::ModelSpec deeper = m.gpt;
   deeper.n_layer = 3;
   const model::ParamLayout deeper_layout = model::ParamLayout::build(deeper);
-  e = error_of([&] {
+  e = error_message([&] {
     train::read_initial_weights(s.path("hf"), deeper, deeper_layout, vocab, "strict",
                                 std::vector<float>(deeper_layout.num_params), note);
   });
@@ -207,7 +177,7 @@ TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
   bigger.vocab_size = 13;
   const model::ParamLayout bigger_layout = model::ParamLayout::build(bigger);
   const train::RunVocabulary bigger_vocab{"data", "synthetic", "", 13};
-  e = error_of([&] {
+  e = error_message([&] {
     train::read_initial_weights(s.path("hf"), bigger, bigger_layout, bigger_vocab, "strict",
                                 std::vector<float>(bigger_layout.num_params), note);
   });
@@ -222,7 +192,7 @@ TEST(InitFrom, RefusalsNameTheTensorShapesAndKey) {
   const model::ParamTensor& wpe = bigger_layout.find("transformer.wpe.weight");
   EXPECT_EQ(resized[wpe.offset], m.params[m.layout.find("transformer.wpe.weight").offset]);
 
-  e = error_of([&] {
+  e = error_message([&] {
     train::read_initial_weights(s.path("nothing"), m.gpt, m.layout, vocab, "strict", init, note);
   });
   EXPECT_NE(e.find("neither a Hugging Face GPT-2 directory"), std::string::npos) << e;

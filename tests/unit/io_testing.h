@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,11 @@ inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 // Runs `f`, expecting a kilter::Error whose message contains every one of `needles`.
 template <typename F>
 void expect_error(F&& f, const std::vector<std::string>& needles) {
@@ -116,6 +122,27 @@ void expect_error(F&& f, const std::vector<std::string>& needles) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
           << "message lacks '" << needle << "': " << e.what();
   }
+}
+
+// The message of the kilter::Error that `f` throws; "" when it throws none.
+inline std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+// As error_message, and the error must be a user's: a file or a key the user gave and can fix.
+inline std::string user_error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.is_user_error()) << e.what();
+    return e.message();
+  }
+  return "";
 }
 
 inline bool any_contains(const std::vector<std::string>& lines, const std::string& needle) {

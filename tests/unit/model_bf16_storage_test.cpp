@@ -57,15 +57,7 @@ std::vector<float> rounded(std::vector<float> x) {
   return x;
 }
 
-ModelSpec gpt2_config() {
-  ModelSpec cfg;
-  cfg.n_layer = 3;
-  cfg.n_head = 4;
-  cfg.n_embd = 32;
-  cfg.block_size = 160;
-  cfg.vocab_size = 61;
-  return cfg;
-}
+ModelSpec gpt2_config() { return testing::gpt2_config(3, 4, 32, 160, 61); }
 
 ModelSpec llama_config() {
   ModelSpec cfg = gpt2_config();

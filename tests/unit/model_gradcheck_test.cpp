@@ -22,46 +22,25 @@ namespace kilter::model {
 namespace {
 
 using backend::CpuModel;
-using testing::central_difference;
 using testing::make_batch;
 using testing::max_abs;
-using testing::random_vector;
+using testing::model_gradient_mismatches;
+using testing::randomize_params;
 using testing::sub_batch;
 using testing::tiny_config;
-
-// Parameters away from GPT-2's init (biases 0, LN weights 1) so every path carries signal.
-void randomize(CpuModel& model, uint64_t seed) {
-  std::vector<float> p = random_vector(model.layout().num_params, seed, 0.3);
-  model.set_params(p.data());
-}
 
 TEST(ModelGradCheck, EveryParameterTensorMatchesFiniteDifferences) {
   const ModelSpec cfg = tiny_config();
   CpuModel model(cfg, 1);
-  randomize(model, 21);
+  randomize_params(model, 21);
   // A packed micro-batch of mixed piece lengths (a full-context piece and a piece of length 1
   // among them) with positions that have no target.
   const Batch batch = make_batch({8, 5, 1, 3, 2}, cfg.vocab_size, 22, {{0, 7}, {1, 2}});
-  const float loss_scale = 0.5f;
-  model.zero_grads();
-  const double loss = model.forward_backward(batch, loss_scale, {});
-  EXPECT_NEAR(loss, model.forward_loss(batch), 1e-9 * loss);
-  std::vector<float> grads(model.grads(), model.grads() + model.layout().num_params);
-  auto objective = [&] { return loss_scale * model.forward_loss(batch); };
-  SplitMix64 pick(23);
-  for (const ParamTensor& tensor : model.layout().tensors) {
-    const double scale = max_abs(grads.data() + tensor.offset, tensor.size);
-    ASSERT_GT(scale, 0.0) << tensor.name << " has an all-zero gradient";
-    for (int k = 0; k < 6; ++k) {
-      const size_t i = tensor.offset + pick.next() % tensor.size;
-      const double fd = central_difference(objective, model.params() + i, 0.0078125);
-      EXPECT_NEAR(grads[i], fd, 1e-2 * scale + 1e-4) << tensor.name << " element " << i - tensor.offset;
-    }
-  }
+  for (const std::string& mismatch : model_gradient_mismatches(model, batch, 0.5f, 23)) ADD_FAILURE() << mismatch;
   // Positions restart in every piece: with pieces of 5 and 3 tokens, positions >= 5 get exactly
   // zero position-embedding gradient (one sequence of 8 would reach position 7).
   CpuModel model_short(cfg, 1);
-  randomize(model_short, 21);
+  randomize_params(model_short, 21);
   const Batch short_batch = make_batch({5, 3}, cfg.vocab_size, 24);
   model_short.zero_grads();
   model_short.forward_backward(short_batch, 1.0f, {});
@@ -75,7 +54,7 @@ TEST(ModelGradCheck, EveryParameterTensorMatchesFiniteDifferences) {
 TEST(ModelGradCheck, PieceIsUnaffectedByOtherPiecesAndByPadding) {
   const ModelSpec cfg = tiny_config();
   CpuModel model(cfg, 1);
-  randomize(model, 31);
+  randomize_params(model, 31);
   const size_t n = model.layout().num_params;
   const Batch packed = make_batch({5, 1, 7, 2}, cfg.vocab_size, 32);
   model.zero_grads();
@@ -111,7 +90,7 @@ TEST(ModelGradCheck, PieceIsUnaffectedByOtherPiecesAndByPadding) {
 TEST(ModelGradCheck, ReadyCallbacksCoverTheBufferInBackwardOrder) {
   const ModelSpec cfg = tiny_config();
   CpuModel model(cfg, 64);
-  randomize(model, 41);
+  randomize_params(model, 41);
   const ParamLayout& layout = model.layout();
   const Batch batch = make_batch({8, 6}, cfg.vocab_size, 42);
   model.zero_grads();

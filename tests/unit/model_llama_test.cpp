@@ -28,19 +28,13 @@ using backend::CpuModel;
 using testing::central_difference;
 using testing::make_batch;
 using testing::max_abs;
+using testing::model_gradient_mismatches;
 using testing::random_vector;
+using testing::randomize_params;
 
-// A small Llama: 4 query heads over 2 K/V heads of 4 columns, an MLP of 24.
+// A small Llama (model_testing.h) of a 12-token context.
 ModelSpec llama_config() {
-  ModelSpec cfg;
-  cfg.arch = "llama";
-  cfg.n_layer = 2;
-  cfg.n_head = 4;
-  cfg.n_kv_head = 2;
-  cfg.n_embd = 16;
-  cfg.ffn_hidden = 24;
-  cfg.block_size = 12;
-  cfg.vocab_size = 13;
+  ModelSpec cfg = testing::tiny_llama_config(12, 13);
   cfg.rope_theta = 500;  // turns visibly within 12 positions
   return cfg;
 }
@@ -48,25 +42,9 @@ ModelSpec llama_config() {
 // Gradients of every tensor against five-point differences, as the GPT-2 check does.
 void expect_gradients_match(const ModelSpec& cfg, uint64_t seed) {
   CpuModel model(cfg, 1);
-  std::vector<float> p = random_vector(model.layout().num_params, seed, 0.3);
-  model.set_params(p.data());
+  randomize_params(model, seed);
   const Batch batch = make_batch({cfg.block_size, 5, 1, 3}, cfg.vocab_size, seed + 1, {{1, 4}});
-  const float loss_scale = 0.5f;
-  model.zero_grads();
-  const double loss = model.forward_backward(batch, loss_scale, {});
-  EXPECT_NEAR(loss, model.forward_loss(batch), 1e-9 * loss);
-  std::vector<float> grads(model.grads(), model.grads() + model.layout().num_params);
-  auto objective = [&] { return loss_scale * model.forward_loss(batch); };
-  SplitMix64 pick(seed + 2);
-  for (const ParamTensor& tensor : model.layout().tensors) {
-    const double scale = max_abs(grads.data() + tensor.offset, tensor.size);
-    ASSERT_GT(scale, 0.0) << tensor.name << " has an all-zero gradient";
-    for (int k = 0; k < 6; ++k) {
-      const size_t i = tensor.offset + pick.next() % tensor.size;
-      const double fd = central_difference(objective, model.params() + i, 0.0078125);
-      EXPECT_NEAR(grads[i], fd, 1e-2 * scale + 1e-4) << tensor.name << " element " << i - tensor.offset;
-    }
-  }
+  for (const std::string& mismatch : model_gradient_mismatches(model, batch, 0.5f, seed + 2)) ADD_FAILURE() << mismatch;
 }
 
 TEST(ModelLlama, GroupedQueryUntiedMatchesFiniteDifferences) { expect_gradients_match(llama_config(), 11); }

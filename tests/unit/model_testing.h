@@ -1,10 +1,12 @@
-// Helpers shared by the model unit tests: random fills, a tiny GPT configuration, packed
-// batches of mixed piece lengths, and the finite-difference rule the gradient checks use.
+// Helpers shared by the model unit tests: random fills, small GPT-2 and Llama configurations,
+// packed batches of mixed piece lengths, and the finite-difference rule the gradient checks use.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "lib/model/gemm.h"
@@ -20,14 +22,32 @@ inline std::vector<float> random_vector(size_t n, uint64_t seed, double stddev =
   return v;
 }
 
-inline ModelSpec tiny_config() {
+// A GPT-2 of this shape, every other [model] key at its default.
+inline ModelSpec gpt2_config(int n_layer, int n_head, int n_embd, int block_size, int vocab_size) {
   ModelSpec cfg;
-  cfg.n_layer = 2;
-  cfg.n_head = 2;
-  cfg.n_embd = 8;
-  cfg.block_size = 8;
-  cfg.vocab_size = 11;
+  cfg.n_layer = n_layer;
+  cfg.n_head = n_head;
+  cfg.n_embd = n_embd;
+  cfg.block_size = block_size;
+  cfg.vocab_size = vocab_size;
   return cfg;
+}
+
+inline ModelSpec tiny_config() { return gpt2_config(2, 2, 8, 8, 11); }
+
+// A small Llama: 2 layers, 4 query heads over 2 K/V heads of 4 columns, an MLP of 24, untied.
+inline ModelSpec tiny_llama_config(int block_size, int vocab_size) {
+  ModelSpec cfg = gpt2_config(2, 4, 16, block_size, vocab_size);
+  cfg.arch = "llama";
+  cfg.n_kv_head = 2;
+  cfg.ffn_hidden = 24;
+  return cfg;
+}
+
+// Weights away from GPT-2's init (biases 0, norm weights 1), so that every path carries signal.
+inline void randomize_params(Model& model, uint64_t seed) {
+  const std::vector<float> p = random_vector(model.layout().num_params, seed, 0.3);
+  model.set_params(p.data());
 }
 
 // A packed batch of pieces of the given lengths (each >= 1); tokens and targets drawn from
@@ -81,6 +101,57 @@ inline double max_abs(const float* x, size_t n) {
   double m = 0.0;
   for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
   return m;
+}
+
+// The model gradient check: `per_tensor` elements of every parameter tensor, picked from `seed`,
+// whose analytic gradient must be within 1e-2 * max|analytic of that tensor| + 1e-4 of the
+// five-point difference (h = 2^-7) of `objective`, which reads the weights at `params` (each
+// element perturbed in place and restored). Returns a line per element outside that, and per
+// tensor whose gradient is all zero (it was not reached); none when the gradients agree.
+inline std::vector<std::string> gradient_mismatches(const ParamLayout& layout, const float* analytic, float* params,
+                                                    const std::function<double()>& objective, uint64_t seed,
+                                                    int per_tensor = 6) {
+  std::vector<std::string> mismatches;
+  SplitMix64 pick(seed);
+  for (const ParamTensor& tensor : layout.tensors) {
+    const double scale = max_abs(analytic + tensor.offset, tensor.size);
+    if (!(scale > 0.0)) {
+      mismatches.push_back(tensor.name + " has an all-zero gradient");
+      continue;
+    }
+    for (int k = 0; k < per_tensor; ++k) {
+      const size_t i = tensor.offset + pick.next() % tensor.size;
+      const double fd = central_difference(objective, params + i, 0.0078125);
+      const double allowed = 1e-2 * scale + 1e-4;
+      if (std::fabs(analytic[i] - fd) <= allowed) continue;
+      std::ostringstream line;
+      line << tensor.name << " element " << i - tensor.offset << ": analytic " << analytic[i] << ", difference " << fd
+           << ", allowed " << allowed;
+      mismatches.push_back(line.str());
+    }
+  }
+  return mismatches;
+}
+
+// The whole model's gradient check, on a model whose weights live in host memory (the CPU
+// backend): forward_backward of `batch` at its weights, then gradient_mismatches against
+// loss_scale * forward_loss(batch). The loss forward_backward returns must be forward_loss's (to
+// 1e-9 relative).
+inline std::vector<std::string> model_gradient_mismatches(Model& model, const Batch& batch, float loss_scale,
+                                                          uint64_t seed) {
+  model.zero_grads();
+  const double loss = model.forward_backward(batch, loss_scale, {});
+  const double evaluated = model.forward_loss(batch);
+  const std::vector<float> grads(model.grads(), model.grads() + model.layout().num_params);
+  std::vector<std::string> mismatches = gradient_mismatches(
+      model.layout(), grads.data(), model.params(), [&] { return loss_scale * model.forward_loss(batch); }, seed);
+  if (!(std::fabs(loss - evaluated) <= 1e-9 * loss)) {
+    std::ostringstream line;
+    line.precision(17);
+    line << "forward_backward's loss " << loss << " is not forward_loss's " << evaluated;
+    mismatches.insert(mismatches.begin(), line.str());
+  }
+  return mismatches;
 }
 
 // Sets the GEMM threads for a scope and restores them after: tests whose threads are the ranks run
