@@ -7,7 +7,8 @@
 # window) and at the hand-over, and what the background thread does (the window's fit, the epoch's
 # plan with the fitted model, the comparison on 32 steps; docs/plan.md, "In-run calibration").
 # The GPT-2 row sets the training thread's share beside one step of inputs/gpt2-124m.ini on the
-# GPU figures of docs/gpu.md (bf16, 136,984 tokens/s per H100): 524288 tokens over P GPUs.
+# GPU figures of docs/gpu.md (bf16, 136,984 tokens/s per H200 as kilter measured it; also at
+# torch.compile's 466,103 tokens/s on that GPU, the speed issue 37 aims for): 524288 tokens over P GPUs.
 #   bench/replan_cost.sh [BUILD_DIR]    (default build: kilter and kilter_bench_replan)
 #   env: SHAPES (default "p1024 gpt2 llama8192")
 # Never run as a test (minutes of CPU; the Llama row plans 3 million documents twice).
@@ -17,7 +18,8 @@ KILTER=$BUILD/kilter
 BENCH=$BUILD/kilter_bench_replan
 SHAPES=${SHAPES:-"p1024 gpt2 llama8192"}
 [[ -x $KILTER && -x $BENCH ]] || { echo "bench/replan_cost.sh: build kilter and kilter_bench_replan in $BUILD" >&2; exit 2; }
-GPU_TOKENS_PER_SECOND=136984  # GPT-2 124M, bf16, one H100 (docs/gpu.md, bench/gpu_step.sh)
+GPU_TOKENS_PER_SECOND=136984  # GPT-2 124M, bf16, one H200, kilter (docs/gpu.md, bench/gpu_step.sh)
+GPU_TOKENS_TARGET=466103      # the same on torch.compile, same GPU (docs/gpu.md)
 
 row() {  # row NAME LENGTHS DOCS P CONTEXT MAX_TOKENS STEP_TOKENS [kilter plan options...]
   local name=$1 lengths=$2 docs=$3 P=$4 ctx=$5 max=$6 step=$7
@@ -30,18 +32,18 @@ row() {  # row NAME LENGTHS DOCS P CONTEXT MAX_TOKENS STEP_TOKENS [kilter plan o
   local out
   out=$("$BENCH" --lengths "$lengths" --docs "$docs" --world-size "$P" --context "$ctx" --max-tokens "$max" \
     --tokens-per-step "$step" --cost-b "$b" --cost-c "$c" --cost-t "$t")
-  python3 - "$name" "$out" "$plan" "$step" "$GPU_TOKENS_PER_SECOND" <<'PY'
+  python3 - "$name" "$out" "$plan" "$step" "$GPU_TOKENS_PER_SECOND" "$GPU_TOKENS_TARGET" <<'PY'
 import json, sys
-name, r, plan, step_tokens, gpu = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+name, r, plan, step_tokens = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
 P = r["world_size"]
 loop = r["records_per_step_seconds"]
 print(f"{name:<10} P={P:<5} {r['steps']:>5} steps/epoch | training thread: {loop * 1e3:8.3f} ms per step (records), "
       f"{r['handover_seconds'] * 1e3:6.3f} ms at the hand-over | background: fit {r['fit_seconds']:.3f} s "
       f"({r['fit_rows']} rows), re-plan {r['replan_seconds']:.2f} s ({r['replan_seconds_per_step'] * 1e3:.2f} ms per step), "
       f"compare {r['compare_seconds']:.3f} s ({r['compared_steps']} steps) | kilter plan: {plan['plan_build_cpu_seconds']:.2f} s CPU")
-if name == "gpt2":
+for gpu in map(float, sys.argv[5:7]) if name == "gpt2" else ():
     step = step_tokens / (P * gpu)
-    print(f"{'':<10} one step of inputs/gpt2-124m.ini on {P} H100s (bf16, {gpu:.0f} tokens/s each): {step * 1e3:.2f} ms; "
+    print(f"{'':<10} one step of inputs/gpt2-124m.ini on {P} H200s (bf16, {gpu:.0f} tokens/s each): {step * 1e3:.2f} ms; "
           f"the training thread's share per step {100 * loop / step:.2f}% (issue 39 asks < 10%), the hand-over "
           f"{100 * r['handover_seconds'] / step:.2f}%; the background thread's whole re-plan {r['replan_seconds'] / step:.0f} steps long")
 PY

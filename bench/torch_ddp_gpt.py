@@ -59,6 +59,10 @@ def worker(rank, a):
         net = Llama(a.n_layer, a.n_head, a.n_kv_head or a.n_head, a.n_embd, a.ffn, a.block_size, a.vocab)
     else:
         net = GPT(a.n_layer, a.n_head, a.n_embd, a.block_size, a.vocab)
+    # gloo cannot broadcast bool tensors (the Llama's causal mask buffer): every rank builds the
+    # same buffers, so DDP need not sync them.
+    bool_buffers = [name for name, b in net.named_buffers() if b.dtype == torch.bool]
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, bool_buffers)
     model = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     micro = a.tokens_per_step // (a.batch * a.block_size * a.ranks)

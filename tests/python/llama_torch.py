@@ -104,5 +104,5 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x)
         logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1,
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
                                reduction="sum")
