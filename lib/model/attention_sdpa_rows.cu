@@ -59,8 +59,30 @@ void rows_copy_bf16(bf16* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, 
                                       rows, cudaMemcpyDeviceToDevice, stream));
 }
 
-void sdpa_stage_keys(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* qkv, bf16* staged,
-                     cudaStream_t stream) {
+namespace {
+
+// Rows of the datapath's qkv (fp32 or bf16) into the engine's bf16 rows, and back: a conversion
+// where the datapath is fp32 (its dK/dV rows overwritten), a copy where it is bf16.
+void rows_into_staged(bf16* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int cols,
+                      cudaStream_t stream) {
+  rows_to_bf16(dst, dst_ld, src, src_ld, rows, cols, stream);
+}
+void rows_into_staged(bf16* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows, int cols,
+                      cudaStream_t stream) {
+  rows_copy_bf16(dst, dst_ld, src, src_ld, rows, cols, stream);
+}
+void rows_from_staged(float* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows, int cols,
+                      cudaStream_t stream) {
+  rows_to_fp32(dst, dst_ld, src, src_ld, rows, cols, /*accumulate=*/false, stream);
+}
+void rows_from_staged(bf16* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows, int cols,
+                      cudaStream_t stream) {
+  rows_copy_bf16(dst, dst_ld, src, src_ld, rows, cols, stream);
+}
+
+template <typename Row>
+void stage_keys(const SdpaPlan& plan, const AttentionPrefix& prefix, const Row* qkv, bf16* staged,
+                cudaStream_t stream) {
   const AttentionShape& shape = plan.shape;
   const int kv = shape.kv_width();
   for (const SdpaStagedRows& run : plan.staging) {
@@ -68,13 +90,14 @@ void sdpa_stage_keys(const SdpaPlan& plan, const AttentionPrefix& prefix, const 
     if (run.from_prefix)
       rows_to_bf16(dst, kv, prefix.kv[run.piece] + static_cast<int64_t>(run.source_row) * kv, kv, run.rows, kv, stream);
     else
-      rows_copy_bf16(dst, kv, qkv + static_cast<int64_t>(run.source_row) * shape.row_width() + shape.q_width(),
-                     shape.row_width(), run.rows, kv, stream);
+      rows_into_staged(dst, kv, qkv + static_cast<int64_t>(run.source_row) * shape.row_width() + shape.q_width(),
+                       shape.row_width(), run.rows, kv, stream);
   }
 }
 
-void sdpa_unstage_key_grads(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* staged_grad, bf16* dqkv,
-                            cudaStream_t stream, SdpaUnstage which) {
+template <typename Row>
+void unstage_key_grads(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* staged_grad, Row* dqkv,
+                       cudaStream_t stream, SdpaUnstage which) {
   const AttentionShape& shape = plan.shape;
   const int kv = shape.kv_width();
   for (const SdpaStagedRows& run : plan.staging) {
@@ -84,39 +107,31 @@ void sdpa_unstage_key_grads(const SdpaPlan& plan, const AttentionPrefix& prefix,
       rows_to_fp32(prefix.dkv[run.piece] + static_cast<int64_t>(run.source_row) * kv, kv, src, kv, run.rows, kv,
                    /*accumulate=*/true, stream);
     else
-      rows_copy_bf16(dqkv + static_cast<int64_t>(run.source_row) * shape.row_width() + shape.q_width(),
-                     shape.row_width(), src, kv, run.rows, kv, stream);
+      rows_from_staged(dqkv + static_cast<int64_t>(run.source_row) * shape.row_width() + shape.q_width(),
+                       shape.row_width(), src, kv, run.rows, kv, stream);
   }
+}
+
+}  // namespace
+
+void sdpa_stage_keys(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* qkv, bf16* staged,
+                     cudaStream_t stream) {
+  stage_keys(plan, prefix, qkv, staged, stream);
 }
 
 void sdpa_stage_keys(const SdpaPlan& plan, const AttentionPrefix& prefix, const float* qkv, bf16* staged,
                      cudaStream_t stream) {
-  const AttentionShape& shape = plan.shape;
-  const int kv = shape.kv_width();
-  for (const SdpaStagedRows& run : plan.staging) {
-    bf16* dst = staged + static_cast<int64_t>(run.staged_row) * kv;
-    if (run.from_prefix)
-      rows_to_bf16(dst, kv, prefix.kv[run.piece] + static_cast<int64_t>(run.source_row) * kv, kv, run.rows, kv, stream);
-    else
-      rows_to_bf16(dst, kv, qkv + static_cast<int64_t>(run.source_row) * shape.row_width() + shape.q_width(),
-                   shape.row_width(), run.rows, kv, stream);
-  }
+  stage_keys(plan, prefix, qkv, staged, stream);
+}
+
+void sdpa_unstage_key_grads(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* staged_grad, bf16* dqkv,
+                            cudaStream_t stream, SdpaUnstage which) {
+  unstage_key_grads(plan, prefix, staged_grad, dqkv, stream, which);
 }
 
 void sdpa_unstage_key_grads(const SdpaPlan& plan, const AttentionPrefix& prefix, const bf16* staged_grad, float* dqkv,
                             cudaStream_t stream, SdpaUnstage which) {
-  const AttentionShape& shape = plan.shape;
-  const int kv = shape.kv_width();
-  for (const SdpaStagedRows& run : plan.staging) {
-    if (which != SdpaUnstage::all && run.from_prefix != (which == SdpaUnstage::prefix_rows)) continue;
-    const bf16* src = staged_grad + static_cast<int64_t>(run.staged_row) * kv;
-    if (run.from_prefix)
-      rows_to_fp32(prefix.dkv[run.piece] + static_cast<int64_t>(run.source_row) * kv, kv, src, kv, run.rows, kv,
-                   /*accumulate=*/true, stream);
-    else
-      rows_to_fp32(dqkv + static_cast<int64_t>(run.source_row) * shape.row_width() + shape.q_width(), shape.row_width(),
-                   src, kv, run.rows, kv, /*accumulate=*/false, stream);
-  }
+  unstage_key_grads(plan, prefix, staged_grad, dqkv, stream, which);
 }
 
 }  // namespace kilter::model::cuda
