@@ -328,6 +328,22 @@ void self_check_reference(kc::Gemm& gemm, const model::SdpaCall& call, const mod
   }
 }
 
+// The exchange's rows of the prefixes the plan's later calls read, per piece: their K/V, and
+// backward (grads) where their dK/dV go; `view()` is what the staging reads.
+struct LaterPrefixes {
+  std::vector<const float*> kv;
+  std::vector<float*> dkv;
+  LaterPrefixes(const model::SdpaPlan& plan, model::KvExchange* exchange, int layer, int pieces, bool grads)
+      : kv(size_t(pieces), nullptr), dkv(grads ? size_t(pieces) : 0, nullptr) {
+    for (const model::SdpaCall& call : plan.later)
+      for (int piece : call.piece) {
+        kv[size_t(piece)] = exchange->prefix_kv(layer, piece);
+        if (grads) dkv[size_t(piece)] = exchange->prefix_dkv(layer, piece);
+      }
+  }
+  model::AttentionPrefix view() const { return {nullptr, kv.data(), dkv.empty() ? nullptr : dkv.data()}; }
+};
+
 }  // namespace
 
 bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry) {
@@ -416,10 +432,8 @@ void CudaModel::sdpa_forward_layer(int layer, const BlockActivations& a, float* 
   st.forward_all(st.plan.whole, rows, s_);
   if (exchange && exchange_calls) exchange_->forward_wait(layer);
   if (!st.plan.later.empty()) {
-    std::vector<const float*> prefix_kv(layout_now_.pieces, nullptr);
-    for (const model::SdpaCall& call : st.plan.later)
-      for (int piece : call.piece) prefix_kv[piece] = exchange_->prefix_kv(layer, piece);
-    kc::sdpa_stage_keys(st.plan, {nullptr, prefix_kv.data(), nullptr}, a.qkv, st.staged.as<kc::bf16>(), s_);
+    const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/false);
+    kc::sdpa_stage_keys(st.plan, prefixes.view(), a.qkv, st.staged.as<kc::bf16>(), s_);
     st.forward_all(st.plan.later, rows, s_);
   }
   kc::rows_to_fp32(out, C, st.out16.as<kc::bf16>(), C, N, C, false, s_);
@@ -433,16 +447,10 @@ void CudaModel::sdpa_backward_layer(int layer, const BlockActivations& a) {
   kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, a.qkv, W, N, W, s_);
   kc::rows_to_bf16(st.out16.as<kc::bf16>(), C, a.atty, C, N, C, s_);  // exact: a.atty holds bf16 values
   kc::rows_to_bf16(st.dout16.as<kc::bf16>(), C, acts_.datty, C, N, C, s_);
-  std::vector<const float*> prefix_kv(layout_now_.pieces, nullptr);
-  std::vector<float*> prefix_dkv(layout_now_.pieces, nullptr);
-  const model::AttentionPrefix prefix{nullptr, prefix_kv.data(), prefix_dkv.data()};
+  const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/true);
+  const model::AttentionPrefix prefix = prefixes.view();
   // The later parts first, so that their prefixes' dK/dV travel while the whole pieces run.
   if (!st.plan.later.empty()) {
-    for (const model::SdpaCall& call : st.plan.later)
-      for (int piece : call.piece) {
-        prefix_kv[piece] = exchange_->prefix_kv(layer, piece);
-        prefix_dkv[piece] = exchange_->prefix_dkv(layer, piece);
-      }
     kc::sdpa_stage_keys(st.plan, prefix, a.qkv, st.staged.as<kc::bf16>(), s_);
     st.backward_all(st.plan.later, rows, s_);
     kc::sdpa_unstage_key_grads(st.plan, prefix, st.staged_grad.as<kc::bf16>(), dqkv, s_, kc::SdpaUnstage::prefix_rows);
@@ -482,30 +490,21 @@ void CudaModel::sdpa_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, 
   // exchange still holds).
   if (exchange && exchange_calls) exchange_->forward_wait(layer);
   if (st.plan.later.empty()) return;
-  std::vector<const float*> prefix_kv(layout_now_.pieces, nullptr);
-  for (const model::SdpaCall& call : st.plan.later)
-    for (int piece : call.piece) prefix_kv[piece] = exchange_->prefix_kv(layer, piece);
-  kc::sdpa_stage_keys(st.plan, {nullptr, prefix_kv.data(), nullptr}, a.qkv, x.sdpa_staged, s_);
+  const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/false);
+  kc::sdpa_stage_keys(st.plan, prefixes.view(), a.qkv, x.sdpa_staged, s_);
   st.forward_all(st.plan.later, rows, s_);
 }
 
 void CudaModel::sdpa_backward_bf16(int layer, const BlockBf16& a) {
   SdpaState& st = *sdpa_;
   const ActivationsBf16& x = bacts_;
-  const int N = layout_now_.N, W = cfg_.qkv_width();
   // O is the layer's kept output (a recomputation wrote the same bits elsewhere), Stats the
   // forward's or the recomputation's.
   const SdpaRows rows{a.qkv, x.sdpa_staged, a.atty, x.datty, x.dqkv, x.sdpa_staged_grad, a.stats};
-  std::vector<const float*> prefix_kv(layout_now_.pieces, nullptr);
-  std::vector<float*> prefix_dkv(layout_now_.pieces, nullptr);
-  const model::AttentionPrefix prefix{nullptr, prefix_kv.data(), prefix_dkv.data()};
+  const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/true);
+  const model::AttentionPrefix prefix = prefixes.view();
   // The later parts first, so that their prefixes' dK/dV travel while the whole pieces run.
   if (!st.plan.later.empty()) {
-    for (const model::SdpaCall& call : st.plan.later)
-      for (int piece : call.piece) {
-        prefix_kv[piece] = exchange_->prefix_kv(layer, piece);
-        prefix_dkv[piece] = exchange_->prefix_dkv(layer, piece);
-      }
     kc::sdpa_stage_keys(st.plan, prefix, a.qkv, x.sdpa_staged, s_);
     st.backward_all(st.plan.later, rows, s_);
     kc::sdpa_unstage_key_grads(st.plan, prefix, x.sdpa_staged_grad, x.dqkv, s_, kc::SdpaUnstage::prefix_rows);
@@ -517,14 +516,7 @@ void CudaModel::sdpa_backward_bf16(int layer, const BlockBf16& a) {
   st.backward_all(st.plan.whole, rows, s_);
   if (!st.plan.later.empty())
     kc::sdpa_unstage_key_grads(st.plan, prefix, x.sdpa_staged_grad, x.dqkv, s_, kc::SdpaUnstage::own_rows);
-  if (exchange_ == nullptr) return;
-  // What later parts elsewhere computed for this batch's rows: added in fp32 into zeroed staging,
-  // then into the bf16 rows, rounded once (as attention_backward_bf16 does).
-  const size_t elements = static_cast<size_t>(N) * W;
-  KILTER_CUDA_CHECK(cudaMemsetAsync(x.exchange_dqkv, 0, sizeof(float) * elements, s_));
-  KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
-  exchange_->backward_wait_add(layer, x.exchange_dqkv);
-  kc::add_into_bf16(x.dqkv, x.exchange_dqkv, elements, s_);
+  if (exchange_ != nullptr) add_exchange_dqkv_bf16(layer);
 }
 
 }  // namespace kilter::backend

@@ -126,7 +126,7 @@ void CudaModel::attention_forward_bf16(int layer, const BlockBf16& a, kc::bf16* 
 void CudaModel::attention_backward_bf16(int layer, const BlockBf16& a) {
   if (batch_sdpa_) return sdpa_backward_bf16(layer, a);
   const ActivationsBf16& x = bacts_;
-  const int N = layout_now_.N, C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.kv_heads(), W = cfg_.qkv_width();
+  const int C = cfg_.n_embd, NH = cfg_.n_head, NKV = cfg_.kv_heads(), W = cfg_.qkv_width();
   if (exchange_ != nullptr) {
     // The later parts first (they store their own rows of dqkv), so that their prefixes' dK/dV
     // travel while the groups run.
@@ -154,10 +154,14 @@ void CudaModel::attention_backward_bf16(int layer, const BlockBf16& a) {
                                 x.attention_workspace, score_budget_);
   }
   kc::scatter_padded_rows(x.dqkv, x.padded_dqkv, acts_.padded_token, groups.padded_rows(), W, s_);
-  if (exchange_ == nullptr) return;
-  // What later parts elsewhere computed for this batch's rows: added in fp32 into zeroed staging,
-  // then into the bf16 rows, rounded once.
-  const size_t elements = static_cast<size_t>(N) * W;
+  if (exchange_ != nullptr) add_exchange_dqkv_bf16(layer);
+}
+
+// What later parts elsewhere computed for this batch's rows (the K/V exchange's dK/dV): added in
+// fp32 into zeroed staging, then into the bf16 rows, rounded once (as attention_backward_bf16 does).
+void CudaModel::add_exchange_dqkv_bf16(int layer) {
+  const ActivationsBf16& x = bacts_;
+  const size_t elements = static_cast<size_t>(layout_now_.N) * cfg_.qkv_width();
   KILTER_CUDA_CHECK(cudaMemsetAsync(x.exchange_dqkv, 0, sizeof(float) * elements, s_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
   exchange_->backward_wait_add(layer, x.exchange_dqkv);

@@ -241,6 +241,7 @@ class CudaModel final : public ModelBase {
   void backward_block_bf16(int layer);
   void attention_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool recomputing);
   void attention_backward_bf16(int layer, const BlockBf16& a);
+  void add_exchange_dqkv_bf16(int layer);  // the K/V exchange's dK/dV of this batch's rows, into bacts_.dqkv
   double forward_backward_bf16(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
   double forward_loss_bf16(const Batch& batch);
 
