@@ -14,6 +14,23 @@ std::vector<int32_t> CudaModel::Layout::key() const {
   return key;
 }
 
+namespace {
+
+// The integer rows of a micro-batch, in the order upload_batch writes them: inputs, targets,
+// cu_seqlens, lengths, the groups' row map (map_rows) and the positions' offsets.
+template <typename IntRows>  // CudaModel::Activations (private to CudaModel)
+void carve_ints(ArenaCarver& carver, IntRows& a, size_t tokens, size_t pieces, size_t map_rows) {
+  a.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + map_rows);
+  a.inputs = a.ints;
+  a.targets = a.inputs + tokens;
+  a.cu_seqlens = a.targets + tokens;
+  a.lengths = a.cu_seqlens + pieces + 1;
+  a.padded_token = a.lengths + pieces;
+  a.pos_offset = a.padded_token + map_rows;
+}
+
+}  // namespace
+
 size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const {
   const size_t C = cfg_.n_embd, V = cfg_.vocab_size, NH = cfg_.n_head;
   const size_t tokens = layout.N;
@@ -76,14 +93,7 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& la
   a.padded_dqkv = carver.take(padded_rows * cfg_.qkv_width());
   a.attention_workspace = carver.take(workspace);
   a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(cfg_.widest_linear_out()));
-  const size_t pieces = layout.pieces;
-  a.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + padded_rows);
-  a.inputs = a.ints;
-  a.targets = a.inputs + tokens;
-  a.cu_seqlens = a.targets + tokens;
-  a.lengths = a.cu_seqlens + pieces + 1;
-  a.padded_token = a.lengths + pieces;
-  a.pos_offset = a.padded_token + padded_rows;
+  carve_ints(carver, a, tokens, layout.pieces, padded_rows);
   if (acts != nullptr) *acts = std::move(a);
   return carver.used();
 }
@@ -194,14 +204,7 @@ size_t CudaModel::carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activa
   }
   // The ints keep the groups' row map whatever the engine: upload_batch writes one layout.
   Activations ints;
-  const size_t pieces = layout.pieces, map_rows = layout.groups.padded_rows();
-  ints.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + map_rows);
-  ints.inputs = ints.ints;
-  ints.targets = ints.inputs + tokens;
-  ints.cu_seqlens = ints.targets + tokens;
-  ints.lengths = ints.cu_seqlens + pieces + 1;
-  ints.padded_token = ints.lengths + pieces;
-  ints.pos_offset = ints.padded_token + map_rows;
+  carve_ints(carver, ints, tokens, layout.pieces, layout.groups.padded_rows());
   if (bacts != nullptr) *bacts = std::move(b);
   if (acts != nullptr) *acts = std::move(ints);
   return carver.used();
