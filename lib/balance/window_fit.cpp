@@ -25,6 +25,7 @@ struct Panel {
   size_t steps = 0;
   int ranks = 0;
   std::vector<size_t> step_of;
+  std::vector<int64_t> step_id;    // per dense index: the step
   std::vector<int> rank_of;
   std::vector<double> step_count, rank_count;
   std::vector<double> y;           // compute seconds
@@ -32,12 +33,14 @@ struct Panel {
   std::vector<double> kv_tokens, kv_wait;
 };
 
-Panel make_panel(const std::vector<CostSample>& samples, const WindowFitOptions& opts) {
+Panel make_panel(const std::vector<CostSample>& samples, const WindowFitOptions& opts,
+                 const std::set<int64_t>& left_out = {}) {
   Panel p;
   p.ranks = opts.world_size;
   std::map<int64_t, size_t> step_index;
   for (const CostSample& s : samples) {
     if (!(s.tokens_computed > 0) || s.step < 0 || s.rank < 0 || s.rank >= opts.world_size) continue;
+    if (left_out.count(s.step)) continue;
     const auto [it, inserted] = step_index.emplace(s.step, step_index.size());
     p.step_of.push_back(it->second);
     p.rank_of.push_back(s.rank);
@@ -51,6 +54,8 @@ Panel make_panel(const std::vector<CostSample>& samples, const WindowFitOptions&
   }
   p.n = p.y.size();
   p.steps = step_index.size();
+  p.step_id.resize(p.steps);
+  for (const auto& [step, index] : step_index) p.step_id[index] = step;
   p.step_count.assign(p.steps, 0);
   p.rank_count.assign(size_t(p.ranks), 0);
   for (size_t i = 0; i < p.n; ++i) p.step_count[p.step_of[i]] += 1, p.rank_count[size_t(p.rank_of[i])] += 1;
@@ -146,7 +151,7 @@ struct Factors {
 // level every rank of a step shares cancels in them, as the plan gives the ranks of a step about
 // the same predicted work). f is normalized to a lower median of 1, m to a mean of 1: the scale
 // stays with the coefficients.
-void update_factors(const Panel& p, const std::vector<double>& pred, Factors& x) {
+void update_factors(const Panel& p, const std::vector<double>& pred, bool fit_speeds, Factors& x) {
   std::vector<double> num(p.steps), den(p.steps), rank_num(size_t(p.ranks)), rank_den(size_t(p.ranks));
   for (int round = 0; round < 3; ++round) {
     std::fill(num.begin(), num.end(), 0.0);
@@ -156,6 +161,7 @@ void update_factors(const Panel& p, const std::vector<double>& pred, Factors& x)
       den[p.step_of[i]] += x.speed[size_t(p.rank_of[i])] * pred[i];
     }
     for (size_t s = 0; s < p.steps; ++s) x.step[s] = den[s] > 0 && num[s] > 0 ? num[s] / den[s] : 1.0;
+    if (!fit_speeds) break;
     std::fill(rank_num.begin(), rank_num.end(), 0.0);
     std::fill(rank_den.begin(), rank_den.end(), 0.0);
     for (size_t i = 0; i < p.n; ++i) {
@@ -258,6 +264,7 @@ void goodness(const Panel& p, const Factors& x, const double coef[3], WindowFit&
     sum[size_t(p.rank_of[i])] += ratio, sum2[size_t(p.rank_of[i])] += ratio * ratio;
   }
   fit.r2 = sst > 0 ? 1.0 - sse / sst : 1.0;
+  fit.residual_ss = sse;
   fit.rank_speed_se.assign(size_t(p.ranks), 0.0);
   for (int r = 0; r < p.ranks; ++r) {
     const double n = p.rank_count[size_t(r)];
@@ -265,6 +272,34 @@ void goodness(const Panel& p, const Factors& x, const double coef[3], WindowFit&
     const double mean = sum[size_t(r)] / n, var = std::max(0.0, sum2[size_t(r)] / n - mean * mean);
     fit.rank_speed_se[size_t(r)] = x.speed[size_t(r)] * std::sqrt(var / (n - 1));
   }
+}
+
+// The steps where a rank's seconds are far off the fit: more than kFitOutlier robust standard
+// deviations (1.4826 x the median absolute deviation of every row's ratio to the fit) from it. A
+// scheduler's stall on one rank for one step is such a step; a window of 20 steps has no room for
+// one in a least-squares fit. None where more than kFitMaxOutlierShare of the steps would go.
+std::set<int64_t> outlier_steps(const Panel& p, const WindowFit& fit) {
+  const std::vector<double> pred = predicted(p, fit.coef);
+  std::vector<double> step_num(p.steps, 0.0), step_den(p.steps, 0.0);
+  for (size_t i = 0; i < p.n; ++i) {
+    step_num[p.step_of[i]] += p.y[i];
+    step_den[p.step_of[i]] += fit.rank_speed[size_t(p.rank_of[i])] * pred[i];
+  }
+  std::vector<double> dev(p.n, 0.0);
+  for (size_t i = 0; i < p.n; ++i) {
+    const size_t s = p.step_of[i];
+    const double fitted = step_den[s] > 0 ? step_num[s] / step_den[s] * fit.rank_speed[size_t(p.rank_of[i])] * pred[i] : 0;
+    dev[i] = fitted > 0 ? std::fabs(p.y[i] / fitted - 1) : 0;
+  }
+  std::vector<double> sorted = dev;
+  std::nth_element(sorted.begin(), sorted.begin() + long(sorted.size() / 2), sorted.end());
+  const double sd = 1.4826 * (sorted.empty() ? 0 : sorted[sorted.size() / 2]);
+  std::set<int64_t> out;
+  if (!(sd > 0)) return out;
+  for (size_t i = 0; i < p.n; ++i)
+    if (dev[i] > kFitOutlier * sd) out.insert(p.step_id[p.step_of[i]]);
+  if (double(out.size()) > kFitMaxOutlierShare * double(p.steps)) out.clear();
+  return out;
 }
 
 // The ratio guards of a fit of b and/or c; "" where they hold.
@@ -283,16 +318,17 @@ std::string ratio_refusal(const WindowFit& fit, const WindowFitOptions& opts) {
 }
 
 // The coefficients of the plan's units and of the columns in `use` (1: attention, 2:
-// micro-batches, priced beyond what the units charge), the step factors and the speeds,
-// alternating until they settle; the scale (seconds per unit) from the level at the end. false: the
-// regression could not be made (collinear columns, too few rows); the caller drops a column.
-bool fit_coefficients(const Panel& p, const bool use[3], WindowFit& fit) {
+// micro-batches, priced beyond what the units charge), the step factors and, with `fit_speeds`,
+// the speeds (else every rank at 1), alternating until they settle; the scale (seconds per unit)
+// from the level at the end. false: the regression could not be made (collinear columns, too few
+// rows).
+bool fit_coefficients(const Panel& p, const bool use[3], bool fit_speeds, WindowFit& fit) {
   Factors x{std::vector<double>(p.steps, 1.0), std::vector<double>(size_t(p.ranks), 1.0)};
   Regression reg;  // coefficients per unit of the plan's cost
   const bool deviations = use[1] || use[2];
   constexpr int kRounds = 50;
   for (int round = 0; round < kRounds; ++round) {
-    update_factors(p, predicted(p, reg.coef), x);
+    update_factors(p, predicted(p, reg.coef), fit_speeds, x);
     if (!deviations) break;
     const double before[3] = {reg.coef[0], reg.coef[1], reg.coef[2]};
     const std::vector<double> speed_before = x.speed;
@@ -314,7 +350,51 @@ bool fit_coefficients(const Panel& p, const bool use[3], WindowFit& fit) {
   }
   fit.rank_speed = x.speed;
   goodness(p, x, fit.coef, fit);
+  const double unit = fit.coef[0];
+  fit.cost = fit.units;
+  fit.b_fitted = fit.column[1] && unit > 0;
+  fit.c_fitted = fit.column[2] && unit > 0;
+  if (fit.b_fitted) fit.cost.b = fit.units.b + fit.coef[1] / unit;
+  if (fit.c_fitted) fit.cost.c = fit.units.c + fit.coef[2] / unit;
   return true;
+}
+
+// The fit with the deviations of b and c the window can tell: both where free, else (collinear,
+// or refused by the guards: b and c often move together, when one rank of every step gets the long
+// pieces and fewer micro-batches) b alone, then c alone; where none holds, neither, and `refused`
+// says why the first was refused. false: not even the scale could be fitted.
+bool fit_deviations(const Panel& p, const bool can[3], const WindowFitOptions& opts, bool fit_speeds, WindowFit& fit,
+                    std::string& refused) {
+  const bool tries[3][3] = {{true, can[1], can[2]}, {true, can[1], false}, {true, false, can[2]}};
+  for (const auto& use : tries) {
+    if (!use[1] && !use[2]) continue;
+    if (&use != &tries[0] && use[1] == tries[0][1] && use[2] == tries[0][2]) continue;  // the same as the first
+    WindowFit attempt = fit;
+    if (!fit_coefficients(p, use, fit_speeds, attempt)) continue;
+    const std::string why = ratio_refusal(attempt, opts);
+    if (why.empty()) {
+      fit = attempt;
+      return true;
+    }
+    const char* what = use[1] && use[2] ? "cost_b with cost_c" : use[1] ? "cost_b alone" : "cost_c alone";
+    refused += fmt::format("{}{}: {}", refused.empty() ? "" : "; ", what, why);
+  }
+  const bool none[3] = {true, false, false};
+  return fit_coefficients(p, none, fit_speeds, fit);
+}
+
+// The guards' F statistic for the speeds: does letting every rank have its own speed explain the
+// within-step differences significantly better than the coefficients alone? (The speeds and b are
+// confounded where one rank of every step gets the long pieces.)
+constexpr double kFitSpeedMinF = 4;
+double speed_f_statistic(const Panel& p, const WindowFit& with, const WindowFit& without) {
+  int k = 0;
+  for (int j = 1; j < 3; ++j) k += with.column[j] ? 1 : 0;
+  const int extra = p.ranks - 1;
+  const double dof = double(p.n) - double(p.steps) - k - extra;
+  if (!(dof > 0) || extra < 1) return 0;
+  if (!(with.residual_ss > 0)) return without.residual_ss > 0 ? INFINITY : 0;
+  return (without.residual_ss - with.residual_ss) / extra / (with.residual_ss / dof);
 }
 
 // Speeds that do not differ from 1 beyond their noise become 1; the rest stay within the range.
@@ -352,10 +432,12 @@ void fit_transfer(const Panel& p, WindowFit& fit) {
 
 }  // namespace
 
-WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOptions& opts) {
+namespace {
+
+// The fit of one panel (fit_window's, with or without its outlier steps).
+WindowFit fit_panel(const Panel& p, const WindowFitOptions& opts) {
   WindowFit fit;
   fit.cost = fit.units = opts.current;
-  const Panel p = make_panel(samples, opts);
   fit.rows = p.n;
   fit.steps = p.steps;
   fit.rank_speed.assign(size_t(std::max(opts.world_size, 1)), 1.0);
@@ -368,33 +450,24 @@ WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOpti
     return fit;
   }
   // The deviations the window can tell: of b and c where free and their work differed within steps.
-  bool use[3] = {true, opts.fit_b && spread(p, 1) >= kFitMinSpread, opts.fit_c && spread(p, 2) >= kFitMinSpread};
-  // Collinear columns: c goes first, then b.
-  while (!fit_coefficients(p, use, fit)) {
-    const int j = use[2] ? 2 : use[1] ? 1 : 0;
-    if (j == 0) {
-      fit.note = "the seconds per unit of cost could not be fitted";
-      return fit;
-    }
-    use[j] = false;
+  const bool can[3] = {true, opts.fit_b && spread(p, 1) >= kFitMinSpread, opts.fit_c && spread(p, 2) >= kFitMinSpread};
+  std::string refused;
+  if (!fit_deviations(p, can, opts, true, fit, refused)) {
+    fit.note = "the seconds per unit of cost could not be fitted";
+    return fit;
   }
-  const double unit = fit.coef[0];
-  fit.b_fitted = fit.column[1] && unit > 0;
-  fit.c_fitted = fit.column[2] && unit > 0;
-  if (fit.b_fitted) fit.cost.b = opts.current.b + fit.coef[1] / unit;
-  if (fit.c_fitted) fit.cost.c = opts.current.c + fit.coef[2] / unit;
-  if (fit.b_fitted || fit.c_fitted) {
-    const std::string refused = ratio_refusal(fit, opts);
-    if (!refused.empty()) {
-      // b and c stay the plan's; the scale and the speeds are fitted again without them.
-      fit.note = refused + ": cost_b and cost_c kept";
-      fit.cost.b = opts.current.b;
-      fit.cost.c = opts.current.c;
-      fit.b_fitted = fit.c_fitted = false;
-      const bool scale_only[3] = {false, false, false};
-      fit_coefficients(p, scale_only, fit);
-    }
-  } else if (!use[1] && !use[2] && (opts.fit_b || opts.fit_c)) {
+  // The speeds only where they explain more than the coefficients do without them.
+  WindowFit even = fit;
+  std::string refused_even;
+  if (fit_deviations(p, can, opts, false, even, refused_even) && speed_f_statistic(p, fit, even) < kFitSpeedMinF) {
+    fit = even;
+    refused = refused_even;
+  }
+  if (!refused.empty()) {
+    const bool kept_b = can[1] && !fit.b_fitted, kept_c = can[2] && !fit.c_fitted;
+    if (kept_b || kept_c)
+      fit.note = refused + (kept_b && kept_c ? ": cost_b and cost_c kept" : kept_b ? ": cost_b kept" : ": cost_c kept");
+  } else if (!can[1] && !can[2] && (opts.fit_b || opts.fit_c)) {
     fit.note = "the ranks' work did not differ within steps: cost_b and cost_c kept";
   }
   fit.seconds_per_unit = fit.coef[0];
@@ -402,9 +475,34 @@ WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOpti
     fit.note = "the fitted seconds per unit of cost are not positive";
     return fit;
   }
-  settle_speeds(fit);
-  if (opts.fit_t) fit_transfer(p, fit);
   fit.usable = true;
+  return fit;
+}
+
+}  // namespace
+
+WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOptions& opts) {
+  const Panel all = make_panel(samples, opts);
+  WindowFit fit = fit_panel(all, opts);
+  if (fit.usable) {
+    // Once more without the steps far off a fit of b that no guard holds back (a stall on one rank
+    // spoils the guarded fit itself: its b may be refused, and then every step looks far off).
+    WindowFit probe = fit;
+    const bool flexible[3] = {true, opts.fit_b && spread(all, 1) >= kFitMinSpread, false};
+    if (!flexible[1] || !fit_coefficients(all, flexible, true, probe)) probe = fit;
+    const std::set<int64_t> outliers = outlier_steps(all, probe);
+    if (!outliers.empty()) {
+      const Panel kept = make_panel(samples, opts, outliers);
+      WindowFit again = fit_panel(kept, opts);
+      if (again.usable) {
+        fit = again;
+        fit.outlier_steps = outliers.size();
+      }
+    }
+  }
+  if (!fit.usable) return fit;
+  settle_speeds(fit);
+  if (opts.fit_t) fit_transfer(all, fit);
   return fit;
 }
 

@@ -38,6 +38,8 @@ constexpr double kFitMinSpeedGap = 0.02;    // a speed factor differs from 1 by 
 constexpr double kFitSpeedNoise = 3;        // ... and by this many of its standard errors
 constexpr double kFitSpeedRange = 3;        // speed factors within [1/3, 3]
 constexpr int kFitMinDegreesOfFreedom = 8;
+constexpr double kFitOutlier = 3.5;          // a step whose rank is this many robust sds off the fit is left out ...
+constexpr double kFitMaxOutlierShare = 0.2; // ... unless more than this share of the steps would be
 
 struct WindowFit {
   bool usable = false;         // the fit passed its guards (at least for the speeds and the scale)
@@ -49,7 +51,9 @@ struct WindowFit {
   std::vector<double> rank_speed;     // per rank; 1 where it does not differ beyond its noise
   std::vector<double> rank_speed_se;  // their standard errors
   double r2 = 0;               // of the within-step differences, where b or c was fitted (else 0)
-  uint64_t rows = 0, steps = 0;
+  double residual_ss = 0;      // the squared seconds the fit leaves unexplained within steps
+  uint64_t rows = 0, steps = 0;  // the rows and steps fitted (outliers left out)
+  uint64_t outlier_steps = 0;     // steps left out, a rank's seconds far off the first fit
   // The prediction's columns: 0, the units of `units` (a tokens + b attention + c micro-batches),
   // at coef[0] = seconds_per_unit; 1, attention work, and 2, micro-batches, at the seconds beyond
   // what `units` charges for them (0 where not fitted). Their covariance (the scale's as a ratio

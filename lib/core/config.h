@@ -34,7 +34,7 @@ struct DataConfig {
   bool cut_pieces = true;          // balanced sampler: cut pieces between ranks where it evens the step
   int64_t cut_cost_check = 10;     // steps of cut pieces after which training checks the derived cost_t (0: off)
   bool cut_cost_replan = false;    // where the check finds cuts dearer than charged: re-plan (true) or warn
-  std::string cost_calibration = "off";  // auto | off: fit the cost model and rank speeds in the run, re-plan with them
+  std::string cost_calibration = "auto";  // auto | off: fit the cost model and rank speeds in the run, re-plan with them
   std::string stage_dir;           // node-local directory to stage shards into ("" = read in place)
 };
 

@@ -27,7 +27,7 @@ CalibrationSettings calibration_settings(const std::string& mode, double cost_b,
 }
 
 CostCalibration::CostCalibration(CalibrationSettings settings, int64_t first_step) : settings_(std::move(settings)) {
-  window_begin_ = first_step + kCalibrationWarmup;
+  restart_window(first_step + kCalibrationWarmup);
   if (settings_.test_seconds.empty()) return;
   // "ALPHA,B,C[,RANK:SPEED...]"
   std::istringstream in(settings_.test_seconds);
@@ -55,7 +55,8 @@ void CostCalibration::add_step(const diag::StepRecord* records, int ranks) {
   if (!active() || ranks <= 0) return;
   const int64_t step = records[0].step;
   last_gathered_ = std::max(last_gathered_, step);
-  if (stage_ != Stage::idle || step < window_begin_ || step >= window_begin_ + window_length_) return;
+  // Gathered while the plan in force stays: idle, and while a fit of it is evaluated.
+  if ((stage_ != Stage::idle && stage_ != Stage::evaluating) || step < window_begin_) return;
   for (int r = 0; r < ranks; ++r) {
     const diag::StepRecord& rec = records[r];
     if (rec.tokens_computed <= 0) continue;  // an idle rank in this step
@@ -75,15 +76,28 @@ void CostCalibration::add_step(const diag::StepRecord* records, int ranks) {
 }
 
 bool CostCalibration::window_complete() const {
-  return active() && stage_ == Stage::idle && last_gathered_ >= window_begin_ + window_length_ - 1;
+  return active() && stage_ == Stage::idle && last_gathered_ >= window_due_;
 }
 
-void CostCalibration::next_window(int64_t begin) {
+void CostCalibration::restart_window(int64_t begin) {
   stage_ = Stage::idle;
   samples_.clear();
   window_begin_ = begin;
-  ++windows_done_;
-  window_length_ = windows_done_ == 1 ? kSecondCalibrationWindow : 2 * window_length_;
+  window_gap_ = kFirstCalibrationWindow;
+  window_due_ = begin + window_gap_ - 1;
+}
+
+void CostCalibration::grow_window() {
+  stage_ = Stage::idle;
+  window_gap_ = std::min(2 * window_gap_, kMaxCalibrationWindow);
+  window_due_ = std::max(window_due_, last_gathered_) + window_gap_;
+  // The latest kMaxCalibrationWindow steps at the next fit.
+  const int64_t first = window_due_ - kMaxCalibrationWindow + 1;
+  if (first > window_begin_) {
+    window_begin_ = first;
+    samples_.erase(samples_.begin(), std::find_if(samples_.begin(), samples_.end(),
+                                                  [first](const balance::CostSample& s) { return s.step >= first; }));
+  }
 }
 
 void WindowJob::evaluate() {
@@ -109,10 +123,9 @@ std::shared_ptr<WindowJob> CostCalibration::start_window(const balance::CostMode
                                                          const std::vector<double>& planned_speed) {
   job_ = std::make_shared<WindowJob>();
   WindowJob& job = *job_;
-  job.begin = window_begin_;
-  job.end = window_begin_ + window_length_ - 1;
-  job.samples = std::move(samples_);
-  samples_.clear();
+  job.begin = samples_.empty() ? window_begin_ : samples_.front().step;
+  job.end = last_gathered_;
+  job.samples = samples_;
   job.options.current = planned;
   job.options.derived = settings_.derived;
   job.options.fit_b = settings_.fit_b;
@@ -137,7 +150,7 @@ WindowVerdict verdict_of(const WindowJob& job) {
 }
 }  // namespace
 
-bool CostCalibration::finish_window(int64_t step, int64_t next_step) {
+bool CostCalibration::finish_window(int64_t step) {
   const WindowJob& job = *job_;
   WindowVerdict v = verdict_of(job);
   if (!job.candidate) {
@@ -160,17 +173,20 @@ bool CostCalibration::finish_window(int64_t step, int64_t next_step) {
     stage_ = Stage::announced;
     return true;
   }
-  next_window(next_step);
+  grow_window();
   return false;
 }
 
-void CostCalibration::abandon(const std::string& why, int64_t next_step) {
+void CostCalibration::abandon(const std::string& why, int64_t next_step, bool plan_changed) {
   if (job_) {  // evaluating (its thread has ended): what it found, kept
     verdicts_.push_back(verdict_of(*job_));
     job_.reset();
   }
   if (!verdicts_.empty() && verdicts_.back().decision.empty()) verdicts_.back().decision = "kept: " + why;
-  next_window(next_step);
+  if (plan_changed)
+    restart_window(next_step);
+  else
+    grow_window();
 }
 
 void CostCalibration::switched(int64_t from_step, const PlanModel& model, int world_size) {
@@ -179,7 +195,7 @@ void CostCalibration::switched(int64_t from_step, const PlanModel& model, int wo
     verdicts_.back().decision = "replanned";
     verdicts_.back().replanned_from = from_step;
   }
-  next_window(from_step);
+  restart_window(from_step);
 }
 
 namespace {
@@ -252,6 +268,7 @@ nlohmann::json CostCalibration::summary() const {
     const balance::WindowFit& f = v.fit;
     nlohmann::json w = {{"steps", {v.begin, v.end}},
                         {"rows", f.rows},
+                        {"outlier_steps", f.outlier_steps},
                         {"usable", f.usable},
                         {"note", f.note},
                         {"planned_cost_b", v.planned.b},

@@ -3,9 +3,12 @@
 // receives every rank's step records already (the straggler watch); over a window of steps it
 // fits the cost model and the ranks' speeds to the measured compute times (balance::fit_window),
 // and where the division made with the fit beats the one in force on the next steps by more than
-// the fit's noise (balance::compare_divisions), the run re-plans its remaining steps with it. The
-// windows follow one another with a need that decays: the first kFirstCalibrationWindow steps
-// after warm-up, then 100, 200, 400, ... steps, so a run whose speed changes is followed. The
+// the fit's noise (balance::compare_divisions), the run re-plans its remaining steps with it. A
+// window holds every step since the plan in force took effect (at most kMaxCalibrationWindow of
+// the latest): it is fitted first kFirstCalibrationWindow steps after warm-up or after a switch
+// (a switch is confirmed, or corrected, soon), and where the verdict keeps the plan, again after
+// twice as many steps as the last gap (20, 40, 80, ... up to kMaxCalibrationWindow): the need
+// decays while each fit sees more rows, and a run whose speed changes is followed. The
 // models put in force, each with the step it took effect, go into checkpoints (a resume plans as
 // the run did) and, with every window's verdict, into summary.json. No MPI here:
 // run_calibration.h drives it from the step loop.
@@ -25,7 +28,7 @@ namespace kilter::train {
 
 constexpr int64_t kCalibrationWarmup = 2;            // steps of this process left out (start-up)
 constexpr int64_t kFirstCalibrationWindow = 20;
-constexpr int64_t kSecondCalibrationWindow = 100;    // then doubling
+constexpr int64_t kMaxCalibrationWindow = 320;      // steps a window holds at most, and the longest gap
 constexpr uint64_t kCalibrationCompareSteps = 32;    // the next steps a candidate is compared on
 
 struct CalibrationSettings {
@@ -99,17 +102,18 @@ class CostCalibration {
 
   // Rank 0: every rank's records of one step (diag::RankDiagnostics::on_step_records).
   void add_step(const diag::StepRecord* records, int ranks);
-  // Rank 0, stage idle: the window's last step has been gathered.
+  // Rank 0, stage idle: the step that completes the window has been gathered.
   bool window_complete() const;
-  // Rank 0: the window's rows handed to a job against `planned` and `planned_speed`, what its steps
+  // Rank 0: a copy of the window's rows handed to a job against `planned` and `planned_speed`, what its steps
   // were divided with (stage evaluating).
   std::shared_ptr<WindowJob> start_window(const balance::CostModel& planned, const std::vector<double>& planned_speed);
   const std::shared_ptr<WindowJob>& job() const { return job_; }
   // Rank 0, the job done: its verdict recorded. true: the candidate pays (stage announced; `step`
-  // is the step whose reduction carries it); false: kept, the next window starts at `next_step`.
-  bool finish_window(int64_t step, int64_t next_step);
-  // Any rank: the candidate was given up (the cut-cost check re-planned, the run ends first).
-  void abandon(const std::string& why, int64_t next_step);
+  // is the step whose reduction carries it); false: kept, and the window grows.
+  bool finish_window(int64_t step);
+  // Any rank: the candidate was given up (the cut-cost check re-planned, the run ends first); the
+  // window grows, or, with `plan_changed`, starts again at `next_step`.
+  void abandon(const std::string& why, int64_t next_step, bool plan_changed);
   // Every rank: `model` in force from `from_step`; the next window starts there.
   void switched(int64_t from_step, const PlanModel& model, int world_size);
 
@@ -125,14 +129,15 @@ class CostCalibration {
   std::string switch_line() const;
 
  private:
-  void next_window(int64_t begin);
+  void restart_window(int64_t begin);  // the plan changed at `begin`: a fresh, short window
+  void grow_window();                  // the plan stays: the same rows and more, fitted later
   double test_seconds(const balance::CostSample& sample) const;
 
   CalibrationSettings settings_;
   Stage stage_ = Stage::idle;
-  int64_t window_begin_ = 0;
-  int64_t window_length_ = kFirstCalibrationWindow;
-  int windows_done_ = 0;
+  int64_t window_begin_ = 0;  // the first step the window may hold
+  int64_t window_due_ = 0;    // the step whose gathering completes it
+  int64_t window_gap_ = kFirstCalibrationWindow;
   int64_t last_gathered_ = -1;
   std::vector<balance::CostSample> samples_;
   std::vector<WindowVerdict> verdicts_;

@@ -55,7 +55,7 @@ void start_evaluation(Run& run) {
 void judge_candidate(Run& run) {
   const int64_t step = run.state.step;
   run.plans->built_plan();  // rethrows the job's error
-  if (!run.calibration.finish_window(step, step)) run.plans->drop_build();
+  if (!run.calibration.finish_window(step)) run.plans->drop_build();
 }
 
 // Every rank, on rank 0's verdict: the model (and the epoch it was built for) from rank 0 in one
@@ -97,7 +97,7 @@ void switch_plan(Run& run) {
   const int64_t from_step = int64_t(fed) + 1;
   if (from_step >= run.total_steps) {
     run.plans->drop_build();
-    run.calibration.abandon("the run ends before a new plan could start", state.step);
+    run.calibration.abandon("the run ends before a new plan could start", state.step, false);
     return;
   }
   const balance::PlanPosition from = position_after(run, state.position, from_step - state.step);
@@ -200,7 +200,7 @@ void calibration_after_step(Run& run, const ReducedStep& reduced) {
 void abandon_calibration(Run& run, const std::string& why) {
   if (!run.calibration.active() || run.calibration.stage() == CostCalibration::Stage::idle) return;
   run.plans->drop_build();
-  run.calibration.abandon(why, run.state.step);
+  run.calibration.abandon(why, run.state.step, false);
 }
 
 }  // namespace kilter::train

@@ -25,9 +25,9 @@ if ! "${MPIRUN[@]}" -np 1 "$KILTER" train "${COMMON[@]}" --train.steps=1 --train
   fail "the bf16 probe run failed"
 fi
 
-train fp32.log 2 --train.steps=300 --train.precision=fp32 --output.dir=runs/fp32
-train bf16.log 2 --train.steps=300 --train.precision=bf16 --output.dir=runs/bf16
-train bf16b.log 2 --train.steps=300 --train.precision=bf16 --output.dir=runs/bf16b
+train fp32.log 2 --train.steps=300 --data.cost_calibration=off --train.precision=fp32 --output.dir=runs/fp32
+train bf16.log 2 --train.steps=300 --data.cost_calibration=off --train.precision=bf16 --output.dir=runs/bf16
+train bf16b.log 2 --train.steps=300 --data.cost_calibration=off --train.precision=bf16 --output.dir=runs/bf16b
 
 "$PY" - <<'PY'
 import csv, json

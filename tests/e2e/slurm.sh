@@ -100,7 +100,7 @@ echo "ok: job $job1 completed (mpirun): 10 steps on 2 ranks, staged and verified
 # ---- 2. USR1 mid-run: checkpoint, exit 85, requeue, resume, finish -----------------------------------
 # rank 1 sleeps 0.3 s per step (a diagnostics drill) so that the signal lands mid-run.
 job2=$(sbatch "${sbatch_args[@]}" --output="$work/job2.out" "$source_dir/slurm/train.sbatch" "$work/tiny.ini" \
-         --train.steps=40 --train.inject_delay=1:0.3) || fail "sbatch (job 2) was refused"
+         --train.steps=40 --train.inject_delay=1:0.3 --data.cost_calibration=off) || fail "sbatch (job 2) was refused"
 echo "job 2: $job2"
 slurm_wait_for 180 "job $job2 to log step 3" grep -q "step      3/40" "$work/job2.out" ||
   fail "job $job2 did not reach step 3 within 180 s (state $(job_state "$job2"))"

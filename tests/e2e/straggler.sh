@@ -11,7 +11,7 @@ export OMPI_MCA_mpi_yield_when_idle=1  # 4 ranks on fewer cores: waiting ranks y
 # jitter alone is beyond the 5% noise rule (see docs/diagnostics.md).
 COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=4 --model.n_embd=64 --model.block_size=128
         --data.max_tokens=512 --train.tokens_per_step=8192 --train.steps=30 --output.log_every=100
-        --output.checkpoint_every=0 --comm.timeout_s=60)
+        --output.checkpoint_every=0 --comm.timeout_s=60 --data.cost_calibration=off)
 
 field() { "$PY" -c "import json,sys; s=json.load(open('$1/summary.json')); print($2)"; }
 

@@ -245,6 +245,43 @@ TEST(BalanceWindowFit, NoiseAloneNeitherSlowsARankNorPays) {
   }
 }
 
+// A stall of one rank in one step of a short window (the scheduler's, on a shared machine): the
+// step is left out, and b is fitted as if it had not happened.
+TEST(BalanceWindowFit, AStallInOneStepIsLeftOut) {
+  const int world = 2;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(20, 40, 1024, 41), planned, world, {}, false, 2048);
+  auto rows = timed(plan, 1e-5, 8e-4, 256, {1.0, 1.0}, 0.05, 0.002, 5);
+  const WindowFit clean = fit_window(rows, options(planned, world));
+  ASSERT_TRUE(clean.b_fitted) << clean.note;
+  EXPECT_EQ(clean.outlier_steps, 0u);
+  for (CostSample& row : rows)
+    if (row.step == 11 && row.rank == 0) row.seconds *= 1.25;
+  const WindowFit fit = fit_window(rows, options(planned, world));
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_EQ(fit.outlier_steps, 1u);
+  EXPECT_EQ(fit.steps, 19u);
+  ASSERT_TRUE(fit.b_fitted) << fit.note;
+  EXPECT_NEAR(fit.cost.b, 8e-4, 0.05 * 8e-4);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(fit.rank_speed[r], 1.0) << "rank " << r;
+}
+
+// Attention dearer than planned, two ranks: with every rank at the same speed the fit gives b and
+// leaves the speeds at 1; with a slow rank as well, both are found.
+TEST(BalanceWindowFit, BAndASlowRankAreToldApart) {
+  const int world = 2;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(40, 40, 1024, 43), planned, world, {}, false, 2048);
+  WindowFit fit = fit_window(timed(plan, 1e-5, 9e-4, 256, {1.0, 1.0}, 0.1, 0.01, 6), options(planned, world));
+  ASSERT_TRUE(fit.usable && fit.b_fitted) << fit.note;
+  EXPECT_NEAR(fit.cost.b, 9e-4, 0.1 * 9e-4);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(fit.rank_speed[r], 1.0) << "rank " << r;
+  fit = fit_window(timed(plan, 1e-5, 9e-4, 256, {1.0, 1.15}, 0.1, 0.01, 6), options(planned, world));
+  ASSERT_TRUE(fit.usable && fit.b_fitted) << fit.note;
+  EXPECT_NEAR(fit.cost.b, 9e-4, 0.1 * 9e-4);
+  EXPECT_NEAR(fit.rank_speed[1], 1.15, 0.02);
+}
+
 // The guards: too few rows; b far from the model shape's.
 TEST(BalanceWindowFit, GuardsRefuseWhatTheyShould) {
   const int world = 4;

@@ -61,26 +61,53 @@ TEST(TrainCostCalibration, WindowsFitVerdictAndRecord) {
   balance::PlanComparison pays;
   pays.steps = 16, pays.current_seconds = 1, pays.candidate_seconds = 0.9, pays.gain_sd = 0.01;
   job->comparison = pays, job->compared = true;
-  EXPECT_TRUE(cal.finish_window(23, 23));
+  EXPECT_TRUE(cal.finish_window(23));
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::announced);
   cal.switched(27, candidate, world);
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::idle);
   ASSERT_EQ(cal.models().size(), 1u);
   EXPECT_NE(cal.switch_line().find("the plan changes from step 27 on"), std::string::npos) << cal.switch_line();
-  // The next window: steps 27-126.
-  for (int64_t step = 22; step < 126; ++step) cal.add_step(records(step, world).data(), world);
+  // The next window, short again to confirm the switch: steps 27-46.
+  for (int64_t step = 22; step < 46; ++step) cal.add_step(records(step, world).data(), world);
   EXPECT_FALSE(cal.window_complete());
-  cal.add_step(records(126, world).data(), world);
+  cal.add_step(records(46, world).data(), world);
   EXPECT_TRUE(cal.window_complete());
   // A candidate that does not pay is kept out, and said why.
   job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
+  EXPECT_EQ(job->begin, 27);
+  EXPECT_EQ(job->samples.size(), 2u * 20);
   job->evaluate();
   ASSERT_TRUE(job->candidate);
   job->comparison = pays, job->comparison.candidate_seconds = 0.999, job->compared = true;
-  EXPECT_FALSE(cal.finish_window(128, 128));
+  // Steps gathered while the job ran stay in the window.
+  cal.add_step(records(47, world).data(), world);
+  EXPECT_FALSE(cal.finish_window(48));
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::idle);
+  // Kept: the same window grows, fitted again 40 steps on (steps 27-87), then 80, ..., and holds
+  // at most the latest kMaxCalibrationWindow steps.
+  for (int64_t step = 48; step < 87; ++step) cal.add_step(records(step, world).data(), world);
+  EXPECT_FALSE(cal.window_complete());
+  cal.add_step(records(87, world).data(), world);
+  ASSERT_TRUE(cal.window_complete());
+  job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
+  EXPECT_EQ(job->begin, 27);
+  EXPECT_EQ(job->end, 87);
+  EXPECT_EQ(job->samples.size(), 2u * 61);
+  job->evaluate();
+  job->comparison = pays, job->comparison.candidate_seconds = 0.999, job->compared = true;
+  EXPECT_FALSE(cal.finish_window(88));
+  int64_t step = 88;
+  for (int fits = 0; fits < 6; ++fits) {
+    while (!cal.window_complete()) cal.add_step(records(step, world).data(), world), ++step;
+    job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
+    EXPECT_LE(job->end - job->begin + 1, kMaxCalibrationWindow);
+    job->evaluate();
+    job->comparison = pays, job->comparison.candidate_seconds = 0.999, job->compared = true;
+    EXPECT_FALSE(cal.finish_window(step));
+  }
+  EXPECT_EQ(job->end - job->begin + 1, kMaxCalibrationWindow);
   const nlohmann::json summary = cal.summary();
-  ASSERT_EQ(summary["windows"].size(), 2u);
+  ASSERT_EQ(summary["windows"].size(), 9u);
   EXPECT_EQ(summary["windows"][0]["decision"], "replanned");
   EXPECT_EQ(summary["windows"][0]["replanned_from_step"], 27);
   EXPECT_NE(summary["windows"][1]["decision"].get<std::string>().find("kept: "), std::string::npos);
