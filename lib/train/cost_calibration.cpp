@@ -91,6 +91,17 @@ void CostCalibration::grow_window() {
   stage_ = Stage::idle;
   window_gap_ = std::min(2 * window_gap_, kMaxCalibrationWindow);
   window_due_ = std::max(window_due_, last_gathered_) + window_gap_;
+  trim_window();
+}
+
+void CostCalibration::confirm_window(int64_t from_step) {
+  stage_ = Stage::idle;
+  window_gap_ = kFirstCalibrationWindow;
+  window_due_ = from_step + window_gap_ - 1;
+  trim_window();
+}
+
+void CostCalibration::trim_window() {
   // The latest kMaxCalibrationWindow steps at the next fit.
   const int64_t first = window_due_ - kMaxCalibrationWindow + 1;
   if (first > window_begin_) {
@@ -195,7 +206,7 @@ void CostCalibration::switched(int64_t from_step, const PlanModel& model, int wo
     verdicts_.back().decision = "replanned";
     verdicts_.back().replanned_from = from_step;
   }
-  restart_window(from_step);
+  confirm_window(from_step);
 }
 
 namespace {

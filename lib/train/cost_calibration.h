@@ -4,11 +4,12 @@
 // fits the cost model and the ranks' speeds to the measured compute times (balance::fit_window),
 // and where the division made with the fit beats the one in force on the next steps by more than
 // the fit's noise (balance::compare_divisions), the run re-plans its remaining steps with it. A
-// window holds every step since the plan in force took effect (at most kMaxCalibrationWindow of
-// the latest): it is fitted first kFirstCalibrationWindow steps after warm-up or after a switch
-// (a switch is confirmed, or corrected, soon), and where the verdict keeps the plan, again after
-// twice as many steps as the last gap (20, 40, 80, ... up to kMaxCalibrationWindow): the need
-// decays while each fit sees more rows, and a run whose speed changes is followed. The
+// window holds every step since warm-up, at most the latest kMaxCalibrationWindow (the model
+// prices each row's own work, so rows of earlier plans fit it as well as the plan in force's and
+// make its noise smaller): it is fitted first kFirstCalibrationWindow steps after warm-up and
+// after a switch (a switch is confirmed, or corrected, soon), and where the verdict keeps the
+// plan, again after twice as many steps as the last gap (20, 40, 80, ... up to
+// kMaxCalibrationWindow): the need decays, and a run whose speed changes is followed. The
 // models put in force, each with the step it took effect, go into checkpoints (a resume plans as
 // the run did) and, with every window's verdict, into summary.json. No MPI here:
 // run_calibration.h drives it from the step loop.
@@ -129,8 +130,10 @@ class CostCalibration {
   std::string switch_line() const;
 
  private:
-  void restart_window(int64_t begin);  // the plan changed at `begin`: a fresh, short window
-  void grow_window();                  // the plan stays: the same rows and more, fitted later
+  void restart_window(int64_t begin);      // a fresh window from `begin` (the first one)
+  void grow_window();                      // the plan stays: the same rows and more, fitted later
+  void confirm_window(int64_t from_step);  // a switch at `from_step`: the same rows and 20 steps more
+  void trim_window();                      // the rows of the latest kMaxCalibrationWindow steps
   double test_seconds(const balance::CostSample& sample) const;
 
   CalibrationSettings settings_;

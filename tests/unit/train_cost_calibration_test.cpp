@@ -60,6 +60,19 @@ TEST(TrainCostCalibration, WindowsFitVerdictAndRecord) {
   EXPECT_NEAR(candidate.rank_speed[1], 1.25, 1e-9);
   balance::PlanComparison pays;
   pays.steps = 16, pays.current_seconds = 1, pays.candidate_seconds = 0.9, pays.gain_sd = 0.01;
+  balance::PlanComparison hardly = pays;
+  hardly.candidate_seconds = 0.999;
+  const auto gather = [&cal, world](int64_t from, int64_t end) {
+    for (int64_t step = from; step < end; ++step) cal.add_step(records(step, world).data(), world);
+  };
+  // Steps from `from` on gathered: the window is complete with step `due`, not before; its job.
+  const auto job_due_at = [&cal, &gather](int64_t from, int64_t due) {
+    gather(from, due);
+    EXPECT_FALSE(cal.window_complete()) << "before step " << due;
+    gather(due, due + 1);
+    EXPECT_TRUE(cal.window_complete()) << "at step " << due;
+    return cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
+  };
   job->comparison = pays, job->compared = true;
   EXPECT_TRUE(cal.finish_window(23));
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::announced);
@@ -67,42 +80,35 @@ TEST(TrainCostCalibration, WindowsFitVerdictAndRecord) {
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::idle);
   ASSERT_EQ(cal.models().size(), 1u);
   EXPECT_NE(cal.switch_line().find("the plan changes from step 27 on"), std::string::npos) << cal.switch_line();
-  // The next window, short again to confirm the switch: steps 27-46.
-  for (int64_t step = 22; step < 46; ++step) cal.add_step(records(step, world).data(), world);
-  EXPECT_FALSE(cal.window_complete());
-  cal.add_step(records(46, world).data(), world);
-  EXPECT_TRUE(cal.window_complete());
+  // The next fit 20 steps after the switch, to confirm it (steps 27-46), on the rows before the
+  // switch as well (steps 2-21 and, not gathered while the verdict was out, 22-26 in this test).
   // A candidate that does not pay is kept out, and said why.
-  job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
-  EXPECT_EQ(job->begin, 27);
-  EXPECT_EQ(job->samples.size(), 2u * 20);
+  job = job_due_at(22, 46);
+  EXPECT_EQ(job->begin, 2);
+  EXPECT_EQ(job->samples.size(), 2u * 45);
   job->evaluate();
   ASSERT_TRUE(job->candidate);
-  job->comparison = pays, job->comparison.candidate_seconds = 0.999, job->compared = true;
+  job->comparison = hardly, job->compared = true;
   // Steps gathered while the job ran stay in the window.
-  cal.add_step(records(47, world).data(), world);
+  gather(47, 48);
   EXPECT_FALSE(cal.finish_window(48));
   EXPECT_EQ(cal.stage(), CostCalibration::Stage::idle);
-  // Kept: the same window grows, fitted again 40 steps on (steps 27-87), then 80, ..., and holds
+  // Kept: the same window grows, fitted again 40 steps on (steps 2-87), then 80, ..., and holds
   // at most the latest kMaxCalibrationWindow steps.
-  for (int64_t step = 48; step < 87; ++step) cal.add_step(records(step, world).data(), world);
-  EXPECT_FALSE(cal.window_complete());
-  cal.add_step(records(87, world).data(), world);
-  ASSERT_TRUE(cal.window_complete());
-  job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
-  EXPECT_EQ(job->begin, 27);
+  job = job_due_at(48, 87);
+  EXPECT_EQ(job->begin, 2);
   EXPECT_EQ(job->end, 87);
-  EXPECT_EQ(job->samples.size(), 2u * 61);
+  EXPECT_EQ(job->samples.size(), 2u * 86);
   job->evaluate();
-  job->comparison = pays, job->comparison.candidate_seconds = 0.999, job->compared = true;
+  job->comparison = hardly, job->compared = true;
   EXPECT_FALSE(cal.finish_window(88));
   int64_t step = 88;
   for (int fits = 0; fits < 6; ++fits) {
-    while (!cal.window_complete()) cal.add_step(records(step, world).data(), world), ++step;
+    while (!cal.window_complete()) gather(step, step + 1), ++step;
     job = cal.start_window(balance::CostModel{1, 2e-3, 64}, {});
     EXPECT_LE(job->end - job->begin + 1, kMaxCalibrationWindow);
     job->evaluate();
-    job->comparison = pays, job->comparison.candidate_seconds = 0.999, job->compared = true;
+    job->comparison = hardly, job->compared = true;
     EXPECT_FALSE(cal.finish_window(step));
   }
   EXPECT_EQ(job->end - job->begin + 1, kMaxCalibrationWindow);
