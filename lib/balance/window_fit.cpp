@@ -361,8 +361,8 @@ bool fit_coefficients(const Panel& p, const bool use[3], bool fit_speeds, Window
 
 // The fit with the deviations of b and c the window can tell: both where free, else (collinear,
 // or refused by the guards: b and c often move together, when one rank of every step gets the long
-// pieces and fewer micro-batches) b alone, then c alone; where none holds, neither, and `refused`
-// says why the first was refused. false: not even the scale could be fitted.
+// pieces and fewer micro-batches) b alone, then c alone; where none holds, neither. `refused`
+// gathers why each try was refused. false: not even the scale could be fitted.
 bool fit_deviations(const Panel& p, const bool can[3], const WindowFitOptions& opts, bool fit_speeds, WindowFit& fit,
                     std::string& refused) {
   const bool tries[3][3] = {{true, can[1], can[2]}, {true, can[1], false}, {true, false, can[2]}};
@@ -386,7 +386,6 @@ bool fit_deviations(const Panel& p, const bool can[3], const WindowFitOptions& o
 // The guards' F statistic for the speeds: does letting every rank have its own speed explain the
 // within-step differences significantly better than the coefficients alone? (The speeds and b are
 // confounded where one rank of every step gets the long pieces.)
-constexpr double kFitSpeedMinF = 4;
 double speed_f_statistic(const Panel& p, const WindowFit& with, const WindowFit& without) {
   int k = 0;
   for (int j = 1; j < 3; ++j) k += with.column[j] ? 1 : 0;
@@ -429,10 +428,6 @@ void fit_transfer(const Panel& p, WindowFit& fit) {
   fit.cost.layers = 0;  // measured: as it is, not raised by the link-bound rule
   fit.t_fitted = true;
 }
-
-}  // namespace
-
-namespace {
 
 // The fit of one panel (fit_window's, with or without its outlier steps).
 WindowFit fit_panel(const Panel& p, const WindowFitOptions& opts) {

@@ -37,6 +37,7 @@ constexpr double kFitCMaxTokens = 1024;     // c within [0, 1024 tokens' worth]
 constexpr double kFitMinSpeedGap = 0.02;    // a speed factor differs from 1 by at least this ...
 constexpr double kFitSpeedNoise = 3;        // ... and by this many of its standard errors
 constexpr double kFitSpeedRange = 3;        // speed factors within [1/3, 3]
+constexpr double kFitSpeedMinF = 4;         // the speeds' F statistic against every rank at 1 (b confounded)
 constexpr int kFitMinDegreesOfFreedom = 8;
 constexpr double kFitOutlier = 3.5;          // a step whose rank is this many robust sds off the fit is left out ...
 constexpr double kFitMaxOutlierShare = 0.2; // ... unless more than this share of the steps would be

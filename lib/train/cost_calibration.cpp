@@ -188,16 +188,13 @@ bool CostCalibration::finish_window(int64_t step) {
   return false;
 }
 
-void CostCalibration::abandon(const std::string& why, int64_t next_step, bool plan_changed) {
+void CostCalibration::abandon(const std::string& why) {
   if (job_) {  // evaluating (its thread has ended): what it found, kept
     verdicts_.push_back(verdict_of(*job_));
     job_.reset();
   }
   if (!verdicts_.empty() && verdicts_.back().decision.empty()) verdicts_.back().decision = "kept: " + why;
-  if (plan_changed)
-    restart_window(next_step);
-  else
-    grow_window();
+  grow_window();
 }
 
 void CostCalibration::switched(int64_t from_step, const PlanModel& model, int world_size) {

@@ -113,8 +113,8 @@ class CostCalibration {
   // is the step whose reduction carries it); false: kept, and the window grows.
   bool finish_window(int64_t step);
   // Any rank: the candidate was given up (the cut-cost check re-planned, the run ends first); the
-  // window grows, or, with `plan_changed`, starts again at `next_step`.
-  void abandon(const std::string& why, int64_t next_step, bool plan_changed);
+  // window grows (its rows price their own work, so a plan changed by the cut-cost check keeps them).
+  void abandon(const std::string& why);
   // Every rank: `model` in force from `from_step`; the next window starts there.
   void switched(int64_t from_step, const PlanModel& model, int world_size);
 

@@ -97,7 +97,7 @@ void switch_plan(Run& run) {
   const int64_t from_step = int64_t(fed) + 1;
   if (from_step >= run.total_steps) {
     run.plans->drop_build();
-    run.calibration.abandon("the run ends before a new plan could start", state.step, false);
+    run.calibration.abandon("the run ends before a new plan could start");
     return;
   }
   const balance::PlanPosition from = position_after(run, state.position, from_step - state.step);
@@ -200,7 +200,7 @@ void calibration_after_step(Run& run, const ReducedStep& reduced) {
 void abandon_calibration(Run& run, const std::string& why) {
   if (!run.calibration.active() || run.calibration.stage() == CostCalibration::Stage::idle) return;
   run.plans->drop_build();
-  run.calibration.abandon(why, run.state.step, false);
+  run.calibration.abandon(why);
 }
 
 }  // namespace kilter::train
