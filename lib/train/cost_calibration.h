@@ -115,7 +115,8 @@ class CostCalibration {
   // Any rank: the candidate was given up (the cut-cost check re-planned, the run ends first); the
   // window grows (its rows price their own work, so a plan changed by the cut-cost check keeps them).
   void abandon(const std::string& why);
-  // Every rank: `model` in force from `from_step`; the next window starts there.
+  // Every rank: `model` in force from `from_step`; the window keeps its rows and is fitted again
+  // kFirstCalibrationWindow steps after it.
   void switched(int64_t from_step, const PlanModel& model, int world_size);
 
   const std::vector<CalibratedModel>& models() const { return models_; }
