@@ -66,6 +66,8 @@
 #        4 x that), CAL_MB (micro-batches per rank per step, default 4: 16384-token steps, the
 #        issue's setting), CAL_STEPS (default 100), CAL_DRILL (default 15, percent), WAIT_LOAD
 #        (unset; e.g. 2.5: before each run wait until the 1-minute load average is below it)
+#   KEEP (unset; a directory: every run's directory, metrics and summary.json, is moved there at the
+#        end instead of deleted, e.g. to read the calibration's windows of an auto run)
 # The cut section also compares step by step (a step holds the same tokens with cuts on and off):
 # `slower` is the share of steps whose slowest-rank time, median over the repeats, is more than 5%
 # above the same step's without cuts.
@@ -102,7 +104,8 @@ LAYERS=${LAYERS:-4}
 EMBD=${EMBD:-128}
 [[ -x "$KILTER" ]] || { echo "bench/balance_effect.sh: no kilter binary at $KILTER (pass its path)" >&2; exit 2; }
 work=$(mktemp -d /tmp/kilter-balance.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# KEEP=DIR: the run directories are moved there at the end (their metrics and summaries), not deleted.
+trap '[[ -n ${KEEP:-} ]] && mkdir -p "$KEEP" && mv "$work"/runs/* "$KEEP"/ 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
 # synth LENGTHS DIR: a fresh synthetic corpus

@@ -8,6 +8,8 @@
 // - on the background thread: the window's fit (20 steps x P ranks, synthetic times of a 1.2x
 //   slower rank), the epoch's plan with the fitted model (= a re-plan), and the comparison with
 //   the plan in force on 32 steps.
+// And the largest window (kMaxCalibrationWindow steps, the window's work repeated): its hand-over
+// on the training thread (the rows are shared, not copied) and its fit on the background thread.
 // It checks what it timed: the fit finds the slow rank, the re-plan holds the same steps and
 // tokens, and the comparison pays.
 // Usage: kilter_bench_replan --lengths SPEC --docs N --world-size P --context C --max-tokens M
@@ -51,6 +53,36 @@ std::vector<diag::StepRecord> records_of(const balance::StepView& step, int64_t 
     rec.phase[diag::kForward] = seconds / 3;
     rec.phase[diag::kBackward] = 2 * seconds / 3;
   }
+  return out;
+}
+
+struct FullWindow {
+  double handover_seconds = 0, fit_seconds = 0;
+  uint64_t rows = 0;
+};
+
+// The hand-over and the fit of a window of kMaxCalibrationWindow steps, its steps' records the
+// first window's repeated (what is timed does not depend on the work, only on the rows).
+FullWindow full_window(const std::vector<std::vector<diag::StepRecord>>& records, const train::CalibrationSettings& settings,
+                       const balance::CostModel& planned) {
+  train::CostCalibration calibration(settings, 0);
+  const int world = settings.world_size;
+  std::vector<diag::StepRecord> step_records;
+  for (int64_t s = 0; s < train::kMaxCalibrationWindow + train::kCalibrationWarmup; ++s) {
+    step_records = records[size_t(s) % records.size()];
+    for (diag::StepRecord& r : step_records) r.step = s;
+    calibration.add_step(step_records.data(), world);
+  }
+  FullWindow out;
+  double t0 = cpu_seconds();
+  std::shared_ptr<train::WindowJob> job = calibration.start_window(planned, {});
+  out.handover_seconds = cpu_seconds() - t0;
+  KILTER_CHECK(job->end - job->begin + 1 == train::kMaxCalibrationWindow, "the window holds steps " << job->begin << "-" << job->end);
+  t0 = cpu_seconds();
+  job->evaluate();
+  out.fit_seconds = cpu_seconds() - t0;
+  KILTER_CHECK(job->candidate && job->fit.rank_speed.at(1) > 1.1, "the full window's fit did not find the slow rank: " << job->kept);
+  out.rows = job->fit.rows;
   return out;
 }
 
@@ -121,13 +153,16 @@ int main(int argc, char** argv) {
     const balance::PlanComparison comparison = balance::compare_divisions(current, candidate, job->fit);
     const double compare_seconds = cpu_seconds() - t0;
     KILTER_CHECK(comparison.pays(), "the re-plan of a 1.2x slower rank does not pay");
+    const FullWindow full = full_window(records, settings, plan.cost);
     std::printf("{\"world_size\": %d, \"steps\": %llu, \"records_per_step_seconds\": %.3g, \"handover_seconds\": %.3g, "
                 "\"fit_seconds\": %.3g, \"fit_rows\": %llu, \"replan_seconds\": %.3g, \"replan_seconds_per_step\": %.3g, "
-                "\"compare_seconds\": %.3g, \"compared_steps\": %llu, \"predicted_gain\": %.4f, \"slow_rank_speed\": %.4f}\n",
+                "\"compare_seconds\": %.3g, \"compared_steps\": %llu, \"predicted_gain\": %.4f, \"slow_rank_speed\": %.4f, "
+                "\"full_window_steps\": %lld, \"full_handover_seconds\": %.3g, \"full_fit_seconds\": %.3g, \"full_fit_rows\": %llu}\n",
                 world, (unsigned long long)plan.steps.size(), add_seconds, handover_seconds, fit_seconds,
                 (unsigned long long)job->fit.rows, plan_seconds, plan_seconds / double(plan.steps.size()),
                 compare_seconds, (unsigned long long)comparison.steps, comparison.relative_gain(),
-                job->fit.rank_speed[1]);
+                job->fit.rank_speed[1], (long long)train::kMaxCalibrationWindow, full.handover_seconds, full.fit_seconds,
+                (unsigned long long)full.rows);
   } catch (const Error& e) {
     std::fprintf(stderr, "kilter_bench_replan: %s\n", e.what());
     return 1;

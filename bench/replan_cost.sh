@@ -5,7 +5,8 @@
 # (the hidden scale case). For each, `kilter plan --json` resolves the cost model (b, c, t) and kilter_bench_replan times, in CPU seconds of its
 # thread, what the training thread of rank 0 does per step (taking every rank's record into the
 # window) and at the hand-over, and what the background thread does (the window's fit, the epoch's
-# plan with the fitted model, the comparison on 32 steps; docs/plan.md, "In-run calibration").
+# plan with the fitted model, the comparison on 32 steps; docs/plan.md, "In-run calibration"), and
+# the same hand-over and fit for the largest window a run keeps (320 steps x P ranks).
 # The GPT-2 row sets the training thread's share beside one step of inputs/gpt2-124m.ini on the
 # GPU figures of docs/gpu.md (bf16, 136,984 tokens/s per H200 as kilter measured it; also at
 # torch.compile's 466,103 tokens/s on that GPU, the speed issue 37 aims for): 524288 tokens over P GPUs.
@@ -41,6 +42,8 @@ print(f"{name:<10} P={P:<5} {r['steps']:>5} steps/epoch | training thread: {loop
       f"{r['handover_seconds'] * 1e3:6.3f} ms at the hand-over | background: fit {r['fit_seconds']:.3f} s "
       f"({r['fit_rows']} rows), re-plan {r['replan_seconds']:.2f} s ({r['replan_seconds_per_step'] * 1e3:.2f} ms per step), "
       f"compare {r['compare_seconds']:.3f} s ({r['compared_steps']} steps) | kilter plan: {plan['plan_build_cpu_seconds']:.2f} s CPU")
+print(f"{'':<10} the largest window ({r['full_window_steps']} steps, {r['full_fit_rows']} rows): hand-over "
+      f"{r['full_handover_seconds'] * 1e3:.3f} ms on the training thread, fit {r['full_fit_seconds']:.2f} s in the background")
 for gpu in map(float, sys.argv[5:7]) if name == "gpt2" else ():
     step = step_tokens / (P * gpu)
     print(f"{'':<10} one step of inputs/gpt2-124m.ini on {P} H200s (bf16, {gpu:.0f} tokens/s each): {step * 1e3:.2f} ms; "

@@ -24,14 +24,51 @@ struct Panel {
   size_t n = 0;
   size_t steps = 0;
   int ranks = 0;
+  int segments = 1;                // speed segments (WindowFitOptions::speed_segments, merged to enough steps)
+  int64_t last_segment_from = 0;   // the first step of the latest
   std::vector<size_t> step_of;
   std::vector<int64_t> step_id;    // per dense index: the step
   std::vector<int> rank_of;
+  std::vector<int> group_of;       // the row's speed: rank + ranks x segment
+  int groups() const { return ranks * segments; }
   std::vector<double> step_count, rank_count;
   std::vector<double> y;           // compute seconds
   std::vector<double> col[3];      // u (the plan's units), attention work, micro-batches
   std::vector<double> kv_tokens, kv_wait;
 };
+
+// Each row's speed group: its rank in its segment of steps. The segments start at `starts`; one
+// with fewer than kFitMinSegmentSteps steps of the panel joins the one before it (the first, the
+// one after it).
+void assign_segments(Panel& p, const std::vector<int64_t>& starts) {
+  std::map<int64_t, size_t> raw_steps;  // raw segment (its index in starts + 1) -> steps
+  const auto raw_of = [&starts](int64_t step) {
+    return int64_t(std::upper_bound(starts.begin(), starts.end(), step) - starts.begin());
+  };
+  for (int64_t step : p.step_id) raw_steps[raw_of(step)] += 1;
+  std::map<int64_t, int> merged;  // raw segment -> merged segment
+  int segment = -1;
+  size_t held = kFitMinSegmentSteps;  // steps of the merged segment being filled
+  for (const auto& [raw, steps] : raw_steps) {
+    if (held >= kFitMinSegmentSteps) ++segment, held = 0;
+    merged[raw] = segment;
+    held += steps;
+  }
+  if (segment > 0 && held < kFitMinSegmentSteps) {  // the last is short: it joins the one before
+    for (auto& [raw, m] : merged)
+      if (m == segment) m = segment - 1;
+    --segment;
+  }
+  p.segments = std::max(segment + 1, 1);
+  p.group_of.resize(p.n);
+  p.last_segment_from = INT64_MAX;
+  for (size_t i = 0; i < p.n; ++i) {
+    const int64_t step = p.step_id[p.step_of[i]];
+    const int seg = merged[raw_of(step)];
+    p.group_of[i] = p.rank_of[i] + p.ranks * seg;
+    if (seg == p.segments - 1) p.last_segment_from = std::min(p.last_segment_from, step);
+  }
+}
 
 Panel make_panel(const std::vector<CostSample>& samples, const WindowFitOptions& opts,
                  const std::set<int64_t>& left_out = {}) {
@@ -59,6 +96,7 @@ Panel make_panel(const std::vector<CostSample>& samples, const WindowFitOptions&
   p.step_count.assign(p.steps, 0);
   p.rank_count.assign(size_t(p.ranks), 0);
   for (size_t i = 0; i < p.n; ++i) p.step_count[p.step_of[i]] += 1, p.rank_count[size_t(p.rank_of[i])] += 1;
+  assign_segments(p, opts.speed_segments);
   return p;
 }
 
@@ -152,30 +190,33 @@ struct Factors {
 // the same predicted work). f is normalized to a lower median of 1, m to a mean of 1: the scale
 // stays with the coefficients.
 void update_factors(const Panel& p, const std::vector<double>& pred, bool fit_speeds, Factors& x) {
-  std::vector<double> num(p.steps), den(p.steps), rank_num(size_t(p.ranks)), rank_den(size_t(p.ranks));
+  std::vector<double> num(p.steps), den(p.steps), rank_num(size_t(p.groups())), rank_den(size_t(p.groups()));
   for (int round = 0; round < 3; ++round) {
     std::fill(num.begin(), num.end(), 0.0);
     std::fill(den.begin(), den.end(), 0.0);
     for (size_t i = 0; i < p.n; ++i) {
       num[p.step_of[i]] += p.y[i];
-      den[p.step_of[i]] += x.speed[size_t(p.rank_of[i])] * pred[i];
+      den[p.step_of[i]] += x.speed[size_t(p.group_of[i])] * pred[i];
     }
     for (size_t s = 0; s < p.steps; ++s) x.step[s] = den[s] > 0 && num[s] > 0 ? num[s] / den[s] : 1.0;
     if (!fit_speeds) break;
     std::fill(rank_num.begin(), rank_num.end(), 0.0);
     std::fill(rank_den.begin(), rank_den.end(), 0.0);
     for (size_t i = 0; i < p.n; ++i) {
-      rank_num[size_t(p.rank_of[i])] += p.y[i];
-      rank_den[size_t(p.rank_of[i])] += x.step[p.step_of[i]] * pred[i];
+      rank_num[size_t(p.group_of[i])] += p.y[i];
+      rank_den[size_t(p.group_of[i])] += x.step[p.step_of[i]] * pred[i];
     }
-    std::vector<double> seen;
-    for (int r = 0; r < p.ranks; ++r) {
-      if (rank_den[size_t(r)] > 0 && rank_num[size_t(r)] > 0) x.speed[size_t(r)] = rank_num[size_t(r)] / rank_den[size_t(r)];
-      if (p.rank_count[size_t(r)] > 0) seen.push_back(x.speed[size_t(r)]);
+    // Each segment's speeds to a lower median of 1 (its steps' factors carry its level).
+    for (int seg = 0; seg < p.segments; ++seg) {
+      std::vector<double> seen;
+      for (int g = seg * p.ranks; g < (seg + 1) * p.ranks; ++g) {
+        if (rank_den[size_t(g)] > 0 && rank_num[size_t(g)] > 0) x.speed[size_t(g)] = rank_num[size_t(g)] / rank_den[size_t(g)];
+        if (rank_num[size_t(g)] > 0) seen.push_back(x.speed[size_t(g)]);
+      }
+      const double mid = lower_median(seen);
+      if (mid > 0)
+        for (int g = seg * p.ranks; g < (seg + 1) * p.ranks; ++g) x.speed[size_t(g)] /= mid;
     }
-    const double mid = lower_median(seen);
-    if (mid > 0)
-      for (double& f : x.speed) f /= mid;
   }
   double mean = 0;
   for (double m : x.step) mean += m;
@@ -208,7 +249,7 @@ Regression regress_shares(const Panel& p, const std::vector<double>& speed, cons
   for (size_t i = 0; i < p.n; ++i) {
     const size_t s = p.step_of[i];
     total[s] += p.y[i];
-    for (int j = 0; j < 3; ++j) work[s][j] += speed[size_t(p.rank_of[i])] * p.col[j][i];
+    for (int j = 0; j < 3; ++j) work[s][j] += speed[size_t(p.group_of[i])] * p.col[j][i];
   }
   // g_j per row; target -g_0, regressors g_cols.
   std::vector<std::array<double, 3>> g(p.n);
@@ -216,7 +257,7 @@ Regression regress_shares(const Panel& p, const std::vector<double>& speed, cons
     const size_t s = p.step_of[i];
     const double norm = total[s] * work[s][0];
     for (int j = 0; j < 3; ++j)
-      g[i][j] = norm > 0 ? (p.y[i] * work[s][j] - total[s] * speed[size_t(p.rank_of[i])] * p.col[j][i]) / norm : 0;
+      g[i][j] = norm > 0 ? (p.y[i] * work[s][j] - total[s] * speed[size_t(p.group_of[i])] * p.col[j][i]) / norm : 0;
   }
   double scale[2] = {}, m[3][3] = {}, r[3] = {};
   for (int a = 0; a < k; ++a) {
@@ -249,28 +290,32 @@ Regression regress_shares(const Panel& p, const std::vector<double>& speed, cons
 }
 
 // The share of the within-step variation of the seconds the model explains, and each speed's
-// standard error (the spread of its rows' ratios to the model, over the square root of its rows).
+// standard error (the spread of its rows' ratios to the model, over the square root of its rows):
+// of the recent segment's speeds, which the plan takes.
 void goodness(const Panel& p, const Factors& x, const double coef[3], WindowFit& fit) {
   const std::vector<double> pred = predicted(p, coef);
-  std::vector<double> step_mean(p.steps, 0.0), sum(size_t(p.ranks), 0.0), sum2(size_t(p.ranks), 0.0);
+  const size_t groups = size_t(p.groups());
+  std::vector<double> step_mean(p.steps, 0.0), sum(groups, 0.0), sum2(groups, 0.0), count(groups, 0.0);
   for (size_t i = 0; i < p.n; ++i) step_mean[p.step_of[i]] += p.y[i] / p.step_count[p.step_of[i]];
   double sse = 0, sst = 0;
   for (size_t i = 0; i < p.n; ++i) {
-    const double fitted = x.step[p.step_of[i]] * x.speed[size_t(p.rank_of[i])] * pred[i];
+    const double fitted = x.step[p.step_of[i]] * x.speed[size_t(p.group_of[i])] * pred[i];
     sse += (p.y[i] - fitted) * (p.y[i] - fitted);
     sst += (p.y[i] - step_mean[p.step_of[i]]) * (p.y[i] - step_mean[p.step_of[i]]);
     if (!(fitted > 0)) continue;
     const double ratio = p.y[i] / fitted;
-    sum[size_t(p.rank_of[i])] += ratio, sum2[size_t(p.rank_of[i])] += ratio * ratio;
+    const size_t g = size_t(p.group_of[i]);
+    sum[g] += ratio, sum2[g] += ratio * ratio, count[g] += 1;
   }
   fit.r2 = sst > 0 ? 1.0 - sse / sst : 1.0;
   fit.residual_ss = sse;
   fit.rank_speed_se.assign(size_t(p.ranks), 0.0);
   for (int r = 0; r < p.ranks; ++r) {
-    const double n = p.rank_count[size_t(r)];
+    const size_t g = size_t(r + (p.segments - 1) * p.ranks);
+    const double n = count[g];
     if (!(n > 1)) continue;
-    const double mean = sum[size_t(r)] / n, var = std::max(0.0, sum2[size_t(r)] / n - mean * mean);
-    fit.rank_speed_se[size_t(r)] = x.speed[size_t(r)] * std::sqrt(var / (n - 1));
+    const double mean = sum[g] / n, var = std::max(0.0, sum2[g] / n - mean * mean);
+    fit.rank_speed_se[size_t(r)] = x.speed[g] * std::sqrt(var / (n - 1));
   }
 }
 
@@ -283,12 +328,12 @@ std::set<int64_t> outlier_steps(const Panel& p, const WindowFit& fit) {
   std::vector<double> step_num(p.steps, 0.0), step_den(p.steps, 0.0);
   for (size_t i = 0; i < p.n; ++i) {
     step_num[p.step_of[i]] += p.y[i];
-    step_den[p.step_of[i]] += fit.rank_speed[size_t(p.rank_of[i])] * pred[i];
+    step_den[p.step_of[i]] += fit.segment_speed[size_t(p.group_of[i])] * pred[i];
   }
   std::vector<double> dev(p.n, 0.0);
   for (size_t i = 0; i < p.n; ++i) {
     const size_t s = p.step_of[i];
-    const double fitted = step_den[s] > 0 ? step_num[s] / step_den[s] * fit.rank_speed[size_t(p.rank_of[i])] * pred[i] : 0;
+    const double fitted = step_den[s] > 0 ? step_num[s] / step_den[s] * fit.segment_speed[size_t(p.group_of[i])] * pred[i] : 0;
     dev[i] = fitted > 0 ? std::fabs(p.y[i] / fitted - 1) : 0;
   }
   std::vector<double> sorted = dev;
@@ -323,7 +368,7 @@ std::string ratio_refusal(const WindowFit& fit, const WindowFitOptions& opts) {
 // from the level at the end. false: the regression could not be made (collinear columns, too few
 // rows).
 bool fit_coefficients(const Panel& p, const bool use[3], bool fit_speeds, WindowFit& fit) {
-  Factors x{std::vector<double>(p.steps, 1.0), std::vector<double>(size_t(p.ranks), 1.0)};
+  Factors x{std::vector<double>(p.steps, 1.0), std::vector<double>(size_t(p.groups()), 1.0)};
   Regression reg;  // coefficients per unit of the plan's cost
   const bool deviations = use[1] || use[2];
   constexpr int kRounds = 50;
@@ -341,14 +386,15 @@ bool fit_coefficients(const Panel& p, const bool use[3], bool fit_speeds, Window
   }
   const std::vector<double> pred = predicted(p, reg.coef);
   double seconds = 0, units = 0;
-  for (size_t i = 0; i < p.n; ++i) seconds += p.y[i], units += x.speed[size_t(p.rank_of[i])] * pred[i];
+  for (size_t i = 0; i < p.n; ++i) seconds += p.y[i], units += x.speed[size_t(p.group_of[i])] * pred[i];
   const double scale = units > 0 ? seconds / units : 0;
   for (int j = 0; j < 3; ++j) {
     fit.coef[j] = scale * reg.coef[j];
     fit.column[j] = j == 0 || use[j];
     for (int k = 0; k < 3; ++k) fit.cov[j][k] = scale * scale * reg.cov[j][k];
   }
-  fit.rank_speed = x.speed;
+  fit.segment_speed = x.speed;
+  fit.rank_speed.assign(x.speed.end() - p.ranks, x.speed.end());  // the recent segment's
   goodness(p, x, fit.coef, fit);
   const double unit = fit.coef[0];
   fit.cost = fit.units;
@@ -389,20 +435,26 @@ bool fit_deviations(const Panel& p, const bool can[3], const WindowFitOptions& o
 double speed_f_statistic(const Panel& p, const WindowFit& with, const WindowFit& without) {
   int k = 0;
   for (int j = 1; j < 3; ++j) k += with.column[j] ? 1 : 0;
-  const int extra = p.ranks - 1;
+  const int extra = p.segments * (p.ranks - 1);
   const double dof = double(p.n) - double(p.steps) - k - extra;
   if (!(dof > 0) || extra < 1) return 0;
   if (!(with.residual_ss > 0)) return without.residual_ss > 0 ? INFINITY : 0;
   return (without.residual_ss - with.residual_ss) / extra / (with.residual_ss / dof);
 }
 
-// Speeds that do not differ from 1 beyond their noise become 1; the rest stay within the range.
-void settle_speeds(WindowFit& fit) {
+// Speeds that do not differ from the plan's (else from 1) beyond their noise become that; the rest
+// stay within the range. A speed the plan has already taken is not chased for every small move of
+// a short segment's estimate (the steps of a stretch are not independent: the machine's noise comes
+// in episodes, and the standard error is smaller than the estimate's real spread).
+void settle_speeds(WindowFit& fit, const std::vector<double>& planned) {
   std::vector<std::string> clamped;
   for (size_t r = 0; r < fit.rank_speed.size(); ++r) {
     double& f = fit.rank_speed[r];
     const double se = r < fit.rank_speed_se.size() ? fit.rank_speed_se[r] : 0;
-    if (!(std::fabs(f - 1) >= std::max(kFitMinSpeedGap, kFitSpeedNoise * se))) f = 1;
+    const double near = std::max(kFitMinSpeedGap, kFitSpeedNoise * se);
+    const double in_force = r < planned.size() ? planned[r] : 1.0;
+    if (std::fabs(f - in_force) < near * in_force) f = in_force;
+    else if (std::fabs(f - 1) < near) f = 1;
     if (f > kFitSpeedRange || f < 1 / kFitSpeedRange) {
       clamped.push_back(std::to_string(r));
       f = std::clamp(f, 1 / kFitSpeedRange, kFitSpeedRange);
@@ -465,6 +517,7 @@ WindowFit fit_panel(const Panel& p, const WindowFitOptions& opts) {
   } else if (!can[1] && !can[2] && (opts.fit_b || opts.fit_c)) {
     fit.note = "the ranks' work did not differ within steps: cost_b and cost_c kept";
   }
+  fit.speeds_from_step = p.last_segment_from;
   fit.seconds_per_unit = fit.coef[0];
   if (!(fit.seconds_per_unit > 0)) {
     fit.note = "the fitted seconds per unit of cost are not positive";
@@ -496,7 +549,7 @@ WindowFit fit_window(const std::vector<CostSample>& samples, const WindowFitOpti
     }
   }
   if (!fit.usable) return fit;
-  settle_speeds(fit);
+  settle_speeds(fit, opts.planned_speed);
   if (opts.fit_t) fit_transfer(all, fit);
   return fit;
 }

@@ -4,7 +4,8 @@
 //   seconds(r, s) = m_s x f_r x (scale x units + beta x attention + gamma x micro-batches)
 // with units the plan's own cost (a tokens + b attention + c micro-batches), m_s how fast the
 // machine ran in step s (shared by its ranks: the scheduler, the file system, other jobs), f_r
-// rank r's speed factor. The step factors keep what every rank of a step shares out of the
+// rank r's speed factor (one per segment of the window's steps: see
+// WindowFitOptions::speed_segments). The step factors keep what every rank of a step shares out of the
 // coefficients, so b and c move by what differs between the ranks of one step (which is what the
 // division decides): b = b_plan + beta / scale, c = c_plan + gamma / scale. Guards say whether
 // the fit may be used; compare_divisions() says whether a division made with it beats the one in
@@ -27,6 +28,15 @@ struct WindowFitOptions {
   bool fit_c = true;   // false: data.cost_c is pinned
   bool fit_t = true;   // false: data.cost_t is pinned (or nothing is cut)
   int world_size = 1;
+  // The steps where a new segment of speeds begins (sorted; in a run, the steps after each earlier
+  // fit's window): every segment has speeds of its own (one with fewer than kFitMinSegmentSteps
+  // steps joins its neighbour). b and c are the hardware's, fitted over every step, but a rank's
+  // speed is what it is now: a slowdown in earlier steps is not carried forward, nor does it bend
+  // b, and a rank that became slower is seen in full. The plan takes the latest segment's speeds.
+  std::vector<int64_t> speed_segments;
+  // The speeds the latest steps were divided with (empty: every rank at 1). A fitted speed within
+  // its noise (and kFitMinSpeedGap) of its rank's stays it.
+  std::vector<double> planned_speed;
 };
 
 // The guards' figures (docs/plan.md says why each).
@@ -34,13 +44,14 @@ constexpr double kFitMinR2 = 0.25;          // of the differences within steps, 
 constexpr double kFitMinSpread = 1e-2;      // within-step sd of attention (micro-batches) over its mean, to fit b (c)
 constexpr double kFitBRange = 4;            // b within [derived / 4, derived x 4]
 constexpr double kFitCMaxTokens = 1024;     // c within [0, 1024 tokens' worth]
-constexpr double kFitMinSpeedGap = 0.02;    // a speed factor differs from 1 by at least this ...
+constexpr double kFitMinSpeedGap = 0.02;    // a speed factor differs from 1 (the plan's) by at least this ...
 constexpr double kFitSpeedNoise = 3;        // ... and by this many of its standard errors
 constexpr double kFitSpeedRange = 3;        // speed factors within [1/3, 3]
 constexpr double kFitSpeedMinF = 4;         // the speeds' F statistic against every rank at 1 (b confounded)
 constexpr int kFitMinDegreesOfFreedom = 8;
 constexpr double kFitOutlier = 3.5;          // a step whose rank is this many robust sds off the fit is left out ...
 constexpr double kFitMaxOutlierShare = 0.2; // ... unless more than this share of the steps would be
+constexpr size_t kFitMinSegmentSteps = 10;  // steps each speed segment needs (else one segment)
 
 struct WindowFit {
   bool usable = false;         // the fit passed its guards (at least for the speeds and the scale)
@@ -51,6 +62,8 @@ struct WindowFit {
   double seconds_per_unit = 0; // seconds one unit of cost takes on a rank of speed 1
   std::vector<double> rank_speed;     // per rank; 1 where it does not differ beyond its noise
   std::vector<double> rank_speed_se;  // their standard errors
+  std::vector<double> segment_speed;  // per rank of each speed segment, oldest first (rank_speed: the latest's, unsettled)
+  int64_t speeds_from_step = -1;      // the first step rank_speed was fitted on (the latest segment's)
   double r2 = 0;               // of the within-step differences, where b or c was fitted (else 0)
   double residual_ss = 0;      // the squared seconds the fit leaves unexplained within steps
   uint64_t rows = 0, steps = 0;  // the rows and steps fitted (outliers left out)
@@ -83,11 +96,13 @@ struct PlanComparison {
   double gain() const { return current_seconds - candidate_seconds; }
   double relative_gain() const { return current_seconds > 0 ? gain() / current_seconds : 0; }
   // The candidate pays: its predicted gain is above kReplanGainNoise of its standard deviations and
-  // above kReplanMinGain of the steps' time (a re-plan for less is churn: the noise of a step is more).
+  // above kReplanMinGain of the steps' time. The gain is systematic, step after step, so a small
+  // one pays over the run (0.1% of the busiest rank's time is 0.0005 of sync_wait on 2 ranks, a
+  // quarter of a quiet machine's whole floor); below kReplanMinGain it would not repay the re-plan.
   bool pays() const;
 };
 constexpr double kReplanGainNoise = 2;
-constexpr double kReplanMinGain = 2e-3;
+constexpr double kReplanMinGain = 5e-4;
 PlanComparison compare_divisions(const std::vector<StepView>& current, const std::vector<StepView>& candidate,
                                  const WindowFit& fit);
 

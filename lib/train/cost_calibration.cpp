@@ -57,6 +57,8 @@ void CostCalibration::add_step(const diag::StepRecord* records, int ranks) {
   last_gathered_ = std::max(last_gathered_, step);
   // Gathered while the plan in force stays: idle, and while a fit of it is evaluated.
   if ((stage_ != Stage::idle && stage_ != Stage::evaluating) || step < window_begin_) return;
+  auto rows = std::make_shared<std::vector<balance::CostSample>>();
+  rows->reserve(size_t(ranks));
   for (int r = 0; r < ranks; ++r) {
     const diag::StepRecord& rec = records[r];
     if (rec.tokens_computed <= 0) continue;  // an idle rank in this step
@@ -71,8 +73,9 @@ void CostCalibration::add_step(const diag::StepRecord* records, int ranks) {
     s.kv_wait = rec.phase[diag::kKvWait];
     s.kv_tokens = double(rec.kv_tokens);
     if (!test_model_.empty()) s.seconds = test_seconds(s), s.kv_wait = 0, s.kv_tokens = 0;  // t stays the plan's
-    samples_.push_back(s);
+    rows->push_back(s);
   }
+  if (!rows->empty()) steps_.push_back(std::move(rows));
 }
 
 bool CostCalibration::window_complete() const {
@@ -81,7 +84,8 @@ bool CostCalibration::window_complete() const {
 
 void CostCalibration::restart_window(int64_t begin) {
   stage_ = Stage::idle;
-  samples_.clear();
+  steps_.clear();
+  segment_starts_.clear();
   window_begin_ = begin;
   window_gap_ = kFirstCalibrationWindow;
   window_due_ = begin + window_gap_ - 1;
@@ -106,12 +110,21 @@ void CostCalibration::trim_window() {
   const int64_t first = window_due_ - kMaxCalibrationWindow + 1;
   if (first > window_begin_) {
     window_begin_ = first;
-    samples_.erase(samples_.begin(), std::find_if(samples_.begin(), samples_.end(),
-                                                  [first](const balance::CostSample& s) { return s.step >= first; }));
+    while (!steps_.empty() && steps_.front()->front().step < first) steps_.pop_front();
+    segment_starts_.erase(segment_starts_.begin(), std::upper_bound(segment_starts_.begin(), segment_starts_.end(), first));
   }
 }
 
+size_t WindowJob::rows() const {
+  size_t n = 0;
+  for (const StepRows& s : steps) n += s->size();
+  return n;
+}
+
 void WindowJob::evaluate() {
+  std::vector<balance::CostSample> samples;
+  samples.reserve(rows());
+  for (const StepRows& s : steps) samples.insert(samples.end(), s->begin(), s->end());
   fit = balance::fit_window(samples, options);
   if (!fit.usable) {
     kept = fit.note;
@@ -134,16 +147,21 @@ std::shared_ptr<WindowJob> CostCalibration::start_window(const balance::CostMode
                                                          const std::vector<double>& planned_speed) {
   job_ = std::make_shared<WindowJob>();
   WindowJob& job = *job_;
-  job.begin = samples_.empty() ? window_begin_ : samples_.front().step;
+  job.begin = steps_.empty() ? window_begin_ : steps_.front()->front().step;
   job.end = last_gathered_;
-  job.samples = samples_;
+  job.steps.assign(steps_.begin(), steps_.end());
   job.options.current = planned;
   job.options.derived = settings_.derived;
   job.options.fit_b = settings_.fit_b;
   job.options.fit_c = settings_.fit_c;
   job.options.fit_t = settings_.fit_t;
   job.options.world_size = settings_.world_size;
+  // Each stretch of steps between two fits has speeds of its own (the plan takes the latest).
+  for (int64_t start : segment_starts_)
+    if (start > job.begin) job.options.speed_segments.push_back(start);
+  segment_starts_.push_back(job.end + 1);
   job.planned_speed = planned_speed;
+  job.options.planned_speed = planned_speed;
   stage_ = Stage::evaluating;
   return job_;
 }
@@ -173,7 +191,7 @@ bool CostCalibration::finish_window(int64_t step) {
   } else {
     const balance::PlanComparison& c = job.comparison;
     v.decision = fmt::format("kept: the division with the fit would gain {:.2f}% of the busiest rank's time over the "
-                             "next {} steps, not above {}x its noise ({:.2f}%) and {:.1f}%",
+                             "next {} steps, not above {}x its noise ({:.2f}%) and {:.2f}%",
                              100 * c.relative_gain(), c.steps, balance::kReplanGainNoise,
                              c.current_seconds > 0 ? 100 * c.gain_sd / c.current_seconds : 0.0,
                              100 * balance::kReplanMinGain);
@@ -294,6 +312,7 @@ nlohmann::json CostCalibration::summary() const {
       w["t_fitted"] = f.t_fitted;
       w["r2"] = f.r2;
       w["rank_speed"] = sparse_speeds(f.rank_speed);
+      w["speeds_from_step"] = f.speeds_from_step;
     }
     if (v.compared) {
       const balance::PlanComparison& c = v.comparison;

@@ -15,6 +15,7 @@
 // run_calibration.h drives it from the step loop.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,12 +58,17 @@ struct CalibratedModel {
   int world_size = 1;  // the speeds are per rank of this world size
 };
 
+// One step's rows, every rank's, as gathered: immutable once stored, so a window's job shares
+// them with the store instead of copying them on the training thread.
+using StepRows = std::shared_ptr<const std::vector<balance::CostSample>>;
+
 // One window's evaluation, made on a thread of its own (run_calibration.cpp): its rows, the fit
 // and the candidate model (evaluate()), then the candidate's comparison with the plan in force on
-// the next steps (written by the build's thread). Everything it reads is its own.
+// the next steps (written by the build's thread). Everything it reads is its own or immutable.
 struct WindowJob {
   int64_t begin = 0, end = 0;
-  std::vector<balance::CostSample> samples;
+  std::vector<StepRows> steps;  // the window's rows, step by step (shared with the store)
+  size_t rows() const;
   balance::WindowFitOptions options;  // the plan in force (current), the pins, the world size
   std::vector<double> planned_speed;
   // Results.
@@ -105,7 +111,7 @@ class CostCalibration {
   void add_step(const diag::StepRecord* records, int ranks);
   // Rank 0, stage idle: the step that completes the window has been gathered.
   bool window_complete() const;
-  // Rank 0: a copy of the window's rows handed to a job against `planned` and `planned_speed`, what its steps
+  // Rank 0: the window's rows (shared, not copied) handed to a job against `planned` and `planned_speed`, what its steps
   // were divided with (stage evaluating).
   std::shared_ptr<WindowJob> start_window(const balance::CostModel& planned, const std::vector<double>& planned_speed);
   const std::shared_ptr<WindowJob>& job() const { return job_; }
@@ -143,7 +149,8 @@ class CostCalibration {
   int64_t window_due_ = 0;    // the step whose gathering completes it
   int64_t window_gap_ = kFirstCalibrationWindow;
   int64_t last_gathered_ = -1;
-  std::vector<balance::CostSample> samples_;
+  std::vector<int64_t> segment_starts_;  // the steps after each fitted window's: where new speeds begin
+  std::deque<StepRows> steps_;  // the window's rows, oldest step first
   std::vector<WindowVerdict> verdicts_;
   std::vector<CalibratedModel> models_;
   // The test hook, parsed: alpha, b, c and per-rank speeds (empty: no hook).

@@ -282,6 +282,63 @@ TEST(BalanceWindowFit, BAndASlowRankAreToldApart) {
   EXPECT_NEAR(fit.rank_speed[1], 1.15, 0.02);
 }
 
+// A rank's speed is what it is now (a window of 60 steps, fitted before at steps 20 and 40): a
+// slowdown in steps 20-39 is neither carried into the plan nor bends b; a rank slower from step 40
+// on is seen in full. One speed for the whole window would carry the first and dilute the second.
+TEST(BalanceWindowFit, SpeedsAreTheRecentStepsOwn) {
+  const int world = 2;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(60, 40, 1024, 47), planned, world, {}, false, 2048);
+  const std::vector<CostSample> rows = timed(plan, 1e-5, 8e-4, 256, {1.0, 1.0}, 0.05, 0.003, 8);
+  const auto slowed = [&rows](int rank, int64_t from, int64_t end) {
+    std::vector<CostSample> out = rows;
+    for (CostSample& row : out)
+      if (row.rank == rank && row.step >= from && row.step < end) row.seconds *= 1.2;
+    return out;
+  };
+  WindowFitOptions split = options(planned, world);
+  split.speed_segments = {20, 40};
+  const std::vector<CostSample> transient = slowed(0, 20, 40), lasting = slowed(1, 40, 60);
+  WindowFit fit = fit_window(transient, split);
+  ASSERT_TRUE(fit.usable && fit.b_fitted) << fit.note;
+  EXPECT_EQ(fit.speeds_from_step, 40);
+  EXPECT_NEAR(fit.cost.b, 8e-4, 0.05 * 8e-4);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(fit.rank_speed[r], 1.0) << "rank " << r;
+  fit = fit_window(lasting, split);
+  ASSERT_TRUE(fit.usable && fit.b_fitted) << fit.note;
+  EXPECT_NEAR(fit.cost.b, 8e-4, 0.05 * 8e-4);
+  EXPECT_NEAR(fit.rank_speed[1], 1.2, 0.02);
+  // One segment (no speed_segments): the transient slowdown stays in the speeds, the lasting one is
+  // diluted by the earlier steps.
+  fit = fit_window(transient, options(planned, world));
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_EQ(fit.speeds_from_step, 0);
+  EXPECT_GT(fit.rank_speed[0], 1.02);
+  fit = fit_window(lasting, options(planned, world));
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_LT(fit.rank_speed[1], 1.15);
+}
+
+// A speed the plan has taken stays where the fit is within 2% of it (a short segment's estimate
+// moves with the machine's episodes), and moves where the rank's speed did.
+TEST(BalanceWindowFit, ASpeedInForceIsNotChased) {
+  const int world = 2;
+  const CostModel planned = model(6e-4, 256);
+  const PlanSteps plan = divide_steps(random_steps(40, 40, 1024, 43), planned, world, {1.0, 1.15}, false, 2048);
+  WindowFitOptions opts = options(planned, world);
+  opts.planned_speed = {1.0, 1.15};
+  WindowFit fit = fit_window(timed(plan, 1e-5, 6e-4, 256, {1.0, 1.165}, 0.05, 0.003, 9), opts);
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_EQ(fit.rank_speed[1], 1.15);
+  EXPECT_EQ(fit.rank_speed[0], 1.0);
+  fit = fit_window(timed(plan, 1e-5, 6e-4, 256, {1.0, 1.25}, 0.05, 0.003, 9), opts);
+  ASSERT_TRUE(fit.usable) << fit.note;
+  EXPECT_NEAR(fit.rank_speed[1], 1.25, 0.01);
+  opts.planned_speed.clear();  // nothing in force: 1.165 is taken
+  fit = fit_window(timed(plan, 1e-5, 6e-4, 256, {1.0, 1.165}, 0.05, 0.003, 9), opts);
+  EXPECT_NEAR(fit.rank_speed[1], 1.165, 0.01);
+}
+
 // The guards: too few rows; b far from the model shape's.
 TEST(BalanceWindowFit, GuardsRefuseWhatTheyShould) {
   const int world = 4;

@@ -85,7 +85,9 @@ TEST(TrainCostCalibration, WindowsFitVerdictAndRecord) {
   // A candidate that does not pay is kept out, and said why.
   job = job_due_at(22, 46);
   EXPECT_EQ(job->begin, 2);
-  EXPECT_EQ(job->samples.size(), 2u * 45);
+  EXPECT_EQ(job->rows(), 2u * 45);
+  // Its speeds apart before and after the first window's end (balance::WindowFitOptions::speed_segments).
+  EXPECT_EQ(job->options.speed_segments, std::vector<int64_t>({22}));
   job->evaluate();
   ASSERT_TRUE(job->candidate);
   job->comparison = hardly, job->compared = true;
@@ -98,7 +100,8 @@ TEST(TrainCostCalibration, WindowsFitVerdictAndRecord) {
   job = job_due_at(48, 87);
   EXPECT_EQ(job->begin, 2);
   EXPECT_EQ(job->end, 87);
-  EXPECT_EQ(job->samples.size(), 2u * 86);
+  EXPECT_EQ(job->rows(), 2u * 86);
+  EXPECT_EQ(job->options.speed_segments, std::vector<int64_t>({22, 47}));
   job->evaluate();
   job->comparison = hardly, job->compared = true;
   EXPECT_FALSE(cal.finish_window(88));
