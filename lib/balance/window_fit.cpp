@@ -25,7 +25,7 @@ struct Panel {
   size_t steps = 0;
   int ranks = 0;
   int segments = 1;                // speed segments (WindowFitOptions::speed_segments, merged to enough steps)
-  int64_t last_segment_from = 0;   // the first step of the latest
+  int64_t last_segment_from = 0;   // the first step of the latest segment
   std::vector<size_t> step_of;
   std::vector<int64_t> step_id;    // per dense index: the step
   std::vector<int> rank_of;
@@ -38,8 +38,8 @@ struct Panel {
 };
 
 // Each row's speed group: its rank in its segment of steps. The segments start at `starts`; one
-// with fewer than kFitMinSegmentSteps steps of the panel joins the one before it (the first, the
-// one after it).
+// with fewer than kFitMinSegmentSteps steps of the panel is merged with the one after it (the
+// last, with the one before it).
 void assign_segments(Panel& p, const std::vector<int64_t>& starts) {
   std::map<int64_t, size_t> raw_steps;  // raw segment (its index in starts + 1) -> steps
   const auto raw_of = [&starts](int64_t step) {
@@ -210,7 +210,8 @@ void update_factors(const Panel& p, const std::vector<double>& pred, bool fit_sp
     for (int seg = 0; seg < p.segments; ++seg) {
       std::vector<double> seen;
       for (int g = seg * p.ranks; g < (seg + 1) * p.ranks; ++g) {
-        if (rank_den[size_t(g)] > 0 && rank_num[size_t(g)] > 0) x.speed[size_t(g)] = rank_num[size_t(g)] / rank_den[size_t(g)];
+        if (rank_den[size_t(g)] > 0 && rank_num[size_t(g)] > 0)
+          x.speed[size_t(g)] = rank_num[size_t(g)] / rank_den[size_t(g)];
         if (rank_num[size_t(g)] > 0) seen.push_back(x.speed[size_t(g)]);
       }
       const double mid = lower_median(seen);
@@ -333,7 +334,8 @@ std::set<int64_t> outlier_steps(const Panel& p, const WindowFit& fit) {
   std::vector<double> dev(p.n, 0.0);
   for (size_t i = 0; i < p.n; ++i) {
     const size_t s = p.step_of[i];
-    const double fitted = step_den[s] > 0 ? step_num[s] / step_den[s] * fit.segment_speed[size_t(p.group_of[i])] * pred[i] : 0;
+    const double speed = fit.segment_speed[size_t(p.group_of[i])];
+    const double fitted = step_den[s] > 0 ? step_num[s] / step_den[s] * speed * pred[i] : 0;
     dev[i] = fitted > 0 ? std::fabs(p.y[i] / fitted - 1) : 0;
   }
   std::vector<double> sorted = dev;

@@ -62,7 +62,8 @@ struct WindowFit {
   double seconds_per_unit = 0; // seconds one unit of cost takes on a rank of speed 1
   std::vector<double> rank_speed;     // per rank; 1 where it does not differ beyond its noise
   std::vector<double> rank_speed_se;  // their standard errors
-  std::vector<double> segment_speed;  // per rank of each speed segment, oldest first (rank_speed: the latest's, unsettled)
+  // Per rank of each speed segment, oldest first, as fitted (rank_speed: the latest's, settled).
+  std::vector<double> segment_speed;
   int64_t speeds_from_step = -1;      // the first step rank_speed was fitted on (the latest segment's)
   double r2 = 0;               // of the within-step differences, where b or c was fitted (else 0)
   double residual_ss = 0;      // the squared seconds the fit leaves unexplained within steps

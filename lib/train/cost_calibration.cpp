@@ -111,7 +111,8 @@ void CostCalibration::trim_window() {
   if (first > window_begin_) {
     window_begin_ = first;
     while (!steps_.empty() && steps_.front()->front().step < first) steps_.pop_front();
-    segment_starts_.erase(segment_starts_.begin(), std::upper_bound(segment_starts_.begin(), segment_starts_.end(), first));
+    segment_starts_.erase(segment_starts_.begin(),
+                          std::upper_bound(segment_starts_.begin(), segment_starts_.end(), first));
   }
 }
 
