@@ -137,7 +137,7 @@ void WindowJob::evaluate() {
     model.rank_speed = fit.rank_speed;
   const balance::CostModel& planned = options.current;
   if (model.cost.b == planned.b && model.cost.c == planned.c && model.cost.t == planned.t &&
-      model.rank_speed == planned_speed) {
+      model.rank_speed == options.planned_speed) {
     kept = "the fit is the plan's own model";
     return;
   }
@@ -161,7 +161,6 @@ std::shared_ptr<WindowJob> CostCalibration::start_window(const balance::CostMode
   for (int64_t start : segment_starts_)
     if (start > job.begin) job.options.speed_segments.push_back(start);
   segment_starts_.push_back(job.end + 1);
-  job.planned_speed = planned_speed;
   job.options.planned_speed = planned_speed;
   stage_ = Stage::evaluating;
   return job_;

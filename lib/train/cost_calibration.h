@@ -69,8 +69,7 @@ struct WindowJob {
   int64_t begin = 0, end = 0;
   std::vector<StepRows> steps;  // the window's rows, step by step (shared with the store)
   size_t rows() const;
-  balance::WindowFitOptions options;  // the plan in force (current), the pins, the world size
-  std::vector<double> planned_speed;
+  balance::WindowFitOptions options;  // the plan in force (current, planned_speed), the pins, the world size
   // Results.
   balance::WindowFit fit;
   bool candidate = false;  // the fit is usable and differs from the plan in force
