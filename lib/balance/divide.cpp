@@ -30,15 +30,12 @@ constexpr double kRetryImbalance = 5e-3;
 // Ranks compared with the busiest one in each improvement round: the least-loaded few are where
 // a move or swap helps most.
 constexpr int kSwapPartners = 8;
-// The rounds stop once the busiest rank is within this share of the mean load: closer than that
-// is below the noise of measured step times and only costs planning time.
-constexpr double kGoodEnoughImbalance = 1e-3;
 
 }  // namespace
 
 StepDivider::StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces,
-                         const std::vector<double>& rank_speed)
-    : cost_(cost), max_tokens_(max_tokens), world_size_(world_size), cut_pieces_(cut_pieces) {
+                         const std::vector<double>& rank_speed, bool even_terms)
+    : cost_(cost), max_tokens_(max_tokens), world_size_(world_size), cut_pieces_(cut_pieces), even_terms_(even_terms) {
   KILTER_CHECK(world_size >= 1, "StepDivider: world size " << world_size << " must be >= 1");
   KILTER_CHECK(max_tokens >= 1, "StepDivider: max_tokens must be >= 1");
   KILTER_CHECK(cost.a >= 0 && cost.b >= 0 && cost.c >= 0 && cost.t >= 0,
@@ -391,6 +388,7 @@ void StepDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
     }
     shares_.swap(best_shares_);
   }
+  if (even_terms_) even_terms();
   // The whole-piece division's imbalance, as packed.
   double uncut_top = 0;
   {

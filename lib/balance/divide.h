@@ -21,6 +21,10 @@
 
 namespace kilter::balance {
 
+// The divisions stop once the busiest rank is within this share of the mean load: closer than
+// that is below the noise of measured step times and only costs planning time.
+constexpr double kGoodEnoughImbalance = 1e-3;
+
 // Divides steps, one after the other, reusing its buffers so that an epoch of thousands of steps
 // does not allocate per step beyond the plan's own vectors.
 class StepDivider {
@@ -29,8 +33,10 @@ class StepDivider {
   // than max_tokens are cut whatever it says; at most world_size parts each). rank_speed: per
   // rank, the time one unit of cost takes there relative to the others (> 0; empty: all 1, the
   // same division as before speeds existed, bit for bit: every load is multiplied by 1.0).
+  // even_terms: after the whole-piece division, trade pieces so that attention takes the same share
+  // of every rank's time (divide_terms.cpp; false only to compare without it).
   StepDivider(const CostModel& cost, uint64_t max_tokens, int world_size, bool cut_pieces = false,
-              const std::vector<double>& rank_speed = {});
+              const std::vector<double>& rank_speed = {}, bool even_terms = true);
 
   // Divides pieces[0, n) (one step, any order, uncut) and appends the step to `out`: rank by
   // rank, each rank's micro-batches; the parts of cut pieces first, in the micro-batch (slot) their
@@ -98,6 +104,37 @@ class StepDivider {
     std::vector<uint32_t> ends;
     int new_cuts = 0;
   };
+  // The term phase (divide_terms.cpp): a pair of ranks, h the one whose time holds more attention.
+  struct TermSums {
+    double cost = 0, attn = 0, tokens = 0;
+  };
+  struct TermPair {
+    int h = -1, t = -1;
+    size_t bins_h = 0, bins_t = 0;  // micro-batches each share packs into
+    double attn_h = 0, attn_t = 0;  // sum of L^2 (parts: e^2 - s^2)
+    double speed_h = 1, speed_t = 1;
+    double top = 0;                 // the load neither may exceed
+    std::vector<TermSums> prefix;   // over t's items, longest first
+    double gap(double dq) const;    // |speed_h (attn_h - dq) - speed_t (attn_t + dq)|
+    void window(double w_x, const Share& sh, const Share& st, double c, double& w_lo, double& w_hi) const;
+  };
+  // h gives its item xi and takes t's items [begin, end) and `extra` (-1: none); xi == SIZE_MAX:
+  // none found.
+  struct TermExchange {
+    double gap = 0;
+    size_t xi = SIZE_MAX;
+    long begin = 0, end = 0;
+    long extra = -1;
+  };
+  double attention_of(const Share& share) const;
+  void term_pair(int h, int t, double ceiling, TermPair& p);
+  void move_items(int from, int to, const std::vector<uint32_t>& items);
+  void try_exchange(const TermPair& p, const TermExchange& ex, TermExchange& best) const;
+  void scan_pairs(const TermPair& p, size_t xi, long first, TermExchange& best) const;
+  void scan_runs(const TermPair& p, size_t xi, TermExchange& best) const;
+  TermExchange best_exchange(const TermPair& p, const std::vector<uint32_t>& banned) const;
+  bool even_pair(int h, int t, double ceiling);
+  void even_terms();
   void build_chains(const std::vector<uint32_t>& long_items);
   static const Part* find_part(const Share& share, uint32_t item);
   uint32_t largest_end(uint32_t offset, double budget) const;
@@ -126,6 +163,7 @@ class StepDivider {
   uint64_t max_tokens_;
   int world_size_;
   bool cut_pieces_;
+  bool even_terms_;
   std::vector<double> speed_;       // per rank (1 where not given)
   std::vector<double> inverse_speed_;
   bool uniform_speed_ = true;       // every rank 1: the arithmetic of equal speeds, no multiplications
@@ -155,6 +193,8 @@ class StepDivider {
   std::vector<uint32_t> bin_of_;      // packing: micro-batch of each of a rank's items
   std::vector<uint64_t> bin_tokens_;  // packing: tokens per micro-batch
   std::vector<uint32_t> by_bin_;      // packing: a rank's items grouped by micro-batch
+  TermPair term_scratch_;             // the term phase's buffers
+  std::vector<uint32_t> term_banned_, term_give_, term_take_;
 };
 
 }  // namespace kilter::balance
