@@ -127,13 +127,13 @@ class StepDivider {
     long extra = -1;
   };
   double attention_of(const Share& share) const;
-  void term_pair(int h, int t, double ceiling, TermPair& p);
+  void term_pair(int a, int b, double ceiling, TermPair& p);
   void move_items(int from, int to, const std::vector<uint32_t>& items);
   void try_exchange(const TermPair& p, const TermExchange& ex, TermExchange& best) const;
   void scan_pairs(const TermPair& p, size_t xi, long first, TermExchange& best) const;
   void scan_runs(const TermPair& p, size_t xi, TermExchange& best) const;
   TermExchange best_exchange(const TermPair& p, const std::vector<uint32_t>& banned) const;
-  bool even_pair(int h, int t, double ceiling);
+  bool even_pair(int a, int b, double ceiling);
   void even_terms();
   void build_chains(const std::vector<uint32_t>& long_items);
   static const Part* find_part(const Share& share, uint32_t item);

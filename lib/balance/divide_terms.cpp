@@ -38,16 +38,20 @@ double StepDivider::attention_of(const Share& share) const {
   return attn;
 }
 
-// The pair (h, t) as it stands, into p (its buffer reused): the loads with the micro-batches each
-// share packs into, the load neither may exceed (the busier of the two, or `ceiling` where that is
+// The pair of ranks a and b as it stands, into p (its buffer reused): h is the one whose time
+// holds more attention (it gives), t the other; their loads with the micro-batches each share
+// packs into, the load neither may exceed (the busier of the two, or `ceiling` where that is
 // higher), and prefix sums of t's items (longest first) for runs of them.
-void StepDivider::term_pair(int h, int t, double ceiling, TermPair& p) {
+void StepDivider::term_pair(int a, int b, double ceiling, TermPair& p) {
+  const double attn_a = attention_of(shares_[a]), attn_b = attention_of(shares_[b]);
+  const bool a_gives = speed_[a] * attn_a >= speed_[b] * attn_b;
+  const int h = a_gives ? a : b, t = a_gives ? b : a;
   p.h = h, p.t = t;
   p.speed_h = speed_[h], p.speed_t = speed_[t];
   p.bins_h = assign_bins(h);
   p.bins_t = assign_bins(t);
-  p.attn_h = attention_of(shares_[h]);
-  p.attn_t = attention_of(shares_[t]);
+  p.attn_h = a_gives ? attn_a : attn_b;
+  p.attn_t = a_gives ? attn_b : attn_a;
   p.top = std::max({rank_load(h, shares_[h].piece_cost, shares_[h].tokens, p.bins_h),
                     rank_load(t, shares_[t].piece_cost, shares_[t].tokens, p.bins_t), ceiling});
   const std::vector<uint32_t>& items = shares_[t].items;
@@ -169,11 +173,11 @@ void StepDivider::move_items(int from, int to, const std::vector<uint32_t>& item
   }
 }
 
-// Exchanges between h and t until their attention is even enough or no exchange both lowers the
+// Exchanges between ranks a and b until their attention is even enough or no exchange both lowers the
 // gap and keeps the loads and the micro-batches. Each one goes in only where both shares still
 // pack into as many micro-batches as before (else it is undone and its item left alone). Returns
 // whether any went in.
-bool StepDivider::even_pair(int h, int t, double ceiling) {
+bool StepDivider::even_pair(int a, int b, double ceiling) {
   TermPair& p = term_scratch_;
   std::vector<uint32_t>& banned = term_banned_;
   std::vector<uint32_t>& give = term_give_;
@@ -181,9 +185,8 @@ bool StepDivider::even_pair(int h, int t, double ceiling) {
   banned.clear();
   bool changed = false;
   for (int round = 0; round < kTermRounds; ++round) {
-    // The rank whose time holds more attention gives: after an exchange that overshot, the other.
-    if (speed_[h] * attention_of(shares_[h]) < speed_[t] * attention_of(shares_[t])) std::swap(h, t);
-    term_pair(h, t, ceiling, p);
+    term_pair(a, b, ceiling, p);  // after an exchange that overshot, the other one gives
+    const int h = p.h, t = p.t;
     if (cost_.b * p.gap(0) <= kTermsEvenEnough * p.top) break;
     const TermExchange ex = best_exchange(p, banned);
     if (ex.xi == SIZE_MAX) break;

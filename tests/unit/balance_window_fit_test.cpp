@@ -34,7 +34,7 @@ CostModel model(double b, double c, double t = 0) {
 // Steps of random pieces divided among `world` ranks by `cost` at `speed`, into one PlanSteps.
 // Without the term phase: the ranks' attention work differs within steps as much as the division
 // by cost alone leaves it, which is what tells b (with the phase, b matters less and the fit sees
-// less of it: docs/plan.md, "Even term by term").
+// less of it: docs/plan.md, "In-run calibration", "With the terms evened").
 PlanSteps divide_steps(const std::vector<std::vector<Piece>>& steps, const CostModel& cost, int world,
                        const std::vector<double>& speed, bool cut = false, uint64_t max_tokens = 2048) {
   PlanSteps out(uint32_t(max_tokens), world);
