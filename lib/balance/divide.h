@@ -128,6 +128,7 @@ class StepDivider {
     long begin = 0, end = 0;
     long extra = -1;
   };
+  double squared_len(uint32_t item) const;  // a step piece's attention work, L^2
   double attention_of(const Share& share) const;
   void term_pair(int a, int b, double ceiling, TermPair& p);
   void move_items(int from, int to, const std::vector<uint32_t>& items);

@@ -28,9 +28,11 @@ constexpr double kTermsEvenEnough = 2e-3;
 
 }  // namespace
 
+double StepDivider::squared_len(uint32_t item) const { return double(pieces_[item].len) * double(pieces_[item].len); }
+
 double StepDivider::attention_of(const Share& share) const {
   double attn = 0;
-  for (uint32_t item : share.items) attn += double(pieces_[item].len) * double(pieces_[item].len);
+  for (uint32_t item : share.items) attn += squared_len(item);
   for (const Part& p : share.parts) {
     const double s = double(p.offset), e = double(p.offset) + double(p.len);
     attn += e * e - s * s;
@@ -57,9 +59,8 @@ void StepDivider::term_pair(int a, int b, double ceiling, TermPair& p) {
   const std::vector<uint32_t>& items = shares_[t].items;
   p.prefix.assign(items.size() + 1, TermSums{});
   for (size_t i = 0; i < items.size(); ++i) {
-    const double len = pieces_[items[i]].len;
-    p.prefix[i + 1] = TermSums{p.prefix[i].cost + piece_cost_[items[i]], p.prefix[i].attn + len * len,
-                               p.prefix[i].tokens + len};
+    p.prefix[i + 1] = TermSums{p.prefix[i].cost + piece_cost_[items[i]], p.prefix[i].attn + squared_len(items[i]),
+                               p.prefix[i].tokens + double(pieces_[items[i]].len)};
   }
 }
 
@@ -87,11 +88,11 @@ void StepDivider::try_exchange(const TermPair& p, const TermExchange& ex, TermEx
   const TermSums& a = p.prefix[size_t(ex.begin)];
   const TermSums& b = p.prefix[size_t(ex.end)];
   double dc = piece_cost_[x] - (b.cost - a.cost);
-  double dq = double(pieces_[x].len) * double(pieces_[x].len) - (b.attn - a.attn);
+  double dq = squared_len(x) - (b.attn - a.attn);
   double dtok = double(pieces_[x].len) - (b.tokens - a.tokens);
   if (ex.extra >= 0) {
     const uint32_t y = st.items[size_t(ex.extra)];
-    dc -= piece_cost_[y], dq -= double(pieces_[y].len) * double(pieces_[y].len), dtok -= double(pieces_[y].len);
+    dc -= piece_cost_[y], dq -= squared_len(y), dtok -= double(pieces_[y].len);
   }
   const double gap = p.gap(dq);
   if (!(gap < best.gap)) return;
@@ -108,17 +109,16 @@ void StepDivider::try_exchange(const TermPair& p, const TermExchange& ex, TermEx
 void StepDivider::scan_pairs(const TermPair& p, size_t xi, long first, TermExchange& best) const {
   const Share& st = shares_[p.t];
   const uint32_t x = shares_[p.h].items[xi];
-  const auto square = [this](uint32_t item) { return double(pieces_[item].len) * double(pieces_[item].len); };
   const uint32_t y1 = st.items[size_t(first)];
   double w_lo, w_hi;
   p.window(piece_cost_[x] - piece_cost_[y1], shares_[p.h], st, cost_.c, w_lo, w_hi);
   // dq that evens the pair: speed_h (attn_h - dq) = speed_t (attn_t + dq).
-  const double want_q = square(x) - square(y1) - (p.speed_h * p.attn_h - p.speed_t * p.attn_t) / (p.speed_h + p.speed_t);
+  const double want_q = squared_len(x) - squared_len(y1) - (p.speed_h * p.attn_h - p.speed_t * p.attn_t) / (p.speed_h + p.speed_t);
   const auto begin = st.items.begin() + (first + 1);
   const auto lo = std::partition_point(begin, st.items.end(), [&](uint32_t y) { return piece_cost_[y] > w_hi; });
   const auto hi = std::partition_point(lo, st.items.end(), [&](uint32_t y) { return piece_cost_[y] >= w_lo; });
   if (lo == hi) return;
-  const auto at = std::partition_point(lo, hi, [&](uint32_t y) { return square(y) > want_q; });
+  const auto at = std::partition_point(lo, hi, [&](uint32_t y) { return squared_len(y) > want_q; });
   for (auto y = (at == lo ? at : at - 1); y != hi && y <= at; ++y) {
     const long j = long(y - st.items.begin());
     try_exchange(p, TermExchange{0, xi, j, j + 1, first}, best);

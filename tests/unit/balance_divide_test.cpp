@@ -11,6 +11,7 @@
 #include "lib/balance/divide.h"
 #include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"
+#include "lib/balance/window_fit.h"
 
 namespace kilter::balance {
 namespace {
@@ -104,28 +105,11 @@ TEST(BalanceDivide, BalancedWhenSharesHoldManyPieces) {
   }
 }
 
-// Each rank's work in a step term by term: tokens, attention (sum of e^2 - s^2 over its pieces and
-// parts) and micro-batches.
-struct RankTerms {
-  double tokens = 0, attn = 0, micro_batches = 0;
-  double cost(const CostModel& m) const { return m.a * tokens + m.b * attn + m.c * micro_batches; }
-};
-std::vector<RankTerms> rank_terms(const Step& step) {
-  std::vector<RankTerms> terms(step.rank_batches.size());
-  for (size_t r = 0; r < step.rank_batches.size(); ++r)
-    for (uint32_t m : step.rank_batches[r]) {
-      terms[r].micro_batches += 1;
-      for (const Piece& p : step.micro_batches.at(m).pieces) {
-        const double s = double(p.offset), e = double(p.offset) + double(p.len);
-        terms[r].tokens += p.len;
-        terms[r].attn += e * e - s * s;
-      }
-    }
-  return terms;
-}
-double busiest(const std::vector<RankTerms>& terms, const CostModel& m) {
+// A rank's work (step_rank_work: tokens, attention, micro-batches) priced by `m`.
+double cost_of(const RankWork& w, const CostModel& m) { return m.a * w.tokens + m.b * w.attn + m.c * w.micro_batches; }
+double busiest(const std::vector<RankWork>& work, const CostModel& m) {
   double top = 0;
-  for (const RankTerms& t : terms) top = std::max(top, t.cost(m));
+  for (const RankWork& w : work) top = std::max(top, cost_of(w, m));
   return top;
 }
 
@@ -147,19 +131,22 @@ TEST(BalanceDivide, EvensTheTermsNotOnlyTheirSum) {
       for (uint64_t tokens = 0; tokens < uint64_t(world) * 8192; ++next)
         pieces.push_back(Piece{next, 0, lengths[next]}), tokens += lengths[next];
       StepDivider with(model, 2048, world), without(model, 2048, world, false, {}, false);
-      const Step a = divide_step(with, pieces, world, 2048), b = divide_step(without, pieces, world, 2048);
+      PlanSteps steps_a(2048, world), steps_b(2048, world);
+      with.divide(pieces.data(), pieces.size(), steps_a);
+      without.divide(pieces.data(), pieces.size(), steps_b);
+      const Step a = steps_a[0].expand(), b = steps_b[0].expand();
       expect_valid_division(pieces, a, world, 2048);
-      const auto ta = rank_terms(a), tb = rank_terms(b);
+      const auto ta = step_rank_work(steps_a[0]), tb = step_rank_work(steps_b[0]);
       double mean = 0;
-      for (const RankTerms& t : tb) mean += t.cost(model) / world;
+      for (const RankWork& w : tb) mean += cost_of(w, model) / world;
       EXPECT_LE(busiest(ta, model), std::max(busiest(tb, model), mean * (1 + kGoodEnoughImbalance)) * (1 + 1e-9))
           << "world " << world << " step " << s;
       EXPECT_LE(a.micro_batches.size(), b.micro_batches.size()) << "world " << world << " step " << s;
-      const auto spread = [&](const std::vector<RankTerms>& t, std::vector<double>& gap, std::vector<double>& off) {
+      const auto spread = [&](const std::vector<RankWork>& t, std::vector<double>& gap, std::vector<double>& off) {
         double lo = 1, hi = 0, total = 0;
-        for (const RankTerms& r : t) {
-          lo = std::min(lo, model.b * r.attn / r.cost(model)), hi = std::max(hi, model.b * r.attn / r.cost(model));
-          total += r.cost(dearer);
+        for (const RankWork& r : t) {
+          lo = std::min(lo, model.b * r.attn / cost_of(r, model)), hi = std::max(hi, model.b * r.attn / cost_of(r, model));
+          total += cost_of(r, dearer);
         }
         gap.push_back(hi - lo);
         off.push_back(busiest(t, dearer) / (total / double(t.size())));
