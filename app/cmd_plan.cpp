@@ -282,6 +282,7 @@ nlohmann::json plan_json(const PlanArgs& a, const Corpus& c, const PlannedEpoch&
               {"cost_c", p.plan.cost.c},
               {"cost_t", p.plan.cost.t},
               {"device_tflops", balance::device_tflops(a.cfg)},
+              {"device", balance::runs_on_cpu(a.cfg) ? "cpu" : "gpu"},
               {"cut_pieces_enabled", opts.cut_pieces},
               {"kv_bytes_per_token", opts.kv_bytes_per_token},
               {"index_load_seconds", c.load_seconds},
@@ -352,9 +353,10 @@ void print_plan_text(const PlanArgs& a, const Corpus& c, const PlannedEpoch& p) 
     std::printf("  source %s: weight %.4f, %llu tokens this epoch (share %.4f)\n", dir.c_str(), v["weight"].get<double>(),
                 static_cast<unsigned long long>(v["tokens"].get<uint64_t>()), v["share"].get<double>());
   for (const std::string& line : p.wraps) std::printf("  %s\n", line.c_str());
-  std::printf("  cost model a=%.4g b=%.4g c=%.4g; planned in %.3f s (%.3f s CPU); %.1f bytes/document held (peak +%.1f)\n",
-              p.plan.cost.a, p.plan.cost.b, p.plan.cost.c, p.plan_seconds, p.plan_cpu_seconds, p.bytes_per_doc,
-              p.peak_extra_per_doc);
+  std::printf("  cost model a=%.4g b=%.4g c=%.4g (for a %s run: train.backend = %s); planned in %.3f s (%.3f s CPU); "
+              "%.1f bytes/document held (peak +%.1f)\n",
+              p.plan.cost.a, p.plan.cost.b, p.plan.cost.c, balance::runs_on_cpu(a.cfg) ? "CPU" : "GPU",
+              a.cfg.train.backend.c_str(), p.plan_seconds, p.plan_cpu_seconds, p.bytes_per_doc, p.peak_extra_per_doc);
 }
 
 int run_plan(PlanArgs& a) {

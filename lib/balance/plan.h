@@ -144,6 +144,13 @@ double default_attention_cost(uint32_t context);
 // `kilter plan --calibrate` measures it (docs/plan.md).
 constexpr double kDefaultMicroBatchTokens = 256;
 double default_micro_batch_cost(double a);
+// c on a CPU run (plan_options_from_config, where data.cost_c < 0): kCpuMicroBatchTokens x a. On
+// a CPU a micro-batch launches nothing, and streaming the weights costs tens of tokens' worth only
+// where they do not fit in cache; smaller micro-batches keep their activations in cache, which
+// runs faster per token, the other way. Measured on an Intel Xeon with AMX (docs/plan.md, "c on
+// this CPU"): about -120 tokens' worth for a 4 x 128 model. 0 is between the two; the in-run fit
+// moves it where the run tells it apart.
+constexpr double kCpuMicroBatchTokens = 0;
 // The cost model a plan uses: b <= 0 replaced by default_attention_cost(), c < 0 by
 // default_micro_batch_cost(), and a t derived from the link (layers > 0 and t_link > 0) raised
 // to link_bound_transfer_cost() for a typical cut of this step size: a rank's load

@@ -445,9 +445,10 @@ double speed_f_statistic(const Panel& p, const WindowFit& with, const WindowFit&
 }
 
 // Speeds that do not differ from the plan's (else from 1) beyond their noise become that; the rest
-// stay within the range. A speed the plan has already taken is not chased for every small move of
-// a short segment's estimate (the steps of a stretch are not independent: the machine's noise comes
-// in episodes, and the standard error is smaller than the estimate's real spread).
+// stay within the range. A speed the plan has already taken (other than 1) is not chased for every
+// small move of a short segment's estimate (the steps of a stretch are not independent: the
+// machine's noise comes in episodes, and the standard error is smaller than the estimate's real
+// spread), but a rank still at 1 takes a small steady difference (a core a little slower).
 void settle_speeds(WindowFit& fit, const std::vector<double>& planned) {
   std::vector<std::string> clamped;
   for (size_t r = 0; r < fit.rank_speed.size(); ++r) {
@@ -455,7 +456,8 @@ void settle_speeds(WindowFit& fit, const std::vector<double>& planned) {
     const double se = r < fit.rank_speed_se.size() ? fit.rank_speed_se[r] : 0;
     const double near = std::max(kFitMinSpeedGap, kFitSpeedNoise * se);
     const double in_force = r < planned.size() ? planned[r] : 1.0;
-    if (std::fabs(f - in_force) < near * in_force) f = in_force;
+    const double hold = in_force != 1.0 ? std::max(kFitSpeedHold, near) : near;
+    if (std::fabs(f - in_force) < hold * in_force) f = in_force;
     else if (std::fabs(f - 1) < near) f = 1;
     if (f > kFitSpeedRange || f < 1 / kFitSpeedRange) {
       clamped.push_back(std::to_string(r));

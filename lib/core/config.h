@@ -29,7 +29,7 @@ struct DataConfig {
   std::string tail = "drop";       // drop | redistribute: the last partial step of an epoch
   double cost_a = 1.0;             // cost model: a * tokens_computed + b * sum(L^2) + c * micro-batches
   double cost_b = -1.0;            // <0: default from the model shape
-  double cost_c = -1.0;            // <0: default, 256 x cost_a (balance::kDefaultMicroBatchTokens)
+  double cost_c = -1.0;            // <0: default, 256 x cost_a on a GPU (balance::kDefaultMicroBatchTokens), 0 on the CPU
   double cost_t = -1.0;            // per earlier token a cut piece's later part exchanges (<0: from comm.link_gbps)
   bool cut_pieces = true;          // balanced sampler: cut pieces between ranks where it evens the step
   int64_t cut_cost_check = 10;     // steps of cut pieces after which training checks the derived cost_t (0: off)

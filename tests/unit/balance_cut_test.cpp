@@ -428,5 +428,28 @@ TEST(BalanceCut, DeviceRateDefaultsToTheBackends) {
   EXPECT_DOUBLE_EQ(plan_options_from_config(cfg, 256).cost.t, 0.25);
 }
 
+TEST(BalanceCut, MicroBatchCostDefaultsToTheBackends) {
+  Config cfg;
+  cfg.data.cost_a = 2;
+  ASSERT_LT(cfg.data.cost_c, 0);  // the default: derived
+  cfg.train.backend = "cpu";
+  const PlanOptions cpu = plan_options_from_config(cfg, 256);
+  EXPECT_EQ(cpu.cost.c, kCpuMicroBatchTokens * 2);
+  EXPECT_EQ(resolve_cost_model(cpu.cost, 1024, 16384, 2).c, kCpuMicroBatchTokens * 2);
+  cfg.train.backend = "cuda";
+  const PlanOptions gpu = plan_options_from_config(cfg, 256);
+  EXPECT_EQ(resolve_cost_model(gpu.cost, 1024, 16384, 2).c, kDefaultMicroBatchTokens * 2);
+  // The two defaults differ, so a plan for a GPU job made on a CPU node must say cuda.
+  EXPECT_NE(kCpuMicroBatchTokens, kDefaultMicroBatchTokens);
+  cfg.train.backend = "auto";  // this process's device decides
+  EXPECT_EQ(resolve_cost_model(plan_options_from_config(cfg, 256).cost, 1024, 16384, 2).c,
+            (runs_on_cpu(cfg) ? kCpuMicroBatchTokens : kDefaultMicroBatchTokens) * 2);
+  for (const char* backend : {"cpu", "cuda"}) {  // a given c wins on either
+    cfg.train.backend = backend;
+    cfg.data.cost_c = 190;
+    EXPECT_EQ(resolve_cost_model(plan_options_from_config(cfg, 256).cost, 1024, 16384, 2).c, 190);
+  }
+}
+
 }  // namespace
 }  // namespace kilter::balance
