@@ -60,8 +60,9 @@ grep -q -- "--train.lr arg (=0.0003)" help.txt || fail "--help: lr default not 0
 if grep -qE '\(=[0-9.]*0000000' help.txt; then grep -E '\(=[0-9.]*0000000' help.txt; fail "--help prints float noise"; fi
 
 # plan at 4096 ranks: the two step sizes it suggests agree (the coarse-steps one is not below
-# the idle-ranks one).
-"$KILTER" plan --lengths lognormal:5,1,1024 --docs 3000 --world-size 4096 > plan.txt 2>&1
+# the idle-ranks one). A GPU's micro-batch cost (on a CPU a micro-batch costs nothing extra, so
+# the cuts give every rank a sliver and none idles).
+"$KILTER" plan --lengths lognormal:5,1,1024 --docs 3000 --world-size 4096 --data.cost_c=256 > plan.txt 2>&1
 idle=$(grep -o "idle ranks still join every collective; raise train.tokens_per_step to >= [0-9]*" plan.txt | grep -o '[0-9]*$')
 coarse=$(grep -o "raise train.tokens_per_step (e.g. to [0-9]*)" plan.txt | grep -o '[0-9]*' | tail -1)
 [ -n "$idle" ] && [ -n "$coarse" ] || { cat plan.txt; fail "plan at 4096 ranks: expected both warnings"; }

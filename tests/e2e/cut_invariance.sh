@@ -111,7 +111,7 @@ for run in ["p2", "p3", "p4", "p4h", "p4f", "b4"]:
 plan4, summary4 = json.load(open("plan4.json")), json.load(open("runs/p4/summary.json"))
 plan_only = {"ranks_per_node", "node_cost_imbalance_p95", "epoch", "seed", "source", "context", "max_tokens",
              "tokens_per_step", "naive_batch_size", "tail", "eval_docs", "cost_a", "cost_b", "cost_c", "cost_t",
-             "device_tflops", "cut_pieces_enabled", "kv_bytes_per_token", "index_load_seconds",
+             "device_tflops", "device", "cut_pieces_enabled", "kv_bytes_per_token", "index_load_seconds",
              "plan_build_seconds", "plan_build_cpu_seconds", "plan_bytes", "bytes_per_doc",
              "peak_extra_bytes_per_doc", "peak_rss_bytes", "fingerprint", "warnings"}
 for key, value in plan4.items():
