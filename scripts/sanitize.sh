@@ -27,6 +27,7 @@ if [[ "$kind" == thread ]]; then
   # Only what the selected tests run: the TSan build of everything would double the time.
   # A test's target: its executable under the build folder, or (not built yet, so ctest has no
   # command for it) the test's own name; kept when CMake knows such a target.
+  build_abs=$(cd "$BUILD_DIR" && pwd)  # here: inside the pipeline below the relative path no longer resolves
   targets=$(cd "$BUILD_DIR" && ctest "${select[@]}" --show-only=json-v1 |
             "${KILTER_PYTHON:-/usr/bin/python3}" -c '
 import json, os, re, sys
@@ -36,7 +37,7 @@ names = {"kilter"}
 for t in json.load(sys.stdin)["tests"]:
     command = t.get("command") or [t["name"]]
     names.update(os.path.basename(a) for a in command if a == t["name"] or a.startswith(build + "/"))
-print(" ".join(sorted(names & known)))' "$(cd "$BUILD_DIR" && pwd)")
+print(" ".join(sorted(names & known)))' "$build_abs")
   cmake --build "$BUILD_DIR" -j "$JOBS" --target $targets
 else
   cmake --build "$BUILD_DIR" -j "$JOBS"
