@@ -30,10 +30,11 @@ PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) 
   opts.tail = cfg.data.tail;
   opts.seed = cfg.train.seed;
   opts.cost.a = cfg.data.cost_a;
-  // < 0: on a GPU, resolve_cost_model() derives it (default_micro_batch_cost); on the CPU the
-  // CPU's default, so that `kilter plan` on a node without a GPU plans a CPU run unless the config
-  // says train.backend = cuda.
-  opts.cost.c = cfg.data.cost_c >= 0 ? cfg.data.cost_c : runs_on_cpu(cfg) ? kCpuMicroBatchTokens * cfg.data.cost_a : -1.0;
+  // < 0: the default of the device the run computes on (`kilter plan` on a node without a GPU
+  // plans a CPU run unless the config says train.backend = cuda).
+  opts.cost.c = cfg.data.cost_c >= 0 ? cfg.data.cost_c
+                : runs_on_cpu(cfg)    ? kCpuMicroBatchTokens * cfg.data.cost_a
+                                      : default_micro_batch_cost(cfg.data.cost_a);
   model::ModelSpec spec = cfg.model;  // the vocabulary the run will have
   spec.vocab_size = cfg.model.vocab_size > 0 ? cfg.model.vocab_size
                     : dataset_vocab > 0      ? static_cast<int>(dataset_vocab)

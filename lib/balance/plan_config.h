@@ -13,7 +13,7 @@ namespace kilter::balance {
 // data.cost_b, or when that is < 0, attention_cost_coefficient(model shape, vocab) with vocab =
 // model.vocab_size, else `dataset_vocab`, else 256 (byte tokens) — as the trainer derives it;
 // c = data.cost_c, or when that is < 0, kCpuMicroBatchTokens x a on a CPU run (runs_on_cpu),
-// else default_micro_batch_cost(a); t = data.cost_t, or when
+// else (a GPU) default_micro_batch_cost(a); t = data.cost_t, or when
 // that is < 0, a x transfer_cost_coefficient(shape, vocab, kv_value_bytes, comm.link_gbps,
 // device_tflops(cfg)) with t_link and layers = model.n_layer set, so that resolve_cost_model()
 // raises it where the link sets the pace; data.cut_pieces; kv_bytes_per_token from the shape.

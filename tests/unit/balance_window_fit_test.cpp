@@ -344,8 +344,8 @@ TEST(BalanceWindowFit, ASpeedInForceIsNotChased) {
 
 // A small steady difference (one core 1% slower over the whole window, row noise 0.5%, as in a
 // quiet hour on this VM) is taken where no speed is in force yet: it is what is left of the wait
-// once the costs are right. Half a percent is not (kFitMinSpeedGap), nor is a difference inside
-// the estimate's noise.
+// once the costs are right. 0.3% is not (below kFitMinSpeedGap, 0.5%), nor is 1% inside the
+// estimate's noise.
 TEST(BalanceWindowFit, ASmallSteadyDifferenceIsTakenWhereNoSpeedIsInForce) {
   const int world = 2;
   const CostModel planned = model(6e-4, 0);
