@@ -67,7 +67,15 @@ grow_sharded = rss[("sharded", 0)] - rss[("sharded", 1)]
 grow_unsharded = rss[("unsharded", 0)] - rss[("unsharded", 1)]
 print(f"rank 0 above rank 1 at peak: sharded {grow_sharded / 2**20:.1f} MiB, unsharded {grow_unsharded / 2**20:.1f} MiB;"
       f" snapshot {snapshot / 2**20:.1f} MiB")
-assert grow_unsharded > 0.75 * snapshot, "unsharded rank 0 should hold the snapshot: the check cannot see it"
+# Unsharded, rank 0's peak holds the snapshot above what the plan gives it without one. Against
+# its own estimate, not rank 1's peak: rank 1's peak wanders by up to ~35 MiB from run to run
+# (seen 458-496 MiB against its 459 MiB estimate), which made rank 0 - rank 1 miss 0.75 x the
+# snapshot once (108 MiB of 110) with rank 0 at its estimate.
+unsharded_plan = json.load(open("plan2u.json"))["memory"]
+without_snapshot = unsharded_plan["rank0_bytes"] - unsharded_plan["checkpoint_bytes_rank0"]
+assert rss[("unsharded", 0)] - without_snapshot > 0.75 * snapshot, \
+    "unsharded rank 0 should hold the snapshot: the check cannot see it"
+
 # Under ASan the quarantine keeps rank 0's freed 16 MiB pieces (the slices and the checksum
 # read-back) resident, so the bound is checked in the normal build only. The plan counts one piece
 # (16 MiB) for rank 0's read-back; on a loaded machine rank 0 once peaked 55 MB above rank 1
