@@ -3,7 +3,7 @@
 // crossentropy: the architecture's steps, spec.h), and AdamW.
 // A micro-batch is packed (model.h): every op but attention runs on its N token rows, attention
 // runs piece by piece (cost sum(len^2)), and rows without a target are left out of the LM head.
-// A later part of a cut piece (issue 23) continues its piece's positions and attends to the K/V
+// A later part of a cut piece continues its piece's positions and attends to the K/V
 // of its earlier tokens, which batch.exchange brings from the ranks holding them; their dK/dV go
 // back the same way (kv_exchange.h gives the order of the calls, made in attention_forward/backward).
 #include "lib/backend/cpu_model.h"

@@ -1,4 +1,4 @@
-// The CUDA backend of the GPT-2 model (docs/design.md "Model"; issue 7): the same Model interface as
+// The CUDA backend of the GPT-2 model (docs/design.md "Model"): the same Model interface as
 // the CPU backend, with parameters, gradients, AdamW moments and activations in device memory.
 // Plain C++ on purpose: lib/backend/select.cpp includes it under #ifdef KILTER_WITH_CUDA without
 // the CUDA headers. Implementation: lib/backend/cuda_model.cu, cuda_device.cu.

@@ -4,7 +4,7 @@
 // then each block's tensors contiguous (h.0 .. h.{L-1}), then the final norm. Backward finishes
 // blocks from the last to the first, so gradient buckets become ready from high offsets to low;
 // the embeddings are ready last.
-// Owner: model (issue 2); the CUDA backend (issue 7) implements the same interface.
+// Owner: model; the CUDA backend implements the same interface.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -31,8 +31,8 @@ struct Batch {
   std::vector<int32_t> targets;     // N; -1 = no target
   std::vector<int32_t> cu_seqlens;  // pieces + 1 offsets: [0] = 0, back() = N, strictly increasing
   int64_t num_targets = 0;          // targets != -1
-  // Per piece: tokens of its piece held before it by other ranks (a later part of a cut piece,
-  // issue 23): its positions start there and its queries also attend to those tokens' K/V,
+  // Per piece: tokens of its piece held before it by other ranks (a later part of a cut piece:
+  // context parallelism): its positions start there and its queries also attend to those tokens' K/V,
   // which `exchange` delivers. Empty, or all 0: no piece has a prefix.
   std::vector<int32_t> pos_offset;
   // Non-null when a piece of this batch is part of a cut piece (as a later part, or as an

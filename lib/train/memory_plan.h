@@ -1,4 +1,4 @@
-// The memory plan (issue 24): what one rank of a run holds, figure by figure, from the config
+// The memory plan: what one rank of a run holds, figure by figure, from the config
 // alone (no allocation), the node's total against the machine's memory (and, on the cuda
 // backend, each rank's device figures against its device's memory), and the cheapest setting
 // that makes a run fit. `kilter plan --memory` prints it; `kilter train` prints it and refuses a
