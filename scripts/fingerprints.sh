@@ -15,6 +15,7 @@ out=/dev/stdout; [ -n "${2:-}" ] && out=$(readlink -m "$2")
 kilter=$build/kilter
 dump=$build/kilter_model_dump
 [ -x "$kilter" ] || { echo "fingerprints: $kilter is not an executable; build the kilter target first" >&2; exit 2; }
+PY=${KILTER_PYTHON:-/usr/bin/python3}   # Debian's, with h5py (not a pyenv shim)
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 export OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d /tmp/kilter-fingerprints.XXXXXX)
@@ -33,7 +34,7 @@ declare -A PRECISION=([fp32]="--train.precision=fp32" [bf16gemm]="--train.precis
                       [bf16store]="--train.precision=bf16 --train.bf16_storage=on")
 
 hash_run() {  # hash_run DIR: losses of every rank and the newest checkpoint's params and moments
-  python3 - "$1" <<'PY'
+  "$PY" - "$1" <<'PY'
 import csv, glob, hashlib, sys
 import h5py
 run = sys.argv[1]
@@ -52,7 +53,10 @@ print(h.hexdigest()[:16])
 PY
 }
 
-line() { printf '%-44s %s\n' "$1" "$2" >> "$work/fingerprints.txt"; }
+line() {  # line NAME HASH: a failed hash (empty) ends the script
+  [ -n "$2" ] || { echo "fingerprints: no hash for $1" >&2; exit 1; }
+  printf '%-44s %s\n' "$1" "$2" >> "$work/fingerprints.txt"
+}
 : > "$work/fingerprints.txt"
 have_bf16=0
 grep -q -m1 -E 'avx512_bf16|amx_bf16' /proc/cpuinfo && have_bf16=1
