@@ -25,7 +25,7 @@ if(KILTER_WITH_CUDA)
   # multi-GPU node by hand (mpirun -np <gpus> kilter_gpu_nccl_test).
   if(KILTER_WITH_NCCL)
     add_executable(kilter_gpu_nccl_test ${CMAKE_SOURCE_DIR}/tests/gpu/gpu_nccl_test.cpp)
-    target_link_libraries(kilter_gpu_nccl_test PRIVATE kilter_lib)
+    target_link_libraries(kilter_gpu_nccl_test PRIVATE kilter_lib GTest::gtest)
     add_test(NAME gpu_nccl COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${KILTER_MPIRUN_FLAGS}
                                    $<TARGET_FILE:kilter_gpu_nccl_test>)
     set_tests_properties(gpu_nccl PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
