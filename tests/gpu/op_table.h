@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ struct OpFamily {
   std::vector<std::string> kernels;
   std::string twin;  // the CPU twin it is compared with
 };
+
+// GoogleTest prints a row by its name.
+inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name(); }
 
 const std::vector<OpFamily>& op_families();
 const std::vector<OpCase>& op_cases();

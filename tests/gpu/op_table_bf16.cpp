@@ -9,6 +9,7 @@
 
 #include "lib/model/attention.h"
 #include "lib/model/attention_bf16.h"
+#include "lib/model/attention_sdpa.h"
 #include "lib/model/crossentropy.h"
 #include "lib/model/encoder.h"
 #include "lib/model/gelu.h"
