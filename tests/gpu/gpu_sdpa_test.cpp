@@ -10,7 +10,7 @@
 // the score budget the model plans with; the bf16-storage datapath's staging (bf16 rows in and
 // out) against the fp32 datapath's, bit for bit. The graphs' building time is printed (the
 // engine's build_stats).
-// Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+// GoogleTest; without a CUDA device every test is skipped and the binary exits 77.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -180,10 +180,11 @@ void run_case(Checker& check, kc::SdpaAttention& engine, const Case& c) {
   check.expect(c.name + ": staging from bf16 rows and own dK/dV into bf16 rows as from fp32 ones", got.bf16_staging_same);
 }
 
+using SdpaEngine = kilter::gputest::DeviceTest;
+
 }  // namespace
 
-int main() {
-  kilter::gputest::skip_without_device();
+TEST_F(SdpaEngine, AgainstTheCpuTwinOnEveryCase) {
   Checker check;
   const std::vector<Case> cases = {
       {"whole pieces, 12 heads of 64", km::AttentionShape::mha(768, 12), {1024, 300, 1, 77, 512}, {0, 0, 0, 0, 0}},
@@ -209,5 +210,4 @@ int main() {
   } catch (const kilter::Error& e) {
     check.expect("SDPA engine usable", false, e.what());
   }
-  return check.finish("kilter_gpu_sdpa_test");
 }
