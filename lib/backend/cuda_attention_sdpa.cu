@@ -26,6 +26,7 @@
 
 #include "lib/backend/cuda_model_impl.cuh"
 #include "lib/model/attention_sdpa.h"
+#include "lib/model/attention_self_check.h"
 #include "lib/model/sdpa_plan.h"
 
 namespace kilter::backend {
@@ -49,24 +50,6 @@ struct DeviceScratch {
   T* as() const { return static_cast<T*>(ptr); }
   ~DeviceScratch() { cudaFree(ptr); }
 };
-
-// Pseudo-random values in [-1, 1) for the self-check (an integer hash of the index).
-std::vector<float> hash_floats(size_t n, uint32_t seed) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = hash_unit(i, seed);
-  return v;
-}
-
-// max |a - b| / max |b| (NaN in a counts as infinitely far).
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, scale = 1e-20;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    diff = std::isnan(d) ? INFINITY : std::max(diff, d);
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
 
 std::vector<float> download_floats(const float* device, size_t n) {
   std::vector<float> host(n);
@@ -280,13 +263,19 @@ struct SelfCheckScratch {
   }
 };
 
-// Pseudo-random rows of the problem, and every answer zeroed (rows outside a call stay 0 on both sides).
-void self_check_inputs(const SelfCheckScratch& x, const model::SdpaPlan& plan, cudaStream_t stream) {
+// The problem's rows (attention_self_check.h: bf16 values, each of the call's rows seeing its own
+// key first, so that a mask off by one key shows), and every answer zeroed (rows outside a call
+// stay 0 on both sides).
+void self_check_inputs(const SelfCheckScratch& x, const model::SdpaPlan& plan, const model::SdpaCall& call,
+                       cudaStream_t stream) {
   const model::AttentionShape& shape = plan.shape;
   const size_t N = plan.tokens, W = shape.row_width(), C = shape.q_width(), kv = shape.kv_width();
   const size_t R = std::max(plan.staged_rows, 1);
-  const std::vector<float> qkv = hash_floats(N * W, 12345u), dout = hash_floats(N * C, 54321u),
-                           prefix = hash_floats(R * kv, 777u);
+  std::vector<model::RowSpan> spans;
+  for (int e = 0; e < call.entries; ++e)
+    spans.push_back({static_cast<int>(call.offset_o[e] / static_cast<int32_t>(C)), call.seq_len_q[e]});
+  const std::vector<float> qkv = model::self_check_qkv(N, shape, spans, 12345u),
+                           dout = model::self_check_rows(N * C, 54321u), prefix = model::self_check_rows(R * kv, 777u);
   KILTER_CUDA_CHECK(cudaMemcpyAsync(x.qkv, qkv.data(), sizeof(float) * qkv.size(), cudaMemcpyHostToDevice, stream));
   KILTER_CUDA_CHECK(cudaMemcpyAsync(x.dout, dout.data(), sizeof(float) * dout.size(), cudaMemcpyHostToDevice, stream));
   KILTER_CUDA_CHECK(cudaMemcpyAsync(x.prefix_rows, prefix.data(), sizeof(float) * prefix.size(), cudaMemcpyHostToDevice,
@@ -379,7 +368,7 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   double out_error = 0.0, grad_error = 0.0, prefix_error = 0.0;
   try {
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the previous micro-batch may still read the descriptors
-    self_check_inputs(x, plan, stream_);
+    self_check_inputs(x, plan, call, stream_);
     std::vector<size_t> offsets;
     const std::vector<int32_t> blocks = plan.descriptor_blocks(&offsets);
     KILTER_CUDA_CHECK(cudaMemcpyAsync(st.descriptors.ptr, blocks.data(), sizeof(int32_t) * blocks.size(),
@@ -397,10 +386,10 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
     if (later) kc::sdpa_unstage_key_grads(plan, prefix_sdpa, x.rows.staged_grad, x.dqkv_sdpa, stream_);
     self_check_reference(*gemm_, call, plan, x, stream_);
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    out_error = relative_difference(download_floats(x.out_sdpa, N * C), download_floats(x.out_ref, N * C));
-    grad_error = relative_difference(download_floats(x.dqkv_sdpa, N * W), download_floats(x.dqkv_ref, N * W));
+    out_error = model::max_relative_difference(download_floats(x.out_sdpa, N * C), download_floats(x.out_ref, N * C));
+    grad_error = model::max_relative_difference(download_floats(x.dqkv_sdpa, N * W), download_floats(x.dqkv_ref, N * W));
     if (later)
-      prefix_error = relative_difference(download_floats(x.prefix_dkv_sdpa, R * kv), download_floats(x.prefix_dkv_ref, R * kv));
+      prefix_error = model::max_relative_difference(download_floats(x.prefix_dkv_sdpa, R * kv), download_floats(x.prefix_dkv_ref, R * kv));
     ran = true;
   } catch (const Error& e) {
     *why = std::string("self-check failed to run: ") + e.what();
@@ -409,8 +398,7 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   }
   cudaFree(scratch);
   if (!ran) return false;
-  // bf16 inputs, probabilities and outputs against fp32 (or fast-bf16) cuBLASLt products.
-  const double tolerance = 5e-2;
+  const double tolerance = model::kAttentionSelfCheckTolerance;
   if (out_error <= tolerance && grad_error <= tolerance && prefix_error <= tolerance) return true;
   char text[240];
   std::snprintf(text, sizeof(text), "self-check against cuBLASLt attention: relative difference %.3g in out, %.3g in dqkv, "
