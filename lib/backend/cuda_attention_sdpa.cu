@@ -125,6 +125,13 @@ void SdpaStateDeleter::operator()(SdpaState* state) const { delete state; }
 void CudaModel::sdpa_init() {
   const bool wanted = options_.attention == "sdpa" || (options_.attention == "auto" && options_.precision == "bf16");
   if (!wanted) return;
+  if (!options_.sdpa_refused.empty()) {  // its engine probe failed (probed_engines.h)
+    KILTER_CHECK(options_.attention != "sdpa", "train.attention=sdpa: cuDNN SDPA attention failed its probe on device "
+                                                   << device_ << ": " << options_.sdpa_refused
+                                                   << " (use train.attention=auto or cublaslt)");
+    sdpa_note_ = "it failed its probe: " + options_.sdpa_refused;
+    return;
+  }
 #ifdef KILTER_WITH_SDPA
   try {
     std::unique_ptr<SdpaState, SdpaStateDeleter> state(new SdpaState);

@@ -81,6 +81,9 @@ struct BackendOptions {
   // bf16_storage on or off as the trainer resolved auto: every rank ran datapath_self_check and
   // they agreed (MPI), so that no rank trains on another datapath than the others.
   bool bf16_storage_checked = false;
+  // Why cuDNN SDPA attention must not be used here ("" none): it failed its engine probe in a
+  // child process (lib/backend/probed_engines.h). The model then runs attention on cuBLASLt.
+  std::string sdpa_refused;
 };
 
 class Model {
