@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "lib/backend/cuda_model_impl.cuh"
@@ -34,17 +35,29 @@ namespace kilter::backend {
 namespace {
 
 // A device allocation that only grows (between micro-batches: the stream is drained first).
+// Rows SDPA reads get `tail` bytes of slack (kSdpaTailRows rows), and a new allocation is zeroed
+// whole: a tile past the last row reads zeros, never memory nothing wrote.
+// try_ensure: false, the error cleared, where the device has no memory for it (an allocation
+// failure is not sticky); any other failure throws.
 struct DeviceScratch {
   void* ptr = nullptr;
   size_t bytes = 0;
-  void ensure(size_t want, cudaStream_t stream) {
-    if (want <= bytes) return;
+  bool try_ensure(size_t want, cudaStream_t stream, size_t tail = 0) {
+    if (want <= bytes) return true;
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaFree(ptr);
     ptr = nullptr;
     bytes = 0;
-    KILTER_CUDA_CHECK(cudaMalloc(&ptr, want));
+    const cudaError_t status = cudaMalloc(&ptr, want + tail);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      ptr = nullptr;
+      return false;
+    }
+    KILTER_CUDA_CHECK(status);
+    KILTER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, want + tail, stream));
     bytes = want;
+    return true;
   }
   template <typename T>
   T* as() const { return static_cast<T*>(ptr); }
@@ -75,6 +88,7 @@ struct SdpaState {
   std::unique_ptr<kc::SdpaAttention> engine;
   model::SdpaPlan plan;
   std::map<model::SdpaBucket, std::string> decided;  // per bucket: "" usable, else why not
+  std::set<std::string> short_of_memory;              // what was warned about once (a bucket, the rows)
   // The fp32-activation datapath's bf16 rows, shared by the layers, and its Stats per layer (the
   // bf16-storage datapath keeps its Stats and staging in the arena and needs no conversions).
   DeviceScratch qkv16, out16, dout16, dqkv16, staged, staged_grad, stats;
@@ -177,22 +191,30 @@ bool CudaModel::sdpa_for_batch(const Batch& batch) {
   // rows, Stats and staging are its arena's (carve_bf16).
   const size_t N = batch.N, W = shape.row_width(), C = shape.q_width(), R = st.plan.staged_rows;
   if (!bf16_storage_) {
-    st.qkv16.ensure(sizeof(kc::bf16) * N * W, stream_);
-    st.dqkv16.ensure(sizeof(kc::bf16) * N * W, stream_);
-    st.out16.ensure(sizeof(kc::bf16) * N * C, stream_);
-    st.dout16.ensure(sizeof(kc::bf16) * N * C, stream_);
-    st.staged.ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * shape.kv_width(), stream_);
-    st.staged_grad.ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * shape.kv_width(), stream_);
+    const size_t tail = model::kSdpaTailRows, KV = shape.kv_width();
+    const bool rows = st.qkv16.try_ensure(sizeof(kc::bf16) * N * W, stream_, sizeof(kc::bf16) * tail * W) &&
+                      st.dqkv16.try_ensure(sizeof(kc::bf16) * N * W, stream_, sizeof(kc::bf16) * tail * W) &&
+                      st.out16.try_ensure(sizeof(kc::bf16) * N * C, stream_, sizeof(kc::bf16) * tail * C) &&
+                      st.dout16.try_ensure(sizeof(kc::bf16) * N * C, stream_, sizeof(kc::bf16) * tail * C) &&
+                      st.staged.try_ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * KV, stream_,
+                                           sizeof(kc::bf16) * tail * KV) &&
+                      st.staged_grad.try_ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * KV, stream_,
+                                                sizeof(kc::bf16) * tail * KV);
+    if (!rows) return sdpa_short_of_memory("its bf16 rows for micro-batches of " + std::to_string(N) + " tokens");
     if (N > st.stats_rows) {
-      st.stats.ensure(sizeof(float) * cfg_.n_layer * N * shape.n_head, stream_);
+      if (!st.stats.try_ensure(sizeof(float) * cfg_.n_layer * N * shape.n_head, stream_,
+                               sizeof(float) * tail * shape.n_head))
+        return sdpa_short_of_memory("its Stats for micro-batches of " + std::to_string(N) + " tokens");
       st.stats_rows = N;
     }
   }
   const std::vector<int32_t> blocks = st.plan.descriptor_blocks(&st.descriptor_offsets);
-  st.descriptors.ensure(sizeof(int32_t) * std::max<size_t>(blocks.size(), 1), stream_);
+  if (!st.descriptors.try_ensure(sizeof(int32_t) * std::max<size_t>(blocks.size(), 1), stream_))
+    return sdpa_short_of_memory("its call descriptors");
   for (const model::SdpaCall* call : st.plan.calls()) {
     if (!sdpa_bucket_usable(*call)) return false;
-    st.workspace.ensure(std::max<size_t>(st.engine->workspace_bytes(*call), 1), stream_);
+    if (!st.workspace.try_ensure(std::max<size_t>(st.engine->workspace_bytes(*call), 1), stream_))
+      return sdpa_short_of_memory("cuDNN's workspace for " + call->bucket.text());
   }
   // The descriptors go up on the compute stream, after the previous micro-batch's kernels read
   // theirs; the pinned buffer is rewritten only once its previous copy has left it.
@@ -210,6 +232,17 @@ bool CudaModel::sdpa_for_batch(const Batch& batch) {
   KILTER_CUDA_CHECK(cudaEventRecord(st.descriptors_copied, stream_));
   st.descriptors_pending = true;
   return true;
+}
+
+bool CudaModel::sdpa_short_of_memory(const std::string& what) {
+  KILTER_CHECK(options_.attention != "sdpa", "train.attention=sdpa: no device memory on device "
+                                                 << device_ << " for cuDNN SDPA attention's " << what
+                                                 << " (lower data.max_tokens, or use train.attention=auto)");
+  // Under auto: this micro-batch runs on the other attention engines, and a later one asks again.
+  if (sdpa_->short_of_memory.insert(what).second)
+    std::fprintf(stderr, "kilter: cuda backend: warning: no device memory for cuDNN SDPA attention's %s; such "
+                 "micro-batches use the other attention engines until it fits\n", what.c_str());
+  return false;
 }
 
 bool CudaModel::sdpa_bucket_usable(const model::SdpaCall& call) {
@@ -359,7 +392,10 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   }
   SelfCheckScratch x;
   ArenaCarver measure(nullptr);
-  const size_t floats = x.carve(measure, plan, layout_now_.pieces, att, work, call.entries);
+  // The tail: rows of slack past the last slice; the whole scratch is zeroed below, so that no
+  // tile past a slice's last row reads memory nothing wrote.
+  const size_t floats = x.carve(measure, plan, layout_now_.pieces, att, work, call.entries) +
+                        static_cast<size_t>(model::kSdpaTailRows) * W;
   float* scratch = nullptr;
   const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * floats);
   if (status != cudaSuccess) {
@@ -375,13 +411,19 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   double out_error = 0.0, grad_error = 0.0, prefix_error = 0.0;
   try {
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the previous micro-batch may still read the descriptors
+    KILTER_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(float) * floats, stream_));
     self_check_inputs(x, plan, call, stream_);
     std::vector<size_t> offsets;
     const std::vector<int32_t> blocks = plan.descriptor_blocks(&offsets);
     KILTER_CUDA_CHECK(cudaMemcpyAsync(st.descriptors.ptr, blocks.data(), sizeof(int32_t) * blocks.size(),
                                       cudaMemcpyHostToDevice, stream_));
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `blocks` leaves scope
-    st.workspace.ensure(std::max<size_t>(st.engine->workspace_bytes(call), 1), stream_);
+    if (!st.workspace.try_ensure(std::max<size_t>(st.engine->workspace_bytes(call), 1), stream_)) {
+      *why = "no device memory for cuDNN's workspace";
+      *retry = true;
+      cudaFree(scratch);
+      return false;
+    }
     // SDPA, as the layers run it.
     kc::rows_to_bf16(x.qkv16, W, x.qkv, W, N, W, stream_);
     kc::rows_to_bf16(x.dout16, C, x.dout, C, N, C, stream_);

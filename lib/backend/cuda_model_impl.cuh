@@ -196,6 +196,9 @@ class CudaModel final : public ModelBase {
   void sdpa_init();
   bool sdpa_for_batch(const Batch& batch);
   bool sdpa_bucket_usable(const model::SdpaCall& call);
+  // No device memory for SDPA's `what`: false (this micro-batch on the other engines) with one
+  // warning per `what` under auto; an error naming train.attention under sdpa.
+  bool sdpa_short_of_memory(const std::string& what);
   bool sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry);
   void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls);
   void sdpa_backward_layer(int layer, const BlockActivations& a);

@@ -101,7 +101,10 @@ TEST(CudaMemoryPlan, SdpaDropsTheSavedSoftmax) {
   const double dropped = double(groups.activations) - double(sdpa.activations);
   EXPECT_GT(dropped, softmax - stats);
   EXPECT_LT(dropped, softmax - stats + 0.6 * gib);
-  EXPECT_NEAR(double(sdpa.engine) - double(groups.engine), workspace, 1.0);
+  // cuDNN's workspace is counted apart from the GEMMs' (the plan's "cuDNN SDPA workspace" row).
+  EXPECT_NEAR(double(sdpa.cudnn), workspace, 1.0);
+  EXPECT_EQ(sdpa.engine, groups.engine);
+  EXPECT_EQ(groups.cudnn, 0u);
   EXPECT_EQ(sdpa.parameters, groups.parameters);
   EXPECT_LT(sdpa.total() / gib, 8.0) << "about 7.6 GiB expected";
   // Recompute attention shares one layer's Stats, as it shares the softmax.
