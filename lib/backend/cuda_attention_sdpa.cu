@@ -180,6 +180,12 @@ std::string CudaModel::sdpa_description() const {
 
 int CudaModel::sdpa_staged_rows() const { return sdpa_ ? sdpa_->plan.staged_rows : 0; }
 
+model::EngineBuildStats CudaModel::engine_build_stats() const {
+  if (!sdpa_) return {};
+  const kc::SdpaBuildStats stats = sdpa_->engine->build_stats();
+  return {stats.graphs, stats.seconds};
+}
+
 bool CudaModel::sdpa_for_batch(const Batch& batch) {
   if (!sdpa_) return false;
   SdpaState& st = *sdpa_;

@@ -199,6 +199,11 @@ class CudaModel final : public ModelBase {
   // No device memory for SDPA's `what`: false (this micro-batch on the other engines) with one
   // warning per `what` under auto; an error naming train.attention under sdpa.
   bool sdpa_short_of_memory(const std::string& what);
+
+ public:
+  model::EngineBuildStats engine_build_stats() const override;
+
+ private:
   bool sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry);
   void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls);
   void sdpa_backward_layer(int layer, const BlockActivations& a);

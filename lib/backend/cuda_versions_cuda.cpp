@@ -132,7 +132,10 @@ std::string cuda_device_model() {
   if (!cuda_device_present()) return "none";
   try {
     cudaDeviceProp prop{};
-    KILTER_CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda_device_index()));
+    if (cudaGetDeviceProperties(&prop, cuda_device_index()) != cudaSuccess) {
+      cudaGetLastError();
+      return "none";
+    }
     return std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
   } catch (const Error&) {
     return "none";

@@ -86,12 +86,21 @@ struct BackendOptions {
   std::string sdpa_refused;
 };
 
+// Graphs an attention engine built (cuDNN SDPA: forward and backward count one each, per shape
+// bucket) and the host seconds it took: the cost a new shape bucket adds to a step.
+struct EngineBuildStats {
+  int graphs = 0;
+  double seconds = 0.0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
   virtual std::string backend_name() const = 0;
   // One line for logs: the backend and how it computes (engines, precision).
   virtual std::string describe() const { return backend_name(); }
+  // The attention engines' graph builds so far (none on backends that build no graphs).
+  virtual EngineBuildStats engine_build_stats() const { return {}; }
   virtual const ModelSpec& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 

@@ -47,6 +47,9 @@ void add_run_figures(const Run& run, const RunProgress& progress, nlohmann::json
                       {"error", c.verdict.error}, {"origin", c.verdict.origin}, {"file", c.verdict.file},
                       {"choice", c.choice}});
   extra["engine_probes"] = probes;
+  // Rank 0's attention graph builds (cuDNN SDPA, per shape bucket) in its first steps.
+  extra["graph_builds_early"] = {{"steps", progress.early_build_steps}, {"graphs", progress.early_builds.graphs},
+                                 {"seconds", progress.early_builds.seconds}};
   extra["comm_algo"] = run.algo;
   extra["shard_optimizer"] = run.shard_optimizer;
   extra["num_nodes"] = run.topo.num_nodes;
