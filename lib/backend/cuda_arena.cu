@@ -225,7 +225,10 @@ void CudaModel::ensure_arena(size_t floats, const Layout& layout) {
   // call's last sequence reads numbers, never memory nothing wrote.
   const size_t tail = static_cast<size_t>(model::kSdpaTailRows) * cfg_.qkv_width();
   const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&arena_), sizeof(float) * (floats + tail));
-  if (status == cudaSuccess) KILTER_CUDA_CHECK(cudaMemsetAsync(arena_, 0, sizeof(float) * (floats + tail), stream_));
+  if (status == cudaSuccess) {  // done before any stream (the copy stream too) writes into it
+    KILTER_CUDA_CHECK(cudaMemsetAsync(arena_, 0, sizeof(float) * (floats + tail), stream_));
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   if (status != cudaSuccess) {
     cudaGetLastError();
     KILTER_FAIL("cuda backend: cannot allocate the activation arena of " << (sizeof(float) * floats >> 20)

@@ -43,6 +43,19 @@ __global__ void max_difference_kernel(unsigned* result, const float* a, const fl
 
 }  // namespace
 
+void max_difference_on_device(unsigned* result, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  max_difference_kernel<<<grid_for(n, 256), 256, 0, stream>>>(result, a, b, n);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+float relative_difference_of(const unsigned* result) {
+  float diff, ref;
+  std::memcpy(&diff, &result[0], sizeof diff);
+  std::memcpy(&ref, &result[1], sizeof ref);
+  return diff / std::max(ref, 1e-20f);
+}
+
 bool CudaModel::cudnn_for_shape(int B, int T) {
   if (!cudnn_) return false;
   const auto decided = cudnn_shapes_.find({B, T});

@@ -64,12 +64,6 @@ struct DeviceScratch {
   ~DeviceScratch() { cudaFree(ptr); }
 };
 
-std::vector<float> download_floats(const float* device, size_t n) {
-  std::vector<float> host(n);
-  KILTER_CUDA_CHECK(cudaMemcpy(host.data(), device, sizeof(float) * n, cudaMemcpyDeviceToHost));
-  return host;
-}
-
 }  // namespace
 
 // Where one layer's calls read and write: bf16 rows (the bf16-storage datapath's own, or the fp32
@@ -281,6 +275,7 @@ struct SelfCheckScratch {
   float *out_sdpa, *dqkv_sdpa, *prefix_dkv_sdpa, *out_ref, *dqkv_ref, *prefix_dkv_ref;
   float *saved, *workspace;
   int32_t* lengths;
+  unsigned* result;  // the comparisons' maxima, three pairs (max_difference_on_device)
   kc::bf16 *qkv16, *dout16, *staged16;  // what SDPA reads, converted from the fp32 rows
   SdpaRows rows;                        // SDPA's bf16 rows and Stats
   std::vector<const float*> prefix_kv;  // per piece: its prefix rows (later parts), else null
@@ -295,6 +290,7 @@ struct SelfCheckScratch {
     out_sdpa = carver.take(N * C), dqkv_sdpa = carver.take(N * W), prefix_dkv_sdpa = carver.take(R * kv);
     out_ref = carver.take(N * C), dqkv_ref = carver.take(N * W), prefix_dkv_ref = carver.take(R * kv);
     saved = carver.take(att), workspace = carver.take(work), lengths = carver.take_ints(entries);
+    result = reinterpret_cast<unsigned*>(carver.take(6));
     qkv16 = take_bf16(N * W), dout16 = take_bf16(N * C), staged16 = take_bf16(R * kv);
     rows = {qkv16, staged16, take_bf16(N * C), dout16, take_bf16(N * W), take_bf16(R * kv), carver.take(N * shape.n_head)};
     // Each later part's prefix rows and their dK/dV sit at its staged rows (the staging map's).
@@ -440,11 +436,17 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
     kc::rows_to_fp32(x.dqkv_sdpa, W, x.rows.dqkv, W, N, W, false, stream_);
     if (later) kc::sdpa_unstage_key_grads(plan, prefix_sdpa, x.rows.staged_grad, x.dqkv_sdpa, stream_);
     self_check_reference(*gemm_, call, plan, x, stream_);
+    // Compared on the device: 24 bytes come back, not the rows.
+    KILTER_CUDA_CHECK(cudaMemsetAsync(x.result, 0, sizeof(unsigned) * 6, stream_));
+    max_difference_on_device(x.result, x.out_sdpa, x.out_ref, N * C, stream_);
+    max_difference_on_device(x.result + 2, x.dqkv_sdpa, x.dqkv_ref, N * W, stream_);
+    if (later) max_difference_on_device(x.result + 4, x.prefix_dkv_sdpa, x.prefix_dkv_ref, R * kv, stream_);
+    unsigned maxima[6] = {0, 0, 0, 0, 0, 0};
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(maxima, x.result, sizeof(maxima), cudaMemcpyDeviceToHost, stream_));
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    out_error = model::max_relative_difference(download_floats(x.out_sdpa, N * C), download_floats(x.out_ref, N * C));
-    grad_error = model::max_relative_difference(download_floats(x.dqkv_sdpa, N * W), download_floats(x.dqkv_ref, N * W));
-    if (later)
-      prefix_error = model::max_relative_difference(download_floats(x.prefix_dkv_sdpa, R * kv), download_floats(x.prefix_dkv_ref, R * kv));
+    out_error = relative_difference_of(maxima);
+    grad_error = relative_difference_of(maxima + 2);
+    prefix_error = later ? relative_difference_of(maxima + 4) : 0.0;
     ran = true;
   } catch (const Error& e) {
     *why = std::string("self-check failed to run: ") + e.what();

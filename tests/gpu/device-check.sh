@@ -234,11 +234,11 @@ mkdir -p "$logs"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 say "libraries"
 resolve_libraries
-if [[ -x "$carry/kilter_gpu_sdpa_test" ]] && ! ldd "$carry/kilter_gpu_sdpa_test" | grep -q "not found"; then
+if [[ -x "$carry/kilter_gpu_sdpa_test" ]] && ! ldd "$carry/kilter_gpu_sdpa_test" 2>/dev/null | grep -q "not found"; then
   say "using prebuilt binaries in $carry"
   bin=$carry
 else
-  [[ -x "$carry/kilter_gpu_sdpa_test" ]] && { ldd "$carry/kilter_gpu_sdpa_test" | grep "not found"; say "prebuilt binaries miss libraries here"; }
+  [[ -x "$carry/kilter_gpu_sdpa_test" ]] && { ldd "$carry/kilter_gpu_sdpa_test" 2>/dev/null | grep "not found"; say "prebuilt binaries miss libraries here"; }
   build_standalone
   bin=$build
 fi
