@@ -251,7 +251,9 @@ bool CudaModel::sdpa_bucket_usable(const model::SdpaCall& call) {
   if (decided != st.decided.end()) return decided->second.empty();
   std::string why;
   bool retry = false;
-  const bool usable = st.engine->prepare(call, &why) && sdpa_agrees(call, &why, &retry);
+  const bool cut_refused = call.keys == model::SdpaKeyRows::staged && !options_.sdpa_cut_refused.empty();
+  if (cut_refused) why = "its probe on later parts of cut pieces failed: " + options_.sdpa_cut_refused;
+  const bool usable = !cut_refused && st.engine->prepare(call, &why) && sdpa_agrees(call, &why, &retry);
   // Short of memory for the self-check: the other engines this time, ask again next time.
   if (!usable && retry && options_.attention == "auto") return false;
   st.decided[call.bucket] = usable ? "" : (why.empty() ? "unknown" : why);

@@ -118,6 +118,11 @@ std::vector<ProbeRequest> engine_probe_requests(const std::string& backend, cons
                             (storage ? " bf16-rows" : " fp32-rows") + " recompute " + options.recompute,
                         problem_args(spec, options), ""});
   }
+  if (sdpa_wanted(options) && wanted("sdpa_cut") && options.sdpa_refused.empty())
+    requests.push_back({"sdpa_cut",
+                        "heads " + std::to_string(spec.n_head) + "/" + std::to_string(spec.kv_heads()) + " dim " +
+                            std::to_string(spec.head_dim()) + " bottom-right",
+                        problem_args(spec, options), ""});
 #else
   (void)spec;
 #endif
@@ -133,6 +138,7 @@ std::string run_engine_probe(const ProbeRequest& request) {
 #ifdef KILTER_WITH_CUDA
   if (request.engine == "bf16_datapath") return cuda_bf16_storage_self_check(spec, options);
   if (request.engine == "sdpa") return cuda_sdpa_self_check(spec, options);
+  if (request.engine == "sdpa_cut") return cuda_sdpa_cut_self_check(spec);
 #endif
   KILTER_FAIL("engine probe: no engine '" << request.engine << "' in this kilter");
 }
@@ -153,6 +159,15 @@ std::string apply_engine_verdict(model::BackendOptions& options, const ProbeVerd
                                                        << why << "); use train.attention=auto or cublaslt");
     options.sdpa_refused = why;
     return "cuDNN SDPA attention not used: it failed its probe (" + why + "); attention runs on cuBLASLt";
+  }
+  if (verdict.engine == "sdpa_cut") {
+    if (passed_everywhere) return "cuDNN SDPA attention on later parts of cut pieces: passed its probe on every node";
+    KILTER_USER_CHECK(options.attention != "sdpa", "train.attention=sdpa: cuDNN SDPA attention on later parts of cut "
+                                                   "pieces failed its probe in a child process on this device ("
+                                                       << why << "); use train.attention=auto or cublaslt");
+    options.sdpa_cut_refused = why;
+    return "cuDNN SDPA attention not used for later parts of cut pieces: it failed its probe (" + why +
+           "); they run on cuBLASLt";
   }
   KILTER_FAIL("engine probe: no engine '" << verdict.engine << "' to apply");
 }

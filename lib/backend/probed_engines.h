@@ -7,6 +7,8 @@
 //   sdpa (train.attention = auto with bf16, or sdpa; built with cudnn-frontend): cuDNN SDPA on the
 //     run's heads and head_dim, on the datapath the first probe chose; failed: the run's attention
 //     is the cuBLASLt engine (an error naming train.attention under sdpa).
+//   sdpa_cut (likewise): the SDPA engine alone on later parts of cut pieces (bottom-right over
+//     staged prefix K/V) against the CPU packed attention; failed: later parts run on cuBLASLt.
 // A probe's family names the problems its verdict covers (the arch, heads, grouping, head_dim,
 // datapath, recompute mode): a run of another family probes again.
 #pragma once

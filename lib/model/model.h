@@ -84,6 +84,9 @@ struct BackendOptions {
   // Why cuDNN SDPA attention must not be used here ("" none): it failed its engine probe in a
   // child process (lib/backend/probed_engines.h). The model then runs attention on cuBLASLt.
   std::string sdpa_refused;
+  // Why SDPA must not run later parts of cut pieces ("" none): their probe failed. Those buckets
+  // then run on the other engines; whole pieces stay on SDPA.
+  std::string sdpa_cut_refused;
 };
 
 // Graphs an attention engine built (cuDNN SDPA: forward and backward count one each, per shape

@@ -120,6 +120,15 @@ TEST_F(EngineProbe, InjectedAbortInTheChildFallsBackWithAClearLine) {
   } catch (const kilter::Error& e) {
     EXPECT_NE(std::string(e.what()).find("train.attention=sdpa"), std::string::npos) << e.what();
   }
+  // Later parts of cut pieces crashing: only they leave SDPA.
+  kilter::model::BackendOptions cut = kilter::model::BackendOptions();
+  cut.precision = "bf16";
+  kb::ProbeVerdict cut_verdict = v;
+  cut_verdict.engine = "sdpa_cut";
+  const std::string cut_choice = kb::apply_engine_verdict(cut, cut_verdict, false);
+  EXPECT_TRUE(cut.sdpa_refused.empty());
+  EXPECT_NE(cut.sdpa_cut_refused.find("signal 6"), std::string::npos);
+  EXPECT_NE(cut_choice.find("later parts of cut pieces"), std::string::npos) << cut_choice;
   // The bf16 datapath crashing: fp32 activations.
   setenv(kb::kProbeCrashVariable, "all", 1);
   const kb::ProbeVerdict datapath = probe(request("bf16_datapath", "pass"));
