@@ -92,12 +92,16 @@ DeviceResult run_sdpa(kc::SdpaAttention& engine, const km::SdpaPlan& plan, const
   const km::AttentionShape& shape = plan.shape;
   const int N = plan.tokens, pieces = static_cast<int>(prefix_kv.size());
   cudaStream_t stream = kilter::backend::cuda_compute_stream();
+  // What SDPA reads has kSdpaTailRows rows of zeroed slack past its last row, as in the model (a
+  // tile past the last sequence reads zeros; initcheck in device-check.sh sees any other read).
+  const size_t tail = km::kSdpaTailRows;
   DeviceBuffer<float> qkv(qkv_host), dout(dout_host), dqkv32(qkv_host.size());
-  DeviceBuffer<kc::bf16> qkv16(qkv_host.size()), out16(dout_host.size()), dout16(dout_host.size()),
+  DeviceBuffer<kc::bf16> qkv16(qkv_host.size() + tail * shape.row_width()),
+      out16(dout_host.size() + tail * shape.q_width()), dout16(dout_host.size() + tail * shape.q_width()),
       dqkv16(qkv_host.size());
   const size_t staged_elems = std::max<size_t>(1, static_cast<size_t>(plan.staged_rows) * shape.kv_width());
-  DeviceBuffer<kc::bf16> staged(staged_elems), staged_grad(staged_elems);
-  DeviceBuffer<float> stats(static_cast<size_t>(N) * shape.n_head), out32(dout_host.size());
+  DeviceBuffer<kc::bf16> staged(staged_elems + tail * shape.kv_width()), staged_grad(staged_elems + tail * shape.kv_width());
+  DeviceBuffer<float> stats((static_cast<size_t>(N) + tail) * shape.n_head), out32(dout_host.size());
   std::vector<std::unique_ptr<DeviceBuffer<float>>> prefix_rows, prefix_grads;
   std::vector<const float*> kv(pieces, nullptr);
   std::vector<float*> dkv(pieces, nullptr);
@@ -133,7 +137,7 @@ DeviceResult run_sdpa(kc::SdpaAttention& engine, const km::SdpaPlan& plan, const
                    stream);
   // The bf16 datapath's variants: staging from the bf16 rows, and the own rows' dK/dV into a copy
   // of the bf16 dqkv (before the fp32 unstaging below adds the prefixes' gradients).
-  DeviceBuffer<kc::bf16> staged_from_bf16(staged_elems), dqkv16_own(qkv_host.size());
+  DeviceBuffer<kc::bf16> staged_from_bf16(staged_elems + tail * shape.kv_width()), dqkv16_own(qkv_host.size());
   kc::sdpa_stage_keys(plan, prefix, qkv16.get(), staged_from_bf16.get(), stream);
   KILTER_CUDA_CHECK(cudaMemcpyAsync(dqkv16_own.get(), dqkv16.get(), sizeof(kc::bf16) * qkv_host.size(),
                                     cudaMemcpyDeviceToDevice, stream));
