@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -132,7 +133,14 @@ ProbeVerdict run_probe_child(const ProbeLauncher& launcher, const ProbeRequest& 
   const std::string out = verdict_path + ".child." + std::to_string(getpid());
   std::error_code ec;
   fs::remove(out, ec);
-  const std::string executable = launcher.executable.empty() ? self_executable() : launcher.executable;
+  std::string executable = launcher.executable;
+  if (executable.empty()) {
+    try {
+      executable = self_executable();
+    } catch (const Error& e) {
+      return failed(request, identity, e.what());
+    }
+  }
   std::vector<std::string> args = child_arguments(executable, request, identity, out);
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
