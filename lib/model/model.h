@@ -81,6 +81,19 @@ struct BackendOptions {
   // bf16_storage on or off as the trainer resolved auto: every rank ran datapath_self_check and
   // they agreed (MPI), so that no rank trains on another datapath than the others.
   bool bf16_storage_checked = false;
+  // Why cuDNN SDPA attention must not be used here ("" none): it failed its engine probe in a
+  // child process (lib/backend/probed_engines.h). The model then runs attention on cuBLASLt.
+  std::string sdpa_refused;
+  // Why SDPA must not run later parts of cut pieces ("" none): their probe failed. Those buckets
+  // then run on the other engines; whole pieces stay on SDPA.
+  std::string sdpa_cut_refused;
+};
+
+// Graphs an attention engine built (cuDNN SDPA: forward and backward count one each, per shape
+// bucket) and the host seconds it took: the cost a new shape bucket adds to a step.
+struct EngineBuildStats {
+  int graphs = 0;
+  double seconds = 0.0;
 };
 
 class Model {
@@ -89,6 +102,8 @@ class Model {
   virtual std::string backend_name() const = 0;
   // One line for logs: the backend and how it computes (engines, precision).
   virtual std::string describe() const { return backend_name(); }
+  // The attention engines' graph builds so far (none on backends that build no graphs).
+  virtual EngineBuildStats engine_build_stats() const { return {}; }
   virtual const ModelSpec& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 

@@ -31,6 +31,13 @@ if(KILTER_WITH_CUDA)
     set_tests_properties(gpu_nccl PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
   endif()
 
+  # The CUDA libraries loaded, their versions and files (device-check.sh's first step); it runs
+  # without a device too (driver "none").
+  add_executable(kilter_gpu_versions ${CMAKE_SOURCE_DIR}/tests/gpu/gpu_versions.cpp)
+  target_link_libraries(kilter_gpu_versions PRIVATE kilter_gpu_core)
+  add_test(NAME gpu_versions COMMAND kilter_gpu_versions)
+  set_tests_properties(gpu_versions PROPERTIES LABELS gpu TIMEOUT 60)
+
   # Not a test: bench/gpu_step.sh and tests/gpu/device-check.sh run it.
   add_executable(kilter_bench_gpu_step ${CMAKE_SOURCE_DIR}/bench/gpu_step.cpp)
   target_link_libraries(kilter_bench_gpu_step PRIVATE kilter_gpu_core)

@@ -23,6 +23,19 @@ namespace kilter::gputest {
 constexpr int kSkipCode = 77;
 
 // Why no CUDA device is usable here (from cudaGetDeviceCount), "" when one is; asked once.
+// The arguments GoogleTest left after its own flags (tests/gpu/gpu_test_main.cpp keeps them), and
+// the value after `name` among them ("" when absent): e.g. kilter_gpu_sdpa_test --case TEXT.
+inline std::vector<std::string>& test_arguments() {
+  static std::vector<std::string> arguments;
+  return arguments;
+}
+inline std::string test_option(const std::string& name) {
+  const std::vector<std::string>& a = test_arguments();
+  for (size_t i = 0; i + 1 < a.size(); ++i)
+    if (a[i] == name) return a[i + 1];
+  return "";
+}
+
 inline const std::string& device_absent_reason() {
   static const std::string reason = backend::cuda_device_absent_reason();
   return reason;

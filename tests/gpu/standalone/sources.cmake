@@ -21,7 +21,8 @@ list(APPEND KILTER_GPU_CORE_SOURCES
      ${KILTER_GPU_ROOT}/lib/backend/cuda_attention_sdpa.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_datapath_bf16.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_optimizer.cu
-     ${KILTER_GPU_ROOT}/lib/backend/cuda_self_check.cu)
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_self_check.cu
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_versions_cuda.cpp)
 # cuDNN files (lib/model/*cudnn*) need KILTER_WITH_CUDNN, like in the main build.
 if(NOT KILTER_WITH_CUDNN)
   list(FILTER KILTER_GPU_CORE_SOURCES EXCLUDE REGEX ".*cudnn.*")
