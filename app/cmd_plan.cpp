@@ -17,7 +17,7 @@
 
 #include "app/commands.h"
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/calibrate.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/plan_config.h"

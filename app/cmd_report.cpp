@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "app/commands.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "lib/balance/calibrate.h"
 #include "lib/diag/report.h"

@@ -21,7 +21,7 @@
 #include <cstring>
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/synthetic_lengths.h"
 #include "lib/balance/window_fit.h"

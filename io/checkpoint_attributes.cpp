@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "io/checkpoint_checksum.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 
 namespace kilter::io {

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <type_traits>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "io/dataset_output.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/export/hf_gpt2.h"
 #include "io/text_format.h"
 

@@ -1,7 +1,7 @@
 // Hugging Face GPT-2 names and the whole-directory reader (see hf_gpt2.h).
 #include "io/export/hf_gpt2.h"
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 

@@ -2,7 +2,7 @@
 // check. A host file of the CUDA build (it needs the CUDA backend: *_cuda.cpp).
 #include <mpi.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/comm/device_sharing.h"
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <thread>
 
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/backend/cuda_model.h"
 
 namespace kilter::comm {

@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "io/did_you_mean.h"
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace po = boost::program_options;
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::model {
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "io/checkpoint.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "kilter/build_info.h"
 #include "lib/train/checkpoint_model.h"
 #include "lib/train/checkpointer.h"

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "kilter/build_info.h"
 #include "lib/balance/plan_config.h"
 #include "lib/balance/plan_report.h"

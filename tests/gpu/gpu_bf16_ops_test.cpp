@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/backend/cuda_ops.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/attention.h"
 #include "lib/model/attention_bf16.h"
 #include "lib/model/bf16_ops.h"

@@ -1,4 +1,4 @@
-// Each CUDA kernel (lib/backend/cuda_ops.h) against its CPU twin (lib/model/<op>.h,
+// Each CUDA kernel (lib/model/cuda_ops.h) against its CPU twin (lib/model/<op>.h,
 // lib/optim/adamw.h) on fresh random inputs, with odd sizes that exercise tails and unaligned
 // GEMM operands. Tolerances (error relative to the CPU tensor's max |value|):
 //   elementwise and row ops (encoder, layernorm, gelu, softmax cross-entropy, AdamW): 1e-5
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/backend/cuda_ops.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/attention.h"
 #include "lib/model/attention_groups.h"
 #include "lib/model/crossentropy.h"

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/calibrate.h"
 #include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"

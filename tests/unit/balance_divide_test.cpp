@@ -7,7 +7,7 @@
 #include <map>
 #include <tuple>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/divide.h"
 #include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"

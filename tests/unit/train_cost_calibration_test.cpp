@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/train/cost_calibration.h"
 
 namespace kilter::train {

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/backend/cuda_model.h"
 
 namespace kilter::backend {

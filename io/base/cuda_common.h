@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 // KILTER_CUDA_CHECK(cudaMalloc(...)): throws with cudaGetErrorString.
 #define KILTER_CUDA_CHECK(call)                                                         \
