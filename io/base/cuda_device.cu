@@ -9,7 +9,7 @@
 #include <string>
 
 #include "io/base/cuda_common.h"
-#include "lib/backend/cuda_model.h"
+#include "io/base/cuda_device.h"
 
 namespace kilter::backend {
 

@@ -3,7 +3,7 @@
 #include <mpi.h>
 
 #include "io/base/error.h"
-#include "lib/backend/cuda_model.h"
+#include "io/base/cuda_device.h"
 #include "lib/comm/device_sharing.h"
 
 namespace kilter::comm {

@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "io/base/cuda_common.h"
-#include "lib/backend/cuda_model.h"
+#include "io/base/cuda_device.h"
 
 namespace kilter::comm {
 

@@ -525,31 +525,6 @@ std::string unknown_key_message(const std::string& key, const po::options_descri
   return os.str();
 }
 
-static std::string trim_blanks(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  const size_t e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> entries;
-  std::istringstream is(text);
-  std::string line, section;
-  while (std::getline(is, line)) {
-    line = trim_blanks(line);
-    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
-    if (line.front() == '[' && line.back() == ']') {
-      section = trim_blanks(line.substr(1, line.size() - 2));
-      continue;
-    }
-    const size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = trim_blanks(line.substr(0, eq));
-    entries.emplace_back(section.empty() ? key : section + "." + key, trim_blanks(line.substr(eq + 1)));
-  }
-  return entries;
-}
-
 Config parse_config_file(const std::string& path) { return parse_impl(path, nullptr); }
 Config config_from_ini_text(const std::string& text) { return parse_impl("", &text); }
 
