@@ -18,7 +18,7 @@
 #include "app/commands.h"
 #include "io/dataset.h"
 #include "io/base/error.h"
-#include "lib/balance/calibrate.h"
+#include "lib/balance/calibration_fit.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/plan_config.h"
 #include "lib/balance/plan_report.h"

@@ -18,7 +18,7 @@
 #include "lib/train/guards.h"
 #include "lib/train/hf_interop.h"
 #include "lib/train/memory_plan.h"
-#include "lib/train/run_calibration.h"
+#include "lib/train/calibration_driver.h"
 #include "lib/train/run_dir.h"
 #include "lib/train/signals.h"
 #include "lib/train/staging.h"

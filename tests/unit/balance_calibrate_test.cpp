@@ -1,4 +1,4 @@
-// Unit tests of the cost-model calibration (lib/balance/calibrate.h) and of the synthetic
+// Unit tests of the cost-model calibration (lib/balance/calibration_fit.h) and of the synthetic
 // length generator used by `kilter plan --lengths`.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "io/base/error.h"
-#include "lib/balance/calibrate.h"
+#include "lib/balance/calibration_fit.h"
 #include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"
 

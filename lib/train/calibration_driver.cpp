@@ -1,5 +1,5 @@
-// The in-run calibration in the step loop (see run_calibration.h).
-#include "lib/train/run_calibration.h"
+// The in-run calibration in the step loop (see calibration_driver.h).
+#include "lib/train/calibration_driver.h"
 
 #include <cstdio>
 
