@@ -27,13 +27,6 @@ struct ConfigReader {
     KILTER_USER_FAIL(field << " = " << value << " in " << path << " is not supported: " << why);
   }
 
-  // A required integer, under `key` or its older name `alt`.
-  int64_t integer(const char* key, const char* alt = nullptr) const {
-    const char* found = has(key) ? key : (alt && has(alt) ? alt : nullptr);
-    KILTER_USER_CHECK(found && json[found].is_number_integer(),
-                      path << ": no integer field " << key << " (is this a Hugging Face model's config.json?)");
-    return json[found].get<int64_t>();
-  }
   int64_t integer_or(const char* key, int64_t fallback) const {
     if (!has(key)) return fallback;
     KILTER_USER_CHECK(json[key].is_number_integer(), path << ": " << key << " = " << json[key].dump() << " is not an integer");
