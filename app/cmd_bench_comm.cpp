@@ -10,7 +10,7 @@
 
 #include "app/commands.h"
 #include "app/launch.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "lib/comm/comm_bench.h"
 

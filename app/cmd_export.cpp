@@ -7,7 +7,7 @@
 #include <string>
 
 #include "app/commands.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/train/hf_interop.h"
 
 namespace po = boost::program_options;

@@ -17,8 +17,8 @@
 
 #include "app/commands.h"
 #include "io/dataset.h"
-#include "io/error.h"
-#include "lib/balance/calibrate.h"
+#include "io/base/error.h"
+#include "lib/balance/calibration_fit.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/plan_config.h"
 #include "lib/balance/plan_report.h"

@@ -10,7 +10,7 @@
 
 #include "app/commands.h"
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "io/prep.h"
 #include "io/tokenizer/tokenizer_train.h"

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "app/commands.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
-#include "lib/balance/calibrate.h"
+#include "lib/balance/calibration_fit.h"
 #include "lib/diag/report.h"
 
 namespace po = boost::program_options;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "app/commands.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "lib/model/gemm.h"
 #include "lib/train/sampling.h"

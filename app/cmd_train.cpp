@@ -7,7 +7,7 @@
 
 #include "app/commands.h"
 #include "app/launch.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "lib/train/run_dir.h"
 #include "lib/train/trainer.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 #include "io/reader.h"
 

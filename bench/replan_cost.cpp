@@ -21,11 +21,11 @@
 #include <cstring>
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/synthetic_lengths.h"
-#include "lib/balance/window_fit.h"
-#include "lib/train/cost_calibration.h"
+#include "lib/balance/calibration_window_fit.h"
+#include "lib/train/calibration_in_run.h"
 
 using namespace kilter;
 

@@ -143,9 +143,9 @@ endif()
 function(kilter_link_gpu target)
   if(KILTER_WITH_CUDA)
     target_compile_definitions(${target} PUBLIC KILTER_WITH_CUDA=1)
-    # cuBLASLt is not linked: lib/backend/cublaslt_loader_cuda.cpp opens it on first use (a
+    # cuBLASLt is not linked: io/base/cublaslt_loader_cuda.cpp opens it on first use (a
     # linked one costs every rank, CPU ones too, ~150 MiB of resident memory at start-up).
-    set_source_files_properties(${PROJECT_SOURCE_DIR}/lib/backend/cublaslt_loader_cuda.cpp PROPERTIES
+    set_source_files_properties(${PROJECT_SOURCE_DIR}/io/base/cublaslt_loader_cuda.cpp PROPERTIES
                                 COMPILE_DEFINITIONS "KILTER_CUDA_LIBRARY_DIR=\"${CUDAToolkit_LIBRARY_DIR}\"")
     target_link_libraries(${target} PUBLIC CUDA::cudart ${CMAKE_DL_LIBS})
     set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)

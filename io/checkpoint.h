@@ -30,6 +30,8 @@
 #include <utility>
 #include <vector>
 
+#include "io/model_settings.h"
+
 namespace kilter::io {
 
 constexpr int kCheckpointFormatVersion = 1;
@@ -62,12 +64,9 @@ struct CheckpointInfo {
   // (absent in older checkpoints). io keeps it as it is.
   std::string cost_calibration;
   std::string config;          // resolved INI text of the run
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
-  // The architecture, as the config's model.* keys give it (lib/model/spec.h); checkpoints from
-  // before these keys read as gpt2 (the defaults).
-  std::string arch = "gpt2", rope_scaling = "none", tie_embeddings = "auto";
-  int64_t n_kv_head = 0, ffn_hidden = 0, rope_original_context = 8192, qkv_bias = 0;
-  double rope_theta = 10000, rope_factor = 8, rope_low_freq_factor = 1, rope_high_freq_factor = 4, norm_eps = 1e-5;
+  // The model's settings, an attribute each (io/model_settings.h); checkpoints written before the
+  // architecture's keys read their defaults (gpt2).
+  KILTER_MODEL_SETTINGS(KILTER_MODEL_SETTING_FIELD)
   std::string tokenizer;       // the dataset's tokenizer kind ("" in older checkpoints)
   std::string tokenizer_data;  // its file bytes ("" for byte and for kinds without a file)
   int64_t eos_id = -1;         // the dataset's eos_id (-1 in older checkpoints)

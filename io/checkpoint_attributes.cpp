@@ -1,7 +1,8 @@
 // The root attributes of a checkpoint file and the datasets that belong with them (see
 // checkpoint_attributes.h and the format in checkpoint.h). The file's key names are the ones below
-// and nowhere else: a key of one attribute is one line of a table (kRunKeys, kModelKeys), which
-// both the writer and the reader go through; the format and the data's tokenizer have their own
+// and the model's settings table (io/model_settings.h) and nowhere else: a key of one attribute is
+// one line of a table (kRunKeys, or the settings table), which both the writer and the reader go
+// through; the format and the data's tokenizer have their own
 // writer and reader, side by side.
 #include "io/checkpoint_attributes.h"
 
@@ -11,7 +12,7 @@
 #include <vector>
 
 #include "io/checkpoint_checksum.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 
 namespace kilter::io {
@@ -62,34 +63,19 @@ const Key kRunKeys[] = {
     {"config", &CheckpointInfo::config},
 };
 
-// The model: the keys that fix its tensors.
-const Key kModelKeys[] = {
-    {"n_layer", &CheckpointInfo::n_layer},
-    {"n_head", &CheckpointInfo::n_head},
-    {"n_embd", &CheckpointInfo::n_embd},
-    {"block_size", &CheckpointInfo::block_size},
-    {"vocab_size", &CheckpointInfo::vocab_size},
-    // The architecture's keys (since model.arch): absent in older checkpoints, which are gpt2.
-    {"arch", &CheckpointInfo::arch, true},
-    {"n_kv_head", &CheckpointInfo::n_kv_head, true},
-    {"ffn_hidden", &CheckpointInfo::ffn_hidden, true},
-    {"rope_theta", &CheckpointInfo::rope_theta, true},
-    {"rope_scaling", &CheckpointInfo::rope_scaling, true},
-    {"rope_factor", &CheckpointInfo::rope_factor, true},
-    {"rope_low_freq_factor", &CheckpointInfo::rope_low_freq_factor, true},
-    {"rope_high_freq_factor", &CheckpointInfo::rope_high_freq_factor, true},
-    {"rope_original_context", &CheckpointInfo::rope_original_context, true},
-    {"norm_eps", &CheckpointInfo::norm_eps, true},
-    {"tie_embeddings", &CheckpointInfo::tie_embeddings, true},
-    {"qkv_bias", &CheckpointInfo::qkv_bias, true},
-};
-
 template <typename Number>
 void write_value(hid_t root, const char* name, Number value, const std::string& where) {
   h5::write_attribute(root, name, value, where);
 }
 void write_value(hid_t root, const char* name, const std::string& value, const std::string& where) {
   h5::write_utf8_attribute(root, name, value, where);
+}
+// The model's int and true/false settings are 64-bit integer attributes.
+void write_value(hid_t root, const char* name, int value, const std::string& where) {
+  h5::write_attribute(root, name, int64_t(value), where);
+}
+void write_value(hid_t root, const char* name, bool value, const std::string& where) {
+  h5::write_attribute(root, name, int64_t(value ? 1 : 0), where);
 }
 
 void read_value(hid_t root, const char* name, int64_t& value, const std::string& where) {
@@ -103,6 +89,12 @@ void read_value(hid_t root, const char* name, double& value, const std::string& 
 }
 void read_value(hid_t root, const char* name, std::string& value, const std::string& where) {
   value = h5::read_string_attribute(root, name, where);
+}
+void read_value(hid_t root, const char* name, int& value, const std::string& where) {
+  value = int(h5::read_int_attribute(root, name, where));
+}
+void read_value(hid_t root, const char* name, bool& value, const std::string& where) {
+  value = h5::read_int_attribute(root, name, where) != 0;
 }
 
 template <size_t N>
@@ -121,6 +113,25 @@ void read_keys(hid_t root, const Key (&keys)[N], CheckpointInfo& info, const std
     }
     std::visit([&](auto field) { read_value(root, key.name, info.*field, where); }, key.field);
   }
+}
+
+// The model: its settings (io/model_settings.h), the keys that fix its tensors. Those added with
+// the architectures are absent in older checkpoints, which are gpt2.
+void write_model_keys(hid_t root, const CheckpointInfo& info, const std::string& where) {
+  for_each_model_setting(info, [&](const ModelSettingInfo& key, const auto& value) {
+    write_value(root, key.name, value, where);
+  });
+}
+
+void read_model_keys(hid_t root, CheckpointInfo& info, const std::string& where) {
+  for_each_model_setting(info, [&](const ModelSettingInfo& key, auto& value) {
+    if (!h5::has_attribute(root, key.name)) {
+      KILTER_CHECK(key.later,
+                   where << ": the root group has no attribute '" << key.name << "' (not a complete kilter checkpoint)");
+      return;
+    }
+    read_value(root, key.name, value, where);
+  });
 }
 
 // ---- the data: the tokenizer that encoded it, and how its documents start ----------------------
@@ -200,7 +211,7 @@ void read_data(hid_t root, CheckpointInfo& info, const std::string& where) {
 void write_checkpoint_attributes(hid_t root, const CheckpointInfo& info, const std::string& where) {
   write_format(root, info, where);
   write_keys(root, kRunKeys, info, where);
-  write_keys(root, kModelKeys, info, where);
+  write_model_keys(root, info, where);
   write_data(root, info, where);
 }
 
@@ -210,7 +221,7 @@ CheckpointInfo read_checkpoint_attributes(hid_t root, const std::string& where) 
   read_keys(root, kRunKeys, info, where);
   KILTER_CHECK(info.step >= 0 && info.epoch >= 0 && info.step_in_epoch >= 0,
                where << ": negative step, epoch or step_in_epoch (corrupt attributes)");
-  read_keys(root, kModelKeys, info, where);
+  read_model_keys(root, info, where);
   read_data(root, info, where);
   return info;
 }

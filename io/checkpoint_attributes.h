@@ -1,7 +1,8 @@
 // A checkpoint's CheckpointInfo in its file (internal to io/checkpoint_*.cpp): the root attributes
 // and the two datasets that travel with them, /tokenizer_data and /document_starts. Every key is
-// written and read in checkpoint_attributes.cpp, from one table for both, so a new key (a model
-// architecture key, say) is one line there (kModelKeys) and a field of CheckpointInfo.
+// written and read in checkpoint_attributes.cpp, from one table for both, so a new key is one line
+// there (kRunKeys) and a field of CheckpointInfo; a model setting is one line of
+// io/model_settings.h.
 #pragma once
 #include <hdf5.h>
 

@@ -3,7 +3,7 @@
 #include "io/checkpoint_layout.h"
 
 #include "io/checkpoint_attributes.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 #include "io/text_format.h"
 

@@ -13,7 +13,7 @@
 #include "io/checkpoint_checksum.h"
 #include "io/checkpoint_layout.h"
 #include "io/checkpoint_storage.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 
 namespace kilter::io {

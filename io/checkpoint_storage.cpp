@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
 #include "io/write_failure.h"
 

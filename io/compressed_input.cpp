@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 

@@ -13,7 +13,7 @@
 
 #include "io/compressed_input.h"
 #include "io/did_you_mean.h"
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 

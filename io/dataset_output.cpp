@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/prep.h"
 
 namespace kilter::io {

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/write_failure.h"
 
 namespace kilter::io::h5 {

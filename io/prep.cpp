@@ -18,7 +18,7 @@
 
 #include "io/dataset.h"
 #include "io/dataset_output.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/progress.h"
 #include "io/shard_writer.h"
 #include "io/tokenizer/tokenizer.h"

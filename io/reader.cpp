@@ -19,7 +19,7 @@
 #include <new>
 #include <thread>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 
 namespace kilter::io {

@@ -7,7 +7,7 @@
 
 #include "io/content_hash.h"
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 
 namespace kilter::io {

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 

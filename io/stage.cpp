@@ -14,7 +14,7 @@
 #include <filesystem>
 
 #include "io/content_hash.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
 #include "io/write_failure.h"
 

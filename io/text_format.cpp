@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include <cstdio>
+#include <sstream>
 
 namespace kilter::io {
 
@@ -39,6 +40,33 @@ std::string rank_list_text(std::vector<int> ranks) {
     i = j + 1;
   }
   return out;
+}
+
+namespace {
+std::string trim_blanks(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  const size_t e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> entries;
+  std::istringstream is(text);
+  std::string line, section;
+  while (std::getline(is, line)) {
+    line = trim_blanks(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = trim_blanks(line.substr(1, line.size() - 2));
+      continue;
+    }
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = trim_blanks(line.substr(0, eq));
+    entries.emplace_back(section.empty() ? key : section + "." + key, trim_blanks(line.substr(eq + 1)));
+  }
+  return entries;
 }
 
 }  // namespace kilter::io

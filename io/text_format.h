@@ -1,8 +1,9 @@
 // Small text forms that messages across kilter share, so one quantity reads the same in every
-// message: sizes in bytes, tensor shapes, lists of ranks.
+// message: sizes in bytes, tensor shapes, lists of ranks; and the entries of an INI text.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kilter::io {
@@ -16,5 +17,9 @@ std::string shape_text(const std::vector<int64_t>& shape);
 
 // Ranks in ascending order with runs collapsed: "0-3", "0,2,5-6" (any order given).
 std::string rank_list_text(std::vector<int> ranks);
+
+// "section.key" -> value pairs of an INI text in file order ("[section]" headers, "key = value"
+// lines; blank lines and #/; comments skipped). For reading run directories' config.ini as text.
+std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& text);
 
 }  // namespace kilter::io

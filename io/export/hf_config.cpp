@@ -5,8 +5,9 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <type_traits>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 
@@ -26,13 +27,6 @@ struct ConfigReader {
     KILTER_USER_FAIL(field << " = " << value << " in " << path << " is not supported: " << why);
   }
 
-  // A required integer, under `key` or its older name `alt`.
-  int64_t integer(const char* key, const char* alt = nullptr) const {
-    const char* found = has(key) ? key : (alt && has(alt) ? alt : nullptr);
-    KILTER_USER_CHECK(found && json[found].is_number_integer(),
-                      path << ": no integer field " << key << " (is this a Hugging Face model's config.json?)");
-    return json[found].get<int64_t>();
-  }
   int64_t integer_or(const char* key, int64_t fallback) const {
     if (!has(key)) return fallback;
     KILTER_USER_CHECK(json[key].is_number_integer(), path << ": " << key << " = " << json[key].dump() << " is not an integer");
@@ -62,6 +56,53 @@ struct ConfigReader {
   }
 };
 
+// The numeric settings whose config.json field the table names for this family (io/model_settings.h;
+// those in rope_scaling are read_rope_scaling's): an absent field keeps the value `c` holds (the
+// family's default), or is refused where the table marks it required.
+void read_numeric_settings(const ConfigReader& r, HfModelConfig& c) {
+  for_each_model_setting(c, [&](const ModelSettingInfo& key, auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double>) {
+      std::string column = c.llama_family() ? key.hf_llama : key.hf_gpt2;
+      if (column.empty() || column.find('.') != std::string::npos) return;
+      const bool required = column[0] == '!';
+      if (required) column.erase(0, 1);
+      std::string found;
+      std::istringstream names(column);
+      for (std::string name; std::getline(names, name, '|');)
+        if (found.empty() && r.has(name.c_str())) found = name;
+      const std::string first = column.substr(0, column.find('|'));
+      if constexpr (std::is_same_v<T, int>) {
+        if (required)
+          KILTER_USER_CHECK(!found.empty() && r.json[found].is_number_integer(),
+                            r.path << ": no integer field " << first << " (is this a Hugging Face model's config.json?)");
+        if (!found.empty()) value = int(r.integer_or(found.c_str(), value));
+      } else {
+        KILTER_USER_CHECK(!required || !found.empty(), r.path << ": no number field " << first);
+        if (!found.empty()) value = r.number_or(found.c_str(), value);
+      }
+    }
+  });
+}
+
+// The numeric settings into config.json (the fields read_numeric_settings reads; one already
+// written is kept, one in an object that is null is left out).
+void write_numeric_settings(const HfModelConfig& c, nlohmann::json& j) {
+  for_each_model_setting(c, [&](const ModelSettingInfo& key, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double>) {
+      const std::string name = hf_field_name(key, c.llama_family());
+      const size_t dot = name.find('.');
+      if (name.empty() || (dot == std::string::npos && j.contains(name))) return;
+      if (dot == std::string::npos) {
+        j[name] = value;
+      } else if (j.contains(name.substr(0, dot)) && j[name.substr(0, dot)].is_object()) {
+        j[name.substr(0, dot)][name.substr(dot + 1)] = value;
+      }
+    }
+  });
+}
+
 // GPT2Config: the fields kilter's GPT-2 reads, and the refusals of what it does not compute.
 void read_gpt2_fields(const ConfigReader& r, HfModelConfig& c) {
   if (r.has("activation_function")) {
@@ -72,15 +113,10 @@ void read_gpt2_fields(const ConfigReader& r, HfModelConfig& c) {
   if (!r.boolean_or("scale_attn_weights", true)) r.refuse("scale_attn_weights", "kilter scales attention by 1/sqrt(head_dim)");
   if (r.boolean_or("scale_attn_by_inverse_layer_idx", false))
     r.refuse("scale_attn_by_inverse_layer_idx", "kilter does not scale attention by the layer index");
-  c.n_layer = r.integer("n_layer", "num_hidden_layers");
-  c.n_head = r.integer("n_head", "num_attention_heads");
-  c.n_kv_head = c.n_head;
-  c.n_embd = r.integer("n_embd", "hidden_size");
-  c.block_size = r.integer("n_positions", "max_position_embeddings");
-  c.vocab_size = r.integer("vocab_size");
-  c.ffn_hidden = r.integer_or("n_inner", 4 * c.n_embd);
-  c.norm_eps = r.number_or("layer_norm_epsilon", 1e-5);
-  c.tied = r.boolean_or("tie_word_embeddings", true);
+  read_numeric_settings(r, c);
+  c.arch = "gpt2";
+  if (c.ffn_hidden == 0) c.ffn_hidden = 4 * c.n_embd;  // n_inner absent or null
+  c.tie_embeddings = r.boolean_or("tie_word_embeddings", true) ? "true" : "false";
 }
 
 // rope_scaling: null (or rope_type "default") is plain RoPE; llama3 is read with its four fields.
@@ -95,18 +131,24 @@ void read_rope_scaling(const ConfigReader& r, HfModelConfig& c) {
                                                       << " in " << r.path
                                                       << " is not supported: kilter's RoPE scalings are none (null) and "
                                                          "llama3 (model.rope_scaling)");
-  const auto field = [&](const char* key) -> const nlohmann::json& {
-    KILTER_USER_CHECK(s.contains(key) && s[key].is_number(),
-                      r.path << ": rope_scaling (llama3) has no number " << key);
-    return s[key];
-  };
   c.rope_scaling = "llama3";
-  c.rope_factor = field("factor").get<double>();
-  c.rope_low_freq_factor = field("low_freq_factor").get<double>();
-  c.rope_high_freq_factor = field("high_freq_factor").get<double>();
-  KILTER_USER_CHECK(field("original_max_position_embeddings").is_number_integer(),
-                    r.path << ": rope_scaling.original_max_position_embeddings is not an integer");
-  c.rope_original_context = s["original_max_position_embeddings"].get<int64_t>();
+  // Its numbers: the settings whose config.json field lies in rope_scaling (io/model_settings.h).
+  for_each_model_setting(c, [&](const ModelSettingInfo& key, auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    const std::string column = key.hf_llama, prefix = "rope_scaling.";
+    if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double>) {
+      if (column.compare(0, prefix.size(), prefix) != 0) return;
+      const std::string field = column.substr(prefix.size());
+      KILTER_USER_CHECK(s.contains(field) && s[field].is_number(),
+                        r.path << ": rope_scaling (llama3) has no number " << field);
+      if constexpr (std::is_same_v<T, int>) {
+        KILTER_USER_CHECK(s[field].is_number_integer(), r.path << ": rope_scaling." << field << " is not an integer");
+        value = int(s[field].get<int64_t>());
+      } else {
+        value = s[field].get<double>();
+      }
+    }
+  });
 }
 
 // LlamaConfig, Qwen2Config, MistralConfig: what kilter's llama arch reads, and the refusals.
@@ -114,22 +156,18 @@ void read_llama_fields(const ConfigReader& r, HfModelConfig& c) {
   const std::string act = r.text_or("hidden_act", "silu");
   if (act != "silu" && act != "swish") r.refuse("hidden_act", "kilter's llama MLP is SwiGLU (silu)");
   if (r.boolean_or("mlp_bias", false)) r.refuse("mlp_bias", "kilter's llama MLP has no biases");
-  c.n_layer = r.integer("num_hidden_layers");
-  c.n_head = r.integer("num_attention_heads");
-  c.n_embd = r.integer("hidden_size");
-  c.ffn_hidden = r.integer("intermediate_size");
-  c.vocab_size = r.integer("vocab_size");
-  c.n_kv_head = r.integer_or("num_key_value_heads", c.n_head);
+  const std::map<std::string, int> default_context = {{"llama", 2048}, {"qwen2", 32768}, {"mistral", 131072}};
+  c.block_size = default_context.at(c.model_type);  // HF's defaults where the field is absent
+  c.norm_eps = 1e-6;
+  read_numeric_settings(r, c);
+  c.arch = "llama";
+  if (c.n_kv_head == 0) c.n_kv_head = c.n_head;  // num_key_value_heads absent: multi-head
   KILTER_USER_CHECK(c.n_head > 0 && c.n_embd % c.n_head == 0,
                     r.path << ": hidden_size = " << c.n_embd << " is not a multiple of num_attention_heads = " << c.n_head);
   if (r.integer_or("head_dim", c.n_embd / c.n_head) != c.n_embd / c.n_head)
     r.refuse("head_dim", "kilter's head size is hidden_size / num_attention_heads = " + std::to_string(c.n_embd / c.n_head));
-  const std::map<std::string, int64_t> default_context = {{"llama", 2048}, {"qwen2", 32768}, {"mistral", 131072}};
-  c.block_size = r.integer_or("max_position_embeddings", default_context.at(c.model_type));
-  c.norm_eps = r.number_or("rms_norm_eps", 1e-6);
-  c.rope_theta = r.number_or("rope_theta", 10000);
   read_rope_scaling(r, c);
-  c.tied = r.boolean_or("tie_word_embeddings", false);
+  c.tie_embeddings = r.boolean_or("tie_word_embeddings", false) ? "true" : "false";
   if (c.model_type == "llama") {
     // Llama's attention_bias puts biases on q, k, v and o: kilter has the first three.
     c.qkv_bias = c.o_proj_bias = r.boolean_or("attention_bias", false);
@@ -183,61 +221,45 @@ std::string hf_architecture(const std::string& model_type) {
 nlohmann::json hf_config_json(const HfModelConfig& c, const std::string& dtype) {
   const auto id_or_null = [](int64_t id) { return id >= 0 ? nlohmann::json(id) : nlohmann::json(nullptr); };
   const std::string torch_dtype = dtype == "bf16" ? "bfloat16" : "float32";
+  // The fields no setting gives; the settings' own follow from the table (write_numeric_settings).
   if (!c.llama_family()) {
     const nlohmann::json eos = id_or_null(c.eos_id);
-    return {{"architectures", {hf_architecture(c.model_type)}},
-            {"model_type", "gpt2"},
-            {"vocab_size", c.vocab_size},
-            {"n_positions", c.block_size},
-            {"n_ctx", c.block_size},
-            {"n_embd", c.n_embd},
-            {"n_layer", c.n_layer},
-            {"n_head", c.n_head},
-            {"n_inner", c.ffn_hidden == 4 * c.n_embd ? nlohmann::json(nullptr) : nlohmann::json(c.ffn_hidden)},
-            {"activation_function", "gelu_new"},  // the tanh approximation kilter uses
-            {"layer_norm_epsilon", c.norm_eps},
-            {"resid_pdrop", 0.0},  // kilter trains without dropout
-            {"embd_pdrop", 0.0},
-            {"attn_pdrop", 0.0},
-            {"initializer_range", 0.02},
-            {"scale_attn_weights", true},
-            {"scale_attn_by_inverse_layer_idx", false},
-            {"reorder_and_upcast_attn", false},
-            {"tie_word_embeddings", c.tied},
-            {"use_cache", true},
-            {"bos_token_id", eos},
-            {"eos_token_id", eos},
-            {"torch_dtype", torch_dtype}};
+    nlohmann::json j = {{"architectures", {hf_architecture(c.model_type)}},
+                        {"model_type", "gpt2"},
+                        {"n_ctx", c.block_size},
+                        {"n_inner", c.ffn_hidden == 4 * c.n_embd ? nlohmann::json(nullptr) : nlohmann::json(c.ffn_hidden)},
+                        {"activation_function", "gelu_new"},  // the tanh approximation kilter uses
+                        {"resid_pdrop", 0.0},  // kilter trains without dropout
+                        {"embd_pdrop", 0.0},
+                        {"attn_pdrop", 0.0},
+                        {"initializer_range", 0.02},
+                        {"scale_attn_weights", true},
+                        {"scale_attn_by_inverse_layer_idx", false},
+                        {"reorder_and_upcast_attn", false},
+                        {"tie_word_embeddings", c.tied()},
+                        {"use_cache", true},
+                        {"bos_token_id", eos},
+                        {"eos_token_id", eos},
+                        {"torch_dtype", torch_dtype}};
+    write_numeric_settings(c, j);
+    return j;
   }
   KILTER_CHECK(c.model_type == "llama" || c.model_type == "qwen2", "hf_config_json: model_type " << c.model_type << " is not written");
   nlohmann::json rope_scaling = nullptr;
-  if (c.rope_scaling == "llama3")
-    rope_scaling = {{"rope_type", "llama3"},
-                    {"factor", c.rope_factor},
-                    {"low_freq_factor", c.rope_low_freq_factor},
-                    {"high_freq_factor", c.rope_high_freq_factor},
-                    {"original_max_position_embeddings", c.rope_original_context}};
+  if (c.rope_scaling == "llama3") rope_scaling = {{"rope_type", "llama3"}};  // its numbers: the table's
   nlohmann::json j = {{"architectures", {hf_architecture(c.model_type)}},
                       {"model_type", c.model_type},
-                      {"vocab_size", c.vocab_size},
-                      {"hidden_size", c.n_embd},
-                      {"intermediate_size", c.ffn_hidden},
-                      {"num_hidden_layers", c.n_layer},
-                      {"num_attention_heads", c.n_head},
-                      {"num_key_value_heads", c.n_kv_head},
                       {"head_dim", c.n_embd / c.n_head},
                       {"hidden_act", "silu"},
-                      {"max_position_embeddings", c.block_size},
-                      {"rms_norm_eps", c.norm_eps},
-                      {"rope_theta", c.rope_theta},
                       {"rope_scaling", rope_scaling},
-                      {"tie_word_embeddings", c.tied},
+                      {"tie_word_embeddings", c.tied()},
                       {"attention_dropout", 0.0},
                       {"initializer_range", 0.02},
                       {"use_cache", true},
                       {"bos_token_id", id_or_null(c.bos_id)},
                       {"eos_token_id", id_or_null(c.eos_id)},
                       {"torch_dtype", torch_dtype}};
+  write_numeric_settings(c, j);
   if (c.model_type == "llama") {
     j["attention_bias"] = false;  // q/k/v biases are written as qwen2 (Llama's would add one to o_proj)
     j["mlp_bias"] = false;
@@ -251,35 +273,13 @@ nlohmann::json hf_config_json(const HfModelConfig& c, const std::string& dtype) 
 }
 
 std::string hf_config_field(const HfModelConfig& c, const std::string& key) {
-  static const std::map<std::string, std::string> gpt2 = {
-      {"model.arch", "model_type"},         {"model.n_layer", "n_layer"},      {"model.n_head", "n_head"},
-      {"model.n_kv_head", "n_head"},        {"model.n_embd", "n_embd"},        {"model.ffn_hidden", "n_inner"},
-      {"model.block_size", "n_positions"},  {"model.vocab_size", "vocab_size"}, {"model.norm_eps", "layer_norm_epsilon"},
-      {"model.tie_embeddings", "tie_word_embeddings"}};
-  static const std::map<std::string, std::string> llama = {
-      {"model.arch", "model_type"},
-      {"model.n_layer", "num_hidden_layers"},
-      {"model.n_head", "num_attention_heads"},
-      {"model.n_kv_head", "num_key_value_heads"},
-      {"model.n_embd", "hidden_size"},
-      {"model.ffn_hidden", "intermediate_size"},
-      {"model.block_size", "max_position_embeddings"},
-      {"model.vocab_size", "vocab_size"},
-      {"model.norm_eps", "rms_norm_eps"},
-      {"model.rope_theta", "rope_theta"},
-      {"model.rope_scaling", "rope_scaling.rope_type"},
-      {"model.rope_factor", "rope_scaling.factor"},
-      {"model.rope_low_freq_factor", "rope_scaling.low_freq_factor"},
-      {"model.rope_high_freq_factor", "rope_scaling.high_freq_factor"},
-      {"model.rope_original_context", "rope_scaling.original_max_position_embeddings"},
-      {"model.tie_embeddings", "tie_word_embeddings"}};
-  if (key == "model.qkv_bias") {
-    if (c.model_type == "llama") return "attention_bias";
-    return "q/k/v biases (model_type " + c.model_type + ")";
-  }
-  const auto& table = c.llama_family() ? llama : gpt2;
-  const auto found = table.find(key);
-  return found != table.end() ? found->second : key;
+  if (key == "model.qkv_bias" && c.model_type != "llama") return "q/k/v biases (model_type " + c.model_type + ")";
+  std::string field = key;
+  for_each_model_setting(c, [&](const ModelSettingInfo& setting, const auto&) {
+    const std::string name = hf_field_name(setting, c.llama_family());
+    if (key == "model." + std::string(setting.name) && !name.empty()) field = name;
+  });
+  return field;
 }
 
 }  // namespace kilter::io

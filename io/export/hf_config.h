@@ -10,27 +10,22 @@
 #include <cstdint>
 #include <string>
 
+#include "io/model_settings.h"
+
 namespace kilter::io {
 
-// What a config.json describes, in kilter's terms (the model.* keys of docs/design.md "Model").
+// What a config.json describes, in kilter's terms: the model's settings (io/model_settings.h;
+// n_kv_head, ffn_hidden and tie_embeddings resolved: never 0 or "auto" once read) and what only HF
+// records.
 struct HfModelConfig {
+  KILTER_MODEL_SETTINGS(KILTER_MODEL_SETTING_FIELD)
   std::string model_type = "gpt2";  // gpt2 | llama | qwen2 | mistral
-  int64_t n_layer = 0, n_head = 0, n_kv_head = 0, n_embd = 0;
-  int64_t ffn_hidden = 0;   // the MLP's hidden width (resolved: never 0 once read)
-  int64_t block_size = 0;   // n_positions (gpt2) or max_position_embeddings
-  int64_t vocab_size = 0;
-  double norm_eps = 1e-5;
-  double rope_theta = 10000;
-  std::string rope_scaling = "none";  // none | llama3
-  double rope_factor = 8, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
-  int64_t rope_original_context = 8192;
-  bool tied = true;          // tie_word_embeddings
-  bool qkv_bias = false;     // q/k/v biases: qwen2 always, llama with attention_bias
   bool o_proj_bias = false;  // llama's attention_bias also puts a bias on o_proj (kilter loads zeros only)
   int64_t sliding_window = 0;  // attention window in tokens (mistral, qwen2 with use_sliding_window); 0: none
   int64_t bos_id = -1, eos_id = -1;  // -1: unknown
 
   bool llama_family() const { return model_type != "gpt2"; }
+  bool tied() const { return tie_embeddings == "true"; }  // tie_word_embeddings
 };
 
 // Reads DIR/config.json. Refused, naming the file and the field: a model_type other than gpt2,

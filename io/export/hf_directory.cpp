@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "io/dataset_output.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/export/hf_gpt2.h"
 #include "io/text_format.h"
 
@@ -162,7 +162,7 @@ HfModelDir::HfModelDir(const std::string& dir) : dir_(dir), config_(read_hf_conf
       shapes_.emplace(name, std::move(shape));
     }
   }
-  KILTER_USER_CHECK(config_.tied || places_.count("lm_head.weight"),
+  KILTER_USER_CHECK(config_.tied() || places_.count("lm_head.weight"),
                     dir << ": tie_word_embeddings = false in " << config_path()
                         << " but the weights have no lm_head.weight (an untied model stores its LM head)");
 }

@@ -1,7 +1,7 @@
 // Hugging Face GPT-2 names and the whole-directory reader (see hf_gpt2.h).
 #include "io/export/hf_gpt2.h"
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 
@@ -30,7 +30,7 @@ HfGpt2 read_hf_gpt2(const std::string& dir) {
     model.values[name] = std::move(values);
   }
   const auto head = model.values.find("lm_head.weight");
-  if (head != model.values.end() && model.shape.tied) {
+  if (head != model.values.end() && model.shape.tied()) {
     const auto wte = model.values.find("transformer.wte.weight");
     KILTER_USER_CHECK(wte != model.values.end() && wte->second == head->second,
                       dir << ": lm_head.weight differs from transformer.wte.weight though tie_word_embeddings is true");

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <set>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
 
 namespace kilter::io {

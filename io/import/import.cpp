@@ -14,7 +14,7 @@
 
 #include "io/dataset.h"
 #include "io/dataset_output.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/import/import_source.h"
 #include "io/prep.h"
 #include "io/progress.h"

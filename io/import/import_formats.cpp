@@ -20,7 +20,7 @@
 #include <cstring>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/import/import_source.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/prep.h"
 
 namespace kilter::io {

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/tokenizer/tokenizer.h"
 #include "io/tokenizer/tokenizer_text.h"
 

@@ -2,7 +2,7 @@
 // processor is const and thread-safe, so prep's worker threads share one instance.
 #include <sentencepiece_processor.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/tokenizer/tokenizer.h"
 
 namespace kilter::io {

@@ -7,7 +7,7 @@
 #include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/progress.h"
 #include "io/tokenizer/tokenizer.h"
 

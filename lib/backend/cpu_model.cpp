@@ -12,7 +12,7 @@
 #include <cstring>
 #include <optional>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/attention.h"
 #include "lib/model/attention_bf16.h"
 #include "lib/model/crossentropy.h"

@@ -19,7 +19,7 @@
 // device's staging does.
 #include <cstring>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/model/bf16_ops.h"
 #include "lib/model/rope.h"

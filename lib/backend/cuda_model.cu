@@ -1,6 +1,6 @@
 // CudaModel: the model (GPT-2 or the Llama family: RMSNorm, RoPE, SwiGLU, grouped K/V heads, an
 // untied head) on one CUDA device, composed from the CUDA twins of the CPU ops
-// (lib/backend/cuda_ops.h) in exactly CpuModel's order, so the CPU backend is its oracle
+// (lib/model/cuda_ops.h) in exactly CpuModel's order, so the CPU backend is its oracle
 // (tests/gpu/). fp32 master weights, gradients and AdamW moments. Two datapaths: this file's, with
 // fp32 activations (train.precision = fp32: IEEE fp32 GEMMs; bf16 with train.bf16_storage = off:
 // bf16 tensor-core math on fp32 operands, kc::Gemm), and the bf16-storage one

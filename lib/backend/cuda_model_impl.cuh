@@ -16,10 +16,10 @@
 #include <utility>
 #include <vector>
 
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/backend/cuda_memory.h"
 #include "lib/backend/cuda_model.h"
-#include "lib/backend/cuda_ops.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/backend/model_base.h"
 #include "lib/model/attention_groups.h"
 #include "lib/model/layout.h"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
-#include "lib/backend/cuda_common.h"
+#include "io/base/error.h"
+#include "io/base/cuda_common.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/model/attention.h"
 #include "lib/model/attention_self_check.h"

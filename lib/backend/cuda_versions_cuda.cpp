@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
-#include "lib/backend/cublaslt_loader.h"
+#include "io/base/error.h"
+#include "io/base/cublaslt_loader.h"
 #include "lib/backend/cuda_model.h"
 #ifdef KILTER_WITH_CUDNN
 #include <cudnn.h>

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 extern char** environ;
 

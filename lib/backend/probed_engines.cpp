@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <map>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #ifdef KILTER_WITH_CUDA
 #include "lib/backend/cuda_model.h"
 #include "lib/backend/cuda_versions.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/model/model.h"
 #ifdef KILTER_WITH_CUDA

@@ -4,7 +4,7 @@
 #include <map>
 #include <utility>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/plan.h"
 
 namespace kilter::balance {

@@ -12,7 +12,7 @@
 #include <iterator>
 #include <utility>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::balance {
 

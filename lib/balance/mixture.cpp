@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/divide.h"
 #include "lib/balance/rng.h"
 

@@ -9,7 +9,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/divide.h"
 #include "lib/balance/naive.h"
 #include "lib/balance/rng.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <functional>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/rng.h"
 

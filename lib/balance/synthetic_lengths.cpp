@@ -5,7 +5,7 @@
 #include <limits>
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/rng.h"
 
 namespace kilter::balance {

@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/mpi_check.h"
 
 namespace kilter::comm {

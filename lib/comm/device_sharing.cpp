@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
 #include "lib/comm/mpi_check.h"
 

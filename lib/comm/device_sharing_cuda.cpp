@@ -2,8 +2,8 @@
 // check. A host file of the CUDA build (it needs the CUDA backend: *_cuda.cpp).
 #include <mpi.h>
 
-#include "io/error.h"
-#include "lib/backend/cuda_model.h"
+#include "io/base/error.h"
+#include "io/base/cuda_device.h"
 #include "lib/comm/device_sharing.h"
 
 namespace kilter::comm {

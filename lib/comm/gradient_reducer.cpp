@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/communicator.h"
 #include "lib/comm/mpi_check.h"
 

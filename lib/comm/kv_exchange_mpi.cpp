@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/mpi_check.h"
 
 namespace kilter::comm {

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/comm/kv_exchange_nccl.h"
 #include "lib/comm/nccl_util.h"
 

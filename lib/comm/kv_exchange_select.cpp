@@ -2,7 +2,7 @@
 // always built) or "nccl" (device buffers, built only with KILTER_WITH_NCCL).
 #include <utility>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/kv_exchange_mpi.h"
 #include "lib/comm/kv_schedule.h"
 #ifdef KILTER_WITH_NCCL

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::comm {
 

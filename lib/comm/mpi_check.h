@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::comm {
 

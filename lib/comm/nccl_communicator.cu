@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string>
 
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/comm/nccl_communicator.h"
 #include "lib/comm/nccl_util.h"
 

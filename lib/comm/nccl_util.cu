@@ -4,8 +4,8 @@
 #include <chrono>
 #include <thread>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_model.h"
+#include "io/base/cuda_common.h"
+#include "io/base/cuda_device.h"
 
 namespace kilter::comm {
 

@@ -15,7 +15,7 @@
 #include <functional>
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/abort_hooks.h"
 
 namespace kilter::comm {

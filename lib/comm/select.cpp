@@ -1,7 +1,7 @@
 // The one place that picks a Communicator implementation: "mpi" (host buffers, always built)
 // or "nccl" (device buffers, built only with KILTER_WITH_NCCL), after checking that no two of its
 // ranks share a GPU (device_sharing.h), which NCCL would refuse later with less to go on.
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/communicator.h"
 #ifdef KILTER_WITH_NCCL
 #include "lib/comm/device_sharing.h"

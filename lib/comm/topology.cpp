@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/communicator.h"
 #include "lib/comm/mpi_check.h"
 

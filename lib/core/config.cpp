@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "io/did_you_mean.h"
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace po = boost::program_options;
 
@@ -44,25 +44,13 @@ void add_config_options(po::options_description& desc, Config& c) {
   auto& t = c.train;
   auto& k = c.comm;
   auto& o = c.output;
+  // The [model] section: the model's settings table (io/model_settings.h), in its order.
+  io::for_each_model_setting(m, [&](const io::ModelSettingInfo& key, auto& value) {
+    desc.add_options()(("model." + std::string(key.name)).c_str(),
+                       po::value(&value)->default_value(value, shortest_text(value)), key.help);
+  });
   // clang-format off
   desc.add_options()
-    ("model.n_layer", po::value(&m.n_layer)->default_value(m.n_layer, shortest_text(m.n_layer)), "transformer blocks")
-    ("model.n_head", po::value(&m.n_head)->default_value(m.n_head, shortest_text(m.n_head)), "attention heads")
-    ("model.n_embd", po::value(&m.n_embd)->default_value(m.n_embd, shortest_text(m.n_embd)), "channels")
-    ("model.block_size", po::value(&m.block_size)->default_value(m.block_size, shortest_text(m.block_size)), "context length in tokens; longer documents are cut")
-    ("model.vocab_size", po::value(&m.vocab_size)->default_value(m.vocab_size, shortest_text(m.vocab_size)), "vocabulary (0: from the dataset index)")
-    ("model.arch", po::value(&m.arch)->default_value(m.arch, shortest_text(m.arch)), "gpt2 (learned positions, LayerNorm, GELU, biases, tied head) | llama (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases: Llama 3, Qwen2, Mistral, SmolLM)")
-    ("model.n_kv_head", po::value(&m.n_kv_head)->default_value(m.n_kv_head, shortest_text(m.n_kv_head)), "key/value heads, a divisor of model.n_head (grouped-query attention; llama) (0: n_head)")
-    ("model.ffn_hidden", po::value(&m.ffn_hidden)->default_value(m.ffn_hidden, shortest_text(m.ffn_hidden)), "MLP width (0: gpt2 4 x n_embd; llama 8/3 x n_embd rounded up to a multiple of 256)")
-    ("model.rope_theta", po::value(&m.rope_theta)->default_value(m.rope_theta, shortest_text(m.rope_theta)), "llama: RoPE base frequency")
-    ("model.rope_scaling", po::value(&m.rope_scaling)->default_value(m.rope_scaling, shortest_text(m.rope_scaling)), "llama: none | llama3 (the long-context frequencies of Llama 3.1 and 3.2, with the four keys below)")
-    ("model.rope_factor", po::value(&m.rope_factor)->default_value(m.rope_factor, shortest_text(m.rope_factor)), "llama3 RoPE scaling: factor")
-    ("model.rope_low_freq_factor", po::value(&m.rope_low_freq_factor)->default_value(m.rope_low_freq_factor, shortest_text(m.rope_low_freq_factor)), "llama3 RoPE scaling: low_freq_factor")
-    ("model.rope_high_freq_factor", po::value(&m.rope_high_freq_factor)->default_value(m.rope_high_freq_factor, shortest_text(m.rope_high_freq_factor)), "llama3 RoPE scaling: high_freq_factor")
-    ("model.rope_original_context", po::value(&m.rope_original_context)->default_value(m.rope_original_context, shortest_text(m.rope_original_context)), "llama3 RoPE scaling: original_max_position_embeddings (tokens)")
-    ("model.norm_eps", po::value(&m.norm_eps)->default_value(m.norm_eps, shortest_text(m.norm_eps)), "epsilon of LayerNorm (gpt2) or RMSNorm (llama)")
-    ("model.tie_embeddings", po::value(&m.tie_embeddings)->default_value(m.tie_embeddings, shortest_text(m.tie_embeddings)), "LM head tied to the token embedding: auto (gpt2 true, llama false) | true | false")
-    ("model.qkv_bias", po::value(&m.qkv_bias)->default_value(m.qkv_bias, shortest_text(m.qkv_bias)), "llama: biases on the q, k and v projections (Qwen2)")
     ("data.dir", po::value(&d.dir)->default_value(d.dir, shortest_text(d.dir)), "dataset directory (index.h5 + shard-*.h5)")
     ("data.sources", po::value(&d.sources)->default_value(d.sources, shortest_text(d.sources)), "weighted mixture of datasets instead of data.dir: DIR:W, DIR:W, ... (weights normalized; each step draws from every source by weight, sources wrap independently)")
     ("data.max_tokens", po::value(&d.max_tokens)->default_value(d.max_tokens, shortest_text(d.max_tokens)), "token budget of a micro-batch, padding included (tokens)")
@@ -317,24 +305,15 @@ static std::string mixture_weights_only(const std::string& sources) {
   return out;
 }
 
-// The [model] keys added with the model description of architectures: at their
-// defaults (a gpt2 run) they stay out of the hash, so that a checkpoint written before they
-// existed resumes; set otherwise, they change the numbers and count.
+// The [model] keys added with the model description of architectures (since = later in
+// io/model_settings.h): at their defaults (a gpt2 run) they stay out of the hash, so that a
+// checkpoint written before they existed resumes; set otherwise, they change the numbers and count.
 static std::string without_default_model_keys(const std::string& ini) {
   const model::ModelSpec defaults;
-  const std::map<std::string, std::string> later = {
-      {"arch", defaults.arch},
-      {"n_kv_head", shortest_text(defaults.n_kv_head)},
-      {"ffn_hidden", shortest_text(defaults.ffn_hidden)},
-      {"rope_theta", shortest_text(defaults.rope_theta)},
-      {"rope_scaling", defaults.rope_scaling},
-      {"rope_factor", shortest_text(defaults.rope_factor)},
-      {"rope_low_freq_factor", shortest_text(defaults.rope_low_freq_factor)},
-      {"rope_high_freq_factor", shortest_text(defaults.rope_high_freq_factor)},
-      {"rope_original_context", shortest_text(defaults.rope_original_context)},
-      {"norm_eps", shortest_text(defaults.norm_eps)},
-      {"tie_embeddings", defaults.tie_embeddings},
-      {"qkv_bias", shortest_text(defaults.qkv_bias)}};
+  std::map<std::string, std::string> later;
+  io::for_each_model_setting(defaults, [&](const io::ModelSettingInfo& key, const auto& value) {
+    if (key.later) later[key.name] = shortest_text(value);
+  });
   std::istringstream in(ini);
   std::string out, line, section;
   while (std::getline(in, line)) {
@@ -420,35 +399,28 @@ namespace {
 // Names other trainers (nanoGPT, Megatron-LM, Hugging Face) give to what kilter calls by another
 // name: the last part of an unknown key is looked up here before edit distance.
 const std::map<std::string, std::string>& key_aliases() {
-  static const std::map<std::string, std::string> aliases = {
-      {"learning_rate", "train.lr"},        {"max_iters", "train.steps"},
-      {"max_steps", "train.steps"},         {"train_iters", "train.steps"},
-      {"iters", "train.steps"},             {"warmup_iters", "train.warmup"},
-      {"warmup_steps", "train.warmup"},     {"lr_warmup_iters", "train.warmup"},
-      {"min_lr", "train.min_lr_ratio"},     {"batch_size", "train.tokens_per_step"},
-      {"global_batch_size", "train.tokens_per_step"}, {"micro_batch_size", "data.max_tokens"},
-      {"seq_len", "model.block_size"},      {"seq_length", "model.block_size"},
-      {"context_length", "model.block_size"}, {"max_seq_len", "model.block_size"},
-      {"num_layers", "model.n_layer"},      {"n_layers", "model.n_layer"},
-      {"num_attention_heads", "model.n_head"}, {"n_heads", "model.n_head"},
-      {"hidden_size", "model.n_embd"},      {"d_model", "model.n_embd"},
-      {"eval_interval", "train.eval_every"}, {"eval_iters", "train.eval_batches"},
-      {"log_interval", "output.log_every"}, {"save_interval", "output.checkpoint_every"},
-      {"out_dir", "output.dir"},            {"data_dir", "data.dir"},
-      {"data_path", "data.dir"},            {"clip_grad", "train.grad_clip"},
-      {"dtype", "train.precision"},         {"num_workers", "data.reader_threads"},
-      // Hugging Face's config.json names of the model description's keys
-      {"num_key_value_heads", "model.n_kv_head"}, {"n_kv_heads", "model.n_kv_head"},
-      {"num_hidden_layers", "model.n_layer"}, {"intermediate_size", "model.ffn_hidden"},
-      {"ffn_dim", "model.ffn_hidden"},      {"n_inner", "model.ffn_hidden"},
-      {"rms_norm_eps", "model.norm_eps"},   {"layer_norm_epsilon", "model.norm_eps"},
-      {"layer_norm_eps", "model.norm_eps"}, {"tie_word_embeddings", "model.tie_embeddings"},
-      {"max_position_embeddings", "model.block_size"}, {"n_positions", "model.block_size"},
-      {"attention_bias", "model.qkv_bias"}, {"model_type", "model.arch"},
-      {"architecture", "model.arch"},       {"rope_base", "model.rope_theta"},
-      {"original_max_position_embeddings", "model.rope_original_context"},
-      {"low_freq_factor", "model.rope_low_freq_factor"}, {"high_freq_factor", "model.rope_high_freq_factor"},
-  };
+  static const std::map<std::string, std::string> aliases = [] {
+    std::map<std::string, std::string> names = {
+        {"learning_rate", "train.lr"},        {"max_iters", "train.steps"},
+        {"max_steps", "train.steps"},         {"train_iters", "train.steps"},
+        {"iters", "train.steps"},             {"warmup_iters", "train.warmup"},
+        {"warmup_steps", "train.warmup"},     {"lr_warmup_iters", "train.warmup"},
+        {"min_lr", "train.min_lr_ratio"},     {"batch_size", "train.tokens_per_step"},
+        {"global_batch_size", "train.tokens_per_step"}, {"micro_batch_size", "data.max_tokens"},
+        {"eval_interval", "train.eval_every"}, {"eval_iters", "train.eval_batches"},
+        {"log_interval", "output.log_every"}, {"save_interval", "output.checkpoint_every"},
+        {"out_dir", "output.dir"},            {"data_dir", "data.dir"},
+        {"data_path", "data.dir"},            {"clip_grad", "train.grad_clip"},
+        {"dtype", "train.precision"},         {"num_workers", "data.reader_threads"},
+    };
+    // The model's keys: the aliases column of io/model_settings.h (HF's config.json names among them).
+    const model::ModelSpec defaults;
+    io::for_each_model_setting(defaults, [&](const io::ModelSettingInfo& key, const auto&) {
+      std::istringstream list(key.aliases);
+      for (std::string alias; list >> alias;) names.emplace(alias, "model." + std::string(key.name));
+    });
+    return names;
+  }();
   return aliases;
 }
 
@@ -551,31 +523,6 @@ std::string unknown_key_message(const std::string& key, const po::options_descri
     os << "; did you mean " << best << " ([" << best.substr(0, dot) << "] " << best.substr(dot + 1) << ")?";
   }
   return os.str();
-}
-
-static std::string trim_blanks(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  const size_t e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> entries;
-  std::istringstream is(text);
-  std::string line, section;
-  while (std::getline(is, line)) {
-    line = trim_blanks(line);
-    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
-    if (line.front() == '[' && line.back() == ']') {
-      section = trim_blanks(line.substr(1, line.size() - 2));
-      continue;
-    }
-    const size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = trim_blanks(line.substr(0, eq));
-    entries.emplace_back(section.empty() ? key : section + "." + key, trim_blanks(line.substr(eq + 1)));
-  }
-  return entries;
 }
 
 Config parse_config_file(const std::string& path) { return parse_impl(path, nullptr); }

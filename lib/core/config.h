@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/text_format.h"
 #include "lib/model/spec.h"
 
 namespace boost { namespace program_options {
@@ -143,9 +144,8 @@ std::string unknown_key_message(const std::string& key, const boost::program_opt
 // Parses an INI file into cfg (keys absent from the file keep their defaults).
 Config parse_config_file(const std::string& path);
 
-// "section.key" -> value pairs of an INI text in file order ("[section]" headers, "key = value"
-// lines; blank lines and #/; comments skipped). For reading run directories' config.ini as text.
-std::vector<std::pair<std::string, std::string>> ini_entries(const std::string& text);
+// "section.key" -> value pairs of an INI text (io/text_format.h).
+using io::ini_entries;
 
 // Parse an INI text (the resolved config of a run directory) into a Config.
 Config config_from_ini_text(const std::string& text);

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::diag {
 

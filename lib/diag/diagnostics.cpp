@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/diag/clock_sync.h"
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/run_statistics.h"

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::diag {
 

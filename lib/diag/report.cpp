@@ -12,9 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
-#include "lib/core/config.h"
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/run_statistics.h"
 
@@ -34,7 +33,7 @@ std::string read_text_file(const std::string& path) {
 // The resolved config.ini as "section.key" -> value.
 std::map<std::string, std::string> parse_ini(const std::string& text) {
   std::map<std::string, std::string> out;
-  for (auto& [key, value] : ini_entries(text)) out[key] = value;
+  for (auto& [key, value] : io::ini_entries(text)) out[key] = value;
   return out;
 }
 

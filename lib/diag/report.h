@@ -57,7 +57,7 @@ RunData load_run(const std::string& run_dir);
 // The statistics (RunStatistics::to_json fields) recomputed over the steps every rank recorded.
 nlohmann::json recompute_statistics(const RunData& run);
 
-// The in-run calibration (summary.json cost_calibration; report_calibration.cpp): per window its
+// The in-run calibration (summary.json cost_calibration; calibration_report.cpp): per window its
 // fit and verdict, and per re-plan the predicted and measured imbalance before and after and the
 // sync_wait it saved ("" where the run did not calibrate); and the rank speeds in force at the end
 // with the tokens the plan gave each ("rank 5 runs 12% slower on equal work; the plan gives it 11%

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <map>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::diag {
 

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <map>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/diag/run_statistics.h"
 
 namespace kilter::diag {

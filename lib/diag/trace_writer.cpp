@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::diag {
 

@@ -6,8 +6,8 @@
 // arithmetic as the per-range forms, which the tests keep as references.
 #include <cmath>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 
 namespace kilter::model::cuda {
 

@@ -8,8 +8,8 @@
 // The cuBLASLt engine; attention_cudnn.cu is the cuDNN one (train.attention, docs/gpu.md). Row-major (T,hd) per head is column-major (hd,T) to cuBLAS.
 #include <cmath>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/attention_kernels.cuh"
 
 namespace kilter::model::cuda {

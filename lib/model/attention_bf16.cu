@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/attention_kernels.cuh"
 #include "lib/model/gemm_call.h"
 

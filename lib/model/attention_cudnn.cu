@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 
 // The multi-head attention API is marked deprecated in cuDNN 9 (it stays in libcudnn_adv); kilter
 // uses it on purpose (see above), so the warnings are silenced here only.

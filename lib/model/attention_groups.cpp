@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::model {
 

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/attention_index.cuh"
 #include "lib/model/bf16_device.cuh"
 

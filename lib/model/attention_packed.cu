@@ -2,8 +2,8 @@
 // attention groups (lib/model/attention_groups.h), so that the padded (B,T) attention engines
 // (attention.cu, attention_cudnn.cu, attention_bf16.cu) run a packed batch with work
 // proportional to sum(len^2); fp32 rows, or bf16 rows for the bf16 datapath.
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 
 namespace kilter::model::cuda {

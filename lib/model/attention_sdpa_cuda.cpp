@@ -24,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/model/attention_sdpa.h"
 
 namespace kilter::model::cuda {

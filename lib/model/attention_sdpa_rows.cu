@@ -3,7 +3,7 @@
 // map (from fp32 qkv rows, or from the bf16-storage datapath's bf16 rows).
 // No cudnn-frontend here: these build wherever CUDA does. Their CPU twins are the CPU reference
 // rounding (lib/model/gemm.h's bf16) and tests/unit/model_sdpa_plan_test.cpp's staging.
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/model/attention_sdpa.h"
 
 namespace kilter::model::cuda {

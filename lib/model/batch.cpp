@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/model.h"
 
 namespace kilter::model {

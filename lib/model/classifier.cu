@@ -7,8 +7,8 @@
 // columns and rows without a target get 0. Row losses are summed in double in a fixed order.
 #include <algorithm>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/crossentropy_kernels.cuh"
 #include "lib/model/gemm_call.h"
 

@@ -2,8 +2,8 @@
 // rounding, test inputs, and the K/V exchange's staging (the exchange moves fp32 rows: the bf16
 // qkv goes out converted, and the fp32 dK/dV it brings back are added into the bf16 dqkv rows
 // and rounded once, as the CPU oracle does in cpu_model_bf16.cpp).
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 
 namespace kilter::model::cuda {

@@ -2,8 +2,8 @@
 // logits (N,V), targets (N) with -1 = no target. One block per row: max, sum of exponentials,
 // loss = logsumexp - logit[target], dlogits = (softmax - onehot) * dloss_scale. Per-row losses
 // are summed by one block in a fixed order into a double, so the loss is deterministic.
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/crossentropy_kernels.cuh"
 
 namespace kilter::model::cuda {

@@ -1,8 +1,8 @@
 // CUDA twin of lib/model/encoder.cpp: token + position embedding of a packed micro-batch,
 // forward and backward. Positions restart at 0 in every piece (cu_seqlens, on the device), or
 // continue from pos_offset[p] in a later part of a cut piece.
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 #include "lib/model/piece_position.cuh"
 

@@ -1,8 +1,8 @@
 // CUDA twin of lib/model/gelu.cpp: GELU, tanh approximation (GPT-2), elementwise; on bf16 rows
 // too (the bf16 datapath where the GEMM's GELU epilogue is not used; twin gelu_forward_bf16).
 //   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 
 namespace kilter::model::cuda {

@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/vecmath.h"
 
 #ifdef KILTER_WITH_ONEDNN

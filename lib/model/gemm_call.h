@@ -1,9 +1,9 @@
-// A typed cuBLASLt product of the bf16 datapath (GemmCall, lib/backend/cuda_ops.h), as the Linear
+// A typed cuBLASLt product of the bf16 datapath (GemmCall, lib/model/cuda_ops.h), as the Linear
 // layers (matmul.cu), the LM head (classifier.cu) and the bf16 attention engine (attention_bf16.cu)
 // start one: D (m,n) = op(A) op(B), every other field at its default (bf16 operands and D, alpha
 // 1, beta 0, packed, no epilogue) for the caller to change before Gemm::run_typed.
 #pragma once
-#include "lib/backend/cuda_ops.h"
+#include "lib/model/cuda_ops.h"
 
 namespace kilter::model::cuda {
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/layout.h"
 #include "lib/model/gelu.h"
 #include "lib/model/layernorm.h"

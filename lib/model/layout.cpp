@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::model {
 

@@ -15,9 +15,9 @@
 #include <tuple>
 #include <vector>
 
-#include "lib/backend/cublaslt_loader.h"
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cublaslt_loader.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 #include "lib/model/gemm_call.h"
 

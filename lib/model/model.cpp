@@ -1,7 +1,7 @@
 // The few non-virtual members of the Model interface (model.h) that every backend shares.
 #include "lib/model/model.h"
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::model {
 

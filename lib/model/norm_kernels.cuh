@@ -4,8 +4,8 @@
 // per block, fp32 arithmetic; the weight and bias gradients are chunked column sums added in a
 // fixed order (deterministic). Included by .cu files only.
 #pragma once
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 
 namespace kilter::model::cuda::norm_detail {

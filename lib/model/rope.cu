@@ -2,8 +2,8 @@
 // (HF's rotate-half: columns i and i + hd/2 of a head turn together), each row at its position in
 // its piece, from a device copy of model::RopeTable. fp32 rows, or bf16 rows rounded once after
 // the turn (the bf16 datapath; twin: rope_forward then rounding, cpu_model_bf16.cpp).
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 #include "lib/model/piece_position.cuh"
 

@@ -7,7 +7,7 @@
 #include <map>
 #include <utility>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::model {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::model {
 
@@ -40,14 +40,15 @@ void check_spec(const ModelSpec& spec) {
                "model.qkv_bias = true: gpt2 has biases everywhere already; the key is for model.arch = llama");
 }
 
-bool ModelSpec::operator==(const ModelSpec& o) const {
-  return n_layer == o.n_layer && n_head == o.n_head && n_embd == o.n_embd && block_size == o.block_size &&
-         vocab_size == o.vocab_size && arch == o.arch && kv_heads() == o.kv_heads() && ffn_width() == o.ffn_width() &&
-         rope_theta == o.rope_theta && rope_scaling == o.rope_scaling && rope_factor == o.rope_factor &&
-         rope_low_freq_factor == o.rope_low_freq_factor && rope_high_freq_factor == o.rope_high_freq_factor &&
-         rope_original_context == o.rope_original_context && norm_eps == o.norm_eps && tied() == o.tied() &&
-         qkv_bias == o.qkv_bias;
+ModelSpec ModelSpec::resolved() const {
+  ModelSpec r = *this;
+  r.n_kv_head = kv_heads();
+  r.ffn_hidden = ffn_width();
+  r.tie_embeddings = tied() ? "true" : "false";
+  return r;
 }
+
+bool ModelSpec::operator==(const ModelSpec& o) const { return io::same_model_settings(resolved(), o.resolved()); }
 
 std::vector<double> rope_inverse_frequencies(const ModelSpec& spec) {
   // As Hugging Face computes them, in float: base ** (2i / dim), inverted (modeling_rope_utils.py);

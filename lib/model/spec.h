@@ -13,29 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "io/model_settings.h"
+
 namespace kilter::model {
 
 struct ModelSpec {
-  int n_layer = 4;
-  int n_head = 4;
-  int n_embd = 256;
-  int block_size = 256;  // context length: the longest piece the model sees
-  int vocab_size = 0;    // 0 in a config: taken from the dataset index
-  // The architecture (docs/design.md, "Model"): gpt2 (learned positions, LayerNorm, GELU MLP,
-  // biases, tied head) or llama (RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no biases
-  // unless qkv_bias, untied head unless tie_embeddings says otherwise).
-  std::string arch = "gpt2";
-  int n_kv_head = 0;                  // key/value heads (0: n_head)
-  int ffn_hidden = 0;                 // MLP width (0: gpt2 4 n_embd; llama 8/3 n_embd up to a multiple of 256)
-  double rope_theta = 10000;          // llama: RoPE base
-  std::string rope_scaling = "none";  // llama: none | llama3 (Llama 3.1/3.2 long-context frequencies)
-  double rope_factor = 8;             // llama3 scaling: factor, low/high frequency factors, original context
-  double rope_low_freq_factor = 1;
-  double rope_high_freq_factor = 4;
-  int rope_original_context = 8192;
-  double norm_eps = 1e-5;             // LayerNorm (gpt2) or RMSNorm (llama) epsilon
-  std::string tie_embeddings = "auto";  // auto (gpt2 true, llama false) | true | false
-  bool qkv_bias = false;              // llama: q/k/v projections with biases (Qwen2)
+  // The settings, one field each, as io/model_settings.h lists them (name, type, default; the
+  // meaning of each is its help text there). The first five: n_layer, n_head, n_embd, block_size
+  // (the context: the longest piece the model sees), vocab_size (0 in a config: from the dataset
+  // index). The architecture (docs/design.md, "Model"): gpt2 (learned positions, LayerNorm, GELU
+  // MLP, biases, tied head) or llama (RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no
+  // biases unless qkv_bias, untied head unless tie_embeddings says otherwise).
+  KILTER_MODEL_SETTINGS(KILTER_MODEL_SETTING_FIELD)
 
   bool llama() const { return arch == "llama"; }
   int head_dim() const { return n_embd / n_head; }
@@ -55,6 +44,9 @@ struct ModelSpec {
   bool has_biases() const { return !llama(); }  // the other Linear layers' and the norms'
   bool tied() const { return tie_embeddings == "auto" ? !llama() : tie_embeddings == "true"; }
 
+  // The settings with the defaults that depend on others resolved (n_kv_head, ffn_hidden,
+  // tie_embeddings): two specs that make the same model compare equal.
+  ModelSpec resolved() const;
   bool operator==(const ModelSpec& o) const;
   bool operator!=(const ModelSpec& o) const { return !(*this == o); }
 };

@@ -1,8 +1,8 @@
 // CUDA twin of lib/model/swiglu.cpp: SwiGLU, out = silu(gate) * up over rows gate | up, and its
 // backward (overwrites), elementwise on fp32 or bf16 rows (bf16: rounded once where stored;
 // twins swiglu_*_bf16 in bf16_ops.h). With s = sigmoid(g): silu'(g) = s (1 + g (1 - s)).
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_ops.h"
+#include "io/base/cuda_common.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"
 
 namespace kilter::model::cuda {

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/vecmath.h"
 
 namespace kilter::optim {

@@ -27,7 +27,7 @@
 #include <thread>
 
 #include "io/checkpoint.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "kilter/build_info.h"
 #include "lib/train/guards.h"
 #include "lib/train/root_broadcast.h"

@@ -12,7 +12,7 @@
 #include <thread>
 #include <utility>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
 #include "lib/core/config.h"
 #include "lib/train/signals.h"

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "io/checkpoint.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "kilter/build_info.h"
 #include "lib/train/checkpoint_model.h"
 #include "lib/train/checkpointer.h"
@@ -25,22 +25,8 @@ std::vector<io::CheckpointTensor> io_tensors(const model::ParamLayout& layout) {
 
 io::HfModelConfig hf_config_of(const model::ModelSpec& spec, int64_t eos_id) {
   io::HfModelConfig c;
+  io::copy_model_settings(spec.resolved(), c);
   c.model_type = !spec.llama() ? "gpt2" : spec.qkv_bias ? "qwen2" : "llama";
-  c.n_layer = spec.n_layer;
-  c.n_head = spec.n_head;
-  c.n_kv_head = spec.kv_heads();
-  c.n_embd = spec.n_embd;
-  c.ffn_hidden = spec.ffn_width();
-  c.block_size = spec.block_size;
-  c.vocab_size = spec.vocab_size;
-  c.norm_eps = spec.norm_eps;
-  c.rope_theta = spec.rope_theta;
-  c.rope_scaling = spec.rope_scaling;
-  c.rope_factor = spec.rope_factor;
-  c.rope_low_freq_factor = spec.rope_low_freq_factor;
-  c.rope_high_freq_factor = spec.rope_high_freq_factor;
-  c.rope_original_context = spec.rope_original_context;
-  c.tied = spec.tied();
   c.qkv_bias = spec.llama() && spec.qkv_bias;
   c.eos_id = eos_id;
   // GPT-2 has no BOS of its own: HF's GPT-2 configs name <|endoftext|> as both. kilter records no
@@ -51,25 +37,11 @@ io::HfModelConfig hf_config_of(const model::ModelSpec& spec, int64_t eos_id) {
 
 model::ModelSpec spec_of_hf(const io::HfModelConfig& c) {
   model::ModelSpec spec;
+  io::copy_model_settings(c, spec);
   spec.arch = c.llama_family() ? "llama" : "gpt2";
-  spec.n_layer = int(c.n_layer);
-  spec.n_head = int(c.n_head);
-  spec.n_kv_head = c.llama_family() ? int(c.n_kv_head) : 0;
-  spec.n_embd = int(c.n_embd);
-  spec.ffn_hidden = int(c.ffn_hidden);
-  spec.block_size = int(c.block_size);
-  spec.vocab_size = int(c.vocab_size);
-  spec.norm_eps = c.norm_eps;
-  if (c.llama_family()) {
-    spec.rope_theta = c.rope_theta;
-    spec.rope_scaling = c.rope_scaling;
-    spec.rope_factor = c.rope_factor;
-    spec.rope_low_freq_factor = c.rope_low_freq_factor;
-    spec.rope_high_freq_factor = c.rope_high_freq_factor;
-    spec.rope_original_context = int(c.rope_original_context);
-    spec.qkv_bias = c.qkv_bias;
-  }
-  spec.tie_embeddings = c.tied ? "true" : "false";
+  // GPT-2 has as many K/V heads as query heads (the reader gives n_head); a GPT-2 config sets none
+  // of the RoPE and q/k/v bias settings, which keep their defaults.
+  if (!c.llama_family()) spec.n_kv_head = 0;
   return spec;
 }
 

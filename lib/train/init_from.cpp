@@ -8,7 +8,7 @@
 #include <tuple>
 
 #include "io/checkpoint.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
 #include "lib/train/checkpoint_model.h"
 #include "lib/train/checkpointer.h"

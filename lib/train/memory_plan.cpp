@@ -16,7 +16,7 @@
 
 #include <unistd.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/backend/cuda_memory.h"
 #include "lib/model/model.h"

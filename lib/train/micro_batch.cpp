@@ -1,7 +1,7 @@
 // assemble_batch (micro_batch.h).
 #include "lib/train/micro_batch.h"
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::train {
 

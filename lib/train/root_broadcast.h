@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::train {
 

@@ -14,7 +14,7 @@
 
 #include "io/checkpoint.h"
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/guards.h"
 #include "lib/train/training_data.h"

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "kilter/build_info.h"
 #include "lib/balance/plan_config.h"
 #include "lib/balance/plan_report.h"
@@ -18,7 +18,7 @@
 #include "lib/train/guards.h"
 #include "lib/train/hf_interop.h"
 #include "lib/train/memory_plan.h"
-#include "lib/train/run_calibration.h"
+#include "lib/train/calibration_driver.h"
 #include "lib/train/run_dir.h"
 #include "lib/train/run_engine_probes.h"
 #include "lib/train/signals.h"

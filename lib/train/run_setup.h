@@ -17,8 +17,8 @@
 #include "lib/diag/metrics_csv.h"
 #include "lib/model/model.h"
 #include "lib/train/checkpointer.h"
-#include "lib/train/cost_calibration.h"
-#include "lib/train/cut_cost_watch.h"
+#include "lib/train/calibration_in_run.h"
+#include "lib/train/calibration_cut_cost.h"
 #include "lib/train/plan_cursor.h"
 #include "lib/train/run_engine_probes.h"
 #include "lib/train/sampling.h"
@@ -90,7 +90,7 @@ struct Run {
   // The statistics of the epoch the run starts in (a copy: the plan goes once its epoch is done).
   balance::PlanStats start_stats;
   CutCostWatch cut_watch{0, 0};  // data.cut_cost_check; rank 0 collects its window
-  CostCalibration calibration;   // data.cost_calibration (run_calibration.h)
+  CostCalibration calibration;   // data.cost_calibration (calibration_driver.h)
   // The K/V exchange of cut pieces gets its own communicator: its messages never meet the
   // trainer's or the reducer's. close_run() frees it; an error ends the job instead.
   MPI_Comm kv_comm = MPI_COMM_NULL;

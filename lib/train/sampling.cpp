@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "io/checkpoint.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/prep.h"
 #include "io/reader.h"
 #include "lib/train/checkpointer.h"

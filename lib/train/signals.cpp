@@ -22,7 +22,7 @@
 #include <mutex>
 #include <thread>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::train {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::train {
 

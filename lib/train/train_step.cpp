@@ -7,7 +7,7 @@
 #include <memory>
 #include <sstream>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/text_format.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/cut_schedule.h"

@@ -61,7 +61,7 @@ struct ReducedStep {
   bool stop_requested = false;  // a rank received a stop signal
   bool checkpoint_due = false;  // rank 0's clock says a timed checkpoint is due (every rank agrees)
   double replan_t = 0;          // > 0: rank 0's cut-cost check asks every rank to re-plan with this t
-  bool calibration_verdict = false;  // rank 0's calibration asks every rank to re-plan (run_calibration.h)
+  bool calibration_verdict = false;  // rank 0's calibration asks every rank to re-plan (calibration_driver.h)
   int replans_building = 0;     // ranks whose background re-plan is not built yet
   std::vector<int> nonfinite_ranks;  // ranks whose own loss or gradient was not finite
 };

@@ -14,7 +14,7 @@
 #include "lib/balance/plan.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
-#include "lib/train/run_calibration.h"
+#include "lib/train/calibration_driver.h"
 #include "lib/train/run_setup.h"
 #include "lib/train/run_summary.h"
 #include "lib/train/signals.h"

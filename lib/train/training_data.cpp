@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::train {
 

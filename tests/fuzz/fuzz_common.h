@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::fuzz {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/backend/cuda_common.h"
+#include "io/base/cuda_common.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/comm/nccl_communicator.h"
 

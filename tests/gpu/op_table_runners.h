@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/backend/cuda_ops.h"
+#include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/op_table.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "lib/model/model.h"
 #include "lib/train/checkpointer.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/communicator.h"
 #include "tests/mpi/comm_test_main.h"
 

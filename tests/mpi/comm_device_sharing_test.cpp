@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/device_sharing.h"
 #include "tests/mpi/comm_test_main.h"
 

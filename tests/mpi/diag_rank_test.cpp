@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/diag/clock_sync.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/diag/metrics_csv.h"

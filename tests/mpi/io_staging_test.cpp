@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/prep.h"
 #include "io/reader.h"
 #include "lib/train/staging.h"

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/kv_exchange_mpi.h"
 #include "lib/train/cut_schedule.h"
 #include "tests/mpi/comm_test_main.h"

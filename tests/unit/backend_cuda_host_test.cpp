@@ -1,6 +1,6 @@
 // The CUDA backend's host side, which needs no device (built only with CUDA; the CPU machine
 // runs it): kilter does not link cuBLASLt, and the table of its functions loads on first use
-// (lib/backend/cublaslt_loader.h); the device-memory query answers false without a device; the
+// (io/base/cublaslt_loader.h); the device-memory query answers false without a device; the
 // memory plan's figures of the bf16-storage datapath, with the groups' attention and with cuDNN SDPA.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string>
 
-#include "lib/backend/cublaslt_loader.h"
+#include "io/base/cublaslt_loader.h"
 #include "lib/backend/cuda_memory.h"
 #include "lib/model/layout.h"
 #include "lib/model/model.h"

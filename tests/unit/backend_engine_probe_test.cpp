@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/engine_probe.h"
 #include "lib/backend/probed_engines.h"
 

@@ -1,4 +1,4 @@
-// Unit tests of the cost-model calibration (lib/balance/calibrate.h) and of the synthetic
+// Unit tests of the cost-model calibration (lib/balance/calibration_fit.h) and of the synthetic
 // length generator used by `kilter plan --lengths`.
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "io/error.h"
-#include "lib/balance/calibrate.h"
+#include "io/base/error.h"
+#include "lib/balance/calibration_fit.h"
 #include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/divide.h"
 #include "lib/balance/mixture.h"
 #include "lib/balance/plan.h"

@@ -7,11 +7,11 @@
 #include <map>
 #include <tuple>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/divide.h"
 #include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"
-#include "lib/balance/window_fit.h"
+#include "lib/balance/calibration_window_fit.h"
 
 namespace kilter::balance {
 namespace {

@@ -9,7 +9,7 @@
 #include <set>
 #include <tuple>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/rng.h"
 #include "lib/balance/synthetic_lengths.h"

@@ -1,6 +1,6 @@
 // Unit tests of the in-run calibration's pieces in lib/balance (issue 39): the division with
 // per-rank speeds (divide.h), the window fit with its guards and speed factors, and the
-// comparison of two divisions under a fit (window_fit.h). Synthetic rank-steps with known
+// comparison of two divisions under a fit (calibration_window_fit.h). Synthetic rank-steps with known
 // coefficients, so nothing depends on timing.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "lib/balance/divide.h"
 #include "lib/balance/rng.h"
-#include "lib/balance/window_fit.h"
+#include "lib/balance/calibration_window_fit.h"
 
 namespace kilter::balance {
 namespace {

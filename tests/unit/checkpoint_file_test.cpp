@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "file_size_limit.h"
 
 namespace {

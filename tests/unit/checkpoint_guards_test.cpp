@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "lib/model/gemm.h"
 #include "io/text_format.h"

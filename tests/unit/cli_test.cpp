@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "io/did_you_mean.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/core/config.h"
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/report.h"

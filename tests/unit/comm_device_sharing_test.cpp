@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/comm/device_sharing.h"
 
 namespace kilter::comm {

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/run_statistics.h"
 #include "lib/diag/straggler_watch.h"

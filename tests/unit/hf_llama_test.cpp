@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/export/hf_directory.h"
 #include "io/export/safetensors.h"
 #include "lib/train/checkpoint_model.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/export/hf_directory.h"
 #include "lib/train/checkpoint_model.h"
 #include "lib/model/generate.h"

@@ -9,3 +9,5 @@ add_executable(kilter_hf_tool ${CMAKE_CURRENT_LIST_DIR}/hf_tool.cpp)
 target_link_libraries(kilter_hf_tool PRIVATE kilter_lib)
 kilter_add_unit_test(io_compressed_test ${CMAKE_CURRENT_LIST_DIR}/io_compressed_test.cpp)
 kilter_add_unit_test(balance_mixture_test ${CMAKE_CURRENT_LIST_DIR}/balance_mixture_test.cpp)
+# The model's settings table reaches the config, the checkpoint and the HF config.json.
+kilter_add_unit_test(model_settings_test ${CMAKE_CURRENT_LIST_DIR}/model_settings_test.cpp)

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "io/compressed_input.h"
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::io {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/export/hf_gpt2.h"
 #include "io/export/safetensors.h"
 #include "lib/train/hf_interop.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "io/dataset.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/hdf5_util.h"
 #include "io/prep.h"
 

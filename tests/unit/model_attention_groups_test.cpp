@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/attention.h"
 #include "lib/model/attention_groups.h"
 #include "tests/unit/model_testing.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/model/attention.h"
 #include "lib/model/gemm.h"

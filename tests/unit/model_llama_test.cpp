@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/model/generate.h"
 #include "lib/model/rmsnorm.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/optim/adamw.h"
 #include "lib/optim/schedule.h"

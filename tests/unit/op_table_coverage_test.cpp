@@ -1,5 +1,5 @@
 // The op table's completeness, checked on any machine: every function declared in namespace
-// kilter::model::cuda (the headers under lib/ that open it, lib/backend/cuda_ops.h first) has a
+// kilter::model::cuda (the headers under lib/ that open it, lib/model/cuda_ops.h first) has a
 // row in tests/gpu/op_table_cases.cpp, or a named test that covers it; every kernel a row names is
 // declared; every family has rows of its dtype. A new kernel without a row fails here, before any
 // device runs. Overloads on fp32 and bf16 rows count separately ("rope_forward(bf16)").

@@ -17,7 +17,7 @@
 #include "io/checkpoint.h"
 #include "io/tokenizer/tokenizer_train.h"
 #include "io_testing.h"
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/generate.h"
 #include "lib/model/model.h"
 #include "lib/train/sampling.h"

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/model/gemm.h"
 #include "lib/model/kv_exchange.h"
 #include "lib/model/model.h"

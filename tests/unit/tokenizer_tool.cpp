@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "io/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {

@@ -1,12 +1,12 @@
-// CostCalibration (lib/train/cost_calibration.h), the in-run calibration's state on rank 0: its
+// CostCalibration (lib/train/calibration_in_run.h), the in-run calibration's state on rank 0: its
 // windows (20 steps after warm-up, then 100, 200, ...), the fit of a window's records, the
 // verdict, and the record of models a checkpoint keeps (read back bit for bit).
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "io/error.h"
-#include "lib/train/cost_calibration.h"
+#include "io/base/error.h"
+#include "lib/train/calibration_in_run.h"
 
 namespace kilter::train {
 namespace {

@@ -7,7 +7,7 @@
 #include <tuple>
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/train/cut_schedule.h"
 #include "tests/unit/cut_steps_testing.h"
 

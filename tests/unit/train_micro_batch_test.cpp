@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "io/error.h"
+#include "io/base/error.h"
 #include "lib/train/micro_batch.h"
 
 namespace kilter::train {

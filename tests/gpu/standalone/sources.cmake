@@ -6,13 +6,13 @@ file(GLOB KILTER_GPU_CORE_SOURCES CONFIGURE_DEPENDS
      ${KILTER_GPU_ROOT}/lib/model/*.cpp
      ${KILTER_GPU_ROOT}/lib/model/*.cu)
 list(APPEND KILTER_GPU_CORE_SOURCES
-     ${KILTER_GPU_ROOT}/io/error.cpp
+     ${KILTER_GPU_ROOT}/io/base/error.cpp
      ${KILTER_GPU_ROOT}/lib/optim/adamw.cpp
      ${KILTER_GPU_ROOT}/lib/backend/model_base.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cpu_model.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cpu_model_bf16.cpp
-     ${KILTER_GPU_ROOT}/lib/backend/cuda_device.cu
-     ${KILTER_GPU_ROOT}/lib/backend/cublaslt_loader_cuda.cpp
+     ${KILTER_GPU_ROOT}/io/base/cuda_device.cu
+     ${KILTER_GPU_ROOT}/io/base/cublaslt_loader_cuda.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cuda_memory.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cuda_model.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_arena.cu

@@ -1,11 +1,11 @@
-// The in-run calibration in the step loop (see run_calibration.h).
-#include "lib/train/run_calibration.h"
+// The in-run calibration in the step loop (see calibration_driver.h).
+#include "lib/train/calibration_driver.h"
 
 #include <cstdio>
 
 #include <fmt/format.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::train {
 

@@ -1,7 +1,7 @@
-// Cost-model calibration (see calibrate.h). The fit centers and scales every column first, which
+// Cost-model calibration (see calibration_fit.h). The fit centers and scales every column first, which
 // removes the intercept from the normal equations and keeps the system well conditioned even
 // though sum(L^2) is orders of magnitude larger than the token and micro-batch counts.
-#include "lib/balance/calibrate.h"
+#include "lib/balance/calibration_fit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::balance {
 

@@ -1,5 +1,5 @@
-// CutCostWatch (cut_cost_watch.h).
-#include "lib/train/cut_cost_watch.h"
+// CutCostWatch (calibration_cut_cost.h).
+#include "lib/train/calibration_cut_cost.h"
 
 #include <cstdio>
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/balance/calibrate.h"
+#include "lib/balance/calibration_fit.h"
 #include "lib/diag/step_record.h"
 
 namespace kilter::train {

@@ -1,5 +1,6 @@
 // Error checks for CUDA, cuBLASLt, cuDNN and NCCL calls, and small launch helpers shared by the
-// CUDA kernels (lib/model/*.cu) and the CUDA backend (lib/backend/cuda_*.cu). Every failed call
+// CUDA kernels (lib/model/*.cu), the CUDA backend (lib/backend/cuda_*.cu) and the NCCL communicator
+// (lib/comm); the foundation below them (io/base/). Every failed call
 // becomes a kilter::Error that names the call, the library's own message, file, line and rank.
 #pragma once
 #include <cublasLt.h>
@@ -8,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 // KILTER_CUDA_CHECK(cudaMalloc(...)): throws with cudaGetErrorString.
 #define KILTER_CUDA_CHECK(call)                                                         \

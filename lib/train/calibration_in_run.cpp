@@ -1,5 +1,5 @@
-// CostCalibration (cost_calibration.h): windows, samples, verdicts and the record of models.
-#include "lib/train/cost_calibration.h"
+// CostCalibration (calibration_in_run.h): windows, samples, verdicts and the record of models.
+#include "lib/train/calibration_in_run.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 namespace kilter::train {
 

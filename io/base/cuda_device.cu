@@ -8,8 +8,8 @@
 #include <mutex>
 #include <string>
 
-#include "lib/backend/cuda_common.h"
-#include "lib/backend/cuda_model.h"
+#include "io/base/cuda_common.h"
+#include "io/base/cuda_device.h"
 
 namespace kilter::backend {
 

@@ -1,12 +1,12 @@
 // cublaslt_loader.h: the table of cuBLASLt functions, filled from a dlopen on first use.
-#include "lib/backend/cublaslt_loader.h"
+#include "io/base/cublaslt_loader.h"
 
 #include <dlfcn.h>
 
 #include <mutex>
 #include <string>
 
-#include "io/error.h"
+#include "io/base/error.h"
 
 #define KILTER_STRINGIFY_(x) #x
 #define KILTER_STRINGIFY(x) KILTER_STRINGIFY_(x)

@@ -1,5 +1,5 @@
 // Error type shared by io/ and lib/ (see error.h).
-#include "io/error.h"
+#include "io/base/error.h"
 
 #include <atomic>
 

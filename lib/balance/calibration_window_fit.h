@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/balance/calibrate.h"
+#include "lib/balance/calibration_fit.h"
 #include "lib/balance/plan.h"
 
 namespace kilter::balance {

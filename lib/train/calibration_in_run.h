@@ -12,7 +12,7 @@
 // kMaxCalibrationWindow): the need decays, and a run whose speed changes is followed. The
 // models put in force, each with the step it took effect, go into checkpoints (a resume plans as
 // the run did) and, with every window's verdict, into summary.json. No MPI here:
-// run_calibration.h drives it from the step loop.
+// calibration_driver.h drives it from the step loop.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lib/balance/window_fit.h"
+#include "lib/balance/calibration_window_fit.h"
 #include "lib/diag/step_record.h"
 #include "lib/train/plan_cursor.h"
 
@@ -62,7 +62,7 @@ struct CalibratedModel {
 // them with the store instead of copying them on the training thread.
 using StepRows = std::shared_ptr<const std::vector<balance::CostSample>>;
 
-// One window's evaluation, made on a thread of its own (run_calibration.cpp): its rows, the fit
+// One window's evaluation, made on a thread of its own (calibration_driver.cpp): its rows, the fit
 // and the candidate model (evaluate()), then the candidate's comparison with the plan in force on
 // the next steps (written by the build's thread). Everything it reads is its own or immutable.
 struct WindowJob {

@@ -1,11 +1,11 @@
-// The in-run fit (see window_fit.h). The rows form a panel of (step, rank). The plan in force
+// The in-run fit (see calibration_window_fit.h). The rows form a panel of (step, rank). The plan in force
 // made its ranks' costs about equal under its own coefficients, so between the ranks of a step
 // the work differs mostly along what that model trades (tokens against attention against
 // micro-batches): the window tells well how far the true coefficients are from the plan's, and
 // the scale from the level. The fit alternates: step factors and speeds as ratios of sums given
 // the coefficients; the coefficients by least squares of seconds / (step factor x speed) on the
 // plan's units, attention and micro-batches given the factors; until they settle.
-#include "lib/balance/window_fit.h"
+#include "lib/balance/calibration_window_fit.h"
 
 #include <algorithm>
 #include <array>
