@@ -71,7 +71,8 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
         if (format == InputFormat::parquet && entry.path().extension() != ".parquet") continue;
         entries.push_back(entry.path().string());
       }
-      KILTER_USER_CHECK(!entries.empty(), "input directory " << path << " holds no regular files");
+      KILTER_USER_CHECK(!entries.empty(), "input directory " << path << " holds no "
+                                                             << (format == InputFormat::parquet ? "*.parquet files" : "regular files"));
       std::sort(entries.begin(), entries.end());
       for (const std::string& entry : entries) files.push_back({entry, fs::file_size(entry)});
     } else {
