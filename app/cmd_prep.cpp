@@ -68,6 +68,7 @@ std::string format_of_extensions(const std::vector<std::string>& inputs) {
     std::string format;
     if (ext == ".jsonl" || ext == ".json") format = "jsonl";
     else if (ext == ".parquet") format = "parquet";
+    else if (ext == ".arrow") format = "arrow";
     else if (ext == ".txt") format = "text";
     else if (std::filesystem::is_directory(input) || ext.empty()) continue;
     else return "";
@@ -89,9 +90,10 @@ int prep_corpus(int argc, char** argv) {
        "gzip (.gz) and zstd (.zst) files are decompressed as they stream")
       ("format", po::value(&format)->default_value("text"),
        "text (a file is one document) | jsonl ({\"text\": ...} per line) | fortune (documents between '%' lines) | "
-       "parquet (a column of .parquet files, row group by row group; a directory: its *.parquet files)")
+       "parquet (a column of .parquet files, row group by row group; a directory: its *.parquet files) | "
+       "arrow (a column of Arrow IPC files or streams, e.g. Hugging Face datasets' cache *.arrow files)")
       ("text-key", po::value(&options.corpus.text_key)->default_value(options.corpus.text_key),
-       "jsonl: the field holding the text; parquet: the column; a dotted path (meta.content) reaches into "
+       "jsonl: the field holding the text; parquet, arrow: the column; a dotted path (meta.content) reaches into "
        "objects (structs)")
       ("max-bad-lines", po::value(&options.corpus.max_bad_lines)->default_value(options.corpus.max_bad_lines),
        "jsonl: lines that are not JSON or lack the text field are skipped and counted up to N "
@@ -110,7 +112,7 @@ int prep_corpus(int argc, char** argv) {
       ("quiet", po::bool_switch(&quiet), "no progress on stderr");
   po::variables_map vm;
   if (!parse(argc, argv, desc, vm,
-             "usage: kilter prep --input PATH... --format text|jsonl|fortune|parquet [--tokenizer FILE] --shards N --out DIR\n"
+             "usage: kilter prep --input PATH... --format text|jsonl|fortune|parquet|arrow [--tokenizer FILE] --shards N --out DIR\n"
              "       kilter prep tokenizer train --help\n"
              "       kilter prep --format llmc|nanogpt|megatron|npy --help   (import an already tokenized corpus)\n"
              "       kilter prep synth --help | kilter prep validate DIR\n\n"

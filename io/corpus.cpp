@@ -28,9 +28,10 @@ InputFormat parse_input_format(const std::string& name) {
   if (name == "jsonl") return InputFormat::jsonl;
   if (name == "fortune") return InputFormat::fortune;
   if (name == "parquet") return InputFormat::parquet;
-  const std::vector<std::string> formats = {"text", "jsonl", "fortune", "parquet", "llmc", "nanogpt", "megatron", "npy"};
+  if (name == "arrow") return InputFormat::arrow;
+  const std::vector<std::string> formats = {"text", "jsonl", "fortune", "parquet", "arrow", "llmc", "nanogpt", "megatron", "npy"};
   KILTER_USER_FAIL("--format " << name << ": not a format kilter prep reads" << did_you_mean_hint(name, formats)
-                   << " (documents: text | jsonl | fortune | parquet; already tokenized: llmc | nanogpt | megatron | npy)");
+                   << " (documents: text | jsonl | fortune | parquet | arrow; already tokenized: llmc | nanogpt | megatron | npy)");
 }
 
 namespace {
@@ -69,10 +70,12 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
         if (!fs::is_regular_file(entry.symlink_status())) continue;
         if (format == InputFormat::fortune && entry.path().extension() == ".dat") continue;
         if (format == InputFormat::parquet && entry.path().extension() != ".parquet") continue;
+        if (format == InputFormat::arrow && entry.path().extension() != ".arrow") continue;
         entries.push_back(entry.path().string());
       }
       KILTER_USER_CHECK(!entries.empty(), "input directory " << path << " holds no "
-                                                             << (format == InputFormat::parquet ? "*.parquet files" : "regular files"));
+                                                             << (format == InputFormat::parquet ? "*.parquet files"
+                                                                 : format == InputFormat::arrow ? "*.arrow files" : "regular files"));
       std::sort(entries.begin(), entries.end());
       for (const std::string& entry : entries) files.push_back({entry, fs::file_size(entry)});
     } else {
@@ -224,14 +227,15 @@ void read_jsonl_file(const InputFile& input, DocumentTracker& doc, const CorpusO
   doc.consumed(lines.take_file_bytes());
 }
 
-// The cells of the text column, row group by row group (io/parquet_input.h).
-void read_parquet_file(const InputFile& input, DocumentTracker& doc, const CorpusOptions& options,
-                       CorpusCounts& counts) {
+// The cells of the text column, row group by row group, or record batch by record batch for
+// Arrow IPC (io/parquet_input.h).
+void read_columnar_file(const InputFile& input, InputFormat format, DocumentTracker& doc, const CorpusOptions& options,
+                        CorpusCounts& counts) {
   ParquetReadOptions parquet;
   parquet.column = options.text_key;
   parquet.threads = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
   ParquetCounts cells;
-  read_parquet_documents(
+  (format == InputFormat::arrow ? read_arrow_ipc_documents : read_parquet_documents)(
       input.path, parquet,
       [&doc](const char* data, size_t size) {
         doc.add(reinterpret_cast<const unsigned char*>(data), size);
@@ -254,7 +258,8 @@ CorpusCounts read_corpus(const std::vector<InputFile>& inputs, InputFormat forma
       case InputFormat::text: read_text_file(input, doc); break;
       case InputFormat::jsonl: read_jsonl_file(input, doc, options, counts); break;
       case InputFormat::fortune: read_fortune_file(input, doc); break;
-      case InputFormat::parquet: read_parquet_file(input, doc, options, counts); break;
+      case InputFormat::parquet:
+      case InputFormat::arrow: read_columnar_file(input, format, doc, options, counts); break;
     }
     doc.report();
   }

@@ -1,7 +1,8 @@
 // Input corpora for `kilter prep`: expands the user's paths into input files and streams their
 // documents (text: one file = one document; jsonl: the text field of each line, "text" unless
 // --text-key names another, dotted paths included; fortune: the texts between lines holding only
-// `%`; parquet: the cells of one column, --text-key, of `.parquet` files, io/parquet_input.h).
+// `%`; parquet and arrow: the cells of one column, --text-key, of `.parquet` files or Arrow IPC
+// `.arrow` files, io/parquet_input.h).
 // Files may be gzip or zstd compressed (io/compressed_input.h). Documents are passed on as raw bytes in pieces, so a
 // document is never held whole; empty documents are counted and dropped here.
 #pragma once
@@ -12,8 +13,8 @@
 
 namespace kilter::io {
 
-enum class InputFormat { text, jsonl, fortune, parquet };
-// "text" | "jsonl" | "fortune" | "parquet"; throws naming the bad value otherwise.
+enum class InputFormat { text, jsonl, fortune, parquet, arrow };
+// "text" | "jsonl" | "fortune" | "parquet" | "arrow"; throws naming the bad value otherwise.
 InputFormat parse_input_format(const std::string& name);
 
 struct InputFile {
@@ -23,7 +24,7 @@ struct InputFile {
 
 // Files as given; a directory contributes its regular files (not symlinks, not subdirectories)
 // in sorted order, and for the fortune format skips the `*.dat` index files (parquet: only its
-// `*.parquet` files). A path that does not exist but holds * ? or [ is a glob (a quoted
+// `*.parquet` files, arrow its `*.arrow` files). A path that does not exist but holds * ? or [ is a glob (a quoted
 // "data/*.parquet"), its matches sorted. Throws naming a path that does not exist or a directory
 // without usable files.
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, InputFormat format);

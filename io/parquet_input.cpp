@@ -2,10 +2,13 @@
 // headers need; cmake/KilterParquet.cmake). Each worker opens the file with its own FileReader
 // (a reader is not shared between threads) and decodes the row groups w, w + T, w + 2T, ... of
 // it, one at a time, never more than T row groups ahead of the one the caller is handing on.
+// Arrow IPC files (the file and the stream format) are read a record batch at a time from a
+// memory map: their columns need no decoding.
 #include "io/parquet_input.h"
 
 #include <arrow/api.h>
 #include <arrow/io/file.h>
+#include <arrow/ipc/reader.h>
 #include <arrow/util/config.h>
 #include <parquet/arrow/reader.h>
 #include <parquet/exception.h>
@@ -269,6 +272,94 @@ void read_parquet_documents(const std::string& path, const ParquetReadOptions& o
     pipeline.release(group);
     report_until(group);
   }
+}
+
+namespace {
+
+// The top-level field and the struct fields below it that `key` names in an Arrow schema: the
+// field called `key` itself first, then the dotted path.
+ColumnChoice find_ipc_column(const arrow::Schema& schema, const std::string& path, const std::string& key) {
+  if (schema.GetFieldIndex(key) >= 0) return {schema.GetFieldIndex(key), {key}};
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  const int top = schema.GetFieldIndex(parts[0]);
+  std::shared_ptr<arrow::DataType> type = top >= 0 ? schema.field(top)->type() : nullptr;
+  for (size_t p = 1; type && p < parts.size(); ++p) {
+    const auto* nested = type->id() == arrow::Type::STRUCT ? static_cast<const arrow::StructType*>(type.get()) : nullptr;
+    type = nested && nested->GetFieldIndex(parts[p]) >= 0 ? nested->field(nested->GetFieldIndex(parts[p]))->type() : nullptr;
+  }
+  if (type) return {top, parts};
+  std::vector<std::string> names;
+  std::string listed;
+  for (const std::shared_ptr<arrow::Field>& field : schema.fields()) {
+    listed += (names.empty() ? "" : ", ") + field->name();
+    names.push_back(field->name());
+  }
+  KILTER_USER_FAIL("input " << path << ": no column \"" << key << "\" (its columns: " << listed << ")"
+                            << did_you_mean_hint(key, names)
+                            << ". Name the text column with --text-key (a dotted path reaches into a struct)");
+}
+
+// The column `column` of one record batch, into its structs.
+std::shared_ptr<arrow::Array> ipc_cells(const arrow::RecordBatch& batch, const ColumnChoice& column,
+                                        const std::string& path, int64_t index) {
+  std::shared_ptr<arrow::Array> array = batch.column(column.leaf);
+  for (size_t p = 1; p < column.parts.size() && array->type_id() == arrow::Type::STRUCT; ++p) {
+    const auto& parent = static_cast<const arrow::StructArray&>(*array);
+    auto child = parent.GetFlattenedField(parent.struct_type()->GetFieldIndex(column.parts[p]));
+    KILTER_USER_CHECK(child.ok(), "input " << path << ": record batch " << index << " does not decode ("
+                                           << one_line(child.status().ToString()) << ")");
+    array = *child;
+  }
+  return array;
+}
+
+}  // namespace
+
+void read_arrow_ipc_documents(const std::string& path, const ParquetReadOptions& options,
+                              const std::function<void(const char*, size_t)>& document,
+                              const std::function<void(uint64_t)>& consumed, ParquetCounts& counts) {
+  auto file = arrow::io::MemoryMappedFile::Open(path, arrow::io::FileMode::READ);
+  KILTER_USER_CHECK(file.ok(), "input " << path << ": cannot open (" << one_line(file.status().ToString()) << ")");
+  const uint64_t file_size = uint64_t(std::filesystem::file_size(path));
+  const auto damaged = [&](int64_t batch, const arrow::Status& status) {
+    KILTER_USER_FAIL("input " << path << ": record batch " << batch << " does not decode (" << one_line(status.ToString())
+                              << "); the file is damaged or cut short: fetch it again, or leave it out");
+  };
+  // The IPC file format (a footer indexes the batches: Feather v2, `*.arrow`), else the stream
+  // format (Hugging Face datasets' cache files).
+  auto random_access = arrow::ipc::RecordBatchFileReader::Open(*file);
+  if (random_access.ok()) {
+    const ColumnChoice column = find_ipc_column(*(*random_access)->schema(), path, options.column);
+    const int batches = (*random_access)->num_record_batches();
+    for (int b = 0; b < batches; ++b) {
+      auto batch = (*random_access)->ReadRecordBatch(b);
+      if (!batch.ok()) damaged(b, batch.status());
+      emit_array(*ipc_cells(**batch, column, path, b), document, counts);
+    }
+    consumed(file_size);
+    return;
+  }
+  KILTER_CHECK((*file)->Seek(0).ok(), "input " << path << ": cannot seek");
+  auto stream = arrow::ipc::RecordBatchStreamReader::Open(*file);
+  KILTER_USER_CHECK(stream.ok(), "input " << path << ": not an Arrow IPC file or stream ("
+                                          << one_line(stream.status().ToString()) << " / "
+                                          << one_line(random_access.status().ToString())
+                                          << "); a file cut short by a copy or download? Fetch it again, or leave it out");
+  const ColumnChoice column = find_ipc_column(*(*stream)->schema(), path, options.column);
+  for (int64_t b = 0;; ++b) {
+    std::shared_ptr<arrow::RecordBatch> batch;
+    const arrow::Status status = (*stream)->ReadNext(&batch);
+    if (!status.ok()) damaged(b, status);
+    if (!batch) break;
+    emit_array(*ipc_cells(*batch, column, path, b), document, counts);
+  }
+  consumed(file_size);
 }
 
 }  // namespace kilter::io

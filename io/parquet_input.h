@@ -1,5 +1,6 @@
-// Parquet input for `kilter prep --format parquet`: the documents of one column of `.parquet`
-// files, read with Apache Arrow's C++ Parquet reader where the build found it
+// Parquet input for `kilter prep --format parquet` (and Arrow IPC, `--format arrow`): the
+// documents of one column of `.parquet` (`.arrow`) files, read with Apache Arrow's C++ library
+// where the build found it
 // (cmake/KilterParquet.cmake), one row group at a time. This header is all that the rest of prep
 // sees; without Arrow, parquet_input_none.cpp answers every call with what to install.
 //
@@ -41,5 +42,12 @@ struct ParquetReadOptions {
 void read_parquet_documents(const std::string& path, const ParquetReadOptions& options,
                             const std::function<void(const char* data, size_t size)>& document,
                             const std::function<void(uint64_t bytes)>& consumed, ParquetCounts& counts);
+
+// The same for an Arrow IPC file (the file format: Feather v2, `*.arrow`) or stream (the
+// format of Hugging Face datasets' cache files), one record batch at a time from a memory map
+// (`threads` unused: the batches need no decoding).
+void read_arrow_ipc_documents(const std::string& path, const ParquetReadOptions& options,
+                              const std::function<void(const char* data, size_t size)>& document,
+                              const std::function<void(uint64_t bytes)>& consumed, ParquetCounts& counts);
 
 }  // namespace kilter::io

@@ -5,7 +5,9 @@
 # tokenizer and with a tokenizer.json; --threads 1 and 2 give the same dataset; a folder, a
 # quoted glob and the files listed agree; the skipped cells are counted in one line; a file cut
 # short, a damaged row group and a wrong column name each give one error naming the file (and the
-# row group). Skipped (exit 77) where kilter was built without Parquet or no python has pyarrow.
+# row group). Arrow IPC input (--format arrow), as a file (Feather v2) and as a stream (Hugging
+# Face datasets' cache files), gives the same dataset too. Skipped (exit 77) where kilter was
+# built without Parquet or no python has pyarrow.
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
@@ -56,6 +58,12 @@ start = col.dictionary_page_offset or col.data_page_offset
 raw[start:start + 16] = b"\xff" * 16
 open("damaged.parquet", "wb").write(bytes(raw))
 open("cut.parquet", "wb").write(open("pq/part-1.parquet", "rb").read()[:-100])
+# Arrow IPC: the file format in batches of 700 rows, and the stream format (datasets' cache files).
+os.makedirs("ipc")
+with pa.ipc.new_file("ipc/a.arrow", table.schema) as w:
+    for batch in table.to_batches(max_chunksize=700): w.write_batch(batch)
+with pa.ipc.new_stream("ipc/b.arrow", table.schema) as w:
+    for batch in table.to_batches(max_chunksize=1100): w.write_batch(batch)
 tok = Tokenizer(models.BPE())
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 tok.decoder = decoders.ByteLevel()
@@ -76,6 +84,9 @@ prep bytes_files --input pq/part-0.parquet pq/part-1.parquet pq/part-2.parquet -
 prep bytes_meta_jsonl --input meta.jsonl --text-key meta.content
 prep bytes_meta_pq --input pq --format parquet --text-key meta.content --threads 2
 prep bpe_jsonl --input text.jsonl --tokenizer tokenizer.json
+prep arrow_file --input ipc/a.arrow
+prep arrow_stream --input ipc/b.arrow --format arrow
+prep arrow_meta --input ipc --format arrow --text-key meta.content
 prep bpe_pq1 --input pq --format parquet --tokenizer tokenizer.json --threads 1
 prep bpe_pq2 --input pq --format parquet --tokenizer tokenizer.json --threads 2
 grep -qx "prep: skipped $nulls null and 0 non-string cells of the text column (and $empty empty strings)" bytes_pq.err \
@@ -91,7 +102,8 @@ def load(d):
     return (list(index["shard_hash"][:]), [s["tokens"][:] for s in shards], [s["offsets"][:] for s in shards],
             index.attrs["tokenizer"])
 pairs = [("bytes_jsonl", "bytes_pq"), ("bytes_jsonl", "bytes_glob"), ("bytes_jsonl", "bytes_files"),
-         ("bytes_meta_jsonl", "bytes_meta_pq"), ("bpe_jsonl", "bpe_pq1"), ("bpe_jsonl", "bpe_pq2")]
+         ("bytes_meta_jsonl", "bytes_meta_pq"), ("bpe_jsonl", "bpe_pq1"), ("bpe_jsonl", "bpe_pq2"),
+         ("bytes_jsonl", "arrow_file"), ("bytes_jsonl", "arrow_stream")]
 for a, b in pairs:
     ha, ta, oa, ka = load(a)
     hb, tb, ob, kb = load(b)
@@ -102,7 +114,11 @@ for a, b in pairs:
         assert np.array_equal(oa[s], ob[s]), f"{a} and {b}: shard {s} offsets differ"
 assert load("bpe_pq1")[3] in ("hf-bpe", b"hf-bpe"), load("bpe_pq1")[3]
 docs = sum(len(o) - 1 for o in load("bytes_pq")[2])
-print(f"prep_parquet: {len(pairs)} Parquet datasets equal their JSONL twins ({docs} documents), threads 1 = 2")
+# Both IPC files hold the corpus once each: twice the JSONL's documents, in order.
+ha, ta, _, _ = load("arrow_meta")
+hm, tm, _, _ = load("bytes_meta_jsonl")
+assert np.array_equal(np.concatenate(ta), np.concatenate(tm + tm)), "arrow_meta: not the nested column twice"
+print(f"prep_parquet: {len(pairs)} Parquet and Arrow datasets equal their JSONL twins ({docs} documents), threads 1 = 2")
 PY
 
 one_error() {  # one_error NAME PATTERN ARGS...: prep fails (exit 1) with one line matching PATTERN
@@ -118,6 +134,10 @@ one_error cut "input cut.parquet: not a readable Parquet file: its footer is mis
 one_error damaged "input damaged.parquet: row group 2 of [0-9]* does not decode" --input damaged.parquet --threads 2
 one_error column 'input pq/part-0.parquet: no column "txt" (its columns: id, text, meta.content, meta.lang); did you mean text' \
   --input pq --format parquet --text-key txt
+one_error arrow_column 'input ipc/a.arrow: no column "txt" (its columns: id, text, meta); did you mean text' \
+  --input ipc/a.arrow --text-key txt
+head -c 5000 ipc/a.arrow > cut.arrow
+one_error arrow_cut "input cut.arrow: not an Arrow IPC file or stream" --input cut.arrow
 one_error not_strings "cells that hold no string were skipped: name the text column with --text-key" \
   --input pq --format parquet --text-key id
 echo "prep_parquet: 1 passed, 0 failed"
