@@ -385,6 +385,10 @@ uint64_t Config::hash() const {
   std::string text = without_default_model_keys(c.to_ini());
   const size_t calibration = text.find("\ncost_calibration = \n");
   if (calibration != std::string::npos) text.erase(calibration, std::string("\ncost_calibration = ").size());
+  // Output keys never count (c.output is reset above), but their lines are in the text: a key
+  // added to [output] later (output.tensorboard) stays out, so earlier checkpoints resume.
+  const size_t tensorboard = text.find("\ntensorboard = ");
+  if (tensorboard != std::string::npos) text.erase(tensorboard, text.find('\n', tensorboard + 1) - tensorboard);
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : text) {
     h ^= ch;
