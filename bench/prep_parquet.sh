@@ -13,6 +13,7 @@
 #   KILTER_BENCH_THREADS=nproc   workers for all three
 #   KILTER_BENCH_ROW_GROUP=8192  documents per Parquet row group
 #   KILTER_BENCH_DIR=...         work folder (default a temporary one, removed at the end)
+#   KILTER_BENCH_PYTHON=1        0: leave the Python pipeline out (it runs at ~1 MB/s on 2 cores)
 #   KILTER_PYARROW_PYTHON=/opt/kilter/pyarrow-venv/bin/python (pyarrow + tokenizers: install-deps.sh --with-test-extras)
 # Prints one line per run and the ratios; the machine's CPU with them.
 set -euo pipefail
@@ -106,7 +107,10 @@ echo "corpus: $(du -m corpus.parquet | cut -f1) MB Parquet, $(du -m corpus.jsonl
 PREP=(prep --shards 8 --quiet --threads "$THREADS")
 run kilter_parquet_bpe "$KILTER" "${PREP[@]}" --input corpus.parquet --format parquet --tokenizer tokenizer.json --out ds_kilter_parquet_bpe
 run kilter_jsonl_zst_bpe "$KILTER" "${PREP[@]}" --input corpus.jsonl.zst --format jsonl --tokenizer tokenizer.json --out ds_kilter_jsonl_zst_bpe
-run python_pyarrow_bpe env RAYON_NUM_THREADS="$THREADS" "$PQPY" python_pipeline.py corpus.parquet tokenizer.json python.bin
+WITH_PYTHON=${KILTER_BENCH_PYTHON:-1}
+if [ "$WITH_PYTHON" != 0 ]; then
+  run python_pyarrow_bpe env RAYON_NUM_THREADS="$THREADS" "$PQPY" python_pipeline.py corpus.parquet tokenizer.json python.bin
+fi
 run kilter_parquet_bytes "$KILTER" "${PREP[@]}" --input corpus.parquet --format parquet --out ds_kilter_parquet_bytes
 run kilter_jsonl_zst_bytes "$KILTER" "${PREP[@]}" --input corpus.jsonl.zst --format jsonl --out ds_kilter_jsonl_zst_bytes
 
@@ -116,9 +120,11 @@ for kind in bpe bytes; do
   [ -n "$a" ] && [ "$a" = "$b" ] || { echo "FAIL: $kind: $a tokens from Parquet, $b from .jsonl.zst" >&2; exit 1; }
   "$KILTER" prep validate "ds_kilter_parquet_$kind" > /dev/null
 done
-py_tokens=$(awk '{print $2}' python_pyarrow_bpe.out)
 k_tokens=$(sed -n 's/.*documents, \([0-9]*\) tokens.*/\1/p' kilter_parquet_bpe.out)
-[ "$py_tokens" = "$k_tokens" ] || { echo "FAIL: the Python pipeline made $py_tokens tokens, kilter $k_tokens" >&2; exit 1; }
+if [ "$WITH_PYTHON" != 0 ]; then
+  py_tokens=$(awk '{print $2}' python_pyarrow_bpe.out)
+  [ "$py_tokens" = "$k_tokens" ] || { echo "FAIL: the Python pipeline made $py_tokens tokens, kilter $k_tokens" >&2; exit 1; }
+fi
 if /usr/bin/python3 -c "import h5py" 2>/dev/null; then
   for kind in bpe bytes; do
     /usr/bin/python3 -c "
@@ -127,11 +133,11 @@ a, b = (list(h5py.File(d + '/index.h5', 'r')['shard_hash'][:]) for d in sys.argv
 sys.exit(0 if a == b else 1)" "ds_kilter_parquet_$kind" "ds_kilter_jsonl_zst_$kind" \
       || { echo "FAIL: $kind: the Parquet and .jsonl.zst datasets' content hashes differ" >&2; exit 1; }
   done
-  echo "checked: Parquet and .jsonl.zst datasets have the same content hashes (bpe and bytes); the Python pipeline made the same $k_tokens tokens"
+  echo "checked: Parquet and .jsonl.zst datasets have the same content hashes (bpe and bytes)$([ "$WITH_PYTHON" = 0 ] || echo "; the Python pipeline made the same $k_tokens tokens")"
 else
   echo "checked: the same token counts (h5py not found: content hashes not compared)"
 fi
 ratio() { awk -v a="${SECONDS_OF[$1]}" -v b="${SECONDS_OF[$2]}" 'BEGIN {printf "%.2f", b / a}'; }
 echo "speed, Parquet against .jsonl.zst (bpe):   $(ratio kilter_parquet_bpe kilter_jsonl_zst_bpe)x"
 echo "speed, Parquet against .jsonl.zst (bytes): $(ratio kilter_parquet_bytes kilter_jsonl_zst_bytes)x"
-echo "speed, kilter Parquet against pyarrow + tokenizers: $(ratio kilter_parquet_bpe python_pyarrow_bpe)x"
+[ "$WITH_PYTHON" = 0 ] || echo "speed, kilter Parquet against pyarrow + tokenizers: $(ratio kilter_parquet_bpe python_pyarrow_bpe)x"
