@@ -45,7 +45,7 @@ if(NOT ENABLE_PARQUET STREQUAL "OFF")
         target_include_directories(kilter::parquet SYSTEM INTERFACE "${_kilter_pyarrow_include}")
         target_link_libraries(kilter::parquet INTERFACE "${KILTER_PARQUET_LIBRARY}" "${KILTER_ARROW_LIBRARY}")
         # The wheel's folder is not on the loader's path: the binary records it (RUNPATH).
-        target_link_options(kilter::parquet INTERFACE "-Wl,-rpath,${_kilter_pyarrow_libdir}")
+        target_link_options(kilter::parquet INTERFACE "LINKER:-rpath,${_kilter_pyarrow_libdir}")
         set(KILTER_WITH_PARQUET ON)
         set(KILTER_PARQUET_SOURCE "pyarrow ${_kilter_pyarrow_version} wheel (${_kilter_pyarrow_libdir})")
       endif()
