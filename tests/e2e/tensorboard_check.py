@@ -16,7 +16,8 @@ import math
 import os
 import sys
 
-from tensorboard.backend.event_processing import event_accumulator, event_file_loader
+from tensorboard.backend.event_processing import event_accumulator, event_file_loader, plugin_event_accumulator
+from tensorboard.util import tensor_util
 
 PHASES = ["data_wait", "h2d", "forward", "backward", "kv_wait", "comm_exposed", "optimizer", "step_total"]
 TRAIN_TAGS = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_second", "train/mfu"]
@@ -75,6 +76,16 @@ def read_folder(folder):
     for tag, step, value in raw:
         if scalars.get(tag, {}).get(step) != value:
             fail(f"{folder}: EventAccumulator lost {tag} at step {step}")
+    # What `tensorboard --logdir` itself shows: the server's accumulator migrates simple_value to
+    # the scalars plugin's tensors.
+    served = plugin_event_accumulator.EventAccumulator(folder, size_guidance={"tensors": 0})
+    served.Reload()
+    for tag, by_step in scalars.items():
+        if served.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":
+            fail(f"{folder}: {tag} is not served by the scalars plugin")
+        got = {e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in served.Tensors(tag)}
+        if got != by_step:
+            fail(f"{folder}: TensorBoard's server reads {tag} as {got}, the event files hold {by_step}")
     return files, scalars
 
 
