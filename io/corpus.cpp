@@ -55,7 +55,7 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
     fs::file_status status = fs::status(path, ec);
     if ((ec || !fs::exists(status)) && path.find_first_of("*?[") != std::string::npos) {
       const std::vector<std::string> matches = glob_paths(path);
-      KILTER_USER_CHECK(!matches.empty(), "input " << path << ": no file matches the pattern");
+      KILTER_USER_CHECK(!matches.empty(), "input " << path << ": no file matches the pattern; check the folder and the pattern");
       for (const std::string& match : matches) {
         KILTER_USER_CHECK(fs::is_regular_file(match), "input " << match << " (from " << path << ") is not a regular file");
         files.push_back({match, fs::file_size(match)});
