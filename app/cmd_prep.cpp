@@ -31,6 +31,10 @@ void print_report(const io::PrepReport& report, const char* what) {
                 (unsigned long long)report.empty_documents, report.input_bytes / 1e6);
   if (report.bad_lines > 0) std::printf(", %llu bad lines skipped", (unsigned long long)report.bad_lines);
   std::printf(", %.2f s\n", report.seconds);
+  if (report.null_cells > 0 || report.non_string_cells > 0)
+    std::fprintf(stderr, "prep: skipped %llu null and %llu non-string cells of the text column (and %llu empty strings)\n",
+                 (unsigned long long)report.null_cells, (unsigned long long)report.non_string_cells,
+                 (unsigned long long)report.empty_documents);
   for (const std::string& example : report.bad_line_examples) std::fprintf(stderr, "prep: skipped %s\n", example.c_str());
   if (report.bad_lines > report.bad_line_examples.size())
     std::fprintf(stderr, "prep: ... and %llu more bad lines skipped\n",
@@ -63,6 +67,8 @@ std::string format_of_extensions(const std::vector<std::string>& inputs) {
     const std::string ext = std::filesystem::path(input).extension().string();
     std::string format;
     if (ext == ".jsonl" || ext == ".json") format = "jsonl";
+    else if (ext == ".parquet") format = "parquet";
+    else if (ext == ".arrow") format = "arrow";
     else if (ext == ".txt") format = "text";
     else if (std::filesystem::is_directory(input) || ext.empty()) continue;
     else return "";
@@ -83,9 +89,12 @@ int prep_corpus(int argc, char** argv) {
        "input files or directories (a directory: its regular files, sorted; fortune: *.dat skipped); "
        "gzip (.gz) and zstd (.zst) files are decompressed as they stream")
       ("format", po::value(&format)->default_value("text"),
-       "text (a file is one document) | jsonl ({\"text\": ...} per line) | fortune (documents between '%' lines)")
+       "text (a file is one document) | jsonl ({\"text\": ...} per line) | fortune (documents between '%' lines) | "
+       "parquet (a column of .parquet files, row group by row group; a directory: its *.parquet files) | "
+       "arrow (a column of Arrow IPC files or streams, e.g. Hugging Face datasets' cache *.arrow files)")
       ("text-key", po::value(&options.corpus.text_key)->default_value(options.corpus.text_key),
-       "jsonl: the field holding the text; a dotted path (meta.content) reaches into objects")
+       "jsonl: the field holding the text; parquet, arrow: the column; a dotted path (meta.content) reaches into "
+       "objects (structs)")
       ("max-bad-lines", po::value(&options.corpus.max_bad_lines)->default_value(options.corpus.max_bad_lines),
        "jsonl: lines that are not JSON or lack the text field are skipped and counted up to N "
        "(0: the first is an error naming FILE:LINE)")
@@ -93,7 +102,7 @@ int prep_corpus(int argc, char** argv) {
       ("tokenizer", po::value(&options.tokenizer),
        "a SentencePiece *.model or a Hugging Face tokenizer.json (byte-level BPE); default: bytes")
       ("threads", po::value(&options.threads)->default_value(0),
-       "tokenizer threads (0: every core); the output does not depend on it")
+       "tokenizer threads, and Parquet row groups decoded at once (0: every core); the output does not depend on it")
       ("bos", po::bool_switch(&options.bos),
        "put the tokenizer's BOS token before every document (Llama's <s> or <|begin_of_text|>: what its own "
        "post-processor adds), so continued pretraining sees documents as the model was trained; refused where "
@@ -103,7 +112,7 @@ int prep_corpus(int argc, char** argv) {
       ("quiet", po::bool_switch(&quiet), "no progress on stderr");
   po::variables_map vm;
   if (!parse(argc, argv, desc, vm,
-             "usage: kilter prep --input PATH... --format text|jsonl|fortune [--tokenizer FILE] --shards N --out DIR\n"
+             "usage: kilter prep --input PATH... --format text|jsonl|fortune|parquet|arrow [--tokenizer FILE] --shards N --out DIR\n"
              "       kilter prep tokenizer train --help\n"
              "       kilter prep --format llmc|nanogpt|megatron|npy --help   (import an already tokenized corpus)\n"
              "       kilter prep synth --help | kilter prep validate DIR\n\n"

@@ -41,6 +41,7 @@ set(KILTER_TSAN_TESTS
     checkpoint_guards_test checkpoint_mpi_2        # signals, async checkpoint writer, watchdog
     checkpoint_watchdog_abort_3                    # the watchdog firing across ranks
     diag_statistics_test diag_rank_4               # diagnostics: live watch, step-record gathers
+    prep_parquet                                   # Parquet row groups decoded on worker threads
     model_cut_test                                 # models in threads exchanging K/V of cut pieces
     e2e_fault_signal e2e_resume_equality)          # whole runs: stop signal, checkpoint, resume
 

@@ -8,12 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <thread>
+
+#include <glob.h>
 
 #include <nlohmann/json.hpp>
 
 #include "io/compressed_input.h"
 #include "io/did_you_mean.h"
 #include "io/base/error.h"
+#include "io/parquet_input.h"
 
 namespace kilter::io {
 
@@ -23,10 +27,25 @@ InputFormat parse_input_format(const std::string& name) {
   if (name == "text") return InputFormat::text;
   if (name == "jsonl") return InputFormat::jsonl;
   if (name == "fortune") return InputFormat::fortune;
-  const std::vector<std::string> formats = {"text", "jsonl", "fortune", "llmc", "nanogpt", "megatron", "npy"};
+  if (name == "parquet") return InputFormat::parquet;
+  if (name == "arrow") return InputFormat::arrow;
+  const std::vector<std::string> formats = {"text", "jsonl", "fortune", "parquet", "arrow", "llmc", "nanogpt", "megatron", "npy"};
   KILTER_USER_FAIL("--format " << name << ": not a format kilter prep reads" << did_you_mean_hint(name, formats)
-                   << " (documents: text | jsonl | fortune; already tokenized: llmc | nanogpt | megatron | npy)");
+                   << " (documents: text | jsonl | fortune | parquet | arrow; already tokenized: llmc | nanogpt | megatron | npy)");
 }
+
+namespace {
+std::vector<std::string> glob_paths(const std::string& pattern) {
+  glob_t found{};
+  const int rc = glob(pattern.c_str(), 0, nullptr, &found);
+  std::vector<std::string> matches;
+  if (rc == 0)
+    for (size_t i = 0; i < found.gl_pathc; ++i) matches.emplace_back(found.gl_pathv[i]);
+  globfree(&found);
+  std::sort(matches.begin(), matches.end());
+  return matches;
+}
+}  // namespace
 
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, InputFormat format) {
   KILTER_USER_CHECK(!paths.empty(), "--input: no input paths given");
@@ -34,6 +53,15 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
   for (const std::string& path : paths) {
     std::error_code ec;
     fs::file_status status = fs::status(path, ec);
+    if ((ec || !fs::exists(status)) && path.find_first_of("*?[") != std::string::npos) {
+      const std::vector<std::string> matches = glob_paths(path);
+      KILTER_USER_CHECK(!matches.empty(), "input " << path << ": no file matches the pattern; check the folder and the pattern");
+      for (const std::string& match : matches) {
+        KILTER_USER_CHECK(fs::is_regular_file(match), "input " << match << " (from " << path << ") is not a regular file");
+        files.push_back({match, fs::file_size(match)});
+      }
+      continue;
+    }
     KILTER_USER_CHECK(!ec && fs::exists(status), "input " << path << " does not exist");
     if (fs::is_directory(status)) {
       std::vector<std::string> entries;
@@ -41,9 +69,13 @@ std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, Inpu
         // symlink_status: links are skipped, so `foo.u8 -> foo` style aliases are read once.
         if (!fs::is_regular_file(entry.symlink_status())) continue;
         if (format == InputFormat::fortune && entry.path().extension() == ".dat") continue;
+        if (format == InputFormat::parquet && entry.path().extension() != ".parquet") continue;
+        if (format == InputFormat::arrow && entry.path().extension() != ".arrow") continue;
         entries.push_back(entry.path().string());
       }
-      KILTER_USER_CHECK(!entries.empty(), "input directory " << path << " holds no regular files");
+      KILTER_USER_CHECK(!entries.empty(), "input directory " << path << " holds no "
+                                                             << (format == InputFormat::parquet ? "*.parquet files"
+                                                                 : format == InputFormat::arrow ? "*.arrow files" : "regular files"));
       std::sort(entries.begin(), entries.end());
       for (const std::string& entry : entries) files.push_back({entry, fs::file_size(entry)});
     } else {
@@ -195,6 +227,26 @@ void read_jsonl_file(const InputFile& input, DocumentTracker& doc, const CorpusO
   doc.consumed(lines.take_file_bytes());
 }
 
+// The cells of the text column, row group by row group, or record batch by record batch for
+// Arrow IPC (io/parquet_input.h).
+void read_columnar_file(const InputFile& input, InputFormat format, DocumentTracker& doc, const CorpusOptions& options,
+                        CorpusCounts& counts) {
+  ParquetReadOptions parquet;
+  parquet.column = options.text_key;
+  parquet.threads = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  ParquetCounts cells;
+  (format == InputFormat::arrow ? read_arrow_ipc_documents : read_parquet_documents)(
+      input.path, parquet,
+      [&doc](const char* data, size_t size) {
+        doc.add(reinterpret_cast<const unsigned char*>(data), size);
+        doc.end();
+      },
+      [&doc](uint64_t bytes) { doc.consumed(bytes); }, cells);
+  counts.empty_documents += cells.empty;
+  counts.null_cells += cells.nulls;
+  counts.non_string_cells += cells.non_string;
+}
+
 }  // namespace
 
 CorpusCounts read_corpus(const std::vector<InputFile>& inputs, InputFormat format,
@@ -206,6 +258,8 @@ CorpusCounts read_corpus(const std::vector<InputFile>& inputs, InputFormat forma
       case InputFormat::text: read_text_file(input, doc); break;
       case InputFormat::jsonl: read_jsonl_file(input, doc, options, counts); break;
       case InputFormat::fortune: read_fortune_file(input, doc); break;
+      case InputFormat::parquet:
+      case InputFormat::arrow: read_columnar_file(input, format, doc, options, counts); break;
     }
     doc.report();
   }

@@ -1,7 +1,9 @@
 // Input corpora for `kilter prep`: expands the user's paths into input files and streams their
 // documents (text: one file = one document; jsonl: the text field of each line, "text" unless
 // --text-key names another, dotted paths included; fortune: the texts between lines holding only
-// `%`). Files may be gzip or zstd compressed (io/compressed_input.h). Documents are passed on as raw bytes in pieces, so a
+// `%`; parquet and arrow: the cells of one column, --text-key, of `.parquet` files or Arrow IPC
+// `.arrow` files, io/parquet_input.h).
+// Files may be gzip or zstd compressed (io/compressed_input.h). Documents are passed on as raw bytes in pieces, so a
 // document is never held whole; empty documents are counted and dropped here.
 #pragma once
 #include <cstddef>
@@ -11,8 +13,8 @@
 
 namespace kilter::io {
 
-enum class InputFormat { text, jsonl, fortune };
-// "text" | "jsonl" | "fortune"; throws naming the bad value otherwise.
+enum class InputFormat { text, jsonl, fortune, parquet, arrow };
+// "text" | "jsonl" | "fortune" | "parquet" | "arrow"; throws naming the bad value otherwise.
 InputFormat parse_input_format(const std::string& name);
 
 struct InputFile {
@@ -21,8 +23,10 @@ struct InputFile {
 };
 
 // Files as given; a directory contributes its regular files (not symlinks, not subdirectories)
-// in sorted order, and for the fortune format skips the `*.dat` index files. Throws naming a
-// path that does not exist or a directory without usable files.
+// in sorted order, and for the fortune format skips the `*.dat` index files (parquet: only its
+// `*.parquet` files, arrow its `*.arrow` files). A path that does not exist but holds * ? or [ is a glob (a quoted
+// "data/*.parquet"), its matches sorted. Throws naming a path that does not exist or a directory
+// without usable files.
 std::vector<InputFile> expand_inputs(const std::vector<std::string>& paths, InputFormat format);
 
 class DocumentSink {
@@ -43,15 +47,19 @@ struct CorpusCounts {
   uint64_t input_bytes = 0;      // bytes read from the input files (compressed bytes for .gz/.zst)
   uint64_t bad_lines = 0;        // jsonl lines skipped under max_bad_lines
   std::vector<std::string> bad_line_examples;  // "FILE:LINE: what" of the first few
+  uint64_t null_cells = 0;        // parquet: null cells skipped (empty strings count as empty documents)
+  uint64_t non_string_cells = 0;  // parquet: cells of a column that holds no strings, skipped
 };
 
 struct CorpusOptions {
-  // jsonl: the field holding a document's text; "a.b" is field b of object a (a key that itself
+  // jsonl and parquet: the field (column) holding a document's text; "a.b" is field b of object a (a key that itself
   // holds the dot is found first).
   std::string text_key = "text";
   // jsonl lines that are not JSON or lack a string text_key: skipped and counted up to this many;
   // one more is an error naming FILE:LINE. 0: the first is an error.
   uint64_t max_bad_lines = 0;
+  // parquet: row groups decoded at once (0: every core); the documents come in file order whatever it is.
+  unsigned threads = 0;
 };
 
 // Streams every document of `inputs` in order into `sink`. Throws naming the file (and line, for

@@ -143,6 +143,30 @@ class ShardFiller : public DocumentSink {
   uint64_t documents_ = 0;
 };
 
+// The corpus reader's options: prep's --threads also decode Parquet row groups.
+CorpusOptions corpus_options(const PrepOptions& options) {
+  CorpusOptions corpus = options.corpus;
+  corpus.threads = options.threads;
+  return corpus;
+}
+
+// Parquet cells skipped, for the message of an input without documents ("" where none were).
+std::string skipped_cells(const CorpusCounts& counts) {
+  if (counts.null_cells == 0 && counts.non_string_cells == 0) return "";
+  std::string text = "; " + std::to_string(counts.null_cells) + " null cells and " +
+                     std::to_string(counts.non_string_cells) + " cells that hold no string were skipped";
+  if (counts.non_string_cells > 0) text += ": name the text column with --text-key";
+  return text;
+}
+
+// What the first pass skipped, for the report.
+void add_skipped(PrepReport& report, const CorpusCounts& counts) {
+  report.bad_lines = counts.bad_lines;
+  report.bad_line_examples = counts.bad_line_examples;
+  report.null_cells = counts.null_cells;
+  report.non_string_cells = counts.non_string_cells;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -355,14 +379,14 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   SpillFile spill(out.scratch("tokens"), token_bytes);
   Progress tokenize_progress("prep tokenize", input_bytes, options.progress);
   TokenizingSink sink(*tokenizer, threads, bos, spill, tokenize_progress);
-  CorpusCounts first_pass = read_corpus(inputs, options.format, sink, options.corpus);
+  CorpusCounts first_pass = read_corpus(inputs, options.format, sink, corpus_options(options));
   sink.finish();
   tokenize_progress.update(sink.lengths.size(), first_pass.input_bytes);
   tokenize_progress.finish();
   KILTER_USER_CHECK(!sink.lengths.empty(),
                "the inputs hold no documents with tokens (" << first_pass.empty_documents
                    << " empty ones and " << sink.empty_documents
-                   << " that encode to nothing were dropped)");
+                   << " that encode to nothing were dropped" << skipped_cells(first_pass) << ")");
 
   DatasetBuilder builder(out, sink.lengths, options.shards, tokenizer->vocab_size(),
                          tokenizer->eos_id(), tokenizer->kind(), tokenizer->file_bytes());
@@ -394,8 +418,7 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   report.empty_documents = first_pass.empty_documents + sink.empty_documents;
   report.bos_id = bos;
   report.input_bytes = first_pass.input_bytes;
-  report.bad_lines = first_pass.bad_lines;
-  report.bad_line_examples = first_pass.bad_line_examples;
+  add_skipped(report, first_pass);
   report.seconds = seconds_since(start);
   return report;
 }
@@ -413,17 +436,17 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   AtomicDirectory out(options.out, options.force);  // refuses an existing --out before the scan
   Progress scan_progress("prep scan", input_bytes, options.progress);
   LengthCollector collector(scan_progress);
-  CorpusCounts first_pass = read_corpus(inputs, options.format, collector, options.corpus);
+  CorpusCounts first_pass = read_corpus(inputs, options.format, collector, corpus_options(options));
   scan_progress.update(first_pass.documents, first_pass.input_bytes);
   scan_progress.finish();
   KILTER_USER_CHECK(first_pass.documents > 0,
                "the inputs hold no non-empty documents (" << first_pass.empty_documents
-                                                         << " empty ones were dropped)");
+                                                         << " empty ones were dropped" << skipped_cells(first_pass) << ")");
 
   DatasetBuilder builder(out, collector.lengths, options.shards, kByteVocabSize, kByteEosId, "byte");
   Progress write_progress("prep write", input_bytes, options.progress);
   ShardFiller filler(builder, write_progress);
-  CorpusCounts second_pass = read_corpus(inputs, options.format, filler, options.corpus);
+  CorpusCounts second_pass = read_corpus(inputs, options.format, filler, corpus_options(options));
   write_progress.update(second_pass.documents, second_pass.input_bytes);
   write_progress.finish();
   const DatasetIndex& index = builder.finish();
@@ -433,8 +456,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   fill_report(report, index, options.out);
   report.empty_documents = first_pass.empty_documents;
   report.input_bytes = first_pass.input_bytes;
-  report.bad_lines = first_pass.bad_lines;
-  report.bad_line_examples = first_pass.bad_line_examples;
+  add_skipped(report, first_pass);
   report.seconds = seconds_since(start);
   return report;
 }

@@ -25,9 +25,9 @@ struct PrepOptions {
   bool force = false;     // replace an existing non-empty output directory
   bool progress = true;   // progress on stderr
   std::string tokenizer;  // a SentencePiece *.model or a tokenizer.json; empty: bytes
-  unsigned threads = 0;   // tokenizer threads (0: every core)
+  unsigned threads = 0;   // tokenizer threads, and Parquet row groups decoded at once (0: every core)
   bool bos = false;       // --bos: the tokenizer's BOS id before every document (refused where it has none)
-  CorpusOptions corpus;   // jsonl: --text-key, --max-bad-lines
+  CorpusOptions corpus;   // jsonl: --text-key, --max-bad-lines; parquet: --text-key
 };
 
 struct PrepReport {
@@ -42,6 +42,8 @@ struct PrepReport {
   uint64_t input_bytes = 0;        // read from the files (compressed bytes for .gz/.zst)
   uint64_t bad_lines = 0;          // jsonl lines skipped under --max-bad-lines
   std::vector<std::string> bad_line_examples;  // "FILE:LINE: what" of the first few
+  uint64_t null_cells = 0;        // parquet: null cells skipped
+  uint64_t non_string_cells = 0;  // parquet: cells of a column that holds no strings, skipped
   uint32_t shards = 0;
   uint64_t min_shard_tokens = 0;
   uint64_t max_shard_tokens = 0;

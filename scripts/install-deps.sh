@@ -3,7 +3,9 @@
 # Idempotent: packages already present are skipped; apt-get runs only when something is missing.
 # Usage: scripts/install-deps.sh [--with-test-extras]   (torch/h5py/chromium/slurm/lmod, the
 # tokenizer oracles python3-sentencepiece and HF `tokenizers` from PyPI, clang for the fuzz
-# harnesses, for tests)
+# harnesses, TensorBoard's event reader, for tests)
+# Apache Arrow's C++ Parquet reader (kilter prep --format parquet) comes from PyPI's pyarrow wheel
+# in a venv of its own (/opt/kilter/pyarrow-venv; KILTER_PYARROW_VENV); KILTER_NO_PARQUET=1 skips it.
 set -euo pipefail
 
 BUILD_PKGS=(build-essential cmake pkg-config git
@@ -15,6 +17,7 @@ BUILD_PKGS=(build-essential cmake pkg-config git
   nlohmann-json3-dev libfmt-dev
   libsentencepiece-dev libpcre2-dev libicu-dev
   zlib1g-dev libzstd-dev
+  python3 python3-venv
   fortunes fortunes-min)
 TEST_PKGS=(python3 python3-numpy python3-h5py python3-torch python3-sentencepiece python3-pip python3-venv
   chromium
@@ -74,6 +77,40 @@ if [[ "${1:-}" == "--with-test-extras" ]]; then
     $SUDO "${KILTER_PYTHON:-/usr/bin/python3}" -m venv --system-site-packages "$HF_VENV"
     $SUDO "$HF_VENV/bin/python" -m pip install -q --disable-pip-version-check \
       "transformers==$TRANSFORMERS_VERSION" "safetensors==$SAFETENSORS_VERSION"
+  fi
+fi
+
+# Apache Arrow's C++ Parquet reader (io/parquet_input.cpp, found by cmake/KilterParquet.cmake):
+# Debian does not package Arrow; PyPI's pyarrow wheel ships its headers and libarrow/libparquet.
+# It goes into a venv of its own, without Debian's site packages: its Python side needs NumPy 2,
+# while Debian's h5py and torch are built against NumPy 1. create_library_symlinks() makes the
+# unversioned libarrow.so/libparquet.so a linker wants. With --with-test-extras the same venv gets
+# the test oracles that need a newer stack than Debian's: TensorBoard's event reader
+# (tests/e2e/tensorboard.sh) and HF tokenizers for the Parquet tests and bench/prep_parquet.sh.
+if [[ "${KILTER_NO_PARQUET:-0}" != "1" ]]; then
+  PA_VENV=${KILTER_PYARROW_VENV:-/opt/kilter/pyarrow-venv}
+  PYARROW_VERSION=${KILTER_PYARROW_VERSION:-26.0.1}
+  NUMPY_VERSION=${KILTER_PYARROW_NUMPY_VERSION:-2.4.6}
+  if "$PA_VENV/bin/python" -c "import pyarrow, sys; sys.exit(pyarrow.__version__ != '$PYARROW_VERSION')" 2>/dev/null; then
+    echo "install-deps: pyarrow $PYARROW_VERSION present in $PA_VENV"
+  else
+    echo "install-deps: pip installing pyarrow==$PYARROW_VERSION numpy==$NUMPY_VERSION into $PA_VENV"
+    $SUDO mkdir -p "$(dirname "$PA_VENV")"
+    $SUDO "${KILTER_PYTHON:-/usr/bin/python3}" -m venv "$PA_VENV"
+    $SUDO "$PA_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+      "pyarrow==$PYARROW_VERSION" "numpy==$NUMPY_VERSION"
+  fi
+  $SUDO "$PA_VENV/bin/python" -c "import pyarrow; pyarrow.create_library_symlinks()"
+  if [[ "${1:-}" == "--with-test-extras" ]]; then
+    TENSORBOARD_VERSION=${KILTER_TENSORBOARD_VERSION:-2.20.0}
+    PA_TOKENIZERS_VERSION=${KILTER_TOKENIZERS_VERSION:-0.23.3}
+    if "$PA_VENV/bin/python" -c "import tensorboard, tokenizers" 2>/dev/null; then
+      echo "install-deps: $PA_VENV has tensorboard and tokenizers"
+    else
+      echo "install-deps: pip installing tensorboard==$TENSORBOARD_VERSION tokenizers==$PA_TOKENIZERS_VERSION into $PA_VENV"
+      $SUDO "$PA_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+        "tensorboard==$TENSORBOARD_VERSION" "tokenizers==$PA_TOKENIZERS_VERSION"
+    fi
   fi
 fi
 

@@ -107,6 +107,7 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("output.checkpoint_minutes", po::value(&o.checkpoint_minutes)->default_value(o.checkpoint_minutes, shortest_text(o.checkpoint_minutes)), "also checkpoint when this many minutes passed since the last one (0: off); signals always checkpoint")
     ("output.keep_checkpoints", po::value(&o.keep_checkpoints)->default_value(o.keep_checkpoints, shortest_text(o.keep_checkpoints)), "checkpoints kept in RUN_DIR/checkpoints")
     ("output.trace_steps", po::value(&o.trace_steps)->default_value(o.trace_steps, shortest_text(o.trace_steps)), "steps recorded in the Chrome trace (0: none)")
+    ("output.tensorboard", po::value(&o.tensorboard)->default_value(o.tensorboard, shortest_text(o.tensorboard)), "write TensorBoard event files under RUN_DIR/tensorboard/: rank 0 the step scalars (loss, lr, grad norm, tokens/s, MFU, balance, eval loss), each rank its phase seconds (tensorboard/rank-NNNNN/), every output.log_every steps")
     ("output.stall_factor", po::value(&o.stall_factor)->default_value(o.stall_factor, shortest_text(o.stall_factor)), "steps slower than this times the median are reported as stalls")
     ("output.sample_every", po::value(&o.sample_every)->default_value(o.sample_every, shortest_text(o.sample_every)), "rank 0 prints a generated sample every N steps (0: off; CPU, KV cache)")
     ("output.sample_tokens", po::value(&o.sample_tokens)->default_value(o.sample_tokens, shortest_text(o.sample_tokens)), "new tokens per training sample (stops early at EOS or the context)")
@@ -363,6 +364,10 @@ uint64_t Config::hash() const {
   std::string text = without_default_model_keys(c.to_ini());
   const size_t calibration = text.find("\ncost_calibration = \n");
   if (calibration != std::string::npos) text.erase(calibration, std::string("\ncost_calibration = ").size());
+  // Output keys never count (c.output is reset above), but their lines are in the text: a key
+  // added to [output] later (output.tensorboard) stays out, so earlier checkpoints resume.
+  const size_t tensorboard = text.find("\ntensorboard = ");
+  if (tensorboard != std::string::npos) text.erase(tensorboard, text.find('\n', tensorboard + 1) - tensorboard);
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : text) {
     h ^= ch;

@@ -85,6 +85,7 @@ struct OutputConfig {
   double checkpoint_minutes = 30;    // also when this many minutes passed since the last (0: off)
   int keep_checkpoints = 3;
   int64_t trace_steps = 50;          // steps recorded in trace/rank-N.json (0: none)
+  bool tensorboard = true;           // TensorBoard event files under RUN_DIR/tensorboard/
   double stall_factor = 2.0;         // a step slower than this times the median is a stall
   int64_t sample_every = 0;          // rank 0 prints a generated sample every N steps (0: off)
   int sample_tokens = 64;            // new tokens per sample

@@ -23,6 +23,7 @@
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/run_statistics.h"
 #include "lib/diag/straggler_watch.h"
+#include "lib/diag/tensorboard_writer.h"
 #include "lib/diag/trace_writer.h"
 
 namespace kilter::diag {
@@ -139,6 +140,11 @@ struct RankDiagnostics::Impl {
   int64_t max_rtt_ns = 0;  // rank 0: the worst best-round-trip of the alignment
   std::unique_ptr<MetricsCsvWriter> csv;
   std::unique_ptr<TraceWriter> trace;
+  // output.tensorboard: rank 0's step scalars (tensorboard/) and this rank's phases
+  // (tensorboard/rank-NNNNN/). Each rank writes its own file, so the phases need no gather and
+  // rank 0 no work per rank; rank 0's balance scalars come from the gather it already makes.
+  std::unique_ptr<TensorBoardWriter> tb_run;   // rank 0
+  std::unique_ptr<TensorBoardWriter> tb_rank;
   int statm_fd = -1;
 
   StepRecord current;
@@ -184,6 +190,12 @@ struct RankDiagnostics::Impl {
     if (rank != 0) return;
     stats->add_step(gather_recv.data());
     if (records_hook) records_hook(gather_recv.data(), size);
+    const int64_t completed = gather_recv[0].step + 1;  // steps completed, as train.csv counts them
+    if (tb_run && completed % opts.log_every == 0) {
+      tb_run->add_scalars(completed, {{"balance/step_time_imbalance", stats->last_step_imbalance()},
+                                      {"balance/sync_wait_share", stats->last_step_sync_wait_share()}});
+      tb_run->flush();
+    }
     std::string warning = watch->add_step(gather_recv.data());
     if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
   }
@@ -212,6 +224,13 @@ RankDiagnostics::RankDiagnostics(MPI_Comm world, const DiagOptions& opts) : impl
   if (opts.trace_steps > 0) {
     make_directory(opts.run_dir + "/trace");
     d.trace = std::make_unique<TraceWriter>(trace_path(opts.run_dir, d.rank), d.rank);
+  }
+  if (opts.tensorboard) {
+    KILTER_CHECK(opts.log_every >= 1, "config key output.log_every = " << opts.log_every << ": must be >= 1");
+    char folder[32];
+    std::snprintf(folder, sizeof folder, "rank-%05d", d.rank);
+    if (d.rank == 0) d.tb_run = std::make_unique<TensorBoardWriter>(opts.run_dir + "/tensorboard", opts.resume);
+    d.tb_rank = std::make_unique<TensorBoardWriter>(opts.run_dir + "/tensorboard/" + folder, opts.resume);
   }
   d.statm_fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
   d.events.reserve(64);
@@ -314,6 +333,12 @@ void RankDiagnostics::on_step_records(std::function<void(const StepRecord*, int)
   impl_->records_hook = std::move(fn);
 }
 
+void RankDiagnostics::log_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {
+  if (!impl_->tb_run) return;
+  impl_->tb_run->add_scalars(step, scalars);
+  impl_->tb_run->flush();
+}
+
 void RankDiagnostics::mark_arrival() { impl_->arrival_ns = steady_now_ns(); }
 
 void RankDiagnostics::set_step_work(int64_t tokens_computed, double attn_work, int32_t micro_batches,
@@ -354,6 +379,13 @@ void RankDiagnostics::end_step(int64_t step, int64_t tokens, double loss) {
       longest = seconds;
     }
   d.csv->append(r);
+  if (d.tb_rank && (step + 1) % d.opts.log_every == 0) {
+    const std::string prefix = "rank/" + std::to_string(d.rank) + "/";
+    std::vector<std::pair<std::string, double>> phases;
+    for (int p = 0; p < kNumPhases; ++p) phases.emplace_back(prefix + kPhaseNames[p], r.phase[p]);
+    d.tb_rank->add_scalars(step + 1, phases);
+    d.tb_rank->flush();
+  }
   d.tokens_total += tokens;
   d.last_loss = loss;
 

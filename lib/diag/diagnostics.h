@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +50,10 @@ struct DiagOptions {
   int warn_window = 20;       // live warning: a rank last in most of this many steps
   std::string inject_delay;   // [train] inject_delay, parsed with parse_inject_delay
   bool resume = false;        // `train --resume`: append to the existing metrics CSVs
+  // TensorBoard event files under RUN_DIR/tensorboard/ (output.tensorboard): rank 0's step
+  // scalars there, each rank's phase seconds in tensorboard/rank-NNNNN/, every log_every steps.
+  bool tensorboard = false;
+  int64_t log_every = 10;
 };
 
 // One per rank. Collective calls are marked; every rank makes them in the same order.
@@ -90,6 +96,9 @@ class RankDiagnostics {
   // Rank 0: called with every rank's record of a step (indexed by rank) once it has been gathered,
   // which is during the next end_step() or finish(). Other ranks never call it.
   void on_step_records(std::function<void(const StepRecord* records, int ranks)> fn);
+  // Rank 0 with output.tensorboard: the run's scalars at `step` (steps completed) in
+  // RUN_DIR/tensorboard/, e.g. {"train/loss", 3.2}; elsewhere nothing. Non-finite values are left out.
+  void log_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
   // Collective: rank 0 writes RUN_DIR/summary.json from every rank's records plus `extra`
   // (plan statistics, tokens_per_second, ...) and returns it; other ranks return {}.
   nlohmann::json finish(const nlohmann::json& extra);

@@ -133,7 +133,13 @@ void RunStatistics::add_step(const StepRecord* ranks) {
     kv_wait_seconds_ += rec.phase[kKvWait];
     device_peak_[r] = std::max(device_peak_[r], rec.device_peak_bytes);
   }
-  for (int r = 0; r < world_size_; ++r) wait_seconds_ += last_arrival - ranks[r].arrival;
+  double step_wait = 0, step_total = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    step_wait += last_arrival - ranks[r].arrival;
+    step_total += ranks[r].phase[kStepTotal];
+  }
+  wait_seconds_ += step_wait;
+  agg.sync_wait_share = step_total > 0 ? step_wait / step_total : 0.0;
   double compute_mean = compute_sum / world_size_;
   agg.imbalance = compute_mean > 0 ? compute_max / compute_mean : 1.0;
   LastArrival last = find_last_arrival(ranks, world_size_);

@@ -71,6 +71,10 @@ class RunStatistics {
   int64_t steps() const { return int64_t(steps_.size()); }
   double step_time_imbalance_percentile(double q) const;
   double sync_wait_fraction() const;
+  // The last step added: max / mean of the ranks' compute time, and the share of the ranks' step
+  // time spent waiting for the last one at the gradient collective.
+  double last_step_imbalance() const { return steps_.empty() ? 1.0 : steps_.back().imbalance; }
+  double last_step_sync_wait_share() const { return steps_.empty() ? 0.0 : steps_.back().sync_wait_share; }
   StragglerVerdict straggler() const;
   std::vector<Stall> stalls() const;
   // The period of recurring stalls (steps), or 0 when they do not recur regularly.
@@ -91,6 +95,7 @@ class RunStatistics {
     int64_t step = 0;
     double wall = 0;                 // max over ranks of step_total + outside
     double imbalance = 1;            // max / mean of per-rank compute time
+    double sync_wait_share = 0;      // sum of (last arrival - arrival) / sum of step_total
     double component_max[kNumComponents] = {};
   };
   int world_size_;

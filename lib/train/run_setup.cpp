@@ -226,6 +226,8 @@ void start_services(Run& run) {
   dopts.stall_factor = cfg.output.stall_factor;
   dopts.inject_delay = cfg.train.inject_delay;
   dopts.resume = run.resuming;
+  dopts.tensorboard = cfg.output.tensorboard;
+  dopts.log_every = cfg.output.log_every;
   run.diagnostics = std::make_unique<diag::RankDiagnostics>(run.world, dopts);
   run.checkpointer = std::make_unique<Checkpointer>(run.world, run.run_dir, cfg.output.keep_checkpoints, cfg);
   run.checkpointer->set_tokenizer(index.tokenizer, index.tokenizer_data, index.eos_id);  // checkpoints decode on their own

@@ -69,26 +69,37 @@ void add_run_figures(const Run& run, const RunProgress& progress, nlohmann::json
   }
 }
 
-// Model FLOPs (lib/model/spec.h): per target token of the epoch's plan, forward and backward of
+// Model FLOPs (model_flops_per_token): per target token of the epoch's plan, forward and backward of
 // the dense layers and the head, and the attention of the plan's pieces (padding a naive plan
 // computes counts as work, not as model FLOPs), the rate per rank they make at the run's tokens/s,
 // and MFU against comm.device_tflops (or the backend's figure the plan uses, which for a GPU is an
 // H100's dense bf16 rate): the model's arithmetic, whatever the architecture.
 void add_model_flops(const Run& run, double tokens_per_second, nlohmann::json& extra) {
-  const balance::PlanStats& st = run.start_stats;
-  if (st.target_tokens == 0) return;
-  const model::ModelSpec& spec = run.model->config();
-  const double flops_per_token = model::dense_flops_per_token(spec) +
-                                 model::attention_flops_per_square(spec) * st.attention_work / double(st.target_tokens);
+  if (run.start_stats.target_tokens == 0) return;
+  const double flops_per_token = model_flops_per_token(run);
   const double tflops_per_rank = tokens_per_second * flops_per_token / double(run.world_size) / 1e12;
   const double peak = balance::device_tflops(run.cfg);
   extra["model_flops_per_token"] = flops_per_token;
   extra["model_tflops_per_rank"] = tflops_per_rank;
   extra["mfu_peak_tflops"] = peak;
-  extra["mfu"] = peak > 0 ? tflops_per_rank / peak : 0.0;
+  extra["mfu"] = mfu(run, tokens_per_second);
 }
 
 }  // namespace
+
+double model_flops_per_token(const Run& run) {
+  const balance::PlanStats& st = run.start_stats;
+  if (st.target_tokens == 0) return 0;
+  const model::ModelSpec& spec = run.model->config();
+  return model::dense_flops_per_token(spec) +
+         model::attention_flops_per_square(spec) * st.attention_work / double(st.target_tokens);
+}
+
+double mfu(const Run& run, double tokens_per_second) {
+  const double peak = balance::device_tflops(run.cfg);
+  const double tflops_per_rank = tokens_per_second * model_flops_per_token(run) / double(run.world_size) / 1e12;
+  return peak > 0 ? tflops_per_rank / peak : 0.0;
+}
 
 void write_run_summary(Run& run, const RunProgress& progress) {
   const double tokens_per_second = progress.elapsed > 0 ? progress.tokens_this_run / progress.elapsed : 0.0;

@@ -32,6 +32,13 @@ struct RunProgress {
 };
 inline constexpr int64_t kGraphBuildSteps = 20;
 
+// Model FLOPs per target token (lib/model/spec.h): forward and backward of the dense layers and
+// the head, and the attention of the starting epoch's pieces; 0 for an empty plan.
+double model_flops_per_token(const Run& run);
+// Model FLOPs utilisation at `tokens_per_second` (all ranks) against comm.device_tflops, or the
+// backend's figure the plan uses.
+double mfu(const Run& run, double tokens_per_second);
+
 // Collective (the diagnostics' last gather): writes summary.json on rank 0, prints the closing
 // line there, and the summary object on stdout with --json.
 void write_run_summary(Run& run, const RunProgress& progress);

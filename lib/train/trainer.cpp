@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "lib/balance/plan.h"
+#include "lib/diag/tensorboard_writer.h"
 #include "lib/train/evaluation.h"
 #include "lib/train/guards.h"
 #include "lib/train/calibration_driver.h"
@@ -169,6 +170,13 @@ void log_step(Run& run, StepLoop& loop, double loss, const UpdateResult& updated
   row.eval_loss = eval_loss;
   row.elapsed_seconds = t - loop.progress.t_loop;
   run.train_csv->append_line(diag::train_csv_row(row));
+  // TensorBoard (output.tensorboard): the same figures; an eval-only row has no training ones.
+  diag::Scalars scalars;
+  if (log_now)
+    scalars = {{"train/loss", loss}, {"train/lr", updated.lr}, {"train/grad_norm", updated.grad_norm},
+               {"train/tokens_per_second", rate}, {"train/mfu", mfu(run, rate)}};
+  if (eval_now) scalars.insert(scalars.end(), {{"eval/loss", eval_loss}, {"eval/perplexity", std::exp(eval_loss)}});
+  run.diagnostics->log_scalars(step, scalars);
   loop.t_last_log = t;
   loop.tokens_since_log = 0;
 }

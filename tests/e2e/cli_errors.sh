@@ -50,8 +50,8 @@ expect 2 "kilter report: nowhere is not a directory" -- "$KILTER" report nowhere
 grep -q "kilter report: kilter report:" out.log && fail "kilter report repeats its prefix"
 expect 2 "prep validate needs the dataset directory: kilter prep validate DIR (see kilter prep validate --help)" -- "$KILTER" prep validate
 grep -q -- "--dir" out.log && fail "prep validate points at --dir"
-expect 1 "--format parquet: not a format kilter prep reads (documents: text | jsonl | fortune; already tokenized: llmc | nanogpt | megatron | npy)" \
-  -- "$KILTER" prep --input data --format parquet --out p
+expect 1 "--format csv: not a format kilter prep reads (documents: text | jsonl | fortune | parquet | arrow; already tokenized: llmc | nanogpt | megatron | npy)" \
+  -- "$KILTER" prep --input data --format csv --out p
 expect 1 "--format jsn: not a format kilter prep reads; did you mean jsonl?" -- "$KILTER" prep --input data --format jsn --out p
 
 # Defaults in the shortest round-trip form.
