@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "lib/model/attention.h"
+#include "lib/model/block_ops_cpu.h"
+#include "lib/model/block_schedule.h"
 #include "lib/model/model.h"
 #include "lib/model/rope.h"
 
@@ -33,9 +35,17 @@ class Generator {
   const float* feed(const int32_t* tokens, int count);
 
  private:
-  void layer_forward(int layer, int n);
-  void norm(float* out, const float* in, const float* w, const float* b, int n);  // LayerNorm or RMSNorm
-  void attend(int layer, int n);  // the new rows' attention over the cache, into atty_
+  // The CPU op table with the cache's attention: the new rows' keys and values join the cache and
+  // their queries attend over it. The blocks run through the block schedule like training's.
+  class CacheOps final : public CpuBlockOps {
+   public:
+    explicit CacheOps(Generator& g) : CpuBlockOps(g.cfg_, g.memory_, false, Recompute::none), g_(g) {}
+    void attention(const AttentionArgs& a) override { g_.attend(a.layer, rows_); }
+
+   private:
+    Generator& g_;
+  };
+  void attend(int layer, int n);  // the new rows' K/V into the cache, their attention into atty_
 
   ModelSpec cfg_;
   std::vector<float> params_;
@@ -45,9 +55,13 @@ class Generator {
   int position_ = 0;
   // Per layer: (block_size, kv_width / 2), the key (value) heads side by side.
   std::vector<float> key_cache_, value_cache_;
-  // Activations of the tokens being fed (n rows).
+  // Activations of the tokens being fed (n rows): every layer's in the same buffers, the residual
+  // stream updated in place.
   std::vector<float> x_, ln_, mean_, rstd_, qkv_, atty_, fch_, fch_gelu_, scores_, logits_;
   std::vector<int32_t> positions_;
+  BlockMemory memory_;
+  CacheOps ops_{*this};
+  BlockSchedule schedule_;
 };
 
 // How the next token is chosen from the logits.
