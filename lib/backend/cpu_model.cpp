@@ -67,10 +67,7 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
     await_params(layer < cfg_.n_layer ? offsets_.block[size_t(layer)] + offsets_.block_floats : layout_.padded_size);
   };
   memory_.offsets = &offsets_;
-  if (bf16_storage_)
-    ops_ = std::make_unique<model::CpuBf16BlockOps>(cfg_, memory_, recompute_);
-  else
-    ops_ = std::make_unique<model::CpuBlockOps>(cfg_, memory_, bf16_, recompute_);
+  ops_ = model::make_cpu_block_ops(cfg_, memory_, bf16_, bf16_storage_, recompute_);
 }
 
 std::string CpuModel::describe() const {
@@ -211,7 +208,7 @@ void CpuModel::forward(const Batch& batch) {
   std::copy(std::begin(grad), std::end(grad), memory_.grad);
   memory_.params_bf16 = params_bf16_.data();
   memory_.projection = projection_.data(), memory_.dresidual_bf16 = dresidual_bf16_.data();
-  ops_->begin(batch.N, positions_.data(), &rope_, &batch);
+  memory_.rows = batch.N, memory_.batch = &batch, memory_.positions = positions_.data(), memory_.rope = &rope_;
   // A sharded step's all-gather may still be arriving (params_arriving): each layer waits for its
   // own range only, so the gather of the later layers overlaps the earlier layers' forward.
   await_params(offsets_.embeddings_end());

@@ -160,7 +160,7 @@ class CpuModel final : public ModelBase {
   // The block schedule, the datapath's op table and the memory it resolves names into.
   model::BlockSchedule schedule_;
   model::BlockMemory memory_;
-  std::unique_ptr<model::CpuBlockOps> ops_;
+  std::unique_ptr<model::BlockOps> ops_;
   // LM head: rows that have a target, gathered; one chunk of logits at a time.
   std::vector<int32_t> target_rows_, target_ids_;
   std::vector<float> head_inputs_, head_dinputs_, logits_;

@@ -6,7 +6,7 @@ namespace kilter::model {
 float* BlockNames::act(int layer, Act a) const {
   if (a == Act::spare) return grad(Grad::dln);
   if (a == Act::next_ln) return norm_tensors(layer, a).out;
-  const BlockActivations x = memory_.activations(layer, rows_);
+  const BlockActivations x = memory_.activations(layer, rows());
   switch (a) {
     case Act::ln1: return x.ln1;
     case Act::qkv: return x.qkv;
@@ -19,8 +19,8 @@ float* BlockNames::act(int layer, Act a) const {
 
 float* BlockNames::stream(int layer, Stream s) const {
   if (s == Stream::in)
-    return layer == 0 ? const_cast<float*>(memory_.embeddings) : memory_.activations(layer - 1, rows_).residual3;
-  const BlockActivations x = memory_.activations(layer, rows_);
+    return layer == 0 ? const_cast<float*>(memory_.embeddings) : memory_.activations(layer - 1, rows()).residual3;
+  const BlockActivations x = memory_.activations(layer, rows());
   return s == Stream::mid ? x.residual2 : x.residual3;
 }
 
@@ -59,7 +59,7 @@ BlockNames::NormTensors BlockNames::norm_tensors(int layer, Act out) const {
     return t;
   }
   const bool first = out != Act::ln2;  // ln1, or the next block's ln1
-  const BlockActivations x = memory_.activations(out == Act::next_ln ? layer + 1 : layer, rows_);
+  const BlockActivations x = memory_.activations(out == Act::next_ln ? layer + 1 : layer, rows());
   t.out = first ? x.ln1 : x.ln2;
   t.mean = first ? x.ln1_mean : x.ln2_mean;
   t.rstd = first ? x.ln1_rstd : x.ln2_rstd;

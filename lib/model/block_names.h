@@ -8,6 +8,8 @@
 #include "lib/model/block_schedule.h"
 #include "lib/model/gemm.h"
 #include "lib/model/layout.h"
+#include "lib/model/model.h"
+#include "lib/model/rope.h"
 
 namespace kilter::model {
 
@@ -17,8 +19,14 @@ struct Bf16Inputs {
   bf16 *ln1 = nullptr, *atty = nullptr, *ln2 = nullptr, *fch_act = nullptr;
 };
 
-// Where the names live; the owner sets it before a forward (buffers may have grown).
+// Where the names live, and the micro-batch; the owner sets it before a forward (buffers may have
+// grown).
 struct BlockMemory {
+  int rows = 0;                         // the micro-batch's token rows
+  const Batch* batch = nullptr;         // attention's pieces and K/V exchange (CPU tables)
+  const int32_t* positions = nullptr;   // llama: each row's position (CPU tables)
+  const RopeTable* rope = nullptr;
+  std::function<void(int layer)> attention;  // set: replaces the CPU table's attention (the generator's cache)
   std::function<BlockActivations(int layer, int rows)> activations;
   std::function<Bf16Inputs(int layer, int rows)> bf16_inputs;  // empty: none
   std::function<void(int layer)> weights_needed;               // empty: all there
@@ -60,9 +68,10 @@ class BlockNames {
   NormWeights norm_weights(int layer, Act out) const;  // out: ln1, ln2 or next_ln
   NormTensors norm_tensors(int layer, Act out) const;
 
+  int rows() const { return memory_.rows; }
+
   const ModelSpec& spec_;
   const BlockMemory& memory_;
-  int rows_ = 0;
 };
 
 }  // namespace kilter::model

@@ -27,78 +27,29 @@ enum class Linear { qkv, attproj, fc, fcproj };
 // backward), the norms' outputs', attention's output and input, the MLP's input, SwiGLU's output.
 enum class Grad { dresidual, dln, datty, dqkv, dfch, dact };
 
-// ---- the entries' arguments, by name ----------------------------------------------------------
-struct NormArgs {  // out = norm(in)
-  int layer;
-  Act out;
-  Stream in;
-  bool rms;  // RMSNorm (llama) or LayerNorm (gpt2)
-};
-struct LinearArgs {  // out = in @ weight^T + bias
-  int layer;
-  Act out, in;
-  Linear weight;
-};
-struct LinearGeluArgs {  // pre_gelu = in @ weight^T + bias; out = gelu(pre_gelu) (a GELU epilogue)
-  int layer;
-  Act out, pre_gelu, in;
-  Linear weight;
-};
-struct ResidualNormArgs {  // out = residual + in @ weight^T + bias; norm_out = norm(out)
-  int layer;
-  Stream out, residual;
-  Act in;
-  Linear weight;
-  Act norm_out;
-  bool rms;
-};
-struct ActivationArgs {  // out = gelu(in), or swiglu(in) with in = gate | up
-  int layer;
-  Act out, in;
-};
-struct RopeArgs {  // RoPE in place on the query and key heads of layer's q|k|v rows
-  int layer;
-};
-struct AttentionArgs {  // out = attention(qkv) of the pieces named; the saved state kept
-  int layer;
-  Act out;
-  AttentionPieces pieces;  // all without an exchange; else without_prefix, then with_prefix
-};
-struct ExchangeArgs {
-  int layer;
-};
-struct LinearBackwardArgs {  // dinp = dout @ weight (overwritten); dweight, dbias += (dout, in)
-  int layer;
-  Grad dinp, dout;
-  Act in;
-  Linear weight;
-};
-struct LinearGeluBackwardArgs {  // as LinearBackwardArgs, dinp times gelu'(pre_gelu) (a DGELU epilogue)
-  int layer;
-  Grad dinp, dout;
-  Act in;
-  Linear weight;
-  Act pre_gelu;
-};
-struct ActivationBackwardArgs {  // dinp = swiglu'(in) dout
-  int layer;
-  Grad dinp, dout;
-  Act in;
-};
-struct NormBackwardArgs {  // dinp += norm'(in) dout; the norm's dweight, dbias +=
-  int layer;
-  Grad dinp, dout;
-  Stream in;
-  Act norm;  // ln1 or ln2: whose weights and statistics
-  bool rms;
-};
-struct RopeBackwardArgs {  // RoPE's backward in place on dqkv's query and key heads
-  int layer;
-};
-struct AttentionBackwardArgs {  // dqkv of the pieces named, from datty (the exchange's dK/dV separate)
-  int layer;
-  AttentionPieces pieces;
-};
+// ---- the entries' arguments, by name (rms: RMSNorm for llama, else LayerNorm) -------------------
+struct NormArgs { int layer; Act out; Stream in; bool rms; };  // out = norm(in)
+struct LinearArgs { int layer; Act out, in; Linear weight; };  // out = in @ weight^T + bias
+// pre_gelu = in @ weight^T + bias; out = gelu(pre_gelu): a GEMM with a GELU epilogue
+struct LinearGeluArgs { int layer; Act out, pre_gelu, in; Linear weight; };
+// out = residual + in @ weight^T + bias; norm_out = norm(out): the residual add and the next norm
+struct ResidualNormArgs { int layer; Stream out, residual; Act in; Linear weight; Act norm_out; bool rms; };
+struct ActivationArgs { int layer; Act out, in; };  // out = gelu(in), or swiglu(in), in = gate | up
+// RoPE (or its backward) in place on the query and key heads of qkv (dqkv); the exchange's calls
+struct LayerArgs { int layer; };
+// out = attention(qkv) of the pieces named, the saved state kept; all without an exchange, else
+// without_prefix, then with_prefix
+struct AttentionArgs { int layer; Act out; AttentionPieces pieces; };
+// dinp = dout @ weight (overwritten); dweight, dbias += from dout and in
+struct LinearBackwardArgs { int layer; Grad dinp, dout; Act in; Linear weight; };
+// the same, dinp times gelu'(pre_gelu): a DGELU epilogue
+struct LinearGeluBackwardArgs { int layer; Grad dinp, dout; Act in; Linear weight; Act pre_gelu; };
+struct ActivationBackwardArgs { int layer; Grad dinp, dout; Act in; };  // dinp = swiglu'(in) dout
+// dinp += norm'(in) dout, the norm's dweight, dbias += (norm: ln1, ln2 or next_ln: whose weights
+// and statistics)
+struct NormBackwardArgs { int layer; Grad dinp, dout; Stream in; Act norm; bool rms; };
+// dqkv of the pieces named, from datty (the exchange's dK/dV added by kv_wait_add_grads)
+struct AttentionBackwardArgs { int layer; AttentionPieces pieces; };
 
 // The forward's op table.
 class BlockForwardOps {
@@ -112,12 +63,12 @@ class BlockForwardOps {
   virtual void projection_residual_norm(const ResidualNormArgs& a) = 0;
   virtual void gelu(const ActivationArgs& a) = 0;
   virtual void swiglu(const ActivationArgs& a) = 0;
-  virtual void rope(const RopeArgs& a) = 0;
+  virtual void rope(const LayerArgs& a) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
   // The K/V exchange of cut pieces (kv_exchange.h); only called while exchanging() is true.
   virtual bool exchanging() const { return false; }
-  virtual void kv_send(const ExchangeArgs& a) { (void)a; }
-  virtual void kv_wait(const ExchangeArgs& a) { (void)a; }
+  virtual void kv_send(const LayerArgs& a) { (void)a; }
+  virtual void kv_wait(const LayerArgs& a) { (void)a; }
   virtual void kv_progress() {}
 };
 
@@ -128,10 +79,10 @@ class BlockOps : public BlockForwardOps {
   virtual void linear_gelu_backward(const LinearGeluBackwardArgs& a) = 0;
   virtual void swiglu_backward(const ActivationBackwardArgs& a) = 0;
   virtual void norm_backward(const NormBackwardArgs& a) = 0;
-  virtual void rope_backward(const RopeBackwardArgs& a) = 0;
+  virtual void rope_backward(const LayerArgs& a) = 0;
   virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
-  virtual void kv_send_grads(const ExchangeArgs& a) { (void)a; }
-  virtual void kv_wait_add_grads(const ExchangeArgs& a) { (void)a; }
+  virtual void kv_send_grads(const LayerArgs& a) { (void)a; }
+  virtual void kv_wait_add_grads(const LayerArgs& a) { (void)a; }
 };
 
 class BlockSchedule {

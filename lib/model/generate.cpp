@@ -37,6 +37,8 @@ Generator::Generator(const ModelSpec& cfg, std::vector<float> params)
   };
   memory_.params = params_.data();
   memory_.offsets = &offsets_;
+  memory_.attention = [this](int layer) { attend(layer, memory_.rows); };
+  ops_ = make_cpu_block_ops(cfg_, memory_, false, false, Recompute::none);
 }
 
 // The new rows' keys and values (RoPE applied) join the cache; then the causal attention of each
@@ -111,10 +113,10 @@ const float* Generator::feed(const int32_t* tokens, int count) {
     for (size_t c = 0; c < C; ++c) x_[i * C + c] += pe[c];
   }
   // The blocks, the final norm last (into ln_); the head for the last row only.
+  memory_.rows = count, memory_.positions = positions_.data(), memory_.rope = &rope_;
   memory_.embeddings = x_.data();
   memory_.lnf = ln_.data(), memory_.lnf_mean = mean_.data(), memory_.lnf_rstd = rstd_.data();
-  ops_.begin(count, positions_.data(), &rope_, nullptr);
-  schedule_.forward(ops_);
+  schedule_.forward(*ops_);
   position_ += count;
   matmul_forward(logits_.data(), ln_.data() + (n - 1) * C, params_.data() + offsets_.head, nullptr, 1, int(C),
                  cfg_.vocab_size);

@@ -6,6 +6,7 @@
 // issue 14 (sampling).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,16 +36,6 @@ class Generator {
   const float* feed(const int32_t* tokens, int count);
 
  private:
-  // The CPU op table with the cache's attention: the new rows' keys and values join the cache and
-  // their queries attend over it. The blocks run through the block schedule like training's.
-  class CacheOps final : public CpuBlockOps {
-   public:
-    explicit CacheOps(Generator& g) : CpuBlockOps(g.cfg_, g.memory_, false, Recompute::none), g_(g) {}
-    void attention(const AttentionArgs& a) override { g_.attend(a.layer, rows_); }
-
-   private:
-    Generator& g_;
-  };
   void attend(int layer, int n);  // the new rows' K/V into the cache, their attention into atty_
 
   ModelSpec cfg_;
@@ -59,8 +50,10 @@ class Generator {
   // stream updated in place.
   std::vector<float> x_, ln_, mean_, rstd_, qkv_, atty_, fch_, fch_gelu_, scores_, logits_;
   std::vector<int32_t> positions_;
+  // The blocks run through training's block schedule on the CPU op table, its attention over the
+  // cache (attend) in place of the table's.
   BlockMemory memory_;
-  CacheOps ops_{*this};
+  std::unique_ptr<BlockOps> ops_;
   BlockSchedule schedule_;
 };
 
