@@ -5,14 +5,14 @@
 // after init/set_params/adamw_step, activations rounded per GEMM) and accumulate in fp32; master
 // weights, AdamW moments, gradients and every other op stay fp32. It needs bf16 instructions
 // (AVX512_BF16 or AMX); elsewhere the constructor throws, naming train.precision.
-// The blocks run through the block schedule (lib/model/block_schedule.h) on the CPU's op table
-// (lib/model/block_ops_cpu.h) of the datapath.
+// The blocks run through the block schedule (lib/model/block_schedule.h) on the datapath's CPU op
+// table (lib/model/block_ops_cpu.h).
 // bf16_storage (train.bf16_storage = on; needs precision "bf16"): the oracle of the CUDA backend's
-// bf16-storage datapath (its op table, and cpu_model_bf16.cpp's head): every activation is rounded to bf16 exactly where the
-// device stores it, GEMMs multiply those bf16 values and the bf16 weight copy with fp32
-// accumulation (fp32 GEMMs on bf16 values: any CPU), the classifier keeps bf16 logits; master
-// weights, gradients and moments stay fp32. Its kernels are the CUDA kernels' twins, so that the
-// GPU path is compared at a tight tolerance.
+// bf16-storage datapath (its op table; the head in cpu_model_bf16.cpp): every activation is
+// rounded to bf16 exactly where the device stores it, GEMMs multiply those bf16 values and the
+// bf16 weight copy with fp32 accumulation (fp32 GEMMs on bf16 values: any CPU), the classifier
+// keeps bf16 logits; master weights, gradients and moments stay fp32. Its kernels are the CUDA
+// kernels' twins, so that the GPU path is compared at a tight tolerance.
 // recompute (train.recompute): activations the forward does not keep and the backward recomputes,
 // with the same kernels in the same order, so gradients are bit-identical to "none": "gelu" the
 // MLP's GELU output (from its input), "attention" the saved softmax (from Q and K, and the prefix
@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "lib/backend/model_base.h"
-#include "lib/model/attention.h"
 #include "lib/model/bf16_ops.h"
 #include "lib/model/block_ops_cpu.h"
 #include "lib/model/block_schedule.h"

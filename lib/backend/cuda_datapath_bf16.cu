@@ -72,7 +72,8 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
                                    x_.projection, n.w.w, n.w.b, rows(), spec_.n_embd, a.rms, eps(), m_.s_);
   }
   void gelu(const model::ActivationArgs& a) override {
-    kc::gelu_forward(act_rows(a.layer, a.out), act_rows(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_);
+    kc::gelu_forward(act_rows(a.layer, a.out), act_rows(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(),
+                     m_.s_);
   }
   void swiglu(const model::ActivationArgs& a) override {
     kc::swiglu_forward(act_rows(a.layer, a.out), act_rows(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
@@ -99,7 +100,8 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
                              m_.working(t.w), act_rows(a.layer, a.pre_gelu), rows(), t.in, t.out, x_.column_scratch);
   }
   void swiglu_backward(const model::ActivationBackwardArgs& a) override {
-    kc::swiglu_backward(grad_rows(a.dinp), grad_rows(a.dout), act_rows(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
+    kc::swiglu_backward(grad_rows(a.dinp), grad_rows(a.dout), act_rows(a.layer, a.in), rows(), spec_.ffn_width(),
+                        m_.s_);
   }
   void norm_backward(const model::NormBackwardArgs& a) override {
     // dinp is the residual stream's gradient: fp32, and its bf16 copy for the GEMMs.
@@ -262,14 +264,6 @@ void CudaModel::head_backward_bf16() {
 void CudaModel::bf16_ops_backward(int layer) {
   Bf16Ops ops(*this);
   schedule_.block_backward(ops, layer);
-}
-
-double CudaModel::forward_loss_bf16(const Batch& batch) {
-  upload_batch(batch, 0.0f);
-  // Its own segment number: the forward with the loss only is not forward_backward's segment 0.
-  run_segment(cfg_.n_layer + 3, [&] { forward_kernels_bf16(true); });
-  finish_forward();
-  return read_loss();
 }
 
 }  // namespace kilter::backend

@@ -549,9 +549,12 @@ double CudaModel::read_loss() {
 
 double CudaModel::forward_loss(const Batch& batch) {
   model::check_evaluation_batch(batch);
-  if (bf16_storage_) return forward_loss_bf16(batch);
   upload_batch(batch, 0.0f);
-  run_segment(0, [&] { forward_kernels(); });
+  // bf16 storage: the forward with the loss only is its own segment, not forward_backward's 0.
+  if (bf16_storage_)
+    run_segment(cfg_.n_layer + 3, [&] { forward_kernels_bf16(true); });
+  else
+    run_segment(0, [&] { forward_kernels(); });
   finish_forward();
   return read_loss();
 }

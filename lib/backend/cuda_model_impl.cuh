@@ -250,7 +250,6 @@ class CudaModel final : public ModelBase {
   void head_backward_bf16();
   void bf16_ops_backward(int layer);  // the schedule's backward of block `layer` on Bf16Ops
   void add_exchange_dqkv_bf16(int layer);  // the K/V exchange's dK/dV of this batch's rows, into bacts_.dqkv
-  double forward_loss_bf16(const Batch& batch);
 
  public:
   // The runtime check of train.bf16_storage = auto (cuda_self_check.cu): one forward, backward,

@@ -243,8 +243,8 @@ class CpuBf16BlockOps final : public CpuBlockOps {
   }
   NormSpec norm_spec(bool rms) const { return {rms, static_cast<float>(spec_.norm_eps)}; }
   // RoPE's output (or gradient) rounded in its q and k columns, as the device's kernel stores it.
-  void round_qk(float* rows_of_qkv) const {
-    round_bf16_columns(rows_of_qkv, rows(), shape_.row_width(), 0, shape_.q_width() + shape_.n_kv_head * shape_.head_dim);
+  void round_qk(float* qkv) const {
+    round_bf16_columns(qkv, rows(), shape_.row_width(), 0, shape_.q_width() + shape_.n_kv_head * shape_.head_dim);
   }
   const bf16* working(const float* param) const {
     return param == nullptr ? nullptr : memory_.params_bf16 + (param - memory_.params);
