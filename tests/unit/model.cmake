@@ -26,3 +26,6 @@ endif()
 # The CPU oracle of the CUDA backend's bf16 storage (issue 37): its twins, determinism, recompute,
 # cut pieces and the distance to fp32.
 kilter_add_unit_test(model_bf16_storage_test ${CMAKE_CURRENT_LIST_DIR}/model_bf16_storage_test.cpp)
+
+# The block schedule on a recording op table: the steps and the K/V exchange's calls in order.
+kilter_add_unit_test(model_block_schedule_test ${CMAKE_CURRENT_LIST_DIR}/model_block_schedule_test.cpp)
