@@ -306,7 +306,7 @@ double CpuModel::head_backward(const Batch& batch, float loss_scale) {
     for (int i = 0; i < n; ++i)
       std::memcpy(dlnf + static_cast<size_t>(target_rows_[c0 + i]) * C, head_dinputs_.data() + static_cast<size_t>(i) * C,
                   sizeof(float) * C);
-    exchange_progress(batch);
+    ops_->kv_progress();  // the K/V exchange moves (kv_exchange.h)
   }
   return loss;
 }

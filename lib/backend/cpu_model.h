@@ -99,10 +99,6 @@ class CpuModel final : public ModelBase {
   // Both datapaths' backward after the head: the final norm, the blocks last to first (each
   // block's gradients reported ready), then the embeddings.
   void backward_from_final_norm(const model::Batch& batch, const model::GradReadyFn& on_ready);
-  // Between kernels of a micro-batch with cut pieces: lets the K/V exchange move (kv_exchange.h).
-  static void exchange_progress(const model::Batch& batch) {
-    if (batch.exchange != nullptr) batch.exchange->progress();
-  }
   // ---- bf16 storage (cpu_model_bf16.cpp): the classifier's loss and backward.
   double forward_backward_bf16(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
   double forward_loss_bf16(const model::Batch& batch);

@@ -22,7 +22,7 @@ double CpuModel::forward_backward_bf16(const Batch& batch, float loss_scale, con
   const double loss = model::classifier_bf16(dln_.data(), grads_.data() + offsets_.head, lnf_.data(),
                                              working(params_.data() + offsets_.head), batch.targets.data(), batch.N,
                                              cfg_.n_embd, cfg_.vocab_size, loss_scale);
-  exchange_progress(batch);
+  ops_->kv_progress();  // the K/V exchange moves (kv_exchange.h)
   backward_from_final_norm(batch, on_ready);
   return loss;
 }

@@ -1,9 +1,10 @@
 // CudaModel: the model (GPT-2 or the Llama family: RMSNorm, RoPE, SwiGLU, grouped K/V heads, an
-// untied head) on one CUDA device, composed from the CUDA twins of the CPU ops
-// (lib/backend/cuda_ops.h) in exactly CpuModel's order, so the CPU backend is its oracle
-// (tests/gpu/). fp32 master weights, gradients and AdamW moments. Two datapaths: this file's, with
-// fp32 activations (train.precision = fp32: IEEE fp32 GEMMs; bf16 with train.bf16_storage = off:
-// bf16 tensor-core math on fp32 operands, kc::Gemm), and the bf16-storage one
+// untied head) on one CUDA device: its blocks run the CPU model's block schedule
+// (lib/model/block_schedule.h) on op tables of the CUDA twins of the CPU ops
+// (lib/backend/cuda_ops.h), so the CPU backend is its oracle (tests/gpu/). fp32 master weights,
+// gradients and AdamW moments. Two datapaths: this file's, with fp32 activations (train.precision
+// = fp32: IEEE fp32 GEMMs; bf16 with train.bf16_storage = off: bf16 tensor-core math on fp32
+// operands, kc::Gemm), and the bf16-storage one
 // (cuda_datapath_bf16.cu: bf16 activations, fused kernels), which train.bf16_storage = auto takes
 // where its self-check against the CPU oracle passes at construction (cuda_self_check.cu). The
 // optimizer (one launch for AdamW, one for the norm) is cuda_optimizer.cu. Device memory: one
