@@ -23,6 +23,8 @@ class Generator {
  public:
   // `params`: num_params floats in ParamLayout order (host), as checkpoints and get_params() hold them.
   Generator(const ModelSpec& cfg, std::vector<float> params);
+  Generator(const Generator&) = delete;  // its op table holds this generator's memory
+  Generator& operator=(const Generator&) = delete;
 
   const ModelSpec& config() const { return cfg_; }
   // Tokens in the cache: the position the next fed token takes.
