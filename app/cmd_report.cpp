@@ -47,7 +47,7 @@ static balance::RunCutCostCheck run_cut_cost_check(const nlohmann::json& summary
   return check;
 }
 
-// A run with cut pieces (issue 23, 36): whether their K/V waits cost more than the plan charged,
+// A run with cut pieces: whether their K/V waits cost more than the plan charged,
 // measured over the whole run as the run's cut-cost check measures its window, in the units of
 // the plan's own cost model (summary.json plan_cost_a/b/c; a run written before they were
 // recorded: the ratios of a regression over its rows), and set beside that check's verdict

@@ -10,6 +10,8 @@ int cmd_report(int argc, char** argv);
 int cmd_bench_comm(int argc, char** argv);
 int cmd_sample(int argc, char** argv);
 int cmd_export(int argc, char** argv);
+// kilter's own, not in the help: one engine probe in a child process (lib/backend/engine_probe.h).
+int cmd_probe_engine(int argc, char** argv);
 // `kilter prep --format llmc|nanogpt|megatron|npy` (app/cmd_prep_import.cpp).
 bool prep_is_import(int argc, char** argv);
 int prep_import(int argc, char** argv);

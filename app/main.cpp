@@ -6,6 +6,7 @@
 
 #include "app/commands.h"
 #include "io/did_you_mean.h"
+#include "lib/backend/engine_probe.h"
 
 namespace {
 
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string word = argv[1];
+  if (word == kilter::backend::kProbeSubcommand) return kilter::app::cmd_probe_engine(argc - 1, argv + 1);
   if (const Command* command = find_command(word)) return command->run(argc - 1, argv + 1);
   const std::string hint = kilter::did_you_mean_hint(word, command_names(), "kilter ");
   std::fprintf(stderr, "kilter: unknown command '%s'%s\n\n", word.c_str(), hint.c_str());

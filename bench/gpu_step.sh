@@ -10,15 +10,23 @@
 # of 8), and the GPT-2 large shape (774M) without and with both; GiB is the device memory the
 # model took. Last, Llama rows (the small shape on both datapaths, a Llama-3.2-1B-like shape;
 # KILTER_BENCH_LLAMA_1B=0 leaves that one out).
-# usage: bench/gpu_step.sh [path/to/kilter_bench_gpu_step] [--quick]
+# usage: bench/gpu_step.sh [path/to/kilter_bench_gpu_step] [--quick] [--core]
+# --core runs only the rows the device check's speed stage compares with torch.compile: the small
+# config and GPT-2 124M, fp32 and bf16 (bf16 storage, attention auto: SDPA where it passes).
 # MFU = (6 * (params - wpe) + 12 * n_layer * n_embd * T) * tokens/s / peak (Llama: the spec's dense
 # FLOPs instead of 6 * params, bench/gpu_step.cpp); peak is the H100/H200
 # datasheet (dense bf16 989.4 TFLOP/s; fp32 66.9) unless KILTER_PEAK_TFLOPS_BF16/_FP32 are set.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bench=${1:-$root/build-gpu/kilter_bench_gpu_step}
-steps=10
-[[ "${2:-}" == "--quick" ]] && steps=4
+steps=10 core=0
+for arg in "${@:2}"; do
+  case "$arg" in
+    --quick) steps=4 ;;
+    --core) core=1 ;;
+    *) echo "usage: bench/gpu_step.sh [path/to/kilter_bench_gpu_step] [--quick] [--core]" >&2; exit 2 ;;
+  esac
+done
 [[ -x "$bench" ]] || { echo "bench/gpu_step.sh: $bench is not built (make kilter_bench_gpu_step)" >&2; exit 2; }
 
 results=()
@@ -41,6 +49,12 @@ run() {  # name precision storage attention graphs B T n_layer n_head n_embd voc
 
 small=(32 256 4 4 256 8192)
 gpt2=(16 1024 12 12 768 50257)
+if [[ $core -eq 1 ]]; then
+  run small fp32 off cublaslt 0 "${small[@]}"
+  run small bf16 on auto 0 "${small[@]}"
+  run gpt2-124m fp32 off cublaslt 0 "${gpt2[@]}"
+  run gpt2-124m bf16 on auto 0 "${gpt2[@]}"
+else
 # storage: off = fp32 activations with bf16 GEMM math (the datapath before bf16 storage); on = the
 # bf16-storage datapath (bf16 activations, fused kernels): the old datapath against the new.
 run small fp32 off cublaslt 0 "${small[@]}"
@@ -72,6 +86,7 @@ run llama-small bf16 on sdpa 0 "${small[@]}"
 extra=(--arch llama --n-kv-head 8 --ffn-hidden 8192 --untied 0)
 [[ "${KILTER_BENCH_LLAMA_1B:-1}" == 1 ]] && run llama-1b bf16 on sdpa 0 8 1024 16 32 2048 128256
 extra=()
+fi
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 echo

@@ -1,4 +1,4 @@
-// The checkpoint file format (docs/design.md "Run directory"; issue 8): one HDF5 file per checkpoint,
+// The checkpoint file format (docs/design.md "Run directory"): one HDF5 file per checkpoint,
 // RUN_DIR/checkpoints/step-NNNNNNNN.h5, readable by h5py without kilter:
 //   /params/<nanoGPT name>   float32, torch shape (Linear weights [out, in])
 //   /adam/m/<name>, /adam/v/<name>   AdamW first and second moments, same shapes
@@ -22,7 +22,7 @@
 // shared by them: checkpoint_layout (groups and datasets), checkpoint_attributes (the root
 // attributes, where each key is written and read), checkpoint_checksum, checkpoint_storage
 // (atomic publish, free space, storage faults).
-// Owner: checkpoints (issue 8).
+// Owner: checkpoints.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -187,7 +187,7 @@ void write_data(hid_t root, const CheckpointInfo& info, const std::string& where
 }
 
 void read_data(hid_t root, CheckpointInfo& info, const std::string& where) {
-  if (h5::has_attribute(root, "tokenizer")) {  // checkpoints written before issue 14 have none
+  if (h5::has_attribute(root, "tokenizer")) {  // checkpoints written before tokenizers were recorded have none
     info.tokenizer = h5::read_string_attribute(root, "tokenizer", where);
     info.eos_id = h5::read_int_attribute(root, "eos_id", where);
     if (h5::has_link(root, "tokenizer_data")) info.tokenizer_data = read_tokenizer_data(root, where);

@@ -1,4 +1,4 @@
-// Input files as `kilter prep` reads them (issue 26): plain, gzip (.gz, zlib) or zstd (.zst,
+// Input files as `kilter prep` reads them: plain, gzip (.gz, zlib) or zstd (.zst,
 // libzstd), told apart by their magic bytes and decompressed while they stream, with no temporary
 // copy. Concatenated gzip members and zstd frames are read as one stream, as gzip -d and zstd -d
 // do. A truncated or damaged file is an error naming it. The bytes consumed from the file (the

@@ -1,5 +1,5 @@
 // The dataset format (docs/design.md, "Dataset format"): index.h5 + shard-NNNNN.h5, and the index
-// every rank plans from. Owner: io (issue 3).
+// every rank plans from. Owner: io.
 #pragma once
 #include <cstdint>
 #include <string>

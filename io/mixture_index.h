@@ -1,4 +1,4 @@
-// The datasets of a weighted mixture (`data.sources`, issue 26) as one index: their documents
+// The datasets of a weighted mixture (`data.sources`) as one index: their documents
 // get global ids source after source (source k holds [doc_begin[k], doc_begin[k+1])), their
 // shards are listed with their own paths, so the plan, the reader and everything that takes one
 // DatasetIndex work on a mixture unchanged. The sources must share one vocabulary.

@@ -1,7 +1,7 @@
 // The prefetching reader: serves a rank's document pieces by global id. HDF5 metadata is read
 // once on the calling thread; token ranges are read with pread() at the /tokens dataset's file
 // offset by worker threads into a ring of reusable buffers, filled ahead of the trainer.
-// Owner: io (issue 3).
+// Owner: io.
 #pragma once
 #include <cstddef>
 #include <cstdint>

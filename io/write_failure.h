@@ -1,4 +1,4 @@
-// Why a write failed, in words a user can act on (issue 17): a full file system, a quota, a
+// Why a write failed, in words a user can act on: a full file system, a quota, a
 // read-only or unwritable folder, a file size limit. Checkpoints and node-local staging turn an
 // errno (or the errno HDF5's file driver recorded) into the first line of their error message,
 // so that "no space left on device in runs/x/checkpoints" leads, and HDF5's stack follows once.

@@ -1,4 +1,4 @@
-// Hugging Face GPT-2 (issue 26), as `transformers`' GPT2LMHeadModel stores it: kilter's tensors
+// Hugging Face GPT-2, as `transformers`' GPT2LMHeadModel stores it: kilter's tensors
 // carry nanoGPT names (HF's, with the `transformer.` prefix) and torch.nn.Linear shapes [out, in];
 // HF's GPT-2 stores the four block projections (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj)
 // as Conv1D weights [in, out], so those are transposed both ways (hf_directory.h). The directory

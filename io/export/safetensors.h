@@ -1,4 +1,4 @@
-// The safetensors format (Hugging Face), written and read by kilter itself (issue 26): an 8-byte
+// The safetensors format (Hugging Face), written and read by kilter itself: an 8-byte
 // little-endian header length N, N bytes of JSON ({"name": {"dtype", "shape", "data_offsets":
 // [begin, end]}, "__metadata__": {...}}, padded with spaces to a multiple of 8), then the raw
 // little-endian tensor bytes, offsets relative to the end of the header. What `kilter export

@@ -4,7 +4,7 @@
 // and streamed twice (document lengths, then tokens), so memory holds the document lengths only.
 // Documents are split at the EOT id (which is not stored: the reader appends eos_id after every
 // document) and, for Megatron, at its document index. Every structural fault of an input is an
-// error naming the file and the byte offset. Owner: issue 14 (imports).
+// error naming the file and the byte offset. Owner: imports.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "lib/backend/cuda_model_impl.cuh"
+#include "lib/model/sdpa_plan.h"
 
 namespace kilter::backend {
 
@@ -219,7 +220,15 @@ void CudaModel::ensure_arena(size_t floats, const Layout& layout) {
   cudaFree(arena_);
   arena_ = nullptr;
   capacity_floats_ = 0;
-  const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&arena_), sizeof(float) * floats);
+  // SDPA reads its rows (q|k|v, the staged prefix rows, dO, Stats) in the arena: kSdpaTailRows
+  // rows of slack past the last slice, and the whole arena zeroed once, so that a tile past a
+  // call's last sequence reads numbers, never memory nothing wrote.
+  const size_t tail = static_cast<size_t>(model::kSdpaTailRows) * cfg_.qkv_width();
+  const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&arena_), sizeof(float) * (floats + tail));
+  if (status == cudaSuccess) {  // done before any stream (the copy stream too) writes into it
+    KILTER_CUDA_CHECK(cudaMemsetAsync(arena_, 0, sizeof(float) * (floats + tail), stream_));
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   if (status != cudaSuccess) {
     cudaGetLastError();
     KILTER_FAIL("cuda backend: cannot allocate the activation arena of " << (sizeof(float) * floats >> 20)

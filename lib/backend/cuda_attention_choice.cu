@@ -1,6 +1,7 @@
 // Which attention engine runs an attention group's shape (train.attention; cuda_model_impl.cuh):
-// cuDNN where it is built, supports the shape, and agrees with the cuBLASLt engine on a
-// pseudo-random problem of that shape (ragged rows, forward and backward), decided once per shape;
+// cuDNN where it is built, supports the shape, and agrees with the cuBLASLt engine on a problem of
+// that shape (ragged rows whose queries see their own key first, attention_self_check.h; forward
+// and backward), decided once per shape;
 // cuBLASLt otherwise, with one line on stderr (an error naming train.attention under "cudnn").
 // Code that has never met a device proves itself here before a run trusts it.
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "lib/backend/cuda_model_impl.cuh"
+#include "lib/model/attention_self_check.h"
 
 namespace kilter::backend {
 
@@ -42,6 +44,19 @@ __global__ void max_difference_kernel(unsigned* result, const float* a, const fl
 }
 
 }  // namespace
+
+void max_difference_on_device(unsigned* result, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  max_difference_kernel<<<grid_for(n, 256), 256, 0, stream>>>(result, a, b, n);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+float relative_difference_of(const unsigned* result) {
+  float diff, ref;
+  std::memcpy(&diff, &result[0], sizeof diff);
+  std::memcpy(&ref, &result[1], sizeof ref);
+  return diff / std::max(ref, 1e-20f);
+}
 
 bool CudaModel::cudnn_for_shape(int B, int T) {
   if (!cudnn_) return false;
@@ -102,11 +117,19 @@ bool CudaModel::cudnn_agrees(int B, int T, std::string* why, bool* retry) {
   int32_t* lengths_device = carver.take_ints(B);
   unsigned* result = reinterpret_cast<unsigned*>(carver.take(4));
   std::vector<int32_t> lengths(B);
-  for (int b = 0; b < B; ++b) lengths[b] = b == 0 ? T : 1 + static_cast<int>((b * 7919L) % T);
+  std::vector<model::RowSpan> rows(B);
+  for (int b = 0; b < B; ++b) {
+    lengths[b] = b == 0 ? T : 1 + static_cast<int>((b * 7919L) % T);
+    rows[b] = {b * T, lengths[b]};
+  }
+  // Each real row sees its own key first (attention_self_check.h), so that a mask off by one key
+  // shows; a pageable copy, staged before cudaMemcpyAsync returns.
+  const std::vector<float> qkv_host = model::self_check_qkv(static_cast<size_t>(B) * T, model::AttentionShape::mha(C, NH),
+                                                            rows, 12345u);
   bool agree = false;
   unsigned host_result[4] = {0, 0, 0, 0};
   try {
-    fill_hash_kernel<<<grid_for(3 * btc, 256), 256, 0, stream_>>>(qkv, 3 * btc, 12345u);
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(qkv, qkv_host.data(), sizeof(float) * qkv_host.size(), cudaMemcpyHostToDevice, stream_));
     fill_hash_kernel<<<grid_for(btc, 256), 256, 0, stream_>>>(dout, btc, 54321u);
     KILTER_CUDA_LAUNCH_CHECK();
     KILTER_CUDA_CHECK(cudaMemcpyAsync(lengths_device, lengths.data(), sizeof(int32_t) * B, cudaMemcpyHostToDevice, stream_));

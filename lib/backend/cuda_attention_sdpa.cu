@@ -23,10 +23,12 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "lib/backend/cuda_model_impl.cuh"
 #include "lib/model/attention_sdpa.h"
+#include "lib/model/attention_self_check.h"
 #include "lib/model/sdpa_plan.h"
 
 namespace kilter::backend {
@@ -34,46 +36,34 @@ namespace kilter::backend {
 namespace {
 
 // A device allocation that only grows (between micro-batches: the stream is drained first).
+// Rows SDPA reads get `tail` bytes of slack (kSdpaTailRows rows), and a new allocation is zeroed
+// whole: a tile past the last row reads zeros, never memory nothing wrote.
+// try_ensure: false, the error cleared, where the device has no memory for it (an allocation
+// failure is not sticky); any other failure throws.
 struct DeviceScratch {
   void* ptr = nullptr;
   size_t bytes = 0;
-  void ensure(size_t want, cudaStream_t stream) {
-    if (want <= bytes) return;
+  bool try_ensure(size_t want, cudaStream_t stream, size_t tail = 0) {
+    if (want <= bytes) return true;
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaFree(ptr);
     ptr = nullptr;
     bytes = 0;
-    KILTER_CUDA_CHECK(cudaMalloc(&ptr, want));
+    const cudaError_t status = cudaMalloc(&ptr, want + tail);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      ptr = nullptr;
+      return false;
+    }
+    KILTER_CUDA_CHECK(status);
+    KILTER_CUDA_CHECK(cudaMemsetAsync(ptr, 0, want + tail, stream));
     bytes = want;
+    return true;
   }
   template <typename T>
   T* as() const { return static_cast<T*>(ptr); }
   ~DeviceScratch() { cudaFree(ptr); }
 };
-
-// Pseudo-random values in [-1, 1) for the self-check (an integer hash of the index).
-std::vector<float> hash_floats(size_t n, uint32_t seed) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = hash_unit(i, seed);
-  return v;
-}
-
-// max |a - b| / max |b| (NaN in a counts as infinitely far).
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, scale = 1e-20;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    diff = std::isnan(d) ? INFINITY : std::max(diff, d);
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
-
-std::vector<float> download_floats(const float* device, size_t n) {
-  std::vector<float> host(n);
-  KILTER_CUDA_CHECK(cudaMemcpy(host.data(), device, sizeof(float) * n, cudaMemcpyDeviceToHost));
-  return host;
-}
 
 }  // namespace
 
@@ -109,6 +99,7 @@ struct SdpaState {
   std::unique_ptr<kc::SdpaAttention> engine;
   model::SdpaPlan plan;
   std::map<model::SdpaBucket, std::string> decided;  // per bucket: "" usable, else why not
+  std::set<std::string> short_of_memory;              // what was warned about once (a bucket, the rows)
   // The fp32-activation datapath's bf16 rows, shared by the layers, and its Stats per layer (the
   // bf16-storage datapath keeps its Stats and staging in the arena and needs no conversions).
   DeviceScratch qkv16, out16, dout16, dqkv16, staged, staged_grad, stats;
@@ -162,6 +153,13 @@ void SdpaStateDeleter::operator()(SdpaState* state) const { delete state; }
 void CudaModel::sdpa_init() {
   const bool wanted = options_.attention == "sdpa" || (options_.attention == "auto" && options_.precision == "bf16");
   if (!wanted) return;
+  if (!options_.sdpa_refused.empty()) {  // its engine probe failed (probed_engines.h)
+    KILTER_CHECK(options_.attention != "sdpa", "train.attention=sdpa: cuDNN SDPA attention failed its probe on device "
+                                                   << device_ << ": " << options_.sdpa_refused
+                                                   << " (use train.attention=auto or cublaslt)");
+    sdpa_note_ = "it failed its probe: " + options_.sdpa_refused;
+    return;
+  }
 #ifdef KILTER_WITH_SDPA
   try {
     std::unique_ptr<SdpaState, SdpaStateDeleter> state(new SdpaState);
@@ -196,6 +194,12 @@ std::string CudaModel::sdpa_description() const {
 
 int CudaModel::sdpa_staged_rows() const { return sdpa_ ? sdpa_->plan.staged_rows : 0; }
 
+model::EngineBuildStats CudaModel::engine_build_stats() const {
+  if (!sdpa_) return {};
+  const kc::SdpaBuildStats stats = sdpa_->engine->build_stats();
+  return {stats.graphs, stats.seconds};
+}
+
 bool CudaModel::sdpa_for_batch(const Batch& batch) {
   if (!sdpa_) return false;
   SdpaState& st = *sdpa_;
@@ -207,22 +211,30 @@ bool CudaModel::sdpa_for_batch(const Batch& batch) {
   // rows, Stats and staging are its arena's (carve_bf16).
   const size_t N = batch.N, W = shape.row_width(), C = shape.q_width(), R = st.plan.staged_rows;
   if (!bf16_storage_) {
-    st.qkv16.ensure(sizeof(kc::bf16) * N * W, stream_);
-    st.dqkv16.ensure(sizeof(kc::bf16) * N * W, stream_);
-    st.out16.ensure(sizeof(kc::bf16) * N * C, stream_);
-    st.dout16.ensure(sizeof(kc::bf16) * N * C, stream_);
-    st.staged.ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * shape.kv_width(), stream_);
-    st.staged_grad.ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * shape.kv_width(), stream_);
+    const size_t tail = model::kSdpaTailRows, KV = shape.kv_width();
+    const bool rows = st.qkv16.try_ensure(sizeof(kc::bf16) * N * W, stream_, sizeof(kc::bf16) * tail * W) &&
+                      st.dqkv16.try_ensure(sizeof(kc::bf16) * N * W, stream_, sizeof(kc::bf16) * tail * W) &&
+                      st.out16.try_ensure(sizeof(kc::bf16) * N * C, stream_, sizeof(kc::bf16) * tail * C) &&
+                      st.dout16.try_ensure(sizeof(kc::bf16) * N * C, stream_, sizeof(kc::bf16) * tail * C) &&
+                      st.staged.try_ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * KV, stream_,
+                                           sizeof(kc::bf16) * tail * KV) &&
+                      st.staged_grad.try_ensure(sizeof(kc::bf16) * std::max<size_t>(R, 1) * KV, stream_,
+                                                sizeof(kc::bf16) * tail * KV);
+    if (!rows) return sdpa_short_of_memory("its bf16 rows for micro-batches of " + std::to_string(N) + " tokens");
     if (N > st.stats_rows) {
-      st.stats.ensure(sizeof(float) * cfg_.n_layer * N * shape.n_head, stream_);
+      if (!st.stats.try_ensure(sizeof(float) * cfg_.n_layer * N * shape.n_head, stream_,
+                               sizeof(float) * tail * shape.n_head))
+        return sdpa_short_of_memory("its Stats for micro-batches of " + std::to_string(N) + " tokens");
       st.stats_rows = N;
     }
   }
   const std::vector<int32_t> blocks = st.plan.descriptor_blocks(&st.descriptor_offsets);
-  st.descriptors.ensure(sizeof(int32_t) * std::max<size_t>(blocks.size(), 1), stream_);
+  if (!st.descriptors.try_ensure(sizeof(int32_t) * std::max<size_t>(blocks.size(), 1), stream_))
+    return sdpa_short_of_memory("its call descriptors");
   for (const model::SdpaCall* call : st.plan.calls()) {
     if (!sdpa_bucket_usable(*call)) return false;
-    st.workspace.ensure(std::max<size_t>(st.engine->workspace_bytes(*call), 1), stream_);
+    if (!st.workspace.try_ensure(std::max<size_t>(st.engine->workspace_bytes(*call), 1), stream_))
+      return sdpa_short_of_memory("cuDNN's workspace for " + call->bucket.text());
   }
   // The descriptors go up on the compute stream, after the previous micro-batch's kernels read
   // theirs; the pinned buffer is rewritten only once its previous copy has left it.
@@ -242,13 +254,26 @@ bool CudaModel::sdpa_for_batch(const Batch& batch) {
   return true;
 }
 
+bool CudaModel::sdpa_short_of_memory(const std::string& what) {
+  KILTER_CHECK(options_.attention != "sdpa", "train.attention=sdpa: no device memory on device "
+                                                 << device_ << " for cuDNN SDPA attention's " << what
+                                                 << " (lower data.max_tokens, or use train.attention=auto)");
+  // Under auto: this micro-batch runs on the other attention engines, and a later one asks again.
+  if (sdpa_->short_of_memory.insert(what).second)
+    std::fprintf(stderr, "kilter: cuda backend: warning: no device memory for cuDNN SDPA attention's %s; such "
+                 "micro-batches use the other attention engines until it fits\n", what.c_str());
+  return false;
+}
+
 bool CudaModel::sdpa_bucket_usable(const model::SdpaCall& call) {
   SdpaState& st = *sdpa_;
   const auto decided = st.decided.find(call.bucket);
   if (decided != st.decided.end()) return decided->second.empty();
   std::string why;
   bool retry = false;
-  const bool usable = st.engine->prepare(call, &why) && sdpa_agrees(call, &why, &retry);
+  const bool cut_refused = call.keys == model::SdpaKeyRows::staged && !options_.sdpa_cut_refused.empty();
+  if (cut_refused) why = "its probe on later parts of cut pieces failed: " + options_.sdpa_cut_refused;
+  const bool usable = !cut_refused && st.engine->prepare(call, &why) && sdpa_agrees(call, &why, &retry);
   // Short of memory for the self-check: the other engines this time, ask again next time.
   if (!usable && retry && options_.attention == "auto") return false;
   st.decided[call.bucket] = usable ? "" : (why.empty() ? "unknown" : why);
@@ -272,6 +297,7 @@ struct SelfCheckScratch {
   float *out_sdpa, *dqkv_sdpa, *prefix_dkv_sdpa, *out_ref, *dqkv_ref, *prefix_dkv_ref;
   float *saved, *workspace;
   int32_t* lengths;
+  unsigned* result;  // the comparisons' maxima, three pairs (max_difference_on_device)
   kc::bf16 *qkv16, *dout16, *staged16;  // what SDPA reads, converted from the fp32 rows
   SdpaRows rows;                        // SDPA's bf16 rows and Stats
   std::vector<const float*> prefix_kv;  // per piece: its prefix rows (later parts), else null
@@ -286,6 +312,7 @@ struct SelfCheckScratch {
     out_sdpa = carver.take(N * C), dqkv_sdpa = carver.take(N * W), prefix_dkv_sdpa = carver.take(R * kv);
     out_ref = carver.take(N * C), dqkv_ref = carver.take(N * W), prefix_dkv_ref = carver.take(R * kv);
     saved = carver.take(att), workspace = carver.take(work), lengths = carver.take_ints(entries);
+    result = reinterpret_cast<unsigned*>(carver.take(6));
     qkv16 = take_bf16(N * W), dout16 = take_bf16(N * C), staged16 = take_bf16(R * kv);
     rows = {qkv16, staged16, take_bf16(N * C), dout16, take_bf16(N * W), take_bf16(R * kv), carver.take(N * shape.n_head)};
     // Each later part's prefix rows and their dK/dV sit at its staged rows (the staging map's).
@@ -300,13 +327,19 @@ struct SelfCheckScratch {
   }
 };
 
-// Pseudo-random rows of the problem, and every answer zeroed (rows outside a call stay 0 on both sides).
-void self_check_inputs(const SelfCheckScratch& x, const model::SdpaPlan& plan, cudaStream_t stream) {
+// The problem's rows (attention_self_check.h: bf16 values, each of the call's rows seeing its own
+// key first, so that a mask off by one key shows), and every answer zeroed (rows outside a call
+// stay 0 on both sides).
+void self_check_inputs(const SelfCheckScratch& x, const model::SdpaPlan& plan, const model::SdpaCall& call,
+                       cudaStream_t stream) {
   const model::AttentionShape& shape = plan.shape;
   const size_t N = plan.tokens, W = shape.row_width(), C = shape.q_width(), kv = shape.kv_width();
   const size_t R = std::max(plan.staged_rows, 1);
-  const std::vector<float> qkv = hash_floats(N * W, 12345u), dout = hash_floats(N * C, 54321u),
-                           prefix = hash_floats(R * kv, 777u);
+  std::vector<model::RowSpan> spans;
+  for (int e = 0; e < call.entries; ++e)
+    spans.push_back({static_cast<int>(call.offset_o[e] / static_cast<int32_t>(C)), call.seq_len_q[e]});
+  const std::vector<float> qkv = model::self_check_qkv(N, shape, spans, 12345u),
+                           dout = model::self_check_rows(N * C, 54321u), prefix = model::self_check_rows(R * kv, 777u);
   KILTER_CUDA_CHECK(cudaMemcpyAsync(x.qkv, qkv.data(), sizeof(float) * qkv.size(), cudaMemcpyHostToDevice, stream));
   KILTER_CUDA_CHECK(cudaMemcpyAsync(x.dout, dout.data(), sizeof(float) * dout.size(), cudaMemcpyHostToDevice, stream));
   KILTER_CUDA_CHECK(cudaMemcpyAsync(x.prefix_rows, prefix.data(), sizeof(float) * prefix.size(), cudaMemcpyHostToDevice,
@@ -367,7 +400,10 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   }
   SelfCheckScratch x;
   ArenaCarver measure(nullptr);
-  const size_t floats = x.carve(measure, plan, layout_now_.pieces, att, work, call.entries);
+  // The tail: rows of slack past the last slice; the whole scratch is zeroed below, so that no
+  // tile past a slice's last row reads memory nothing wrote.
+  const size_t floats = x.carve(measure, plan, layout_now_.pieces, att, work, call.entries) +
+                        static_cast<size_t>(model::kSdpaTailRows) * W;
   float* scratch = nullptr;
   const cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float) * floats);
   if (status != cudaSuccess) {
@@ -383,13 +419,19 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   double out_error = 0.0, grad_error = 0.0, prefix_error = 0.0;
   try {
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the previous micro-batch may still read the descriptors
-    self_check_inputs(x, plan, stream_);
+    KILTER_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(float) * floats, stream_));
+    self_check_inputs(x, plan, call, stream_);
     std::vector<size_t> offsets;
     const std::vector<int32_t> blocks = plan.descriptor_blocks(&offsets);
     KILTER_CUDA_CHECK(cudaMemcpyAsync(st.descriptors.ptr, blocks.data(), sizeof(int32_t) * blocks.size(),
                                       cudaMemcpyHostToDevice, stream_));
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `blocks` leaves scope
-    st.workspace.ensure(std::max<size_t>(st.engine->workspace_bytes(call), 1), stream_);
+    if (!st.workspace.try_ensure(std::max<size_t>(st.engine->workspace_bytes(call), 1), stream_)) {
+      *why = "no device memory for cuDNN's workspace";
+      *retry = true;
+      cudaFree(scratch);
+      return false;
+    }
     // SDPA, as the layers run it.
     kc::rows_to_bf16(x.qkv16, W, x.qkv, W, N, W, stream_);
     kc::rows_to_bf16(x.dout16, C, x.dout, C, N, C, stream_);
@@ -400,11 +442,17 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
     kc::rows_to_fp32(x.dqkv_sdpa, W, x.rows.dqkv, W, N, W, false, stream_);
     if (later) kc::sdpa_unstage_key_grads(plan, prefix_sdpa, x.rows.staged_grad, x.dqkv_sdpa, stream_);
     self_check_reference(*gemm_, call, plan, x, stream_);
+    // Compared on the device: 24 bytes come back, not the rows.
+    KILTER_CUDA_CHECK(cudaMemsetAsync(x.result, 0, sizeof(unsigned) * 6, stream_));
+    max_difference_on_device(x.result, x.out_sdpa, x.out_ref, N * C, stream_);
+    max_difference_on_device(x.result + 2, x.dqkv_sdpa, x.dqkv_ref, N * W, stream_);
+    if (later) max_difference_on_device(x.result + 4, x.prefix_dkv_sdpa, x.prefix_dkv_ref, R * kv, stream_);
+    unsigned maxima[6] = {0, 0, 0, 0, 0, 0};
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(maxima, x.result, sizeof(maxima), cudaMemcpyDeviceToHost, stream_));
     KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    out_error = relative_difference(download_floats(x.out_sdpa, N * C), download_floats(x.out_ref, N * C));
-    grad_error = relative_difference(download_floats(x.dqkv_sdpa, N * W), download_floats(x.dqkv_ref, N * W));
-    if (later)
-      prefix_error = relative_difference(download_floats(x.prefix_dkv_sdpa, R * kv), download_floats(x.prefix_dkv_ref, R * kv));
+    out_error = relative_difference_of(maxima);
+    grad_error = relative_difference_of(maxima + 2);
+    prefix_error = later ? relative_difference_of(maxima + 4) : 0.0;
     ran = true;
   } catch (const Error& e) {
     *why = std::string("self-check failed to run: ") + e.what();
@@ -413,8 +461,7 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   }
   cudaFree(scratch);
   if (!ran) return false;
-  // bf16 inputs, probabilities and outputs against fp32 (or fast-bf16) cuBLASLt products.
-  const double tolerance = 5e-2;
+  const double tolerance = model::kAttentionSelfCheckTolerance;
   if (out_error <= tolerance && grad_error <= tolerance && prefix_error <= tolerance) return true;
   char text[240];
   std::snprintf(text, sizeof(text), "self-check against cuBLASLt attention: relative difference %.3g in out, %.3g in dqkv, "

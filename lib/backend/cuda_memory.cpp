@@ -76,9 +76,11 @@ uint64_t bf16_arena_floats(const model::ModelSpec& cfg, const model::ActivationP
 uint64_t sdpa_engine_bytes(const model::ModelSpec& cfg, uint64_t N, bool bf16_storage) {
   const model::AttentionShape shape{cfg.n_head, cfg.kv_heads(), cfg.head_dim()};
   uint64_t bytes = model::sdpa_workspace_bound(shape, int(N), cfg.block_size);
+  const uint64_t tail = model::kSdpaTailRows;  // DeviceScratch's slack per buffer
   if (!bf16_storage)
-    bytes += 2 * (2 * N * uint64_t(shape.row_width()) + 2 * N * uint64_t(shape.q_width()) + 2 * uint64_t(shape.kv_width())) +
-             4 * uint64_t(cfg.n_layer) * N * uint64_t(shape.n_head);
+    bytes += 2 * (2 * (N + tail) * uint64_t(shape.row_width()) + 2 * (N + tail) * uint64_t(shape.q_width()) +
+                  2 * (1 + tail) * uint64_t(shape.kv_width())) +
+             4 * (uint64_t(cfg.n_layer) * N + tail) * uint64_t(shape.n_head);
   return bytes;
 }
 
@@ -142,13 +144,15 @@ CudaDeviceBytes cuda_device_bytes(const model::ModelSpec& cfg, size_t padded_siz
   floats += align_up(workspace);
   floats += align_up(2 * kColumnChunks * uint64_t(cfg.widest_linear_out()));  // column-sum scratch
   floats += align_up(2 * N + 3 * pieces + 1 + padded_rows);  // inputs, targets, offsets, lengths, rows
-  bytes.activations = (bf16_storage ? bf16_arena_floats(cfg, plan, N, groups, pieces, sdpa) : floats) * 4;
+  // cuda_arena.cu's ensure_arena: kSdpaTailRows rows of q|k|v width of slack past the last slice.
+  const uint64_t tail = uint64_t(model::kSdpaTailRows) * qkv;
+  bytes.activations = ((bf16_storage ? bf16_arena_floats(cfg, plan, N, groups, pieces, sdpa) : floats) + tail) * 4;
 
   // Two upload slots (inputs, targets, offsets, lengths) and cuBLASLt's workspace; with operand
   // copies, two bf16 buffers of the largest GEMM operand (+1/8 of room).
   bytes.engine = kGemmWorkspaceBytes + 2 * (2 * N + 2 * pieces + 1) * 4;
   if (cfg.llama()) bytes.engine += 2 * uint64_t(cfg.block_size) * (cfg.head_dim() / 2) * 4;  // RoPE's cos and sin
-  if (sdpa) bytes.engine += sdpa_engine_bytes(cfg, N, bf16_storage);
+  if (sdpa) bytes.cudnn = sdpa_engine_bytes(cfg, N, bf16_storage);
   if (bf16_operand_copies && !bf16_storage) {
     uint64_t largest = std::max({N * V, V * C, N * uint64_t(cfg.ffn_in_width())});
     for (const model::AttentionGroup& g : groups.groups)

@@ -24,8 +24,11 @@ struct CudaDeviceBytes {
   uint64_t gradients = 0;    // the flat fp32 gradient buffer
   uint64_t optimizer = 0;    // AdamW m and v of the owned floats
   uint64_t activations = 0;  // the arena: kept activations, saved attention, backward scratch, logits
-  uint64_t engine = 0;       // cuBLASLt's workspace, the upload slots, bf16 operand copies (opt-in), cuDNN SDPA's workspace
-  uint64_t total() const { return parameters + gradients + optimizer + activations + engine; }
+  uint64_t engine = 0;       // cuBLASLt's workspace, the upload slots, bf16 operand copies (opt-in)
+  // cuDNN SDPA's, apart from the GEMMs': its workspace (the largest call's) and, on the
+  // fp32-activation datapath, its bf16 rows and every layer's Stats (each with kSdpaTailRows rows).
+  uint64_t cudnn = 0;
+  uint64_t total() const { return parameters + gradients + optimizer + activations + engine + cudnn; }
 };
 
 // padded_size: the layout's padded float count; owned_floats: the floats whose moments this

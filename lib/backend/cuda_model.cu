@@ -33,7 +33,7 @@
 // sdpa, or auto in bf16, per shape bucket after its self-check), else cuDNN's multi-head attention
 // API (attention_cudnn.cu) or cuBLASLt + a masked softmax (attention.cu), chosen per attention
 // group shape (B,T).
-// Cut pieces (issue 23; docs/model.md, "Cut pieces"): a later part [s, s+L) of a piece takes
+// Cut pieces (context parallelism; docs/model.md, "Cut pieces"): a later part [s, s+L) of a piece takes
 // positions from s and runs on its own (attention_prefix_*: L queries against the s prefix keys
 // from batch.exchange and its own, bottom-right causal mask; cuBLASLt whatever the engine); the
 // other pieces run in the groups. The exchange is called per layer in kv_exchange.h's order; the

@@ -1,4 +1,4 @@
-// The CUDA backend of the GPT-2 model (docs/design.md "Model"; issue 7): the same Model interface as
+// The CUDA backend of the GPT-2 model (docs/design.md "Model"): the same Model interface as
 // the CPU backend, with parameters, gradients, AdamW moments and activations in device memory.
 // Plain C++ on purpose: lib/backend/select.cpp includes it under #ifdef KILTER_WITH_CUDA without
 // the CUDA headers. Implementation: lib/backend/cuda_model.cu, cuda_device.cu.
@@ -31,6 +31,13 @@ std::unique_ptr<model::Model> make_cuda_model(const model::ModelSpec& cfg, size_
 // The bf16-storage datapath's start-up self-check on this process's device (model.h:
 // datapath_self_check): "" when it agrees with the CPU oracle, else why not.
 std::string cuda_bf16_storage_self_check(const model::ModelSpec& cfg, const model::BackendOptions& options);
+// cuDNN SDPA's self-check on this device (cuda_self_check.cu): a small model with the run's heads
+// and head_dim on SDPA, on the datapath options.bf16_storage names (on or off), against the CPU
+// oracle (on) or the same model on cuBLASLt attention (off). "" when it agrees, else why not.
+std::string cuda_sdpa_self_check(const model::ModelSpec& cfg, const model::BackendOptions& options);
+// cuDNN SDPA on later parts of cut pieces (cuda_sdpa_probe.cu): the engine alone on the run's heads
+// and head_dim, whole pieces and later parts in one plan, against the CPU packed attention.
+std::string cuda_sdpa_cut_self_check(const model::ModelSpec& cfg);
 
 bool cuda_device_present();
 // Why no device is usable ("" when one is): cudaGetErrorString of the failed query, or

@@ -58,6 +58,13 @@ __host__ __device__ inline float hash_unit(size_t i, uint32_t seed) {
   return static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
 }
 
+// The engines' self-checks compare on the device (cuda_attention_choice.cu): result[0] and
+// result[1] (zeroed first) receive max |a - b| and max |b| over n floats, as float bits (a NaN
+// difference orders above every finite one); relative_difference_of reads the ratio back from
+// the host copy of the pair.
+void max_difference_on_device(unsigned* result, const float* a, const float* b, size_t n, cudaStream_t stream);
+float relative_difference_of(const unsigned* result);
+
 // Carves 256-byte aligned slices out of one allocation; with base == nullptr it only measures.
 class ArenaCarver {
  public:
@@ -212,6 +219,14 @@ class CudaModel final : public ModelBase {
   void sdpa_init();
   bool sdpa_for_batch(const Batch& batch);
   bool sdpa_bucket_usable(const model::SdpaCall& call);
+  // No device memory for SDPA's `what`: false (this micro-batch on the other engines) with one
+  // warning per `what` under auto; an error naming train.attention under sdpa.
+  bool sdpa_short_of_memory(const std::string& what);
+
+ public:
+  model::EngineBuildStats engine_build_stats() const override;
+
+ private:
   bool sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry);
   void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, model::AttentionPieces which);
   void sdpa_backward_layer(int layer, const BlockActivations& a, model::AttentionPieces which);

@@ -114,7 +114,7 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
                         const int32_t* lengths, int B, int T, int C, int NH, float* workspace,
                         bool accumulate = true, int NKV = 0);
 
-// A later part of a cut piece (issue 23; the CPU twin is attention_forward/backward with an
+// A later part of a cut piece (context parallelism; the CPU twin is attention_forward/backward with an
 // AttentionPrefix): its L query rows qkv (L,W) attend to s + L keys, the s rows of its prefix
 // (prefix_kv (s,KVW): k | v of the piece's earlier tokens, from other ranks, KVW = 2 NKV hd) and
 // then its own, with the bottom-right causal mask (query t sees keys 0 .. s+t). out (L,C); att

@@ -18,7 +18,7 @@ struct CostSample {
   double attn_work = 0;      // sum over the rank's segments of len^2
   double seconds = 0;        // forward + backward
   double micro_batches = 1;  // micro-batches the rank ran in the step
-  double kv_wait = 0;        // seconds waiting for the K/V of earlier parts (issue 23; 0 when not recorded)
+  double kv_wait = 0;        // seconds waiting for the K/V of earlier parts (context parallelism; 0 when not recorded)
   double kv_tokens = 0;      // earlier tokens whose K/V the rank received in the step
   int64_t step = -1;         // the step of the row (-1: not recorded, as in the trainer's check)
   int rank = -1;             // the rank of the row (-1: not recorded)
@@ -99,7 +99,7 @@ CutCostCheck check_cut_cost(const std::vector<CostSample>& samples, const CostMo
 // measured. kilter report says it only where report_cut_cost_advice() finds the sample earns it.
 std::string cut_cost_advice(const CutCostCheck& check);
 
-// The sample kilter report's advice needs (issue 36): rows that received K/V, over distinct steps.
+// The sample kilter report's advice needs: rows that received K/V, over distinct steps.
 // The measured charge is a ratio of sums, Σ kv_wait / Σ kv_tokens, whose relative error falls as
 // c / sqrt(rows), c the spread of one row's wait per earlier token relative to its mean. With c
 // = 1 (a row's wait varies by about its own size: a partner's hiccup, the scheduler), 16 rows

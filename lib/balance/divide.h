@@ -1,7 +1,7 @@
 // Division of one global step's pieces among P ranks by cost, piece by piece, then trades of
 // pieces between pairs of ranks that give attention the same share of every rank's time (so the
 // division holds when b is off; divide_terms.cpp), then cuts of pieces between ranks where a cut
-// lowers the busiest rank's cost by more than it costs (issue 23), and
+// lowers the busiest rank's cost by more than it costs, and
 // the packing of each rank's share into as few micro-batches of at most max_tokens tokens as it
 // can (docs/design.md, "Batch plan"). A piece longer than max_tokens is always cut, one part per rank
 // (context parallelism). Ranks may run at different speeds (a throttled GPU, a slower node: the

@@ -1,4 +1,4 @@
-// Weighted mixtures of datasets (`data.sources = A:0.7, B:0.2, C:0.1`, issue 26): how global
+// Weighted mixtures of datasets (`data.sources = A:0.7, B:0.2, C:0.1`): how global
 // steps are drawn from several sources. The sources' documents have global ids in one merged
 // index (io/mixture_index.h), so a mixture step is an ordinary list of pieces that the plan's
 // divider splits among ranks and packs exactly as for one dataset (balance, packing and world-size

@@ -15,7 +15,7 @@
 namespace kilter::balance {
 
 // A piece of a document: input tokens [start, start+len), `len` targets (see io::PieceRequest).
-// A PART of a cut piece (issue 23) is a Piece too: `offset` is how many tokens of its piece come
+// A PART of a cut piece is a Piece too: `offset` is how many tokens of its piece come
 // before it (its positions start there; the piece itself starts at start - offset, a multiple of
 // the context). offset == 0 and len == the whole piece: an uncut piece. Parts of one piece lie
 // on different ranks of the same step, never two on one rank, and (the deadlock rule) all parts
@@ -117,7 +117,7 @@ double transfer_cost_coefficient(const model::ModelSpec& spec, double kv_value_b
 double kv_link_cost_coefficient(const model::ModelSpec& spec, double kv_value_bytes, double link_gbps,
                                 double device_tflops);
 
-// t where the link may set the pace (issue 23): per direction, forward K/V and backward dK/dV, the
+// t where the link may set the pace: per direction, forward K/V and backward dK/dV, the
 // layer-by-layer pipeline exposes
 //   exposed = x + (n_layer - 1) max(x - c, 0)
 // with x = one layer's transfer that way for a part at offset s_ref, s_ref t_link / (2 n_layer)
@@ -218,7 +218,7 @@ struct PlanStats {
   double target_tokens_per_step_mean = 0;
   double target_tokens_per_step_min = 0;
   double target_tokens_per_step_max = 0;
-  // Cut pieces (issue 23). A cut is a boundary between two parts of a piece; a piece in k parts
+  // Cut pieces (context parallelism). A cut is a boundary between two parts of a piece; a piece in k parts
   // has k - 1 cuts. kv bytes count K/V forward and dK/dV backward, each byte once per step; a
   // rank's figure is what it sends plus what it receives in one step.
   double cuts_per_step_p50 = 0;

@@ -1,6 +1,6 @@
 // One Communicator interface, several implementations (MPI for CPU, NCCL for GPU), one
 // selection point; the topology MPI gives; and the gradient reducer that overlaps bucket
-// reductions with backward (docs/design.md, "Communication"). Owner: comm (issue 5).
+// reductions with backward (docs/design.md, "Communication"). Owner: comm.
 #pragma once
 #include <mpi.h>
 

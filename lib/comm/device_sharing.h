@@ -1,4 +1,4 @@
-// One GPU per rank (issue 40). NCCL refuses two ranks of a communicator on one device ("Duplicate
+// One GPU per rank. NCCL refuses two ranks of a communicator on one device ("Duplicate
 // GPU detected") from deep inside ncclCommInitRank, and a rank picks its device as local rank
 // modulo the devices it sees, so more ranks than GPUs on a node share one in silence until then.
 // kilter refuses that first, naming the ranks and the launch that fixes it. A test-only switch,

@@ -1,4 +1,4 @@
-// The K/V exchange of cut pieces over MPI (issue 23; docs/comm.md, "K/V exchange of cut
+// The K/V exchange of cut pieces over MPI (context parallelism; docs/comm.md, "K/V exchange of cut
 // pieces"): MpiKvExchange, the model::KvExchange a CPU backend calls layer by layer
 // (lib/model/kv_exchange.h) for one micro-batch (lib/comm/kv_schedule.h), on a communicator of
 // its own, nonblocking, with every wait bounded by comm.timeout_s.

@@ -1,4 +1,4 @@
-// The K/V exchange of cut pieces on GPUs (issue 23): the NCCL twin of kv_exchange_mpi.h for the
+// The K/V exchange of cut pieces on GPUs: the NCCL twin of kv_exchange_mpi.h for the
 // CUDA backend. Device buffers; per layer and direction the sends and receives of one
 // micro-batch go in one ncclGroupStart/End on a stream of the exchange's own, ordered after the
 // model's compute stream by events; the k|v columns are packed with cudaMemcpy2DAsync and the

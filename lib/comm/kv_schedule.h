@@ -1,4 +1,4 @@
-// The K/V exchange of cut pieces (issue 23), what its implementations share: the schedule of one
+// The K/V exchange of cut pieces, what its implementations share: the schedule of one
 // micro-batch (KvSchedule: which rows go to and come from which rank each layer, built from the
 // plan by lib/train/cut_schedule.h), the wait events diagnostics time, and CutExchange, the
 // model::KvExchange a trainer drives one micro-batch at a time. Implementations:

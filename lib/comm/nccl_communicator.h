@@ -6,7 +6,7 @@
 // the collective's completion event and ncclCommGetAsyncError; a failed collective, or one not
 // done within the timeout, aborts the NCCL communicator (ncclCommAbort) and throws a
 // kilter::Error naming the operation, the rank and the cause, instead of hanging.
-// Owner: gpu (issue 7). Implementation: lib/comm/nccl_communicator.cu.
+// Owner: gpu. Implementation: lib/comm/nccl_communicator.cu.
 #pragma once
 #include <mpi.h>
 

@@ -317,7 +317,7 @@ static std::string mixture_weights_only(const std::string& sources) {
   return out;
 }
 
-// The [model] keys added with the model description of architectures (issue 38): at their
+// The [model] keys added with the model description of architectures: at their
 // defaults (a gpt2 run) they stay out of the hash, so that a checkpoint written before they
 // existed resumes; set otherwise, they change the numbers and count.
 static std::string without_default_model_keys(const std::string& ini) {
@@ -395,7 +395,7 @@ uint64_t Config::hash() const {
 // The text of a Boost.Program_options error. Boost builds it by replacing placeholders such as
 // %value% and %canonical_option% in a template, over and over until none is left, so an option
 // name or value that itself holds a placeholder ("--x=%value%") made what() loop forever (found by
-// fuzzing, issue 17). The user's text is therefore given to Boost with '%' spelled "%25".
+// fuzzing). The user's text is therefore given to Boost with '%' spelled "%25".
 namespace {
 struct BoostErrorAccess : po::error_with_option_name {
   static std::map<std::string, std::string> po::error_with_option_name::*substitutions() {

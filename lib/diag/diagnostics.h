@@ -1,6 +1,6 @@
-// Per-rank diagnostics (docs/design.md, "Run directory"; issue 6): phase timers, the time each rank
+// Per-rank diagnostics (docs/design.md, "Run directory"): phase timers, the time each rank
 // arrives at the gradient collective, metrics/rank-NNNNN.csv, trace/rank-NNNNN.json, live
-// straggler warnings on rank 0 and summary.json. Owner: diag (issue 6).
+// straggler warnings on rank 0 and summary.json. Owner: diag.
 #pragma once
 #include <mpi.h>
 
@@ -15,7 +15,7 @@ namespace kilter::diag {
 
 struct StepRecord;  // lib/diag/step_record.h
 
-// kv_wait (issue 23) is time blocked in the K/V exchange of cut pieces. It happens inside forward
+// kv_wait is time blocked in the K/V exchange of cut pieces. It happens inside forward
 // and backward and is taken out of them (forward and backward are the rank's own work, kv_wait
 // waiting for another rank's K/V or dK/dV), so the phases still add up to the step.
 enum Phase { kDataWait = 0, kH2D, kForward, kBackward, kKvWait, kCommExposed, kOptimizer, kStepTotal, kNumPhases };

@@ -137,6 +137,22 @@ nlohmann::json recompute_statistics(const RunData& run) {
   return j;
 }
 
+// The engines: each probe's verdict and what the run chose (cuda backend), and the attention
+// graphs rank 0 built in its first steps (cuDNN SDPA per shape bucket), where there were any.
+std::string engine_text(const nlohmann::json& sum) {
+  std::ostringstream os;
+  for (const nlohmann::json& probe : sum.value("engine_probes", nlohmann::json::array()))
+    if (probe.is_object())
+      os << "  engine probe " << probe.value("engine", "?") << " [" << probe.value("family", "?") << "]: "
+         << (probe.value("passed_everywhere", false) ? "passed" : "FAILED (" + probe.value("error", std::string()) + ")")
+         << "; " << probe.value("choice", "") << "\n";
+  const nlohmann::json builds = sum.value("graph_builds_early", nlohmann::json::object());
+  if (builds.is_object() && builds.value("graphs", 0) > 0)
+    os << fmt::format("  attention graphs built in the first {} steps (rank 0): {} in {:.2f} s\n",
+                      builds.value("steps", 0), builds.value("graphs", 0), builds.value("seconds", 0.0));
+  return os.str();
+}
+
 std::string report_text(const RunData& run, const nlohmann::json& st) {
   std::ostringstream os;
   const nlohmann::json& sum = run.summary;
@@ -153,6 +169,7 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
          << json_number(sum, "model_tflops_per_rank", "{:.3g}") << " TFLOP/s per rank, MFU "
          << fmt::format("{:.1f}%", 100 * sum.value("mfu", 0.0)) << " of " << json_number(sum, "mfu_peak_tflops", "{:.3g}")
          << " TFLOP/s (comm.device_tflops)\n";
+    os << engine_text(sum);
     os << "  plan: padding_efficiency " << json_number(sum, "padding_efficiency") << ", cost_imbalance p50 "
        << json_number(sum, "cost_imbalance_p50") << " p95 " << json_number(sum, "cost_imbalance_p95")
        << " max " << json_number(sum, "cost_imbalance_max") << ", steps_per_epoch "

@@ -1,4 +1,4 @@
-// The in-run calibration in `kilter report` (issue 39; docs/plan.md, "In-run calibration"): per
+// The in-run calibration in `kilter report` (docs/plan.md, "In-run calibration"): per
 // window, what it fitted and decided; for each re-plan, the imbalance the fit predicted before and
 // after beside the one measured on the steps before and after the switch, and the sync_wait it
 // saved; and every rank the plan runs slower, with the share of tokens it gets.

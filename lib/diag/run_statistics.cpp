@@ -256,7 +256,7 @@ nlohmann::json RunStatistics::to_json() const {
   j["step_time_imbalance_max"] = step_time_imbalance_percentile(100);
   j["sync_wait_fraction"] = sync_wait_fraction();
   j["median_step_seconds"] = median_step_seconds();
-  // Cut pieces (issue 23): the share of rank-time blocked in the K/V exchange, and the earlier
+  // Cut pieces (context parallelism): the share of rank-time blocked in the K/V exchange, and the earlier
   // tokens whose K/V crossed between ranks per step (all ranks).
   j["kv_wait_fraction"] = step_total_seconds_ > 0 ? kv_wait_seconds_ / step_total_seconds_ : 0.0;
   j["kv_tokens_per_step"] = steps_.empty() ? 0.0 : double(kv_tokens_) / double(steps());

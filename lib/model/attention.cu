@@ -116,7 +116,7 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
   attention_merge_qkv_grad(dqkv, dq, dk, dv, B, T, NH, hd, accumulate, stream, nullptr, NKV);
 }
 
-// ---- a later part of a cut piece (issue 23): L queries against s + L keys -------------------
+// ---- a later part of a cut piece: L queries against s + L keys -------------------
 
 size_t attention_prefix_workspace_floats(int s, int L, int C, int NH) {
   // q, y/dy, dq (L*C each); k, v, dk, dv ((s+L)*C each); one (NH, L, s+L) score matrix.

@@ -1,6 +1,6 @@
 // Causal multi-head self-attention over a packed micro-batch, scale 1/sqrt(head_dim): each piece
 // (cu_seqlens) attends causally over itself only, so the work is proportional to sum(len^2).
-// A piece that is a later part of a cut piece (issue 23) has a PREFIX: the s earlier tokens of
+// A piece that is a later part of a cut piece has a PREFIX: the s earlier tokens of
 // its piece, held by other ranks, whose keys and values its queries also see (query i of the part
 // sees keys 0 .. s+i of the whole piece: the bottom-right causal mask). Its work is len * (s+len).
 #pragma once

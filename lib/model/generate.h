@@ -3,7 +3,7 @@
 // O(context) (one row through the dense layers, attention over the cached positions) rather than
 // a full forward over the whole sequence. Used by `kilter sample` and by training's periodic
 // samples (`output.sample_every`); the weights come from a checkpoint or a live model. Owner:
-// issue 14 (sampling).
+// sampling.
 #pragma once
 #include <cstdint>
 #include <memory>

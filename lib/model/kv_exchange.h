@@ -1,4 +1,4 @@
-// The K/V exchange of cut pieces (issue 23; docs/design.md, "Batch plan"): what a backend calls,
+// The K/V exchange of cut pieces (context parallelism; docs/design.md, "Batch plan"): what a backend calls,
 // layer by layer, while its micro-batch holds parts of pieces cut between ranks.
 //
 // A part [s, e) of a piece has positions s..e-1; its queries attend to the keys and values of

@@ -4,7 +4,7 @@
 // then each block's tensors contiguous (h.0 .. h.{L-1}), then the final norm. Backward finishes
 // blocks from the last to the first, so gradient buckets become ready from high offsets to low;
 // the embeddings are ready last.
-// Owner: model (issue 2); the CUDA backend (issue 7) implements the same interface.
+// Owner: model; the CUDA backend implements the same interface.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -31,8 +31,8 @@ struct Batch {
   std::vector<int32_t> targets;     // N; -1 = no target
   std::vector<int32_t> cu_seqlens;  // pieces + 1 offsets: [0] = 0, back() = N, strictly increasing
   int64_t num_targets = 0;          // targets != -1
-  // Per piece: tokens of its piece held before it by other ranks (a later part of a cut piece,
-  // issue 23): its positions start there and its queries also attend to those tokens' K/V,
+  // Per piece: tokens of its piece held before it by other ranks (a later part of a cut piece:
+  // context parallelism): its positions start there and its queries also attend to those tokens' K/V,
   // which `exchange` delivers. Empty, or all 0: no piece has a prefix.
   std::vector<int32_t> pos_offset;
   // Non-null when a piece of this batch is part of a cut piece (as a later part, or as an
@@ -81,6 +81,19 @@ struct BackendOptions {
   // bf16_storage on or off as the trainer resolved auto: every rank ran datapath_self_check and
   // they agreed (MPI), so that no rank trains on another datapath than the others.
   bool bf16_storage_checked = false;
+  // Why cuDNN SDPA attention must not be used here ("" none): it failed its engine probe in a
+  // child process (lib/backend/probed_engines.h). The model then runs attention on cuBLASLt.
+  std::string sdpa_refused;
+  // Why SDPA must not run later parts of cut pieces ("" none): their probe failed. Those buckets
+  // then run on the other engines; whole pieces stay on SDPA.
+  std::string sdpa_cut_refused;
+};
+
+// Graphs an attention engine built (cuDNN SDPA: forward and backward count one each, per shape
+// bucket) and the host seconds it took: the cost a new shape bucket adds to a step.
+struct EngineBuildStats {
+  int graphs = 0;
+  double seconds = 0.0;
 };
 
 class Model {
@@ -89,6 +102,8 @@ class Model {
   virtual std::string backend_name() const = 0;
   // One line for logs: the backend and how it computes (engines, precision).
   virtual std::string describe() const { return backend_name(); }
+  // The attention engines' graph builds so far (none on backends that build no graphs).
+  virtual EngineBuildStats engine_build_stats() const { return {}; }
   virtual const ModelSpec& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
 

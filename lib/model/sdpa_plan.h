@@ -100,6 +100,12 @@ struct SdpaCall {
 
 constexpr int kSdpaDescriptorAlign = 16;  // ints: 64-byte aligned device arrays
 
+// Rows of slack, written (zeroed) once, past the last row of every buffer SDPA reads (q|k|v, the
+// staged prefix rows, O, dO, Stats): a tile of cuDNN's kernels that runs past a call's last
+// sequence reads rows that hold numbers, never memory nothing wrote (whose NaN bit patterns would
+// reach the output through a masked score times a NaN value). cuDNN's tiles are at most 128 rows.
+constexpr int kSdpaTailRows = 128;
+
 // A run of staged key/value rows (rows of kv_width: k heads | v heads, as a prefix row).
 struct SdpaStagedRows {
   int staged_row = 0;       // first row in the staging buffer

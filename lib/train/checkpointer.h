@@ -1,7 +1,7 @@
-// Checkpoints of a training run (docs/design.md "Run directory"; issue 8): the state is copied at a
+// Checkpoints of a training run (docs/design.md "Run directory"): the state is copied at a
 // step boundary (sharded: each rank writes its own slice; docs/checkpoints.md), then written in
 // the background as RUN_DIR/checkpoints/step-NNNNNNNN.h5 (temp file, fsync, rename), keeping the
-// newest `keep` files. Owner: checkpoints (issue 8).
+// newest `keep` files. Owner: checkpoints.
 #pragma once
 #include <mpi.h>
 

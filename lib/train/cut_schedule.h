@@ -1,4 +1,4 @@
-// The K/V exchange schedule of a step's cut pieces (issue 23): from the plan's step and one of
+// The K/V exchange schedule of a step's cut pieces: from the plan's step and one of
 // this rank's micro-batches, what that micro-batch sends and receives each layer
 // (comm::KvSchedule). An earlier part sends its rows to every later part of its piece (a later
 // part attends to ALL earlier tokens); a later part receives its prefix [0, s) from the earlier

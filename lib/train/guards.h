@@ -1,6 +1,6 @@
-// Guards of a training run (issue 8): checks that must agree across ranks before any work starts,
+// Guards of a training run: checks that must agree across ranks before any work starts,
 // the config comparison behind "which keys differ" messages, and the fault-injection hook the
-// e2e tests use to make one rank fail. Owner: checkpoints (issue 8).
+// e2e tests use to make one rank fail. Owner: checkpoints.
 #pragma once
 #include <mpi.h>
 
@@ -46,7 +46,7 @@ std::vector<std::string> config_differences(const std::string& ini_a, const std:
 void maybe_fail_for_test(int rank, int64_t step);
 bool nonfinite_gradient_injected_for_test(int rank, int64_t step);
 
-// The K/V exchange drills (KILTER_TEST_FAIL_MODE kv_exit | kv_hang, issue 23): on rank
+// The K/V exchange drills (KILTER_TEST_FAIL_MODE kv_exit | kv_hang): on rank
 // KILTER_TEST_FAIL_RANK, at step KILTER_TEST_FAIL_STEP or the first later step where that rank
 // holds an earlier part of a cut piece, its micro-batch stops inside the exchange right before it
 // sends layer n_layer / 2's K/V (the earlier layers' K/V went out): it prints the step, layer and

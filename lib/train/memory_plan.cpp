@@ -141,6 +141,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
     p.optimizer = device.optimizer;
     p.activations = device.activations;
     p.engine = device.engine;
+    p.cudnn = device.cudnn;
     p.device_total = device.total();
   } else {
     p.parameters = p.padded_params * (bf16 ? 6 : 4);
@@ -265,6 +266,7 @@ std::string format_memory_plan(const MemoryPlan& p) {
     row("optimizer state", p.optimizer, p.optimizer);
     row("activations", p.activations, p.activations);
     row("GEMM workspaces", p.engine, p.engine);
+    if (p.cudnn > 0) row("cuDNN SDPA workspace", p.cudnn, p.cudnn);
     if (p.input.device_bytes > 0)
       std::snprintf(line, sizeof line, "  %-22s %9.3f GiB per rank of %.3f GiB free on its device: %s\n", "device total",
                     gib(p.device_total), gib(p.input.device_bytes), p.device_fits ? "fits" : "does NOT fit");
@@ -316,6 +318,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
           {"node_bytes", p.node_total},
           {"machine_bytes", p.machine_bytes},
           {"engine_bytes", p.engine},
+          {"cudnn_bytes", p.cudnn},
           {"device_total_bytes", p.device_total},
           {"device_bytes", p.input.device_bytes},
           {"device_fits", p.device_fits},

@@ -1,4 +1,4 @@
-// The memory plan (issue 24): what one rank of a run holds, figure by figure, from the config
+// The memory plan: what one rank of a run holds, figure by figure, from the config
 // alone (no allocation), the node's total against the machine's memory (and, on the cuda
 // backend, each rank's device figures against its device's memory), and the cheapest setting
 // that makes a run fit. `kilter plan --memory` prints it; `kilter train` prints it and refuses a
@@ -36,6 +36,7 @@ struct MemoryPlan {
   uint64_t optimizer = 0;        // AdamW m and v: all parameters, or this rank's 1/P
   uint64_t activations = 0;      // kept for backward + backward scratch, largest micro-batch
   uint64_t engine = 0;           // cuda: cuBLASLt's workspace, upload slots, operand copies
+  uint64_t cudnn = 0;            // cuda: cuDNN SDPA's workspace and its rows outside the arena
   uint64_t checkpoint_rank0 = 0;  // rank 0's: the snapshot (params + moments), or sharded its pieces
   uint64_t checkpoint_other = 0;  // the other ranks' (sharded: their pieces; the resume's reads)
   uint64_t prefetch = 0;         // the reader's ring of micro-batches and the assembled batch

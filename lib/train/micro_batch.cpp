@@ -17,7 +17,7 @@ void assemble_batch(const io::ReadyGroup& group, const balance::MicroBatch& mb, 
                                       << ") than its naive micro-batch row (" << mb.padded_len << ")");
     const int32_t* tokens = group.tokens + group.offsets[p];
     const int padding = mb.padded_len == 0 ? 0 : int(mb.padded_len - len);
-    // A later part of a cut piece continues its piece's positions (issue 23).
+    // A later part of a cut piece continues its piece's positions.
     batch.append_piece(tokens, tokens + 1, int(len), padding, int(mb.pieces[p].offset));
   }
 }

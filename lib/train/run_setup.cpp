@@ -20,6 +20,7 @@
 #include "lib/train/memory_plan.h"
 #include "lib/train/run_calibration.h"
 #include "lib/train/run_dir.h"
+#include "lib/train/run_engine_probes.h"
 #include "lib/train/signals.h"
 #include "lib/train/staging.h"
 
@@ -103,7 +104,7 @@ void load_data(Run& run) {
 
 // The model's description, its memory check and its construction, kept together: a run that
 // cannot fit is refused here, before any rank allocates model memory.
-std::unique_ptr<model::Model> make_run_model(const Run& run, size_t pad_multiple) {
+std::unique_ptr<model::Model> make_run_model(Run& run, size_t pad_multiple) {
   const Config& cfg = run.cfg;
   check_memory_plan(run.world, cfg, run.topo.local_size, run.resuming, run.backend);
   const model::ModelSpec& gpt = cfg.model;
@@ -113,8 +114,11 @@ std::unique_ptr<model::Model> make_run_model(const Run& run, size_t pad_multiple
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   backend_options.recompute = cfg.train.recompute;
   backend_options.bf16_storage = cfg.train.bf16_storage;
-  // bf16 storage (auto) takes its start-up self-check; every rank checks on its own device and the
-  // ranks agree, so that they all train on one datapath.
+  // The engines this run would trust untested run first in a child process, one per node; the
+  // ranks agree on their verdicts (run_engine_probes.h), bf16 storage (auto) included.
+  run.engine_choices = probe_engines(run.world, run.topo, run.run_dir, run.backend, gpt, backend_options);
+  // Where nothing could be probed, bf16 storage (auto) takes its start-up self-check in-process;
+  // every rank checks on its own device and the ranks agree, so that they all train on one datapath.
   if (backend_options.bf16_storage == "auto" && run.backend == "cuda" && backend_options.precision == "bf16" &&
       backend_options.attention != "cudnn") {  // what datapath_self_check checks
     const std::string why = model::datapath_self_check(run.backend, gpt, backend_options);

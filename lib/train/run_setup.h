@@ -20,6 +20,7 @@
 #include "lib/train/cost_calibration.h"
 #include "lib/train/cut_cost_watch.h"
 #include "lib/train/plan_cursor.h"
+#include "lib/train/run_engine_probes.h"
 #include "lib/train/sampling.h"
 #include "lib/train/train_step.h"
 #include "lib/train/trainer.h"
@@ -68,6 +69,7 @@ struct Run {
   std::string comm_kind;  // mpi | nccl
   std::string algo;       // flat | hierarchical, as in force
   bool shard_optimizer = false;
+  std::vector<EngineChoice> engine_choices;  // the engine probes' verdicts and what they chose
   std::unique_ptr<model::Model> model;
   std::unique_ptr<comm::GradientReducer> reducer;
   ModelOutlivesCollective model_outlives_collective{model, reducer};

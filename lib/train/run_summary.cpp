@@ -38,6 +38,18 @@ void add_run_figures(const Run& run, const RunProgress& progress, nlohmann::json
   extra["sampler"] = run.cfg.data.sampler;
   extra["backend"] = run.backend;
   extra["backend_detail"] = run.model->describe();
+  // The engine probes (run_engine_probes.h): this node's verdict and the run's choice.
+  nlohmann::json probes = nlohmann::json::array();
+  for (const EngineChoice& c : run.engine_choices)
+    probes.push_back({{"engine", c.verdict.engine}, {"family", c.verdict.family}, {"device", c.verdict.identity.device},
+                      {"driver", c.verdict.identity.driver}, {"cudnn", c.verdict.identity.cudnn},
+                      {"passed", c.verdict.passed}, {"passed_everywhere", c.passed_everywhere},
+                      {"error", c.verdict.error}, {"origin", c.verdict.origin}, {"file", c.verdict.file},
+                      {"choice", c.choice}});
+  extra["engine_probes"] = probes;
+  // Rank 0's attention graph builds (cuDNN SDPA, per shape bucket) in its first steps.
+  extra["graph_builds_early"] = {{"steps", progress.early_build_steps}, {"graphs", progress.early_builds.graphs},
+                                 {"seconds", progress.early_builds.seconds}};
   extra["comm_algo"] = run.algo;
   extra["shard_optimizer"] = run.shard_optimizer;
   extra["num_nodes"] = run.topo.num_nodes;

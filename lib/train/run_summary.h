@@ -25,7 +25,12 @@ struct RunProgress {
   nlohmann::json cut_cost_check;  // rank 0: the cut-cost check's verdict (null: none in this process)
   std::vector<uint64_t> tokens_per_source;  // a mixture: this run's target tokens per source
   nlohmann::json eval_loss_per_source;      // a mixture: the latest evaluation per source
+  // The attention engines' graph builds in this process's first kGraphBuildSteps steps (cuDNN SDPA
+  // per shape bucket: what new buckets cost at the start); recorded at that step or at the end.
+  model::EngineBuildStats early_builds;
+  int64_t early_build_steps = -1;  // steps they cover (-1: not recorded yet)
 };
+inline constexpr int64_t kGraphBuildSteps = 20;
 
 // Collective (the diagnostics' last gather): writes summary.json on rank 0, prints the closing
 // line there, and the summary object on stdout with --json.

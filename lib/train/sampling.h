@@ -1,4 +1,4 @@
-// Sampling text from a model (issue 14): what `kilter sample` loads from a checkpoint (weights,
+// Sampling text from a model: what `kilter sample` loads from a checkpoint (weights,
 // shape, the recorded tokenizer), how a prompt becomes ids and ids become text, and the periodic
 // samples `kilter train` prints every `output.sample_every` steps. Generation itself is
 // lib/model/generate.h (CPU, KV cache).

@@ -3,7 +3,7 @@
 // communication thread, reader workers, the watchdog, the checkpoint writer) has them blocked too,
 // and one watcher thread takes them with sigwait(). Why not a plain handler: a handler runs on the
 // stack of whichever thread the signal lands on, and oneDNN's JIT sgemm kernels (Debian's 2.6;
-// fixed upstream in oneDNN PR 4855 for issue 4845) point the stack pointer into a heap workspace
+// fixed upstream by oneDNN pull request 4855) point the stack pointer into a heap workspace
 // while they run, so the kernel's signal frame was written into the heap: the "free(): invalid
 // pointer" / "corrupted size vs. prev_size" aborts of rank 1 in e2e_fault_signal. The handler
 // stays installed for threads started before (MPI's own), which never run GEMMs; it only stores

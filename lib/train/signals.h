@@ -1,6 +1,6 @@
-// Preemption signals (issue 8): SIGUSR1 / SIGTERM (Slurm's --signal, scancel, preemption) ask the
+// Preemption signals: SIGUSR1 / SIGTERM (Slurm's --signal, scancel, preemption) ask the
 // run to finish the current step, checkpoint and exit with kExitPreempted, which slurm/train.sbatch
-// turns into a requeue. Owner: checkpoints (issue 8).
+// turns into a requeue. Owner: checkpoints.
 #pragma once
 
 namespace kilter::train {

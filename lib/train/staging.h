@@ -1,4 +1,4 @@
-// Node-local staging (`[data] stage_dir`, issue 3): one rank per node copies the dataset's shards
+// Node-local staging (`[data] stage_dir`): one rank per node copies the dataset's shards
 // to node-local storage and verifies them (io/stage.h); the node's other ranks wait on the node
 // communicator; every rank learns the directory to read from. An error on the copying rank is
 // sent to the node's other ranks, so they all fail with the same message instead of hanging.

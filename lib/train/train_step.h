@@ -30,7 +30,7 @@ struct StepContext {
   comm::GradientReducer* reducer = nullptr;
   diag::RankDiagnostics* diagnostics = nullptr;
   Watchdog* watchdog = nullptr;
-  // The K/V exchange of cut pieces (issue 23): makes one micro-batch's exchange (the trainer
+  // The K/V exchange of cut pieces: makes one micro-batch's exchange (the trainer
   // picks MPI or NCCL, on a communicator of the exchange's own); empty: a step with a cut piece
   // is refused.
   std::function<std::unique_ptr<comm::CutExchange>(comm::KvSchedule, const comm::KvExchangeOptions&)>

@@ -224,6 +224,10 @@ bool run_step(Run& run, StepLoop& loop) {
   if (run.rank == 0 && (log_now || eval_now)) log_step(run, loop, reduced.loss, updated, log_now, eval_now, eval_loss);
   run.sampler->maybe_sample(*run.model, state.step);
   checkpoint_if_due(run, loop, reduced);
+  if (loop.progress.early_build_steps < 0 && state.step - loop.progress.first_step >= kGraphBuildSteps) {
+    loop.progress.early_builds = run.model->engine_build_stats();
+    loop.progress.early_build_steps = kGraphBuildSteps;
+  }
   return reduced.stop_requested;
 }
 
@@ -253,6 +257,10 @@ RunProgress run_steps(Run& run) {
     std::fprintf(stderr, "kilter: stop signal received: checkpoint of step %lld written, exiting with code %d\n",
                  (long long)run.state.step, kExitPreempted);
   progress.elapsed = now_seconds() - progress.t_loop;
+  if (progress.early_build_steps < 0) {  // fewer steps than kGraphBuildSteps
+    progress.early_builds = run.model->engine_build_stats();
+    progress.early_build_steps = run.state.step - progress.first_step;
+  }
   return progress;
 }
 

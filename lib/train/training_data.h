@@ -1,4 +1,4 @@
-// What a run trains on (issue 26): one dataset (`data.dir`) or a weighted mixture of several
+// What a run trains on: one dataset (`data.dir`) or a weighted mixture of several
 // (`data.sources`, lib/balance/mixture.h) behind one merged index, with what the trainer reports
 // per source: tokens per source in the summary, eval loss per source.
 #pragma once

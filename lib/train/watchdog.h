@@ -1,6 +1,6 @@
-// Watchdog (issue 8): a thread that notices when this rank has been inside a collective longer
+// Watchdog: a thread that notices when this rank has been inside a collective longer
 // than [comm] timeout_s, reports which ranks have not arrived (as far as it can tell) and ends the
-// job with MPI_Abort instead of hanging. Owner: checkpoints (issue 8).
+// job with MPI_Abort instead of hanging. Owner: checkpoints.
 #pragma once
 #include <mpi.h>
 

@@ -143,7 +143,7 @@ s = json.load(open("plan_cuda_true.json"))["memory"]
 u = json.load(open("plan_cuda_false.json"))["memory"]
 for m in (s, u):
     assert m["backend"] == "cuda" and m["device_bytes"] == 2**29, m
-    parts = sum(m[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "engine_bytes"))
+    parts = sum(m[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "engine_bytes", "cudnn_bytes"))
     assert m["device_total_bytes"] == parts and m["device_fits"] and m["fits"], m
     # The device holds the model's buffers, so the host total is the checkpoint, ring and runtime.
     assert m["other_rank_bytes"] < m["device_total_bytes"], m

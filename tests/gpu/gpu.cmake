@@ -1,8 +1,10 @@
-# GPU tier (label gpu): kernels vs their CPU twins, the CUDA model vs the CPU model, and the GPU
-# step benchmark. Built only with CUDA. The binaries link the model sources, the kernels and the
-# CUDA libraries only (no MPI, HDF5, Boost), so the same targets build on a GPU machine through
-# tests/gpu/standalone/. Without a device each test prints "SKIPPED: no CUDA device (...)" and
-# exits 77, which ctest reports as skipped.
+# GPU tier (label gpu): the op table (every kernel vs its CPU twin), the CUDA model vs the CPU
+# model, and the GPU step benchmark. Built only with CUDA. The binaries link the model sources, the
+# kernels, the CUDA libraries and GoogleTest (statically) only (no MPI, HDF5, Boost), so the same
+# targets build on a GPU machine through tests/gpu/standalone/. Without a device each test is
+# skipped (GTEST_SKIP), the binary prints "SKIPPED: no CUDA device (...)" and exits 77, which
+# ctest reports as skipped. The op table's CPU part (its completeness, the bf16 twins against the
+# fp32 ops) is tests/unit/op_table.cmake, in every build.
 if(KILTER_WITH_CUDA)
   set(KILTER_GPU_ROOT ${CMAKE_SOURCE_DIR})
   include(${CMAKE_SOURCE_DIR}/tests/gpu/standalone/sources.cmake)
@@ -11,14 +13,10 @@ if(KILTER_WITH_CUDA)
   target_link_libraries(kilter_gpu_core PUBLIC CUDA::cudart kilter::blas Threads::Threads ${CMAKE_DL_LIBS})
   kilter_link_cudnn(kilter_gpu_core)
 
-  # gpu_sdpa: the cuDNN SDPA engine against the CPU twin, where the engine is built.
-  set(KILTER_GPU_TESTS gpu_ops gpu_bf16_ops gpu_model gpu_bf16_model gpu_cut)
-  if(KILTER_WITH_SDPA)
-    list(APPEND KILTER_GPU_TESTS gpu_sdpa)
-  endif()
+  # The device tests (tests/gpu/standalone/sources.cmake: KILTER_GPU_TESTS), GoogleTest binaries
+  # that exit 77 (skipped) where no device is usable. gpu_op_table: the op table, first.
   foreach(test_name ${KILTER_GPU_TESTS})
-    add_executable(kilter_${test_name}_test ${CMAKE_SOURCE_DIR}/tests/gpu/${test_name}_test.cpp)
-    target_link_libraries(kilter_${test_name}_test PRIVATE kilter_gpu_core)
+    kilter_add_gpu_test_binary(${test_name} GTest::gtest)
     add_test(NAME ${test_name} COMMAND kilter_${test_name}_test)
     set_tests_properties(${test_name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
   endforeach()
@@ -27,11 +25,18 @@ if(KILTER_WITH_CUDA)
   # multi-GPU node by hand (mpirun -np <gpus> kilter_gpu_nccl_test).
   if(KILTER_WITH_NCCL)
     add_executable(kilter_gpu_nccl_test ${CMAKE_SOURCE_DIR}/tests/gpu/gpu_nccl_test.cpp)
-    target_link_libraries(kilter_gpu_nccl_test PRIVATE kilter_lib)
+    target_link_libraries(kilter_gpu_nccl_test PRIVATE kilter_lib GTest::gtest)
     add_test(NAME gpu_nccl COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${KILTER_MPIRUN_FLAGS}
                                    $<TARGET_FILE:kilter_gpu_nccl_test>)
     set_tests_properties(gpu_nccl PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
   endif()
+
+  # The CUDA libraries loaded, their versions and files (device-check.sh's first step); it runs
+  # without a device too (driver "none").
+  add_executable(kilter_gpu_versions ${CMAKE_SOURCE_DIR}/tests/gpu/gpu_versions.cpp)
+  target_link_libraries(kilter_gpu_versions PRIVATE kilter_gpu_core)
+  add_test(NAME gpu_versions COMMAND kilter_gpu_versions)
+  set_tests_properties(gpu_versions PROPERTIES LABELS gpu TIMEOUT 60)
 
   # Not a test: bench/gpu_step.sh and tests/gpu/device-check.sh run it.
   add_executable(kilter_bench_gpu_step ${CMAKE_SOURCE_DIR}/bench/gpu_step.cpp)

@@ -17,7 +17,7 @@
 // the same tolerances (cut pieces on SDPA: gpu_cut), recompute attention and block against none
 // on SDPA, and reruns bit for bit (loss, every gradient but the token embedding's float atomics);
 // skipped with a note where the build or the machine has no SDPA.
-// Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+// GoogleTest; without a CUDA device every test is skipped and the binary exits 77.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -261,49 +261,62 @@ void expect_refused(Checker& check, const km::ModelSpec& cfg, const km::BackendO
   check.expect(what + " refused naming " + key, refused);
 }
 
+using Bf16Model = kilter::gputest::DeviceTest;
+
+const km::ModelSpec kTiny{2, 4, 32, 16, 67};  // head_dim 8, odd vocabulary (padded to 128)
+const km::ModelSpec kSmall{2, 2, 128, 64, 515};
+const km::ModelSpec kGqa = llama(8, 2, 128, 64, 515, false, false);  // 4 query heads per K/V head, untied
+const km::ModelSpec kQwen = llama(4, 4, 64, 64, 300, true, true);    // tied, q/k/v biases
+
 }  // namespace
 
-int main() {
-  kilter::gputest::skip_without_device();
-  try {
-    Checker check;
-    const km::ModelSpec tiny{2, 4, 32, 16, 67};     // head_dim 8, odd vocabulary (padded to 128)
-    const km::ModelSpec small{2, 2, 128, 64, 515};
-    const km::ModelSpec gqa = llama(8, 2, 128, 64, 515, false, false);  // 4 query heads per K/V head, untied
-    const km::ModelSpec qwen = llama(4, 4, 64, 64, 300, true, true);    // tied, q/k/v biases
-    // The Llama family on the fp32-activation datapath, against the fp32 CPU model.
-    compare_step(check, gqa, 4, 64, with("fp32", "cublaslt"));
-    compare_step(check, gqa, 23, 64, with("fp32", "cublaslt"));
-    compare_step(check, qwen, 4, 64, with("fp32", "auto"));  // MHA: cuDNN where usable
-    // bf16 storage against the oracle.
-    for (const km::ModelSpec& cfg : {tiny, small, gqa, qwen}) {
-      compare_step(check, cfg, 4, cfg.block_size, bf16_storage());
-      compare_step(check, cfg, 23, cfg.block_size, bf16_storage());
-    }
-    for (const char* mode : {"gelu", "attention", "block"}) {
-      compare_step(check, small, 4, 64, bf16_storage(mode));
-      compare_step(check, gqa, 4, 64, bf16_storage(mode));
-      compare_recompute(check, small, mode);
-      compare_recompute(check, gqa, mode);
-    }
-    compare_steps(check, small, bf16_storage(), 2, 2.5e-3);
-    compare_steps(check, gqa, bf16_storage(), 2, 2.5e-3);
-    compare_steps(check, small, bf16_storage("none", true), 5, 5e-3);  // CUDA graphs, every stage
-    compare_steps(check, gqa, bf16_storage("block", true), 5, 5e-3);
-    sdpa_cases(check, {tiny, small, gqa, qwen}, small, gqa);
-    // auto: the self-check on this device decides, and says so.
-    std::unique_ptr<km::Model> automatic = kilter::backend::make_cuda_model(small, 1, with("bf16", "auto", false, "none", "auto"));
-    std::printf("  %s\n", automatic->describe().c_str());
-    check.expect("bf16_storage=auto passes its self-check here and runs bf16 storage",
-                 kilter::gputest::runs_bf16_storage(*automatic) &&
-                     automatic->describe().find("self-checked") != std::string::npos,
-                 automatic->describe());
-    expect_refused(check, small, with("fp32", "auto", false, "none", "on"), "train.bf16_storage", "bf16 storage in fp32");
-    expect_refused(check, small, with("bf16", "cudnn", false, "none", "on"), "train.attention", "bf16 storage on cuDNN");
-    expect_refused(check, gqa, with("fp32", "cudnn"), "train.attention", "cuDNN with grouped K/V heads");
-    return check.finish("kilter_gpu_bf16_model_test");
-  } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
+// The Llama family on the fp32-activation datapath, against the fp32 CPU model.
+TEST_F(Bf16Model, LlamaOnTheFp32DatapathAgainstTheCpu) {
+  Checker check;
+  compare_step(check, kGqa, 4, 64, with("fp32", "cublaslt"));
+  compare_step(check, kGqa, 23, 64, with("fp32", "cublaslt"));
+  compare_step(check, kQwen, 4, 64, with("fp32", "auto"));  // MHA: cuDNN where usable
+}
+
+// bf16 storage against the oracle: steps, recompute, runs (CUDA graphs, every stage).
+TEST_F(Bf16Model, Bf16StorageAgainstItsCpuOracle) {
+  Checker check;
+  for (const km::ModelSpec& cfg : {kTiny, kSmall, kGqa, kQwen}) {
+    compare_step(check, cfg, 4, cfg.block_size, bf16_storage());
+    compare_step(check, cfg, 23, cfg.block_size, bf16_storage());
   }
+  for (const char* mode : {"gelu", "attention", "block"}) {
+    compare_step(check, kSmall, 4, 64, bf16_storage(mode));
+    compare_step(check, kGqa, 4, 64, bf16_storage(mode));
+    compare_recompute(check, kSmall, mode);
+    compare_recompute(check, kGqa, mode);
+  }
+  compare_steps(check, kSmall, bf16_storage(), 2, 2.5e-3);
+  compare_steps(check, kGqa, bf16_storage(), 2, 2.5e-3);
+  compare_steps(check, kSmall, bf16_storage("none", true), 5, 5e-3);  // CUDA graphs, every stage
+  compare_steps(check, kGqa, bf16_storage("block", true), 5, 5e-3);
+}
+
+TEST_F(Bf16Model, Bf16StorageOnCudnnSdpa) {
+  Checker check;
+  sdpa_cases(check, {kTiny, kSmall, kGqa, kQwen}, kSmall, kGqa);
+}
+
+// auto: the self-check on this device decides, and says so.
+TEST_F(Bf16Model, AutoTakesBf16StorageAfterItsSelfCheck) {
+  Checker check;
+  std::unique_ptr<km::Model> automatic =
+      kilter::backend::make_cuda_model(kSmall, 1, with("bf16", "auto", false, "none", "auto"));
+  std::printf("  %s\n", automatic->describe().c_str());
+  check.expect("bf16_storage=auto passes its self-check here and runs bf16 storage",
+               kilter::gputest::runs_bf16_storage(*automatic) &&
+                   automatic->describe().find("self-checked") != std::string::npos,
+               automatic->describe());
+}
+
+TEST_F(Bf16Model, RefusalsNameTheKey) {
+  Checker check;
+  expect_refused(check, kSmall, with("fp32", "auto", false, "none", "on"), "train.bf16_storage", "bf16 storage in fp32");
+  expect_refused(check, kSmall, with("bf16", "cudnn", false, "none", "on"), "train.attention", "bf16 storage on cuDNN");
+  expect_refused(check, kGqa, with("fp32", "cudnn"), "train.attention", "cuDNN with grouped K/V heads");
 }

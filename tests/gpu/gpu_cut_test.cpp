@@ -1,4 +1,4 @@
-// Cut pieces on the CUDA backend (issue 23): a piece cut between ranks computes as the uncut
+// Cut pieces (context parallelism) on the CUDA backend: a piece cut between ranks computes as the uncut
 // piece. Each "rank" is a CUDA model in its own host thread on the one GPU; the ranks' K/V and
 // dK/dV go through the test exchange of tests/unit/thread_kv_exchange.h (the reference of the
 // exchange contract), with device rows staged through host memory by DeviceKvEndpoint below. The
@@ -19,7 +19,7 @@
 // datapath with cuDNN SDPA (train.attention = sdpa; recompute none, attention and block) at the
 // same bounds, skipped with a note where the build or the machine has no SDPA.
 // The NCCL exchange itself needs one GPU per rank: tests/gpu/gpu_nccl_test.cpp.
-// Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+// GoogleTest; without a CUDA device every test is skipped and the binary exits 77.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -232,6 +232,15 @@ km::ModelSpec cut_config() {
   return cfg;
 }
 
+// The Llama family's form of `cfg`: grouped K/V heads (narrower exchange rows), RoPE, SwiGLU.
+km::ModelSpec llama_of(const km::ModelSpec& cfg) {
+  km::ModelSpec llama = cfg;
+  llama.arch = "llama";
+  llama.n_kv_head = 2;
+  llama.ffn_hidden = 96;
+  return llama;
+}
+
 // Parameters away from GPT-2's init (biases 0, LN weights 1), so every path carries signal.
 std::vector<float> random_params(const km::ModelSpec& cfg, uint64_t seed) {
   kilter::backend::CpuModel model(cfg, 1);
@@ -257,130 +266,137 @@ void compare_fp32(Checker& check, const std::string& name, const km::ModelSpec& 
   }
 }
 
+using CutPieces = kilter::gputest::DeviceTest;
+
+// The batches and cuts of the cases: a piece cut in 2, in 3, and a batch mixing whole pieces with
+// earlier and later parts on 2 and 3 ranks.
+struct Setups {
+  km::ModelSpec cfg = cut_config();
+  km::ModelSpec llama = llama_of(cfg);
+  km::Batch one_piece = kt::make_batch({150}, cfg.vocab_size, 12, {{0, 149}});
+  km::Batch three = kt::make_batch({160}, cfg.vocab_size, 22, {{0, 159}});
+  km::Batch mixed = kt::make_batch({150, 100, 30, 120, 1}, cfg.vocab_size, 32, {{0, 149}, {2, 29}, {1, 5}});
+  std::vector<std::vector<kt::RankPart>> three_ranks = {
+      {{0, 0, 50}, {3}}, {{1, 0, 60}, {0, 50, 110}, {2}}, {{0, 110, -1}, {1, 60, -1}, {4}}};
+};
+
 }  // namespace
 
-int main() {
-  kilter::gputest::skip_without_device();
-  try {
-    Checker check;
-    const km::ModelSpec cfg = cut_config();
-    const int V = cfg.vocab_size;
-    const auto one_piece = kt::make_batch({150}, V, 12, {{0, 149}});
-    const auto three = kt::make_batch({160}, V, 22, {{0, 159}});
-    const auto mixed = kt::make_batch({150, 100, 30, 120, 1}, V, 32, {{0, 149}, {2, 29}, {1, 5}});
-    std::vector<std::string> engines = {"cublaslt"};
-    if (cudnn_usable(cfg)) engines.push_back("cudnn");
-    for (const std::string& attention : engines) {
-      // Rank 1's queries span several blocks; the prefix is no multiple of 16.
-      compare_fp32(check, "piece cut in 2", cfg, one_piece, {{{0, 0, 70}}, {{0, 70, -1}}}, attention, 11);
-      // A middle part receives the K/V of [0, 40) and sends its own.
-      compare_fp32(check, "piece cut in 3", cfg, three, {{{0, 0, 40}}, {{0, 40, 101}}, {{0, 101, -1}}}, attention, 21);
-      compare_fp32(check, "mixed batch, 2 ranks", cfg, mixed,
-                   {{{2}, {1, 0, 37}, {0, 70, -1}, {4}}, {{3}, {0, 0, 70}, {1, 37, -1}}}, attention, 31);
-      compare_fp32(check, "mixed batch, 3 ranks", cfg, mixed,
-                   {{{0, 0, 50}, {3}}, {{1, 0, 60}, {0, 50, 110}, {2}}, {{0, 110, -1}, {1, 60, -1}, {4}}}, attention,
-                   41);
-    }
+TEST_F(CutPieces, Fp32CutsAgainstUncutWithEachAttentionEngine) {
+  Checker check;
+  const Setups u;
+  std::vector<std::string> engines = {"cublaslt"};
+  if (cudnn_usable(u.cfg)) engines.push_back("cudnn");
+  for (const std::string& attention : engines) {
+    // Rank 1's queries span several blocks; the prefix is no multiple of 16.
+    compare_fp32(check, "piece cut in 2", u.cfg, u.one_piece, {{{0, 0, 70}}, {{0, 70, -1}}}, attention, 11);
+    // A middle part receives the K/V of [0, 40) and sends its own.
+    compare_fp32(check, "piece cut in 3", u.cfg, u.three, {{{0, 0, 40}}, {{0, 40, 101}}, {{0, 101, -1}}}, attention,
+                 21);
+    compare_fp32(check, "mixed batch, 2 ranks", u.cfg, u.mixed,
+                 {{{2}, {1, 0, 37}, {0, 70, -1}, {4}}, {{3}, {0, 0, 70}, {1, 37, -1}}}, attention, 31);
+    compare_fp32(check, "mixed batch, 3 ranks", u.cfg, u.mixed, u.three_ranks, attention, 41);
+  }
+}
 
-    // Recomputation (issue 24) reruns a later part's attention against the prefix it received.
-    for (const char* mode : {"attention", "block"})
-      compare_fp32(check, "mixed batch, 3 ranks", cfg, mixed,
-                   {{{0, 0, 50}, {3}}, {{1, 0, 60}, {0, 50, 110}, {2}}, {{0, 110, -1}, {1, 60, -1}, {4}}}, "cublaslt", 41,
-                   mode);
+// Recomputation reruns a later part's attention against the prefix it received.
+TEST_F(CutPieces, RecomputeRerunsAgainstTheReceivedPrefix) {
+  Checker check;
+  const Setups u;
+  for (const char* mode : {"attention", "block"})
+    compare_fp32(check, "mixed batch, 3 ranks", u.cfg, u.mixed, u.three_ranks, "cublaslt", 41, mode);
+}
 
-    // Positions continue from the offset: rank 0 trains wpe rows 0..69 only, rank 1 rows 70..149.
-    try {
-      const std::vector<float> params = random_params(cfg, 11);
-      const kt::CutBatches setup = kt::cut_batches(one_piece, {{{0, 0, 70}}, {{0, 70, -1}}});
-      const Result cut = gpu_cut(cfg, params, setup, 1.0f / one_piece.num_targets, with("fp32", "cublaslt"));
-      const km::ParamTensor& wpe = km::ParamLayout::build(cfg).find("transformer.wpe.weight");
-      const size_t C = cfg.n_embd;
-      for (int r = 0; r < 2 && cut.problems.empty(); ++r) {
-        const float* g = cut.rank_grads[r].data() + wpe.offset;
-        const size_t first = r == 0 ? 0 : 70, last = r == 0 ? 70 : 150;
-        bool outside_zero = true, inside_signal = false;
-        for (size_t i = 0; i < wpe.size; ++i) {
-          if ((i < first * C || i >= last * C) && g[i] != 0.0f) outside_zero = false;
-          if (i >= first * C && i < last * C && g[i] != 0.0f) inside_signal = true;
-        }
-        check.expect("rank " + std::to_string(r) + " trains wpe rows " + std::to_string(first) + ".." +
-                         std::to_string(last - 1) + " only",
-                     outside_zero && inside_signal);
-      }
-      check.expect("position check ran", cut.problems.empty(), cut.problems.empty() ? "" : cut.problems.front());
-    } catch (const std::exception& e) {
-      check.expect("position check ran", false, e.what());
+// Positions continue from the offset: rank 0 trains wpe rows 0..69 only, rank 1 rows 70..149.
+TEST_F(CutPieces, EachRankTrainsItsPositionRows) {
+  Checker check;
+  const Setups u;
+  const km::ModelSpec& cfg = u.cfg;
+  const std::vector<float> params = random_params(cfg, 11);
+  const kt::CutBatches setup = kt::cut_batches(u.one_piece, {{{0, 0, 70}}, {{0, 70, -1}}});
+  const Result cut = gpu_cut(cfg, params, setup, 1.0f / u.one_piece.num_targets, with("fp32", "cublaslt"));
+  const km::ParamTensor& wpe = km::ParamLayout::build(cfg).find("transformer.wpe.weight");
+  const size_t C = cfg.n_embd;
+  for (int r = 0; r < 2 && cut.problems.empty(); ++r) {
+    const float* g = cut.rank_grads[r].data() + wpe.offset;
+    const size_t first = r == 0 ? 0 : 70, last = r == 0 ? 70 : 150;
+    bool outside_zero = true, inside_signal = false;
+    for (size_t i = 0; i < wpe.size; ++i) {
+      if ((i < first * C || i >= last * C) && g[i] != 0.0f) outside_zero = false;
+      if (i >= first * C && i < last * C && g[i] != 0.0f) inside_signal = true;
     }
+    check.expect("rank " + std::to_string(r) + " trains wpe rows " + std::to_string(first) + ".." +
+                     std::to_string(last - 1) + " only",
+                 outside_zero && inside_signal);
+  }
+  check.expect("position check ran", cut.problems.empty(), cut.problems.empty() ? "" : cut.problems.front());
+}
 
-    // bf16: the prefix K/V are rounded to bf16 as local K/V are.
-    try {
-      const std::vector<float> params = random_params(cfg, 51);
-      const km::Batch whole = kt::make_batch({160, 31, 90}, V, 52);
-      const float scale = 1.0f / static_cast<float>(whole.num_targets);
-      const kt::CutBatches setup =
-          kt::cut_batches(whole, {{{0, 0, 45}, {1}}, {{0, 45, 130}, {2, 0, 50}}, {{0, 130, -1}, {2, 50, -1}}});
-      const Result cut = gpu_cut(cfg, params, setup, scale, with("bf16", "cublaslt"));
-      const Result uncut = gpu_whole(cfg, params, whole, scale, with("bf16", "cublaslt"));
-      const Result fp32 = gpu_whole(cfg, params, whole, scale, with("fp32", "cublaslt"));
-      check.expect("[bf16] the bf16 loss differs from the fp32 one (bf16 GEMMs ran)", uncut.loss != fp32.loss);
-      compare(check, "[bf16, cublaslt] 3 ranks vs GPU uncut bf16: ", cut, uncut, cfg, 1e-4, 2e-2, true);
-    } catch (const std::exception& e) {
-      check.expect("[bf16] cut comparison ran", false, e.what());
+// bf16: the prefix K/V are rounded to bf16 as local K/V are.
+TEST_F(CutPieces, Bf16GemmsCutAgainstUncut) {
+  Checker check;
+  const Setups u;
+  const km::ModelSpec& cfg = u.cfg;
+  const std::vector<float> params = random_params(cfg, 51);
+  const km::Batch whole = kt::make_batch({160, 31, 90}, cfg.vocab_size, 52);
+  const float scale = 1.0f / static_cast<float>(whole.num_targets);
+  const kt::CutBatches setup =
+      kt::cut_batches(whole, {{{0, 0, 45}, {1}}, {{0, 45, 130}, {2, 0, 50}}, {{0, 130, -1}, {2, 50, -1}}});
+  const Result cut = gpu_cut(cfg, params, setup, scale, with("bf16", "cublaslt"));
+  const Result uncut = gpu_whole(cfg, params, whole, scale, with("bf16", "cublaslt"));
+  const Result fp32 = gpu_whole(cfg, params, whole, scale, with("fp32", "cublaslt"));
+  check.expect("[bf16] the bf16 loss differs from the fp32 one (bf16 GEMMs ran)", uncut.loss != fp32.loss);
+  compare(check, "[bf16, cublaslt] 3 ranks vs GPU uncut bf16: ", cut, uncut, cfg, 1e-4, 2e-2, true);
+}
+
+// The Llama family (grouped K/V heads: narrower exchange rows; RoPE continues from the offset)
+// in fp32 against the CPU.
+TEST_F(CutPieces, LlamaFp32AgainstTheCpu) {
+  Checker check;
+  const Setups u;
+  compare_fp32(check, "llama, mixed batch, 3 ranks", u.llama, u.mixed, u.three_ranks, "cublaslt", 61);
+  compare_fp32(check, "llama, mixed batch, 3 ranks", u.llama, u.mixed, u.three_ranks, "cublaslt", 61, "block");
+}
+
+// The bf16-storage datapath (fp32 staging of the exchanged rows) against its uncut self and its
+// CPU oracle, for both architectures.
+TEST_F(CutPieces, Bf16StorageAgainstUncutAndTheOracle) {
+  Checker check;
+  const Setups u;
+  for (const km::ModelSpec& arch : {u.cfg, u.llama}) {
+    const std::string tag = "[bf16 storage, " + arch.arch + "] mixed batch, 3 ranks ";
+    const std::vector<float> params = random_params(arch, 71);
+    const float scale = 1.0f / static_cast<float>(u.mixed.num_targets);
+    const kt::CutBatches setup = kt::cut_batches(u.mixed, u.three_ranks);
+    for (const char* mode : {"none", "attention"}) {
+      const Result cut = gpu_cut(arch, params, setup, scale, kilter::gputest::bf16_storage(mode));
+      compare(check, tag + mode + " vs GPU uncut: ", cut,
+              gpu_whole(arch, params, u.mixed, scale, kilter::gputest::bf16_storage()), arch, 1e-4, 5e-3, true);
+      compare(check, tag + mode + " vs CPU oracle uncut: ", cut, cpu_whole(arch, params, u.mixed, scale, true), arch,
+              1e-3, 1e-2, true);
     }
-    // The Llama family (grouped K/V heads: narrower exchange rows; RoPE continues from the
-    // offset), in fp32 against the CPU, and the bf16-storage datapath (fp32 staging of the
-    // exchanged rows) against its uncut self and its CPU oracle, for both architectures.
-    km::ModelSpec llama = cfg;
-    llama.arch = "llama";
-    llama.n_kv_head = 2;
-    llama.ffn_hidden = 96;
-    const std::vector<std::vector<kt::RankPart>> three_ranks = {
-        {{0, 0, 50}, {3}}, {{1, 0, 60}, {0, 50, 110}, {2}}, {{0, 110, -1}, {1, 60, -1}, {4}}};
-    compare_fp32(check, "llama, mixed batch, 3 ranks", llama, mixed, three_ranks, "cublaslt", 61);
-    compare_fp32(check, "llama, mixed batch, 3 ranks", llama, mixed, three_ranks, "cublaslt", 61, "block");
-    for (const km::ModelSpec& arch : {cfg, llama}) {
-      const std::string tag = "[bf16 storage, " + arch.arch + "] mixed batch, 3 ranks ";
-      try {
-        const std::vector<float> params = random_params(arch, 71);
-        const float scale = 1.0f / static_cast<float>(mixed.num_targets);
-        const kt::CutBatches setup = kt::cut_batches(mixed, three_ranks);
-        for (const char* mode : {"none", "attention"}) {
-          const Result cut = gpu_cut(arch, params, setup, scale, kilter::gputest::bf16_storage(mode));
-          compare(check, tag + mode + " vs GPU uncut: ", cut,
-                  gpu_whole(arch, params, mixed, scale, kilter::gputest::bf16_storage()), arch, 1e-4, 5e-3, true);
-          compare(check, tag + mode + " vs CPU oracle uncut: ", cut, cpu_whole(arch, params, mixed, scale, true), arch,
-                  1e-3, 1e-2, true);
-        }
-      } catch (const std::exception& e) {
-        check.expect(tag + "ran", false, e.what());
-      }
+  }
+}
+
+// The same on cuDNN SDPA (train.attention = sdpa): the later parts through the bottom-right
+// calls over their staged K/V (prefixes from the exchange's fp32 rows), the exchange's call
+// order kept, recompute attention and block rerunning the calls against the held prefixes.
+TEST_F(CutPieces, Bf16StorageOnCudnnSdpa) {
+  Checker check;
+  const Setups u;
+  const std::string no_sdpa = kilter::gputest::sdpa_absent_reason(u.cfg);
+  if (!no_sdpa.empty()) GTEST_SKIP() << "cuDNN SDPA with cut pieces not tested here: " << no_sdpa;
+  for (const km::ModelSpec& arch : {u.cfg, u.llama}) {
+    const std::string tag = "[bf16 storage, SDPA, " + arch.arch + "] mixed batch, 3 ranks ";
+    const std::vector<float> params = random_params(arch, 81);
+    const float scale = 1.0f / static_cast<float>(u.mixed.num_targets);
+    const kt::CutBatches setup = kt::cut_batches(u.mixed, u.three_ranks);
+    const Result uncut = gpu_whole(arch, params, u.mixed, scale, kilter::gputest::bf16_storage_sdpa());
+    const Result oracle = cpu_whole(arch, params, u.mixed, scale, true);
+    for (const char* mode : {"none", "attention", "block"}) {
+      const Result cut = gpu_cut(arch, params, setup, scale, kilter::gputest::bf16_storage_sdpa(mode));
+      compare(check, tag + mode + " vs GPU uncut: ", cut, uncut, arch, 1e-4, 5e-3, true);
+      compare(check, tag + mode + " vs CPU oracle uncut: ", cut, oracle, arch, 1e-3, 1e-2, true);
     }
-    // The same on cuDNN SDPA (train.attention = sdpa): the later parts through the bottom-right
-    // calls over their staged K/V (prefixes from the exchange's fp32 rows), the exchange's call
-    // order kept, recompute attention and block rerunning the calls against the held prefixes.
-    const std::string no_sdpa = kilter::gputest::sdpa_absent_reason(cfg);
-    if (!no_sdpa.empty()) std::printf("NOTE: cuDNN SDPA with cut pieces not tested here: %s\n", no_sdpa.c_str());
-    for (const km::ModelSpec& arch : {cfg, llama}) {
-      if (!no_sdpa.empty()) break;
-      const std::string tag = "[bf16 storage, SDPA, " + arch.arch + "] mixed batch, 3 ranks ";
-      try {
-        const std::vector<float> params = random_params(arch, 81);
-        const float scale = 1.0f / static_cast<float>(mixed.num_targets);
-        const kt::CutBatches setup = kt::cut_batches(mixed, three_ranks);
-        const Result uncut = gpu_whole(arch, params, mixed, scale, kilter::gputest::bf16_storage_sdpa());
-        const Result oracle = cpu_whole(arch, params, mixed, scale, true);
-        for (const char* mode : {"none", "attention", "block"}) {
-          const Result cut = gpu_cut(arch, params, setup, scale, kilter::gputest::bf16_storage_sdpa(mode));
-          compare(check, tag + mode + " vs GPU uncut: ", cut, uncut, arch, 1e-4, 5e-3, true);
-          compare(check, tag + mode + " vs CPU oracle uncut: ", cut, oracle, arch, 1e-3, 1e-2, true);
-        }
-      } catch (const std::exception& e) {
-        check.expect(tag + "ran", false, e.what());
-      }
-    }
-    return check.finish("kilter_gpu_cut_test");
-  } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
   }
 }

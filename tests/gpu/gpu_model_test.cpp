@@ -14,7 +14,7 @@
 // identical gradients 1e-6; bf16 losses 2e-2. After the 2-step run parameters agree to 2.5e-3:
 // Adam moves a weight by about lr = 1e-3 whatever its gradient's size, so a gradient that is
 // zero up to rounding may take the opposite sign on the two backends (2*lr apart).
-// Exit 0: all pass; 1: a failure; 77: no CUDA device (skipped).
+// GoogleTest; without a CUDA device every test is skipped and the binary exits 77.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -332,86 +332,102 @@ void compare_memory_plan(Checker& check, const km::ModelSpec& cfg, int max_token
   }
 }
 
+// Every test starts on its own; the memory plan's comes first, before the others leave memory
+// in the stream-ordered pool.
+using CudaModel = kilter::gputest::DeviceTest;
+
+const km::ModelSpec kTiny{2, 4, 32, 16, 67};  // head_dim 8, odd vocab
+const km::ModelSpec kSmall{2, 2, 128, 64, 515};
+
 }  // namespace
 
-int main() {
-  kilter::gputest::skip_without_device();
-  try {
-    Checker check;
-    km::ModelSpec tiny{2, 4, 32, 16, 67};       // head_dim 8, odd vocab
-    km::ModelSpec small{2, 2, 128, 64, 515};
-    // The memory plan first, before other tests leave memory in the stream-ordered pool.
-    km::ModelSpec medium{4, 4, 256, 512, 8192};
-    for (const char* mode : {"none", "gelu", "attention", "block"})
-      compare_memory_plan(check, medium, 8 * 512, with("bf16", "cublaslt", false, mode), 1);
-    compare_memory_plan(check, medium, 8 * 512, with("fp32", "cublaslt", false, "block"), 4);
-    // The bf16-storage datapath's arena (bf16 activations, the weights' bf16 copy), and a llama.
-    for (const char* mode : {"none", "block"})
-      compare_memory_plan(check, medium, 8 * 512, kilter::gputest::bf16_storage(mode), 1);
-    km::ModelSpec medium_llama = medium;
-    medium_llama.arch = "llama";
-    medium_llama.n_kv_head = 2;
-    compare_memory_plan(check, medium_llama, 8 * 512, kilter::gputest::bf16_storage(), 1);
-    compare_memory_plan(check, medium_llama, 8 * 512, with("fp32", "cublaslt"), 1);
-    // cuDNN SDPA (train.attention = sdpa): on the bf16 datapath its Stats instead of the groups'
-    // softmax, padded rows and workspace; on the fp32-activation datapath its bf16 rows and Stats
-    // beside the groups; cuDNN's workspace as model::sdpa_workspace_bound counts it.
-    const std::string no_sdpa = kilter::gputest::sdpa_absent_reason(medium);
-    if (!no_sdpa.empty()) std::printf("NOTE: the memory plan with cuDNN SDPA not tested here: %s\n", no_sdpa.c_str());
-    for (const char* mode : {"none", "attention", "block"})
-      if (no_sdpa.empty()) compare_memory_plan(check, medium, 8 * 512, kilter::gputest::bf16_storage_sdpa(mode), 1);
-    if (no_sdpa.empty()) {
-      compare_memory_plan(check, medium_llama, 8 * 512, kilter::gputest::bf16_storage_sdpa(), 1);
-      compare_memory_plan(check, medium, 8 * 512, with("bf16", "sdpa"), 1);
-    }
-    for (const char* attention : {"cublaslt", "cudnn"}) {
-      compare_step(check, tiny, 3, 16, with("fp32", attention));
-      compare_step(check, small, 4, 64, with("fp32", attention));
-      compare_step(check, small, 23, 64, with("fp32", attention));  // many pieces: several groups
-      compare_steps(check, tiny, with("fp32", attention), 2, 1e-5, 1e-3);
-      compare_steps(check, small, with("bf16", attention), 2, 2e-2, 5e-2);
-    }
-    // CUDA graphs (cuBLASLt attention): every stage of a shape's graphs gives the eager numbers.
-    compare_steps(check, tiny, with("fp32", "cublaslt", true), 5, 1e-5, 1e-3);
-    compare_steps(check, small, with("bf16", "cublaslt", true), 5, 2e-2, 5e-2, 5e-3);
-    // Activation recomputation (issue 24): against none on the GPU, and 2- and 5-step runs
-    // (graphs included) against the CPU oracle, which recomputes nothing.
-    for (const char* mode : {"gelu", "attention", "block"}) {
-      compare_recompute(check, small, with("fp32", "cublaslt", false, mode));
-      compare_recompute(check, small, with("bf16", "cublaslt", false, mode));
-      compare_recompute(check, small, with("fp32", "cudnn", false, mode));
-      compare_steps(check, tiny, with("fp32", "cublaslt", false, mode), 2, 1e-5, 1e-3);
-    }
-    compare_steps(check, small, with("bf16", "cublaslt", true, "block"), 5, 2e-2, 5e-2, 5e-3);
-    // The sharded optimizer (issue 24).
-    compare_shard(check, small, with("fp32", "cublaslt"));
-    compare_shard(check, small, with("bf16", "cublaslt"));
-    compare_shard(check, small, kilter::gputest::bf16_storage());
-    // Refusals name the key.
-    bool refused = false;
-    try {
-      kilter::backend::make_cuda_model(tiny, 1, "fp16");
-    } catch (const kilter::Error& e) {
-      refused = std::string(e.what()).find("train.precision") != std::string::npos;
-    }
-    check.expect("precision fp16 refused naming train.precision", refused);
-    refused = false;
-    try {
-      kilter::backend::make_cuda_model(tiny, 1, with("fp32", "flash"));
-    } catch (const kilter::Error& e) {
-      refused = std::string(e.what()).find("train.attention") != std::string::npos;
-    }
-    check.expect("attention 'flash' refused naming train.attention", refused);
-    refused = false;
-    try {
-      kilter::backend::make_cuda_model(tiny, 1, with("fp32", "cublaslt", false, "everything"));
-    } catch (const kilter::Error& e) {
-      refused = std::string(e.what()).find("train.recompute") != std::string::npos;
-    }
-    check.expect("recompute 'everything' refused naming train.recompute", refused);
-    return check.finish("kilter_gpu_model_test");
-  } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
+TEST_F(CudaModel, MemoryPlanAgainstTheDevice) {
+  Checker check;
+  km::ModelSpec medium{4, 4, 256, 512, 8192};
+  for (const char* mode : {"none", "gelu", "attention", "block"})
+    compare_memory_plan(check, medium, 8 * 512, with("bf16", "cublaslt", false, mode), 1);
+  compare_memory_plan(check, medium, 8 * 512, with("fp32", "cublaslt", false, "block"), 4);
+  // The bf16-storage datapath's arena (bf16 activations, the weights' bf16 copy), and a llama.
+  for (const char* mode : {"none", "block"})
+    compare_memory_plan(check, medium, 8 * 512, kilter::gputest::bf16_storage(mode), 1);
+  km::ModelSpec medium_llama = medium;
+  medium_llama.arch = "llama";
+  medium_llama.n_kv_head = 2;
+  compare_memory_plan(check, medium_llama, 8 * 512, kilter::gputest::bf16_storage(), 1);
+  compare_memory_plan(check, medium_llama, 8 * 512, with("fp32", "cublaslt"), 1);
+  // cuDNN SDPA (train.attention = sdpa): on the bf16 datapath its Stats instead of the groups'
+  // softmax, padded rows and workspace; on the fp32-activation datapath its bf16 rows and Stats
+  // beside the groups; cuDNN's workspace as model::sdpa_workspace_bound counts it.
+  const std::string no_sdpa = kilter::gputest::sdpa_absent_reason(medium);
+  if (!no_sdpa.empty()) std::printf("NOTE: the memory plan with cuDNN SDPA not tested here: %s\n", no_sdpa.c_str());
+  for (const char* mode : {"none", "attention", "block"})
+    if (no_sdpa.empty()) compare_memory_plan(check, medium, 8 * 512, kilter::gputest::bf16_storage_sdpa(mode), 1);
+  if (no_sdpa.empty()) {
+    compare_memory_plan(check, medium_llama, 8 * 512, kilter::gputest::bf16_storage_sdpa(), 1);
+    compare_memory_plan(check, medium, 8 * 512, with("bf16", "sdpa"), 1);
   }
+}
+
+TEST_F(CudaModel, StepsAgainstTheCpuModelWithEachAttentionEngine) {
+  Checker check;
+  for (const char* attention : {"cublaslt", "cudnn"}) {
+    compare_step(check, kTiny, 3, 16, with("fp32", attention));
+    compare_step(check, kSmall, 4, 64, with("fp32", attention));
+    compare_step(check, kSmall, 23, 64, with("fp32", attention));  // many pieces: several groups
+    compare_steps(check, kTiny, with("fp32", attention), 2, 1e-5, 1e-3);
+    compare_steps(check, kSmall, with("bf16", attention), 2, 2e-2, 5e-2);
+  }
+}
+
+// CUDA graphs (cuBLASLt attention): every stage of a shape's graphs gives the eager numbers.
+TEST_F(CudaModel, CudaGraphsGiveTheEagerNumbers) {
+  Checker check;
+  compare_steps(check, kTiny, with("fp32", "cublaslt", true), 5, 1e-5, 1e-3);
+  compare_steps(check, kSmall, with("bf16", "cublaslt", true), 5, 2e-2, 5e-2, 5e-3);
+}
+
+// Activation recomputation: against none on the GPU, and 2- and 5-step runs (graphs included)
+// against the CPU oracle, which recomputes nothing.
+TEST_F(CudaModel, Recompute) {
+  Checker check;
+  for (const char* mode : {"gelu", "attention", "block"}) {
+    compare_recompute(check, kSmall, with("fp32", "cublaslt", false, mode));
+    compare_recompute(check, kSmall, with("bf16", "cublaslt", false, mode));
+    compare_recompute(check, kSmall, with("fp32", "cudnn", false, mode));
+    compare_steps(check, kTiny, with("fp32", "cublaslt", false, mode), 2, 1e-5, 1e-3);
+  }
+  compare_steps(check, kSmall, with("bf16", "cublaslt", true, "block"), 5, 2e-2, 5e-2, 5e-3);
+}
+
+TEST_F(CudaModel, ShardedOptimizerMatchesTheUnshardedOne) {
+  Checker check;
+  compare_shard(check, kSmall, with("fp32", "cublaslt"));
+  compare_shard(check, kSmall, with("bf16", "cublaslt"));
+  compare_shard(check, kSmall, kilter::gputest::bf16_storage());
+}
+
+// Refusals name the key.
+TEST_F(CudaModel, RefusalsNameTheKey) {
+  Checker check;
+  bool refused = false;
+  try {
+    kilter::backend::make_cuda_model(kTiny, 1, "fp16");
+  } catch (const kilter::Error& e) {
+    refused = std::string(e.what()).find("train.precision") != std::string::npos;
+  }
+  check.expect("precision fp16 refused naming train.precision", refused);
+  refused = false;
+  try {
+    kilter::backend::make_cuda_model(kTiny, 1, with("fp32", "flash"));
+  } catch (const kilter::Error& e) {
+    refused = std::string(e.what()).find("train.attention") != std::string::npos;
+  }
+  check.expect("attention 'flash' refused naming train.attention", refused);
+  refused = false;
+  try {
+    kilter::backend::make_cuda_model(kTiny, 1, with("fp32", "cublaslt", false, "everything"));
+  } catch (const kilter::Error& e) {
+    refused = std::string(e.what()).find("train.recompute") != std::string::npos;
+  }
+  check.expect("recompute 'everything' refused naming train.recompute", refused);
 }

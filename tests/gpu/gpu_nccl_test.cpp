@@ -5,6 +5,10 @@
 // would share a device (NCCL refuses that) outside the test layout of
 // tests/gpu/ranks-on-one-gpu.sh (KILTER_TEST_SHARE_DEVICE=1 and an NCCL host id per rank), where
 // tests/gpu/nccl-check.sh runs it on one GPU; the MPI-free GPU machine does not build it.
+// GoogleTest: every rank runs the same tests on one communicator made in main (rank 0 prints
+// them); each check fails the rank's test, and rank 0 prints the sum over ranks last,
+// "kilter_gpu_nccl_test: <n> failure(s)", which nccl-check.sh reads.
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
@@ -19,10 +23,12 @@
 namespace {
 
 int failures = 0;
+kilter::comm::Communicator* the_comm = nullptr;  // made in main, for every test
 
 void expect(bool ok, const std::string& what, int rank) {
   if (!ok) ++failures;
   if (!ok || rank == 0) std::printf("  %-4s rank %d: %s\n", ok ? "ok" : "FAIL", rank, what.c_str());
+  EXPECT_TRUE(ok) << "rank " << rank << ": " << what;
 }
 
 template <typename T>
@@ -86,15 +92,39 @@ void check_collectives(kilter::comm::Communicator& comm, kilter::comm::DType dty
   cudaFree(mine_device);
 }
 
+TEST(NcclCommunicator, CollectivesF32) {
+  check_collectives<float>(*the_comm, kilter::comm::DType::f32, "f32");
+}
+
+TEST(NcclCommunicator, CollectivesF64) {
+  check_collectives<double>(*the_comm, kilter::comm::DType::f64, "f64");
+}
+
+TEST(NcclCommunicator, CollectivesI64) {
+  check_collectives<int64_t>(*the_comm, kilter::comm::DType::i64, "i64");
+}
+
+TEST(NcclCommunicator, BroadcastFromTheLastRank) {
+  const int rank = the_comm->rank(), size = the_comm->size();
+  std::vector<float> value(17, rank == size - 1 ? 42.0f : 0.0f);
+  float* device_value = to_device(value);
+  the_comm->broadcast(device_value, sizeof(float) * value.size(), size - 1);
+  expect(to_host(device_value, value.size()) == std::vector<float>(17, 42.0f), "broadcast from the last rank", rank);
+  cudaFree(device_value);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   kilter::set_error_rank(rank);
+  if (rank != 0) delete ::testing::UnitTest::GetInstance()->listeners().Release(
+      ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
   const std::string reason = kilter::backend::cuda_device_absent_reason();
   int devices = 0;
   if (reason.empty()) cudaGetDeviceCount(&devices);
@@ -114,21 +144,18 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 77;
   }
+  int rc = 0;
   try {
     auto comm = kilter::comm::make_nccl_communicator(MPI_COMM_WORLD, 60.0);
     if (rank == 0) std::printf("%s, %d rank(s)\n", kilter::comm::nccl_version_string().c_str(), size);
-    check_collectives<float>(*comm, kilter::comm::DType::f32, "f32");
-    check_collectives<double>(*comm, kilter::comm::DType::f64, "f64");
-    check_collectives<int64_t>(*comm, kilter::comm::DType::i64, "i64");
-    std::vector<float> value(17, rank == size - 1 ? 42.0f : 0.0f);
-    float* device_value = to_device(value);
-    comm->broadcast(device_value, sizeof(float) * value.size(), size - 1);
-    expect(to_host(device_value, value.size()) == std::vector<float>(17, 42.0f), "broadcast from the last rank", rank);
-    cudaFree(device_value);
+    the_comm = comm.get();
+    rc = RUN_ALL_TESTS();
+    the_comm = nullptr;
   } catch (const std::exception& e) {
     std::printf("FAIL rank %d: %s\n", rank, e.what());
     ++failures;
   }
+  if (rc != 0 && failures == 0) ++failures;  // a test failed outside expect() (an exception)
   int total_failures = 0;
   MPI_Allreduce(&failures, &total_failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) std::printf("kilter_gpu_nccl_test: %d failure(s)\n", total_failures);

@@ -5,6 +5,9 @@
 // piece (kv_wait, inside forward) must be named with kv_wait and the rank it waited for, with
 // kv_wait taken out of forward so the phases still add up. Also checks the files every rank writes.
 // With an argument DIR the run directories are written under DIR and kept (for report tests).
+// GoogleTest: every rank runs the same tests (their collectives in the same order); rank 0 prints
+// the results, each failed check prints its rank, and the job fails when any rank failed.
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <chrono>
@@ -29,16 +32,18 @@ using kilter::diag::RankDiagnostics;
 
 namespace {
 
-int g_failures = 0;
 int g_rank = 0;
+int g_world = 1;
 std::vector<std::string> g_temp_dirs;  // rank 0: removed at the end
 
-#define EXPECT(cond, what)                                                              \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+// A check on this rank: a failure is printed with the rank (other ranks print no GoogleTest
+// results) and fails the rank's test.
+#define EXPECT(cond, what)                                                                      \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
       std::fprintf(stderr, "rank %d: FAILED %s (%s:%d)\n", g_rank, what, __FILE__, __LINE__); \
-      ++g_failures;                                                                     \
-    }                                                                                   \
+      ADD_FAILURE() << "rank " << g_rank << ": " << what;                                       \
+    }                                                                                           \
   } while (0)
 
 void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
@@ -136,117 +141,134 @@ void check_files(const std::string& dir, int world, int steps) {
   (void)world;
 }
 
+constexpr int kSteps = 24;
+
 }  // namespace
+
+// Rank 2 sleeps 40 ms more in backward (steps are ~60 ms otherwise).
+TEST(RankDiagnostics, SlowBackwardNamesRank2AndBackward) {
+  const std::string dir = make_run_dir("slow-backward");
+  nlohmann::json s = fake_run(dir, kSteps, 2, 0.04, "");
+  check_files(dir, g_world, kSteps);
+  if (g_rank == 0) {
+    std::printf("slow backward: straggler %s sync_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
+                s["sync_wait_fraction"].get<double>());
+    EXPECT(s["straggler_rank"] == 2, "rank 2 named straggler");
+    EXPECT(s["straggler"]["phase"] == "backward", "its phase is backward");
+    EXPECT(s["world_size"] == g_world, "world_size");
+    EXPECT(s["steps"] == kSteps, "steps");
+    EXPECT(s["padding_efficiency"] == 0.9, "extra fields kept");
+    EXPECT(s["sync_wait_fraction"].get<double>() > 0.2, "others wait for rank 2");
+    EXPECT(s["step_time_imbalance_p95"].get<double>() > 1.2, "compute-time imbalance seen");
+    EXPECT(std::filesystem::exists(dir + "/summary.json"), "summary.json written");
+  } else {
+    EXPECT(s.is_null(), "finish returns {} on ranks other than 0");
+  }
+}
+
+// The drill: rank 1 sleeps 40 ms inside forward once per step.
+TEST(RankDiagnostics, InjectedDelayNamesRank1AndForward) {
+  nlohmann::json s = fake_run(make_run_dir("inject"), kSteps, -1, 0, "1:0.04:forward");
+  if (g_rank == 0) {
+    std::printf("inject 1:0.04:forward: straggler %s\n", s["straggler"].dump().c_str());
+    EXPECT(s["straggler_rank"] == 1, "rank 1 named straggler");
+    EXPECT(s["straggler"]["phase"] == "forward", "its phase is forward");
+  }
+}
+
+// Balanced: nobody beyond noise.
+TEST(RankDiagnostics, BalancedNamesNobody) {
+  nlohmann::json s = fake_run(make_run_dir("balanced"), kSteps, -1, 0, "");
+  if (g_rank == 0) {
+    std::printf("balanced: straggler %s sync_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
+                s["sync_wait_fraction"].get<double>());
+    EXPECT(s["straggler_rank"] == -1, "no straggler when balanced");
+  }
+}
+
+// Rank 1 waits 40 ms per step for the K/V of rank 3 (a cut piece): kv_wait, not forward, and
+// rank 3 is named as the one it waited for.
+TEST(RankDiagnostics, KvWaitNamesTheRankWaitedFor) {
+  const std::string dir = make_run_dir("kv-wait");
+  nlohmann::json s = fake_run(dir, kSteps, -1, 0.04, "", /*kv_rank=*/1);
+  const auto rows = kilter::diag::read_metrics_csv(kilter::diag::metrics_path(dir, g_rank), g_rank);
+  EXPECT(int(rows.size()) == kSteps, "one CSV row per step (kv_wait run)");
+  for (const auto& r : rows) {
+    using namespace kilter::diag;
+    double named = 0;
+    for (int p = 0; p < kStepTotal; ++p) named += r.phase[p];
+    // kv_wait lies inside forward: counted once, so the phases never exceed the step.
+    EXPECT(named <= r.phase[kStepTotal] + 1e-6, "phases add up to at most step_total");
+    EXPECT(g_rank == 1 ? r.phase[kKvWait] >= 0.04 : r.phase[kKvWait] == 0, "kv_wait recorded on rank 1 only");
+    EXPECT(r.kv_tokens == (g_rank == 1 ? kKvTokens : 0), "kv_tokens recorded");
+    EXPECT(r.kv_wait_peer == (g_rank == 1 ? kKvPeer : -1), "kv_wait_peer recorded");
+  }
+  std::ifstream trace(kilter::diag::trace_path(dir, g_rank));
+  nlohmann::json events = nlohmann::json::parse(trace, nullptr, false);
+  int spans = 0;
+  for (const auto& e : events)
+    if (e.value("ph", "") == "X" && e.value("name", "") == "kv_wait") {
+      ++spans;
+      EXPECT(e["args"]["layer"] == 2 && e["args"]["waited_for_rank"] == kKvPeer &&
+                 e["args"]["direction"] == "forward" && e["args"]["piece"] == "document 5, tokens 512-1023",
+             "kv_wait span names the layer, direction, rank and piece");
+    }
+  EXPECT(spans == (g_rank == 1 ? 5 : 0), "one kv_wait span per wait of the traced steps");
+  if (g_rank == 0) {
+    std::printf("kv_wait on rank 1: straggler %s kv_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
+                s["kv_wait_fraction"].get<double>());
+    EXPECT(s["straggler_rank"] == 1, "rank 1 named straggler (kv_wait)");
+    EXPECT(s["straggler"]["phase"] == "kv_wait", "its phase is kv_wait");
+    EXPECT(s["straggler"]["kv_wait_for_rank"] == kKvPeer, "the rank it waited for is named");
+    EXPECT(s["kv_tokens_per_step"] == double(kKvTokens), "kv_tokens_per_step in the summary");
+    EXPECT(s["kv_wait_fraction"].get<double>() > 0, "kv_wait_fraction in the summary");
+  }
+}
+
+// A drill naming a rank that does not exist is refused, naming the key.
+TEST(RankDiagnostics, DrillOnAMissingRankIsRefused) {
+  bool refused = false;
+  try {
+    DiagOptions opts;
+    opts.run_dir = make_run_dir("bad");
+    opts.inject_delay = std::to_string(g_world) + ":0.1";
+    RankDiagnostics bad(MPI_COMM_WORLD, opts);
+  } catch (const kilter::Error& e) {
+    refused = std::string(e.what()).find("train.inject_delay") != std::string::npos;
+  }
+  EXPECT(refused, "inject_delay with rank >= world size refused");
+}
 
 int main(int argc, char** argv) {
   // Ranks waiting in a collective yield the core: with more ranks than cores (CI machines), a
   // spinning rank would otherwise delay the sleeping ones' wake-up and fake a straggler.
   setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
   MPI_Init(&argc, &argv);
-  int world = 1;
+  ::testing::InitGoogleTest(&argc, argv);
+  // An exception leaves RUN_ALL_TESTS and aborts the job: the other ranks would wait forever in
+  // the next collective of a test that went on.
+  ::testing::GTEST_FLAG(catch_exceptions) = false;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   kilter::set_error_rank(g_rank);
   if (argc > 1) g_keep_dir = argv[1];
+  if (g_rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int local = 0;
   try {
-    const int steps = 24;
-    // 1. Rank 2 sleeps 40 ms more in backward (steps are ~60 ms otherwise).
-    std::string dir = make_run_dir("slow-backward");
-    nlohmann::json s = fake_run(dir, steps, 2, 0.04, "");
-    check_files(dir, world, steps);
-    if (g_rank == 0) {
-      std::printf("slow backward: straggler %s sync_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
-                  s["sync_wait_fraction"].get<double>());
-      EXPECT(s["straggler_rank"] == 2, "rank 2 named straggler");
-      EXPECT(s["straggler"]["phase"] == "backward", "its phase is backward");
-      EXPECT(s["world_size"] == world, "world_size");
-      EXPECT(s["steps"] == steps, "steps");
-      EXPECT(s["padding_efficiency"] == 0.9, "extra fields kept");
-      EXPECT(s["sync_wait_fraction"].get<double>() > 0.2, "others wait for rank 2");
-      EXPECT(s["step_time_imbalance_p95"].get<double>() > 1.2, "compute-time imbalance seen");
-      EXPECT(std::filesystem::exists(dir + "/summary.json"), "summary.json written");
-    } else {
-      EXPECT(s.is_null(), "finish returns {} on ranks other than 0");
-    }
-
-    // 2. The drill: rank 1 sleeps 40 ms inside forward once per step.
-    dir = make_run_dir("inject");
-    s = fake_run(dir, steps, -1, 0, "1:0.04:forward");
-    if (g_rank == 0) {
-      std::printf("inject 1:0.04:forward: straggler %s\n", s["straggler"].dump().c_str());
-      EXPECT(s["straggler_rank"] == 1, "rank 1 named straggler");
-      EXPECT(s["straggler"]["phase"] == "forward", "its phase is forward");
-    }
-
-    // 3. Balanced: nobody beyond noise.
-    dir = make_run_dir("balanced");
-    s = fake_run(dir, steps, -1, 0, "");
-    if (g_rank == 0) {
-      std::printf("balanced: straggler %s sync_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
-                  s["sync_wait_fraction"].get<double>());
-      EXPECT(s["straggler_rank"] == -1, "no straggler when balanced");
-    }
-
-    // 4. Rank 1 waits 40 ms per step for the K/V of rank 3 (a cut piece): kv_wait, not forward,
-    // and rank 3 is named as the one it waited for.
-    dir = make_run_dir("kv-wait");
-    s = fake_run(dir, steps, -1, 0.04, "", /*kv_rank=*/1);
-    {
-      const auto rows = kilter::diag::read_metrics_csv(kilter::diag::metrics_path(dir, g_rank), g_rank);
-      EXPECT(int(rows.size()) == steps, "one CSV row per step (kv_wait run)");
-      for (const auto& r : rows) {
-        using namespace kilter::diag;
-        double named = 0;
-        for (int p = 0; p < kStepTotal; ++p) named += r.phase[p];
-        // kv_wait lies inside forward: counted once, so the phases never exceed the step.
-        EXPECT(named <= r.phase[kStepTotal] + 1e-6, "phases add up to at most step_total");
-        EXPECT(g_rank == 1 ? r.phase[kKvWait] >= 0.04 : r.phase[kKvWait] == 0, "kv_wait recorded on rank 1 only");
-        EXPECT(r.kv_tokens == (g_rank == 1 ? kKvTokens : 0), "kv_tokens recorded");
-        EXPECT(r.kv_wait_peer == (g_rank == 1 ? kKvPeer : -1), "kv_wait_peer recorded");
-      }
-      std::ifstream trace(kilter::diag::trace_path(dir, g_rank));
-      nlohmann::json events = nlohmann::json::parse(trace, nullptr, false);
-      int spans = 0;
-      for (const auto& e : events)
-        if (e.value("ph", "") == "X" && e.value("name", "") == "kv_wait") {
-          ++spans;
-          EXPECT(e["args"]["layer"] == 2 && e["args"]["waited_for_rank"] == kKvPeer &&
-                     e["args"]["direction"] == "forward" && e["args"]["piece"] == "document 5, tokens 512-1023",
-                 "kv_wait span names the layer, direction, rank and piece");
-        }
-      EXPECT(spans == (g_rank == 1 ? 5 : 0), "one kv_wait span per wait of the traced steps");
-    }
-    if (g_rank == 0) {
-      std::printf("kv_wait on rank 1: straggler %s kv_wait_fraction %.3f\n", s["straggler"].dump().c_str(),
-                  s["kv_wait_fraction"].get<double>());
-      EXPECT(s["straggler_rank"] == 1, "rank 1 named straggler (kv_wait)");
-      EXPECT(s["straggler"]["phase"] == "kv_wait", "its phase is kv_wait");
-      EXPECT(s["straggler"]["kv_wait_for_rank"] == kKvPeer, "the rank it waited for is named");
-      EXPECT(s["kv_tokens_per_step"] == double(kKvTokens), "kv_tokens_per_step in the summary");
-      EXPECT(s["kv_wait_fraction"].get<double>() > 0, "kv_wait_fraction in the summary");
-    }
-
-    // 5. A drill naming a rank that does not exist is refused, naming the key.
-    bool refused = false;
-    try {
-      DiagOptions opts;
-      opts.run_dir = make_run_dir("bad");
-      opts.inject_delay = std::to_string(world) + ":0.1";
-      RankDiagnostics bad(MPI_COMM_WORLD, opts);
-    } catch (const kilter::Error& e) {
-      refused = std::string(e.what()).find("train.inject_delay") != std::string::npos;
-    }
-    EXPECT(refused, "inject_delay with rank >= world size refused");
+    local = RUN_ALL_TESTS();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", g_rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  int total = 0;
-  MPI_Allreduce(&g_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  int any = 0;
+  MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (g_rank == 0) {
-    std::printf("%s: %d failed checks\n", total ? "FAIL" : "PASS", total);
+    std::printf("diag_rank_test: %s\n", any ? "FAILED on at least one rank" : "passed on every rank");
     for (const auto& d : g_temp_dirs) std::filesystem::remove_all(d);
   }
   MPI_Finalize();
-  return total ? 1 : 0;
+  return any;
 }

@@ -21,7 +21,8 @@ list(APPEND KILTER_GPU_CORE_SOURCES
      ${KILTER_GPU_ROOT}/lib/backend/cuda_attention_sdpa.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_datapath_bf16.cu
      ${KILTER_GPU_ROOT}/lib/backend/cuda_optimizer.cu
-     ${KILTER_GPU_ROOT}/lib/backend/cuda_self_check.cu)
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_self_check.cu
+     ${KILTER_GPU_ROOT}/lib/backend/cuda_versions_cuda.cpp)
 # cuDNN files (lib/model/*cudnn*) need KILTER_WITH_CUDNN, like in the main build.
 if(NOT KILTER_WITH_CUDNN)
   list(FILTER KILTER_GPU_CORE_SOURCES EXCLUDE REGEX ".*cudnn.*")
@@ -31,3 +32,29 @@ endif()
 if(NOT KILTER_WITH_SDPA)
   list(FILTER KILTER_GPU_CORE_SOURCES EXCLUDE REGEX "${KILTER_SDPA_FRONTEND_SOURCE_REGEX}")
 endif()
+
+# The device test binaries (GoogleTest, one main: tests/gpu/gpu_test_main.cpp, which exits 77
+# where no device is usable): kilter_<name>_test from tests/gpu/<name>_test.cpp. gpu_op_table is
+# the op table (tests/gpu/op_table.h): every kernel against its CPU twin; gpu_sdpa is added where
+# the cuDNN SDPA engine is built (KILTER_WITH_SDPA).
+set(KILTER_GPU_TESTS gpu_op_table gpu_model gpu_bf16_model gpu_cut)
+if(KILTER_WITH_SDPA)
+  list(APPEND KILTER_GPU_TESTS gpu_sdpa)
+endif()
+set(KILTER_GPU_OP_TABLE_SOURCES
+    ${KILTER_GPU_ROOT}/tests/gpu/op_table_cases.cpp
+    ${KILTER_GPU_ROOT}/tests/gpu/op_table_fp32.cpp
+    ${KILTER_GPU_ROOT}/tests/gpu/op_table_attention.cpp
+    ${KILTER_GPU_ROOT}/tests/gpu/op_table_bf16.cpp)
+
+# kilter_add_gpu_test_binary(name gtest): the binary kilter_<name>_test, linked to kilter_gpu_core
+# and the GoogleTest library target `gtest` (statically: Debian's libgtest.a, or one built from
+# /usr/src/googletest), so that it runs on a GPU machine without GoogleTest.
+function(kilter_add_gpu_test_binary name gtest)
+  set(sources ${KILTER_GPU_ROOT}/tests/gpu/${name}_test.cpp ${KILTER_GPU_ROOT}/tests/gpu/gpu_test_main.cpp)
+  if(name STREQUAL "gpu_op_table")
+    list(APPEND sources ${KILTER_GPU_OP_TABLE_SOURCES})
+  endif()
+  add_executable(kilter_${name}_test ${sources})
+  target_link_libraries(kilter_${name}_test PRIVATE kilter_gpu_core ${gtest})
+endfunction()
