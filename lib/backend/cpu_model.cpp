@@ -1,11 +1,11 @@
-// CpuModel: the model's forward/backward on the host, composed from the op files in lib/model in
-// llm.c's order (encoder, layernorm or rmsnorm, matmul, rope, attention, gelu or swiglu,
-// crossentropy: the architecture's steps, spec.h), and AdamW.
+// CpuModel: the model's forward/backward on the host: the embeddings, the blocks through the block
+// schedule (lib/model/block_schedule.h) on the datapath's CPU op table, the LM head and
+// crossentropy, and AdamW.
 // A micro-batch is packed (model.h): every op but attention runs on its N token rows, attention
 // runs piece by piece (cost sum(len^2)), and rows without a target are left out of the LM head.
-// A later part of a cut piece continues its piece's positions and attends to the K/V
-// of its earlier tokens, which batch.exchange brings from the ranks holding them; their dK/dV go
-// back the same way (kv_exchange.h gives the order of the calls, made in attention_forward/backward).
+// A later part of a cut piece (context parallelism) continues its piece's positions and attends to
+// the K/V of its earlier tokens, which batch.exchange brings from the ranks holding them; their
+// dK/dV go back the same way (the schedule makes kv_exchange.h's calls).
 #include "lib/backend/cpu_model.h"
 
 #include <algorithm>
@@ -13,16 +13,10 @@
 #include <optional>
 
 #include "io/base/error.h"
-#include "lib/model/attention.h"
-#include "lib/model/attention_bf16.h"
 #include "lib/model/crossentropy.h"
 #include "lib/model/encoder.h"
-#include "lib/model/gelu.h"
 #include "lib/model/gemm.h"
 #include "lib/model/init.h"
-#include "lib/model/layernorm.h"
-#include "lib/model/rmsnorm.h"
-#include "lib/model/swiglu.h"
 #include "lib/model/matmul.h"
 #include "lib/optim/adamw.h"
 
@@ -49,7 +43,7 @@ int blas_threads() { return model::gemm_threads(); }
 
 CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string& precision,
                    const std::string& recompute, bool bf16_storage)
-    : ModelBase(cfg, pad_multiple) {
+    : ModelBase(cfg, pad_multiple), schedule_(cfg, model::parse_recompute(recompute)) {
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cpu backend (fp32 | bf16)");
   bf16_ = precision == "bf16";
@@ -65,8 +59,15 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
   if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
   grads_.assign(layout_.padded_size, 0.0f);
   plan_ = model::activation_plan(cfg_, recompute_);
-  shape_ = {cfg_.n_head, cfg_.kv_heads(), cfg_.head_dim()};
   if (cfg_.llama()) rope_ = model::RopeTable::build(cfg_, cfg_.block_size);
+  memory_.activations = [this](int layer, int rows) { return block_activations(layer, rows); };
+  if (bf16_ && !bf16_storage_)
+    memory_.bf16_inputs = [this](int layer, int rows) { return block_inputs_bf16(layer, rows); };
+  memory_.weights_needed = [this](int layer) {
+    await_params(layer < cfg_.n_layer ? offsets_.block[size_t(layer)] + offsets_.block_floats : layout_.padded_size);
+  };
+  memory_.offsets = &offsets_;
+  ops_ = model::make_cpu_block_ops(cfg_, memory_, bf16_, bf16_storage_, recompute_);
 }
 
 std::string CpuModel::describe() const {
@@ -99,10 +100,6 @@ void CpuModel::await_params(size_t end) const {
   if (arrived_end_ == layout_.padded_size) arriving_ = nullptr;
 }
 
-CpuModel::BlockTensors CpuModel::block_tensors(float* base, int layer) const {
-  return model::block_tensors_at(base, offsets_, layer);
-}
-
 CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
   float* kept = block_acts_.data() + static_cast<size_t>(layer) * capacity_tokens_ * plan_.kept_per_token;
   float* shared = block_scratch_.data();
@@ -117,8 +114,8 @@ CpuModel::BlockActivations CpuModel::block_activations(int layer, int rows) {
   return a;
 }
 
-CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
-  BlockInputsBf16 b;
+model::Bf16Inputs CpuModel::block_inputs_bf16(int layer, int rows) {
+  model::Bf16Inputs b;
   if (!bf16_ || bf16_storage_) return b;
   const size_t C = cfg_.n_embd;
   const size_t N = static_cast<size_t>(rows);
@@ -127,7 +124,7 @@ CpuModel::BlockInputsBf16 CpuModel::block_inputs_bf16(int layer, int rows) {
   b.ln1 = p;       p += N * C;
   b.atty = p;      p += N * C;
   b.ln2 = p;       p += N * C;
-  b.fch_gelu = plan_.where(model::ActSlot::fch_act) == model::ActHome::kept ? p : nullptr;
+  b.fch_act = plan_.where(model::ActSlot::fch_act) == model::ActHome::kept ? p : nullptr;
   return b;
 }
 
@@ -197,169 +194,29 @@ std::optional<model::Bf16MatmulScope> CpuModel::gemm_precision_scope() const {
   return std::make_optional<model::Bf16MatmulScope>(params_.data(), params_bf16_.data(), params_.size());
 }
 
-model::AttentionPrefix CpuModel::attention_prefix(const Batch& batch) const {
-  model::AttentionPrefix prefix;
-  if (!batch.pos_offset.empty()) {
-    prefix.offset = batch.pos_offset.data();
-    prefix.kv = prefix_kv_.data();
-    prefix.dkv = prefix_dkv_.data();
-  }
-  return prefix;
-}
-
-void CpuModel::attention_kernel_forward(float* out, const BlockActivations& a, const Batch& batch,
-                                        const model::AttentionPrefix& prefix, model::AttentionPieces which) {
-  if (bf16_storage_)
-    model::attention_bf16_forward(out, a.att, a.qkv, batch.cu_seqlens.data(), batch.num_pieces(), shape_, prefix,
-                                  which);
-  else
-    model::attention_forward(out, a.att, a.qkv, batch.cu_seqlens.data(), batch.num_pieces(), shape_, bf16_, prefix,
-                             which);
-}
-
-void CpuModel::attention_kernel_backward(const BlockActivations& a, const Batch& batch,
-                                         const model::AttentionPrefix& prefix, model::AttentionPieces which) {
-  if (bf16_storage_)
-    model::attention_bf16_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, batch.cu_seqlens.data(),
-                                   batch.num_pieces(), shape_, prefix, which);
-  else
-    model::attention_backward(dqkv_.data(), datty_.data(), a.qkv, a.att, batch.cu_seqlens.data(), batch.num_pieces(),
-                              shape_, bf16_, prefix, which);
-}
-
-void CpuModel::attention_forward(const Batch& batch, int layer, const BlockActivations& a, float* out,
-                                 bool recomputing) {
-  model::KvExchange* exchange = batch.exchange;
-  if (exchange == nullptr) {
-    attention_kernel_forward(out, a, batch);
-    return;
-  }
-  // Post this micro-batch's K/V first (later parts elsewhere may wait on them), compute the pieces
-  // that need nothing from others while the prefixes travel, then the later parts. A
-  // recomputation sends and waits for nothing (the forward did) and makes the forward's two calls
-  // on the prefixes the exchange still holds, so that every piece is computed exactly as it was.
-  if (!recomputing) exchange->forward_send(layer, a.qkv);
-  const model::AttentionPrefix prefix = attention_prefix(batch);
-  attention_kernel_forward(out, a, batch, prefix, model::AttentionPieces::without_prefix);
-  if (!recomputing) exchange->forward_wait(layer);
-  if (prefix.offset == nullptr) return;
-  const int pieces = batch.num_pieces();
-  for (int p = 0; p < pieces; ++p) prefix_kv_[p] = prefix.of(p) > 0 ? exchange->prefix_kv(layer, p) : nullptr;
-  attention_kernel_forward(out, a, batch, prefix, model::AttentionPieces::with_prefix);
-}
-
-void CpuModel::attention_backward(const Batch& batch, int layer, const BlockActivations& a) {
-  const int N = batch.N, pieces = batch.num_pieces();
-  float* dqkv = dqkv_.data();
-  // The fp32 kernels add into dqkv; the bf16 twins overwrite the rows of the pieces they compute,
-  // and every piece is computed.
-  if (!bf16_storage_) std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(N) * cfg_.qkv_width());
-  model::KvExchange* exchange = batch.exchange;
-  if (exchange == nullptr) {
-    attention_kernel_backward(a, batch);
-    return;
-  }
-  // The later parts first: their prefixes' dK/dV go back to the owners while this rank computes
-  // the other pieces; then what later parts elsewhere computed for this micro-batch's rows.
-  const model::AttentionPrefix prefix = attention_prefix(batch);
-  if (prefix.offset != nullptr) {
-    for (int p = 0; p < pieces; ++p) {
-      const bool has = prefix.of(p) > 0;
-      prefix_kv_[p] = has ? exchange->prefix_kv(layer, p) : nullptr;
-      prefix_dkv_[p] = has ? exchange->prefix_dkv(layer, p) : nullptr;
-    }
-    attention_kernel_backward(a, batch, prefix, model::AttentionPieces::with_prefix);
-  }
-  exchange->backward_send(layer);
-  attention_kernel_backward(a, batch, prefix, model::AttentionPieces::without_prefix);
-  exchange->backward_wait_add(layer, dqkv);
-  // bf16 storage: the dK/dV of later parts elsewhere arrive in fp32 and are added, then the sums
-  // rounded, as the device's staging does.
-  if (bf16_storage_) model::round_bf16_inplace(dqkv, static_cast<size_t>(N) * cfg_.qkv_width());
-}
-
-void CpuModel::begin_forward(const Batch& batch) {
+void CpuModel::forward(const Batch& batch) {
   model::validate_batch(batch, cfg_);
   const int pieces = batch.num_pieces();
   const int32_t* cu_seqlens = batch.cu_seqlens.data();
   const int32_t* pos_offset = batch.pos_offset.empty() ? nullptr : batch.pos_offset.data();
   ensure_capacity(static_cast<size_t>(batch.N),
                   model::attention_saved_floats(cu_seqlens, pieces, cfg_.n_head, pos_offset));
-  prefix_kv_.assign(static_cast<size_t>(pieces), nullptr);
-  prefix_dkv_.assign(static_cast<size_t>(pieces), nullptr);
+  memory_.embeddings = encoded_.data();
+  memory_.lnf = lnf_.data(), memory_.lnf_mean = lnf_mean_.data(), memory_.lnf_rstd = lnf_rstd_.data();
+  memory_.params = params_.data(), memory_.grads = grads_.data();
+  float* grad[] = {dresidual_.data(), dln_.data(), datty_.data(), dqkv_.data(), dfch_.data(), dact_.data()};
+  std::copy(std::begin(grad), std::end(grad), memory_.grad);
+  memory_.params_bf16 = params_bf16_.data();
+  memory_.projection = projection_.data(), memory_.dresidual_bf16 = dresidual_bf16_.data();
+  memory_.rows = batch.N, memory_.batch = &batch, memory_.positions = positions_.data(), memory_.rope = &rope_;
   // A sharded step's all-gather may still be arriving (params_arriving): each layer waits for its
   // own range only, so the gather of the later layers overlaps the earlier layers' forward.
   await_params(offsets_.embeddings_end());
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
                          model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, cfg_.n_embd, pos_offset);
+  if (bf16_storage_) model::round_bf16_inplace(encoded_.data(), static_cast<size_t>(batch.N) * cfg_.n_embd);
   if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
-}
-
-void CpuModel::forward(const Batch& batch) {
-  begin_forward(batch);
-  const int N = batch.N;
-  const float* residual = encoded_.data();
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    await_params(offsets_.block[size_t(l)] + offsets_.block_floats);
-    const BlockActivations a = block_activations(l, N);
-    block_forward(batch, l, residual, a, block_inputs_bf16(l, N), false);
-    residual = a.residual3;
-  }
-  await_params(layout_.padded_size);  // the final norm, and everything the backward reads
-  norm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, params_.data() + offsets_.lnf_w,
-               model::tensor_at(params_.data(), offsets_.lnf_b), N);
-}
-
-void CpuModel::norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
-                            int N) {
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  if (cfg_.llama())
-    model::rmsnorm_forward(out, rstd, in, w, N, cfg_.n_embd, eps);
-  else
-    model::layernorm_forward(out, mean, rstd, in, w, b, N, cfg_.n_embd, eps);
-}
-
-void CpuModel::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
-                             const float* mean, const float* rstd, int N) {
-  if (cfg_.llama())
-    model::rmsnorm_backward(dinp, dw, dout, in, w, rstd, N, cfg_.n_embd);
-  else
-    model::layernorm_backward(dinp, dw, db, dout, in, w, mean, rstd, N, cfg_.n_embd);
-}
-
-void CpuModel::activation_forward(const BlockActivations& a, int N) {
-  if (cfg_.llama())
-    model::swiglu_forward(a.fch_gelu, a.fch, N, cfg_.ffn_width());
-  else
-    model::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * cfg_.ffn_width());
-}
-
-void CpuModel::activation_backward(const BlockActivations& a, int N) {
-  if (cfg_.llama())
-    model::swiglu_backward(dfch_.data(), dact_.data(), a.fch, N, cfg_.ffn_width());
-  else
-    model::gelu_backward_inplace(dfch_.data(), a.fch, static_cast<size_t>(N) * cfg_.ffn_width());
-}
-
-void CpuModel::block_forward(const Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
-                             const BlockInputsBf16& h, bool recomputing) {
-  const int N = batch.N, C = cfg_.n_embd, F = cfg_.ffn_width();
-  const BlockTensors p = block_tensors(params_.data(), layer);
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, p.ln1_w, p.ln1_b, N);
-  model::matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, cfg_.qkv_width(), h.ln1);
-  if (cfg_.llama()) model::rope_forward(a.qkv, positions_.data(), N, shape_, rope_);
-  attention_forward(batch, layer, a, a.atty, recomputing);
-  exchange_progress(batch);
-  model::matmul_forward_residual(a.residual2, residual_in, a.atty, p.attproj_w, p.attproj_b, N, C, C, h.atty);
-  exchange_progress(batch);
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N);
-  model::matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, cfg_.ffn_in_width(), h.ln2);
-  exchange_progress(batch);
-  activation_forward(a, N);
-  if (recomputing) return;
-  exchange_progress(batch);
-  model::matmul_forward_residual(a.residual3, a.residual2, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, F, C, h.fch_gelu);
-  exchange_progress(batch);
+  schedule_.forward(*ops_);
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
@@ -400,33 +257,23 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
   // chunk, so it is counted with backward.
   if (backward_start_hook_) backward_start_hook_();
-  const int N = batch.N, C = cfg_.n_embd;
-  float* params = params_.data();
-  float* grads = grads_.data();
   const double loss = head_backward(batch, loss_scale);  // into dln_
-
-  // The final norm: its input is the last block's output.
-  float* dresidual = dresidual_.data();
-  std::memset(dresidual, 0, sizeof(float) * static_cast<size_t>(N) * C);
-  const float* last_residual = block_activations(cfg_.n_layer - 1, N).residual3;
-  norm_backward(dresidual, grads + offsets_.lnf_w, model::tensor_at(grads, offsets_.lnf_b), dln_.data(),
-                last_residual, params + offsets_.lnf_w, lnf_mean_.data(), lnf_rstd_.data(), N);
-  // The final norm (and an untied head) are the last tensors; the zero padding after them is
-  // final too.
-  if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
-
-  backward_blocks_and_embeddings(batch, on_ready);
+  backward_from_final_norm(batch, on_ready);
   return loss;
 }
 
-void CpuModel::backward_blocks_and_embeddings(const Batch& batch, const model::GradReadyFn& on_ready) {
-  // Blocks, last to first. dresidual_ carries the gradient of the residual stream; each norm's
-  // backward adds its input gradient into it, which is the residual connection.
+void CpuModel::backward_from_final_norm(const Batch& batch, const model::GradReadyFn& on_ready) {
+  // The final norm: its input is the last block's output. dresidual_ carries the gradient of the
+  // residual stream; each norm's backward adds its input gradient into it, which is the residual
+  // connection.
+  std::memset(dresidual_.data(), 0, sizeof(float) * static_cast<size_t>(batch.N) * cfg_.n_embd);
+  ops_->norm_backward({.layer = cfg_.n_layer - 1, .dinp = model::Grad::dresidual, .dout = model::Grad::dln,
+                       .in = model::Stream::out, .norm = model::Act::next_ln, .rms = cfg_.llama()});
+  // The final norm (and an untied head) are the last tensors; the zero padding after them is
+  // final too.
+  if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    if (bf16_storage_)
-      block_backward_bf16(batch, l);
-    else
-      block_backward(batch, l);
+    schedule_.block_backward(*ops_, l);
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
   }
   float* grads = grads_.data();
@@ -459,45 +306,9 @@ double CpuModel::head_backward(const Batch& batch, float loss_scale) {
     for (int i = 0; i < n; ++i)
       std::memcpy(dlnf + static_cast<size_t>(target_rows_[c0 + i]) * C, head_dinputs_.data() + static_cast<size_t>(i) * C,
                   sizeof(float) * C);
-    exchange_progress(batch);
+    ops_->kv_progress();  // the K/V exchange moves (kv_exchange.h)
   }
   return loss;
-}
-
-void CpuModel::block_backward(const Batch& batch, int l) {
-  const int N = batch.N, C = cfg_.n_embd, F = cfg_.ffn_width();
-  const BlockTensors p = block_tensors(params_.data(), l);
-  const BlockTensors g = block_tensors(grads_.data(), l);
-  const BlockActivations a = block_activations(l, N);
-  const BlockInputsBf16 h = block_inputs_bf16(l, N);
-  float* dresidual = dresidual_.data();
-  const float* residual_in = l == 0 ? encoded_.data() : block_activations(l - 1, N).residual3;
-  if (recompute_ == Recompute::block) block_forward(batch, l, residual_in, a, h, true);
-  if (recompute_ == Recompute::gelu) activation_forward(a, N);
-  // MLP: residual3 = residual2 + fc_proj(act(fc(norm_2(residual2))))
-  exchange_progress(batch);
-  model::matmul_backward_overwrite_dinp(activation_gradient(), g.fcproj_w, g.fcproj_b, dresidual, a.fch_gelu,
-                                        p.fcproj_w, N, F, C, h.fch_gelu);
-  exchange_progress(batch);
-  activation_backward(a, N);
-  model::matmul_backward_overwrite_dinp(dln_.data(), g.fc_w, g.fc_b, dfch_.data(), a.ln2, p.fc_w, N, C,
-                                        cfg_.ffn_in_width(), h.ln2);
-  exchange_progress(batch);
-  norm_backward(dresidual, g.ln2_w, g.ln2_b, dln_.data(), a.residual2, p.ln2_w, a.ln2_mean, a.ln2_rstd, N);
-  // Attention: residual2 = residual_in + attn_proj(attn(rope(qkv(norm_1(residual_in)))))
-  model::matmul_backward_overwrite_dinp(datty_.data(), g.attproj_w, g.attproj_b, dresidual, a.atty, p.attproj_w, N,
-                                        C, C, h.atty);
-  exchange_progress(batch);
-  // dln_ is free until the QKV projection's backward: the recomputed output lands there.
-  if (recompute_ == Recompute::attention) attention_forward(batch, l, a, dln_.data(), true);
-  // The rows' dq|dk|dv, the later parts' dK/dV for our rows already added: RoPE's backward then
-  // turns them back (the prefixes' gradients went out still rotated, as the K/V came in).
-  attention_backward(batch, l, a);
-  if (cfg_.llama()) model::rope_backward(dqkv_.data(), positions_.data(), N, shape_, rope_);
-  model::matmul_backward_overwrite_dinp(dln_.data(), g.qkv_w, g.qkv_b, dqkv_.data(), a.ln1, p.qkv_w, N, C,
-                                        cfg_.qkv_width(), h.ln1);
-  exchange_progress(batch);
-  norm_backward(dresidual, g.ln1_w, g.ln1_b, dln_.data(), residual_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, N);
 }
 
 void CpuModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

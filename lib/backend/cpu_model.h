@@ -5,12 +5,14 @@
 // after init/set_params/adamw_step, activations rounded per GEMM) and accumulate in fp32; master
 // weights, AdamW moments, gradients and every other op stay fp32. It needs bf16 instructions
 // (AVX512_BF16 or AMX); elsewhere the constructor throws, naming train.precision.
+// The blocks run through the block schedule (lib/model/block_schedule.h) on the datapath's CPU op
+// table (lib/model/block_ops_cpu.h).
 // bf16_storage (train.bf16_storage = on; needs precision "bf16"): the oracle of the CUDA backend's
-// bf16-storage datapath (cpu_model_bf16.cpp): every activation is rounded to bf16 exactly where the
-// device stores it, GEMMs multiply those bf16 values and the bf16 weight copy with fp32
-// accumulation (fp32 GEMMs on bf16 values: any CPU), the classifier keeps bf16 logits; master
-// weights, gradients and moments stay fp32. Composed from lib/model/bf16_ops.h and
-// attention_bf16.h, the CUDA kernels' twins, so that the GPU path is compared at a tight tolerance.
+// bf16-storage datapath (its op table; the head in cpu_model_bf16.cpp): every activation is
+// rounded to bf16 exactly where the device stores it, GEMMs multiply those bf16 values and the
+// bf16 weight copy with fp32 accumulation (fp32 GEMMs on bf16 values: any CPU), the classifier
+// keeps bf16 logits; master weights, gradients and moments stay fp32. Its kernels are the CUDA
+// kernels' twins, so that the GPU path is compared at a tight tolerance.
 // recompute (train.recompute): activations the forward does not keep and the backward recomputes,
 // with the same kernels in the same order, so gradients are bit-identical to "none": "gelu" the
 // MLP's GELU output (from its input), "attention" the saved softmax (from Q and K, and the prefix
@@ -25,8 +27,9 @@
 #include <vector>
 
 #include "lib/backend/model_base.h"
-#include "lib/model/attention.h"
 #include "lib/model/bf16_ops.h"
+#include "lib/model/block_ops_cpu.h"
+#include "lib/model/block_schedule.h"
 #include "lib/model/layout.h"
 #include "lib/model/gemm.h"
 #include "lib/model/matmul.h"
@@ -77,80 +80,32 @@ class CpuModel final : public ModelBase {
   void reserve(int max_tokens, int context) override;
 
  private:
-  using BlockTensors = model::BlockTensors;
   using BlockActivations = model::BlockActivations;
   using Recompute = model::Recompute;
 
-  BlockTensors block_tensors(float* base, int layer) const;
   BlockActivations block_activations(int layer, int N);
   // precision=bf16: the bf16 roundings of a block's four Linear inputs, made by the forward and
-  // read by the backward (all null in fp32).
-  struct BlockInputsBf16 {
-    model::bf16 *ln1 = nullptr, *atty = nullptr, *ln2 = nullptr, *fch_gelu = nullptr;
-  };
-  BlockInputsBf16 block_inputs_bf16(int layer, int N);
+  // read by the backward (all null in fp32 and with bf16 storage).
+  model::Bf16Inputs block_inputs_bf16(int layer, int N);
   // Grows the activations to `tokens` rows and `att` saved-softmax floats per layer.
   void ensure_capacity(size_t tokens, size_t att);
-  // What both datapaths start a forward with: the batch checked, room for it, no prefixes yet, the
-  // embeddings into encoded_ (their weights awaited) and llama's positions.
-  void begin_forward(const model::Batch& batch);
-  void forward(const model::Batch& batch);  // fills the activations up to the final norm
+  // The batch checked, room for it, the op table's memory and batch, the embeddings into encoded_
+  // (their weights awaited; bf16 storage: rounded) and llama's positions; then the blocks through
+  // the schedule, to the final norm's output in lnf_.
+  void forward(const model::Batch& batch);
   // The LM head's logits, loss and gradient into dln_ (the final norm's output gradient); returns
   // the summed loss.
   double head_backward(const model::Batch& batch, float loss_scale);
-  // One block's backward from dresidual_ (recomputing what train.recompute dropped).
-  void block_backward(const model::Batch& batch, int layer);
-  // Both datapaths' backward after the final norm: the blocks, last to first (each block's
-  // gradients reported ready), then the embeddings.
-  void backward_blocks_and_embeddings(const model::Batch& batch, const model::GradReadyFn& on_ready);
-  // One block's forward from residual_in. recomputing: in the backward, up to the GELU (the last
-  // projection's output is not needed), and attention without sends.
-  void block_forward(const model::Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
-                     const BlockInputsBf16& h, bool recomputing);
-  // One layer's attention, the saved softmax into a.att and the output into `out`, with the K/V
-  // exchange of cut pieces when batch.exchange is set (the calls in lib/model/kv_exchange.h's
-  // order). recomputing: the backward's copy, the prefixes read from the exchange, nothing sent
-  // (the forward sent them). attention_backward writes dqkv_ from datty_. Both datapaths run
-  // them; attention_kernel_* pick the kernels (bf16 storage: the CUDA kernels' twins).
-  void attention_forward(const model::Batch& batch, int layer, const BlockActivations& a, float* out,
-                         bool recomputing);
-  void attention_backward(const model::Batch& batch, int layer, const BlockActivations& a);
-  void attention_kernel_forward(float* out, const BlockActivations& a, const model::Batch& batch,
-                                const model::AttentionPrefix& prefix = {},
-                                model::AttentionPieces which = model::AttentionPieces::all);
-  void attention_kernel_backward(const BlockActivations& a, const model::Batch& batch,
-                                 const model::AttentionPrefix& prefix = {},
-                                 model::AttentionPieces which = model::AttentionPieces::all);
-  // Between kernels of a micro-batch with cut pieces: lets the K/V exchange move (kv_exchange.h).
-  static void exchange_progress(const model::Batch& batch) {
-    if (batch.exchange != nullptr) batch.exchange->progress();
-  }
-  // The architecture's steps of a block (spec.h): LayerNorm or RMSNorm (mean unused), and the
-  // MLP's activation, GELU or SwiGLU. The backward writes dfch_ from dact (gpt2: dact is dfch_
-  // itself, turned in place).
-  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N);
-  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
-                     const float* mean, const float* rstd, int N);
-  void activation_forward(const BlockActivations& a, int N);
-  // ---- bf16 storage (cpu_model_bf16.cpp): the same steps, rounded where the device stores bf16.
+  // Both datapaths' backward after the head: the final norm, the blocks last to first (each
+  // block's gradients reported ready), then the embeddings.
+  void backward_from_final_norm(const model::Batch& batch, const model::GradReadyFn& on_ready);
+  // ---- bf16 storage (cpu_model_bf16.cpp): the classifier's loss and backward.
   double forward_backward_bf16(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
   double forward_loss_bf16(const model::Batch& batch);
-  void forward_bf16(const model::Batch& batch);
-  void block_forward_bf16(const model::Batch& batch, int layer, const float* residual_in, const BlockActivations& a,
-                          bool recomputing);
-  void block_backward_bf16(const model::Batch& batch, int layer);
   // The weight copy the bf16 GEMMs read: param's position in params_bf16_ (null for null).
   const model::bf16* working(const float* param) const {
     return param == nullptr ? nullptr : params_bf16_.data() + (param - params_.data());
   }
-  model::NormSpec norm_spec() const { return {cfg_.llama(), static_cast<float>(cfg_.norm_eps)}; }
-  // GELU through the GEMM's epilogue (pre-activation and GELU of the unrounded sum), except under
-  // recompute = gelu, whose recomputation can only start from the stored bf16 pre-activation.
-  bool gelu_in_epilogue() const { return !cfg_.llama() && recompute_ != Recompute::gelu; }
-  void activation_backward(const BlockActivations& a, int N);
-  float* activation_gradient() { return cfg_.llama() ? dact_.data() : dfch_.data(); }
-  // The batch's prefixes over prefix_kv_ / prefix_dkv_ (offset null when no piece has one).
-  model::AttentionPrefix attention_prefix(const model::Batch& batch) const;
   // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32).
   std::optional<model::Bf16MatmulScope> gemm_precision_scope() const;
   void refresh_bf16_params();  // params_bf16_ = bf16(params_)
@@ -193,14 +148,14 @@ class CpuModel final : public ModelBase {
   // bf16 storage: a Linear layer's output before the fused residual add + norm, and the bf16
   // copy of dresidual_ the GEMMs read.
   std::vector<float> projection_, dresidual_bf16_;
-  // The attention's heads in the q|k|v rows; llama: RoPE's table for the context, and the current
-  // micro-batch's positions (piece offset + index).
-  model::AttentionShape shape_;
+  // llama: RoPE's table for the context, and the current micro-batch's positions (piece offset +
+  // index).
   model::RopeTable rope_;
   std::vector<int32_t> positions_;
-  // Per piece of the current batch: its prefix's K/V and dK/dV in the exchange (null: none).
-  std::vector<const float*> prefix_kv_;
-  std::vector<float*> prefix_dkv_;
+  // The block schedule, the datapath's op table and the memory it resolves names into.
+  model::BlockSchedule schedule_;
+  model::BlockMemory memory_;
+  std::unique_ptr<model::BlockOps> ops_;
   // LM head: rows that have a target, gathered; one chunk of logits at a time.
   std::vector<int32_t> target_rows_, target_ids_;
   std::vector<float> head_inputs_, head_dinputs_, logits_;

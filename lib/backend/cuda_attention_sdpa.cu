@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -78,6 +79,22 @@ struct SdpaRows {
   float* stats = nullptr;            // (N, n_head)
 };
 
+// The exchange's rows of the prefixes the plan's later calls read, per piece: their K/V, and
+// backward (grads) where their dK/dV go; `view()` is what the staging reads.
+struct LaterPrefixes {
+  std::vector<const float*> kv;
+  std::vector<float*> dkv;
+  LaterPrefixes(const model::SdpaPlan& plan, model::KvExchange* exchange, int layer, int pieces, bool grads)
+      : kv(size_t(pieces), nullptr), dkv(grads ? size_t(pieces) : 0, nullptr) {
+    for (const model::SdpaCall& call : plan.later)
+      for (int piece : call.piece) {
+        kv[size_t(piece)] = exchange->prefix_kv(layer, piece);
+        if (grads) dkv[size_t(piece)] = exchange->prefix_dkv(layer, piece);
+      }
+  }
+  model::AttentionPrefix view() const { return {nullptr, kv.data(), dkv.empty() ? nullptr : dkv.data()}; }
+};
+
 struct SdpaState {
   std::unique_ptr<kc::SdpaAttention> engine;
   model::SdpaPlan plan;
@@ -87,6 +104,9 @@ struct SdpaState {
   // bf16-storage datapath keeps its Stats and staging in the arena and needs no conversions).
   DeviceScratch qkv16, out16, dout16, dqkv16, staged, staged_grad, stats;
   size_t stats_rows = 0;  // rows of every layer's slice of `stats`
+  // A layer's backward: the later parts' prefixes, taken with the later parts (before
+  // backward_send, after which the exchange hands out no dK/dV rows) for the whole pieces' turn.
+  std::optional<LaterPrefixes> backward_prefixes;
   // Both datapaths: cuDNN's workspace (the largest call's so far) and the calls' descriptor blocks.
   DeviceScratch workspace, descriptors;
   std::vector<size_t> descriptor_offsets;  // per call of plan.calls(), in ints
@@ -361,22 +381,6 @@ void self_check_reference(kc::Gemm& gemm, const model::SdpaCall& call, const mod
   }
 }
 
-// The exchange's rows of the prefixes the plan's later calls read, per piece: their K/V, and
-// backward (grads) where their dK/dV go; `view()` is what the staging reads.
-struct LaterPrefixes {
-  std::vector<const float*> kv;
-  std::vector<float*> dkv;
-  LaterPrefixes(const model::SdpaPlan& plan, model::KvExchange* exchange, int layer, int pieces, bool grads)
-      : kv(size_t(pieces), nullptr), dkv(grads ? size_t(pieces) : 0, nullptr) {
-    for (const model::SdpaCall& call : plan.later)
-      for (int piece : call.piece) {
-        kv[size_t(piece)] = exchange->prefix_kv(layer, piece);
-        if (grads) dkv[size_t(piece)] = exchange->prefix_dkv(layer, piece);
-      }
-  }
-  model::AttentionPrefix view() const { return {nullptr, kv.data(), dkv.empty() ? nullptr : dkv.data()}; }
-};
-
 }  // namespace
 
 bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry) {
@@ -466,18 +470,18 @@ bool CudaModel::sdpa_agrees(const model::SdpaCall& call, std::string* why, bool*
   return false;
 }
 
-void CudaModel::sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls) {
+// The schedule's pieces (block_schedule.h): without_prefix runs the whole pieces, with_prefix the
+// later parts (their prefixes staged) and what follows them; all, both. The exchange's calls sit
+// between them, in the schedule.
+void CudaModel::sdpa_forward_layer(int layer, const BlockActivations& a, float* out, model::AttentionPieces which) {
   SdpaState& st = *sdpa_;
   const int C = cfg_.n_embd, W = cfg_.qkv_width(), N = layout_now_.N;
-  const bool exchange = exchange_ != nullptr;
-  if (exchange && exchange_calls) {
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));  // the exchange reads the rows from elsewhere
-    exchange_->forward_send(layer, a.qkv);
-  }
   const SdpaRows rows = st.fp32_datapath_rows(layer);
-  kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, a.qkv, W, N, W, s_);
-  st.forward_all(st.plan.whole, rows, s_);
-  if (exchange && exchange_calls) exchange_->forward_wait(layer);
+  if (which != model::AttentionPieces::with_prefix) {
+    kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, a.qkv, W, N, W, s_);
+    st.forward_all(st.plan.whole, rows, s_);
+  }
+  if (which == model::AttentionPieces::without_prefix) return;
   if (!st.plan.later.empty()) {
     const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/false);
     kc::sdpa_stage_keys(st.plan, prefixes.view(), a.qkv, st.staged.as<kc::bf16>(), s_);
@@ -486,84 +490,68 @@ void CudaModel::sdpa_forward_layer(int layer, const BlockActivations& a, float* 
   kc::rows_to_fp32(out, C, st.out16.as<kc::bf16>(), C, N, C, false, s_);
 }
 
-void CudaModel::sdpa_backward_layer(int layer, const BlockActivations& a) {
+void CudaModel::sdpa_backward_layer(int layer, const BlockActivations& a, model::AttentionPieces which) {
   SdpaState& st = *sdpa_;
   const int C = cfg_.n_embd, W = cfg_.qkv_width(), N = layout_now_.N;
   float* dqkv = acts_.dqkv;
   const SdpaRows rows = st.fp32_datapath_rows(layer);
-  kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, a.qkv, W, N, W, s_);
-  kc::rows_to_bf16(st.out16.as<kc::bf16>(), C, a.atty, C, N, C, s_);  // exact: a.atty holds bf16 values
-  kc::rows_to_bf16(st.dout16.as<kc::bf16>(), C, acts_.datty, C, N, C, s_);
-  const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/true);
-  const model::AttentionPrefix prefix = prefixes.view();
+  if (which != model::AttentionPieces::without_prefix)
+    st.backward_prefixes.emplace(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/true);
+  const model::AttentionPrefix prefix = st.backward_prefixes->view();
   // The later parts first, so that their prefixes' dK/dV travel while the whole pieces run.
-  if (!st.plan.later.empty()) {
-    kc::sdpa_stage_keys(st.plan, prefix, a.qkv, st.staged.as<kc::bf16>(), s_);
-    st.backward_all(st.plan.later, rows, s_);
-    kc::sdpa_unstage_key_grads(st.plan, prefix, st.staged_grad.as<kc::bf16>(), dqkv, s_, kc::SdpaUnstage::prefix_rows);
+  if (which != model::AttentionPieces::without_prefix) {
+    kc::rows_to_bf16(st.qkv16.as<kc::bf16>(), W, a.qkv, W, N, W, s_);
+    kc::rows_to_bf16(st.out16.as<kc::bf16>(), C, a.atty, C, N, C, s_);  // exact: a.atty holds bf16 values
+    kc::rows_to_bf16(st.dout16.as<kc::bf16>(), C, acts_.datty, C, N, C, s_);
+    if (!st.plan.later.empty()) {
+      kc::sdpa_stage_keys(st.plan, prefix, a.qkv, st.staged.as<kc::bf16>(), s_);
+      st.backward_all(st.plan.later, rows, s_);
+      kc::sdpa_unstage_key_grads(st.plan, prefix, st.staged_grad.as<kc::bf16>(), dqkv, s_,
+                                 kc::SdpaUnstage::prefix_rows);
+    }
   }
-  if (exchange_ != nullptr) {
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
-    exchange_->backward_send(layer);
-  }
+  if (which == model::AttentionPieces::with_prefix) return;
   st.backward_all(st.plan.whole, rows, s_);
   // dQ of every row and dK/dV of the whole pieces' rows, then the later parts' own dK/dV.
   kc::rows_to_fp32(dqkv, W, st.dqkv16.as<kc::bf16>(), W, N, W, false, s_);
   if (!st.plan.later.empty())
     kc::sdpa_unstage_key_grads(st.plan, prefix, st.staged_grad.as<kc::bf16>(), dqkv, s_, kc::SdpaUnstage::own_rows);
-  if (exchange_ != nullptr) {
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));  // the exchange adds into dqkv from elsewhere
-    exchange_->backward_wait_add(layer, dqkv);
-  }
 }
 
-// ---- the bf16-storage datapath (cuda_datapath_bf16.cu calls these where batch_sdpa_) ----------
+// ---- the bf16-storage datapath (its op table's attention entries call these where batch_sdpa_) --
 
-void CudaModel::sdpa_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool exchange_calls) {
+void CudaModel::sdpa_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, model::AttentionPieces which) {
   SdpaState& st = *sdpa_;
   const ActivationsBf16& x = bacts_;
-  const int N = layout_now_.N, W = cfg_.qkv_width();
-  const bool exchange = exchange_ != nullptr;
-  if (exchange && exchange_calls) {
-    // The exchange reads fp32 rows from its own stream or the host: converted, and final.
-    kc::to_float(x.exchange_qkv, a.qkv, static_cast<size_t>(N) * W, s_);
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
-    exchange_->forward_send(layer, x.exchange_qkv);
-  }
   SdpaRows rows;
   rows.qkv = a.qkv, rows.staged = x.sdpa_staged, rows.out = out, rows.stats = a.stats;
-  st.forward_all(st.plan.whole, rows, s_);
-  // The later parts, once their prefixes have arrived (a recomputation reads the ones the
-  // exchange still holds).
-  if (exchange && exchange_calls) exchange_->forward_wait(layer);
-  if (st.plan.later.empty()) return;
+  if (which != model::AttentionPieces::with_prefix) st.forward_all(st.plan.whole, rows, s_);
+  if (which == model::AttentionPieces::without_prefix || st.plan.later.empty()) return;
+  // The later parts, against the prefixes the exchange holds.
   const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/false);
   kc::sdpa_stage_keys(st.plan, prefixes.view(), a.qkv, x.sdpa_staged, s_);
   st.forward_all(st.plan.later, rows, s_);
 }
 
-void CudaModel::sdpa_backward_bf16(int layer, const BlockBf16& a) {
+void CudaModel::sdpa_backward_bf16(int layer, const BlockBf16& a, model::AttentionPieces which) {
   SdpaState& st = *sdpa_;
   const ActivationsBf16& x = bacts_;
   // O is the layer's kept output (a recomputation wrote the same bits elsewhere), Stats the
   // forward's or the recomputation's.
   const SdpaRows rows{a.qkv, x.sdpa_staged, a.atty, x.datty, x.dqkv, x.sdpa_staged_grad, a.stats};
-  const LaterPrefixes prefixes(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/true);
-  const model::AttentionPrefix prefix = prefixes.view();
+  if (which != model::AttentionPieces::without_prefix)
+    st.backward_prefixes.emplace(st.plan, exchange_, layer, layout_now_.pieces, /*grads=*/true);
+  const model::AttentionPrefix prefix = st.backward_prefixes->view();
   // The later parts first, so that their prefixes' dK/dV travel while the whole pieces run.
-  if (!st.plan.later.empty()) {
+  if (which != model::AttentionPieces::without_prefix && !st.plan.later.empty()) {
     kc::sdpa_stage_keys(st.plan, prefix, a.qkv, x.sdpa_staged, s_);
     st.backward_all(st.plan.later, rows, s_);
     kc::sdpa_unstage_key_grads(st.plan, prefix, x.sdpa_staged_grad, x.dqkv, s_, kc::SdpaUnstage::prefix_rows);
   }
-  if (exchange_ != nullptr) {
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
-    exchange_->backward_send(layer);
-  }
+  if (which == model::AttentionPieces::with_prefix) return;
   st.backward_all(st.plan.whole, rows, s_);
   if (!st.plan.later.empty())
     kc::sdpa_unstage_key_grads(st.plan, prefix, x.sdpa_staged_grad, x.dqkv, s_, kc::SdpaUnstage::own_rows);
-  if (exchange_ != nullptr) add_exchange_dqkv_bf16(layer);
 }
 
 }  // namespace kilter::backend

@@ -1,9 +1,10 @@
 // CudaModel: the model (GPT-2 or the Llama family: RMSNorm, RoPE, SwiGLU, grouped K/V heads, an
-// untied head) on one CUDA device, composed from the CUDA twins of the CPU ops
-// (lib/model/cuda_ops.h) in exactly CpuModel's order, so the CPU backend is its oracle
-// (tests/gpu/). fp32 master weights, gradients and AdamW moments. Two datapaths: this file's, with
-// fp32 activations (train.precision = fp32: IEEE fp32 GEMMs; bf16 with train.bf16_storage = off:
-// bf16 tensor-core math on fp32 operands, kc::Gemm), and the bf16-storage one
+// untied head) on one CUDA device: its blocks run the CPU model's block schedule
+// (lib/model/block_schedule.h) on op tables of the CUDA twins of the CPU ops
+// (lib/model/cuda_ops.h), so the CPU backend is its oracle (tests/gpu/). fp32 master weights,
+// gradients and AdamW moments. Two datapaths: this file's, with fp32 activations (train.precision
+// = fp32: IEEE fp32 GEMMs; bf16 with train.bf16_storage = off: bf16 tensor-core math on fp32
+// operands, kc::Gemm), and the bf16-storage one
 // (cuda_datapath_bf16.cu: bf16 activations, fused kernels), which train.bf16_storage = auto takes
 // where its self-check against the CPU oracle passes at construction (cuda_self_check.cu). The
 // optimizer (one launch for AdamW, one for the norm) is cuda_optimizer.cu. Device memory: one
@@ -66,7 +67,7 @@ __global__ void store_scalar_kernel(float* dst, float value) { *dst = value; }
 
 
 CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::BackendOptions& options)
-    : ModelBase(cfg, pad_multiple), options_(options) {
+    : ModelBase(cfg, pad_multiple), schedule_(cfg, model::parse_recompute(options.recompute)), options_(options) {
   const std::string& precision = options_.precision;
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
@@ -235,9 +236,6 @@ CudaModel::~CudaModel() {
   cudaStreamDestroy(copy_stream_);
 }
 
-CudaModel::BlockTensors CudaModel::block_tensors(float* base, int layer) const {
-  return model::block_tensors_at(base, offsets_, layer);
-}
 
 
 
@@ -390,20 +388,6 @@ void CudaModel::attention_backward_groups(const BlockActivations& a) {
   kc::scatter_padded_rows(x.dqkv, x.padded_dqkv, x.padded_token, groups.padded_rows(), W, /*accumulate=*/false, s_);
 }
 
-void CudaModel::attention_forward_layer(int layer, const BlockActivations& a) {
-  if (batch_sdpa_) return sdpa_forward_layer(layer, a, a.atty, /*exchange_calls=*/true);
-  if (exchange_ == nullptr) {
-    attention_forward_groups(a);
-    return;
-  }
-  // The exchange reads qkv from its own stream or the host side: the rows must be final.
-  KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
-  exchange_->forward_send(layer, a.qkv);
-  attention_forward_groups(a);
-  exchange_->forward_wait(layer);
-  attention_forward_prefixed(layer, a, a.atty);
-}
-
 void CudaModel::attention_forward_prefixed(int layer, const BlockActivations& a, float* out) {
   const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
   const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
@@ -417,16 +401,10 @@ void CudaModel::attention_forward_prefixed(int layer, const BlockActivations& a,
   }
 }
 
-void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
-  if (batch_sdpa_) return sdpa_backward_layer(layer, a);
-  if (exchange_ == nullptr) {
-    attention_backward_groups(a);
-    return;
-  }
+void CudaModel::attention_backward_prefixed(int layer, const BlockActivations& a) {
   const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
   const Activations& x = acts_;
-  // The later parts first (their rows of dqkv are not written by the groups' scatter: zero them),
-  // then their prefixes' dK/dV go back while the groups run.
+  // Their rows of dqkv are not written by the groups' scatter: zeroed here.
   const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
   for (size_t k = 0; k < prefixed.size(); ++k) {
     const PrefixedPiece& part = prefixed[k];
@@ -438,89 +416,121 @@ void CudaModel::attention_backward_layer(int layer, const BlockActivations& a) {
                                   exchange_->prefix_kv(layer, part.piece), a.att + x.prefixed_saved_offset[k],
                                   part.offset, part.len, C, NH, x.attention_workspace, cfg_.kv_heads());
   }
-  KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
-  exchange_->backward_send(layer);
-  attention_backward_groups(a);
-  // The groups' scatter overwrites their rows of dqkv: it must be done before the exchange adds.
-  KILTER_CUDA_CHECK(cudaStreamSynchronize(s_));
-  exchange_->backward_wait_add(layer, x.dqkv);
 }
 
-void CudaModel::attention_recompute(int layer, const BlockActivations& a, float* out) {
-  if (batch_sdpa_) return sdpa_forward_layer(layer, a, out, /*exchange_calls=*/false);
-  BlockActivations into = a;
-  into.atty = out;
-  attention_forward_groups(into);
-  attention_forward_prefixed(layer, a, out);
-}
+// The fp32-activation datapath's op table (block_schedule.h): the names resolved into the arena's
+// slices (BlockNames over memory_), every entry the CUDA twin of the CPU table's, on the segment's
+// stream and GEMM engine (s_, g_). The exchange's calls drain the stream first: it reads and adds
+// rows from elsewhere. Fusions: the residual add in the projection's GEMM; the rest two calls.
+class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockNames {
+ public:
+  explicit Fp32Ops(CudaModel& m) : BlockNames(m.cfg_, m.memory_), m_(m) {
+    const Activations& x = m.acts_;
+    model::BlockMemory& memory = m.memory_;
+    memory.activations = [&m](int layer, int) { return m.acts_.blocks[size_t(layer)]; };
+    memory.embeddings = x.encoded;
+    memory.lnf = x.lnf, memory.lnf_mean = x.lnf_mean, memory.lnf_rstd = x.lnf_rstd;
+    memory.params = m.params_, memory.grads = m.grads_, memory.offsets = &m.offsets_;
+    memory.rows = m.layout_now_.N;
+    float* grad[] = {x.dresidual, x.dln, x.datty, x.dqkv, x.dfch, x.dact};
+    std::copy(std::begin(grad), std::end(grad), memory.grad);
+  }
+  void norm(const model::NormArgs& a) override {
+    const NormTensors t = norm_tensors(a.layer, a.out);
+    const float eps = static_cast<float>(spec_.norm_eps);
+    if (a.rms)
+      kc::rmsnorm_forward(t.out, t.rstd, stream(a.layer, a.in), t.w, rows(), spec_.n_embd, eps, m_.s_);
+    else
+      kc::layernorm_forward(t.out, t.mean, t.rstd, stream(a.layer, a.in), t.w, t.b, rows(), spec_.n_embd, m_.s_, eps);
+  }
+  void linear(const model::LinearArgs& a) override {
+    const LinearTensors t = linear_tensors(a.layer, a.weight);
+    kc::matmul_forward(*m_.g_, act(a.layer, a.out), act(a.layer, a.in), t.w, t.b, rows(), t.in, t.out);
+  }
+  void linear_gelu(const model::LinearGeluArgs& a) override {
+    linear({.layer = a.layer, .out = a.pre_gelu, .in = a.in, .weight = a.weight});
+    gelu({.layer = a.layer, .out = a.out, .in = a.pre_gelu});
+  }
+  void projection_residual_norm(const model::ResidualNormArgs& a) override {
+    const LinearTensors t = linear_tensors(a.layer, a.weight);
+    kc::matmul_forward_residual(*m_.g_, stream(a.layer, a.out), act(a.layer, a.in), t.w, t.b,
+                                stream(a.layer, a.residual), rows(), t.in, t.out);
+    norm({.layer = a.layer, .out = a.norm_out, .in = a.out, .rms = a.rms});
+  }
+  void gelu(const model::ActivationArgs& a) override {
+    kc::gelu_forward(act(a.layer, a.out), act(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_);
+  }
+  void swiglu(const model::ActivationArgs& a) override {
+    kc::swiglu_forward(act(a.layer, a.out), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
+  }
+  void rope(const model::LayerArgs& a) override { m_.rope(act(a.layer, model::Act::qkv), false); }
+  void attention(const model::AttentionArgs& a) override {
+    const BlockActivations& block = m_.acts_.blocks[size_t(a.layer)];
+    float* out = act(a.layer, a.out);
+    if (m_.batch_sdpa_) return m_.sdpa_forward_layer(a.layer, block, out, a.pieces);
+    if (a.pieces == model::AttentionPieces::with_prefix) return m_.attention_forward_prefixed(a.layer, block, out);
+    BlockActivations into = block;
+    into.atty = out;
+    m_.attention_forward_groups(into);
+  }
+  bool exchanging() const override { return m_.exchange_ != nullptr; }
+  void kv_send(const model::LayerArgs& a) override {
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
+    m_.exchange_->forward_send(a.layer, act(a.layer, model::Act::qkv));
+  }
+  void kv_wait(const model::LayerArgs& a) override { m_.exchange_->forward_wait(a.layer); }
 
-void CudaModel::norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
-                             int N) {
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  if (cfg_.llama())
-    kc::rmsnorm_forward(out, rstd, in, w, N, cfg_.n_embd, eps, s_);
-  else
-    kc::layernorm_forward(out, mean, rstd, in, w, b, N, cfg_.n_embd, s_, eps);
-}
+  void linear_backward(const model::LinearBackwardArgs& a) override {
+    const LinearTensors t = linear_tensors(a.layer, a.weight);
+    kc::matmul_backward(*m_.g_, grad(a.dinp), t.dw, t.db, grad(a.dout), act(a.layer, a.in), t.w, rows(), t.in, t.out,
+                        m_.acts_.column_scratch, false);
+  }
+  void linear_gelu_backward(const model::LinearGeluBackwardArgs& a) override {
+    linear_backward({.layer = a.layer, .dinp = a.dinp, .dout = a.dout, .in = a.in, .weight = a.weight});
+    kc::gelu_backward(grad(a.dinp), act(a.layer, a.pre_gelu), grad(a.dinp),
+                      static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_, /*accumulate=*/false);
+  }
+  void swiglu_backward(const model::ActivationBackwardArgs& a) override {
+    kc::swiglu_backward(grad(a.dinp), grad(a.dout), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
+  }
+  void norm_backward(const model::NormBackwardArgs& a) override {
+    const NormTensors t = norm_tensors(a.layer, a.norm);
+    float* scratch = m_.acts_.column_scratch;
+    if (a.rms)
+      kc::rmsnorm_backward(grad(a.dinp), t.dw, grad(a.dout), stream(a.layer, a.in), t.w, t.rstd, rows(), spec_.n_embd,
+                           scratch, m_.s_);
+    else
+      kc::layernorm_backward(grad(a.dinp), t.dw, t.db, grad(a.dout), stream(a.layer, a.in), t.w, t.mean, t.rstd,
+                             rows(), spec_.n_embd, scratch, m_.s_);
+  }
+  void rope_backward(const model::LayerArgs&) override { m_.rope(grad(model::Grad::dqkv), true); }
+  void attention_backward(const model::AttentionBackwardArgs& a) override {
+    const BlockActivations& block = m_.acts_.blocks[size_t(a.layer)];
+    if (m_.batch_sdpa_) return m_.sdpa_backward_layer(a.layer, block, a.pieces);
+    if (a.pieces == model::AttentionPieces::with_prefix) return m_.attention_backward_prefixed(a.layer, block);
+    m_.attention_backward_groups(block);
+  }
+  void kv_send_grads(const model::LayerArgs& a) override {
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
+    m_.exchange_->backward_send(a.layer);
+  }
+  void kv_wait_add_grads(const model::LayerArgs& a) override {
+    // The groups' scatter overwrites their rows of dqkv: it must be done before the exchange adds.
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
+    m_.exchange_->backward_wait_add(a.layer, grad(model::Grad::dqkv));
+  }
 
-void CudaModel::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
-                              const float* mean, const float* rstd, int N, float* scratch) {
-  if (cfg_.llama())
-    kc::rmsnorm_backward(dinp, dw, dout, in, w, rstd, N, cfg_.n_embd, scratch, s_);
-  else
-    kc::layernorm_backward(dinp, dw, db, dout, in, w, mean, rstd, N, cfg_.n_embd, scratch, s_);
-}
-
-void CudaModel::activation_forward(const BlockActivations& a, int N) {
-  if (cfg_.llama())
-    kc::swiglu_forward(a.fch_gelu, a.fch, N, cfg_.ffn_width(), s_);
-  else
-    kc::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * cfg_.ffn_width(), s_);
-}
-
-void CudaModel::block_recompute(int l) {
-  const int C = cfg_.n_embd;
-  const int N = layout_now_.N;
-  const BlockTensors p = block_tensors(params_, l);
-  const BlockActivations& a = acts_.blocks[l];
-  const float* residual = l == 0 ? acts_.encoded : acts_.blocks[l - 1].residual3;
-  // The forward's kernels in its order, but for the output projection (residual3 is kept).
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N);
-  kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, cfg_.qkv_width());
-  if (cfg_.llama())
-    kc::rope_forward(a.qkv, acts_.cu_seqlens, acts_.pos_offset, layout_now_.pieces, N, cfg_.n_head, cfg_.kv_heads(),
-                     cfg_.head_dim(), rope_cos_, rope_sin_, s_);
-  attention_recompute(l, a, a.atty);
-  kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, N, C, C);
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N);
-  kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, cfg_.ffn_in_width());
-  activation_forward(a, N);
-}
+ private:
+  CudaModel& m_;
+};
 
 void CudaModel::forward_kernels() {
-  const int C = cfg_.n_embd, V = cfg_.vocab_size, F = cfg_.ffn_width();
+  const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int N = layout_now_.N;
   kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
                       acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
-  const float* residual = acts_.encoded;
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    const BlockTensors p = block_tensors(params_, l);
-    const BlockActivations& a = acts_.blocks[l];
-    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1_w, p.ln1_b, N);
-    kc::matmul_forward(*g_, a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, cfg_.qkv_width());
-    if (cfg_.llama())
-      kc::rope_forward(a.qkv, acts_.cu_seqlens, acts_.pos_offset, layout_now_.pieces, N, cfg_.n_head, cfg_.kv_heads(),
-                       cfg_.head_dim(), rope_cos_, rope_sin_, s_);
-    attention_forward_layer(l, a);
-    kc::matmul_forward_residual(*g_, a.residual2, a.atty, p.attproj_w, p.attproj_b, residual, N, C, C);
-    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2_w, p.ln2_b, N);
-    kc::matmul_forward(*g_, a.fch, a.ln2, p.fc_w, p.fc_b, N, C, cfg_.ffn_in_width());
-    activation_forward(a, N);
-    kc::matmul_forward_residual(*g_, a.residual3, a.fch_gelu, p.fcproj_w, p.fcproj_b, a.residual2, N, F, C);
-    residual = a.residual3;
-  }
-  norm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, residual, params_ + offsets_.lnf_w,
-               model::tensor_at(params_, offsets_.lnf_b), N);
+  Fp32Ops ops(*this);
+  schedule_.forward(ops);  // to ln_f's output
   // Head: every row's logits (rows without a target get a zero gradient; the CPU gathers target
   // rows instead, which gives the same loss and gradients), then the loss and dlogits in place,
   // scaled by the device-side loss scale.
@@ -540,78 +550,51 @@ double CudaModel::read_loss() {
 
 double CudaModel::forward_loss(const Batch& batch) {
   model::check_evaluation_batch(batch);
-  if (bf16_storage_) return forward_loss_bf16(batch);
   upload_batch(batch, 0.0f);
-  run_segment(0, [&] { forward_kernels(); });
+  // bf16 storage: the forward with the loss only is its own segment, not forward_backward's 0.
+  if (bf16_storage_)
+    run_segment(cfg_.n_layer + 3, [&] { forward_kernels_bf16(true); });
+  else
+    run_segment(0, [&] { forward_kernels(); });
   finish_forward();
   return read_loss();
 }
 
-void CudaModel::backward_block_kernels(int l) {
-  const int C = cfg_.n_embd, F = cfg_.ffn_width();
-  const int N = layout_now_.N;
-  float* scratch = acts_.column_scratch;
+void CudaModel::head_backward() {
+  // LM head (tied to wte, or its own): dlnf = dlogits @ head; dhead += dlogits^T @ lnf; then ln_f.
+  const int N = layout_now_.N, C = cfg_.n_embd, V = cfg_.vocab_size;
   const Activations& a = acts_;
-  const BlockTensors p = block_tensors(params_, l);
-  const BlockTensors g = block_tensors(grads_, l);
-  const BlockActivations& act = a.blocks[l];
-  const float* residual_in = l == 0 ? a.encoded : a.blocks[l - 1].residual3;
-  if (recompute_ == Recompute::block) block_recompute(l);
-  if (recompute_ == Recompute::gelu) activation_forward(act, N);
-  // MLP: gpt2's GELU backward turns dfch in place; llama's SwiGLU writes dfch from dact.
-  float* dact = cfg_.llama() ? a.dact : a.dfch;
-  kc::matmul_backward(*g_, dact, g.fcproj_w, g.fcproj_b, a.dresidual, act.fch_gelu, p.fcproj_w, N, F, C, scratch,
-                      false);
-  if (cfg_.llama())
-    kc::swiglu_backward(a.dfch, a.dact, act.fch, N, F, s_);
-  else
-    kc::gelu_backward(a.dfch, act.fch, a.dfch, static_cast<size_t>(N) * F, s_, /*accumulate=*/false);
-  kc::matmul_backward(*g_, a.dln, g.fc_w, g.fc_b, a.dfch, act.ln2, p.fc_w, N, C, cfg_.ffn_in_width(), scratch, false);
-  norm_backward(a.dresidual, g.ln2_w, g.ln2_b, a.dln, act.residual2, p.ln2_w, act.ln2_mean, act.ln2_rstd, N, scratch);
-  kc::matmul_backward(*g_, a.datty, g.attproj_w, g.attproj_b, a.dresidual, act.atty, p.attproj_w, N, C, C, scratch,
-                      false);
-  // dln is free from the norm's backward above until the QKV projection's backward: the
-  // recomputed attention output (equal to act.atty, not needed) lands there.
-  if (recompute_ == Recompute::attention) attention_recompute(l, act, a.dln);
-  attention_backward_layer(l, act);
-  // RoPE's backward after the exchange added the later parts' dK/dV (they were taken rotated).
-  if (cfg_.llama())
-    kc::rope_backward(a.dqkv, a.cu_seqlens, a.pos_offset, layout_now_.pieces, N, cfg_.n_head, cfg_.kv_heads(),
-                      cfg_.head_dim(), rope_cos_, rope_sin_, s_);
-  kc::matmul_backward(*g_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, act.ln1, p.qkv_w, N, C, cfg_.qkv_width(), scratch, false);
-  norm_backward(a.dresidual, g.ln1_w, g.ln1_b, a.dln, residual_in, p.ln1_w, act.ln1_mean, act.ln1_rstd, N, scratch);
+  kc::matmul_backward(*g_, a.dln, grads_ + offsets_.head, nullptr, a.logits, a.lnf, params_ + offsets_.head, N, C, V,
+                      a.column_scratch, /*accumulate_dinp=*/false);
+  KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * static_cast<size_t>(N) * C, s_));
+  Fp32Ops(*this).norm_backward({.layer = cfg_.n_layer - 1, .dinp = model::Grad::dresidual, .dout = model::Grad::dln,
+                                .in = model::Stream::out, .norm = model::Act::next_ln, .rms = cfg_.llama()});
 }
 
 double CudaModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
-  if (bf16_storage_) return forward_backward_bf16(batch, loss_scale, on_ready);
   upload_batch(batch, loss_scale);
-  const int N = batch.N, C = cfg_.n_embd, V = cfg_.vocab_size;
-  const size_t NC = static_cast<size_t>(N) * C;
-  const Activations& a = acts_;
-  run_segment(0, [&] { forward_kernels(); });
-  finish_forward();
+  const bool bf16 = bf16_storage_;
+  run_segment(0, [&] { bf16 ? forward_kernels_bf16(false) : forward_kernels(); });
+  // The loss is known after the forward; with bf16 storage after the classifier, which computes
+  // logits, loss and their gradient chunk by chunk as the head's backward segment.
+  if (!bf16) finish_forward();
   if (backward_start_hook_) backward_start_hook_();
-
-  // LM head (tied to wte, or its own): dlnf = dlogits @ head; dhead += dlogits^T @ lnf; then ln_f.
-  run_segment(1, [&] {
-    kc::matmul_backward(*g_, a.dln, grads_ + offsets_.head, nullptr, a.logits, a.lnf, params_ + offsets_.head, N, C, V,
-                        a.column_scratch, /*accumulate_dinp=*/false);
-    KILTER_CUDA_CHECK(cudaMemsetAsync(a.dresidual, 0, sizeof(float) * NC, s_));
-    norm_backward(a.dresidual, grads_ + offsets_.lnf_w, model::tensor_at(grads_, offsets_.lnf_b), a.dln,
-                  a.blocks[cfg_.n_layer - 1].residual3, params_ + offsets_.lnf_w, a.lnf_mean, a.lnf_rstd, N,
-                  a.column_scratch);
-  });
+  run_segment(1, [&] { bf16 ? head_backward_bf16() : head_backward(); });
+  if (bf16) finish_forward();
   // Reported ranges are final in stream order: the NCCL communicator waits on this stream.
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
-
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    run_segment(2 + (cfg_.n_layer - 1 - l), [&] { backward_block_kernels(l); });
+    run_segment(2 + (cfg_.n_layer - 1 - l), [&] {
+      if (bf16) return bf16_ops_backward(l);
+      Fp32Ops ops(*this);
+      schedule_.block_backward(ops, l);
+    });
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
   }
-
   run_segment(cfg_.n_layer + 2, [&] {
-    kc::encoder_backward(grads_ + offsets_.wte, model::tensor_at(grads_, offsets_.wpe), a.dresidual, a.inputs,
-                         a.cu_seqlens, layout_now_.pieces, N, layout_now_.max_len, C, s_, a.pos_offset);
+    kc::encoder_backward(grads_ + offsets_.wte, model::tensor_at(grads_, offsets_.wpe),
+                         bf16 ? bacts_.dresidual : acts_.dresidual, acts_.inputs, acts_.cu_seqlens,
+                         layout_now_.pieces, batch.N, layout_now_.max_len, cfg_.n_embd, s_, acts_.pos_offset);
   });
   if (on_ready) on_ready(offsets_.wte, offsets_.embeddings_end() - offsets_.wte);
   return read_loss();

@@ -22,6 +22,8 @@
 #include "lib/model/cuda_ops.h"
 #include "lib/backend/model_base.h"
 #include "lib/model/attention_groups.h"
+#include "lib/model/block_names.h"
+#include "lib/model/block_schedule.h"
 #include "lib/model/layout.h"
 
 namespace kilter::model {
@@ -110,7 +112,6 @@ class CudaModel final : public ModelBase {
   void reserve(int max_tokens, int context) override;
 
  private:
-  using BlockTensors = model::BlockTensors;
   using BlockActivations = model::BlockActivations;
   // Slices of the activation arena for one micro-batch layout.
   struct Activations {
@@ -175,7 +176,17 @@ class CudaModel final : public ModelBase {
     std::vector<int32_t> key() const;  // N, pieces, max_len, then the groups' (B,T)
   };
 
-  BlockTensors block_tensors(float* base, int layer) const;
+  // RoPE (llama) in place on the q and k heads of the micro-batch's q|k|v rows (or their
+  // gradients: its backward); fp32 or bf16 rows.
+  template <typename T>
+  void rope(T* rows, bool backward) {
+    if (backward)
+      kc::rope_backward(rows, acts_.cu_seqlens, acts_.pos_offset, layout_now_.pieces, layout_now_.N, cfg_.n_head,
+                        cfg_.kv_heads(), cfg_.head_dim(), rope_cos_, rope_sin_, s_);
+    else
+      kc::rope_forward(rows, acts_.cu_seqlens, acts_.pos_offset, layout_now_.pieces, layout_now_.N, cfg_.n_head,
+                       cfg_.kv_heads(), cfg_.head_dim(), rope_cos_, rope_sin_, s_);
+  }
   // Lays out every activation for a micro-batch layout; returns the floats used. The same
   // function measures (null base) and assigns, so they cannot disagree.
   size_t carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const;
@@ -184,22 +195,27 @@ class CudaModel final : public ModelBase {
   // Measures the current datapath's layout, grows the arena to it and assigns acts_ (and bacts_).
   void lay_out_arena(const Layout& layout);
   void ensure_arena(size_t floats, const Layout& layout);
-  // Attention of one block over the current layout's groups (gather, engine, scatter).
+  // The block schedule's op tables of the two datapaths (cuda_model.cu, cuda_datapath_bf16.cu),
+  // made per segment over the arena's current slices; the schedule makes the K/V exchange's calls.
+  class Fp32Ops;
+  class Bf16Ops;
+  model::BlockSchedule schedule_;
+  model::BlockMemory memory_;  // the fp32 datapath's slices, as Fp32Ops resolves the names
+  // Attention of one block over the current layout's groups (gather, engine, scatter), output
+  // rows into a.atty.
   void attention_forward_groups(const BlockActivations& a);
   void attention_backward_groups(const BlockActivations& a);
-  // One layer's attention with the K/V exchange of cut pieces (kv_exchange.h's order): the groups
-  // while the prefixes travel, then the later parts.
-  void attention_forward_layer(int layer, const BlockActivations& a);
   // The later parts' attention of layer `layer` against their prefixes (exchange_->prefix_kv),
-  // output rows into `out`, saved state into a.att.
+  // output rows into `out`, saved state into a.att; the backward's rows of dqkv and their
+  // prefixes' dK/dV (into the exchange).
   void attention_forward_prefixed(int layer, const BlockActivations& a, float* out);
-  void attention_backward_layer(int layer, const BlockActivations& a);
+  void attention_backward_prefixed(int layer, const BlockActivations& a);
   bool cudnn_for_shape(int B, int T);
   // The cuDNN SDPA path (cuda_attention_sdpa.cu): train.attention = sdpa, or auto in bf16. The
   // constructor calls sdpa_init; upload_batch calls sdpa_for_batch, which plans the micro-batch
   // and decides each new shape bucket once (graphs, trial run, self-check against cuBLASLt);
   // when it returns true the layers' attention runs through sdpa_forward_layer/sdpa_backward_layer
-  // (kv_exchange.h's order; exchange_calls = false: a recompute, the prefixes are still there).
+  // (the schedule's pieces: the whole pieces, then the later parts; all, both).
   void sdpa_init();
   bool sdpa_for_batch(const Batch& batch);
   bool sdpa_bucket_usable(const model::SdpaCall& call);
@@ -212,12 +228,12 @@ class CudaModel final : public ModelBase {
 
  private:
   bool sdpa_agrees(const model::SdpaCall& call, std::string* why, bool* retry);
-  void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, bool exchange_calls);
-  void sdpa_backward_layer(int layer, const BlockActivations& a);
-  // The same on the bf16-storage datapath's rows (attention_forward_bf16/attention_backward_bf16
-  // call them for a batch on SDPA): out (N, C) bf16, Stats in a.stats, later parts staged in the arena.
-  void sdpa_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool exchange_calls);
-  void sdpa_backward_bf16(int layer, const BlockBf16& a);
+  void sdpa_forward_layer(int layer, const BlockActivations& a, float* out, model::AttentionPieces which);
+  void sdpa_backward_layer(int layer, const BlockActivations& a, model::AttentionPieces which);
+  // The same on the bf16-storage datapath's rows (its op table's attention entries, for a batch on
+  // SDPA): out (N, C) bf16, Stats in a.stats, later parts staged in the arena.
+  void sdpa_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, model::AttentionPieces which);
+  void sdpa_backward_bf16(int layer, const BlockBf16& a, model::AttentionPieces which);
   int sdpa_staged_rows() const;          // the current plan's staged K/V rows (later parts)
   std::string sdpa_description() const;  // "" when SDPA was not asked for
   // Runs both attention engines on one pseudo-random problem of this shape (ragged rows,
@@ -226,15 +242,10 @@ class CudaModel final : public ModelBase {
   bool cudnn_agrees(int B, int T, std::string* why, bool* retry);
   // Uploads the batch and sets the loss scale read by the cross-entropy kernel.
   void upload_batch(const Batch& batch, float dloss_scale);
-  // Kernels of the forward pass and the head: logits, loss (into loss_device_, copied to the
-  // host asynchronously) and dlogits in place.
+  // Kernels of the forward pass (the embeddings, the blocks through the schedule) and the head:
+  // logits, loss (into loss_device_, copied to the host asynchronously) and dlogits in place.
   void forward_kernels();
-  void backward_block_kernels(int layer);
-  // The architecture's steps on fp32 rows (spec.h: LayerNorm or RMSNorm, GELU or SwiGLU).
-  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b, int N);
-  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in, const float* w,
-                     const float* mean, const float* rstd, int N, float* scratch);
-  void activation_forward(const BlockActivations& a, int N);
+  void head_backward();  // the head's gradients into dln, then ln_f's backward
   // ---- the bf16-storage datapath (cuda_datapath_bf16.cu) --------------------------------------
   bool bf16_storage_ = false;          // decided at construction (train.bf16_storage)
   std::string storage_note_;           // why bf16 storage is off, or how it was checked, for describe()
@@ -251,14 +262,9 @@ class CudaModel final : public ModelBase {
   // Sets bf16_storage_ from train.precision and train.bf16_storage (auto: the self-check below).
   void choose_storage();
   void forward_kernels_bf16(bool with_loss);
-  void block_forward_bf16(int layer, bool recomputing);
   void head_backward_bf16();
-  void backward_block_bf16(int layer);
-  void attention_forward_bf16(int layer, const BlockBf16& a, kc::bf16* out, bool recomputing);
-  void attention_backward_bf16(int layer, const BlockBf16& a);
+  void bf16_ops_backward(int layer);  // the schedule's backward of block `layer` on Bf16Ops
   void add_exchange_dqkv_bf16(int layer);  // the K/V exchange's dK/dV of this batch's rows, into bacts_.dqkv
-  double forward_backward_bf16(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
-  double forward_loss_bf16(const Batch& batch);
 
  public:
   // The runtime check of train.bf16_storage = auto (cuda_self_check.cu): one forward, backward,
@@ -292,11 +298,6 @@ class CudaModel final : public ModelBase {
   using Recompute = model::Recompute;
   Recompute recompute_ = Recompute::none;
   model::ActivationPlan plan_;  // the activation plan of the model description (spec.h)
-  // Reruns layer l's attention forward (groups and later parts, no exchange calls: the prefixes
-  // stay valid until the layer's backward_wait_add) into `out`, refilling a.att.
-  void attention_recompute(int layer, const BlockActivations& a, float* out);
-  // Reruns layer l's block forward into the shared slices (recompute = block).
-  void block_recompute(int layer);
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;

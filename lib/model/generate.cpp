@@ -1,6 +1,7 @@
-// KV-cache generation on the CPU (see generate.h). The dense layers reuse the training kernels
-// (the norms, matmul, RoPE, the MLP activations); attention over the cache is written here, for one query row at a
-// time against positions 0..t, which is all generation needs (causal, one sequence, no padding).
+// KV-cache generation on the CPU (see generate.h). The blocks run through training's block
+// schedule on the CPU fp32 op table (block_ops_cpu.h); attention over the cache is its own entry,
+// written here for one query row at a time against positions 0..t, which is all generation needs
+// (causal, one sequence, no padding).
 #include "lib/model/generate.h"
 
 #include <algorithm>
@@ -10,16 +11,13 @@
 
 #include "io/base/error.h"
 #include "lib/model/layout.h"
-#include "lib/model/gelu.h"
-#include "lib/model/layernorm.h"
-#include "lib/model/rmsnorm.h"
-#include "lib/model/swiglu.h"
 #include "lib/model/matmul.h"
 #include "lib/model/vecmath.h"
 
 namespace kilter::model {
 
-Generator::Generator(const ModelSpec& cfg, std::vector<float> params) : cfg_(cfg), params_(std::move(params)) {
+Generator::Generator(const ModelSpec& cfg, std::vector<float> params)
+    : cfg_(cfg), params_(std::move(params)), schedule_(cfg_, Recompute::none) {
   const ParamLayout layout = ParamLayout::build(cfg_);
   KILTER_CHECK(params_.size() >= layout.num_params, "generator: " << params_.size() << " parameters given, the model ("
                                                                   << cfg_.n_layer << " layers x " << cfg_.n_embd
@@ -32,21 +30,29 @@ Generator::Generator(const ModelSpec& cfg, std::vector<float> params) : cfg_(cfg
   value_cache_.assign(size_t(cfg_.n_layer) * T * kv, 0.0f);
   scores_.resize(T);
   logits_.resize(size_t(cfg_.vocab_size));
+  // Every layer's activations in the same buffers; the residual stream in place.
+  memory_.activations = [this](int, int) {
+    return BlockActivations{ln_.data(), mean_.data(), rstd_.data(), qkv_.data(), atty_.data(), nullptr, x_.data(),
+                            ln_.data(), mean_.data(), rstd_.data(), fch_.data(), fch_gelu_.data(), x_.data()};
+  };
+  memory_.params = params_.data();
+  memory_.offsets = &offsets_;
+  memory_.attention = [this](int layer) { attend(layer, memory_.rows); };
+  ops_ = make_cpu_block_ops(cfg_, memory_, false, false, Recompute::none);
 }
 
-void Generator::norm(float* out, const float* in, const float* w, const float* b, int n) {
-  if (cfg_.llama())
-    rmsnorm_forward(out, rstd_.data(), in, w, n, cfg_.n_embd, float(cfg_.norm_eps));
-  else
-    layernorm_forward(out, mean_.data(), rstd_.data(), in, w, b, n, cfg_.n_embd, float(cfg_.norm_eps));
-}
-
-// Causal attention of each new row over the cache: positions 0 .. its own; query head h reads
-// the cache's key/value head shape_.group(h).
+// The new rows' keys and values (RoPE applied) join the cache; then the causal attention of each
+// new row over it: positions 0 .. its own; query head h reads the cache's key/value head
+// shape_.group(h).
 void Generator::attend(int layer, int n) {
   const int hs = shape_.head_dim, kv = shape_.kv_width() / 2, row = shape_.row_width(), C = shape_.q_width();
-  const float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * kv;
-  const float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * kv;
+  float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * kv;
+  float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * kv;
+  for (int i = 0; i < n; ++i) {
+    const float* r = qkv_.data() + size_t(i) * row + shape_.q_width();
+    std::copy(r, r + kv, keys + size_t(position_ + i) * kv);
+    std::copy(r + kv, r + 2 * kv, values + size_t(position_ + i) * kv);
+  }
   const float scale = 1.0f / std::sqrt(float(hs));
   for (int i = 0; i < n; ++i) {
     const int t = position_ + i;
@@ -74,33 +80,6 @@ void Generator::attend(int layer, int n) {
       }
     }
   }
-}
-
-// One block over the n rows in x_, for the tokens at positions position_ .. position_+n-1.
-void Generator::layer_forward(int layer, int n) {
-  const int C = cfg_.n_embd, F = cfg_.ffn_width(), row = shape_.row_width(), kv = shape_.kv_width() / 2;
-  const BlockTensors w = block_tensors_at(params_.data(), offsets_, layer);
-  // norm (n,C) -> qkv (n,row), RoPE (llama); keys and values join the cache.
-  norm(ln_.data(), x_.data(), w.ln1_w, w.ln1_b, n);
-  matmul_forward(qkv_.data(), ln_.data(), w.qkv_w, w.qkv_b, n, C, row);
-  if (cfg_.llama()) rope_forward(qkv_.data(), positions_.data(), n, shape_, rope_);
-  float* keys = key_cache_.data() + size_t(layer) * cfg_.block_size * kv;
-  float* values = value_cache_.data() + size_t(layer) * cfg_.block_size * kv;
-  for (int i = 0; i < n; ++i) {
-    const float* r = qkv_.data() + size_t(i) * row + shape_.q_width();
-    std::copy(r, r + kv, keys + size_t(position_ + i) * kv);
-    std::copy(r + kv, r + 2 * kv, values + size_t(position_ + i) * kv);
-  }
-  attend(layer, n);
-  // x += attn proj; x += MLP(norm2(x)).
-  matmul_forward_residual(x_.data(), x_.data(), atty_.data(), w.attproj_w, w.attproj_b, n, C, C);
-  norm(ln_.data(), x_.data(), w.ln2_w, w.ln2_b, n);
-  matmul_forward(fch_.data(), ln_.data(), w.fc_w, w.fc_b, n, C, cfg_.ffn_in_width());
-  if (cfg_.llama())
-    swiglu_forward(fch_gelu_.data(), fch_.data(), n, F);
-  else
-    gelu_forward(fch_gelu_.data(), fch_.data(), size_t(n) * F);
-  matmul_forward_residual(x_.data(), x_.data(), fch_gelu_.data(), w.fcproj_w, w.fcproj_b, n, F, C);
 }
 
 const float* Generator::feed(const int32_t* tokens, int count) {
@@ -133,13 +112,14 @@ const float* Generator::feed(const int32_t* tokens, int count) {
     const float* pe = wpe + size_t(position_ + int(i)) * C;
     for (size_t c = 0; c < C; ++c) x_[i * C + c] += pe[c];
   }
-  for (int layer = 0; layer < cfg_.n_layer; ++layer) layer_forward(layer, count);
+  // The blocks, the final norm last (into ln_); the head for the last row only.
+  memory_.rows = count, memory_.positions = positions_.data(), memory_.rope = &rope_;
+  memory_.embeddings = x_.data();
+  memory_.lnf = ln_.data(), memory_.lnf_mean = mean_.data(), memory_.lnf_rstd = rstd_.data();
+  schedule_.forward(*ops_);
   position_ += count;
-
-  // The final norm and the head, for the last row only.
-  const float* last = x_.data() + (n - 1) * C;
-  norm(ln_.data(), last, params_.data() + offsets_.lnf_w, tensor_at(params_.data(), offsets_.lnf_b), 1);
-  matmul_forward(logits_.data(), ln_.data(), params_.data() + offsets_.head, nullptr, 1, int(C), cfg_.vocab_size);
+  matmul_forward(logits_.data(), ln_.data() + (n - 1) * C, params_.data() + offsets_.head, nullptr, 1, int(C),
+                 cfg_.vocab_size);
   return logits_.data();
 }
 

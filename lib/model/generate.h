@@ -6,11 +6,14 @@
 // sampling.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "lib/model/attention.h"
+#include "lib/model/block_ops_cpu.h"
+#include "lib/model/block_schedule.h"
 #include "lib/model/model.h"
 #include "lib/model/rope.h"
 
@@ -20,6 +23,8 @@ class Generator {
  public:
   // `params`: num_params floats in ParamLayout order (host), as checkpoints and get_params() hold them.
   Generator(const ModelSpec& cfg, std::vector<float> params);
+  Generator(const Generator&) = delete;  // its op table holds this generator's memory
+  Generator& operator=(const Generator&) = delete;
 
   const ModelSpec& config() const { return cfg_; }
   // Tokens in the cache: the position the next fed token takes.
@@ -33,9 +38,7 @@ class Generator {
   const float* feed(const int32_t* tokens, int count);
 
  private:
-  void layer_forward(int layer, int n);
-  void norm(float* out, const float* in, const float* w, const float* b, int n);  // LayerNorm or RMSNorm
-  void attend(int layer, int n);  // the new rows' attention over the cache, into atty_
+  void attend(int layer, int n);  // the new rows' K/V into the cache, their attention into atty_
 
   ModelSpec cfg_;
   std::vector<float> params_;
@@ -45,9 +48,15 @@ class Generator {
   int position_ = 0;
   // Per layer: (block_size, kv_width / 2), the key (value) heads side by side.
   std::vector<float> key_cache_, value_cache_;
-  // Activations of the tokens being fed (n rows).
+  // Activations of the tokens being fed (n rows): every layer's in the same buffers, the residual
+  // stream updated in place.
   std::vector<float> x_, ln_, mean_, rstd_, qkv_, atty_, fch_, fch_gelu_, scores_, logits_;
   std::vector<int32_t> positions_;
+  // The blocks run through training's block schedule on the CPU op table, its attention over the
+  // cache (attend) in place of the table's.
+  BlockMemory memory_;
+  std::unique_ptr<BlockOps> ops_;
+  BlockSchedule schedule_;
 };
 
 // How the next token is chosen from the logits.

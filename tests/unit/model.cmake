@@ -30,3 +30,6 @@ kilter_add_unit_test(model_bf16_storage_test ${CMAKE_CURRENT_LIST_DIR}/model_bf1
 # The attention self-checks' inputs see a mask off by one key (whole pieces, later parts of cut
 # pieces: bottom-right alignment): the CPU packed attention against shifted copies of itself.
 kilter_add_unit_test(model_attention_self_check_test ${CMAKE_CURRENT_LIST_DIR}/model_attention_self_check_test.cpp)
+
+# The block schedule on a recording op table: the steps and the K/V exchange's calls in order.
+kilter_add_unit_test(model_block_schedule_test ${CMAKE_CURRENT_LIST_DIR}/model_block_schedule_test.cpp)
