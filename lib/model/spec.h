@@ -39,9 +39,6 @@ struct ModelSpec {
   int ffn_in_width() const { return llama() ? 2 * ffn_width() : ffn_width(); }
   // The widest output of any Linear layer (the bias gradients' column sums).
   int widest_linear_out() const { return std::max({qkv_width(), n_embd, ffn_in_width()}); }
-  bool has_position_table() const { return !llama(); }
-  bool has_qkv_bias() const { return !llama() || qkv_bias; }
-  bool has_biases() const { return !llama(); }  // the other Linear layers' and the norms'
   bool tied() const { return tie_embeddings == "auto" ? !llama() : tie_embeddings == "true"; }
 
   // The settings with the defaults that depend on others resolved (n_kv_head, ffn_hidden,
