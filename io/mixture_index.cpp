@@ -1,16 +1,11 @@
 // One index over the datasets of a mixture (see mixture_index.h).
 #include "io/mixture_index.h"
 
-#include <algorithm>
 #include <filesystem>
 
 #include "io/base/error.h"
 
 namespace kilter::io {
-
-size_t MixtureIndex::source_of(uint64_t doc) const {
-  return size_t(std::upper_bound(doc_begin.begin(), doc_begin.end(), doc) - doc_begin.begin()) - 1;
-}
 
 MixtureIndex merge_indexes(const std::vector<DatasetIndex>& sources, const std::string& key) {
   KILTER_CHECK(!sources.empty(), key << ": no dataset given");

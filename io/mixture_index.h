@@ -15,8 +15,6 @@ struct MixtureIndex {
   DatasetIndex merged;
   std::vector<uint64_t> doc_begin;  // per source, plus the end: source k's global document ids
   std::vector<std::string> dirs;    // per source
-  // The source holding global document `doc`.
-  size_t source_of(uint64_t doc) const;
 };
 
 // Merges the loaded indexes of `sources` (in order). Throws kilter::Error naming both datasets

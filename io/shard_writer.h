@@ -37,8 +37,6 @@ class ShardWriter {
   // Flushes, checks that every document was written, closes. Returns the content hash (hex).
   std::string finish();
 
-  uint64_t documents_written() const { return doc_; }
-
  private:
   template <typename T> void append_as(const T* tokens, size_t count);
   void flush();

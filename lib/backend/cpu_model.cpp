@@ -58,7 +58,7 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
   params_.assign(layout_.padded_size, 0.0f);
   if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
   grads_.assign(layout_.padded_size, 0.0f);
-  plan_ = model::activation_plan(cfg_, recompute_);
+  plan_ = model::activation_layout(cfg_, recompute_);
   if (cfg_.llama()) rope_ = model::RopeTable::build(cfg_, cfg_.block_size);
   memory_.activations = [this](int layer, int rows) { return block_activations(layer, rows); };
   if (bf16_ && !bf16_storage_)

@@ -133,12 +133,12 @@ class CpuModel final : public ModelBase {
   // precision=bf16: per layer and token, plan_.bf16_inputs_per_token bf16s (BlockInputsBf16; empty in fp32).
   std::vector<model::bf16> inputs_bf16_;
 
-  // Activations, laid out by the model description's activation plan (spec.h): sized for
+  // Activations, laid out by the model description's activation layout (spec.h): sized for
   // capacity_tokens_ (N) and capacity_att_ (NH * sum(len^2)) per layer. block_acts_ holds what
   // each layer keeps for the backward, block_scratch_ what recompute drops (one block's worth that
   // every layer shares); att_ holds att_layers() layers' softmax.
   Recompute recompute_ = Recompute::none;
-  model::ActivationPlan plan_;
+  model::ActivationLayout plan_;
   size_t att_layers() const { return plan_.attention_per_layer ? size_t(cfg_.n_layer) : 1; }
   size_t capacity_tokens_ = 0, capacity_att_ = 0;
   std::vector<float> encoded_, block_acts_, block_scratch_, att_, lnf_, lnf_mean_, lnf_rstd_;

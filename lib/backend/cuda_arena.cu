@@ -1,5 +1,5 @@
 // CudaModel's activation arena (cuda_model_impl.cuh): one device allocation carved into every
-// activation of a micro-batch layout, laid out by the model description's activation plan
+// activation of a micro-batch layout, laid out by the model description's activation layout
 // (spec.h), measured and assigned by the same function, grown (stream drained first) when a larger
 // layout arrives. lib/backend/cuda_memory.cpp counts the same slices for the memory plan.
 #include <algorithm>
@@ -66,7 +66,7 @@ size_t CudaModel::carve(ArenaCarver& carver, Activations* acts, const Layout& la
   a.encoded = carver.take(tokens * C);
   a.blocks.resize(cfg_.n_layer);
   // What the recompute modes share among the layers (recompute_), once, then each layer's own.
-  const model::ActivationPlan& plan = plan_;
+  const model::ActivationLayout& plan = plan_;
   model::BlockActivations shared = model::carve_block(plan, tokens, [&](model::ActSlot, model::ActHome home,
                                                                               size_t floats) {
     return home == model::ActHome::shared ? carver.take(floats) : nullptr;
@@ -116,7 +116,7 @@ size_t floats_of_bf16(size_t elements) { return (elements + 1) / 2; }
 
 }  // namespace
 
-// The bf16 datapath's arena: the activation plan's slots in bf16 (its norm statistics in fp32),
+// The bf16 datapath's arena: the activation layout's slots in bf16 (its norm statistics in fp32),
 // the saved attention state (the groups' softmax in bf16, or on SDPA cuDNN's fp32 Stats), the
 // classifier's one chunk of logits, the residual stream's fp32 gradient with its bf16 copy, bf16
 // scratch (the groups' padded rows and workspace only off SDPA; on SDPA the later parts' staged
@@ -147,7 +147,7 @@ size_t CudaModel::carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activa
   }
   b.encoded = take_bf16(tokens * C);
   // The plan's slots: the norm statistics (one float per token) stay fp32, every other slot bf16.
-  const model::ActivationPlan& plan = plan_;
+  const model::ActivationLayout& plan = plan_;
   auto slot_take = [&](model::ActSlot slot, size_t elements) -> float* {
     const bool statistic = slot == model::ActSlot::norm1_mean || slot == model::ActSlot::norm1_rstd ||
                            slot == model::ActSlot::norm2_mean || slot == model::ActSlot::norm2_rstd;

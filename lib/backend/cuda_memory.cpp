@@ -1,6 +1,6 @@
 // cuda_memory.h: CudaModel's device allocations, counted the way CudaModel::carve()
 // (cuda_arena.cu) and reserve() take them (every slice rounded up to 64 floats), from the same
-// activation plan (lib/model/spec.h), and the cuDNN SDPA engine's (cuda_attention_sdpa.cu) from
+// activation layout (lib/model/spec.h), and the cuDNN SDPA engine's (cuda_attention_sdpa.cu) from
 // its host plan (lib/model/sdpa_plan.h).
 #include "lib/backend/cuda_memory.h"
 
@@ -32,7 +32,7 @@ uint64_t attention_bf16_workspace(uint64_t B, uint64_t T, uint64_t C, uint64_t N
 // CudaModel::carve_bf16 (cuda_arena.cu) for full-context pieces: the bf16 datapath's arena, floats.
 // sdpa: the batch runs on cuDNN SDPA (Layout::sdpa): cuDNN's Stats instead of the groups' softmax,
 // no padded rows and no group workspace (full-context pieces have no later parts to stage).
-uint64_t bf16_arena_floats(const model::ModelSpec& cfg, const model::ActivationPlan& plan, uint64_t N,
+uint64_t bf16_arena_floats(const model::ModelSpec& cfg, const model::ActivationLayout& plan, uint64_t N,
                            const model::AttentionGroups& groups, uint64_t pieces, bool sdpa) {
   const uint64_t C = uint64_t(cfg.n_embd), NH = uint64_t(cfg.n_head), W = uint64_t(cfg.qkv_width());
   const uint64_t P = sdpa ? 0 : groups.padded_rows(), Vp = (uint64_t(cfg.vocab_size) + 127) / 128 * 128;
@@ -124,9 +124,9 @@ CudaDeviceBytes cuda_device_bytes(const model::ModelSpec& cfg, size_t padded_siz
     att_slice += align_up(B * NH * T * T);
     workspace = std::max(workspace, 7 * B * T * C + B * NH * T * T);
   }
-  // The blocks as CudaModel::carve() lays them out from the activation plan: the slices the
+  // The blocks as CudaModel::carve() lays them out from the activation layout: the slices the
   // recompute modes share once, then each layer's own (the saved attention with them).
-  const model::ActivationPlan plan = model::activation_plan(cfg, model::parse_recompute(recompute));
+  const model::ActivationLayout plan = model::activation_layout(cfg, model::parse_recompute(recompute));
   uint64_t shared = 0, kept = 0;
   for (size_t s = 0; s < model::kActSlots; ++s) {
     if (plan.home[s] == model::ActHome::shared) shared += align_up(N * plan.per_token[s]);

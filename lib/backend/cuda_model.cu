@@ -83,7 +83,7 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
                     "train.bf16_storage = on: cuDNN's multi-head attention API takes fp32 activations; use "
                     "train.attention = auto, sdpa or cublaslt with bf16 storage, or train.bf16_storage = off");
   recompute_ = model::parse_recompute(options_.recompute);
-  plan_ = model::activation_plan(cfg_, recompute_);
+  plan_ = model::activation_layout(cfg_, recompute_);
   device_ = cuda_device_index();
   stream_ = cuda_compute_stream();
   KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));

@@ -131,7 +131,7 @@ class CudaModel final : public ModelBase {
     float* dact = nullptr;  // llama: SwiGLU's output gradient (N, ffn_width)
   };
   // The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
-  // norms' statistics, laid out from the same activation plan; the ints stay in Activations.
+  // norms' statistics, laid out from the same activation layout; the ints stay in Activations.
   struct BlockBf16 {
     kc::bf16 *ln1 = nullptr, *qkv = nullptr, *atty = nullptr, *att = nullptr, *residual2 = nullptr;
     kc::bf16 *ln2 = nullptr, *fch = nullptr, *fch_act = nullptr, *residual3 = nullptr;
@@ -297,7 +297,7 @@ class CudaModel final : public ModelBase {
   // reruns from the layer's input at the start of its backward.
   using Recompute = model::Recompute;
   Recompute recompute_ = Recompute::none;
-  model::ActivationPlan plan_;  // the activation plan of the model description (spec.h)
+  model::ActivationLayout plan_;  // the activation layout of the model description (spec.h)
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;

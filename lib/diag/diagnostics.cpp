@@ -252,8 +252,6 @@ RankDiagnostics::~RankDiagnostics() {
   if (!finalized && d.comm != MPI_COMM_NULL && d.gather_request == MPI_REQUEST_NULL) MPI_Comm_free(&d.comm);
 }
 
-double RankDiagnostics::clock_offset_seconds() const { return double(impl_->clock.offset_ns) * 1e-9; }
-
 void RankDiagnostics::begin_step(int64_t step) {
   Impl& d = *impl_;
   int64_t now = steady_now_ns();

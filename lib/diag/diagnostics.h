@@ -104,9 +104,6 @@ class RankDiagnostics {
   nlohmann::json finish(const nlohmann::json& extra);
   // Peak resident memory of this process (bytes).
   static uint64_t peak_rss_bytes();
-  // This rank's clock offset to rank 0 (seconds, added to the local steady clock), as estimated
-  // at construction; 0 on rank 0.
-  double clock_offset_seconds() const;
 
  private:
   struct Impl;

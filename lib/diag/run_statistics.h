@@ -85,7 +85,6 @@ class RunStatistics {
   double compute_mean(int rank) const;
   uint64_t peak_rss_bytes(int rank) const { return peak_rss_[rank]; }
   uint64_t device_peak_bytes(int rank) const { return device_peak_[rank]; }
-  int64_t times_last(int rank) const { return last_counts_[rank]; }
 
   // The summary.json fields this module owns (docs/design.md plus the diagnostics detail).
   nlohmann::json to_json() const;

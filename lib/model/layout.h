@@ -58,13 +58,13 @@ struct BlockTensors {
 };
 BlockTensors block_tensors_at(float* buffer, const LayoutOffsets& offsets, int layer);
 
-// Saved activations of one block (host or device pointers), laid out by the activation plan.
+// Saved activations of one block (host or device pointers), laid out by the activation layout.
 struct BlockActivations {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
   float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
 };
 
-// The pointer of one slot of the activation plan.
+// The pointer of one slot of the activation layout.
 inline float*& activation_slot(BlockActivations& a, ActSlot slot) {
   float** slots[kActSlots] = {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv,      &a.atty,     &a.residual2,
                               &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch,      &a.fch_gelu, &a.residual3};
@@ -75,7 +75,7 @@ inline float*& activation_slot(BlockActivations& a, ActSlot slot) {
 // gives each slot that exists its memory (a backend takes kept slots from the layer's own region
 // and shared ones from the block all layers share). `att` is the caller's.
 template <class Take>
-BlockActivations carve_block(const ActivationPlan& plan, size_t N, Take&& take) {
+BlockActivations carve_block(const ActivationLayout& plan, size_t N, Take&& take) {
   BlockActivations a{};
   for (size_t s = 0; s < kActSlots; ++s)
     if (plan.home[s] != ActHome::absent)

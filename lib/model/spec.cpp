@@ -1,4 +1,4 @@
-// The model description's derived figures (spec.h): the parameter table, the activation plan,
+// The model description's derived figures (spec.h): the parameter table, the activation layout,
 // FLOPs and K/V bytes, the q|k|v row layout.
 #include "lib/model/spec.h"
 
@@ -170,10 +170,10 @@ Recompute parse_recompute(const std::string& text) {
   KILTER_FAIL("train.recompute=" << text << " is not one of none, gelu, attention, block");
 }
 
-ActivationPlan activation_plan(const ModelSpec& spec, Recompute recompute) {
+ActivationLayout activation_layout(const ModelSpec& spec, Recompute recompute) {
   const size_t C = size_t(spec.n_embd), F = size_t(spec.ffn_width());
   const size_t mean = spec.llama() ? 0 : 1;  // RMSNorm keeps no mean
-  ActivationPlan plan;
+  ActivationLayout plan;
   auto set = [&](ActSlot slot, size_t per_token) { plan.per_token[static_cast<size_t>(slot)] = per_token; };
   set(ActSlot::norm1, C);
   set(ActSlot::norm1_mean, mean);

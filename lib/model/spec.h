@@ -39,9 +39,6 @@ struct ModelSpec {
   int ffn_in_width() const { return llama() ? 2 * ffn_width() : ffn_width(); }
   // The widest output of any Linear layer (the bias gradients' column sums).
   int widest_linear_out() const { return std::max({qkv_width(), n_embd, ffn_in_width()}); }
-  bool has_position_table() const { return !llama(); }
-  bool has_qkv_bias() const { return !llama() || qkv_bias; }
-  bool has_biases() const { return !llama(); }  // the other Linear layers' and the norms'
   bool tied() const { return tie_embeddings == "auto" ? !llama() : tie_embeddings == "true"; }
 
   // The settings with the defaults that depend on others resolved (n_kv_head, ffn_hidden,
@@ -110,7 +107,7 @@ constexpr size_t kActSlots = static_cast<size_t>(ActSlot::count);
 // backward recomputes (shared), or nowhere (this architecture has no such tensor).
 enum class ActHome { kept, shared, absent };
 
-struct ActivationPlan {
+struct ActivationLayout {
   std::array<size_t, kActSlots> per_token{};  // elements per token of each slot
   std::array<ActHome, kActSlots> home{};
   size_t kept_per_token = 0;    // one layer's kept elements per token
@@ -127,7 +124,7 @@ struct ActivationPlan {
   size_t of(ActSlot slot) const { return per_token[static_cast<size_t>(slot)]; }
   ActHome where(ActSlot slot) const { return home[static_cast<size_t>(slot)]; }
 };
-ActivationPlan activation_plan(const ModelSpec& spec, Recompute recompute);
+ActivationLayout activation_layout(const ModelSpec& spec, Recompute recompute);
 
 // ---- costs -----------------------------------------------------------------------------------
 // Forward + backward FLOPs of one token through the dense layers and the LM head: 6 x the

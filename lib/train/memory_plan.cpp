@@ -53,10 +53,10 @@ uint64_t activation_bytes(const Config& cfg) {
   const uint64_t V = uint64_t(cfg.model.vocab_size), NH = uint64_t(cfg.model.n_head);
   const uint64_t context = uint64_t(cfg.model.block_size);
   const uint64_t att = NH * N * std::min(N, context);  // saved softmax per layer
-  // CpuModel's buffers, from the model description's activation plan: what each block keeps per
+  // CpuModel's buffers, from the model description's activation layout: what each block keeps per
   // token, what one block's recompute scratch holds, how many layers of softmax and of bf16 GEMM
   // inputs are held.
-  const model::ActivationPlan plan = model::activation_plan(cfg.model, model::parse_recompute(cfg.train.recompute));
+  const model::ActivationLayout plan = model::activation_layout(cfg.model, model::parse_recompute(cfg.train.recompute));
   const uint64_t att_layers = plan.attention_per_layer ? L : 1;
   uint64_t floats = N * C                                  // encoded
                     + L * N * plan.kept_per_token          // each block's kept activations and statistics
