@@ -173,6 +173,10 @@ void build_model(Run& run) {
   KILTER_USER_CHECK(cfg.train.shard != "parameters",
                     "config key train.shard = parameters: sharding the parameters is not built yet on any backend; "
                     "use train.shard = optimizer or none");
+  // The gradient buffer is fp32 on every backend for now: auto resolves to it, bf16 is refused.
+  KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16",
+                    "config key train.grad_dtype = bf16: a bf16 gradient buffer is not built yet on any backend; "
+                    "use train.grad_dtype = fp32 or auto (fp32)");
   run.shard_optimizer = cfg.train.shard != "none" && run.world_size > 1;
   // A group smaller than the world is built as the node (HSDP): the node's ranks shard, nodes
   // replicate; it needs the hierarchical reduction over uniform nodes.

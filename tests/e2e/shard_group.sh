@@ -10,7 +10,8 @@
 #   2 x 2, matching 8 steps straight (comm.ranks_per_node counts in the config hash, so a resume
 #   keeps it: 2 ranks per node);
 # - a group that is not the node's ranks, a group that does not divide the world, train.shard =
-#   parameters and a contradicting alias are refused naming the key.
+#   parameters, train.grad_dtype = bf16 (not built yet) and a contradicting alias are refused
+#   naming the key.
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
@@ -47,6 +48,7 @@ refused g4.log "config key train.shard_group = 2: a shard group of 2 of 4 ranks 
 refused g3.log "config key train.shard_group = 3: a shard group of 3 ranks does not divide the world size 4" \
   4 --output.dir=runs/g3 $NODES --train.shard_group=3
 refused p4.log "config key train.shard = parameters" 2 --output.dir=runs/p4 --train.shard=parameters
+refused b2.log "config key train.grad_dtype = bf16" 2 --output.dir=runs/b2 --train.grad_dtype=bf16
 refused a2.log "train.shard = none and train.shard_optimizer = true contradict" 2 --output.dir=runs/a2 \
   --train.shard=none --train.shard_optimizer=true
 
