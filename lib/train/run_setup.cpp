@@ -153,7 +153,25 @@ void make_reducer(Run& run) {
   reducer_opts.shard_within_node = run.shard_optimizer && run.shard_within_node;
   // The model reports every float of the padded buffer (the padding together with ln_f).
   reducer_opts.reported_size = run.model->layout().padded_size;
-  run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+  if (reducer_opts.shard_within_node) {
+    // HSDP: the shard groups play the nodes of the hierarchical reduction (scatter inside the
+    // group, all-reduce across groups among the ranks of the same index). A group that is the
+    // node uses the node's communicators; otherwise groups of G consecutive ranks. The reducer
+    // dups what it uses, so a topology made here is freed at once.
+    const bool node_groups = run.shard_group == run.topo.local_size && run.topo.uniform;
+    comm::Topology groups = node_groups ? run.topo : comm::make_topology_from_node_ids(run.world, run.rank / run.shard_group);
+    reducer_opts.algo = "hierarchical";
+    run.shard_norm_counts = node_groups ? run.topo.node_index == 0 : run.rank < run.shard_group;
+    try {
+      run.reducer = comm::make_gradient_reducer(groups, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+    } catch (...) {
+      if (!node_groups) comm::free_topology(groups);
+      throw;
+    }
+    if (!node_groups) comm::free_topology(groups);
+  } else {
+    run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+  }
   if (run.shard_optimizer) {
     std::vector<model::ParamRange> owned;
     for (const comm::BufferRange& r : run.reducer->owned()) owned.push_back({r.offset, r.count});
@@ -181,16 +199,11 @@ void build_model(Run& run) {
   // A group smaller than the world is built as the node (HSDP): the node's ranks shard, nodes
   // replicate; it needs the hierarchical reduction over uniform nodes.
   run.shard_within_node = run.shard_optimizer && group < run.world_size;
+  run.shard_group = run.shard_optimizer ? group : 1;
   if (run.shard_within_node) {
-    KILTER_USER_CHECK(group == run.topo.local_size && run.topo.uniform && cfg.comm.algo == "hierarchical",
-                      "config key train.shard_group = " << cfg.train.shard_group << ": a shard group of " << group
-                      << " of " << run.world_size << " ranks is built as the ranks of one node (HSDP), but this run has "
-                      << run.topo.local_size << " ranks per node" << (run.topo.uniform ? "" : " (nodes differ in size)")
-                      << " and comm.algo = " << cfg.comm.algo
-                      << "; give train.shard_group = node with comm.algo = hierarchical, or world");
     KILTER_USER_CHECK(run.backend == "cpu",
-                      "config key train.shard_group = " << cfg.train.shard_group << ": sharding inside the node (HSDP) "
-                      "is built on the cpu backend only (the NCCL path is not checked on a device yet); use "
+                      "config key train.shard_group = " << cfg.train.shard_group << ": shard groups smaller than the "
+                      "world (HSDP) are built on the cpu backend only (the NCCL path is not checked on a device yet); use "
                       "train.shard_group = world on the " << run.backend << " backend");
   }
   const size_t pad_multiple = size_t(run.shard_optimizer ? run.world_size : run.topo.local_size) * 64;
@@ -344,7 +357,7 @@ void make_step_context(Run& run) {
   };
   ctx.reducer = run.reducer.get();
   ctx.shard_optimizer = run.shard_optimizer;
-  ctx.shard_norm_counts = !(run.shard_optimizer && run.shard_within_node) || run.topo.node_index == 0;
+  ctx.shard_norm_counts = run.shard_norm_counts;
   ctx.diagnostics = run.diagnostics.get();
   ctx.watchdog = run.watchdog.get();
   KILTER_CHECK(MPI_Comm_dup(run.world, &run.kv_comm) == MPI_SUCCESS, "MPI_Comm_dup (K/V exchange) failed");
