@@ -153,7 +153,13 @@ void make_reducer(Run& run) {
   reducer_opts.shard_within_node = run.shard_optimizer && run.shard_within_node;
   // The model reports every float of the padded buffer (the padding together with ln_f).
   reducer_opts.reported_size = run.model->layout().padded_size;
-  if (reducer_opts.shard_within_node) {
+  if (run.cfg.train.shard == "parameters" && run.world_size > 1) {
+    auto shards = std::make_unique<ParamShards>(run.world, run.model->layout(), run.model->params(),
+                                                run.model->grads(), cfg.train.reshard_after_forward);
+    run.param_shards = shards.get();
+    run.reducer = std::move(shards);
+    run.model->set_param_units(run.param_shards);
+  } else if (reducer_opts.shard_within_node) {
     // HSDP: the shard groups play the nodes of the hierarchical reduction (scatter inside the
     // group, all-reduce across groups among the ranks of the same index). A group that is the
     // node uses the node's communicators; otherwise groups of G consecutive ranks. The reducer
@@ -179,6 +185,25 @@ void make_reducer(Run& run) {
   }
 }
 
+// train.shard = parameters as built so far: the cpu backend, the world as the group, no piece
+// cut between ranks, no evaluation or training samples (each unit's gather is a meeting point of
+// all ranks, which those would not keep). Refused before anything is allocated, naming the key.
+void check_parameter_sharding(const Run& run, int group) {
+  const Config& cfg = run.cfg;
+  const std::string what = "config key train.shard = parameters: ";
+  KILTER_USER_CHECK(run.backend == "cpu", what << "sharding the parameters is built on the cpu backend only; use "
+                                               "train.shard = optimizer on the " << run.backend << " backend");
+  KILTER_USER_CHECK(group == run.world_size, what << "shard groups smaller than the world (train.shard_group = "
+                                                  << cfg.train.shard_group << ") are not built yet for parameters; "
+                                                  "use train.shard_group = world");
+  KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
+                    what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
+                            "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
+  KILTER_USER_CHECK(cfg.train.eval_every == 0 && cfg.output.sample_every == 0,
+                    what << "evaluation and training samples are not built yet for parameters; set "
+                            "train.eval_every = 0 and output.sample_every = 0");
+}
+
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
 void build_model(Run& run) {
   const Config& cfg = run.cfg;
@@ -188,9 +213,7 @@ void build_model(Run& run) {
   // so is every rank's share of each bucket.
   // train.shard_group is checked here, where the world size is known (it must divide it).
   const int group = shard_group_size(cfg.train, run.world_size, run.topo.local_size);
-  KILTER_USER_CHECK(cfg.train.shard != "parameters",
-                    "config key train.shard = parameters: sharding the parameters is not built yet on any backend; "
-                    "use train.shard = optimizer or none");
+  if (cfg.train.shard == "parameters" && run.world_size > 1) check_parameter_sharding(run, group);
   // The gradient buffer is fp32 on every backend for now: auto resolves to it, bf16 is refused.
   KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16",
                     "config key train.grad_dtype = bf16: a bf16 gradient buffer is not built yet on any backend; "
@@ -358,6 +381,8 @@ void make_step_context(Run& run) {
   ctx.reducer = run.reducer.get();
   ctx.shard_optimizer = run.shard_optimizer;
   ctx.shard_norm_counts = run.shard_norm_counts;
+  ctx.param_shards = run.param_shards;
+  if (run.param_shards) run.param_shards->set_watchdog(run.watchdog.get());
   ctx.diagnostics = run.diagnostics.get();
   ctx.watchdog = run.watchdog.get();
   KILTER_CHECK(MPI_Comm_dup(run.world, &run.kv_comm) == MPI_SUCCESS, "MPI_Comm_dup (K/V exchange) failed");
