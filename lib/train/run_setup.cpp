@@ -202,9 +202,8 @@ void make_reducer(Run& run) {
   }
 }
 
-// train.shard = parameters as built so far: the cpu backend, no piece
-// cut between ranks, no evaluation or training samples (each unit's gather is a meeting point of
-// all ranks, which those would not keep). Refused before anything is allocated, naming the key.
+// train.shard = parameters as built so far: the cpu backend, no piece cut between ranks, no
+// training samples (each unit's gather is a meeting point of all ranks, which those would not keep). Refused before anything is allocated, naming the key.
 void check_parameter_sharding(const Run& run) {
   const Config& cfg = run.cfg;
   const std::string what = "config key train.shard = parameters: ";
@@ -213,9 +212,9 @@ void check_parameter_sharding(const Run& run) {
   KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
                     what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
                             "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
-  KILTER_USER_CHECK(cfg.train.eval_every == 0 && cfg.output.sample_every == 0,
-                    what << "evaluation and training samples are not built yet for parameters; set "
-                            "train.eval_every = 0 and output.sample_every = 0");
+  KILTER_USER_CHECK(cfg.output.sample_every == 0,
+                    what << "training samples are not built yet for parameters (kilter sample reads its "
+                            "checkpoints); set output.sample_every = 0");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
