@@ -256,6 +256,7 @@ void build_model(Run& run) {
     const std::string note = load_initial_weights(run.world, cfg, run.data.index, *run.model);
     if (run.rank == 0) std::fprintf(stderr, "kilter: %s\n", note.c_str());
   }
+  if (run.param_shards) run.param_shards->release_all();  // the whole initialization leaves only this rank's chunks
   // A micro-batch holds at most max_tokens tokens in pieces of at most block_size.
   run.model->reserve(int(cfg.data.max_tokens), cfg.model.block_size);
 }
