@@ -150,14 +150,71 @@ void make_reducer(Run& run) {
   reducer_opts.overlap = cfg.comm.overlap ? comm::OverlapMode::automatic : comm::OverlapMode::off;
   reducer_opts.timeout_s = cfg.comm.timeout_s;
   reducer_opts.shard = run.shard_optimizer;
+  reducer_opts.shard_within_node = run.shard_optimizer && run.shard_within_node;
   // The model reports every float of the padded buffer (the padding together with ln_f).
   reducer_opts.reported_size = run.model->layout().padded_size;
-  run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+  if (run.cfg.train.shard == "parameters" && run.world_size > 1) {
+    // Groups of G consecutive ranks; below the world, the ranks of one index across the groups
+    // hold the same chunks (HSDP) and sum them at the step's end.
+    MPI_Comm group = run.world, replicas = MPI_COMM_NULL;
+    const bool hsdp = run.shard_group < run.world_size;
+    if (hsdp) {
+      KILTER_CHECK(MPI_Comm_split(run.world, run.rank / run.shard_group, run.rank, &group) == MPI_SUCCESS &&
+                       MPI_Comm_split(run.world, run.rank % run.shard_group, run.rank, &replicas) == MPI_SUCCESS,
+                   "MPI_Comm_split (parameter shard groups) failed");
+    }
+    std::unique_ptr<ParamShards> shards;
+    try {
+      shards = std::make_unique<ParamShards>(group, replicas, run.model->layout(), run.model->params(),
+                                             run.model->grads(), cfg.train.reshard_after_forward);
+    } catch (...) {
+      if (hsdp) MPI_Comm_free(&group), MPI_Comm_free(&replicas);
+      throw;
+    }
+    if (hsdp) MPI_Comm_free(&group), MPI_Comm_free(&replicas);
+    run.shard_norm_counts = run.rank < run.shard_group;
+    run.param_shards = shards.get();
+    run.reducer = std::move(shards);
+    run.model->set_param_units(run.param_shards);
+  } else if (reducer_opts.shard_within_node) {
+    // HSDP: the shard groups play the nodes of the hierarchical reduction (scatter inside the
+    // group, all-reduce across groups among the ranks of the same index). A group that is the
+    // node uses the node's communicators; otherwise groups of G consecutive ranks. The reducer
+    // dups what it uses, so a topology made here is freed at once.
+    const bool node_groups = run.shard_group == run.topo.local_size && run.topo.uniform;
+    comm::Topology groups = node_groups ? run.topo : comm::make_topology_from_node_ids(run.world, run.rank / run.shard_group);
+    reducer_opts.algo = "hierarchical";
+    run.shard_norm_counts = node_groups ? run.topo.node_index == 0 : run.rank < run.shard_group;
+    try {
+      run.reducer = comm::make_gradient_reducer(groups, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+    } catch (...) {
+      if (!node_groups) comm::free_topology(groups);
+      throw;
+    }
+    if (!node_groups) comm::free_topology(groups);
+  } else {
+    run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+  }
   if (run.shard_optimizer) {
     std::vector<model::ParamRange> owned;
     for (const comm::BufferRange& r : run.reducer->owned()) owned.push_back({r.offset, r.count});
     run.model->shard_optimizer(owned);
   }
+}
+
+// train.shard = parameters as built so far: the cpu backend, no piece cut between ranks, no
+// training samples (each unit's gather is a meeting point of all ranks, which those would not keep). Refused before anything is allocated, naming the key.
+void check_parameter_sharding(const Run& run) {
+  const Config& cfg = run.cfg;
+  const std::string what = "config key train.shard = parameters: ";
+  KILTER_USER_CHECK(run.backend == "cpu", what << "sharding the parameters is built on the cpu backend only; use "
+                                               "train.shard = optimizer on the " << run.backend << " backend");
+  KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
+                    what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
+                            "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
+  KILTER_USER_CHECK(cfg.output.sample_every == 0,
+                    what << "training samples are not built yet for parameters (kilter sample reads its "
+                            "checkpoints); set output.sample_every = 0");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
@@ -167,7 +224,24 @@ void build_model(Run& run) {
   if (run.backend == "auto") run.backend = model::cuda_available() ? "cuda" : "cpu";
   // Node shards of the flat gradient buffer are contiguous and 64-float aligned; sharded (ZeRO-1),
   // so is every rank's share of each bucket.
-  run.shard_optimizer = cfg.train.shard_optimizer && run.world_size > 1;
+  // train.shard_group is checked here, where the world size is known (it must divide it).
+  const int group = shard_group_size(cfg.train, run.world_size, run.topo.local_size);
+  if (cfg.train.shard == "parameters" && run.world_size > 1) check_parameter_sharding(run);
+  // The gradient buffer is fp32 on every backend for now: auto resolves to it, bf16 is refused.
+  KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16",
+                    "config key train.grad_dtype = bf16: a bf16 gradient buffer is not built yet on any backend; "
+                    "use train.grad_dtype = fp32 or auto (fp32)");
+  run.shard_optimizer = cfg.train.shard != "none" && run.world_size > 1;
+  // A group smaller than the world is built as the node (HSDP): the node's ranks shard, nodes
+  // replicate; it needs the hierarchical reduction over uniform nodes.
+  run.shard_within_node = run.shard_optimizer && group < run.world_size;
+  run.shard_group = run.shard_optimizer ? group : 1;
+  if (run.shard_within_node) {
+    KILTER_USER_CHECK(run.backend == "cpu",
+                      "config key train.shard_group = " << cfg.train.shard_group << ": shard groups smaller than the "
+                      "world (HSDP) are built on the cpu backend only (the NCCL path is not checked on a device yet); use "
+                      "train.shard_group = world on the " << run.backend << " backend");
+  }
   const size_t pad_multiple = size_t(run.shard_optimizer ? run.world_size : run.topo.local_size) * 64;
   run.model = make_run_model(run, pad_multiple);
   if (run.shard_optimizer && !run.model->supports_optimizer_shard()) {
@@ -182,6 +256,7 @@ void build_model(Run& run) {
     const std::string note = load_initial_weights(run.world, cfg, run.data.index, *run.model);
     if (run.rank == 0) std::fprintf(stderr, "kilter: %s\n", note.c_str());
   }
+  if (run.param_shards) run.param_shards->release_all();  // the whole initialization leaves only this rank's chunks
   // A micro-batch holds at most max_tokens tokens in pieces of at most block_size.
   run.model->reserve(int(cfg.data.max_tokens), cfg.model.block_size);
 }
@@ -319,6 +394,9 @@ void make_step_context(Run& run) {
   };
   ctx.reducer = run.reducer.get();
   ctx.shard_optimizer = run.shard_optimizer;
+  ctx.shard_norm_counts = run.shard_norm_counts;
+  ctx.param_shards = run.param_shards;
+  if (run.param_shards) run.param_shards->set_watchdog(run.watchdog.get());
   ctx.diagnostics = run.diagnostics.get();
   ctx.watchdog = run.watchdog.get();
   KILTER_CHECK(MPI_Comm_dup(run.world, &run.kv_comm) == MPI_SUCCESS, "MPI_Comm_dup (K/V exchange) failed");

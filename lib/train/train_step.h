@@ -16,6 +16,7 @@
 #include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
 #include "lib/train/micro_batch.h"
+#include "lib/train/param_shards.h"
 #include "lib/train/watchdog.h"
 
 namespace kilter::train {
@@ -46,6 +47,13 @@ struct StepContext {
   // train.shard_optimizer in force: the reducer leaves each rank 1/P of the gradient, update()
   // sums the norm over ranks and all-gathers the parameters.
   bool shard_optimizer = false;
+  // Whether this rank's shard counts in the gradient norm's sum over ranks: sharded inside the
+  // node and replicated across nodes (HSDP), only the first node's ranks add theirs.
+  bool shard_norm_counts = true;
+  // train.shard = parameters: the shards (also `reducer`); every rank runs the step's largest
+  // micro-batch count, padding with empty micro-batches, since each unit's gather and
+  // reduce-scatter is a meeting point of all ranks.
+  ParamShards* param_shards = nullptr;
 };
 
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating
@@ -55,6 +63,13 @@ struct StepContext {
 // exchange (lib/comm/kv_exchange_mpi.h) for its forward/backward; its waits are the kv_wait
 // phase. Returns this rank's loss sum; `work` gets its work.
 double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWork& work);
+
+// train.shard = parameters: the empty micro-batches this rank runs after its own in `step`, so
+// that every rank runs the step's largest count (every unit's gather and reduce-scatter joins all
+// ranks); 0 otherwise. One is padding_micro_batch(): one token without a target (the same
+// collectives, no loss, zero gradients).
+int padding_micro_batches(const StepContext& ctx, const balance::StepView& step);
+model::Batch padding_micro_batch();
 
 struct ReducedStep {
   double loss = 0;              // mean over the global step's target tokens
