@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <sstream>
 
 #include "io/base/error.h"
 #include "lib/balance/divide.h"
+#include "lib/balance/group_slots.h"
 #include "lib/balance/naive.h"
 #include "lib/balance/rng.h"
 
@@ -308,6 +310,17 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   // once packed (shrink_to_fit() below trims that one array).
   plan.steps.reserve(n_steps, spread_tail ? pieces.size() : cut.tail_begin, 0);
   StepDivider divider(cost, opts.max_tokens, world_size, opts.cut_pieces, opts.rank_speed);
+  // Shard groups: each group's micro-batches even slot by slot (no uncut figure: the slots' own
+  // statistics say how even they are).
+  std::unique_ptr<GroupSlotDivider> by_group;
+  if (opts.shard_group > 1)
+    by_group = std::make_unique<GroupSlotDivider>(cost, opts.max_tokens, world_size, opts.shard_group,
+                                                  opts.cut_pieces, opts.context);
+  const auto divide = [&](const Piece* step_pieces, size_t n) {
+    if (by_group) return by_group->divide(step_pieces, n, plan.steps);
+    divider.divide(step_pieces, n, plan.steps);
+    plan.uncut_imbalance.push_back(divider.uncut_imbalance());
+  };
   plan.rank_speed = opts.rank_speed;
   plan.kv_bytes_per_token = opts.kv_bytes_per_token;
   plan.uncut_imbalance.reserve(n_steps);
@@ -317,19 +330,26 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
     const uint64_t begin = s == 0 ? 0 : cut.step_end[s - 1];
     const uint64_t end = cut.step_end[s];
     if (!spread_tail) {
-      divider.divide(pieces.data() + begin, end - begin, plan.steps);
-      plan.uncut_imbalance.push_back(divider.uncut_imbalance());
+      divide(pieces.data() + begin, end - begin);
       continue;
     }
     // The tail's pieces spread evenly over the epoch's steps: piece j goes to step j n_steps / n_tail.
     with_tail.assign(pieces.begin() + long(begin), pieces.begin() + long(end));
     for (; tail_next < pieces.size() && ((tail_next - cut.tail_begin) * n_steps) / n_tail == s; ++tail_next)
       with_tail.push_back(pieces[tail_next]);
-    divider.divide(with_tail.data(), with_tail.size(), plan.steps);
-    plan.uncut_imbalance.push_back(divider.uncut_imbalance());
+    divide(with_tail.data(), with_tail.size());
   }
   plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
+  if (by_group) {
+    const GroupSlotStats slots = group_slot_stats(plan, opts.shard_group);
+    stats.shard_group = opts.shard_group;
+    stats.slot_imbalance_p50 = slots.slot_imbalance_p50;
+    stats.slot_imbalance_p95 = slots.slot_imbalance_p95;
+    stats.slotted_imbalance_p50 = slots.slotted_imbalance_p50;
+    stats.slotted_imbalance_p95 = slots.slotted_imbalance_p95;
+    stats.uneven_group_steps = slots.uneven_group_steps;
+  }
   return plan;
 }
 
