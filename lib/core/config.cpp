@@ -92,7 +92,11 @@ void add_config_options(po::options_description& desc, Config& c) {
     ("train.on_nonfinite", po::value(&t.on_nonfinite)->default_value(t.on_nonfinite, shortest_text(t.on_nonfinite)), "non-finite loss or gradient norm: stop | skip")
     ("train.init_from", po::value(&t.init_from)->default_value(t.init_from, shortest_text(t.init_from)), "start from these weights: a Hugging Face directory (config.json + model.safetensors: GPT-2, Llama, Qwen2 or Mistral; its config must match the run's model.* keys) or a kilter checkpoint (file or run directory); optimizer state and data position start fresh (empty: random init)")
     ("train.init_vocab", po::value(&t.init_vocab)->default_value(t.init_vocab, shortest_text(t.init_vocab)), "init_from weights whose vocabulary differs from the dataset's: strict (refuse) | resize (keep the first embedding rows, initialize the rest)")
-    ("train.shard_optimizer", po::value(&t.shard_optimizer)->default_value(t.shard_optimizer, shortest_text(t.shard_optimizer)), "ZeRO-1: gradients are reduce-scattered, each rank keeps the AdamW moments of 1/P of the parameters and updates them, the parameters are all-gathered (cpu backend; no effect on 1 rank)")
+    ("train.shard_optimizer", po::value(&t.shard_optimizer)->default_value(t.shard_optimizer, shortest_text(t.shard_optimizer)), "alias of train.shard: true = optimizer, false = none (refused where it contradicts an explicit train.shard)")
+    ("train.shard", po::value(&t.shard)->default_value(t.shard, shortest_text(t.shard)), "none (every rank holds the whole model state) | optimizer (ZeRO-1: gradients are reduce-scattered, each rank keeps the AdamW moments of 1/G of the parameters and updates them, the parameters are all-gathered) | parameters (ZeRO-3 / FSDP: each rank also holds only 1/G of the parameters and gradients; a unit's parameters are gathered before its forward and backward and freed after; cpu backend). G: train.shard_group; no effect on 1 rank")
+    ("train.shard_group", po::value(&t.shard_group)->default_value(t.shard_group, shortest_text(t.shard_group)), "ranks that share one sharded copy of the model state: world (all) | node (a node's ranks: HSDP, each shard all-reduced across nodes) | N (N ranks, must divide the world size)")
+    ("train.grad_dtype", po::value(&t.grad_dtype)->default_value(t.grad_dtype, shortest_text(t.grad_dtype)), "precision of the gradient accumulation buffer: auto (bf16 under bf16 storage, else fp32) | fp32 | bf16 (reduced in fp32)")
+    ("train.reshard_after_forward", po::value(&t.reshard_after_forward)->default_value(t.reshard_after_forward, shortest_text(t.reshard_after_forward)), "train.shard = parameters: free a unit's gathered parameters after its forward and gather them again for its backward (false: keep them through the backward, more memory, one gather less)")
     ("train.recompute", po::value(&t.recompute)->default_value(t.recompute, shortest_text(t.recompute)), "activations the forward drops and the backward recomputes: none | gelu (the MLP's GELU output) | attention (the saved softmax) | block (all but each block's input); gradients bit-identical to none on the cpu backend, equal to float rounding on cuda")
     ("comm.algo", po::value(&k.algo)->default_value(k.algo, shortest_text(k.algo)), "gradient reduction: flat | hierarchical")
     ("comm.ranks_per_node", po::value(&k.ranks_per_node)->default_value(k.ranks_per_node, shortest_text(k.ranks_per_node)), "ranks per node (0: detect; set it to stand one machine in for several nodes)")
@@ -203,6 +207,13 @@ void Config::validate() const {
   check_one_of("train.attention", train.attention, {"auto", "sdpa", "cudnn", "cublaslt"});
   check_one_of("train.recompute", train.recompute, {"none", "gelu", "attention", "block"});
   check_one_of("train.bf16_storage", train.bf16_storage, {"auto", "on", "off"});
+  check_one_of("train.shard", train.shard, {"none", "optimizer", "parameters"});
+  KILTER_CHECK_KEY(train.shard_group == "node" || train.shard_group == "world" ||
+                       (!train.shard_group.empty() && train.shard_group.find_first_not_of("0123456789") == std::string::npos &&
+                        train.shard_group.size() < 8 && std::stoi(train.shard_group) >= 1),
+                   "train.shard_group", "'" + train.shard_group + "'",
+                   "expected node | world | N (a positive number of ranks that divides the world size)");
+  check_one_of("train.grad_dtype", train.grad_dtype, {"auto", "fp32", "bf16"});
   KILTER_USER_CHECK(train.bf16_storage != "on" || train.precision == "bf16",
                     "train.bf16_storage = on needs train.precision = bf16 (got " << train.precision
                                                                                  << "); use bf16 or leave bf16_storage at auto");
@@ -326,6 +337,9 @@ static std::string without_default_model_keys(const std::string& ini) {
     }
     // Train keys added after checkpoints existed, at their defaults (the hash clears them).
     if (section == "[train]" && line == "bf16_storage = auto") continue;
+    if (section == "[train]" && (line == "shard = optimizer" || line == "shard_group = world" ||
+                                 line == "grad_dtype = auto" || line == "reshard_after_forward = 1"))
+      continue;
     out += line + "\n";
   }
   return out;
@@ -354,6 +368,11 @@ uint64_t Config::hash() const {
   // Sharding changes where the optimizer state lives and the summation order, not the run: a
   // checkpoint resumes sharded or not.
   c.train.shard_optimizer = false;
+  c.train.shard = "optimizer";
+  c.train.shard_group = "world";
+  c.train.reshard_after_forward = true;
+  // The gradient buffer's precision changes rounding, not the run (like bf16_storage): a run resumes under either.
+  c.train.grad_dtype = "auto";
   // The cut-cost check changes who computes which tokens of a step, never which tokens it holds.
   c.data.cut_cost_check = 0;
   c.data.cut_cost_replan = false;
@@ -495,6 +514,41 @@ po::parsed_options parse_exact(int argc, char** argv, const po::options_descript
   }
 }
 
+// train.shard_optimizer is an alias of train.shard: an explicit shard_optimizer sets shard where
+// shard is left at its default, is refused where it contradicts an explicit shard, and afterwards
+// both say the same (shard_optimizer = shard != none), so the resolved config.ini reads back alike.
+static void resolve_shard_alias(const po::variables_map& vm, Config& cfg) {
+  const bool alias_given = vm.count("train.shard_optimizer") && !vm["train.shard_optimizer"].defaulted();
+  const bool shard_given = vm.count("train.shard") && !vm["train.shard"].defaulted();
+  TrainConfig& t = cfg.train;
+  if (alias_given && !shard_given) t.shard = t.shard_optimizer ? "optimizer" : "none";
+  if (alias_given && shard_given) {
+    const bool sharded = t.shard != "none";
+    KILTER_USER_CHECK(sharded == t.shard_optimizer,
+                      "config keys train.shard = " << t.shard << " and train.shard_optimizer = "
+                                                   << (t.shard_optimizer ? "true" : "false")
+                                                   << " contradict each other: give train.shard alone "
+                                                      "(shard_optimizer is its old alias)");
+  }
+  t.shard_optimizer = t.shard != "none";
+}
+
+int shard_group_size(const TrainConfig& train, int world_size, int ranks_per_node) {
+  int G = world_size;
+  if (train.shard_group == "node") G = ranks_per_node > 0 ? ranks_per_node : world_size;
+  else if (train.shard_group != "world") G = std::stoi(train.shard_group);
+  KILTER_USER_CHECK(G >= 1 && G <= world_size && world_size % G == 0,
+                    "config key train.shard_group = " << train.shard_group << ": a shard group of " << G
+                    << " ranks does not divide the world size " << world_size
+                    << "; give a divisor of " << world_size << ", node or world");
+  return G;
+}
+
+std::string resolved_grad_dtype(const TrainConfig& train, bool bf16_storage_in_force) {
+  if (train.grad_dtype != "auto") return train.grad_dtype;
+  return bf16_storage_in_force ? "bf16" : "fp32";
+}
+
 static Config parse_impl(const std::string& ini_path, const std::string* ini_text) {
   Config cfg;
   po::options_description desc;
@@ -511,6 +565,7 @@ static Config parse_impl(const std::string& ini_path, const std::string* ini_tex
       po::store(po::parse_config_file(is, desc, false), vm);
     }
     po::notify(vm);
+    resolve_shard_alias(vm, cfg);
   } catch (po::unknown_option& e) {
     KILTER_USER_FAIL("config file " << where << ": " << unknown_key_message(e.get_option_name(), desc));
   } catch (po::error& e) {
@@ -566,6 +621,7 @@ bool parse_command_line(int argc, char** argv, const std::string& usage,
   } catch (po::error& e) {
     KILTER_USER_FAIL(program_options_message(e));
   }
+  resolve_shard_alias(vm, cfg);
   cfg.validate();
   return true;
 }

@@ -63,7 +63,11 @@ struct TrainConfig {
   std::string on_nonfinite = "stop";  // stop | skip
   std::string init_from;           // HF GPT-2 directory or kilter checkpoint to start from ("": random init)
   std::string init_vocab = "strict";  // strict | resize: a vocabulary other than the dataset's
-  bool shard_optimizer = true;     // ZeRO-1: each rank keeps the AdamW state of 1/P of the parameters
+  bool shard_optimizer = true;     // alias of shard: true = optimizer, false = none (the parsers keep both in step)
+  std::string shard = "optimizer"; // none | optimizer (ZeRO-1) | parameters (ZeRO-3 / FSDP)
+  std::string shard_group = "world";  // node | world | N: ranks that shard one copy (HSDP when fewer than all)
+  std::string grad_dtype = "auto";    // auto | fp32 | bf16: gradient accumulation buffer (auto: bf16 under bf16 storage)
+  bool reshard_after_forward = true;  // parameters: free a unit's gathered parameters after its forward
   std::string recompute = "none";  // none | gelu | attention | block: activations the backward recomputes
 };
 
@@ -107,6 +111,14 @@ struct Config {
   // Checks ranges and enum values; throws kilter::Error naming the key.
   void validate() const;
 };
+
+// train.shard_group resolved at a world size of `world_size` ranks, `ranks_per_node` per node:
+// the ranks per shard group G (world: all, node: a node's, N: N). Throws kilter::Error naming the
+// key when G does not divide the world size (or the node's ranks do not).
+int shard_group_size(const TrainConfig& train, int world_size, int ranks_per_node);
+
+// train.grad_dtype resolved: "fp32" or "bf16" (auto: bf16 where bf16_storage_in_force).
+std::string resolved_grad_dtype(const TrainConfig& train, bool bf16_storage_in_force);
 
 // Adds every key as `section.key` with its default, bound to cfg's fields.
 void add_config_options(boost::program_options::options_description& desc, Config& cfg);

@@ -167,7 +167,16 @@ void build_model(Run& run) {
   if (run.backend == "auto") run.backend = model::cuda_available() ? "cuda" : "cpu";
   // Node shards of the flat gradient buffer are contiguous and 64-float aligned; sharded (ZeRO-1),
   // so is every rank's share of each bucket.
-  run.shard_optimizer = cfg.train.shard_optimizer && run.world_size > 1;
+  // train.shard_group is checked here, where the world size is known (it must divide it).
+  const int group = shard_group_size(cfg.train, run.world_size, run.topo.local_size);
+  KILTER_USER_CHECK(cfg.train.shard != "parameters",
+                    "config key train.shard = parameters: sharding the parameters is not built yet on any backend; "
+                    "use train.shard = optimizer or none");
+  KILTER_USER_CHECK(group == run.world_size || cfg.train.shard == "none",
+                    "config key train.shard_group = " << cfg.train.shard_group << ": groups smaller than the world ("
+                    << group << " of " << run.world_size << " ranks) are not built yet for train.shard = "
+                    << cfg.train.shard << "; use train.shard_group = world");
+  run.shard_optimizer = cfg.train.shard != "none" && run.world_size > 1;
   const size_t pad_multiple = size_t(run.shard_optimizer ? run.world_size : run.topo.local_size) * 64;
   run.model = make_run_model(run, pad_multiple);
   if (run.shard_optimizer && !run.model->supports_optimizer_shard()) {

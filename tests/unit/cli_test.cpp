@@ -163,3 +163,68 @@ TEST(Report, StallsBetweenStepsNameTheirCause) {
   EXPECT_EQ(kilter::diag::stall_cause(run, 51, "outside"), "");
   EXPECT_EQ(kilter::diag::stall_cause(run, 50, "forward"), "");  // grown inside the step: not ours
 }
+
+// train.shard and its old alias train.shard_optimizer: the alias sets shard where shard is left
+// at its default, a contradiction is refused naming both keys, and the resolved pair reads back.
+TEST(ShardKeys, AliasResolvesAndContradictionIsRefused) {
+  const Config none = kilter::config_from_ini_text("[train]\nshard_optimizer = false\n");
+  EXPECT_EQ(none.train.shard, "none");
+  const Config params = kilter::config_from_ini_text("[train]\nshard = parameters\n");
+  EXPECT_TRUE(params.train.shard_optimizer);
+  const Config back = kilter::config_from_ini_text(params.to_ini());
+  EXPECT_EQ(back.train.shard, "parameters");
+  EXPECT_EQ(parse_error({"--train.shard=optimizer", "--train.shard_optimizer=true"}), "");
+  const std::string contra = parse_error({"--train.shard=parameters", "--train.shard_optimizer=false"});
+  EXPECT_NE(contra.find("train.shard = parameters and train.shard_optimizer = false contradict"), std::string::npos)
+      << contra;
+  const std::string bad = parse_error({"--train.shard=zero3"});
+  EXPECT_NE(bad.find("config key train.shard = 'zero3': expected none | optimizer | parameters"), std::string::npos)
+      << bad;
+  const std::string group = parse_error({"--train.shard_group=0"});
+  EXPECT_NE(group.find("config key train.shard_group = '0'"), std::string::npos) << group;
+  EXPECT_EQ(parse_error({"--train.shard_group=2", "--train.grad_dtype=bf16"}), "");
+  EXPECT_NE(parse_error({"--train.grad_dtype=fp16"}).find("train.grad_dtype"), std::string::npos);
+}
+
+// Sharding never counts in the hash (a checkpoint resumes under any mode), and the new keys at
+// their defaults leave the hash of a config written before they existed unchanged.
+TEST(ShardKeys, NeverInTheHash) {
+  const Config base;
+  for (const char* mode : {"none", "optimizer", "parameters"}) {
+    Config c;
+    c.train.shard = mode;
+    c.train.shard_optimizer = std::string(mode) != "none";
+    c.train.shard_group = "2";
+    c.train.grad_dtype = "bf16";
+    c.train.reshard_after_forward = false;
+    EXPECT_EQ(c.hash(), base.hash()) << mode;
+  }
+  std::string old_ini = base.to_ini();
+  for (const char* line : {"shard = optimizer\n", "shard_group = world\n", "grad_dtype = auto\n",
+                           "reshard_after_forward = 1\n"}) {
+    const size_t at = old_ini.find(line);
+    ASSERT_NE(at, std::string::npos) << line;
+    old_ini.erase(at, std::string(line).size());
+  }
+  EXPECT_EQ(kilter::config_from_ini_text(old_ini).hash(), base.hash());
+}
+
+TEST(ShardKeys, GroupSizeDividesTheWorld) {
+  kilter::TrainConfig t;
+  EXPECT_EQ(kilter::shard_group_size(t, 4, 2), 4);
+  t.shard_group = "node";
+  EXPECT_EQ(kilter::shard_group_size(t, 4, 2), 2);
+  t.shard_group = "2";
+  EXPECT_EQ(kilter::shard_group_size(t, 4, 2), 2);
+  t.shard_group = "3";
+  try {
+    kilter::shard_group_size(t, 4, 2);
+    ADD_FAILURE() << "a group of 3 on 4 ranks was accepted";
+  } catch (const kilter::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.shard_group = 3: a shard group of 3 ranks does not divide the world size 4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(kilter::resolved_grad_dtype(kilter::TrainConfig(), true), "bf16");
+  EXPECT_EQ(kilter::resolved_grad_dtype(kilter::TrainConfig(), false), "fp32");
+}
