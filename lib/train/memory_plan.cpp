@@ -86,6 +86,11 @@ uint64_t largest_unit_floats(const model::ParamLayout& layout) {
   return largest;
 }
 
+// Whether the backends shard the fp32 master weights with the moments under train.shard =
+// optimizer (bf16 working weights only; in fp32 the working weights are the master). Not yet:
+// the flat fp32 parameters stay whole on every rank, and the plan counts what is allocated.
+constexpr bool kMasterShardedUnderOptimizer = false;
+
 // The weights and gradients of one rank under train.shard = optimizer or parameters, with
 // `shard` floats its share of the G-rank group.
 struct ShardedState {
@@ -97,9 +102,10 @@ ShardedState sharded_state(const MemoryPlan& p, bool bf16_work, uint64_t shard, 
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
   const uint64_t grad = p.grad_dtype == "bf16" ? 2 : 4;
   if (p.shard == "optimizer") {
-    // Megatron's distributed optimizer: the master sharded with the moments, the working copy
-    // whole (gathered after each update), the gradient buffer whole in train.grad_dtype.
-    st.parameters = p.padded_params * work + shard * master;
+    // The moments sharded, the gradient buffer whole in train.grad_dtype; the fp32 master whole
+    // as the backends hold it so far, or 1/G with the moments (Megatron's distributed optimizer:
+    // the working copy whole, gathered after each update) once kMasterShardedUnderOptimizer says so.
+    st.parameters = p.padded_params * work + (kMasterShardedUnderOptimizer ? shard : p.padded_params) * master;
     st.gradients = p.padded_params * grad;
   } else if (p.shard == "parameters") {
     // ZeRO-3: this rank's 1/G of everything; the units gathered for the forward and backward (the
@@ -161,8 +167,9 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   p.sharded = p.shard_group > 1;
   model::ModelSpec gpt = cfg.model;
   gpt.vocab_size = std::max(1, gpt.vocab_size);
-  // Sharded, the layout is padded so that each of the G ranks' shares is 64-float aligned.
-  const model::ParamLayout layout = model::ParamLayout::build(gpt, size_t(p.sharded ? p.shard_group : L) * 64);
+  // Sharded, the layout is padded to 64 floats per rank of the world, as the trainer pads it
+  // (every group size divides it).
+  const model::ParamLayout layout = model::ParamLayout::build(gpt, size_t(p.sharded ? P : L) * 64);
   p.num_params = layout.num_params;
   p.padded_params = layout.padded_size;
   p.unit_floats = largest_unit_floats(layout);
@@ -172,7 +179,9 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   // The working weights are bf16 where bf16 is stored (cuda: bf16 storage; cpu: the bf16 copy its
   // GEMMs read), and the fp32 weights are then the master copy; in fp32 they are one and the same.
   const bool bf16_work = bf16 && (!cuda || cfg.train.bf16_storage != "off");
-  p.grad_dtype = p.shard == "none" ? "fp32" : resolved_grad_dtype(cfg.train, bf16_work);
+  // auto: the gradient buffer the backends build (fp32 on every one so far; a run refuses
+  // train.grad_dtype = bf16 at its start, and the plan prices it as asked).
+  p.grad_dtype = p.shard != "none" && cfg.train.grad_dtype == "bf16" ? "bf16" : "fp32";
   const ShardedState state = sharded_state(p, bf16_work, shard, cfg.train.reshard_after_forward);
 
   if (cuda) {
