@@ -170,6 +170,11 @@ struct ReducerOptions {
   // then one across nodes of the node shard. padded_size must then be a multiple of the world
   // size (buckets are whole multiples of P * 64 elements where the buffer allows).
   bool shard = false;
+  // With shard, hierarchical and more than one node: shard inside the node only and replicate
+  // across nodes (HSDP, train.shard_group = node). Each bucket is reduce-scattered inside the
+  // node, the node shard all-reduced across nodes (1/L of the flat path's cross-node bytes), and
+  // owned() is the node shard (1/L of the buffer), gathered back inside the node only.
+  bool shard_within_node = false;
 };
 
 // buf: padded_size floats; padded_size must be a multiple of topo.local_size (the node shards),

@@ -576,6 +576,9 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
 
   bool hierarchical = opts.algo == "hierarchical";
   if (hierarchical && !topo.uniform) hierarchical = false;  // make_topology has warned on rank 0
+  KILTER_CHECK(!opts.shard_within_node || (hierarchical && opts.shard),
+               "gradient reducer: sharding inside the node (HSDP) needs a sharded, hierarchical reduction over "
+               "uniform nodes");
 
   auto state = std::make_shared<ReducerState>();
   state->buf = buf;
@@ -603,6 +606,11 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
         add_stage(StageOp::world_reduce_scatter, topo.node, "node");
         add_gather(StageOp::world_allgather, topo.node, "node");
       }
+    } else if (hierarchical && opts.shard_within_node) {
+      // HSDP: the node shard is reduced across nodes whole and stays replicated there.
+      if (topo.local_size > 1) add_stage(StageOp::node_reduce_scatter, topo.node, "node");
+      add_stage(StageOp::cross_allreduce, topo.cross, "cross");
+      if (topo.local_size > 1) add_gather(StageOp::node_allgather, topo.node, "node");
     } else if (hierarchical) {
       if (topo.local_size > 1) add_stage(StageOp::node_reduce_scatter, topo.node, "node");
       add_stage(StageOp::cross_reduce_scatter, topo.cross, "cross");

@@ -71,6 +71,14 @@ std::vector<std::string> config_differences(const std::string& ini_a, const std:
       IniEntries changed = a;
       for (auto& e : changed)
         if (e.first == key) e.second = *vb;
+      // train.shard_optimizer is train.shard's alias: the pair changes together (alone, one of
+      // them would contradict the other and the text would not parse).
+      const bool sharded = key == "train.shard" ? *vb != "none" : (*vb == "1" || *vb == "true");
+      for (auto& e : changed) {
+        if (key == "train.shard" && e.first == "train.shard_optimizer") e.second = sharded ? "1" : "0";
+        if (key == "train.shard_optimizer" && e.first == "train.shard" && sharded != (e.second != "none"))
+          e.second = sharded ? "optimizer" : "none";
+      }
       try {
         if (config_from_ini_text(render_ini(changed)).hash() == hash_a) return;
       } catch (const Error&) {

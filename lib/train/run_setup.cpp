@@ -150,6 +150,7 @@ void make_reducer(Run& run) {
   reducer_opts.overlap = cfg.comm.overlap ? comm::OverlapMode::automatic : comm::OverlapMode::off;
   reducer_opts.timeout_s = cfg.comm.timeout_s;
   reducer_opts.shard = run.shard_optimizer;
+  reducer_opts.shard_within_node = run.shard_optimizer && run.shard_within_node;
   // The model reports every float of the padded buffer (the padding together with ln_f).
   reducer_opts.reported_size = run.model->layout().padded_size;
   run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
@@ -172,11 +173,26 @@ void build_model(Run& run) {
   KILTER_USER_CHECK(cfg.train.shard != "parameters",
                     "config key train.shard = parameters: sharding the parameters is not built yet on any backend; "
                     "use train.shard = optimizer or none");
-  KILTER_USER_CHECK(group == run.world_size || cfg.train.shard == "none",
-                    "config key train.shard_group = " << cfg.train.shard_group << ": groups smaller than the world ("
-                    << group << " of " << run.world_size << " ranks) are not built yet for train.shard = "
-                    << cfg.train.shard << "; use train.shard_group = world");
+  // The gradient buffer is fp32 on every backend for now: auto resolves to it, bf16 is refused.
+  KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16",
+                    "config key train.grad_dtype = bf16: a bf16 gradient buffer is not built yet on any backend; "
+                    "use train.grad_dtype = fp32 or auto (fp32)");
   run.shard_optimizer = cfg.train.shard != "none" && run.world_size > 1;
+  // A group smaller than the world is built as the node (HSDP): the node's ranks shard, nodes
+  // replicate; it needs the hierarchical reduction over uniform nodes.
+  run.shard_within_node = run.shard_optimizer && group < run.world_size;
+  if (run.shard_within_node) {
+    KILTER_USER_CHECK(group == run.topo.local_size && run.topo.uniform && cfg.comm.algo == "hierarchical",
+                      "config key train.shard_group = " << cfg.train.shard_group << ": a shard group of " << group
+                      << " of " << run.world_size << " ranks is built as the ranks of one node (HSDP), but this run has "
+                      << run.topo.local_size << " ranks per node" << (run.topo.uniform ? "" : " (nodes differ in size)")
+                      << " and comm.algo = " << cfg.comm.algo
+                      << "; give train.shard_group = node with comm.algo = hierarchical, or world");
+    KILTER_USER_CHECK(run.backend == "cpu",
+                      "config key train.shard_group = " << cfg.train.shard_group << ": sharding inside the node (HSDP) "
+                      "is built on the cpu backend only (the NCCL path is not checked on a device yet); use "
+                      "train.shard_group = world on the " << run.backend << " backend");
+  }
   const size_t pad_multiple = size_t(run.shard_optimizer ? run.world_size : run.topo.local_size) * 64;
   run.model = make_run_model(run, pad_multiple);
   if (run.shard_optimizer && !run.model->supports_optimizer_shard()) {
@@ -328,6 +344,7 @@ void make_step_context(Run& run) {
   };
   ctx.reducer = run.reducer.get();
   ctx.shard_optimizer = run.shard_optimizer;
+  ctx.shard_norm_counts = !(run.shard_optimizer && run.shard_within_node) || run.topo.node_index == 0;
   ctx.diagnostics = run.diagnostics.get();
   ctx.watchdog = run.watchdog.get();
   KILTER_CHECK(MPI_Comm_dup(run.world, &run.kv_comm) == MPI_SUCCESS, "MPI_Comm_dup (K/V exchange) failed");

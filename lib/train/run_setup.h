@@ -69,6 +69,9 @@ struct Run {
   std::string comm_kind;  // mpi | nccl
   std::string algo;       // flat | hierarchical, as in force
   bool shard_optimizer = false;
+  // train.shard_group = node (or its size) on several nodes: sharded inside the node, replicated
+  // across nodes (HSDP).
+  bool shard_within_node = false;
   std::vector<EngineChoice> engine_choices;  // the engine probes' verdicts and what they chose
   std::unique_ptr<model::Model> model;
   std::unique_ptr<comm::GradientReducer> reducer;

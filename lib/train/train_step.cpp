@@ -160,6 +160,7 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
   // brackets them (a gather left to the communication thread bounds its own waits).
   if (ctx.shard_optimizer) {
     ctx.watchdog->enter("gradient norm allreduce", long(step_index));
+    if (!ctx.shard_norm_counts) norm_squared = 0;  // a replica of the first node's shard
     MPI_Allreduce(MPI_IN_PLACE, &norm_squared, 1, MPI_DOUBLE, MPI_SUM, ctx.world);
     ctx.watchdog->leave();
   }

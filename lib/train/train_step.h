@@ -46,6 +46,9 @@ struct StepContext {
   // train.shard_optimizer in force: the reducer leaves each rank 1/P of the gradient, update()
   // sums the norm over ranks and all-gathers the parameters.
   bool shard_optimizer = false;
+  // Whether this rank's shard counts in the gradient norm's sum over ranks: sharded inside the
+  // node and replicated across nodes (HSDP), only the first node's ranks add theirs.
+  bool shard_norm_counts = true;
 };
 
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating

@@ -140,11 +140,16 @@ TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
   };
   // Several buckets with an odd remainder bucket at offset 0; one bucket; one element per rank.
   const Shape shapes[] = {{64 * 5 + 7, 4 * 64 * 2 * P}, {811, size_t(1) << 24}, {1, 4}};
+  // Within the node (HSDP): each node's ranks shard, every element is owned once per node.
+  for (const bool within_node : {false, true})
   for (const char* algo : {"flat", "hierarchical"})
     for (const auto& [mode, blocking] : engines)
       for (const Shape& shape : shapes) {
+        if (within_node && std::string(algo) == "flat") continue;  // HSDP needs the hierarchical stages
+        const bool hsdp = within_node && topo_.num_nodes > 1;
+        const size_t G = hsdp ? size_t(topo_.local_size) : P;
         const std::string what = std::string(algo) + "/" + overlap_mode_name(mode) + (blocking ? "/blocking" : "") +
-                                 " units=" + std::to_string(shape.units);
+                                 (within_node ? "/within node" : "") + " units=" + std::to_string(shape.units);
         const size_t padded = shape.units * P;
         std::vector<float> grads(padded), params(padded);
         ReducerOptions opts;
@@ -153,6 +158,7 @@ TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
         opts.blocking_collectives = blocking;
         opts.bucket_bytes = shape.bucket_bytes;
         opts.shard = true;
+        opts.shard_within_node = within_node;
         auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
         long bad = 0;
         for (int step = 0; step < 3; ++step) {
@@ -172,16 +178,16 @@ TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
               bad += grads[i] != float(exact);
             }
           }
-          bad += owned_total != padded / P;  // 1/P each
+          bad += owned_total != padded / G;  // 1/G each
           MPI_Allreduce(MPI_IN_PLACE, owners.data(), int(padded), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-          for (int n : owners) bad += n != 1;
+          for (int n : owners) bad += n != int(P / G);
           // Owners write their ranges; everything else is this rank's garbage until gathered.
           std::fill(params.begin(), params.end(), -1000.f - float(topo_.rank));
           for (const BufferRange& r : reducer->owned())
             for (size_t i = r.offset; i < r.offset + r.count; ++i) params[i] = float(i % 1009) + 0.5f * float(step);
           if (step == 1) {
             reducer->start_gather(params.data());
-            bad += reducer->gathers_in_background() != (mode == OverlapMode::thread && topo_.size > 1);
+            bad += reducer->gathers_in_background() != (mode == OverlapMode::thread && G > 1);
             for (size_t end : {size_t(1), padded / 3, padded / 2, padded}) {
               reducer->wait_gather(end);
               for (size_t i = 0; i < end; ++i) bad += params[i] != float(i % 1009) + 0.5f * float(step);
