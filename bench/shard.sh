@@ -16,8 +16,11 @@
 #   4 micro-batches per rank): sync_wait of `parameters` (gather and reduce-scatter waits
 #   included: the metrics' *gather_wait* and *scatter_wait* columns, as shares of the step) against
 #   the equal-work floor (documents of exactly one context); target <= 1.5x the floor.
-# speed and balance train: they need a kilter that trains train.shard = parameters; where this
-# one refuses it, the section says so and the script exits 3 at the end.
+# - rss (not in the default SECTIONS: minutes, ~9 GiB): the plan against each rank's measured peak
+#   RSS, GPT-2 124M fp32 on 4 ranks and 350M on 2, one 1024-token micro-batch, recompute = block,
+#   under each mode (targets: parameters <= 0.45 and optimizer <= 0.75 of none's; the plan within 10%).
+# speed, balance and rss train: a mode this kilter refuses (train.shard = parameters, until it is
+# built) is reported SKIPPED, and the script exits 3 at the end.
 #
 # usage: bench/shard.sh [path/to/kilter]    (default build/kilter)
 # env:   SECTIONS ("memory speed balance"), NP (2), REPEATS (3), STEPS (30), HSDP (unset; 1: the
@@ -249,4 +252,45 @@ print(f"ratio {(sp + mp) / max(sf + mf, 1e-9):.2f} (target <= 1.5)")
 PY
 fi
 [[ " $SECTIONS " == *" balance "* && $can_train == 0 ]] && skipped=1
+
+# rss: the plan against the measured peak RSS of every rank (getrusage at exit, through time(1)):
+# GPT-2 124M fp32, 4 ranks, one 1024-token micro-batch per rank and step, recompute = block, for
+# each mode this kilter trains (targets: parameters <= 0.45 and optimizer <= 0.75 of none's peak;
+# the plan within 10% of each rank's), then GPT-2 350M on 2 ranks the same way.
+if [[ " $SECTIONS " == *" rss "* ]]; then
+  "$kilter" prep synth --docs 400 --lengths lognormal:6.5,0.5,1024 --vocab 50257 --shards 2 --seed 5 --out gdata >/dev/null 2>&1
+  for model in 124M 350M; do
+    if [[ $model == 124M ]]; then np=4 shape=$GPT2_124M; else np=2 shape=$GPT2_350M; fi
+    for mode in none optimizer parameters; do
+      name=rss-$model-$mode
+      # shellcheck disable=SC2086
+      args=(--data.dir=gdata $shape --model.block_size=1024 --data.max_tokens=1024 --train.precision=fp32
+            --train.recompute=block --train.tokens_per_step=$((np * 1024)) --train.shard=$mode)
+      "$kilter" plan --data gdata --world-size "$np" --memory --json --train.backend=cpu "${args[@]:1}" > "$name.plan.json" 2>/dev/null
+      if ! timeout 1200 "${mpirun[@]}" -np "$np" bash -c 'exec /usr/bin/time -o "$0.rss.$OMPI_COMM_WORLD_RANK" -f %M "$@"'           "$name" "$kilter" train "${args[@]}" --train.steps=2 --output.log_every=1 --output.trace_steps=0           --output.dir="runs/$name" > "$name.log" 2>&1; then
+        if grep -q "not built yet" "$name.log"; then echo "SKIPPED $name: $(grep -m1 -o 'config key [^;]*' "$name.log")"; skipped=1; continue; fi
+        cat "$name.log"; echo "bench/shard.sh: $name failed" >&2; exit 1
+      fi
+    done
+  done
+  "$PY" - <<'PY'
+import glob, json, os
+print("## peak RSS per rank against the plan (GPT-2 fp32, recompute = block, 1024-token micro-batches)")
+print(f"{'run':<24} {'rank':>4} {'plan MiB':>9} {'peak MiB':>9} {'plan/peak':>9} {'peak/none':>9}")
+for model, np_ in (("124M", 4), ("350M", 2)):
+    peaks = {}
+    for mode in ("none", "optimizer", "parameters"):
+        name = f"rss-{model}-{mode}"
+        files = sorted(glob.glob(f"{name}.rss.*"))
+        if len(files) != np_:
+            continue
+        plan = json.load(open(f"{name}.plan.json"))["memory"]
+        peaks[mode] = [int(open(f).read().split()[-1]) * 1024 for f in files]
+        for r, peak in enumerate(peaks[mode]):
+            est = plan["rank0_bytes"] if r == 0 else plan["other_rank_bytes"]
+            rel = peak / peaks["none"][r] if "none" in peaks else float("nan")
+            print(f"{name:<24} {r:>4} {est / 2**20:9.1f} {peak / 2**20:9.1f} {est / peak:9.3f} {rel:9.3f}")
+            assert 0.9 <= est / peak <= 1.1, f"{name} rank {r}: the plan is {est / peak:.3f} of the peak"
+PY
+fi
 [[ $skipped == 0 ]] || exit 3
