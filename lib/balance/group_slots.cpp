@@ -172,6 +172,32 @@ void GroupSlotDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
   out.end_step(target_tokens);
 }
 
+StepDivision::StepDivision(const CostModel& cost, const PlanOptions& opts, int world_size)
+    : group_(opts.shard_group > 1 ? opts.shard_group : 0),
+      divider_(cost, opts.max_tokens, world_size, opts.cut_pieces, opts.rank_speed) {
+  if (group_ > 1)
+    by_group_ = std::make_unique<GroupSlotDivider>(cost, opts.max_tokens, world_size, group_, opts.cut_pieces,
+                                                   opts.context);
+}
+
+void StepDivision::divide(const Piece* pieces, size_t n, EpochPlan& plan) {
+  if (by_group_) return by_group_->divide(pieces, n, plan.steps);
+  divider_.divide(pieces, n, plan.steps);
+  plan.uncut_imbalance.push_back(divider_.uncut_imbalance());
+}
+
+void StepDivision::add_stats(EpochPlan& plan) const {
+  if (!by_group_) return;
+  const GroupSlotStats slots = group_slot_stats(plan, group_);
+  PlanStats& stats = plan.stats;
+  stats.shard_group = group_;
+  stats.slot_imbalance_p50 = slots.slot_imbalance_p50;
+  stats.slot_imbalance_p95 = slots.slot_imbalance_p95;
+  stats.slotted_imbalance_p50 = slots.slotted_imbalance_p50;
+  stats.slotted_imbalance_p95 = slots.slotted_imbalance_p95;
+  stats.uneven_group_steps = slots.uneven_group_steps;
+}
+
 GroupSlotStats group_slot_stats(const EpochPlan& plan, int group) {
   KILTER_CHECK(group >= 1 && plan.world_size % group == 0,
                "plan: a shard group of " << group << " ranks does not divide the world size " << plan.world_size);

@@ -7,6 +7,7 @@
 // lib/balance; build_epoch_plan() runs it where PlanOptions::shard_group > 1.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lib/balance/divide.h"
@@ -55,6 +56,23 @@ class GroupSlotDivider {
   std::vector<uint64_t> slot_tokens_;
   // Per rank of the step: its micro-batches, in the order it runs them.
   std::vector<std::vector<std::vector<Piece>>> rank_mbs_;
+};
+
+// The division every balanced planner runs step by step (one dataset's plan, a mixture's): by
+// slots where PlanOptions::shard_group > 1, else the StepDivider as always (its rank speeds, its
+// whole-piece figure). Shard groups leave rank speeds aside: a group's ranks meet every slot.
+class StepDivision {
+ public:
+  StepDivision(const CostModel& cost, const PlanOptions& opts, int world_size);
+  // Appends the step of pieces[0, n) to plan.steps (and, without groups, its uncut figure).
+  void divide(const Piece* pieces, size_t n, EpochPlan& plan);
+  // After compute_plan_stats(): the slot statistics into plan.stats (shard groups only).
+  void add_stats(EpochPlan& plan) const;
+
+ private:
+  int group_ = 0;
+  StepDivider divider_;
+  std::unique_ptr<GroupSlotDivider> by_group_;
 };
 
 // Per-slot balance of a plan for shard groups of `group` consecutive ranks, any plan (slot k of

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <numeric>
 #include <sstream>
 
@@ -309,18 +308,9 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   // Every piece but a dropped tail goes into the plan; the micro-batches' count is known only
   // once packed (shrink_to_fit() below trims that one array).
   plan.steps.reserve(n_steps, spread_tail ? pieces.size() : cut.tail_begin, 0);
-  StepDivider divider(cost, opts.max_tokens, world_size, opts.cut_pieces, opts.rank_speed);
-  // Shard groups: each group's micro-batches even slot by slot (no uncut figure: the slots' own
-  // statistics say how even they are).
-  std::unique_ptr<GroupSlotDivider> by_group;
-  if (opts.shard_group > 1)
-    by_group = std::make_unique<GroupSlotDivider>(cost, opts.max_tokens, world_size, opts.shard_group,
-                                                  opts.cut_pieces, opts.context);
-  const auto divide = [&](const Piece* step_pieces, size_t n) {
-    if (by_group) return by_group->divide(step_pieces, n, plan.steps);
-    divider.divide(step_pieces, n, plan.steps);
-    plan.uncut_imbalance.push_back(divider.uncut_imbalance());
-  };
+  // Shard groups: each group's micro-batches even slot by slot (group_slots.h).
+  StepDivision division(cost, opts, world_size);
+  const auto divide = [&](const Piece* step_pieces, size_t n) { division.divide(step_pieces, n, plan); };
   plan.rank_speed = opts.rank_speed;
   plan.kv_bytes_per_token = opts.kv_bytes_per_token;
   plan.uncut_imbalance.reserve(n_steps);
@@ -341,15 +331,7 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   }
   plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
-  if (by_group) {
-    const GroupSlotStats slots = group_slot_stats(plan, opts.shard_group);
-    stats.shard_group = opts.shard_group;
-    stats.slot_imbalance_p50 = slots.slot_imbalance_p50;
-    stats.slot_imbalance_p95 = slots.slot_imbalance_p95;
-    stats.slotted_imbalance_p50 = slots.slotted_imbalance_p50;
-    stats.slotted_imbalance_p95 = slots.slotted_imbalance_p95;
-    stats.uneven_group_steps = slots.uneven_group_steps;
-  }
+  division.add_stats(plan);
   return plan;
 }
 

@@ -11,6 +11,7 @@
 
 #include "io/base/error.h"
 #include "lib/balance/group_slots.h"
+#include "lib/balance/mixture.h"
 #include "lib/balance/plan.h"
 #include "lib/balance/synthetic_lengths.h"
 
@@ -99,6 +100,24 @@ TEST(BalanceGroupSlots, SlotsAreMoreEvenThanTheWholeStepDivision) {
       EXPECT_LE(slotted.stats.slot_imbalance_p95, before.slot_imbalance_p95) << "P=" << world << " G=" << group;
       EXPECT_LT(slotted.stats.slotted_imbalance_p95, 1.10) << "P=" << world << " G=" << group;
     }
+  }
+}
+
+TEST(BalanceGroupSlots, MixturesDivideBySlotsToo) {
+  const auto lengths = bench_corpus();
+  std::vector<MixtureSource> sources = {{"a", 0.7, {}}, {"b", 0.3, {}}};
+  for (uint64_t d = 0; d < lengths.size(); ++d) sources[d % 3 == 0 ? 1 : 0].docs.push_back(d);
+  MixturePlanner whole(lengths, sources, bench_options(0)), grouped(lengths, sources, bench_options(2));
+  const EpochPlan a = whole.build(0, 4), b = grouped.build(0, 4);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  EXPECT_EQ(b.stats.shard_group, 2);
+  EXPECT_EQ(b.stats.uneven_group_steps, 0u);
+  EXPECT_LT(b.stats.slotted_imbalance_p95, group_slot_stats(a, 2).slotted_imbalance_p95);
+  for (uint64_t s = 0; s < a.steps.size(); ++s) {
+    const Step step = b.steps[s].expand();
+    ASSERT_EQ(targets(step), targets(a.steps[s].expand())) << "step " << s;
+    for (int g = 0; g < 2; ++g)
+      ASSERT_EQ(step.rank_batches[size_t(2 * g)].size(), step.rank_batches[size_t(2 * g + 1)].size()) << "step " << s;
   }
 }
 
