@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Sharded training (train.shard = none | optimizer | parameters), in three sections:
+# Sharded training (train.shard = none | optimizer | parameters), in four sections:
 # - memory: the memory plan (`kilter plan --memory`, no training) of Llama-3-8B at a context of 8192
 #   on 8 x 80 GB under `optimizer` with bf16 gradients and under `parameters`, Llama-3-70B on
 #   64 x 80 GB under `parameters` with recompute = block, the 8B at 32768 under `parameters`, and
-#   GPT-2 124M and 350M (medium) on 4 CPU ranks under each mode; each beside torchtitan's published
-#   peak where one exists (docs/plan.md, "Shard groups and the memory plan", says which figures
-#   compare and which do not). Checks that the Llama rows fit 80 GB.
+#   GPT-2 124M (4 CPU ranks) and 350M (medium, 2) under each mode; each beside torchtitan's published
+#   peak where one exists (docs/model.md, "The memory plan", by sharding mode, says which figures
+#   compare and which do not). Checks that the Llama rows under `parameters` fit 80 GB, and the 8B
+#   under `optimizer` once the fp32 master is sharded with the moments (printed beside the figure as built).
 # - speed: `none` against `parameters` on NP (2) CPU ranks, alternating REPEATS times: tokens/s of
 #   each (median) and their ratio (target >= 0.85); the losses must agree step by step (within
 #   1e-6 relative). With HSDP=1 (root; scripts/vcluster), the same on 2 nodes x 2 ranks with a
