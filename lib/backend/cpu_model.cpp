@@ -65,6 +65,10 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
     memory_.bf16_inputs = [this](int layer, int rows) { return block_inputs_bf16(layer, rows); };
   memory_.weights_needed = [this](int layer) {
     await_params(layer < cfg_.n_layer ? offsets_.block[size_t(layer)] + offsets_.block_floats : layout_.padded_size);
+    if (!units_) return;
+    // Block `layer` (or the final norm) is next; the forward of block layer - 2 is over.
+    unit_needed(layer + 1);
+    if (layer >= 2) units_->forward_done(layer - 1);
   };
   memory_.offsets = &offsets_;
   ops_ = model::make_cpu_block_ops(cfg_, memory_, bf16_, bf16_storage_, recompute_);
@@ -85,6 +89,17 @@ void CpuModel::params_arriving(std::function<void(size_t end)> wait) {
   await_params(layout_.padded_size);  // a previous gather's rest first
   arriving_ = std::move(wait);
   arrived_end_ = 0;
+}
+
+void CpuModel::set_param_units(model::ParamUnitHooks* hooks) {
+  units_ = hooks;
+  unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
+}
+
+void CpuModel::unit_needed(int unit) {
+  if (!units_->need(unit) || !bf16_) return;
+  const model::ParamRange& r = unit_ranges_[size_t(unit)];
+  model::to_bf16(params_bf16_.data() + r.offset, params_.data() + r.offset, r.count);
 }
 
 void CpuModel::await_params(size_t end) const {
@@ -212,11 +227,13 @@ void CpuModel::forward(const Batch& batch) {
   // A sharded step's all-gather may still be arriving (params_arriving): each layer waits for its
   // own range only, so the gather of the later layers overlaps the earlier layers' forward.
   await_params(offsets_.embeddings_end());
+  if (units_) unit_needed(0);
   model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
                          model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, cfg_.n_embd, pos_offset);
   if (bf16_storage_) model::round_bf16_inplace(encoded_.data(), static_cast<size_t>(batch.N) * cfg_.n_embd);
   if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
   schedule_.forward(*ops_);
+  if (units_) units_->forward_done(cfg_.n_layer);  // the last block's
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
@@ -247,6 +264,7 @@ double CpuModel::forward_loss(const Batch& batch) {
                           V);
     loss += model::crossentropy_forward(logits_.data(), target_ids_.data() + c0, n, V);
   }
+  if (units_) units_->pass_done();
   return loss;
 }
 
@@ -259,6 +277,7 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   if (backward_start_hook_) backward_start_hook_();
   const double loss = head_backward(batch, loss_scale);  // into dln_
   backward_from_final_norm(batch, on_ready);
+  if (units_) units_->pass_done();
   return loss;
 }
 
@@ -267,14 +286,18 @@ void CpuModel::backward_from_final_norm(const Batch& batch, const model::GradRea
   // residual stream; each norm's backward adds its input gradient into it, which is the residual
   // connection.
   std::memset(dresidual_.data(), 0, sizeof(float) * static_cast<size_t>(batch.N) * cfg_.n_embd);
+  if (units_) unit_needed(cfg_.n_layer + 1);
   ops_->norm_backward({.layer = cfg_.n_layer - 1, .dinp = model::Grad::dresidual, .dout = model::Grad::dln,
                        .in = model::Stream::out, .norm = model::Act::next_ln, .rms = cfg_.llama()});
   // The final norm (and an untied head) are the last tensors; the zero padding after them is
   // final too.
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
+  if (units_) units_->grads_final(cfg_.n_layer + 1);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    if (units_) unit_needed(l + 1);
     schedule_.block_backward(*ops_, l);
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
+    if (units_) units_->grads_final(l + 1);
   }
   float* grads = grads_.data();
   model::encoder_backward(grads + offsets_.wte, model::tensor_at(grads, offsets_.wpe), dresidual_.data(),
@@ -283,6 +306,7 @@ void CpuModel::backward_from_final_norm(const Batch& batch, const model::GradRea
   // The token embedding also holds a tied head's gradient, so it (with wpe next to it) is final
   // only now.
   if (on_ready) on_ready(offsets_.wte, offsets_.embeddings_end() - offsets_.wte);
+  if (units_) units_->grads_final(0);
 }
 
 double CpuModel::head_backward(const Batch& batch, float loss_scale) {
@@ -311,7 +335,14 @@ double CpuModel::head_backward(const Batch& batch, float loss_scale) {
   return loss;
 }
 
-void CpuModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void CpuModel::zero_grads() {
+  if (!units_) {
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    return;
+  }
+  // Sharded parameters: only this rank's chunks hold anything (the rest is freed, reading zeros).
+  for (const model::ParamRange& r : owned()) std::fill(grads_.data() + r.offset, grads_.data() + r.offset + r.count, 0.0f);
+}
 
 bool CpuModel::grads_finite(size_t offset, size_t count) {
   // x * 0 is 0 for every finite x and NaN for inf and NaN: one sum, which vectorizes, instead of

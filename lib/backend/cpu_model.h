@@ -60,7 +60,11 @@ class CpuModel final : public ModelBase {
   void init_params(uint64_t seed) override;
   void set_params(const float* host) override;
   void get_params(float* host) const override;
-  void params_changed() override { refresh_bf16_params(); }
+  void params_changed() override {
+    if (!units_) refresh_bf16_params();  // sharded parameters: each unit is rounded as it is gathered
+  }
+  bool supports_param_units() const override { return true; }
+  void set_param_units(model::ParamUnitHooks* hooks) override;
   bool takes_arriving_params() const override { return true; }
   void params_arriving(std::function<void(size_t end)> wait) override;
   void finish_arriving_params() override { await_params(layout_.padded_size); }
@@ -113,6 +117,10 @@ class CpuModel final : public ModelBase {
   // const: get_params reads only what has arrived (the wait and the rounding touch neither the
   // model's values nor anything a caller sees).
   void await_params(size_t end) const;
+  // Sharded parameters: the unit must be whole now (bf16: rounded where it was just gathered).
+  void unit_needed(int unit);
+  model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always here
+  std::vector<model::ParamRange> unit_ranges_;
   mutable std::function<void(size_t)> arriving_;  // set while the gather is in flight
   mutable size_t arrived_end_ = 0;
   // Gathers the rows with a target; returns their count.

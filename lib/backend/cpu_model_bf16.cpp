@@ -12,8 +12,10 @@ using model::Batch;
 
 double CpuModel::forward_loss_bf16(const Batch& batch) {
   forward(batch);
-  return model::classifier_bf16(nullptr, nullptr, lnf_.data(), working(params_.data() + offsets_.head),
-                                batch.targets.data(), batch.N, cfg_.n_embd, cfg_.vocab_size, 0.0f);
+  const double loss = model::classifier_bf16(nullptr, nullptr, lnf_.data(), working(params_.data() + offsets_.head),
+                                             batch.targets.data(), batch.N, cfg_.n_embd, cfg_.vocab_size, 0.0f);
+  if (units_) units_->pass_done();
+  return loss;
 }
 
 double CpuModel::forward_backward_bf16(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
@@ -24,6 +26,7 @@ double CpuModel::forward_backward_bf16(const Batch& batch, float loss_scale, con
                                              cfg_.n_embd, cfg_.vocab_size, loss_scale);
   ops_->kv_progress();  // the K/V exchange moves (kv_exchange.h)
   backward_from_final_norm(batch, on_ready);
+  if (units_) units_->pass_done();
   return loss;
 }
 

@@ -10,4 +10,21 @@ void Model::shard_optimizer_unsupported() const {
                                                    << " backend has no sharded optimizer yet; set train.shard_optimizer = false");
 }
 
+std::vector<ParamRange> param_unit_ranges(const ParamLayout& layout) {
+  const LayoutOffsets off = LayoutOffsets::of(layout);
+  std::vector<ParamRange> units;
+  units.push_back({0, off.embeddings_end()});
+  for (size_t l = 0; l < off.block.size(); ++l) {
+    const size_t end = l + 1 < off.block.size() ? off.block[l + 1] : off.lnf_w;
+    units.push_back({off.block[l], end - off.block[l]});
+  }
+  units.push_back({off.lnf_w, layout.padded_size - off.lnf_w});
+  size_t at = 0;
+  for (const ParamRange& u : units) {
+    KILTER_CHECK(u.offset == at, "parameter units are not contiguous at float " << at);
+    at += u.count;
+  }
+  return units;
+}
+
 }  // namespace kilter::model

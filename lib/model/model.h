@@ -96,6 +96,28 @@ struct EngineBuildStats {
   double seconds = 0.0;
 };
 
+// Fully sharded parameters (train.shard = parameters, ZeRO-3): the model says when it needs a
+// unit's parameters and when a unit's gradients are final; whoever holds the shards gathers,
+// reduce-scatters and frees. Units: 0 = the embeddings (with a tied head), 1 + l = block l,
+// n_layer + 1 = the final norm and an untied head (layout order; unit_range gives each's floats).
+class ParamUnitHooks {
+ public:
+  virtual ~ParamUnitHooks() = default;
+  // The unit's parameters must be whole in params() from now on; true where they were gathered
+  // just now (the model refreshes what it derives from them).
+  virtual bool need(int unit) = 0;
+  // The forward is done with the unit (it may be freed until the backward needs it again).
+  virtual void forward_done(int unit) = 0;
+  // The unit's gradients are final for this micro-batch (reduce-scatter them; the unit above it,
+  // which the backward kept, may be freed).
+  virtual void grads_final(int unit) = 0;
+  // The pass is over: everything gathered may be freed.
+  virtual void pass_done() = 0;
+};
+
+// The units' ranges of the padded buffer, in layout order (ParamUnitHooks numbers them).
+std::vector<ParamRange> param_unit_ranges(const ParamLayout& layout);
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -150,6 +172,10 @@ class Model {
   // Waits for every parameter still arriving (a no-op when none is).
   virtual void finish_arriving_params() {}
   [[noreturn]] void shard_optimizer_unsupported() const;
+  // ZeRO-3: the hooks (not owned; null: every parameter is always there). A backend without it
+  // returns false from supports_param_units.
+  virtual bool supports_param_units() const { return false; }
+  virtual void set_param_units(ParamUnitHooks* hooks) { (void)hooks; }
 
   // Forward + backward of one micro-batch. Returns the SUM over real targets of the
   // cross-entropy; gradients of (sum * loss_scale) ACCUMULATE into grads(). The trainer passes

@@ -153,12 +153,55 @@ void make_reducer(Run& run) {
   reducer_opts.shard_within_node = run.shard_optimizer && run.shard_within_node;
   // The model reports every float of the padded buffer (the padding together with ln_f).
   reducer_opts.reported_size = run.model->layout().padded_size;
-  run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+  if (run.cfg.train.shard == "parameters" && run.world_size > 1) {
+    auto shards = std::make_unique<ParamShards>(run.world, run.model->layout(), run.model->params(),
+                                                run.model->grads(), cfg.train.reshard_after_forward);
+    run.param_shards = shards.get();
+    run.reducer = std::move(shards);
+    run.model->set_param_units(run.param_shards);
+  } else if (reducer_opts.shard_within_node) {
+    // HSDP: the shard groups play the nodes of the hierarchical reduction (scatter inside the
+    // group, all-reduce across groups among the ranks of the same index). A group that is the
+    // node uses the node's communicators; otherwise groups of G consecutive ranks. The reducer
+    // dups what it uses, so a topology made here is freed at once.
+    const bool node_groups = run.shard_group == run.topo.local_size && run.topo.uniform;
+    comm::Topology groups = node_groups ? run.topo : comm::make_topology_from_node_ids(run.world, run.rank / run.shard_group);
+    reducer_opts.algo = "hierarchical";
+    run.shard_norm_counts = node_groups ? run.topo.node_index == 0 : run.rank < run.shard_group;
+    try {
+      run.reducer = comm::make_gradient_reducer(groups, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+    } catch (...) {
+      if (!node_groups) comm::free_topology(groups);
+      throw;
+    }
+    if (!node_groups) comm::free_topology(groups);
+  } else {
+    run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
+  }
   if (run.shard_optimizer) {
     std::vector<model::ParamRange> owned;
     for (const comm::BufferRange& r : run.reducer->owned()) owned.push_back({r.offset, r.count});
     run.model->shard_optimizer(owned);
   }
+}
+
+// train.shard = parameters as built so far: the cpu backend, the world as the group, no piece
+// cut between ranks, no evaluation or training samples (each unit's gather is a meeting point of
+// all ranks, which those would not keep). Refused before anything is allocated, naming the key.
+void check_parameter_sharding(const Run& run, int group) {
+  const Config& cfg = run.cfg;
+  const std::string what = "config key train.shard = parameters: ";
+  KILTER_USER_CHECK(run.backend == "cpu", what << "sharding the parameters is built on the cpu backend only; use "
+                                               "train.shard = optimizer on the " << run.backend << " backend");
+  KILTER_USER_CHECK(group == run.world_size, what << "shard groups smaller than the world (train.shard_group = "
+                                                  << cfg.train.shard_group << ") are not built yet for parameters; "
+                                                  "use train.shard_group = world");
+  KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
+                    what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
+                            "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
+  KILTER_USER_CHECK(cfg.train.eval_every == 0 && cfg.output.sample_every == 0,
+                    what << "evaluation and training samples are not built yet for parameters; set "
+                            "train.eval_every = 0 and output.sample_every = 0");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
@@ -170,9 +213,7 @@ void build_model(Run& run) {
   // so is every rank's share of each bucket.
   // train.shard_group is checked here, where the world size is known (it must divide it).
   const int group = shard_group_size(cfg.train, run.world_size, run.topo.local_size);
-  KILTER_USER_CHECK(cfg.train.shard != "parameters",
-                    "config key train.shard = parameters: sharding the parameters is not built yet on any backend; "
-                    "use train.shard = optimizer or none");
+  if (cfg.train.shard == "parameters" && run.world_size > 1) check_parameter_sharding(run, group);
   // The gradient buffer is fp32 on every backend for now: auto resolves to it, bf16 is refused.
   KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16",
                     "config key train.grad_dtype = bf16: a bf16 gradient buffer is not built yet on any backend; "
@@ -181,16 +222,11 @@ void build_model(Run& run) {
   // A group smaller than the world is built as the node (HSDP): the node's ranks shard, nodes
   // replicate; it needs the hierarchical reduction over uniform nodes.
   run.shard_within_node = run.shard_optimizer && group < run.world_size;
+  run.shard_group = run.shard_optimizer ? group : 1;
   if (run.shard_within_node) {
-    KILTER_USER_CHECK(group == run.topo.local_size && run.topo.uniform && cfg.comm.algo == "hierarchical",
-                      "config key train.shard_group = " << cfg.train.shard_group << ": a shard group of " << group
-                      << " of " << run.world_size << " ranks is built as the ranks of one node (HSDP), but this run has "
-                      << run.topo.local_size << " ranks per node" << (run.topo.uniform ? "" : " (nodes differ in size)")
-                      << " and comm.algo = " << cfg.comm.algo
-                      << "; give train.shard_group = node with comm.algo = hierarchical, or world");
     KILTER_USER_CHECK(run.backend == "cpu",
-                      "config key train.shard_group = " << cfg.train.shard_group << ": sharding inside the node (HSDP) "
-                      "is built on the cpu backend only (the NCCL path is not checked on a device yet); use "
+                      "config key train.shard_group = " << cfg.train.shard_group << ": shard groups smaller than the "
+                      "world (HSDP) are built on the cpu backend only (the NCCL path is not checked on a device yet); use "
                       "train.shard_group = world on the " << run.backend << " backend");
   }
   const size_t pad_multiple = size_t(run.shard_optimizer ? run.world_size : run.topo.local_size) * 64;
@@ -344,7 +380,9 @@ void make_step_context(Run& run) {
   };
   ctx.reducer = run.reducer.get();
   ctx.shard_optimizer = run.shard_optimizer;
-  ctx.shard_norm_counts = !(run.shard_optimizer && run.shard_within_node) || run.topo.node_index == 0;
+  ctx.shard_norm_counts = run.shard_norm_counts;
+  ctx.param_shards = run.param_shards;
+  if (run.param_shards) run.param_shards->set_watchdog(run.watchdog.get());
   ctx.diagnostics = run.diagnostics.get();
   ctx.watchdog = run.watchdog.get();
   KILTER_CHECK(MPI_Comm_dup(run.world, &run.kv_comm) == MPI_SUCCESS, "MPI_Comm_dup (K/V exchange) failed");

@@ -69,9 +69,13 @@ struct Run {
   std::string comm_kind;  // mpi | nccl
   std::string algo;       // flat | hierarchical, as in force
   bool shard_optimizer = false;
-  // train.shard_group = node (or its size) on several nodes: sharded inside the node, replicated
-  // across nodes (HSDP).
+  // train.shard_group smaller than the world: sharded inside each group, replicated across groups
+  // (HSDP).
   bool shard_within_node = false;
+  int shard_group = 1;  // ranks sharing one sharded copy (the world, or train.shard_group under HSDP)
+  bool shard_norm_counts = true;  // HSDP: this rank is in the first group (its shard counts in the norm)
+  // train.shard = parameters on more than one rank: the shards (run.reducer owns them), else null.
+  ParamShards* param_shards = nullptr;
   std::vector<EngineChoice> engine_choices;  // the engine probes' verdicts and what they chose
   std::unique_ptr<model::Model> model;
   std::unique_ptr<comm::GradientReducer> reducer;

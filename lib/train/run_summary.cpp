@@ -55,7 +55,7 @@ void add_run_figures(const Run& run, const RunProgress& progress, nlohmann::json
   // The sharding in force: none | optimizer, and the ranks sharing one copy (the world, or the
   // node's under HSDP).
   extra["shard"] = run.shard_optimizer ? run.cfg.train.shard : std::string("none");
-  extra["shard_group_ranks"] = run.shard_within_node ? run.topo.local_size : (run.shard_optimizer ? run.world_size : 1);
+  extra["shard_group_ranks"] = run.shard_group;
   extra["num_nodes"] = run.topo.num_nodes;
   extra["ranks_per_node"] = run.topo.local_size;
   extra["num_params"] = run.model->layout().num_params;

@@ -1,6 +1,7 @@
 // The stages of one training step (train_step.h).
 #include "lib/train/train_step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -16,6 +17,35 @@
 
 namespace kilter::train {
 
+namespace {
+
+// train.shard = parameters: the empty micro-batches this rank runs after its own, so that every
+// rank runs the step's largest count (every unit's gather and reduce-scatter joins all ranks).
+int padding_micro_batches(const StepContext& ctx, const balance::StepView& step) {
+  if (!ctx.param_shards) return 0;
+  int size = 1;
+  MPI_Comm_size(ctx.world, &size);
+  uint32_t most = 0;
+  for (int r = 0; r < size; ++r) {
+    const auto [first, end] = step.rank_micro_batches(r);
+    most = std::max(most, end - first);
+  }
+  const auto [first, end] = step.rank_micro_batches(ctx.rank);
+  return int(most - (end - first));
+}
+
+// One token without a target: every unit is gathered and reduce-scattered as in a real
+// micro-batch, and the gradients it adds are zeros.
+void run_padding_micro_batches(StepContext& ctx, int count, float loss_scale) {
+  if (count == 0) return;
+  model::Batch empty;
+  const int32_t token = 0;
+  empty.append_piece(&token, nullptr, 1);
+  for (int i = 0; i < count; ++i) ctx.model->forward_backward(empty, loss_scale, {});
+}
+
+}  // namespace
+
 double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWork& work) {
   model::Model& model = *ctx.model;
   diag::RankDiagnostics& diagnostics = *ctx.diagnostics;
@@ -26,9 +56,15 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
                                : 1.0f / float(step.target_tokens());
   double loss_sum = 0;
   ctx.local_nonfinite = false;
+  const int padding = padding_micro_batches(ctx, step);
+  if (ctx.param_shards) {
+    ctx.param_shards->set_step(long(ctx.step_index));
+    ctx.param_shards->release_all();  // a whole-buffer write (initialization, a resume) leaves nothing behind
+  }
   if (first == end) {
     // No micro-batch for this rank in this step: contribute zeros to the reduction.
     ctx.reducer->begin();
+    run_padding_micro_batches(ctx, padding, loss_scale);
     diagnostics.mark_arrival();
     ctx.reducer->ready(0, model.layout().padded_size);
     return 0;
@@ -106,7 +142,11 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     note_backward();
     diagnostics.phase_end(diag::kBackward);
     model.set_backward_start_hook({});
-    if (last) diagnostics.mark_arrival();
+    if (last && padding == 0) diagnostics.mark_arrival();
+  }
+  if (padding > 0) {
+    run_padding_micro_batches(ctx, padding, loss_scale);
+    diagnostics.mark_arrival();
   }
   if (!std::isfinite(loss_sum)) ctx.local_nonfinite = true;
   return loss_sum;

@@ -10,6 +10,8 @@ kilter_add_e2e_test(e2e_fault_rank_error ${CMAKE_CURRENT_LIST_DIR}/fault_rank_er
 kilter_add_e2e_test(e2e_shard_optimizer ${CMAKE_CURRENT_LIST_DIR}/shard_optimizer.sh)
 # Sharding inside the node, replicating across nodes (HSDP: train.shard_group = node).
 kilter_add_e2e_test(e2e_shard_group ${CMAKE_CURRENT_LIST_DIR}/shard_group.sh)
+# Fully sharded parameters (ZeRO-3: train.shard = parameters).
+kilter_add_e2e_test(e2e_shard_parameters ${CMAKE_CURRENT_LIST_DIR}/shard_parameters.sh)
 kilter_add_e2e_test(e2e_memory_plan ${CMAKE_CURRENT_LIST_DIR}/memory_plan.sh)
 # A checkpoint from before the architecture keys (issue 38; the file is kept in
 # tests/e2e/fixtures/gpt2-before-arch) resumes as gpt2, bit-identical to a straight run.

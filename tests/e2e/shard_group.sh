@@ -9,7 +9,8 @@
 #   2 ranks (one node) and as train.shard = optimizer with the world as the group on the same
 #   2 x 2, matching 8 steps straight (comm.ranks_per_node counts in the config hash, so a resume
 #   keeps it: 2 ranks per node);
-# - a group that is not the node's ranks, a group that does not divide the world, train.shard =
+# - groups of 2 consecutive ranks on one node of 4 (train.shard_group = 2) give the same losses;
+# - a group that does not divide the world, train.shard =
 #   parameters, train.grad_dtype = bf16 (not built yet) and a contradicting alias are refused
 #   naming the key.
 source "$(dirname "$0")/lib.sh"
@@ -19,13 +20,15 @@ trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" 
 "$KILTER" prep synth --docs 600 --lengths lognormal:4,0.9,300 --vocab 97 --shards 3 --seed 7 --out data >/dev/null
 COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --model.block_size=64
         --data.max_tokens=256 --train.tokens_per_step=1024 --train.steps=20 --train.warmup=2
-        --train.lr=3e-3 --output.log_every=1 --output.trace_steps=0 --comm.timeout_s=60 --comm.algo=hierarchical)
+        --train.lr=3e-3 --output.log_every=1 --output.trace_steps=0 --comm.timeout_s=60)
 NODES=--comm.ranks_per_node=2
 HSDP=($NODES --train.shard=optimizer --train.shard_group=node)
 
 train h22.log 4 --output.dir=runs/h22 "${HSDP[@]}"
 train u22.log 4 --output.dir=runs/u22 $NODES --train.shard=none
 train one.log 1 --output.dir=runs/one
+# Groups of 2 consecutive ranks on one node of 4, flat reduction asked: the groups play the nodes.
+train g2.log 4 --output.dir=runs/g2 --train.shard=optimizer --train.shard_group=2 --comm.algo=flat
 
 # Resume across modes and world sizes: HSDP on 4 ranks stops after 4 of 8 steps.
 COMMON=("${COMMON[@]/--train.steps=20/--train.steps=8}")
@@ -43,8 +46,6 @@ refused() {  # refused LOG TEXT NP [args]: a run that must fail at once, saying 
   [ "$rc" -ne 0 ] || { cat "$log"; fail "$log: the run was not refused"; }
   grep -qF "$text" "$log" || { cat "$log"; fail "$log: no '$text'"; }
 }
-refused g4.log "config key train.shard_group = 2: a shard group of 2 of 4 ranks is built as the ranks of one node" \
-  4 --output.dir=runs/g4 --comm.ranks_per_node=4 --train.shard_group=2
 refused g3.log "config key train.shard_group = 3: a shard group of 3 ranks does not divide the world size 4" \
   4 --output.dir=runs/g3 $NODES --train.shard_group=3
 refused p4.log "config key train.shard = parameters" 2 --output.dir=runs/p4 --train.shard=parameters
@@ -69,6 +70,11 @@ assert len(lh) == len(lu) == len(l1) == 20, (len(lh), len(lu), len(l1))
 rel = float(np.max(np.abs(lh - lu) / np.abs(lu)))
 print(f"HSDP vs none on 2 x 2: max relative loss difference {rel:.2e} ({'bit for bit' if rel == 0 else 'rounding'})")
 assert rel < 1e-6, rel
+g2 = summary("g2")
+assert g2["shard_group_ranks"] == 2 and g2["num_nodes"] == 1, g2
+rel2 = float(np.max(np.abs(losses("g2") - lh) / np.abs(lh)))
+print(f"groups of 2 on one node of 4 vs HSDP on 2 x 2: max relative loss difference {rel2:.2e}")
+assert rel2 < 1e-6, rel2
 rel1 = float(np.max(np.abs(lh - l1) / np.abs(l1)))
 print(f"HSDP on 2 x 2 vs 1 rank: max relative loss difference {rel1:.2e}")
 assert rel1 < 1e-5, rel1

@@ -1,0 +1,137 @@
+// Fully sharded parameters on host memory (param_shards.h).
+#include "lib/train/param_shards.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "io/base/error.h"
+#include "lib/train/watchdog.h"
+
+namespace kilter::train {
+
+namespace {
+
+// Zeroes [p, p + n) and returns its whole pages to the system (they read as zeros afterwards,
+// and count in no rank's resident memory until written again).
+void discard(float* p, size_t n) {
+  if (n == 0) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = uintptr_t(p), end = uintptr_t(p + n);
+  const uintptr_t lo = (begin + page - 1) / page * page, hi = end / page * page;
+  if (lo < hi) {
+    std::memset(p, 0, lo - begin);
+    std::memset(reinterpret_cast<void*>(hi), 0, end - hi);
+    if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
+      std::memset(reinterpret_cast<void*>(lo), 0, hi - lo);
+  } else {
+    std::memset(p, 0, n * sizeof(float));
+  }
+}
+
+}  // namespace
+
+ParamShards::ParamShards(MPI_Comm group, const model::ParamLayout& layout, float* params, float* grads,
+                         bool reshard_after_forward)
+    : units_(model::param_unit_ranges(layout)), params_(params), grads_(grads), padded_(layout.padded_size),
+      reshard_after_forward_(reshard_after_forward) {
+  KILTER_CHECK(MPI_Comm_dup(group, &comm_) == MPI_SUCCESS, "MPI_Comm_dup (parameter shards) failed");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  size_t largest = 0;
+  for (const model::ParamRange& u : units_) {
+    // Chunks of whole 64-float groups; the last ranks' may be shorter or empty.
+    const size_t chunk = ((u.count + size_t(size_) - 1) / size_t(size_) + 63) / 64 * 64;
+    std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      const size_t lo = std::min(u.count, size_t(r) * chunk), hi = std::min(u.count, size_t(r + 1) * chunk);
+      KILTER_CHECK(u.offset + hi <= size_t(INT32_MAX) || hi - lo <= size_t(INT32_MAX),
+                   "a parameter unit is too large for one MPI count");
+      displs[size_t(r)] = int(lo);
+      counts[size_t(r)] = int(hi - lo);
+    }
+    largest = std::max(largest, chunk);
+    counts_.push_back(std::move(counts));
+    displs_.push_back(std::move(displs));
+  }
+  gathered_.assign(units_.size(), false);
+  scatter_.resize(largest);
+}
+
+ParamShards::~ParamShards() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::vector<comm::BufferRange> ParamShards::owned() const {
+  std::vector<comm::BufferRange> ranges;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const size_t count = size_t(counts_[u][size_t(rank_)]);
+    if (count > 0) ranges.push_back({units_[u].offset + size_t(displs_[u][size_t(rank_)]), count});
+  }
+  return ranges;
+}
+
+bool ParamShards::need(int unit) {
+  if (unit < 0 || unit >= num_units() || gathered_[size_t(unit)]) return false;
+  const model::ParamRange& u = units_[size_t(unit)];
+  if (watchdog_) watchdog_->enter("parameter all-gather (train.shard = parameters)", step_);
+  const int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, params_ + u.offset, counts_[size_t(unit)].data(),
+                                 displs_[size_t(unit)].data(), MPI_FLOAT, comm_);
+  if (watchdog_) watchdog_->leave();
+  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Allgatherv of parameter unit " << unit << " failed");
+  gathered_[size_t(unit)] = true;
+  return true;
+}
+
+void ParamShards::release_params(int unit) {
+  if (unit < 0 || unit >= num_units() || !gathered_[size_t(unit)]) return;
+  const model::ParamRange& u = units_[size_t(unit)];
+  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
+  discard(params_ + u.offset, lo);
+  discard(params_ + u.offset + lo + n, u.count - lo - n);
+  gathered_[size_t(unit)] = false;
+}
+
+void ParamShards::forward_done(int unit) {
+  // The embeddings (a tied head reads them) and the final unit stay for the head and the backward.
+  if (reshard_after_forward_ && unit > 0 && unit < num_units() - 1) release_params(unit);
+}
+
+void ParamShards::grads_final(int unit) {
+  const model::ParamRange& u = units_[size_t(unit)];
+  const std::vector<int>& counts = counts_[size_t(unit)];
+  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts[size_t(rank_)]);
+  // The chunk already holds the earlier micro-batches' reduced sum (plus this rank's new part):
+  // the sum over ranks adds the new parts of the others to it.
+  if (watchdog_) watchdog_->enter("gradient reduce-scatter (train.shard = parameters)", step_);
+  const int err = MPI_Reduce_scatter(grads_ + u.offset, scatter_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm_);
+  if (watchdog_) watchdog_->leave();
+  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Reduce_scatter of gradient unit " << unit << " failed");
+  std::copy(scatter_.begin(), scatter_.begin() + long(n), grads_ + u.offset + lo);
+  discard(grads_ + u.offset, lo);
+  discard(grads_ + u.offset + lo + n, u.count - lo - n);
+  // The backward kept the unit above (its norm may be read again); the embeddings end the pass.
+  release_params(unit + 1);
+  if (unit == 0) release_params(0);
+}
+
+void ParamShards::pass_done() {
+  for (int u = 0; u < num_units(); ++u) release_params(u);
+}
+
+void ParamShards::release_all() {
+  for (int u = 0; u < num_units(); ++u) {
+    gathered_[size_t(u)] = true;
+    release_params(u);
+    const model::ParamRange& r = units_[size_t(u)];
+    const size_t lo = size_t(displs_[size_t(u)][size_t(rank_)]), n = size_t(counts_[size_t(u)][size_t(rank_)]);
+    discard(grads_ + r.offset, lo);
+    discard(grads_ + r.offset + lo + n, r.count - lo - n);
+  }
+}
+
+}  // namespace kilter::train

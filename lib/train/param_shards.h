@@ -1,0 +1,72 @@
+// Fully sharded parameters (train.shard = parameters: ZeRO-3 / FSDP) on host memory. Each rank of
+// the shard group holds 1/G of every unit (the embeddings, each block, the final norm with an
+// untied head: model.h ParamUnitHooks): its chunk of the parameters, of the gradients and (through
+// the model's sharded optimizer) of the AdamW moments. Before a unit's forward, and again before
+// its backward, its parameters are all-gathered inside the group; after use the other ranks'
+// chunks are freed (their pages returned to the system). As soon as a unit's backward ends, every
+// micro-batch, its gradients are reduce-scattered inside the group into each rank's chunk, which
+// accumulates over the step, and the rest of the unit's gradient is freed. The step's "reduction"
+// is then done: this class is also the run's GradientReducer, whose owned() are the chunks, whose
+// reduction and gather do nothing (the parameters stay sharded: the next forward gathers them).
+// Every rank issues the same collectives in the same order (every rank runs the same number of
+// micro-batches: train_step.cpp pads with empty ones); each is a watchdog section.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "lib/comm/communicator.h"
+#include "lib/model/model.h"
+
+namespace kilter::train {
+
+class Watchdog;
+
+class ParamShards final : public comm::GradientReducer, public model::ParamUnitHooks {
+ public:
+  // group: the shard group (dup'd here); params and grads: the model's padded buffers.
+  ParamShards(MPI_Comm group, const model::ParamLayout& layout, float* params, float* grads,
+              bool reshard_after_forward);
+  ~ParamShards() override;
+
+  // The watchdog that bounds every collective (set once it exists), and the step it names.
+  void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
+  void set_step(long step) { step_ = step; }
+  // Frees every gathered parameter and every gradient outside this rank's chunks (their pages):
+  // after a whole-buffer write (initialization, a resume) and at each step's start.
+  void release_all();
+
+  // model::ParamUnitHooks
+  bool need(int unit) override;
+  void forward_done(int unit) override;
+  void grads_final(int unit) override;
+  void pass_done() override;
+
+  // comm::GradientReducer: the reduction happened unit by unit.
+  void begin() override {}
+  void ready(size_t, size_t) override {}
+  double finish() override { return 0.0; }
+  std::vector<comm::BufferRange> owned() const override;
+  void gather(float*) override {}
+
+ private:
+  void release_params(int unit);
+  int num_units() const { return int(units_.size()); }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::vector<model::ParamRange> units_;
+  // Per unit: each group rank's chunk (offset within the buffer, count), as MPI counts.
+  std::vector<std::vector<int>> counts_, displs_;
+  std::vector<bool> gathered_;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  size_t padded_ = 0;
+  bool reshard_after_forward_ = true;
+  Watchdog* watchdog_ = nullptr;
+  long step_ = 0;
+  std::vector<float> scatter_;  // one chunk: the reduce-scatter's result
+};
+
+}  // namespace kilter::train
