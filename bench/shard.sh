@@ -20,8 +20,8 @@
 # - rss (not in the default SECTIONS: minutes, ~9 GiB): the plan against each rank's measured peak
 #   RSS, GPT-2 124M fp32 on 4 ranks and 350M on 2, one 1024-token micro-batch, recompute = block,
 #   under each mode (targets: parameters <= 0.45 and optimizer <= 0.75 of none's; the plan within 10%).
-# speed, balance and rss train: a mode this kilter refuses (train.shard = parameters, until it is
-# built) is reported SKIPPED, and the script exits 3 at the end.
+# speed, balance and rss train with data.cut_pieces = false (sharded parameters do not take cut
+# pieces yet); a mode this kilter refuses is reported SKIPPED, and the script exits 3 at the end.
 #
 # usage: bench/shard.sh [path/to/kilter]    (default build/kilter)
 # env:   SECTIONS ("memory speed balance"), NP (2), REPEATS (3), STEPS (30), HSDP (unset; 1: the
@@ -142,6 +142,7 @@ shard_trains() {
   "$kilter" prep synth --docs 200 --lengths uniform:64,64 --vocab 64 --shards 2 --seed 1 --out probe >/dev/null 2>&1
   if ! "${mpirun[@]}" -np 2 "$kilter" train --data.dir=probe --model.n_layer=1 --model.n_head=2 --model.n_embd=32 \
       --model.block_size=64 --data.max_tokens=128 --train.tokens_per_step=256 --train.steps=1 --train.shard=parameters \
+      --data.cut_pieces=false \
       --output.dir=runs/probe --output.trace_steps=0 > probe.log 2>&1; then
     echo "SKIPPED: this kilter does not train train.shard = parameters: $(grep -m1 -o 'config key train.shard[^;]*' probe.log || tail -1 probe.log)"
     return 1
@@ -156,7 +157,8 @@ if [[ " $SECTIONS " == *" speed "* && $can_train == 1 ]]; then
     local name=$1 mode=$2
     shift 2
     "${mpirun[@]}" -np "$NP" "$kilter" train --config "$root/inputs/small.ini" --data.dir=data --train.steps="$STEPS" \
-      --output.dir="runs/$name" --output.trace_steps=0 --output.log_every=1000 --train.shard="$mode" "$@" \
+      --output.dir="runs/$name" --output.trace_steps=0 --output.log_every=1000 --train.shard="$mode" \
+      --data.cut_pieces=false "$@" \
       > "$name.log" 2>&1 || { cat "$name.log"; echo "bench/shard.sh: run $name failed" >&2; exit 1; }
   }
   for i in $(seq 1 "$REPEATS"); do
@@ -194,7 +196,7 @@ PY
       before=$(link_bytes)
       "$vcluster" mpirun -np 4 "$kilter" train --config "$root/inputs/small.ini" --data.dir="$work/data" \
         --train.steps="$STEPS" --output.dir="$work/runs/$1" --output.trace_steps=0 --output.log_every=1000 \
-        --train.shard="$2" --train.shard_group="$3" > "$1.log" 2>&1 || { cat "$1.log"; exit 1; }
+        --train.shard="$2" --train.shard_group="$3" --data.cut_pieces=false > "$1.log" 2>&1 || { cat "$1.log"; exit 1; }
       after=$(link_bytes)
       echo $(( (after - before) / STEPS )) > "$1.bytes"
     }
@@ -228,7 +230,7 @@ if [[ " $SECTIONS " == *" balance "* && $can_train == 1 ]]; then
     [[ $kind == floor ]] && dir=floordata
     "${mpirun[@]}" -np 2 "$kilter" train --data.dir=$dir --model.n_layer=4 --model.n_head=2 --model.n_embd=128 \
       --model.block_size=$context --data.max_tokens=$((4 * context)) --train.tokens_per_step=$((2 * 4 * 4 * context)) \
-      --train.steps="$BAL_STEPS" --train.warmup=5 --train.shard=parameters --output.log_every=1000 \
+      --train.steps="$BAL_STEPS" --train.warmup=5 --train.shard=parameters --data.cut_pieces=false --output.log_every=1000 \
       --output.trace_steps=0 --output.dir="runs/bal-$kind" > "bal-$kind.log" 2>&1 \
       || { cat "bal-$kind.log"; echo "bench/shard.sh: balance run $kind failed" >&2; exit 1; }
   done
@@ -267,7 +269,7 @@ if [[ " $SECTIONS " == *" rss "* ]]; then
       name=rss-$model-$mode
       # shellcheck disable=SC2086
       args=(--data.dir=gdata $shape --model.block_size=1024 --data.max_tokens=1024 --train.precision=fp32
-            --train.recompute=block --train.tokens_per_step=$((np * 1024)) --train.shard=$mode)
+            --train.recompute=block --train.tokens_per_step=$((np * 1024)) --train.shard=$mode --data.cut_pieces=false)
       "$kilter" plan --data gdata --world-size "$np" --memory --json --train.backend=cpu "${args[@]:1}" > "$name.plan.json" 2>/dev/null
       if ! timeout 1200 "${mpirun[@]}" -np "$np" bash -c 'exec /usr/bin/time -o "$0.rss.$OMPI_COMM_WORLD_RANK" -f %M "$@"'           "$name" "$kilter" train "${args[@]}" --train.steps=2 --output.log_every=1 --output.trace_steps=0           --output.dir="runs/$name" > "$name.log" 2>&1; then
         if grep -q "not built yet" "$name.log"; then echo "SKIPPED $name: $(grep -m1 -o 'config key [^;]*' "$name.log")"; skipped=1; continue; fi

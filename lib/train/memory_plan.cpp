@@ -76,14 +76,30 @@ uint64_t activation_bytes(const Config& cfg) {
   return bytes;
 }
 
-// The floats of the largest unit `parameters` gathers at once: a block, the embeddings (token and
-// position), or what follows the last block (the final norm and an untied head).
-uint64_t largest_unit_floats(const model::ParamLayout& layout) {
-  const model::LayoutOffsets at = model::LayoutOffsets::of(layout);
-  uint64_t largest = std::max<uint64_t>(at.block_floats, at.embeddings_end());
-  const uint64_t tail_begin = at.block.empty() ? at.embeddings_end() : at.block.back() + at.block_floats;
-  if (layout.num_params > tail_begin) largest = std::max<uint64_t>(largest, layout.num_params - tail_begin);
-  return largest;
+// The units `parameters` gathers (model::param_unit_ranges: 0 = the embeddings with a tied head,
+// 1 + l = block l, the last = the final norm and an untied head), and what of them is resident at
+// the peak under the schedule lib/train/param_shards.cpp runs. The embeddings and the final unit
+// are gathered for the whole forward (the head reads them) and the backward; a block is gathered
+// for its forward, freed, and gathered again for its backward, which keeps the unit above it
+// until its own gradients are final: at most two blocks, or a block and the final unit, beside
+// the embeddings. Gradients: a unit's whole gradient is resident from its backward until its
+// reduce-scatter; a tied head writes the embeddings' gradient at the backward's start, which then
+// stays until the embeddings' own backward ends.
+struct UnitFloats {
+  uint64_t largest = 0;    // the largest unit
+  uint64_t gathered = 0;   // parameters resident at once beyond the rank's chunks
+  uint64_t gradients = 0;  // whole unit gradients resident at once
+};
+UnitFloats unit_floats(const model::ParamLayout& layout, bool tied) {
+  const std::vector<model::ParamRange> units = model::param_unit_ranges(layout);
+  UnitFloats f;
+  const uint64_t embeddings = units.front().count, last = units.back().count;
+  uint64_t block = 0;
+  for (size_t u = 1; u + 1 < units.size(); ++u) block = std::max<uint64_t>(block, units[u].count);
+  for (const model::ParamRange& u : units) f.largest = std::max<uint64_t>(f.largest, u.count);
+  f.gathered = embeddings + std::max(2 * block, block + last);
+  f.gradients = tied ? embeddings + std::max(block, last) : std::max({embeddings, block, last});
+  return f;
 }
 
 // Whether the backends shard the fp32 master weights with the moments under train.shard =
@@ -96,7 +112,8 @@ constexpr bool kMasterShardedUnderOptimizer = false;
 struct ShardedState {
   uint64_t parameters = 0, gathered = 0, gradients = 0;
 };
-ShardedState sharded_state(const MemoryPlan& p, bool bf16_work, uint64_t shard, bool reshard_after_forward) {
+ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf16_work, uint64_t shard,
+                           bool reshard_after_forward) {
   ShardedState st;
   const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
@@ -108,12 +125,14 @@ ShardedState sharded_state(const MemoryPlan& p, bool bf16_work, uint64_t shard, 
     st.parameters = p.padded_params * work + (kMasterShardedUnderOptimizer ? shard : p.padded_params) * master;
     st.gradients = p.padded_params * grad;
   } else if (p.shard == "parameters") {
-    // ZeRO-3: this rank's 1/G of everything; the units gathered for the forward and backward (the
-    // current and the prefetched one, or every unit's working copy when kept from the forward to
-    // the backward); a unit's full gradient being computed and the one being reduce-scattered.
+    // ZeRO-3: this rank's 1/G of everything, plus the other ranks' parts of the units resident at
+    // once (unit_floats; every unit with train.reshard_after_forward = false).
+    const uint64_t G = uint64_t(std::max(p.shard_group, 1));
+    const uint64_t gathered = reshard_after_forward ? std::min<uint64_t>(units.gathered, p.padded_params)
+                                                    : p.padded_params;
     st.parameters = shard * (work + master);
-    st.gathered = reshard_after_forward ? 2 * p.unit_floats * work : p.padded_params * work;
-    st.gradients = shard * grad + 2 * p.unit_floats * grad;
+    st.gathered = gathered * (G - 1) / G * work;
+    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad;
   }
   return st;
 }
@@ -172,7 +191,8 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const model::ParamLayout layout = model::ParamLayout::build(gpt, size_t(p.sharded ? P : L) * 64);
   p.num_params = layout.num_params;
   p.padded_params = layout.padded_size;
-  p.unit_floats = largest_unit_floats(layout);
+  const UnitFloats units = unit_floats(layout, gpt.tied());
+  p.unit_floats = units.largest;
   const bool bf16 = cfg.train.precision == "bf16";
   const bool cuda = in.backend == "cuda";
   const uint64_t shard = p.sharded ? p.padded_params / uint64_t(p.shard_group) : p.num_params;
@@ -182,7 +202,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   // auto: the gradient buffer the backends build (fp32 on every one so far; a run refuses
   // train.grad_dtype = bf16 at its start, and the plan prices it as asked).
   p.grad_dtype = p.shard != "none" && cfg.train.grad_dtype == "bf16" ? "bf16" : "fp32";
-  const ShardedState state = sharded_state(p, bf16_work, shard, cfg.train.reshard_after_forward);
+  const ShardedState state = sharded_state(p, units, bf16_work, shard, cfg.train.reshard_after_forward);
 
   if (cuda) {
     // The device's: the same weights, gradients and owned moments, and CudaModel's arena.

@@ -40,9 +40,11 @@ struct MemoryPlan {
   // The working weights (fp32, or bf16 where bf16 is stored) and, under bf16, the fp32 master
   // weights: both whole (none), the master 1/G (optimizer), both 1/G (parameters).
   uint64_t parameters = 0;
-  uint64_t gathered = 0;         // parameters: the gathered units in flight (the current and the prefetched
-                                 // one; every unit's working copy with train.reshard_after_forward = false)
-  uint64_t gradients = 0;        // the gradient buffer: whole (none, optimizer), 1/G plus two units' (parameters)
+  uint64_t gathered = 0;         // parameters: the other ranks' parts of the units resident at once (the
+                                 // embeddings, and two blocks or a block and the final unit; every unit
+                                 // with train.reshard_after_forward = false)
+  uint64_t gradients = 0;        // the gradient buffer: whole (none, optimizer); 1/G plus the units'
+                                 // whole gradients resident at once (parameters)
   uint64_t optimizer = 0;        // AdamW m and v: all parameters, or this rank's 1/G
   uint64_t activations = 0;      // kept for backward + backward scratch, largest micro-batch
   uint64_t engine = 0;           // cuda: cuBLASLt's workspace, upload slots, operand copies

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The memory plan by sharding mode, from `kilter plan --memory --json` alone (no training):
 # - optimizer shards the moments only (1/G), parameters shards the weights, the gradients and
-#   the moments (1/G) and adds the gathered units (two units, or every unit's working copy with
-#   train.reshard_after_forward = false), on the CPU and the CUDA backend;
+#   the moments (1/G) and adds the other ranks' parts of the units resident at once (the
+#   embeddings and two blocks, or every unit with train.reshard_after_forward = false), on the
+#   CPU and the CUDA backend;
 # - train.shard_group = node shards over the node's ranks (G = L), world over all;
 # - the advice names the cheapest setting in order: a node that holds only the parameters mode
 #   is told "set train.shard = parameters", one that holds optimizer is told that.
@@ -37,12 +38,14 @@ assert (o["shard_group"], p["shard_group"], nd["shard_group"]) == (4, 4, 2)
 assert o["parameters_bytes"] == n["parameters_bytes"] and o["gradients_bytes"] == n["gradients_bytes"]
 assert o["optimizer_bytes"] == padded_floats // 4 * 8, (o["optimizer_bytes"], padded_floats)
 assert o["gathered_bytes"] == 0 and n["gathered_bytes"] == 0
-# parameters: 1/G of weights, gradients and moments; two units gathered and two units' gradients.
+# parameters: 1/G of weights, gradients and moments; the other ranks' parts of the units resident
+# at once (the embeddings and two blocks here: 8 blocks of 12.6 M floats, embeddings of 0.33 M).
 assert p["parameters_bytes"] == padded_floats // 4 * 4
-assert p["gradients_bytes"] == padded_floats // 4 * 4 + 2 * unit * 4
 assert p["optimizer_bytes"] == o["optimizer_bytes"]
-assert p["gathered_bytes"] == 2 * unit * 4
-assert k["gathered_bytes"] == padded_floats * 4, "reshard_after_forward = false keeps every unit"
+block = (padded_floats - 2 * 1024 - 256 * 1024 - 64 * 1024) // 8  # the final norm, the tied embeddings
+assert 2 * block * 3 // 4 * 4 <= p["gathered_bytes"] <= 3 * block * 3 // 4 * 4, (p["gathered_bytes"], block)
+assert padded_floats // 4 * 4 + block * 3 // 4 * 4 <= p["gradients_bytes"] <= padded_floats // 4 * 4 + 2 * block * 4
+assert k["gathered_bytes"] == padded_floats * 3 // 4 * 4, "reshard_after_forward = false keeps every unit"
 assert nd["parameters_bytes"] == padded_floats // 2 * 4, "shard_group = node: G = 2"
 assert p["other_rank_bytes"] < o["other_rank_bytes"] < n["other_rank_bytes"]
 c = m["cuda"]
@@ -50,7 +53,6 @@ assert c["parameters_bytes"] == p["parameters_bytes"] and c["gathered_bytes"] ==
 assert c["device_total_bytes"] >= c["parameters_bytes"] + c["gathered_bytes"] + c["gradients_bytes"] + c["optimizer_bytes"]
 # Machines for the advice: between parameters' node and optimizer's with block recompute; between
 # optimizer's and none's.
-print(json.dumps({"par_node": p["node_bytes"], "opt_node": o["node_bytes"], "none_node": n["node_bytes"]}))
 PY
 read -r par_node opt_node none_node < <("$PY" -c '
 import json

@@ -103,6 +103,33 @@ TEST(BalanceGroupSlots, SlotsAreMoreEvenThanTheWholeStepDivision) {
   }
 }
 
+// Without cuts (what sharded parameters take so far): whole pieces only, slots still even.
+TEST(BalanceGroupSlots, WholePiecesOnlyStillEvenTheSlots) {
+  const auto lengths = bench_corpus();
+  const auto docs = all_documents(lengths.size());
+  for (int world : {2, 4, 8}) {
+    for (int group : {2, 4}) {
+      if (group > world) continue;
+      PlanOptions whole_opts = bench_options(0), slot_opts = bench_options(group);
+      whole_opts.cut_pieces = slot_opts.cut_pieces = false;
+      const EpochPlan whole = build_epoch_plan(lengths, docs, whole_opts, world, 0);
+      const EpochPlan slotted = build_epoch_plan(lengths, docs, slot_opts, world, 0);
+      const GroupSlotStats before = group_slot_stats(whole, group);
+      std::printf("no cuts P=%d G=%d  whole-step division: slot p95 %.3f, meeting-bound p95 %.3f, uneven %llu | slots: "
+                  "slot p95 %.3f, meeting-bound p50 %.3f p95 %.3f, uneven %llu\n",
+                  world, group, before.slot_imbalance_p95, before.slotted_imbalance_p95,
+                  static_cast<unsigned long long>(before.uneven_group_steps), slotted.stats.slot_imbalance_p95,
+                  slotted.stats.slotted_imbalance_p50, slotted.stats.slotted_imbalance_p95,
+                  static_cast<unsigned long long>(slotted.stats.uneven_group_steps));
+      EXPECT_EQ(slotted.stats.cuts, 0u);
+      EXPECT_EQ(slotted.stats.uneven_group_steps, 0u) << "P=" << world << " G=" << group;
+      EXPECT_LT(slotted.stats.slotted_imbalance_p95, before.slotted_imbalance_p95) << "P=" << world << " G=" << group;
+      for (uint64_t s = 0; s < slotted.steps.size(); ++s)
+        ASSERT_EQ(targets(slotted.steps[s].expand()), targets(whole.steps[s].expand())) << "step " << s;
+    }
+  }
+}
+
 TEST(BalanceGroupSlots, MixturesDivideBySlotsToo) {
   const auto lengths = bench_corpus();
   std::vector<MixtureSource> sources = {{"a", 0.7, {}}, {"b", 0.3, {}}};
