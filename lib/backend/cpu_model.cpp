@@ -55,9 +55,9 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
   KILTER_CHECK(!bf16_ || bf16_storage_ || model::gemm_has_bf16(),
                "train.precision=bf16 needs bf16 GEMM instructions (AVX512_BF16 or AMX) on the cpu backend; this CPU "
                "and build give " << model::gemm_engine() << " (use train.precision=fp32)");
-  params_.assign(layout_.padded_size, 0.0f);
+  params_.resize(layout_.padded_size);  // zeros (FreshPagesAllocator)
   if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
-  grads_.assign(layout_.padded_size, 0.0f);
+  grads_.resize(layout_.padded_size);
   plan_ = model::activation_plan(cfg_, recompute_);
   if (cfg_.llama()) rope_ = model::RopeTable::build(cfg_, cfg_.block_size);
   memory_.activations = [this](int layer, int rows) { return block_activations(layer, rows); };

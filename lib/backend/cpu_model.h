@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/backend/fresh_pages.h"
 #include "lib/backend/model_base.h"
 #include "lib/model/bf16_ops.h"
 #include "lib/model/block_ops_cpu.h"
@@ -133,7 +134,9 @@ class CpuModel final : public ModelBase {
   void download(float* host, const float* from, size_t count) const override { std::copy(from, from + count, host); }
   void zero(float* to, size_t count) override { std::fill(to, to + count, 0.0f); }
 
-  std::vector<float> params_, grads_;
+  // Zeroed pages from the system, touched only where written: sharded parameters
+  // (train.shard = parameters) never make a rank hold the whole buffers.
+  std::vector<float, FreshPagesAllocator<float>> params_, grads_;
   // precision=bf16: the bf16 copy of params_ the GEMMs read (empty in fp32).
   bool bf16_ = false;
   bool bf16_storage_ = false;  // the oracle of the GPU's bf16 storage (above)

@@ -35,6 +35,12 @@ double evaluate(StepContext& ctx, PlanCache& eval_plans, const io::DatasetIndex&
       sums[0] += ctx.model->forward_loss(batch);
       sums[1] += double(batch.num_targets);
     }
+    // Sharded parameters: every rank gathers every unit as often as the busiest (no loss added).
+    const int padding = padding_micro_batches(ctx, step);
+    if (padding > 0) {
+      const model::Batch empty = padding_micro_batch();
+      for (int i = 0; i < padding; ++i) ctx.model->forward_loss(empty);
+    }
   }
   ctx.watchdog->enter("evaluation allreduce", long(step_index));
   MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, ctx.world);

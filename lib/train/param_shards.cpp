@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "io/base/error.h"
@@ -33,11 +34,13 @@ void discard(float* p, size_t n) {
 
 }  // namespace
 
-ParamShards::ParamShards(MPI_Comm group, const model::ParamLayout& layout, float* params, float* grads,
-                         bool reshard_after_forward)
+ParamShards::ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout, float* params,
+                         float* grads, bool reshard_after_forward)
     : units_(model::param_unit_ranges(layout)), params_(params), grads_(grads), padded_(layout.padded_size),
       reshard_after_forward_(reshard_after_forward) {
   KILTER_CHECK(MPI_Comm_dup(group, &comm_) == MPI_SUCCESS, "MPI_Comm_dup (parameter shards) failed");
+  if (replicas != MPI_COMM_NULL)
+    KILTER_CHECK(MPI_Comm_dup(replicas, &replicas_) == MPI_SUCCESS, "MPI_Comm_dup (parameter shard replicas) failed");
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   size_t largest = 0;
@@ -64,6 +67,16 @@ ParamShards::~ParamShards() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!finalized && replicas_ != MPI_COMM_NULL) MPI_Comm_free(&replicas_);
+}
+
+double ParamShards::finish() {
+  if (replicas_ == MPI_COMM_NULL) return 0.0;
+  const auto start = std::chrono::steady_clock::now();
+  for (const comm::BufferRange& r : owned())
+    KILTER_CHECK(MPI_Allreduce(MPI_IN_PLACE, grads_ + r.offset, int(r.count), MPI_FLOAT, MPI_SUM, replicas_) == MPI_SUCCESS,
+                 "MPI_Allreduce of a gradient chunk across the shard groups failed");
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 std::vector<comm::BufferRange> ParamShards::owned() const {

@@ -7,7 +7,9 @@
 // micro-batch, its gradients are reduce-scattered inside the group into each rank's chunk, which
 // accumulates over the step, and the rest of the unit's gradient is freed. The step's "reduction"
 // is then done: this class is also the run's GradientReducer, whose owned() are the chunks, whose
-// reduction and gather do nothing (the parameters stay sharded: the next forward gathers them).
+// reduction is done but for groups smaller than the world (HSDP: finish() all-reduces each chunk
+// across the groups), and whose gather does nothing (the parameters stay sharded: the next forward
+// gathers them).
 // Every rank issues the same collectives in the same order (every rank runs the same number of
 // micro-batches: train_step.cpp pads with empty ones); each is a watchdog section.
 #pragma once
@@ -25,8 +27,10 @@ class Watchdog;
 
 class ParamShards final : public comm::GradientReducer, public model::ParamUnitHooks {
  public:
-  // group: the shard group (dup'd here); params and grads: the model's padded buffers.
-  ParamShards(MPI_Comm group, const model::ParamLayout& layout, float* params, float* grads,
+  // group: the shard group; replicas: the ranks of the same index in the other groups
+  // (MPI_COMM_NULL: the group is the world). Both are dup'd here. params and grads: the model's
+  // padded buffers.
+  ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout, float* params, float* grads,
               bool reshard_after_forward);
   ~ParamShards() override;
 
@@ -46,7 +50,8 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   // comm::GradientReducer: the reduction happened unit by unit.
   void begin() override {}
   void ready(size_t, size_t) override {}
-  double finish() override { return 0.0; }
+  // Groups below the world (HSDP): each chunk's step sum is all-reduced across the groups.
+  double finish() override;
   std::vector<comm::BufferRange> owned() const override;
   void gather(float*) override {}
 
@@ -55,6 +60,7 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   int num_units() const { return int(units_.size()); }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm replicas_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<model::ParamRange> units_;
   // Per unit: each group rank's chunk (offset within the buffer, count), as MPI counts.

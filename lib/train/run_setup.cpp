@@ -154,8 +154,25 @@ void make_reducer(Run& run) {
   // The model reports every float of the padded buffer (the padding together with ln_f).
   reducer_opts.reported_size = run.model->layout().padded_size;
   if (run.cfg.train.shard == "parameters" && run.world_size > 1) {
-    auto shards = std::make_unique<ParamShards>(run.world, run.model->layout(), run.model->params(),
-                                                run.model->grads(), cfg.train.reshard_after_forward);
+    // Groups of G consecutive ranks; below the world, the ranks of one index across the groups
+    // hold the same chunks (HSDP) and sum them at the step's end.
+    MPI_Comm group = run.world, replicas = MPI_COMM_NULL;
+    const bool hsdp = run.shard_group < run.world_size;
+    if (hsdp) {
+      KILTER_CHECK(MPI_Comm_split(run.world, run.rank / run.shard_group, run.rank, &group) == MPI_SUCCESS &&
+                       MPI_Comm_split(run.world, run.rank % run.shard_group, run.rank, &replicas) == MPI_SUCCESS,
+                   "MPI_Comm_split (parameter shard groups) failed");
+    }
+    std::unique_ptr<ParamShards> shards;
+    try {
+      shards = std::make_unique<ParamShards>(group, replicas, run.model->layout(), run.model->params(),
+                                             run.model->grads(), cfg.train.reshard_after_forward);
+    } catch (...) {
+      if (hsdp) MPI_Comm_free(&group), MPI_Comm_free(&replicas);
+      throw;
+    }
+    if (hsdp) MPI_Comm_free(&group), MPI_Comm_free(&replicas);
+    run.shard_norm_counts = run.rank < run.shard_group;
     run.param_shards = shards.get();
     run.reducer = std::move(shards);
     run.model->set_param_units(run.param_shards);
@@ -185,23 +202,19 @@ void make_reducer(Run& run) {
   }
 }
 
-// train.shard = parameters as built so far: the cpu backend, the world as the group, no piece
-// cut between ranks, no evaluation or training samples (each unit's gather is a meeting point of
-// all ranks, which those would not keep). Refused before anything is allocated, naming the key.
-void check_parameter_sharding(const Run& run, int group) {
+// train.shard = parameters as built so far: the cpu backend, no piece cut between ranks, no
+// training samples (each unit's gather is a meeting point of all ranks, which those would not keep). Refused before anything is allocated, naming the key.
+void check_parameter_sharding(const Run& run) {
   const Config& cfg = run.cfg;
   const std::string what = "config key train.shard = parameters: ";
   KILTER_USER_CHECK(run.backend == "cpu", what << "sharding the parameters is built on the cpu backend only; use "
                                                "train.shard = optimizer on the " << run.backend << " backend");
-  KILTER_USER_CHECK(group == run.world_size, what << "shard groups smaller than the world (train.shard_group = "
-                                                  << cfg.train.shard_group << ") are not built yet for parameters; "
-                                                  "use train.shard_group = world");
   KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
                     what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
                             "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
-  KILTER_USER_CHECK(cfg.train.eval_every == 0 && cfg.output.sample_every == 0,
-                    what << "evaluation and training samples are not built yet for parameters; set "
-                            "train.eval_every = 0 and output.sample_every = 0");
+  KILTER_USER_CHECK(cfg.output.sample_every == 0,
+                    what << "training samples are not built yet for parameters (kilter sample reads its "
+                            "checkpoints); set output.sample_every = 0");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
@@ -213,7 +226,7 @@ void build_model(Run& run) {
   // so is every rank's share of each bucket.
   // train.shard_group is checked here, where the world size is known (it must divide it).
   const int group = shard_group_size(cfg.train, run.world_size, run.topo.local_size);
-  if (cfg.train.shard == "parameters" && run.world_size > 1) check_parameter_sharding(run, group);
+  if (cfg.train.shard == "parameters" && run.world_size > 1) check_parameter_sharding(run);
   // The gradient buffer is fp32 on every backend for now: auto resolves to it, bf16 is refused.
   KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16",
                     "config key train.grad_dtype = bf16: a bf16 gradient buffer is not built yet on any backend; "
@@ -243,6 +256,7 @@ void build_model(Run& run) {
     const std::string note = load_initial_weights(run.world, cfg, run.data.index, *run.model);
     if (run.rank == 0) std::fprintf(stderr, "kilter: %s\n", note.c_str());
   }
+  if (run.param_shards) run.param_shards->release_all();  // the whole initialization leaves only this rank's chunks
   // A micro-batch holds at most max_tokens tokens in pieces of at most block_size.
   run.model->reserve(int(cfg.data.max_tokens), cfg.model.block_size);
 }

@@ -17,10 +17,6 @@
 
 namespace kilter::train {
 
-namespace {
-
-// train.shard = parameters: the empty micro-batches this rank runs after its own, so that every
-// rank runs the step's largest count (every unit's gather and reduce-scatter joins all ranks).
 int padding_micro_batches(const StepContext& ctx, const balance::StepView& step) {
   if (!ctx.param_shards) return 0;
   int size = 1;
@@ -34,13 +30,20 @@ int padding_micro_batches(const StepContext& ctx, const balance::StepView& step)
   return int(most - (end - first));
 }
 
+model::Batch padding_micro_batch() {
+  model::Batch empty;
+  const int32_t token = 0;
+  empty.append_piece(&token, nullptr, 1);
+  return empty;
+}
+
+namespace {
+
 // One token without a target: every unit is gathered and reduce-scattered as in a real
 // micro-batch, and the gradients it adds are zeros.
 void run_padding_micro_batches(StepContext& ctx, int count, float loss_scale) {
   if (count == 0) return;
-  model::Batch empty;
-  const int32_t token = 0;
-  empty.append_piece(&token, nullptr, 1);
+  const model::Batch empty = padding_micro_batch();
   for (int i = 0; i < count; ++i) ctx.model->forward_backward(empty, loss_scale, {});
 }
 

@@ -64,6 +64,13 @@ struct StepContext {
 // phase. Returns this rank's loss sum; `work` gets its work.
 double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWork& work);
 
+// train.shard = parameters: the empty micro-batches this rank runs after its own in `step`, so
+// that every rank runs the step's largest count (every unit's gather and reduce-scatter joins all
+// ranks); 0 otherwise. One is padding_micro_batch(): one token without a target (the same
+// collectives, no loss, zero gradients).
+int padding_micro_batches(const StepContext& ctx, const balance::StepView& step);
+model::Batch padding_micro_batch();
+
 struct ReducedStep {
   double loss = 0;              // mean over the global step's target tokens
   bool stop_requested = false;  // a rank received a stop signal

@@ -5,7 +5,9 @@
 #   the losses of 12 steps equal train.shard = none's within 1e-6 relative in fp32 and 1e-5 under
 #   bf16 storage (each micro-batch's gradient is reduce-scattered on its own, so the sums run in
 #   another order: not bit for bit; bf16 rounding of the working copy magnifies the last bit);
-#   reshard_after_forward = false gives the same losses as true, bit for bit;
+#   evaluation (train.eval_every) gives none's eval losses within 1e-6;
+#   reshard_after_forward = false gives the same losses as true, bit for bit; groups of 2 on
+#   2 nodes x 2 (HSDP) give 1 rank's losses within 1e-6;
 # - a checkpoint written under parameters on 4 ranks (stopped after 4 of 8 steps) resumes as
 #   train.shard = none on 2 ranks and as optimizer on 3, matching 8 steps straight within 1e-5;
 # - a rank that stops makes the others' watchdogs fire inside the parameter all-gather, naming it;
@@ -27,11 +29,15 @@ pair() {  # pair NAME [args]: none and parameters on 4 ranks
   train $name-n.log 4 --output.dir=runs/$name-n --train.shard=none "$@"
   train $name-p.log 4 --output.dir=runs/$name-p --train.shard=parameters "$@"
 }
-pair gpt2
+pair gpt2 --train.eval_every=4 --data.eval_fraction=0.1
 pair llama "${LLAMA[@]}"
 pair gpt2bf "${BF16[@]}"
 pair llamabf "${LLAMA[@]}" "${BF16[@]}"
-train keep.log 4 --output.dir=runs/keep --train.shard=parameters --train.reshard_after_forward=false
+train keep.log 4 --output.dir=runs/keep --train.shard=parameters --train.reshard_after_forward=false \
+  --train.eval_every=4 --data.eval_fraction=0.1
+# HSDP: groups of 2 on 2 nodes x 2, each chunk all-reduced across the groups; and 1 rank.
+train hsdp.log 4 --output.dir=runs/hsdp --train.shard=parameters --train.shard_group=2 --comm.ranks_per_node=2
+train one.log 1 --output.dir=runs/one
 
 # Resume across modes and world sizes.
 COMMON=("${COMMON[@]/--train.steps=12/--train.steps=8}")
@@ -73,7 +79,21 @@ for name in ["gpt2", "llama", "gpt2bf", "llamabf"]:
     print(f"{name}: parameters vs none, max relative loss difference {rel:.2e} (bound {bound:.0e})")
     assert rel < bound, (name, rel)
     assert json.load(open(f"runs/{name}-p/summary.json"))["shard"] == "parameters"
+def eval_losses(run):
+    with open(f"runs/{run}/metrics/train.csv") as f:
+        return np.array([float(r["eval_loss"]) for r in csv.DictReader(f) if r["eval_loss"]])
+en, ep = eval_losses("gpt2-n"), eval_losses("gpt2-p")
+assert len(en) == len(ep) >= 3, (len(en), len(ep))
+rel = float(np.max(np.abs(en - ep) / np.abs(en)))
+print(f"gpt2: evaluation under parameters vs none, max relative difference {rel:.2e}")
+assert rel < 1e-6, rel
 assert np.array_equal(losses("keep"), losses("gpt2-p")), "reshard_after_forward = false changed the losses"
+h = json.load(open("runs/hsdp/summary.json"))
+assert h["shard"] == "parameters" and h["shard_group_ranks"] == 2 and h["num_nodes"] == 2, h
+for ref_run in ["one"]:
+    rel = float(np.max(np.abs(losses("hsdp") - losses(ref_run)) / np.abs(losses(ref_run))))
+    print(f"parameters in groups of 2 on 2 x 2 (HSDP) vs {ref_run}: max relative loss difference {rel:.2e}")
+    assert rel < 1e-6, (ref_run, rel)
 
 ref = losses("straight")
 def resumed_losses(run):
