@@ -132,7 +132,9 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
                                                     : p.padded_params;
     st.parameters = shard * (work + master);
     st.gathered = gathered * (G - 1) / G * work;
-    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad;
+    // The reduce-scatter's scratch besides: MPI's temporary of a whole unit (Open MPI's
+    // reduce-scatter reduces the whole input before it scatters) and the result chunk.
+    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad + units.largest * grad + units.largest / G * 4;
   }
   return st;
 }
