@@ -113,7 +113,7 @@ struct ShardedState {
   uint64_t parameters = 0, gathered = 0, gradients = 0;
 };
 ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf16_work, uint64_t shard,
-                           bool reshard_after_forward) {
+                           bool reshard_after_forward, bool mpi_reduce_scatter) {
   ShardedState st;
   const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
@@ -132,9 +132,11 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
                                                     : p.padded_params;
     st.parameters = shard * (work + master);
     st.gathered = gathered * (G - 1) / G * work;
-    // The reduce-scatter's scratch besides: MPI's temporary of a whole unit (Open MPI's
-    // reduce-scatter reduces the whole input before it scatters) and the result chunk.
-    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad + units.largest * grad + units.largest / G * 4;
+    // The reduce-scatter's scratch besides: the result chunk, and on the CPU backend MPI's
+    // temporary of a whole unit (Open MPI's reduce-scatter reduces the whole input before it
+    // scatters; NCCL's needs none).
+    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad + units.largest / G * 4 +
+                   (mpi_reduce_scatter ? units.largest * grad : 0);
   }
   return st;
 }
@@ -204,7 +206,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   // auto: the gradient buffer the backends build (fp32 on every one so far; a run refuses
   // train.grad_dtype = bf16 at its start, and the plan prices it as asked).
   p.grad_dtype = p.shard != "none" && cfg.train.grad_dtype == "bf16" ? "bf16" : "fp32";
-  const ShardedState state = sharded_state(p, units, bf16_work, shard, cfg.train.reshard_after_forward);
+  const ShardedState state = sharded_state(p, units, bf16_work, shard, cfg.train.reshard_after_forward, !cuda);
 
   if (cuda) {
     // The device's: the same weights, gradients and owned moments, and CudaModel's arena.
