@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 
 #include "io/base/error.h"
@@ -45,13 +46,13 @@ ParamShards::ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLa
   MPI_Comm_size(comm_, &size_);
   size_t largest = 0;
   for (const model::ParamRange& u : units_) {
+    KILTER_CHECK(u.count <= size_t(INT32_MAX), "parameter unit at float " << u.offset << " holds " << u.count
+                                                                            << " floats: more than one MPI count can");
     // Chunks of whole 64-float groups; the last ranks' may be shorter or empty.
     const size_t chunk = ((u.count + size_t(size_) - 1) / size_t(size_) + 63) / 64 * 64;
     std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
       const size_t lo = std::min(u.count, size_t(r) * chunk), hi = std::min(u.count, size_t(r + 1) * chunk);
-      KILTER_CHECK(u.offset + hi <= size_t(INT32_MAX) || hi - lo <= size_t(INT32_MAX),
-                   "a parameter unit is too large for one MPI count");
       displs[size_t(r)] = int(lo);
       counts[size_t(r)] = int(hi - lo);
     }
