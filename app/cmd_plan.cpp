@@ -232,7 +232,7 @@ nlohmann::json source_shares(const train::TrainingData& mixture, const balance::
 
 PlannedEpoch plan_epoch(const PlanArgs& a, const Corpus& c) {
   PlannedEpoch p;
-  p.opts = balance::plan_options_from_config(a.cfg, c.dataset_vocab);
+  p.opts = balance::plan_options_from_config(a.cfg, c.dataset_vocab, a.world_size, a.ranks_per_node);
   const uint64_t rss_before = current_rss_bytes();
   const auto plan_start = std::chrono::steady_clock::now();
   const std::clock_t plan_cpu_start = std::clock();
@@ -336,6 +336,12 @@ void print_plan_text(const PlanArgs& a, const Corpus& c, const PlannedEpoch& p) 
               s.padding_efficiency, s.cost_imbalance_p50, s.cost_imbalance_p95, s.cost_imbalance_max,
               balance::node_cost_imbalance(p.plan, a.ranks_per_node, 0.95));
   std::printf("  rank-time waiting for the busiest rank if step times were the costs: %.4f\n", s.cost_wait_fraction);
+  if (s.shard_group > 1)
+    std::printf("  shard groups of %d ranks (train.shard = parameters), every micro-batch a meeting point: slot imbalance "
+                "p50 %.4f  p95 %.4f; meeting-bound step / mean rank p50 %.4f  p95 %.4f; %llu group-steps with "
+                "unequal micro-batch counts\n",
+                s.shard_group, s.slot_imbalance_p50, s.slot_imbalance_p95, s.slotted_imbalance_p50,
+                s.slotted_imbalance_p95, static_cast<unsigned long long>(s.uneven_group_steps));
   if (s.cost_imbalance_bound_p95 > 0)
     std::printf("  best any division of whole pieces could do: imbalance p50 %.4f  p95 %.4f\n",
                 s.cost_imbalance_bound_p50, s.cost_imbalance_bound_p95);

@@ -6,6 +6,7 @@
 
 #include "io/base/error.h"
 #include "lib/balance/divide.h"
+#include "lib/balance/group_slots.h"
 #include "lib/balance/rng.h"
 
 namespace kilter::balance {
@@ -106,16 +107,14 @@ EpochPlan MixturePlanner::build(uint64_t epoch, int world_size, std::vector<Sour
   // The same division as one dataset's plan: cuts for balance where data.cut_pieces allows them.
   KILTER_CHECK(opts_.rank_speed.empty() || opts_.rank_speed.size() == size_t(world_size),
                "plan: " << opts_.rank_speed.size() << " rank speeds for a world size of " << world_size);
-  StepDivider divider(cost, opts_.max_tokens, world_size, opts_.cut_pieces, opts_.rank_speed);
+  StepDivision division(cost, opts_, world_size);  // shard groups: slot by slot (group_slots.h)
   plan.rank_speed = opts_.rank_speed;
   plan.kv_bytes_per_token = opts_.kv_bytes_per_token;
   plan.uncut_imbalance.reserve(steps.size());
-  for (const auto& step : steps) {
-    divider.divide(step.data(), step.size(), plan.steps);
-    plan.uncut_imbalance.push_back(divider.uncut_imbalance());
-  }
+  for (const auto& step : steps) division.divide(step.data(), step.size(), plan);
   plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
+  division.add_stats(plan);
   return plan;
 }
 

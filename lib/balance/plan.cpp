@@ -11,6 +11,7 @@
 
 #include "io/base/error.h"
 #include "lib/balance/divide.h"
+#include "lib/balance/group_slots.h"
 #include "lib/balance/naive.h"
 #include "lib/balance/rng.h"
 
@@ -307,7 +308,9 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
   // Every piece but a dropped tail goes into the plan; the micro-batches' count is known only
   // once packed (shrink_to_fit() below trims that one array).
   plan.steps.reserve(n_steps, spread_tail ? pieces.size() : cut.tail_begin, 0);
-  StepDivider divider(cost, opts.max_tokens, world_size, opts.cut_pieces, opts.rank_speed);
+  // Shard groups: each group's micro-batches even slot by slot (group_slots.h).
+  StepDivision division(cost, opts, world_size);
+  const auto divide = [&](const Piece* step_pieces, size_t n) { division.divide(step_pieces, n, plan); };
   plan.rank_speed = opts.rank_speed;
   plan.kv_bytes_per_token = opts.kv_bytes_per_token;
   plan.uncut_imbalance.reserve(n_steps);
@@ -317,19 +320,18 @@ EpochPlan build_balanced_plan(const std::vector<uint32_t>& doc_lengths, const st
     const uint64_t begin = s == 0 ? 0 : cut.step_end[s - 1];
     const uint64_t end = cut.step_end[s];
     if (!spread_tail) {
-      divider.divide(pieces.data() + begin, end - begin, plan.steps);
-      plan.uncut_imbalance.push_back(divider.uncut_imbalance());
+      divide(pieces.data() + begin, end - begin);
       continue;
     }
     // The tail's pieces spread evenly over the epoch's steps: piece j goes to step j n_steps / n_tail.
     with_tail.assign(pieces.begin() + long(begin), pieces.begin() + long(end));
     for (; tail_next < pieces.size() && ((tail_next - cut.tail_begin) * n_steps) / n_tail == s; ++tail_next)
       with_tail.push_back(pieces[tail_next]);
-    divider.divide(with_tail.data(), with_tail.size(), plan.steps);
-    plan.uncut_imbalance.push_back(divider.uncut_imbalance());
+    divide(with_tail.data(), with_tail.size());
   }
   plan.steps.shrink_to_fit();
   compute_plan_stats(plan);
+  division.add_stats(plan);
   return plan;
 }
 

@@ -176,6 +176,10 @@ struct PlanOptions {
   // in-run calibration's speed factors, docs/plan.md "In-run calibration"): the division evens
   // cost x speed, so a slower rank gets less. Empty: every rank 1. Its size is the world size.
   std::vector<double> rank_speed;
+  // Shard groups (train.shard = parameters): ranks per group, consecutive ranks; > 1 evens each
+  // group's micro-batches slot by slot (group_slots.h: equal counts within a group, each slot even
+  // across its ranks). 0 or 1: off, the plan as without shard groups, bit for bit.
+  int shard_group = 0;
 };
 
 struct PlanStats {
@@ -243,6 +247,16 @@ struct PlanStats {
   // ceil(len / max_tokens) ranks; the most ranks one of them spans (0: none).
   uint64_t long_pieces = 0;
   uint64_t long_piece_ranks_max = 0;
+  // Shard groups (PlanOptions::shard_group > 1; all 0 otherwise): per (step, group, slot) the
+  // busiest rank's micro-batch cost over the group's mean in that slot; per step the time the
+  // per-slot meetings hold (max over groups of the sum over slots of the busiest rank's cost) over
+  // the mean rank cost; and (step, group) pairs whose ranks run different micro-batch counts.
+  int shard_group = 0;
+  double slot_imbalance_p50 = 0;
+  double slot_imbalance_p95 = 0;
+  double slotted_imbalance_p50 = 0;
+  double slotted_imbalance_p95 = 0;
+  uint64_t uneven_group_steps = 0;
 };
 
 class PlanSteps;

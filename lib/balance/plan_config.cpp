@@ -20,8 +20,13 @@ double device_tflops(const Config& cfg) {
   return runs_on_cpu(cfg) ? kCpuTflopsPerThread * std::max(cfg.train.threads, 1) : kGpuTflops;
 }
 
-PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab) {
+PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab, int world_size, int ranks_per_node) {
   PlanOptions opts;
+  // Sharded parameters: every micro-batch is a meeting point of the shard group.
+  if (cfg.train.shard == "parameters") {
+    const int group = shard_group_size(cfg.train, world_size, ranks_per_node);
+    opts.shard_group = group > 1 ? group : 0;
+  }
   opts.sampler = cfg.data.sampler;
   opts.context = static_cast<uint32_t>(cfg.model.block_size);
   opts.max_tokens = static_cast<uint64_t>(cfg.data.max_tokens);

@@ -16,8 +16,12 @@ namespace kilter::balance {
 // else (a GPU) default_micro_batch_cost(a); t = data.cost_t, or when
 // that is < 0, a x transfer_cost_coefficient(shape, vocab, kv_value_bytes, comm.link_gbps,
 // device_tflops(cfg)) with t_link and layers = model.n_layer set, so that resolve_cost_model()
-// raises it where the link sets the pace; data.cut_pieces; kv_bytes_per_token from the shape.
-PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab);
+// raises it where the link sets the pace; data.cut_pieces; kv_bytes_per_token from the shape;
+// under train.shard = parameters, shard_group = the ranks per shard group (shard_group_size() of
+// train.shard_group at `world_size` ranks, `ranks_per_node` per node), so that each group's
+// micro-batches meet slot by slot (group_slots.h); 0 otherwise or where a group is one rank.
+PlanOptions plan_options_from_config(const Config& cfg, uint32_t dataset_vocab, int world_size = 1,
+                                     int ranks_per_node = 0);
 
 // Bytes of one exchanged K/V value: 2 (bf16) where train.precision = bf16 on a GPU backend
 // (train.backend auto or cuda), else 4 (the CPU backend exchanges fp32).

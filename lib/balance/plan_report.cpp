@@ -67,7 +67,7 @@ std::string link_bound_warning(const EpochPlan& plan, double link_gbps) {
 }  // namespace
 
 nlohmann::json plan_stats_json(const PlanStats& s) {
-  return {{"padding_efficiency", s.padding_efficiency},
+  nlohmann::json j = {{"padding_efficiency", s.padding_efficiency},
           {"cost_imbalance_p50", s.cost_imbalance_p50},
           {"cost_imbalance_p95", s.cost_imbalance_p95},
           {"cost_imbalance_max", s.cost_imbalance_max},
@@ -110,6 +110,15 @@ nlohmann::json plan_stats_json(const PlanStats& s) {
           {"long_pieces", s.long_pieces},
           {"long_piece_ranks_max", s.long_piece_ranks_max},
           {"link_bound_parts", s.link_bound_parts}};
+  if (s.shard_group > 1) {  // shard groups only: plans without them print what they always did
+    j["shard_group"] = s.shard_group;
+    j["slot_imbalance_p50"] = s.slot_imbalance_p50;
+    j["slot_imbalance_p95"] = s.slot_imbalance_p95;
+    j["slotted_imbalance_p50"] = s.slotted_imbalance_p50;
+    j["slotted_imbalance_p95"] = s.slotted_imbalance_p95;
+    j["uneven_group_steps"] = s.uneven_group_steps;
+  }
+  return j;
 }
 
 std::vector<std::string> plan_warnings(const EpochPlan& plan, const PlanOptions& opts, double link_gbps) {

@@ -76,6 +76,71 @@ uint64_t activation_bytes(const Config& cfg) {
   return bytes;
 }
 
+// The units `parameters` gathers (model::param_unit_ranges: 0 = the embeddings with a tied head,
+// 1 + l = block l, the last = the final norm and an untied head), and what of them is resident at
+// the peak under the schedule lib/train/param_shards.cpp runs. The embeddings and the final unit
+// are gathered for the whole forward (the head reads them) and the backward; a block is gathered
+// for its forward, freed, and gathered again for its backward, which keeps the unit above it
+// until its own gradients are final: at most two blocks, or a block and the final unit, beside
+// the embeddings. Gradients: a unit's whole gradient is resident from its backward until its
+// reduce-scatter; a tied head writes the embeddings' gradient at the backward's start, which then
+// stays until the embeddings' own backward ends.
+struct UnitFloats {
+  uint64_t largest = 0;    // the largest unit
+  uint64_t gathered = 0;   // parameters resident at once beyond the rank's chunks
+  uint64_t gradients = 0;  // whole unit gradients resident at once
+};
+UnitFloats unit_floats(const model::ParamLayout& layout, bool tied) {
+  const std::vector<model::ParamRange> units = model::param_unit_ranges(layout);
+  UnitFloats f;
+  const uint64_t embeddings = units.front().count, last = units.back().count;
+  uint64_t block = 0;
+  for (size_t u = 1; u + 1 < units.size(); ++u) block = std::max<uint64_t>(block, units[u].count);
+  for (const model::ParamRange& u : units) f.largest = std::max<uint64_t>(f.largest, u.count);
+  f.gathered = embeddings + std::max(2 * block, block + last);
+  f.gradients = tied ? embeddings + std::max(block, last) : std::max({embeddings, block, last});
+  return f;
+}
+
+// Whether the backends shard the fp32 master weights with the moments under train.shard =
+// optimizer (bf16 working weights only; in fp32 the working weights are the master). Not yet:
+// the flat fp32 parameters stay whole on every rank, and the plan counts what is allocated.
+constexpr bool kMasterShardedUnderOptimizer = false;
+
+// The weights and gradients of one rank under train.shard = optimizer or parameters, with
+// `shard` floats its share of the G-rank group.
+struct ShardedState {
+  uint64_t parameters = 0, gathered = 0, gradients = 0;
+};
+ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf16_work, uint64_t shard,
+                           bool reshard_after_forward, bool mpi_reduce_scatter) {
+  ShardedState st;
+  const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
+  const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
+  const uint64_t grad = p.grad_dtype == "bf16" ? 2 : 4;
+  if (p.shard == "optimizer") {
+    // The moments sharded, the gradient buffer whole in train.grad_dtype; the fp32 master whole
+    // as the backends hold it so far, or 1/G with the moments (Megatron's distributed optimizer:
+    // the working copy whole, gathered after each update) once kMasterShardedUnderOptimizer says so.
+    st.parameters = p.padded_params * work + (kMasterShardedUnderOptimizer ? shard : p.padded_params) * master;
+    st.gradients = p.padded_params * grad;
+  } else if (p.shard == "parameters") {
+    // ZeRO-3: this rank's 1/G of everything, plus the other ranks' parts of the units resident at
+    // once (unit_floats; every unit with train.reshard_after_forward = false).
+    const uint64_t G = uint64_t(std::max(p.shard_group, 1));
+    const uint64_t gathered = reshard_after_forward ? std::min<uint64_t>(units.gathered, p.padded_params)
+                                                    : p.padded_params;
+    st.parameters = shard * (work + master);
+    st.gathered = gathered * (G - 1) / G * work;
+    // The reduce-scatter's scratch besides: the result chunk, and on the CPU backend MPI's
+    // temporary of a whole unit (Open MPI's reduce-scatter reduces the whole input before it
+    // scatters; NCCL's needs none).
+    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad + units.largest / G * 4 +
+                   (mpi_reduce_scatter ? units.largest * grad : 0);
+  }
+  return st;
+}
+
 }  // namespace
 
 uint64_t machine_memory_bytes() {
@@ -118,15 +183,30 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const Config& cfg = in.cfg;
   const int P = std::max(1, in.world_size);
   const int L = std::clamp(in.ranks_per_node, 1, P);
-  p.sharded = cfg.train.shard_optimizer && P > 1;
+  // train.shard_optimizer is train.shard's alias (the parsers keep them in step; a plan that
+  // changes one sets both).
+  p.shard = P > 1 ? cfg.train.shard : "none";
+  p.shard_group = p.shard == "none" ? 1 : shard_group_size(cfg.train, P, L);
+  p.sharded = p.shard_group > 1;
   model::ModelSpec gpt = cfg.model;
   gpt.vocab_size = std::max(1, gpt.vocab_size);
+  // Sharded, the layout is padded to 64 floats per rank of the world, as the trainer pads it
+  // (every group size divides it).
   const model::ParamLayout layout = model::ParamLayout::build(gpt, size_t(p.sharded ? P : L) * 64);
   p.num_params = layout.num_params;
   p.padded_params = layout.padded_size;
+  const UnitFloats units = unit_floats(layout, gpt.tied());
+  p.unit_floats = units.largest;
   const bool bf16 = cfg.train.precision == "bf16";
-  const uint64_t shard = p.sharded ? p.padded_params / uint64_t(P) : p.num_params;
   const bool cuda = in.backend == "cuda";
+  const uint64_t shard = p.sharded ? p.padded_params / uint64_t(p.shard_group) : p.num_params;
+  // The working weights are bf16 where bf16 is stored (cuda: bf16 storage; cpu: the bf16 copy its
+  // GEMMs read), and the fp32 weights are then the master copy; in fp32 they are one and the same.
+  const bool bf16_work = bf16 && (!cuda || cfg.train.bf16_storage != "off");
+  // auto: the gradient buffer the backends build (fp32 on every one so far; a run refuses
+  // train.grad_dtype = bf16 at its start, and the plan prices it as asked).
+  p.grad_dtype = p.shard != "none" && cfg.train.grad_dtype == "bf16" ? "bf16" : "fp32";
+  const ShardedState state = sharded_state(p, units, bf16_work, shard, cfg.train.reshard_after_forward, !cuda);
 
   if (cuda) {
     // The device's: the same weights, gradients and owned moments, and CudaModel's arena.
@@ -136,17 +216,20 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
                                    bf16 && copies != nullptr && std::string(copies) == "1",
                                    bf16 && cfg.train.bf16_storage != "off",
                                    backend::cuda_plan_counts_sdpa(gpt, cfg.train.attention, cfg.train.precision));
-    p.parameters = device.parameters;
-    p.gradients = device.gradients;
+    // The state by mode (cuda_device_bytes counts it whole, the moments of the owned floats).
+    p.parameters = p.shard == "none" ? device.parameters : state.parameters;
+    p.gradients = p.shard == "none" ? device.gradients : state.gradients;
     p.optimizer = device.optimizer;
+    p.gathered = state.gathered;
     p.activations = device.activations;
     p.engine = device.engine;
     p.cudnn = device.cudnn;
-    p.device_total = device.total();
+    p.device_total = device.total() - device.parameters - device.gradients + p.parameters + p.gradients + p.gathered;
   } else {
-    p.parameters = p.padded_params * (bf16 ? 6 : 4);
-    p.gradients = p.padded_params * 4;
+    p.parameters = p.shard == "none" ? p.padded_params * (bf16 ? 6 : 4) : state.parameters;
+    p.gradients = p.shard == "none" ? p.padded_params * 4 : state.gradients;
     p.optimizer = shard * 8;
+    p.gathered = state.gathered;
     p.activations = activation_bytes(cfg);
   }
   // Unsharded, rank 0 keeps a snapshot of params and moments for the background writer. Sharded,
@@ -167,7 +250,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
 
   // On cuda the model's buffers are the device's; the host keeps the checkpoint's, the ring and
   // the runtime (the CUDA libraries' own host memory is not counted: not measured yet).
-  const uint64_t model_host = cuda ? 0 : p.parameters + p.gradients + p.optimizer + p.activations;
+  const uint64_t model_host = cuda ? 0 : p.parameters + p.gathered + p.gradients + p.optimizer + p.activations;
   const uint64_t common = model_host + p.prefetch + p.runtime;
   p.rank0_total = common + p.checkpoint_rank0;
   p.other_total = common + p.checkpoint_other;
@@ -187,52 +270,73 @@ MemoryPlan plan_memory(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const int P = std::max(1, in.world_size);
   const int L = std::clamp(in.ranks_per_node, 1, P);
 
-  // The cheapest setting that fits: sharding costs nothing; recomputation costs compute, least
-  // for gelu (one elementwise op per layer), then attention (the score products again), then
-  // block (a block's forward again: about a third more GEMMs); a smaller micro-batch costs GEMM
-  // efficiency; more nodes cost machines.
+  // The cheapest setting that fits, in this order: sharding the optimizer costs nothing (one
+  // all-gather of the updated weights a step); recomputation costs compute, least for gelu (one
+  // elementwise op per layer), then attention (the score products again), then block (a block's
+  // forward again: about a third more GEMMs); sharding the parameters costs two all-gathers of the
+  // weights and a reduce-scatter per micro-batch (hidden by prefetching where the link keeps up);
+  // a smaller micro-batch costs GEMM efficiency; more nodes cost machines.
   auto fits_with = [&](const MemoryPlanInput& changed) { return memory_figures(changed, machine_bytes).fits; };
-  if (!p.sharded && P > 1) {
-    MemoryPlanInput changed = in;
-    changed.cfg.train.shard_optimizer = true;
-    if (fits_with(changed)) {
-      p.advice = "set train.shard_optimizer = true";
-      return p;
-    }
+  auto with_shard = [](MemoryPlanInput changed, const std::string& shard) {
+    changed.cfg.train.shard = shard;
+    changed.cfg.train.shard_optimizer = shard != "none";
+    return changed;
+  };
+  const std::string current_shard = cfg.train.shard;
+  const bool can_shard = P > 1;
+  // The mode the later steps keep: at least optimizer where sharding is possible.
+  const std::string base_shard = can_shard && current_shard == "none" ? "optimizer" : current_shard;
+  const std::string shard_and = base_shard != current_shard ? "set train.shard = optimizer and " : "set ";
+  if (can_shard && current_shard == "none" && fits_with(with_shard(in, "optimizer"))) {
+    p.advice = "set train.shard = optimizer";
+    return p;
   }
-  const std::string shard_and = !p.sharded && P > 1 ? "set train.shard_optimizer = true and " : "set ";
   const std::vector<std::string> modes = {"none", "gelu", "attention", "block"};
   const auto current = std::find(modes.begin(), modes.end(), cfg.train.recompute);
+  const auto recompute_words = [](const std::string& mode) {
+    return std::string(" (the backward recomputes ") +
+           (mode == "gelu" ? "the MLP's GELU output" : mode == "attention" ? "the attention softmax" : "each block's activations") +
+           ")";
+  };
   for (auto mode = current == modes.end() ? modes.end() : current + 1; mode != modes.end(); ++mode) {
-    MemoryPlanInput changed = in;
+    MemoryPlanInput changed = with_shard(in, base_shard);
     changed.cfg.train.recompute = *mode;
-    changed.cfg.train.shard_optimizer = P > 1;
     if (fits_with(changed)) {
-      p.advice = shard_and + "train.recompute = " + *mode + " (the backward recomputes " +
-                 (*mode == "gelu" ? "the MLP's GELU output" : *mode == "attention" ? "the attention softmax"
-                                                                                    : "each block's activations") +
-                 ")";
+      p.advice = shard_and + "train.recompute = " + *mode + recompute_words(*mode);
       return p;
     }
   }
+  // Sharded parameters, with the recomputation as it is and then more of it.
+  if (can_shard && current_shard != "parameters") {
+    for (auto mode = current; mode != modes.end(); ++mode) {
+      MemoryPlanInput changed = with_shard(in, "parameters");
+      changed.cfg.train.recompute = *mode;
+      if (!fits_with(changed)) continue;
+      p.advice = "set train.shard = parameters (train.shard_group = " + cfg.train.shard_group + ")";
+      if (mode != current) p.advice += " and train.recompute = " + *mode + recompute_words(*mode);
+      return p;
+    }
+  }
+  const std::string last_shard = can_shard ? "parameters" : current_shard;
+  const std::string last_and = last_shard != current_shard ? "set train.shard = parameters and " : "set ";
   for (int64_t max_tokens = cfg.data.max_tokens / 2; max_tokens >= 64; max_tokens /= 2) {
-    MemoryPlanInput changed = in;
+    MemoryPlanInput changed = with_shard(in, last_shard);
     changed.cfg.data.max_tokens = max_tokens;
-    changed.cfg.train.shard_optimizer = P > 1;
     if (fits_with(changed)) {
-      p.advice = shard_and + "data.max_tokens = " + std::to_string(max_tokens) + " (micro-batches of fewer tokens)";
+      p.advice = last_and + "data.max_tokens = " + std::to_string(max_tokens) + " (micro-batches of fewer tokens)";
       return p;
     }
   }
   const int current_nodes = P / L;
   for (int nodes = current_nodes + 1; nodes <= current_nodes * 1024;
        nodes = nodes < 2 * current_nodes ? nodes + 1 : nodes * 2) {
-    MemoryPlanInput changed = in;
+    MemoryPlanInput changed = with_shard(in, "parameters");
     changed.world_size = nodes * L;
-    changed.cfg.train.shard_optimizer = true;
+    changed.cfg.train.shard_group = "world";
     if (fits_with(changed)) {
       p.advice = "run on " + std::to_string(nodes) + " nodes of " + std::to_string(L) +
-                 " ranks with train.shard_optimizer = true (" + std::to_string(nodes * L) + " ranks)";
+                 " ranks with train.shard = parameters and train.shard_group = world (" + std::to_string(nodes * L) +
+                 " ranks)";
       return p;
     }
   }
@@ -244,12 +348,17 @@ std::string format_memory_plan(const MemoryPlan& p) {
   char line[256];
   const Config& cfg = p.input.cfg;
   const bool cuda = p.input.backend == "cuda";
+  std::string sharding = "nothing sharded";
+  if (p.sharded)
+    sharding = "shard " + p.shard + " over groups of " + std::to_string(p.shard_group) + " ranks, " + p.grad_dtype +
+               " gradients" +
+               (p.shard == "parameters" && !cfg.train.reshard_after_forward ? ", units kept from forward to backward" : "");
   std::snprintf(line, sizeof line,
-                "memory plan: %llu parameters, %s, %d ranks (%d per node), optimizer %s, data.max_tokens %lld; "
+                "memory plan: %llu parameters, %s, %d ranks (%d per node), %s, data.max_tokens %lld; "
                 "recompute %s%s\n",
                 (unsigned long long)p.num_params, cfg.train.precision.c_str(), p.input.world_size,
-                p.input.ranks_per_node, p.sharded ? "sharded (1/P per rank)" : "on every rank",
-                (long long)cfg.data.max_tokens, cfg.train.recompute.c_str(), cuda ? "; cuda backend" : "");
+                p.input.ranks_per_node, sharding.c_str(), (long long)cfg.data.max_tokens, cfg.train.recompute.c_str(),
+                cuda ? "; cuda backend" : "");
   os << line;
   auto row = [&](const char* what, uint64_t rank0, uint64_t other) {
     if (rank0 == other)
@@ -262,6 +371,7 @@ std::string format_memory_plan(const MemoryPlan& p) {
   if (cuda) {
     os << "  on each rank's device:\n";
     row("parameters", p.parameters, p.parameters);
+    if (p.gathered > 0) row("gathered units", p.gathered, p.gathered);
     row("gradients", p.gradients, p.gradients);
     row("optimizer state", p.optimizer, p.optimizer);
     row("activations", p.activations, p.activations);
@@ -276,6 +386,7 @@ std::string format_memory_plan(const MemoryPlan& p) {
     os << line << "  in each rank's host memory:\n";
   } else {
     row(cfg.train.precision == "bf16" ? "parameters (+bf16)" : "parameters", p.parameters, p.parameters);
+    if (p.gathered > 0) row("gathered units", p.gathered, p.gathered);
     row("gradients", p.gradients, p.gradients);
     row("optimizer state", p.optimizer, p.optimizer);
     row("activations", p.activations, p.activations);
@@ -302,6 +413,12 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
           {"ranks_per_node", p.input.ranks_per_node},
           {"precision", p.input.cfg.train.precision},
           {"shard_optimizer", p.sharded},
+          {"shard", p.shard},
+          {"shard_group", p.shard_group},
+          {"grad_dtype", p.grad_dtype},
+          {"reshard_after_forward", p.input.cfg.train.reshard_after_forward},
+          {"unit_floats", p.unit_floats},
+          {"gathered_bytes", p.gathered},
           {"recompute", p.input.cfg.train.recompute},
           {"max_tokens", p.input.cfg.data.max_tokens},
           {"num_params", p.num_params},

@@ -28,12 +28,24 @@ struct MemoryPlanInput {
 // Bytes of one rank (rank 0 when it differs: unsharded, it also holds the checkpoint snapshot).
 struct MemoryPlan {
   MemoryPlanInput input;
-  bool sharded = false;          // train.shard_optimizer in force (P > 1)
+  // train.shard in force: none | optimizer | parameters (none where P = 1), over shard groups of
+  // shard_group ranks (train.shard_group resolved; 1 unsharded); sharded: a group of more than one.
+  std::string shard = "none";
+  int shard_group = 1;
+  bool sharded = false;
+  std::string grad_dtype = "fp32";  // the gradient accumulation buffer's (train.grad_dtype resolved)
   uint64_t num_params = 0, padded_params = 0;
+  uint64_t unit_floats = 0;      // the largest unit parameters gathers at once (a block, the embeddings, the head)
   // cpu: host memory. cuda: the device's (and `engine`, the GEMM workspaces, only there).
-  uint64_t parameters = 0;       // fp32 weights (+ the bf16 copy the CPU GEMMs read in bf16)
-  uint64_t gradients = 0;        // the flat fp32 gradient buffer (whole, even sharded: ZeRO-1)
-  uint64_t optimizer = 0;        // AdamW m and v: all parameters, or this rank's 1/P
+  // The working weights (fp32, or bf16 where bf16 is stored) and, under bf16, the fp32 master
+  // weights: both whole (none), the master 1/G (optimizer), both 1/G (parameters).
+  uint64_t parameters = 0;
+  uint64_t gathered = 0;         // parameters: the other ranks' parts of the units resident at once (the
+                                 // embeddings, and two blocks or a block and the final unit; every unit
+                                 // with train.reshard_after_forward = false)
+  uint64_t gradients = 0;        // the gradient buffer: whole (none, optimizer); 1/G plus the units'
+                                 // whole gradients resident at once (parameters)
+  uint64_t optimizer = 0;        // AdamW m and v: all parameters, or this rank's 1/G
   uint64_t activations = 0;      // kept for backward + backward scratch, largest micro-batch
   uint64_t engine = 0;           // cuda: cuBLASLt's workspace, upload slots, operand copies
   uint64_t cudnn = 0;            // cuda: cuDNN SDPA's workspace and its rows outside the arena

@@ -98,7 +98,7 @@ void load_data(Run& run) {
     run.data_dir = stage_dataset(index, cfg.data.stage_dir, run.topo.node, run.topo.local_rank);
 
   run.split = balance::split_documents(index.doc_lengths, cfg.data.eval_fraction, cfg.train.seed);
-  run.plan_opts = balance::plan_options_from_config(cfg, index.vocab_size);
+  run.plan_opts = balance::plan_options_from_config(cfg, index.vocab_size, run.world_size, run.topo.local_size);
   run.plans = make_plan_cache(run.data, run.split.train_docs, run.plan_opts, run.world_size);
 }
 

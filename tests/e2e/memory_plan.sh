@@ -8,7 +8,7 @@
 #   slices), where unsharded it does;
 # - a run whose node total exceeds the machine (KILTER_TEST_NODE_MEMORY_BYTES stands a small
 #   machine in) is refused on every rank, naming the figure and the cheapest setting that fits
-#   (here train.shard_optimizer = true), and the sharded run then starts; a machine that holds the
+#   (here train.shard = optimizer), and the sharded run then starts; a machine that holds the
 #   sharded run only with recomputation advises train.recompute = gelu;
 # - a model far beyond any machine is refused before any rank allocates model memory (its ranks
 #   peak below 1 GiB);
@@ -99,7 +99,7 @@ rc=0
 KILTER_TEST_NODE_MEMORY_BYTES=$MACHINE timeout 300 "${MPIRUN[@]}" -np 2 -x KILTER_TEST_NODE_MEMORY_BYTES \
   "$KILTER" train "${COMMON[@]}" --output.dir=runs/refused --train.shard_optimizer=false > refused.log 2>&1 || rc=$?
 [ $rc -ne 0 ] || { cat refused.log; fail "an unsharded run that cannot fit was not refused"; }
-grep -q "GiB per node" refused.log && grep -q "the cheapest setting that fits: set train.shard_optimizer = true" refused.log \
+grep -q "GiB per node" refused.log && grep -q "the cheapest setting that fits: set train.shard = optimizer" refused.log \
   || { cat refused.log; fail "the refusal does not name the figure and the setting"; }
 ! grep -q "backend cpu" refused.log || { cat refused.log; fail "the refused run started training"; }
 KILTER_TEST_NODE_MEMORY_BYTES=$MACHINE timeout 300 "${MPIRUN[@]}" -np 2 -x KILTER_TEST_NODE_MEMORY_BYTES \
@@ -156,6 +156,6 @@ KILTER_TEST_DEVICE_MEMORY_BYTES=$(cat device) timeout 300 "${MPIRUN[@]}" -np 2 -
   "$KILTER" train "${COMMON[@]}" --output.dir=runs/refused_cuda --train.backend=cuda --train.shard_optimizer=false \
   > refused_cuda.log 2>&1 || rc=$?
 [ $rc -ne 0 ] && grep -q "GiB of device memory per rank" refused_cuda.log \
-  && grep -q "the cheapest setting that fits: set train.shard_optimizer = true" refused_cuda.log \
+  && grep -q "the cheapest setting that fits: set train.shard = optimizer" refused_cuda.log \
   || { cat refused_cuda.log; fail "a cuda run whose device cannot hold it was not refused with the figure and the setting"; }
 echo "memory_plan: 1 passed, 0 failed"

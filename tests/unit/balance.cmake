@@ -9,3 +9,4 @@ kilter_add_unit_test(balance_window_fit_test ${CMAKE_CURRENT_LIST_DIR}/balance_w
 # What an in-run re-plan costs (bench/replan_cost.sh; never run as a test).
 add_executable(kilter_bench_replan ${CMAKE_SOURCE_DIR}/bench/replan_cost.cpp)
 target_link_libraries(kilter_bench_replan PRIVATE kilter_lib)
+kilter_add_unit_test(balance_group_slots_test ${CMAKE_CURRENT_LIST_DIR}/balance_group_slots_test.cpp)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The memory plan by sharding mode, from `kilter plan --memory --json` alone (no training):
+# - optimizer shards the moments only (1/G), parameters shards the weights, the gradients and
+#   the moments (1/G) and adds the other ranks' parts of the units resident at once (the
+#   embeddings and two blocks, or every unit with train.reshard_after_forward = false), on the
+#   CPU and the CUDA backend;
+# - train.shard_group = node shards over the node's ranks (G = L), world over all;
+# - the advice names the cheapest setting in order: a node that holds only the parameters mode
+#   is told "set train.shard = parameters", one that holds optimizer is told that.
+source "$(dirname "$0")/lib.sh"
+set -E
+trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
+
+# Wide layers and a small vocabulary: the state, not the activations, decides what fits.
+MODEL=(--lengths uniform:64,64 --docs 200 --model.n_layer=8 --model.n_head=8 --model.n_embd=1024 --model.block_size=64
+       --data.max_tokens=64 --train.tokens_per_step=256 --model.vocab_size=256)
+plan() {  # plan NAME [args]: the memory plan's JSON into NAME.json
+  local name=$1; shift
+  "$KILTER" plan "${MODEL[@]}" --world-size 4 --memory --json "$@" > "$name.json" 2> "$name.err" \
+    || { cat "$name.err"; fail "kilter plan $name failed"; }
+}
+plan none --train.shard=none --train.backend=cpu
+plan opt --train.shard=optimizer --train.backend=cpu
+plan par --train.shard=parameters --train.backend=cpu
+plan keep --train.shard=parameters --train.reshard_after_forward=false --train.backend=cpu
+plan node --train.shard=parameters --train.shard_group=node --ranks-per-node 2 --train.backend=cpu
+plan cuda --train.shard=parameters --train.backend=cuda --device-memory 80
+"$PY" - <<'PY'
+import json
+m = {k: json.load(open(f"{k}.json"))["memory"] for k in ("none", "opt", "par", "keep", "node", "cuda")}
+n, o, p, k, nd = m["none"], m["opt"], m["par"], m["keep"], m["node"]
+padded_floats = o["parameters_bytes"] // 4
+unit = p["unit_floats"]
+assert 0 < unit < padded_floats // 4, unit
+assert (n["shard"], o["shard"], p["shard"]) == ("none", "optimizer", "parameters")
+assert (o["shard_group"], p["shard_group"], nd["shard_group"]) == (4, 4, 2)
+# optimizer: only the moments shrink.
+assert o["parameters_bytes"] == n["parameters_bytes"] and o["gradients_bytes"] == n["gradients_bytes"]
+assert o["optimizer_bytes"] == padded_floats // 4 * 8, (o["optimizer_bytes"], padded_floats)
+assert o["gathered_bytes"] == 0 and n["gathered_bytes"] == 0
+# parameters: 1/G of weights, gradients and moments; the other ranks' parts of the units resident
+# at once (the embeddings and two blocks here: 8 blocks of 12.6 M floats, embeddings of 0.33 M).
+assert p["parameters_bytes"] == padded_floats // 4 * 4
+assert p["optimizer_bytes"] == o["optimizer_bytes"]
+block = (padded_floats - 2 * 1024 - 256 * 1024 - 64 * 1024) // 8  # the final norm, the tied embeddings
+assert 2 * block * 3 // 4 * 4 <= p["gathered_bytes"] <= 3 * block * 3 // 4 * 4, (p["gathered_bytes"], block)
+assert padded_floats // 4 * 4 + block * 7 // 4 * 4 <= p["gradients_bytes"] <= padded_floats // 4 * 4 + 3 * block * 4
+assert k["gathered_bytes"] == padded_floats * 3 // 4 * 4, "reshard_after_forward = false keeps every unit"
+assert nd["parameters_bytes"] == padded_floats // 2 * 4, "shard_group = node: G = 2"
+assert p["other_rank_bytes"] < o["other_rank_bytes"] < n["other_rank_bytes"]
+c = m["cuda"]
+assert c["parameters_bytes"] == p["parameters_bytes"] and c["gathered_bytes"] == p["gathered_bytes"]
+assert c["device_total_bytes"] >= c["parameters_bytes"] + c["gathered_bytes"] + c["gradients_bytes"] + c["optimizer_bytes"]
+# Machines for the advice: between parameters' node and optimizer's with block recompute; between
+# optimizer's and none's.
+PY
+read -r par_node opt_node none_node < <("$PY" -c '
+import json
+m = {k: json.load(open(f"{k}.json"))["memory"] for k in ("none", "opt", "par")}
+print(m["par"]["node_bytes"], m["opt"]["node_bytes"], m["none"]["node_bytes"])')
+plan optblock --train.shard=optimizer --train.recompute=block --train.backend=cpu
+optblock_node=$("$PY" -c 'import json; print(json.load(open("optblock.json"))["memory"]["node_bytes"])')
+(( par_node < optblock_node )) || fail "the parameters mode ($par_node B) should need less than optimizer with recompute ($optblock_node B)"
+between=$(( (par_node + optblock_node) / 2 ))
+KILTER_TEST_NODE_MEMORY_BYTES=$between "$KILTER" plan "${MODEL[@]}" --world-size 4 --memory --train.shard=none --train.backend=cpu \
+  > advice_par.txt 2>&1 || { cat advice_par.txt; fail "kilter plan (advice, parameters) failed"; }
+grep -q "fits with: set train.shard = parameters (train.shard_group = world)" advice_par.txt \
+  || { cat advice_par.txt; fail "a node that holds only the parameters mode was not told so"; }
+between=$(( (opt_node + none_node) / 2 ))
+KILTER_TEST_NODE_MEMORY_BYTES=$between "$KILTER" plan "${MODEL[@]}" --world-size 4 --memory --train.shard=none --train.backend=cpu \
+  > advice_opt.txt 2>&1 || { cat advice_opt.txt; fail "kilter plan (advice, optimizer) failed"; }
+grep -q "fits with: set train.shard = optimizer$" advice_opt.txt \
+  || { cat advice_opt.txt; fail "a node that holds the optimizer mode was not told so"; }
+echo "memory_plan_modes: OK"
