@@ -1,5 +1,5 @@
 // The cut phase of a step's division (see divide.h; the whole-piece division and packing are in
-// divide.cpp). Issue 23: while the busiest rank is above the mean, the cut of one of its pieces or
+// divide.cpp). Context parallelism: while the busiest rank is above the mean, the cut of one of its pieces or
 // parts with one of the least-loaded ranks that lowers the larger of the two loads most (the
 // later part pays t per earlier token) goes in; each part of a piece lies in the same micro-batch
 // slot on its rank, and a rank's slots with parts are its first micro-batches. Pieces longer than
