@@ -55,6 +55,8 @@ set(KILTER_NO_ASAN_TESTS
     e2e_invariance                                 # world sizes agree (comm_reducer_np*)
     e2e_cut_invariance e2e_cut_long_context        # cuts agree (model_cut_test, kv_exchange_np*)
     e2e_shard_optimizer                            # sharded = unsharded (model_optim_test, comm_reducer_np*)
+    e2e_shard_group                                # HSDP = 1 rank (comm_reducer_np*'s groups; sharded
+                                                   # parameters run under ASan in e2e_shard_parameters)
     e2e_recompute                                  # bit-identical (model_recompute_test)
     e2e_bf16_fortunes                              # 3 x 300 steps of a 260k-parameter model
     e2e_memory_plan                                # peak RSS against the plan: not asserted under ASan,
