@@ -237,7 +237,7 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
     model.adamw_step(ap);
     if (ctx.shard_optimizer) {
       // Every rank updated its own ranges; all of them reach every rank before the next forward
-      // reads them. With a communication thread (comm.overlap = thread) the gather runs there,
+      // reads them (the bf16 working copy under the distributed optimizer, else the parameters). With a communication thread (comm.overlap = thread) the gather runs there,
       // first layers first, and the model waits for each layer's range as its forward gets to it.
       model.synchronize();
       if (ctx.reducer->gathers_in_background() && model.takes_arriving_params()) {
@@ -247,7 +247,10 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
         // it (the model's wait, at the latest before the next step's reduction: reduce(), leaves
         // it): a rank stalled before its next forward is named by the others at their next
         // collective, not blamed on a finished gather.
-        ctx.reducer->start_gather(model.params());
+        if (uint16_t* working = model.gathered_working_copy())
+          ctx.reducer->start_gather_bf16(working);
+        else
+          ctx.reducer->start_gather(model.params());
         ctx.watchdog->enter("parameter all-gather", long(step_index), ctx.reducer->gather_arrival());
         comm::GradientReducer* reducer = ctx.reducer;
         Watchdog* watchdog = ctx.watchdog;
@@ -258,7 +261,10 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
         });
       } else {
         ctx.watchdog->enter("parameter all-gather", long(step_index));
-        ctx.reducer->gather(model.params());
+        if (uint16_t* working = model.gathered_working_copy())
+          ctx.reducer->gather_bf16(working);
+        else
+          ctx.reducer->gather(model.params());
         ctx.watchdog->leave();
         model.params_changed();
       }
