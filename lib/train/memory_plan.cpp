@@ -66,7 +66,18 @@ uint64_t activation_bytes(const Config& cfg) {
                     + N * C + kHeadChunk * C + kHeadChunk * V  // LM head rows, their gradient, a chunk of logits
                     + att_layers * att;
   uint64_t bytes = floats * 4 + 2 * N * 4;  // + target rows and ids
-  if (cfg.train.precision == "bf16") {
+  if (cfg.train.precision == "bf16" && cfg.train.bf16_storage == "on") {
+    // bf16 storage (the CUDA datapath's oracle): fp32 GEMMs on bf16 values, so no bf16 GEMM
+    // inputs, staging or oneDNN bf16 kernels; instead a Linear's output before its fused norm and
+    // dresidual's bf16 copy (N x C each), and per thread the largest weight widened from the
+    // working copy and the classifier's chunk of rows, their gradient and logits
+    // (lib/model/bf16_ops.cpp).
+    const uint64_t ffn_in = uint64_t(cfg.model.ffn_in_width()), ffn = uint64_t(cfg.model.ffn_width());
+    const uint64_t qkv = uint64_t(cfg.model.qkv_width());
+    const uint64_t largest_weight = std::max({V * C, ffn_in * C, ffn * C, qkv * C});
+    constexpr uint64_t kClassifierRows = 256;
+    bytes += (2 * N * C + largest_weight + kClassifierRows * (2 * C + V)) * 4;
+  } else if (cfg.train.precision == "bf16") {
     bytes += N * plan.bf16_layers * plan.bf16_inputs_per_token * 2;  // the kept bf16 GEMM inputs
     // Per-thread bf16 staging of the other GEMM operands (lib/model/matmul.cpp), and what oneDNN's
     // bf16 kernels hold (measured: about 40 MiB more than fp32 whatever the shape).
