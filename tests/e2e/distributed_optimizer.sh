@@ -94,9 +94,12 @@ PY
 # Memory: the plan against the measured peak RSS of every rank (getrusage through time(1)), 4 ranks,
 # a model whose state outweighs its activations (50 M parameters, 256 tokens a micro-batch), so
 # that a whole master (3/4 of the padded buffer x 4 bytes more, about 22% here) would not pass.
+# comm.overlap = false: with the communication thread some ranks of this 50 M model peak 90-340 MiB
+# above the plan (rank 0 at its checkpoint, another rank during the steps), in fp32 ZeRO-1 alike,
+# which the plan does not price yet; without it every rank is within 5%.
 MEM=(--model.n_layer=4 --model.n_head=8 --model.n_embd=1024 --model.block_size=256 --data.max_tokens=256
      --train.tokens_per_step=1024 --train.steps=2 --output.log_every=1 --output.trace_steps=0 --comm.timeout_s=120
-     --train.precision=bf16 --train.bf16_storage=on --train.shard=optimizer)
+     --train.precision=bf16 --train.bf16_storage=on --train.shard=optimizer --comm.overlap=false)
 "$KILTER" plan --data data --world-size 4 "${MEM[@]}" --memory --json > plan_opt.json
 "$KILTER" plan --data data --world-size 4 "${MEM[@]/--train.shard=optimizer/--train.shard=none}" --memory --json \
   > plan_none.json
@@ -111,16 +114,14 @@ padded = n["parameters_bytes"] // 6  # none under bf16: the fp32 master and the 
 # The master 1/4 with the moments beside the whole working copy (and a few pages of widened norms).
 assert 2 * padded + padded // 4 * 4 <= o["parameters_bytes"] <= 2 * padded + padded + (1 << 20), (o, padded)
 whole_master = 3 * (padded // 4) * 4
-# Rank 0 is left out: its peak at the final sharded checkpoint runs above the plan by about 5
-# bytes a parameter at this size whatever the precision (fp32 ZeRO-1 alike), a matter of the
-# checkpoint's writer, not of the master.
-for rank in (1, 2, 3):
+for rank in range(4):
+    key = "rank0_bytes" if rank == 0 else "other_rank_bytes"
     measured = int(open(f"mem.rss.{rank}").read().split()[-1]) * 1024
-    ratio = o["other_rank_bytes"] / measured
-    print(f"rank {rank}: estimate {o['other_rank_bytes'] / 2**20:.1f} MiB, peak RSS {measured / 2**20:.1f} MiB, "
-          f"ratio {ratio:.3f} (a whole master: {(o['other_rank_bytes'] + whole_master) / measured:.3f})")
+    ratio = o[key] / measured
+    print(f"rank {rank}: estimate {o[key] / 2**20:.1f} MiB, peak RSS {measured / 2**20:.1f} MiB, "
+          f"ratio {ratio:.3f} (a whole master: {(o[key] + whole_master) / measured:.3f})")
     if "ASAN_OPTIONS" not in os.environ:
-        assert 0.9 <= ratio <= 1.1, f"rank {rank}: estimate {o['other_rank_bytes']} vs peak RSS {measured}"
-        assert (o["other_rank_bytes"] + whole_master) / measured > 1.1, "the check cannot tell a whole master"
+        assert 0.9 <= ratio <= 1.1, f"rank {rank}: estimate {o[key]} vs peak RSS {measured}"
+        assert (o[key] + whole_master) / measured > 1.1, "the check cannot tell a whole master"
 PY
 echo "distributed_optimizer: 1 passed, 0 failed"
