@@ -4,7 +4,8 @@
 # what is all-gathered after the update.
 # - gpt2 and llama on 4 ranks (and 2 nodes x 2): the losses of `optimizer` are within 1e-4
 #   relative of `none`'s (every weight, the norms' and the embeddings' too, is read through the
-#   bf16 working copy: docs/comm.md), and fp32 `optimizer` still equals fp32 `none` within 1e-6;
+#   bf16 working copy: docs/comm.md), HSDP (groups of a node) too, with evaluation within 1e-4 and
+#   training samples; fp32 `optimizer` still equals fp32 `none` within 1e-6;
 # - the checkpoint holds the fp32 master, not its bf16 rounding (most values have low bits), and
 #   its weights are within the lr bound of `none`'s;
 # - a distributed-optimizer checkpoint resumes on 4 ranks bit for bit as the run straight through,
@@ -28,6 +29,12 @@ train g_none.log 4 --output.dir=runs/g_none --train.shard=none "${BF16[@]}"
 train l_opt.log 4 --output.dir=runs/l_opt --train.shard=optimizer "${LLAMA[@]}" "${BF16[@]}"
 train l_none.log 4 --output.dir=runs/l_none --train.shard=none "${LLAMA[@]}" "${BF16[@]}"
 train g_opt22.log 4 --output.dir=runs/g_opt22 --train.shard=optimizer --comm.ranks_per_node=2 --comm.algo=hierarchical "${BF16[@]}"
+# HSDP (the master sharded inside each node of 2, replicated across), with evaluation and training
+# samples (which read the working copy, widened), against none with the same evaluation.
+EVAL=(--train.eval_every=4 --data.eval_fraction=0.1 --output.sample_every=4 --output.sample_tokens=8)
+train g_hsdp.log 4 --output.dir=runs/g_hsdp --train.shard=optimizer --train.shard_group=node --comm.ranks_per_node=2 \
+  "${EVAL[@]}" "${BF16[@]}"
+train g_evnone.log 4 --output.dir=runs/g_evnone --train.shard=none --comm.ranks_per_node=2 "${EVAL[@]}" "${BF16[@]}"
 train f_opt.log 4 --output.dir=runs/f_opt --train.shard=optimizer --train.precision=fp32 --train.bf16_storage=off
 train f_none.log 4 --output.dir=runs/f_none --train.shard=none --train.precision=fp32 --train.bf16_storage=off
 
@@ -39,7 +46,7 @@ train r3.log 3 --resume runs/r3 --train.shard=optimizer "${BF16[@]}"
 train r1.log 1 --resume runs/r1 "${BF16[@]}"
 
 "$PY" - "$SRC/tests/python" <<'PY'
-import glob, sys
+import csv, glob, sys
 import h5py
 import numpy as np
 sys.path.insert(0, sys.argv[1])
@@ -59,11 +66,20 @@ def rel(a, b):
 
 # Measured: 9.2e-6 (gpt2), 5.2e-6 (llama), 9.2e-6 (2 x 2).
 for opt, none, bound in [("g_opt", "g_none", 1e-4), ("l_opt", "l_none", 1e-4), ("g_opt22", "g_none", 1e-4),
+                         ("g_hsdp", "g_evnone", 1e-4),
                          ("f_opt", "f_none", 1e-6)]:
     a, b = losses(opt), losses(none)
     assert len(a) == len(b) == 8, (len(a), len(b))
     print(f"{opt} vs {none}: max relative loss difference {rel(a, b):.2e} (bound {bound})")
     assert rel(a, b) < bound, f"{opt}: losses differ from {none} by {rel(a, b)}"
+def eval_losses(run):
+    with open(f"runs/{run}/metrics/train.csv") as f:
+        return np.array([float(r["eval_loss"]) for r in csv.DictReader(f) if r["eval_loss"]])
+ev, en = eval_losses("g_hsdp"), eval_losses("g_evnone")
+assert len(ev) == len(en) >= 2, (len(ev), len(en))
+print(f"g_hsdp: evaluation vs none, max relative difference {rel(ev, en):.2e}")
+assert rel(ev, en) < 1e-4, rel(ev, en)
+assert open("g_hsdp.log").read().count("sample at step") >= 2, "no training samples under the distributed optimizer"
 # A run that changed nothing would pass the bound: bf16 storage must differ from fp32.
 assert rel(losses("g_opt"), losses("f_opt")) > 1e-6, "bf16 storage gave fp32's losses"
 
