@@ -135,7 +135,8 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
   ShardedState st;
   const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
-  const uint64_t grad = p.grad_dtype == "bf16" ? 2 : 4;
+  // The cpu backend keeps bf16 gradient values in its fp32 buffer; a device holds them in bf16.
+  const uint64_t grad = p.grad_dtype == "bf16" && p.input.backend == "cuda" ? 2 : 4;
   if (p.shard == "optimizer") {
     // The moments sharded, the gradient buffer whole in train.grad_dtype; the fp32 master 1/G
     // with the moments where the backend shards it (the distributed optimizer: the working copy
@@ -221,9 +222,13 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   // The working weights are bf16 where bf16 is stored (cuda: bf16 storage; cpu: the bf16 copy its
   // GEMMs read), and the fp32 weights are then the master copy; in fp32 they are one and the same.
   const bool bf16_work = bf16 && (!cuda || cfg.train.bf16_storage != "off");
-  // auto: the gradient buffer the backends build (fp32 on every one so far; a run refuses
-  // train.grad_dtype = bf16 at its start, and the plan prices it as asked).
-  p.grad_dtype = p.shard != "none" && cfg.train.grad_dtype == "bf16" ? "bf16" : "fp32";
+  // train.grad_dtype as the run resolves it: auto is bf16 under bf16 storage on the cpu backend
+  // (none or optimizer), else fp32; bf16 as asked (a cuda run refuses it at its start so far).
+  // The cpu backend accumulates the bf16 values in its fp32 buffer: 4 bytes; a device buffer of
+  // bf16 would take 2.
+  const bool cpu_bf16_storage = !cuda && bf16 && cfg.train.bf16_storage == "on";
+  const bool auto_bf16 = cfg.train.grad_dtype == "auto" && cpu_bf16_storage && p.shard != "parameters";
+  p.grad_dtype = cfg.train.grad_dtype == "bf16" || auto_bf16 ? "bf16" : "fp32";
   const bool master_sharded = p.shard == "optimizer" && master_sharded_under_optimizer(cfg, cuda);
   ShardedState state = sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda);
   // The cpu backend's distributed optimizer also widens the norms' weights from the working copy

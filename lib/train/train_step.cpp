@@ -10,6 +10,7 @@
 
 #include "io/base/error.h"
 #include "io/text_format.h"
+#include "lib/model/bf16_ops.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/cut_schedule.h"
 #include "lib/train/guards.h"
@@ -127,17 +128,25 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     };
     model.set_backward_start_hook(note_backward);
     model::GradReadyFn on_ready;
+    // train.grad_dtype = bf16: each finished range into the bf16 sum (StepContext::bf16_grads).
+    auto accumulate = [&](size_t offset, size_t count) {
+      if (ctx.bf16_grads) model::round_bf16_inplace(model.grads() + offset, count);
+    };
     if (last) {
       ctx.reducer->begin();
       on_ready = [&](size_t offset, size_t count) {
         note_backward();
+        accumulate(offset, count);
         // This rank's own gradient, final before the reduction mixes it with the others':
         // the only place to tell which rank a non-finite value came from.
         if (!ctx.local_nonfinite && !model.grads_finite(offset, count)) ctx.local_nonfinite = true;
         ctx.reducer->ready(offset, count);
       };
     } else {
-      on_ready = [&](size_t, size_t) { note_backward(); };
+      on_ready = [&](size_t offset, size_t count) {
+        note_backward();
+        accumulate(offset, count);
+      };
     }
     loss_sum += model.forward_backward(ctx.batch, loss_scale, on_ready);
     if (exchange) exchange->finish();  // its last sends, before the next micro-batch's
