@@ -11,7 +11,7 @@
 # - the checkpoint holds the fp32 master, not its bf16 rounding (most values have low bits), and
 #   its weights are within the lr bound of `none`'s;
 # - a distributed-optimizer checkpoint resumes on 4 ranks bit for bit as the run straight through,
-#   and on 1 rank (none) and 3 ranks (optimizer) within 1e-4;
+#   and on 1 rank (none), 3 ranks (optimizer) and 2 ranks (parameters) within 1e-4;
 # - the memory plan's per-rank figure is within 10% of the measured peak RSS on 4 ranks, and the
 #   plan prices the master 1/G (kilter plan --memory --json).
 source "$(dirname "$0")/lib.sh"
@@ -53,6 +53,11 @@ for r in r4 r3 r1; do cp -r runs/part runs/$r; done
 train r4.log 4 --resume runs/r4 --train.shard=optimizer "${BF16[@]}"
 train r3.log 3 --resume runs/r3 --train.shard=optimizer "${BF16[@]}"
 train r1.log 1 --resume runs/r1 "${BF16[@]}"
+# And as parameters on 2 ranks (which needs whole pieces: data.cut_pieces = false from the start).
+WHOLE=(--data.cut_pieces=false)
+train pcs.log 4 --output.dir=runs/pcs --train.shard=optimizer "${WHOLE[@]}" "${BF16[@]}"
+stop_after pc.log 4 4 --output.dir=runs/pc --train.shard=optimizer "${WHOLE[@]}" "${BF16[@]}"
+train pcp.log 2 --resume runs/pc --train.shard=parameters "${WHOLE[@]}" "${BF16[@]}"
 
 "$PY" - "$SRC/tests/python" <<'PY'
 import csv, glob, sys
@@ -120,6 +125,11 @@ print("resume on 4 ranks: bit for bit")
 for run in ("r3", "r1"):
     print(f"resume {run}: max relative loss difference to straight {rel(parts(run), straight):.2e}")
     assert rel(parts(run), straight) < 1e-4, run
+assert "resumed from runs/pc/checkpoints/step-00000004.h5" in open("pcp.log").read(), "no resume under parameters"
+pc = losses_of(["runs/pc/metrics/rank-00000.csv"], 8)  # steps 0-3 on 4 ranks, 4-7 resumed (later rows win)
+d = rel(pc, losses("pcs"))
+print(f"resume as parameters on 2 ranks: max relative loss difference to straight {d:.2e}")
+assert d < 1e-4, d
 PY
 
 # Memory: the plan against the measured peak RSS of every rank (getrusage through time(1)), 4 ranks,
