@@ -6,7 +6,9 @@
 #   GPT-2 124M (4 CPU ranks) and 350M (medium, 2) under each mode; each beside torchtitan's published
 #   peak where one exists (docs/model.md, "The memory plan", by sharding mode, says which figures
 #   compare and which do not). Checks that the Llama rows under `parameters` fit 80 GB, and the 8B
-#   under `optimizer` once the fp32 master is sharded with the moments (printed beside the figure as built).
+#   under `optimizer` once the fp32 master is sharded with the moments on the cuda backend (printed
+#   beside the figure as the cuda backend holds it; the cpu backend shards it under bf16 storage,
+#   the GPT-2 124M bf16-storage row).
 # - speed: `none` against `parameters` on NP (2) CPU ranks, alternating REPEATS times: tokens/s of
 #   each (median) and their ratio (target >= 0.85); the losses must agree step by step (within
 #   1e-6 relative). With HSDP=1 (root; scripts/vcluster), the same on 2 nodes x 2 ranks with a
@@ -83,6 +85,9 @@ if [[ " $SECTIONS " == *" memory "* ]]; then
       memory_row g124_$m 4 4 0 1024 1024 $GPT2_124M --train.precision=fp32 --train.recompute=block --train.shard=$m
       memory_row g350_$m 2 2 0 1024 1024 $GPT2_350M --train.precision=fp32 --train.recompute=block --train.shard=$m
     done
+    # The distributed optimizer (the fp32 master 1/G beside the whole bf16 working copy).
+    memory_row g124_optimizer_bf16 4 4 0 1024 1024 $GPT2_124M --train.precision=bf16 --train.bf16_storage=on \
+      --train.recompute=block --train.shard=optimizer
   }
   "$PY" - <<'PY'
 import json
@@ -105,6 +110,7 @@ rows = [
 ]
 for m in ("none", "optimizer", "parameters"):
     rows.append((f"g124_{m}", f"GPT-2 124M fp32 ctx 1024, 4 CPU ranks, {m}"))
+rows.append(("g124_optimizer_bf16", "GPT-2 124M bf16 storage, 4 CPU ranks, optimizer"))
 for m in ("none", "optimizer", "parameters"):
     rows.append((f"g350_{m}", f"GPT-2 350M fp32 ctx 1024, 2 CPU ranks, {m}"))
 print("## memory plan per rank (GiB; recompute = block; device figures on cuda, host on cpu)")
@@ -122,14 +128,15 @@ for key, label in rows:
 for key in ("l8_par", "l70_par"):
     assert plans[key]["device_fits"], f"{key}: the plan says it does not fit 80 GB"
 assert not plans["l8_none"]["device_fits"], "l8_none should not fit 80 GB"
-# optimizer: the plan counts the fp32 master whole, as the backends hold it so far; with the master
-# sharded with the moments (Megatron's distributed optimizer) the bf16 row's weights would be
-# 2 bytes a parameter whole + 4 bytes over G.
+# optimizer: the cuda plan counts the fp32 master whole, as the cuda backend holds it so far; with
+# the master sharded with the moments (Megatron's distributed optimizer, built on the cpu backend
+# under bf16 storage: the g124_optimizer_bf16 row) the bf16 row's weights are 2 bytes a parameter
+# whole + 4 bytes over G.
 m = plans["l8_opt"]
 G = m["shard_group"]
 designed_params = m["parameters_bytes"] * (2 + 4 / G) / 6
 designed = m["device_total_bytes"] - m["parameters_bytes"] + designed_params
-print(f"Llama-3-8B optimizer, bf16 grads, with the fp32 master 1/{G} (not built yet): params {designed_params / GiB:.2f}, "
+print(f"Llama-3-8B optimizer, bf16 grads, with the fp32 master 1/{G} (cpu backend only so far): params {designed_params / GiB:.2f}, "
       f"total {designed / GiB:.2f} GiB: {'fits' if designed <= 80 * GiB else 'does NOT fit'} 80 GB")
 assert designed <= 80 * GiB
 print("Llama-3-70B: torchtitan publishes no FSDP-only (1D) memory for 70B (64 A100: tokens/s and MFU only;"

@@ -83,6 +83,45 @@ std::string CpuModel::describe() const {
 
 void CpuModel::refresh_bf16_params() {
   if (bf16_) model::to_bf16(params_bf16_.data(), params_.data(), params_.size());
+  if (!master_sharded_) return;
+  widen_norms(0, layout_.padded_size);
+  drop_unowned_master();  // a whole-buffer write (initialization, a resume) kept only what this rank owns
+}
+
+void CpuModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
+  ModelBase::shard_optimizer(owned);
+  // Only bf16 storage reads every weight through the working copy; fp32 and bf16 GEMMs read the
+  // fp32 parameters, which stay whole (and sharded parameters hold their own chunks).
+  if (!bf16_storage_ || units_) return;
+  await_params(layout_.padded_size);
+  master_sharded_ = true;
+  widened_.resize(layout_.padded_size);
+  norm_ranges_.clear();
+  for (const model::ParamTensor& t : layout_.tensors) {
+    using model::TensorRole;
+    const TensorRole r = t.role;
+    if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
+        r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
+      norm_ranges_.push_back({t.offset, t.size});
+  }
+  widen_norms(0, layout_.padded_size);
+  drop_unowned_master();
+}
+
+void CpuModel::widen_norms(size_t lo, size_t hi) const {
+  for (const model::ParamRange& r : norm_ranges_) {
+    const size_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.count);
+    if (a < b) model::bf16_to_floats(widened_.data() + a, params_bf16_.data() + a, b - a);
+  }
+}
+
+void CpuModel::drop_unowned_master() {
+  size_t at = 0;
+  for (const model::ParamRange& r : owned()) {
+    if (r.offset > at) return_pages(params_.data() + at, r.offset - at);
+    at = std::max(at, r.offset + r.count);
+  }
+  if (at < layout_.padded_size) return_pages(params_.data() + at, layout_.padded_size - at);
 }
 
 void CpuModel::params_arriving(std::function<void(size_t end)> wait) {
@@ -107,7 +146,9 @@ void CpuModel::await_params(size_t end) const {
   end = std::min(end, layout_.padded_size);
   if (end <= arrived_end_) return;
   arriving_(end);
-  if (bf16_) {
+  if (master_sharded_) {
+    widen_norms(arrived_end_, end);  // the working copy itself arrived
+  } else if (bf16_) {
     model::bf16* rounded = const_cast<model::bf16*>(params_bf16_.data());
     model::to_bf16(rounded + arrived_end_, params_.data() + arrived_end_, end - arrived_end_);
   }
@@ -201,6 +242,12 @@ void CpuModel::set_params(const float* host) {
 }
 void CpuModel::get_params(float* host) const {
   await_params(layout_.padded_size);
+  if (master_sharded_) {
+    // No rank holds the whole master: the weights the forward computes with (a sharded
+    // checkpoint writes each rank's master from params()).
+    model::bf16_to_floats(host, params_bf16_.data(), layout_.num_params);
+    return;
+  }
   std::memcpy(host, params_.data(), sizeof(float) * layout_.num_params);
 }
 
@@ -218,7 +265,7 @@ void CpuModel::forward(const Batch& batch) {
                   model::attention_saved_floats(cu_seqlens, pieces, cfg_.n_head, pos_offset));
   memory_.embeddings = encoded_.data();
   memory_.lnf = lnf_.data(), memory_.lnf_mean = lnf_mean_.data(), memory_.lnf_rstd = lnf_rstd_.data();
-  memory_.params = params_.data(), memory_.grads = grads_.data();
+  memory_.params = master_sharded_ ? widened_.data() : params_.data(), memory_.grads = grads_.data();
   float* grad[] = {dresidual_.data(), dln_.data(), datty_.data(), dqkv_.data(), dfch_.data(), dact_.data()};
   std::copy(std::begin(grad), std::end(grad), memory_.grad);
   memory_.params_bf16 = params_bf16_.data();
@@ -228,8 +275,15 @@ void CpuModel::forward(const Batch& batch) {
   // own range only, so the gather of the later layers overlaps the earlier layers' forward.
   await_params(offsets_.embeddings_end());
   if (units_) unit_needed(0);
-  model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
-                         model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, cfg_.n_embd, pos_offset);
+  if (master_sharded_) {
+    const model::bf16* wpe = offsets_.wpe == model::kNoTensor ? nullptr : params_bf16_.data() + offsets_.wpe;
+    model::encoder_forward_bf16(encoded_.data(), batch.inputs.data(), params_bf16_.data() + offsets_.wte, wpe,
+                                cu_seqlens, pieces, cfg_.n_embd, pos_offset);
+  } else {
+    model::encoder_forward(encoded_.data(), batch.inputs.data(), params_.data() + offsets_.wte,
+                           model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, cfg_.n_embd,
+                           pos_offset);
+  }
   if (bf16_storage_) model::round_bf16_inplace(encoded_.data(), static_cast<size_t>(batch.N) * cfg_.n_embd);
   if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
   schedule_.forward(*ops_);
@@ -387,8 +441,10 @@ void CpuModel::adamw_step(const model::AdamWParams& p) {
   model::for_each_owned_part(layout_, owned(), [&](size_t lo, size_t hi, size_t k, bool decay) {
     optim::adamw_update(params_.data() + lo, grads_.data() + lo, m + k, v + k, hi - lo, p.lr, p.beta1, p.beta2, p.eps,
                         decay ? p.weight_decay : 0.0f, p.grad_scale, p.t);
-    // Sharded, the all-gather brings the other ranks' ranges and params_changed() rounds them.
-    if (bf16_ && !sharded()) model::to_bf16(params_bf16_.data() + lo, params_.data() + lo, hi - lo);
+    // Sharded, the all-gather brings the other ranks' ranges and params_changed() rounds them;
+    // under the distributed optimizer the working copy is what is gathered: its own ranges first.
+    if (bf16_ && (!sharded() || master_sharded_))
+      model::to_bf16(params_bf16_.data() + lo, params_.data() + lo, hi - lo);
   });
 }
 

@@ -62,8 +62,15 @@ class CpuModel final : public ModelBase {
   void set_params(const float* host) override;
   void get_params(float* host) const override;
   void params_changed() override {
-    if (!units_) refresh_bf16_params();  // sharded parameters: each unit is rounded as it is gathered
+    if (master_sharded_)
+      widen_norms(0, layout_.padded_size);  // the working copy was gathered
+    else if (!units_)
+      refresh_bf16_params();  // sharded parameters: each unit is rounded as it is gathered
   }
+  // bf16 storage under a sharded optimizer is the distributed optimizer (model.h
+  // gathered_working_copy): the fp32 master of the owned ranges only.
+  void shard_optimizer(const std::vector<model::ParamRange>& owned) override;
+  uint16_t* gathered_working_copy() override { return master_sharded_ ? params_bf16_.data() : nullptr; }
   bool supports_param_units() const override { return true; }
   void set_param_units(model::ParamUnitHooks* hooks) override;
   bool takes_arriving_params() const override { return true; }
@@ -118,6 +125,10 @@ class CpuModel final : public ModelBase {
   // const: get_params reads only what has arrived (the wait and the rounding touch neither the
   // model's values nor anything a caller sees).
   void await_params(size_t end) const;
+  // The distributed optimizer: the norms' fp32 weights in widened_[lo, hi) from the working copy.
+  void widen_norms(size_t lo, size_t hi) const;
+  // The distributed optimizer: the master's pages outside the owned ranges back to the system.
+  void drop_unowned_master();
   // Sharded parameters: the unit must be whole now (bf16: rounded where it was just gathered).
   void unit_needed(int unit);
   model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always here
@@ -141,6 +152,14 @@ class CpuModel final : public ModelBase {
   bool bf16_ = false;
   bool bf16_storage_ = false;  // the oracle of the GPU's bf16 storage (above)
   std::vector<model::bf16> params_bf16_;
+  // The distributed optimizer (bf16 storage with a sharded optimizer, Megatron's): params_ holds
+  // the fp32 master of the owned ranges only (the rest returned to the system), params_bf16_ is
+  // the gathered working copy every weight is read through, and widened_ holds, at the
+  // parameters' offsets, the norms' weights widened from it for the kernels that take fp32 (its
+  // other pages never touched). The embeddings are read from the working copy.
+  bool master_sharded_ = false;
+  mutable std::vector<float, FreshPagesAllocator<float>> widened_;
+  std::vector<model::ParamRange> norm_ranges_;
   // precision=bf16: per layer and token, plan_.bf16_inputs_per_token bf16s (BlockInputsBf16; empty in fp32).
   std::vector<model::bf16> inputs_bf16_;
 

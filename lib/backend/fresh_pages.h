@@ -5,8 +5,11 @@
 // gathers and owns, never the whole buffers (lib/train/param_shards.h returns freed pages).
 #pragma once
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -42,5 +45,23 @@ struct FreshPagesAllocator {
   bool operator==(const FreshPagesAllocator&) const { return true; }
   bool operator!=(const FreshPagesAllocator&) const { return false; }
 };
+
+// Zeroes [p, p + n) and returns its whole pages to the system: they read as zeros afterwards and
+// count in no resident memory until written again (the distributed optimizer's unowned master).
+template <typename T>
+void return_pages(T* p, size_t n) {
+  static_assert(std::is_trivial<T>::value, "fresh pages hold trivial values (zero bits)");
+  if (n == 0) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = uintptr_t(p), end = uintptr_t(p + n);
+  const uintptr_t lo = (begin + page - 1) / page * page, hi = end / page * page;
+  if (lo >= hi) {
+    std::memset(static_cast<void*>(p), 0, n * sizeof(T));
+    return;
+  }
+  std::memset(static_cast<void*>(p), 0, lo - begin);
+  std::memset(reinterpret_cast<void*>(hi), 0, end - hi);
+  if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0) std::memset(reinterpret_cast<void*>(lo), 0, hi - lo);
+}
 
 }  // namespace kilter::backend

@@ -34,7 +34,8 @@ Topology make_topology(MPI_Comm world, int ranks_per_node);
 Topology make_topology_from_node_ids(MPI_Comm world, int node_id);
 void free_topology(Topology& topo);
 
-enum class DType { f32, f64, i64 };
+// bf16: 16-bit brain floats (their bits as uint16_t), only moved (gathers): every sum is in fp32.
+enum class DType { f32, f64, i64, bf16 };
 
 // [offset, offset + count) of a flat buffer, in elements.
 struct BufferRange {
@@ -131,10 +132,22 @@ class GradientReducer {
   // other ranks never join, and the reducer lets that thread go rather than wait forever.
   virtual bool communicating() const { return false; }
   virtual void start_gather(float* params) { gather(params); }
+  // The distributed optimizer (train.shard = optimizer with a bf16 working copy and a sharded
+  // fp32 master, lib/model/model.h gathered_working_copy): the same gathers of a bf16 buffer
+  // laid out as the gradients, half the bytes of the fp32 gather. wait_gather and gather_arrival
+  // serve both. A reducer that gathers no working copy refuses it.
+  virtual void gather_bf16(uint16_t* working) {
+    (void)working;
+    throw_no_bf16_gather();
+  }
+  virtual void start_gather_bf16(uint16_t* working) { gather_bf16(working); }
   virtual void wait_gather(size_t end) { (void)end; }
   // The gather started last: a flag the communication thread sets once every range has arrived
   // (read from any thread; it outlives the reducer). nullptr where start_gather() blocks.
   virtual std::shared_ptr<const std::atomic<bool>> gather_arrival() const { return nullptr; }
+
+ private:
+  [[noreturn]] static void throw_no_bf16_gather();
 };
 
 // How bucket reductions make progress while backward computes.

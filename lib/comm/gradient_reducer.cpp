@@ -114,7 +114,8 @@ struct ReducerState {
   bool in_collective = false;
   std::exception_ptr failure;
   // The all-gather left to the communication thread (start_gather), guarded by `mutex`.
-  float* gather_params = nullptr;  // null: none in flight
+  void* gather_params = nullptr;  // null: none in flight
+  DType gather_type = DType::f32;  // its elements: the parameters, or the bf16 working copy
   size_t gather_next = 0;          // buckets gathered, in ascending offsets
   size_t gather_end = 0;           // params [0, gather_end) have arrived
   std::chrono::steady_clock::time_point gather_moved;  // the gather's start or last bucket
@@ -169,31 +170,42 @@ struct ReducerState {
         s.comm->reduce_scatter(base + b.offset, base + b.owned_offset, b.owned_count, DType::f32);
         return;
       case StageOp::cross_allgather:
-        s.comm->allgather(base + b.owned_offset, own_shard(base, b), b.owned_count, DType::f32);
-        return;
-      case StageOp::world_allgather:
-        s.comm->allgather(base + b.owned_offset, base + b.offset, b.owned_count, DType::f32);
-        return;
+      case StageOp::world_allgather: run_gather_stage(s, b, base, DType::f32); return;
+    }
+  }
+  // A gather stage over a buffer of `t` elements laid out as the gradients (the parameters, or
+  // the distributed optimizer's bf16 working copy).
+  void run_gather_stage(const Stage& s, const Bucket& b, void* base, DType t) {
+    const size_t size = dtype_size(t);
+    char* bytes = static_cast<char*>(base);
+    auto at = [&](size_t element) { return bytes + element * size; };
+    const size_t own = b.offset + size_t(local_rank) * shard(b);
+    switch (s.op) {
+      case StageOp::node_allgather: s.comm->allgather(at(own), at(b.offset), shard(b), t); return;
+      case StageOp::cross_allgather: s.comm->allgather(at(b.owned_offset), at(own), b.owned_count, t); return;
+      case StageOp::world_allgather: s.comm->allgather(at(b.owned_offset), at(b.offset), b.owned_count, t); return;
+      default: KILTER_FAIL("gradient reducer: stage " << int(s.op) << " is no gather");
     }
   }
   void run_blocking(const Stage& s, const Bucket& b) { run_blocking(s, b, buf); }
 
   // The gather's i-th bucket in ascending offsets (buckets are kept highest offset first).
   const Bucket& gather_bucket(size_t i) const { return buckets[buckets.size() - 1 - i]; }
-  void run_gather_bucket(size_t i, float* params) {
-    for (const Stage& stage : gather_stages) run_blocking(stage, gather_bucket(i), params);
+  void run_gather_bucket(size_t i, void* params, DType t) {
+    for (const Stage& stage : gather_stages) run_gather_stage(stage, gather_bucket(i), params, t);
   }
 
   // Communication thread, `lock` held, a gather in flight: runs its next bucket (the lock
   // released meanwhile). False when it failed (the failure is recorded and announced).
   bool gather_one_bucket(std::unique_lock<std::mutex>& lock) {
     const size_t i = gather_next;
-    float* params = gather_params;
+    void* params = gather_params;
+    const DType type = gather_type;
     in_collective = true;
     lock.unlock();
     std::exception_ptr failed;
     try {
-      run_gather_bucket(i, params);
+      run_gather_bucket(i, params, type);
     } catch (...) {
       failed = std::current_exception();
     }
@@ -327,7 +339,12 @@ class BucketGradientReducer final : public GradientReducer {
     return ranges;
   }
 
-  void gather(float* params) override {
+  void gather(float* params) override { gather_buffer(params, DType::f32); }
+  void gather_bf16(uint16_t* working) override { gather_buffer(working, DType::bf16); }
+  bool gathers_in_background() const override { return mode_ == OverlapMode::thread && !state_->gather_stages.empty(); }
+  void start_gather(float* params) override { start_gather_buffer(params, DType::f32); }
+  void start_gather_bf16(uint16_t* working) override { start_gather_buffer(working, DType::bf16); }
+  void gather_buffer(void* params, DType t) {
     ReducerState& s = *state_;
     if (s.gather_stages.empty()) return;
     wait_gather(s.padded_size);
@@ -335,12 +352,11 @@ class BucketGradientReducer final : public GradientReducer {
       std::lock_guard<std::mutex> lock(s.mutex);
       KILTER_CHECK(!s.active, "gradient reducer: gather() called between begin() and finish()");
     }
-    for (size_t i = 0; i < s.buckets.size(); ++i) s.run_gather_bucket(i, params);
+    for (size_t i = 0; i < s.buckets.size(); ++i) s.run_gather_bucket(i, params, t);
   }
-  bool gathers_in_background() const override { return mode_ == OverlapMode::thread && !state_->gather_stages.empty(); }
-  void start_gather(float* params) override {
+  void start_gather_buffer(void* params, DType t) {
     if (!gathers_in_background()) {
-      gather(params);
+      gather_buffer(params, t);
       return;
     }
     wait_gather(state_->padded_size);
@@ -348,6 +364,7 @@ class BucketGradientReducer final : public GradientReducer {
       std::lock_guard<std::mutex> lock(state_->mutex);
       KILTER_CHECK(!state_->active, "gradient reducer: start_gather() called between begin() and finish()");
       state_->gather_params = params;
+      state_->gather_type = t;
       state_->gather_next = 0;
       state_->gather_end = 0;
       state_->gather_moved = std::chrono::steady_clock::now();
@@ -679,6 +696,10 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, con
   opts.bucket_bytes = bucket_bytes;
   opts.overlap = overlap ? OverlapMode::automatic : OverlapMode::off;
   return make_gradient_reducer(topo, buf, padded_size, opts);
+}
+
+void GradientReducer::throw_no_bf16_gather() {
+  KILTER_FAIL("gradient reducer: this reducer gathers no bf16 working copy (only train.shard = optimizer's does)");
 }
 
 }  // namespace kilter::comm

@@ -19,6 +19,7 @@ size_t dtype_size(DType t) {
     case DType::f32: return 4;
     case DType::f64: return 8;
     case DType::i64: return 8;
+    case DType::bf16: return 2;
   }
   KILTER_FAIL("unknown DType " << int(t));
 }
@@ -30,8 +31,16 @@ MPI_Datatype mpi_type(DType t) {
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
     case DType::i64: return MPI_INT64_T;
+    case DType::bf16: return MPI_UINT16_T;  // moved, never summed (sum_type)
   }
   KILTER_FAIL("unknown DType " << int(t));
+}
+
+// The type of a sum: bf16 values travel only in gathers (MPI has no bf16 sum; an integer sum of
+// their bits would be garbage).
+MPI_Datatype sum_type(DType t) {
+  KILTER_CHECK(t != DType::bf16, "MPI communicator: bf16 buffers are gathered, never reduced (reduce in fp32)");
+  return mpi_type(t);
 }
 
 // MPI counts are int; a bucket never comes near 2^31 elements, so a larger one is a caller bug.
@@ -86,7 +95,7 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<Request> iallreduce(void* buf, size_t count, DType t) override {
     MPI_Request request = MPI_REQUEST_NULL;
-    KILTER_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(count, "MPI_Iallreduce"), mpi_type(t), MPI_SUM,
+    KILTER_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(count, "MPI_Iallreduce"), sum_type(t), MPI_SUM,
                                     comm_, &request),
                      "MPI_Iallreduce of " << count << " elements");
     return std::make_unique<MpiRequest>(request, "MPI_Iallreduce", nullptr);
@@ -99,12 +108,12 @@ class MpiCommunicator final : public Communicator {
       // MPI's in-place form leaves the result at the front of the buffer; move it into this
       // rank's block once it is there.
       void* whole = const_cast<void*>(send);
-      KILTER_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, whole, n, mpi_type(t), MPI_SUM, comm_, &request),
+      KILTER_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, whole, n, sum_type(t), MPI_SUM, comm_, &request),
                        "MPI_Ireduce_scatter_block (in place) of " << count << " elements per rank");
       return std::make_unique<MpiRequest>(request, "MPI_Ireduce_scatter_block",
                                           [=] { move_front_to_block(whole, count, t); });
     }
-    KILTER_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), MPI_SUM, comm_, &request),
+    KILTER_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, sum_type(t), MPI_SUM, comm_, &request),
                      "MPI_Ireduce_scatter_block of " << count << " elements per rank");
     return std::make_unique<MpiRequest>(request, "MPI_Ireduce_scatter_block", nullptr);
   }
@@ -132,7 +141,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void allreduce(void* buf, size_t count, DType t) override {
-    KILTER_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, mpi_count(count, "MPI_Allreduce"), mpi_type(t), MPI_SUM, comm_),
+    KILTER_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, mpi_count(count, "MPI_Allreduce"), sum_type(t), MPI_SUM, comm_),
                      "MPI_Allreduce of " << count << " elements");
   }
 
@@ -144,12 +153,12 @@ class MpiCommunicator final : public Communicator {
     const std::vector<int> counts(size_t(size_), n);
     if (is_own_block(send, recv, count, t)) {
       void* whole = const_cast<void*>(send);
-      KILTER_MPI_CHECK(MPI_Reduce_scatter(MPI_IN_PLACE, whole, counts.data(), mpi_type(t), MPI_SUM, comm_),
+      KILTER_MPI_CHECK(MPI_Reduce_scatter(MPI_IN_PLACE, whole, counts.data(), sum_type(t), MPI_SUM, comm_),
                        "MPI_Reduce_scatter (in place) of " << count << " elements per rank");
       move_front_to_block(whole, count, t);
       return;
     }
-    KILTER_MPI_CHECK(MPI_Reduce_scatter(send, recv, counts.data(), mpi_type(t), MPI_SUM, comm_),
+    KILTER_MPI_CHECK(MPI_Reduce_scatter(send, recv, counts.data(), sum_type(t), MPI_SUM, comm_),
                      "MPI_Reduce_scatter of " << count << " elements per rank");
   }
 

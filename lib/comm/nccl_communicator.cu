@@ -18,6 +18,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::f32: return ncclFloat32;
     case DType::f64: return ncclFloat64;
     case DType::i64: return ncclInt64;
+    case DType::bf16: return ncclBfloat16;  // gathered only (the reducer sums in fp32)
   }
   KILTER_FAIL("NCCL communicator: unsupported data type");
 }

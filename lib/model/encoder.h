@@ -12,6 +12,11 @@ namespace kilter::model {
 void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, const int32_t* cu_seqlens,
                      int pieces, int C, const int32_t* pos_offset = nullptr);
 
+// The same from the bf16 working copy of wte and wpe (their bits, as lib/model/gemm.h's bf16),
+// summed in fp32: the distributed optimizer's bf16 storage, whose fp32 master is sharded.
+void encoder_forward_bf16(float* out, const int32_t* inp, const uint16_t* wte, const uint16_t* wpe,
+                          const int32_t* cu_seqlens, int pieces, int C, const int32_t* pos_offset = nullptr);
+
 // dwte[inp] += dout, dwpe[position] += dout (dwpe null: none). dout (N,C).
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, const int32_t* cu_seqlens,
                       int pieces, int C, const int32_t* pos_offset = nullptr);

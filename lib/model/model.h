@@ -158,6 +158,14 @@ class Model {
     (void)m, (void)v, (void)first, (void)count;
     shard_optimizer_unsupported();
   }
+  // The distributed optimizer (Megatron's; train.shard = optimizer where the forward reads a bf16
+  // working copy of the weights: the CPU backend's bf16 storage): after shard_optimizer this rank
+  // keeps the fp32 master only for its owned ranges (params() is valid there only), adamw_step
+  // writes the working copy of those ranges from the master, and the caller all-gathers the
+  // working copy, the buffer returned here (padded_size bf16 values laid out as the parameters),
+  // instead of params(): half the bytes. params_changed() and params_arriving then concern it.
+  // null: the parameters themselves are gathered.
+  virtual uint16_t* gathered_working_copy() { return nullptr; }
   // params() changed outside the model (the sharded step's all-gather): refresh what the backend
   // derives from them (the CPU backend's bf16 copy).
   virtual void params_changed() {}

@@ -66,7 +66,18 @@ uint64_t activation_bytes(const Config& cfg) {
                     + N * C + kHeadChunk * C + kHeadChunk * V  // LM head rows, their gradient, a chunk of logits
                     + att_layers * att;
   uint64_t bytes = floats * 4 + 2 * N * 4;  // + target rows and ids
-  if (cfg.train.precision == "bf16") {
+  if (cfg.train.precision == "bf16" && cfg.train.bf16_storage == "on") {
+    // bf16 storage (the CUDA datapath's oracle): fp32 GEMMs on bf16 values, so no bf16 GEMM
+    // inputs, staging or oneDNN bf16 kernels; instead a Linear's output before its fused norm and
+    // dresidual's bf16 copy (N x C each), and per thread the largest weight widened from the
+    // working copy and the classifier's chunk of rows, their gradient and logits
+    // (lib/model/bf16_ops.cpp).
+    const uint64_t ffn_in = uint64_t(cfg.model.ffn_in_width()), ffn = uint64_t(cfg.model.ffn_width());
+    const uint64_t qkv = uint64_t(cfg.model.qkv_width());
+    const uint64_t largest_weight = std::max({V * C, ffn_in * C, ffn * C, qkv * C});
+    constexpr uint64_t kClassifierRows = 256;
+    bytes += (2 * N * C + largest_weight + kClassifierRows * (2 * C + V)) * 4;
+  } else if (cfg.train.precision == "bf16") {
     bytes += N * plan.bf16_layers * plan.bf16_inputs_per_token * 2;  // the kept bf16 GEMM inputs
     // Per-thread bf16 staging of the other GEMM operands (lib/model/matmul.cpp), and what oneDNN's
     // bf16 kernels hold (measured: about 40 MiB more than fp32 whatever the shape).
@@ -102,27 +113,35 @@ UnitFloats unit_floats(const model::ParamLayout& layout, bool tied) {
   return f;
 }
 
-// Whether the backends shard the fp32 master weights with the moments under train.shard =
-// optimizer (bf16 working weights only; in fp32 the working weights are the master). Not yet:
-// the flat fp32 parameters stay whole on every rank, and the plan counts what is allocated.
-constexpr bool kMasterShardedUnderOptimizer = false;
+// Whether a backend shards the fp32 master weights with the moments under train.shard =
+// optimizer (Megatron's distributed optimizer): where every weight is read through a bf16 working
+// copy, the master is needed only where a rank updates it. The cpu backend does it under bf16
+// storage (lib/backend/cpu_model.h, master_sharded_); the cuda backend's norms and embeddings
+// still read the whole fp32 master on the device, so its plan counts it whole. In fp32 and with
+// bf16 GEMMs only, the working weights are the master, whole.
+constexpr bool kCudaMasterShardedUnderOptimizer = false;
+bool master_sharded_under_optimizer(const Config& cfg, bool cuda) {
+  if (cfg.train.precision != "bf16") return false;
+  return cuda ? kCudaMasterShardedUnderOptimizer && cfg.train.bf16_storage != "off" : cfg.train.bf16_storage == "on";
+}
 
 // The weights and gradients of one rank under train.shard = optimizer or parameters, with
 // `shard` floats its share of the G-rank group.
 struct ShardedState {
   uint64_t parameters = 0, gathered = 0, gradients = 0;
 };
-ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf16_work, uint64_t shard,
-                           bool reshard_after_forward, bool mpi_reduce_scatter) {
+ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf16_work, bool master_sharded,
+                           uint64_t shard, bool reshard_after_forward, bool mpi_reduce_scatter) {
   ShardedState st;
   const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
-  const uint64_t grad = p.grad_dtype == "bf16" ? 2 : 4;
+  // The cpu backend keeps bf16 gradient values in its fp32 buffer; a device holds them in bf16.
+  const uint64_t grad = p.grad_dtype == "bf16" && p.input.backend == "cuda" ? 2 : 4;
   if (p.shard == "optimizer") {
-    // The moments sharded, the gradient buffer whole in train.grad_dtype; the fp32 master whole
-    // as the backends hold it so far, or 1/G with the moments (Megatron's distributed optimizer:
-    // the working copy whole, gathered after each update) once kMasterShardedUnderOptimizer says so.
-    st.parameters = p.padded_params * work + (kMasterShardedUnderOptimizer ? shard : p.padded_params) * master;
+    // The moments sharded, the gradient buffer whole in train.grad_dtype; the fp32 master 1/G
+    // with the moments where the backend shards it (the distributed optimizer: the working copy
+    // whole, gathered after each update), else whole.
+    st.parameters = p.padded_params * work + (master_sharded ? shard : p.padded_params) * master;
     st.gradients = p.padded_params * grad;
   } else if (p.shard == "parameters") {
     // ZeRO-3: this rank's 1/G of everything, plus the other ranks' parts of the units resident at
@@ -203,10 +222,28 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   // The working weights are bf16 where bf16 is stored (cuda: bf16 storage; cpu: the bf16 copy its
   // GEMMs read), and the fp32 weights are then the master copy; in fp32 they are one and the same.
   const bool bf16_work = bf16 && (!cuda || cfg.train.bf16_storage != "off");
-  // auto: the gradient buffer the backends build (fp32 on every one so far; a run refuses
-  // train.grad_dtype = bf16 at its start, and the plan prices it as asked).
-  p.grad_dtype = p.shard != "none" && cfg.train.grad_dtype == "bf16" ? "bf16" : "fp32";
-  const ShardedState state = sharded_state(p, units, bf16_work, shard, cfg.train.reshard_after_forward, !cuda);
+  // train.grad_dtype as the run resolves it: auto is bf16 under bf16 storage on the cpu backend
+  // (none or optimizer), else fp32; bf16 as asked (a cuda run refuses it at its start so far).
+  // The cpu backend accumulates the bf16 values in its fp32 buffer: 4 bytes; a device buffer of
+  // bf16 would take 2.
+  const bool cpu_bf16_storage = !cuda && bf16 && cfg.train.bf16_storage == "on";
+  const bool auto_bf16 = cfg.train.grad_dtype == "auto" && cpu_bf16_storage && p.shard != "parameters";
+  p.grad_dtype = cfg.train.grad_dtype == "bf16" || auto_bf16 ? "bf16" : "fp32";
+  const bool master_sharded = p.shard == "optimizer" && master_sharded_under_optimizer(cfg, cuda);
+  ShardedState state = sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda);
+  // The cpu backend's distributed optimizer also widens the norms' weights from the working copy
+  // for its fp32 kernels (CpuModel::widened_): a page or two per norm tensor.
+  if (master_sharded && !cuda) {
+    uint64_t norms = 0;
+    for (const model::ParamTensor& t : layout.tensors) {
+      using model::TensorRole;
+      const TensorRole r = t.role;
+      if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
+          r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
+        norms += (t.size * 4 + 4095) / 4096 * 4096 + 4096;  // whole pages, one shared with the next tensor
+    }
+    state.parameters += norms;
+  }
 
   if (cuda) {
     // The device's: the same weights, gradients and owned moments, and CudaModel's arena.

@@ -227,10 +227,18 @@ void build_model(Run& run) {
   // train.shard_group is checked here, where the world size is known (it must divide it).
   const int group = shard_group_size(cfg.train, run.world_size, run.topo.local_size);
   if (cfg.train.shard == "parameters" && run.world_size > 1) check_parameter_sharding(run);
-  // The gradient buffer is fp32 on every backend for now: auto resolves to it, bf16 is refused.
-  KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16",
-                    "config key train.grad_dtype = bf16: a bf16 gradient buffer is not built yet on any backend; "
-                    "use train.grad_dtype = fp32 or auto (fp32)");
+  // train.grad_dtype: bf16 accumulation is built where the trainer reads the gradients in host
+  // memory (the cpu backend) and accumulates them over a step's micro-batches (none, optimizer;
+  // parameters reduce-scatters each micro-batch into fp32 shards). auto: bf16 under bf16 storage
+  // there, else fp32.
+  const bool sharded_parameters = cfg.train.shard == "parameters" && run.world_size > 1;
+  const bool bf16_grads_built = run.backend == "cpu" && !sharded_parameters;
+  KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16" || bf16_grads_built,
+                    "config key train.grad_dtype = bf16: a bf16 gradient accumulation buffer is built on the cpu backend "
+                    "under train.shard = none or optimizer only (here: backend " << run.backend << ", train.shard = "
+                    << cfg.train.shard << "); use train.grad_dtype = fp32 or auto");
+  run.bf16_grads = bf16_grads_built &&
+                   resolved_grad_dtype(cfg.train, cfg.train.precision == "bf16" && cfg.train.bf16_storage == "on") == "bf16";
   run.shard_optimizer = cfg.train.shard != "none" && run.world_size > 1;
   // A group smaller than the world is built as the node (HSDP): the node's ranks shard, nodes
   // replicate; it needs the hierarchical reduction over uniform nodes.
@@ -394,6 +402,7 @@ void make_step_context(Run& run) {
   };
   ctx.reducer = run.reducer.get();
   ctx.shard_optimizer = run.shard_optimizer;
+  ctx.bf16_grads = run.bf16_grads;
   ctx.shard_norm_counts = run.shard_norm_counts;
   ctx.param_shards = run.param_shards;
   if (run.param_shards) run.param_shards->set_watchdog(run.watchdog.get());

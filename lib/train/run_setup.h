@@ -69,6 +69,8 @@ struct Run {
   std::string comm_kind;  // mpi | nccl
   std::string algo;       // flat | hierarchical, as in force
   bool shard_optimizer = false;
+  // train.grad_dtype resolved to bf16: the gradients accumulate over micro-batches in bf16.
+  bool bf16_grads = false;
   // train.shard_group smaller than the world: sharded inside each group, replicated across groups
   // (HSDP).
   bool shard_within_node = false;

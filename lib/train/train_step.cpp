@@ -10,6 +10,7 @@
 
 #include "io/base/error.h"
 #include "io/text_format.h"
+#include "lib/model/bf16_ops.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/cut_schedule.h"
 #include "lib/train/guards.h"
@@ -127,17 +128,25 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     };
     model.set_backward_start_hook(note_backward);
     model::GradReadyFn on_ready;
+    // train.grad_dtype = bf16: each finished range into the bf16 sum (StepContext::bf16_grads).
+    auto accumulate = [&](size_t offset, size_t count) {
+      if (ctx.bf16_grads) model::round_bf16_inplace(model.grads() + offset, count);
+    };
     if (last) {
       ctx.reducer->begin();
       on_ready = [&](size_t offset, size_t count) {
         note_backward();
+        accumulate(offset, count);
         // This rank's own gradient, final before the reduction mixes it with the others':
         // the only place to tell which rank a non-finite value came from.
         if (!ctx.local_nonfinite && !model.grads_finite(offset, count)) ctx.local_nonfinite = true;
         ctx.reducer->ready(offset, count);
       };
     } else {
-      on_ready = [&](size_t, size_t) { note_backward(); };
+      on_ready = [&](size_t offset, size_t count) {
+        note_backward();
+        accumulate(offset, count);
+      };
     }
     loss_sum += model.forward_backward(ctx.batch, loss_scale, on_ready);
     if (exchange) exchange->finish();  // its last sends, before the next micro-batch's
@@ -237,7 +246,7 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
     model.adamw_step(ap);
     if (ctx.shard_optimizer) {
       // Every rank updated its own ranges; all of them reach every rank before the next forward
-      // reads them. With a communication thread (comm.overlap = thread) the gather runs there,
+      // reads them (the bf16 working copy under the distributed optimizer, else the parameters). With a communication thread (comm.overlap = thread) the gather runs there,
       // first layers first, and the model waits for each layer's range as its forward gets to it.
       model.synchronize();
       if (ctx.reducer->gathers_in_background() && model.takes_arriving_params()) {
@@ -247,7 +256,10 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
         // it (the model's wait, at the latest before the next step's reduction: reduce(), leaves
         // it): a rank stalled before its next forward is named by the others at their next
         // collective, not blamed on a finished gather.
-        ctx.reducer->start_gather(model.params());
+        if (uint16_t* working = model.gathered_working_copy())
+          ctx.reducer->start_gather_bf16(working);
+        else
+          ctx.reducer->start_gather(model.params());
         ctx.watchdog->enter("parameter all-gather", long(step_index), ctx.reducer->gather_arrival());
         comm::GradientReducer* reducer = ctx.reducer;
         Watchdog* watchdog = ctx.watchdog;
@@ -258,7 +270,10 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
         });
       } else {
         ctx.watchdog->enter("parameter all-gather", long(step_index));
-        ctx.reducer->gather(model.params());
+        if (uint16_t* working = model.gathered_working_copy())
+          ctx.reducer->gather_bf16(working);
+        else
+          ctx.reducer->gather(model.params());
         ctx.watchdog->leave();
         model.params_changed();
       }

@@ -47,6 +47,12 @@ struct StepContext {
   // train.shard_optimizer in force: the reducer leaves each rank 1/P of the gradient, update()
   // sums the norm over ranks and all-gathers the parameters.
   bool shard_optimizer = false;
+  // train.grad_dtype = bf16 (auto under bf16 storage): the gradient accumulation buffer holds
+  // bf16 values. Each range is rounded as the backward finishes it, micro-batch after
+  // micro-batch, so every micro-batch adds its fp32 gradient to the bf16 sum of the earlier ones
+  // and rounds once; the reduction then sums those bf16 values in fp32. The cpu backend keeps
+  // them in its fp32 buffer (the oracle rounds where a device would store bf16).
+  bool bf16_grads = false;
   // Whether this rank's shard counts in the gradient norm's sum over ranks: sharded inside the
   // node and replicated across nodes (HSDP), only the first node's ranks add theirs.
   bool shard_norm_counts = true;

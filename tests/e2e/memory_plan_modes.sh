@@ -25,6 +25,11 @@ plan par --train.shard=parameters --train.backend=cpu
 plan keep --train.shard=parameters --train.reshard_after_forward=false --train.backend=cpu
 plan node --train.shard=parameters --train.shard_group=node --ranks-per-node 2 --train.backend=cpu
 plan cuda --train.shard=parameters --train.backend=cuda --device-memory 80
+BF16=(--train.precision=bf16 --train.bf16_storage=on)
+plan bnone --train.shard=none --train.backend=cpu "${BF16[@]}"
+plan bopt --train.shard=optimizer --train.backend=cpu "${BF16[@]}"
+plan bcuda --train.shard=optimizer --train.backend=cuda --device-memory 80 "${BF16[@]}"
+plan bcudanone --train.shard=none --train.backend=cuda --device-memory 80 "${BF16[@]}"
 "$PY" - <<'PY'
 import json
 m = {k: json.load(open(f"{k}.json"))["memory"] for k in ("none", "opt", "par", "keep", "node", "cuda")}
@@ -51,6 +56,15 @@ assert p["other_rank_bytes"] < o["other_rank_bytes"] < n["other_rank_bytes"]
 c = m["cuda"]
 assert c["parameters_bytes"] == p["parameters_bytes"] and c["gathered_bytes"] == p["gathered_bytes"]
 assert c["device_total_bytes"] >= c["parameters_bytes"] + c["gathered_bytes"] + c["gradients_bytes"] + c["optimizer_bytes"]
+# The distributed optimizer (bf16 storage): the cpu backend keeps the fp32 master 1/G with the
+# moments beside the whole bf16 working copy (and a page or two per norm tensor widened from it);
+# the cuda backend holds the master whole so far, as under none.
+b = {k: json.load(open(f"{k}.json"))["memory"] for k in ("bnone", "bopt", "bcuda", "bcudanone")}
+padded = b["bnone"]["parameters_bytes"] // 6
+norm_pages = b["bopt"]["parameters_bytes"] - (2 * padded + padded // 4 * 4)
+assert 0 < norm_pages <= 34 * 2 * 4096, norm_pages  # 8 blocks x 4 norm tensors and the final 2, 2 pages each
+assert b["bopt"]["optimizer_bytes"] == padded // 4 * 8
+assert b["bcuda"]["parameters_bytes"] == 6 * padded, (b["bcuda"]["parameters_bytes"], padded)
 # Machines for the advice: between parameters' node and optimizer's with block recompute; between
 # optimizer's and none's.
 PY

@@ -10,7 +10,7 @@
 #   2 x 2, matching 8 steps straight (comm.ranks_per_node counts in the config hash, so a resume
 #   keeps it: 2 ranks per node);
 # - groups of 2 consecutive ranks on one node of 4 (train.shard_group = 2) give the same losses;
-# - a group that does not divide the world, train.grad_dtype = bf16 (not built yet) and a contradicting alias are refused
+# - a group that does not divide the world, train.grad_dtype = bf16 under parameters (not built) and a contradicting alias are refused
 #   naming the key.
 source "$(dirname "$0")/lib.sh"
 set -E
@@ -47,7 +47,8 @@ refused() {  # refused LOG TEXT NP [args]: a run that must fail at once, saying 
 }
 refused g3.log "config key train.shard_group = 3: a shard group of 3 ranks does not divide the world size 4" \
   4 --output.dir=runs/g3 $NODES --train.shard_group=3
-refused b2.log "config key train.grad_dtype = bf16" 2 --output.dir=runs/b2 --train.grad_dtype=bf16
+refused b2.log "config key train.grad_dtype = bf16" 2 --output.dir=runs/b2 --train.grad_dtype=bf16 --train.shard=parameters \
+  --data.cut_pieces=false
 refused a2.log "train.shard = none and train.shard_optimizer = true contradict" 2 --output.dir=runs/a2 \
   --train.shard=none --train.shard_optimizer=true
 

@@ -196,6 +196,19 @@ TEST_F(ReducerTest, ShardedReductionOwnsOneShareAndGathers) {
             reducer->gather(params.data());
           }
           for (size_t i = 0; i < padded; ++i) bad += params[i] != float(i % 1009) + 0.5f * float(step);
+          // The distributed optimizer's bf16 working copy travels the same buckets, 2 bytes an
+          // element: each owner's bit patterns (distinct per element and step) reach every rank.
+          std::vector<uint16_t> working(padded, uint16_t(0xFFFF - topo_.rank));
+          const auto pattern = [&](size_t i) { return uint16_t((i * 31 + size_t(step) * 7) % 65521); };
+          for (const BufferRange& r : reducer->owned())
+            for (size_t i = r.offset; i < r.offset + r.count; ++i) working[i] = pattern(i);
+          if (step == 2) {
+            reducer->start_gather_bf16(working.data());
+            reducer->wait_gather(padded);
+          } else {
+            reducer->gather_bf16(working.data());
+          }
+          for (size_t i = 0; i < padded; ++i) bad += working[i] != pattern(i);
         }
         EXPECT_EQ(global_failures(bad), 0) << what;
       }

@@ -198,6 +198,57 @@ TEST(ArrivingParams, GetParamsWaitsForEverything) {
   EXPECT_EQ(asked, std::vector<size_t>{padded});
 }
 
+// The distributed optimizer (bf16 storage with a sharded optimizer): the model keeps the fp32
+// master of its owned range only (the rest reads zeros: its pages went back), gives the bf16
+// working copy to gather, steps the owned master exactly as an unsharded model steps those
+// floats, and writes the working copy of that range as their rounding. fp32 and bf16 GEMMs keep
+// gathering the parameters (no working copy to gather).
+uint16_t bf16_of(float x) {
+  model::bf16 b = 0;
+  model::to_bf16(&b, &x, 1);
+  return b;
+}
+
+TEST(DistributedOptimizer, KeepsTheOwnedMasterAndGathersTheWorkingCopy) {
+  model::ModelSpec cfg = model::testing::tiny_config();
+  for (const char* precision : {"fp32", "bf16"}) {
+    backend::CpuModel zero1(cfg, 64, precision);
+    zero1.shard_optimizer({{0, zero1.layout().padded_size / 2}});
+    EXPECT_EQ(zero1.gathered_working_copy(), nullptr) << precision;
+  }
+  backend::CpuModel whole(cfg, 64, "bf16", "none", true), sharded(cfg, 64, "bf16", "none", true);
+  const size_t padded = whole.layout().padded_size, num = whole.layout().num_params, half = padded / 2;
+  EXPECT_EQ(whole.gathered_working_copy(), nullptr);
+  sharded.shard_optimizer({{0, half}});
+  ASSERT_NE(sharded.gathered_working_copy(), nullptr);
+  whole.init_params(5);
+  sharded.init_params(5);
+  std::vector<float> truth(num), seen(num);
+  whole.get_params(truth.data());
+  sharded.get_params(seen.data());  // the working copy, widened
+  for (size_t i = 0; i < num; ++i) {
+    ASSERT_EQ(seen[i], model::bf16_to_float(sharded.gathered_working_copy()[i])) << i;
+    ASSERT_EQ(sharded.gathered_working_copy()[i], bf16_of(truth[i])) << i;
+  }
+  for (size_t i = 0; i < half; ++i) ASSERT_EQ(sharded.params()[i], truth[i]) << "owned master " << i;
+  for (size_t i = half; i < padded; ++i) ASSERT_EQ(sharded.params()[i], 0.0f) << "unowned master " << i;
+  // The same gradients into both: the owned floats step alike, bit for bit.
+  for (size_t i = 0; i < padded; ++i) whole.grads()[i] = sharded.grads()[i] = 1e-3f * float(int(i % 17) - 8);
+  model::AdamWParams p;
+  p.lr = 1e-2f, p.weight_decay = 0.1f, p.t = 1;
+  whole.adamw_step(p);
+  sharded.adamw_step(p);
+  for (size_t i = 0; i < std::min(half, num); ++i) {
+    ASSERT_EQ(sharded.params()[i], whole.params()[i]) << "stepped master " << i;
+    ASSERT_EQ(sharded.gathered_working_copy()[i], bf16_of(whole.params()[i])) << "working copy " << i;
+  }
+  // A forward computes from the working copy alone: finite, and close to the whole model's.
+  const model::Batch batch = model::testing::make_batch({5, 8, 3}, cfg.vocab_size, 21);
+  sharded.zero_grads();
+  const double loss = sharded.forward_backward(batch, 1.0f / float(batch.num_targets), {});
+  EXPECT_TRUE(std::isfinite(loss));
+}
+
 TEST(Schedule, WarmupThenCosine) {
   const double lr = 6e-4;
   EXPECT_DOUBLE_EQ(learning_rate(0, 10, 100, lr, 0.1), lr / 10);
