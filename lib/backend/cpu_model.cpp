@@ -39,8 +39,6 @@ void grow(std::vector<T>& buffer, size_t size) {
 
 void set_blas_threads(int threads) { model::set_gemm_threads(threads); }
 
-int blas_threads() { return model::gemm_threads(); }
-
 CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string& precision,
                    const std::string& recompute, bool bf16_storage)
     : ModelBase(cfg, pad_multiple), schedule_(cfg, model::parse_recompute(recompute)) {
@@ -252,7 +250,7 @@ void CpuModel::get_params(float* host) const {
 }
 
 std::optional<model::Bf16MatmulScope> CpuModel::gemm_precision_scope() const {
-  if (!bf16_) return std::nullopt;
+  if (!bf16_ || bf16_storage_) return std::nullopt;
   return std::make_optional<model::Bf16MatmulScope>(params_.data(), params_bf16_.data(), params_.size());
 }
 
@@ -306,12 +304,14 @@ int64_t CpuModel::gather_target_rows(const Batch& batch) {
 
 double CpuModel::forward_loss(const Batch& batch) {
   model::check_evaluation_batch(batch);
-  if (bf16_storage_) return forward_loss_bf16(batch);
   const auto precision = gemm_precision_scope();
   forward(batch);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
-  const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;
+  if (bf16_storage_)  // the CUDA bf16 datapath's classifier: bf16 logits
+    loss = model::classifier_bf16(nullptr, nullptr, lnf_.data(), working(params_.data() + offsets_.head),
+                                  batch.targets.data(), batch.N, C, V, 0.0f);
+  const int64_t num_targets = bf16_storage_ ? 0 : gather_target_rows(batch);
   for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
     const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
     model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + offsets_.head, nullptr, n, C,
@@ -323,7 +323,6 @@ double CpuModel::forward_loss(const Batch& batch) {
 }
 
 double CpuModel::forward_backward(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
-  if (bf16_storage_) return forward_backward_bf16(batch, loss_scale, on_ready);
   const auto precision = gemm_precision_scope();
   forward(batch);
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
@@ -371,6 +370,12 @@ double CpuModel::head_backward(const Batch& batch, float loss_scale) {
   float* params = params_.data();
   float* grads = grads_.data();
   float* dlnf = dln_.data();
+  if (bf16_storage_) {  // the CUDA bf16 datapath's classifier: bf16 logits and dlogits
+    const double loss = model::classifier_bf16(dlnf, grads + offsets_.head, lnf_.data(), working(params + offsets_.head),
+                                               batch.targets.data(), batch.N, C, V, loss_scale);
+    ops_->kv_progress();  // the K/V exchange moves (kv_exchange.h)
+    return loss;
+  }
   std::memset(dlnf, 0, sizeof(float) * static_cast<size_t>(batch.N) * C);
   const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;

@@ -8,7 +8,7 @@
 // The blocks run through the block schedule (lib/model/block_schedule.h) on the datapath's CPU op
 // table (lib/model/block_ops_cpu.h).
 // bf16_storage (train.bf16_storage = on; needs precision "bf16"): the oracle of the CUDA backend's
-// bf16-storage datapath (its op table; the head in cpu_model_bf16.cpp): every activation is
+// bf16-storage datapath (its op table, its classifier): every activation is
 // rounded to bf16 exactly where the device stores it, GEMMs multiply those bf16 values and the
 // bf16 weight copy with fp32 accumulation (fp32 GEMMs on bf16 values: any CPU), the classifier
 // keeps bf16 logits; master weights, gradients and moments stay fp32. Its kernels are the CUDA
@@ -47,7 +47,6 @@ constexpr int64_t kHeadChunkRows = 512;
 
 // GEMM threads of this process (model::set_gemm_threads); the trainer passes train.threads.
 void set_blas_threads(int threads);
-int blas_threads();
 
 class CpuModel final : public ModelBase {
  public:
@@ -106,19 +105,17 @@ class CpuModel final : public ModelBase {
   // the schedule, to the final norm's output in lnf_.
   void forward(const model::Batch& batch);
   // The LM head's logits, loss and gradient into dln_ (the final norm's output gradient); returns
-  // the summed loss.
+  // the summed loss. bf16 storage: the CUDA bf16 datapath's classifier (classifier_bf16).
   double head_backward(const model::Batch& batch, float loss_scale);
   // Both datapaths' backward after the head: the final norm, the blocks last to first (each
   // block's gradients reported ready), then the embeddings.
   void backward_from_final_norm(const model::Batch& batch, const model::GradReadyFn& on_ready);
-  // ---- bf16 storage (cpu_model_bf16.cpp): the classifier's loss and backward.
-  double forward_backward_bf16(const model::Batch& batch, float loss_scale, const model::GradReadyFn& on_ready);
-  double forward_loss_bf16(const model::Batch& batch);
   // The weight copy the bf16 GEMMs read: param's position in params_bf16_ (null for null).
   const model::bf16* working(const float* param) const {
     return param == nullptr ? nullptr : params_bf16_.data() + (param - params_.data());
   }
-  // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32).
+  // precision=bf16: the scope that routes this thread's matmuls to bf16 (empty in fp32 and with
+  // bf16 storage).
   std::optional<model::Bf16MatmulScope> gemm_precision_scope() const;
   void refresh_bf16_params();  // params_bf16_ = bf16(params_)
   // params_arriving: waits for params_[0, end) and rounds the part that just arrived to bf16.

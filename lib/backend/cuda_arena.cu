@@ -167,7 +167,7 @@ size_t CudaModel::carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activa
     auto as_bf16 = [](float* p) { return reinterpret_cast<bf16*>(p); };
     block.ln1 = as_bf16(a.ln1), block.qkv = as_bf16(a.qkv), block.atty = as_bf16(a.atty);
     block.residual2 = as_bf16(a.residual2), block.ln2 = as_bf16(a.ln2), block.fch = as_bf16(a.fch);
-    block.fch_act = as_bf16(a.fch_gelu), block.residual3 = as_bf16(a.residual3);
+    block.fch_gelu = as_bf16(a.fch_gelu), block.residual3 = as_bf16(a.residual3);
     block.ln1_mean = a.ln1_mean, block.ln1_rstd = a.ln1_rstd, block.ln2_mean = a.ln2_mean, block.ln2_rstd = a.ln2_rstd;
     block.att = plan.attention_per_layer ? take_bf16(att_slice) : shared_att;
     block.stats = layout.sdpa ? reinterpret_cast<float*>(block.att) : nullptr;

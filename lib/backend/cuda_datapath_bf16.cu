@@ -33,25 +33,32 @@ using model::AttentionPieces;
 using model::Grad;
 using model::Stream;
 
-// The bf16-storage datapath's op table (block_schedule.h): the names resolved into the bf16
-// arena (bacts_), weights through BlockNames (the norms read the fp32 masters, the GEMMs their
-// bf16 working copy), on the segment's stream and GEMM engine (s_, g_). Fusions: the residual
+// The bf16-storage datapath's op table (block_schedule.h): the names resolved by BlockNames into
+// the bf16 arena (bacts_) and the weights (the norms read the fp32 masters, the GEMMs their bf16
+// working copy), on the segment's stream and GEMM engine (s_, g_). Fusions: the residual
 // add with the next norm, GELU in the first MLP GEMM's epilogue (but under recompute = gelu,
 // which restarts from the stored pre-activation), DGELU and BGRADB in the backward's GEMMs.
-class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockNames {
+class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockNames<kc::bf16> {
  public:
-  explicit Bf16Ops(CudaModel& m) : BlockNames(m.cfg_, m.memory_), m_(m), x_(m.bacts_) {
-    m.memory_.params = m.params_, m.memory_.grads = m.grads_, m.memory_.offsets = &m.offsets_;
-    m.memory_.rows = m.layout_now_.N;
+  explicit Bf16Ops(CudaModel& m) : BlockNames(m.cfg_, m.memory_bf16_), m_(m), x_(m.bacts_) {
+    model::BlockMemoryOf<kc::bf16>& memory = m.memory_bf16_;
+    memory.activations = [&m](int layer, int) { return m.bacts_.blocks[size_t(layer)]; };
+    memory.embeddings = x_.encoded;
+    memory.lnf = x_.lnf, memory.lnf_mean = x_.lnf_mean, memory.lnf_rstd = x_.lnf_rstd;
+    memory.params = m.params_, memory.grads = m.grads_, memory.offsets = &m.offsets_;
+    memory.rows = m.layout_now_.N;
+    // The GEMMs read the residual stream's gradient through its bf16 copy.
+    kc::bf16* grad[] = {x_.dresidual_bf16, x_.dln, x_.datty, x_.dqkv, x_.dfch, x_.dact};
+    std::copy(std::begin(grad), std::end(grad), memory.grad);
   }
   void norm(const model::NormArgs& a) override {
-    const NormSlot n = norm_slot(a.layer, a.out);
-    kc::residual_norm_forward_bf16(nullptr, n.out, n.mean, n.rstd, stream_rows(a.layer, a.in), nullptr, n.w.w, n.w.b,
-                                   rows(), spec_.n_embd, a.rms, eps(), m_.s_);
+    const NormTensors n = norm_tensors(a.layer, a.out);
+    kc::residual_norm_forward_bf16(nullptr, n.out, n.mean, n.rstd, stream(a.layer, a.in), nullptr, n.w, n.b, rows(),
+                                   spec_.n_embd, a.rms, eps(), m_.s_);
   }
   void linear(const model::LinearArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
-    kc::linear_forward_bf16(*m_.g_, act_rows(a.layer, a.out), nullptr, act_rows(a.layer, a.in), m_.working(t.w),
+    kc::linear_forward_bf16(*m_.g_, act(a.layer, a.out), nullptr, act(a.layer, a.in), m_.working(t.w),
                             m_.working(t.b), rows(), t.in, t.out);
   }
   void linear_gelu(const model::LinearGeluArgs& a) override {
@@ -60,30 +67,29 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
       return gelu({.layer = a.layer, .out = a.out, .in = a.pre_gelu});
     }
     const LinearTensors t = linear_tensors(a.layer, a.weight);
-    kc::linear_forward_bf16(*m_.g_, act_rows(a.layer, a.out), act_rows(a.layer, a.pre_gelu), act_rows(a.layer, a.in),
+    kc::linear_forward_bf16(*m_.g_, act(a.layer, a.out), act(a.layer, a.pre_gelu), act(a.layer, a.in),
                             m_.working(t.w), m_.working(t.b), rows(), t.in, t.out);
   }
   void projection_residual_norm(const model::ResidualNormArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
-    kc::linear_forward_bf16(*m_.g_, x_.projection, nullptr, act_rows(a.layer, a.in), m_.working(t.w), m_.working(t.b),
+    kc::linear_forward_bf16(*m_.g_, x_.projection, nullptr, act(a.layer, a.in), m_.working(t.w), m_.working(t.b),
                             rows(), t.in, t.out);
-    const NormSlot n = norm_slot(a.layer, a.norm_out);
-    kc::residual_norm_forward_bf16(stream_rows(a.layer, a.out), n.out, n.mean, n.rstd, stream_rows(a.layer, a.residual),
-                                   x_.projection, n.w.w, n.w.b, rows(), spec_.n_embd, a.rms, eps(), m_.s_);
+    const NormTensors n = norm_tensors(a.layer, a.norm_out);
+    kc::residual_norm_forward_bf16(stream(a.layer, a.out), n.out, n.mean, n.rstd, stream(a.layer, a.residual),
+                                   x_.projection, n.w, n.b, rows(), spec_.n_embd, a.rms, eps(), m_.s_);
   }
   void gelu(const model::ActivationArgs& a) override {
-    kc::gelu_forward(act_rows(a.layer, a.out), act_rows(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(),
-                     m_.s_);
+    kc::gelu_forward(act(a.layer, a.out), act(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_);
   }
   void swiglu(const model::ActivationArgs& a) override {
-    kc::swiglu_forward(act_rows(a.layer, a.out), act_rows(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
+    kc::swiglu_forward(act(a.layer, a.out), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
   }
-  void rope(const model::LayerArgs& a) override { m_.rope(act_rows(a.layer, Act::qkv), false); }
+  void rope(const model::LayerArgs& a) override { m_.rope(act(a.layer, Act::qkv), false); }
   void attention(const model::AttentionArgs& a) override;
   bool exchanging() const override { return m_.exchange_ != nullptr; }
   void kv_send(const model::LayerArgs& a) override {
     // The exchange reads fp32 rows from its own stream or the host: converted, and final.
-    kc::to_float(x_.exchange_qkv, act_rows(a.layer, Act::qkv), static_cast<size_t>(rows()) * spec_.qkv_width(), m_.s_);
+    kc::to_float(x_.exchange_qkv, act(a.layer, Act::qkv), static_cast<size_t>(rows()) * spec_.qkv_width(), m_.s_);
     KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
     m_.exchange_->forward_send(a.layer, x_.exchange_qkv);
   }
@@ -91,24 +97,22 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
 
   void linear_backward(const model::LinearBackwardArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
-    kc::linear_backward_bf16(*m_.g_, grad_rows(a.dinp), t.dw, t.db, grad_rows(a.dout), act_rows(a.layer, a.in),
-                             m_.working(t.w), nullptr, rows(), t.in, t.out, x_.column_scratch);
+    kc::linear_backward_bf16(*m_.g_, grad(a.dinp), t.dw, t.db, grad(a.dout), act(a.layer, a.in), m_.working(t.w),
+                             nullptr, rows(), t.in, t.out, x_.column_scratch);
   }
   void linear_gelu_backward(const model::LinearGeluBackwardArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
-    kc::linear_backward_bf16(*m_.g_, grad_rows(a.dinp), t.dw, t.db, grad_rows(a.dout), act_rows(a.layer, a.in),
-                             m_.working(t.w), act_rows(a.layer, a.pre_gelu), rows(), t.in, t.out, x_.column_scratch);
+    kc::linear_backward_bf16(*m_.g_, grad(a.dinp), t.dw, t.db, grad(a.dout), act(a.layer, a.in), m_.working(t.w),
+                             act(a.layer, a.pre_gelu), rows(), t.in, t.out, x_.column_scratch);
   }
   void swiglu_backward(const model::ActivationBackwardArgs& a) override {
-    kc::swiglu_backward(grad_rows(a.dinp), grad_rows(a.dout), act_rows(a.layer, a.in), rows(), spec_.ffn_width(),
-                        m_.s_);
+    kc::swiglu_backward(grad(a.dinp), grad(a.dout), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
   }
   void norm_backward(const model::NormBackwardArgs& a) override {
     // dinp is the residual stream's gradient: fp32, and its bf16 copy for the GEMMs.
-    const NormSlot n = norm_slot(a.layer, a.norm);
-    kc::norm_backward_bf16(x_.dresidual, x_.dresidual_bf16, n.w.dw, n.w.db, grad_rows(a.dout),
-                           stream_rows(a.layer, a.in), n.w.w, n.mean, n.rstd, rows(), spec_.n_embd, a.rms,
-                           x_.column_scratch, m_.s_);
+    const NormTensors n = norm_tensors(a.layer, a.norm);
+    kc::norm_backward_bf16(x_.dresidual, x_.dresidual_bf16, n.dw, n.db, grad(a.dout), stream(a.layer, a.in), n.w,
+                           n.mean, n.rstd, rows(), spec_.n_embd, a.rms, x_.column_scratch, m_.s_);
   }
   void rope_backward(const model::LayerArgs&) override { m_.rope(x_.dqkv, true); }
   void attention_backward(const model::AttentionBackwardArgs& a) override;
@@ -119,42 +123,7 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
   void kv_wait_add_grads(const model::LayerArgs& a) override { m_.add_exchange_dqkv_bf16(a.layer); }
 
  private:
-  struct NormSlot {
-    kc::bf16* out;
-    float *mean, *rstd;
-    NormWeights w;
-  };
   float eps() const { return static_cast<float>(spec_.norm_eps); }
-  kc::bf16* act_rows(int layer, Act a) const {
-    const BlockBf16& b = x_.blocks[size_t(layer)];
-    switch (a) {
-      case Act::ln1: return b.ln1;
-      case Act::qkv: return b.qkv;
-      case Act::atty: return b.atty;
-      case Act::ln2: return b.ln2;
-      case Act::fch: return b.fch;
-      case Act::fch_act: return b.fch_act;
-      case Act::next_ln: return norm_slot(layer, a).out;
-      default: return x_.dln;  // spare
-    }
-  }
-  kc::bf16* stream_rows(int layer, Stream s) const {
-    if (s == Stream::in) return layer == 0 ? x_.encoded : x_.blocks[size_t(layer) - 1].residual3;
-    const BlockBf16& b = x_.blocks[size_t(layer)];
-    return s == Stream::mid ? b.residual2 : b.residual3;
-  }
-  // The GEMMs read the residual stream's gradient through its bf16 copy.
-  kc::bf16* grad_rows(Grad g) const {
-    kc::bf16* const grads[] = {x_.dresidual_bf16, x_.dln, x_.datty, x_.dqkv, x_.dfch, x_.dact};
-    return grads[static_cast<int>(g)];
-  }
-  NormSlot norm_slot(int layer, Act out) const {
-    const NormWeights w = norm_weights(layer, out);
-    if (out == Act::next_ln && layer + 1 == spec_.n_layer) return {x_.lnf, x_.lnf_mean, x_.lnf_rstd, w};
-    const BlockBf16& b = x_.blocks[size_t(out == Act::next_ln ? layer + 1 : layer)];
-    if (out == Act::ln2) return {b.ln2, b.ln2_mean, b.ln2_rstd, w};
-    return {b.ln1, b.ln1_mean, b.ln1_rstd, w};
-  }
   CudaModel& m_;
   const ActivationsBf16& x_;
 };
@@ -162,7 +131,7 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
 void CudaModel::Bf16Ops::attention(const model::AttentionArgs& a) {
   const int C = spec_.n_embd, NH = spec_.n_head, NKV = spec_.kv_heads(), W = spec_.qkv_width();
   const BlockBf16& block = x_.blocks[size_t(a.layer)];
-  kc::bf16* out = act_rows(a.layer, a.out);
+  kc::bf16* out = act(a.layer, a.out);
   if (m_.batch_sdpa_) return m_.sdpa_forward_bf16(a.layer, block, out, a.pieces);
   const Activations& ints = m_.acts_;
   if (a.pieces == AttentionPieces::with_prefix) {

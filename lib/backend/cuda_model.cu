@@ -65,7 +65,6 @@ __global__ void store_scalar_kernel(float* dst, float value) { *dst = value; }
 
 }  // namespace
 
-
 CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::BackendOptions& options)
     : ModelBase(cfg, pad_multiple), schedule_(cfg, model::parse_recompute(options.recompute)), options_(options) {
   const std::string& precision = options_.precision;
@@ -236,14 +235,6 @@ CudaModel::~CudaModel() {
   cudaStreamDestroy(copy_stream_);
 }
 
-
-
-
-
-
-
-
-
 std::string CudaModel::describe() const {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, device_);
@@ -336,97 +327,15 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
-
-
-void CudaModel::attention_forward_groups(const BlockActivations& a) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
-  const Activations& x = acts_;
-  const model::AttentionGroups& groups = layout_now_.groups;
-  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), W, s_);
-  for (size_t g = 0; g < groups.groups.size(); ++g) {
-    const model::AttentionGroup& group = groups.groups[g];
-    float* out = x.padded_io + group.first_row * C;
-    float* saved = a.att + x.saved_offset[g];
-    const float* qkv = x.padded_qkv + group.first_row * W;
-    const int32_t* lengths = x.lengths + group.first_length;
-#ifdef KILTER_WITH_CUDNN
-    if (layout_now_.group_cudnn[g]) {
-      cudnn_->forward(out, saved, qkv, groups.lengths.data() + group.first_length, lengths, group.B, group.T,
-                      x.attention_workspace);
-      continue;
-    }
-#endif
-    kc::attention_forward(*g_, out, saved, qkv, lengths, group.B, group.T, C, NH, x.attention_workspace,
-                          cfg_.kv_heads());
-  }
-  kc::scatter_padded_rows(a.atty, x.padded_io, x.padded_token, groups.padded_rows(), C, /*accumulate=*/false, s_);
-}
-
-void CudaModel::attention_backward_groups(const BlockActivations& a) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
-  const Activations& x = acts_;
-  const model::AttentionGroups& groups = layout_now_.groups;
-  kc::gather_padded_rows(x.padded_qkv, a.qkv, x.padded_token, groups.padded_rows(), W, s_);
-  kc::gather_padded_rows(x.padded_io, x.datty, x.padded_token, groups.padded_rows(), C, s_);
-  for (size_t g = 0; g < groups.groups.size(); ++g) {
-    const model::AttentionGroup& group = groups.groups[g];
-    float* dqkv = x.padded_dqkv + group.first_row * W;
-    const float* dout = x.padded_io + group.first_row * C;
-    float* saved = a.att + x.saved_offset[g];
-    const float* qkv = x.padded_qkv + group.first_row * W;
-    const int32_t* lengths = x.lengths + group.first_length;
-#ifdef KILTER_WITH_CUDNN
-    if (layout_now_.group_cudnn[g]) {
-      cudnn_->backward(dqkv, dout, qkv, saved, groups.lengths.data() + group.first_length, lengths, group.B, group.T,
-                       x.attention_workspace, /*accumulate=*/false);
-      continue;
-    }
-#endif
-    kc::attention_backward(*g_, dqkv, dout, qkv, saved, lengths, group.B, group.T, C, NH, x.attention_workspace,
-                           /*accumulate=*/false, cfg_.kv_heads());
-  }
-  kc::scatter_padded_rows(x.dqkv, x.padded_dqkv, x.padded_token, groups.padded_rows(), W, /*accumulate=*/false, s_);
-}
-
-void CudaModel::attention_forward_prefixed(int layer, const BlockActivations& a, float* out) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
-  const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
-  for (size_t k = 0; k < prefixed.size(); ++k) {
-    const PrefixedPiece& part = prefixed[k];
-    kc::attention_prefix_forward(*g_, out + static_cast<size_t>(part.first_row) * C,
-                                 a.att + acts_.prefixed_saved_offset[k],
-                                 a.qkv + static_cast<size_t>(part.first_row) * W,
-                                 exchange_->prefix_kv(layer, part.piece), part.offset, part.len, C, NH,
-                                 acts_.attention_workspace, cfg_.kv_heads());
-  }
-}
-
-void CudaModel::attention_backward_prefixed(int layer, const BlockActivations& a) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, W = cfg_.qkv_width();
-  const Activations& x = acts_;
-  // Their rows of dqkv are not written by the groups' scatter: zeroed here.
-  const std::vector<PrefixedPiece>& prefixed = layout_now_.prefixed;
-  for (size_t k = 0; k < prefixed.size(); ++k) {
-    const PrefixedPiece& part = prefixed[k];
-    float* dqkv = x.dqkv + static_cast<size_t>(part.first_row) * W;
-    KILTER_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, sizeof(float) * part.len * W, s_));
-    kc::attention_prefix_backward(*g_, dqkv, exchange_->prefix_dkv(layer, part.piece),
-                                  x.datty + static_cast<size_t>(part.first_row) * C,
-                                  a.qkv + static_cast<size_t>(part.first_row) * W,
-                                  exchange_->prefix_kv(layer, part.piece), a.att + x.prefixed_saved_offset[k],
-                                  part.offset, part.len, C, NH, x.attention_workspace, cfg_.kv_heads());
-  }
-}
-
 // The fp32-activation datapath's op table (block_schedule.h): the names resolved into the arena's
 // slices (BlockNames over memory_), every entry the CUDA twin of the CPU table's, on the segment's
 // stream and GEMM engine (s_, g_). The exchange's calls drain the stream first: it reads and adds
 // rows from elsewhere. Fusions: the residual add in the projection's GEMM; the rest two calls.
-class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockNames {
+class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockNames<float> {
  public:
   explicit Fp32Ops(CudaModel& m) : BlockNames(m.cfg_, m.memory_), m_(m) {
     const Activations& x = m.acts_;
-    model::BlockMemory& memory = m.memory_;
+    model::BlockMemoryOf<float>& memory = m.memory_;
     memory.activations = [&m](int layer, int) { return m.acts_.blocks[size_t(layer)]; };
     memory.embeddings = x.encoded;
     memory.lnf = x.lnf, memory.lnf_mean = x.lnf_mean, memory.lnf_rstd = x.lnf_rstd;
@@ -464,15 +373,7 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
     kc::swiglu_forward(act(a.layer, a.out), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
   }
   void rope(const model::LayerArgs& a) override { m_.rope(act(a.layer, model::Act::qkv), false); }
-  void attention(const model::AttentionArgs& a) override {
-    const BlockActivations& block = m_.acts_.blocks[size_t(a.layer)];
-    float* out = act(a.layer, a.out);
-    if (m_.batch_sdpa_) return m_.sdpa_forward_layer(a.layer, block, out, a.pieces);
-    if (a.pieces == model::AttentionPieces::with_prefix) return m_.attention_forward_prefixed(a.layer, block, out);
-    BlockActivations into = block;
-    into.atty = out;
-    m_.attention_forward_groups(into);
-  }
+  void attention(const model::AttentionArgs& a) override;
   bool exchanging() const override { return m_.exchange_ != nullptr; }
   void kv_send(const model::LayerArgs& a) override {
     KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
@@ -504,12 +405,7 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
                              rows(), spec_.n_embd, scratch, m_.s_);
   }
   void rope_backward(const model::LayerArgs&) override { m_.rope(grad(model::Grad::dqkv), true); }
-  void attention_backward(const model::AttentionBackwardArgs& a) override {
-    const BlockActivations& block = m_.acts_.blocks[size_t(a.layer)];
-    if (m_.batch_sdpa_) return m_.sdpa_backward_layer(a.layer, block, a.pieces);
-    if (a.pieces == model::AttentionPieces::with_prefix) return m_.attention_backward_prefixed(a.layer, block);
-    m_.attention_backward_groups(block);
-  }
+  void attention_backward(const model::AttentionBackwardArgs& a) override;
   void kv_send_grads(const model::LayerArgs& a) override {
     KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
     m_.exchange_->backward_send(a.layer);
@@ -523,6 +419,90 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
  private:
   CudaModel& m_;
 };
+
+// Attention of the pieces named: on SDPA, or the later parts against the prefixes the exchange
+// holds (cuBLASLt), or the groups (gathered into padded rows, each on its engine, scattered back).
+void CudaModel::Fp32Ops::attention(const model::AttentionArgs& a) {
+  const int C = spec_.n_embd, NH = spec_.n_head, W = spec_.qkv_width();
+  const BlockActivations& block = m_.acts_.blocks[size_t(a.layer)];
+  const Activations& x = m_.acts_;
+  float* out = act(a.layer, a.out);
+  if (m_.batch_sdpa_) return m_.sdpa_forward_layer(a.layer, block, out, a.pieces);
+  if (a.pieces == model::AttentionPieces::with_prefix) {
+    const std::vector<PrefixedPiece>& prefixed = m_.layout_now_.prefixed;
+    for (size_t k = 0; k < prefixed.size(); ++k) {
+      const PrefixedPiece& part = prefixed[k];
+      kc::attention_prefix_forward(*m_.g_, out + static_cast<size_t>(part.first_row) * C,
+                                   block.att + x.prefixed_saved_offset[k],
+                                   block.qkv + static_cast<size_t>(part.first_row) * W,
+                                   m_.exchange_->prefix_kv(a.layer, part.piece), part.offset, part.len, C, NH,
+                                   x.attention_workspace, spec_.kv_heads());
+    }
+    return;
+  }
+  const model::AttentionGroups& groups = m_.layout_now_.groups;
+  kc::gather_padded_rows(x.padded_qkv, block.qkv, x.padded_token, groups.padded_rows(), W, m_.s_);
+  for (size_t g = 0; g < groups.groups.size(); ++g) {
+    const model::AttentionGroup& group = groups.groups[g];
+    float* padded_out = x.padded_io + group.first_row * C;
+    float* saved = block.att + x.saved_offset[g];
+    const float* qkv = x.padded_qkv + group.first_row * W;
+    const int32_t* lengths = x.lengths + group.first_length;
+#ifdef KILTER_WITH_CUDNN
+    if (m_.layout_now_.group_cudnn[g]) {
+      m_.cudnn_->forward(padded_out, saved, qkv, groups.lengths.data() + group.first_length, lengths, group.B,
+                         group.T, x.attention_workspace);
+      continue;
+    }
+#endif
+    kc::attention_forward(*m_.g_, padded_out, saved, qkv, lengths, group.B, group.T, C, NH, x.attention_workspace,
+                          spec_.kv_heads());
+  }
+  kc::scatter_padded_rows(out, x.padded_io, x.padded_token, groups.padded_rows(), C, /*accumulate=*/false, m_.s_);
+}
+
+void CudaModel::Fp32Ops::attention_backward(const model::AttentionBackwardArgs& a) {
+  const int C = spec_.n_embd, NH = spec_.n_head, W = spec_.qkv_width();
+  const BlockActivations& block = m_.acts_.blocks[size_t(a.layer)];
+  const Activations& x = m_.acts_;
+  if (m_.batch_sdpa_) return m_.sdpa_backward_layer(a.layer, block, a.pieces);
+  if (a.pieces == model::AttentionPieces::with_prefix) {
+    // Their rows of dqkv are not written by the groups' scatter: zeroed here.
+    const std::vector<PrefixedPiece>& prefixed = m_.layout_now_.prefixed;
+    for (size_t k = 0; k < prefixed.size(); ++k) {
+      const PrefixedPiece& part = prefixed[k];
+      float* dqkv = x.dqkv + static_cast<size_t>(part.first_row) * W;
+      KILTER_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, sizeof(float) * part.len * W, m_.s_));
+      kc::attention_prefix_backward(*m_.g_, dqkv, m_.exchange_->prefix_dkv(a.layer, part.piece),
+                                    x.datty + static_cast<size_t>(part.first_row) * C,
+                                    block.qkv + static_cast<size_t>(part.first_row) * W,
+                                    m_.exchange_->prefix_kv(a.layer, part.piece), block.att + x.prefixed_saved_offset[k],
+                                    part.offset, part.len, C, NH, x.attention_workspace, spec_.kv_heads());
+    }
+    return;
+  }
+  const model::AttentionGroups& groups = m_.layout_now_.groups;
+  kc::gather_padded_rows(x.padded_qkv, block.qkv, x.padded_token, groups.padded_rows(), W, m_.s_);
+  kc::gather_padded_rows(x.padded_io, x.datty, x.padded_token, groups.padded_rows(), C, m_.s_);
+  for (size_t g = 0; g < groups.groups.size(); ++g) {
+    const model::AttentionGroup& group = groups.groups[g];
+    float* dqkv = x.padded_dqkv + group.first_row * W;
+    const float* dout = x.padded_io + group.first_row * C;
+    float* saved = block.att + x.saved_offset[g];
+    const float* qkv = x.padded_qkv + group.first_row * W;
+    const int32_t* lengths = x.lengths + group.first_length;
+#ifdef KILTER_WITH_CUDNN
+    if (m_.layout_now_.group_cudnn[g]) {
+      m_.cudnn_->backward(dqkv, dout, qkv, saved, groups.lengths.data() + group.first_length, lengths, group.B,
+                          group.T, x.attention_workspace, /*accumulate=*/false);
+      continue;
+    }
+#endif
+    kc::attention_backward(*m_.g_, dqkv, dout, qkv, saved, lengths, group.B, group.T, C, NH, x.attention_workspace,
+                           /*accumulate=*/false, spec_.kv_heads());
+  }
+  kc::scatter_padded_rows(x.dqkv, x.padded_dqkv, x.padded_token, groups.padded_rows(), W, /*accumulate=*/false, m_.s_);
+}
 
 void CudaModel::forward_kernels() {
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
@@ -617,7 +597,6 @@ void CudaModel::set_params(const float* host) {
   if (bf16_storage_) refresh_working_copy();
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
-
 
 void CudaModel::get_params(float* host) const {
   cuda_device_index();

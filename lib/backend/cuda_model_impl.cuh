@@ -132,10 +132,7 @@ class CudaModel final : public ModelBase {
   };
   // The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
   // norms' statistics, laid out from the same activation layout; the ints stay in Activations.
-  struct BlockBf16 {
-    kc::bf16 *ln1 = nullptr, *qkv = nullptr, *atty = nullptr, *att = nullptr, *residual2 = nullptr;
-    kc::bf16 *ln2 = nullptr, *fch = nullptr, *fch_act = nullptr, *residual3 = nullptr;
-    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
+  struct BlockBf16 : model::BlockSlots<kc::bf16> {
     float* stats = nullptr;  // a batch on SDPA: cuDNN's Stats (N x n_head) in att's slice; else null
   };
   struct ActivationsBf16 {
@@ -200,16 +197,8 @@ class CudaModel final : public ModelBase {
   class Fp32Ops;
   class Bf16Ops;
   model::BlockSchedule schedule_;
-  model::BlockMemory memory_;  // the fp32 datapath's slices, as Fp32Ops resolves the names
-  // Attention of one block over the current layout's groups (gather, engine, scatter), output
-  // rows into a.atty.
-  void attention_forward_groups(const BlockActivations& a);
-  void attention_backward_groups(const BlockActivations& a);
-  // The later parts' attention of layer `layer` against their prefixes (exchange_->prefix_kv),
-  // output rows into `out`, saved state into a.att; the backward's rows of dqkv and their
-  // prefixes' dK/dV (into the exchange).
-  void attention_forward_prefixed(int layer, const BlockActivations& a, float* out);
-  void attention_backward_prefixed(int layer, const BlockActivations& a);
+  model::BlockMemoryOf<float> memory_;       // the fp32 datapath's slices, as Fp32Ops resolves the names
+  model::BlockMemoryOf<kc::bf16> memory_bf16_;  // the bf16 datapath's, as Bf16Ops does
   bool cudnn_for_shape(int B, int T);
   // The cuDNN SDPA path (cuda_attention_sdpa.cu): train.attention = sdpa, or auto in bf16. The
   // constructor calls sdpa_init; upload_batch calls sdpa_for_batch, which plans the micro-batch

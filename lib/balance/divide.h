@@ -48,8 +48,6 @@ class StepDivider {
 
   // The last step's busiest rank over its mean cost before the cuts for balance (packed).
   double uncut_imbalance() const { return uncut_imbalance_; }
-  // Cuts made for balance in the last step (chains of long pieces not counted); at most 2 (P - 1).
-  uint64_t balance_cuts() const { return balance_cuts_; }
 
   // The micro-batches a rank holding `tokens` tokens needs at the least: ceil(tokens / max_tokens).
   uint64_t min_micro_batches(uint64_t tokens) const { return (tokens + max_tokens_ - 1) / max_tokens_; }

@@ -118,22 +118,17 @@ void GroupSlotDivider::divide_group(const std::vector<Piece>& group_pieces, int 
     slot_whole_.divide(slots_[s].data(), slots_[s].size(), one);
     result[s] = micro_batches_of(one);
   }
-  size_t count_min = SIZE_MAX, count_max = 0;
   for (int i = 0; i < group_; ++i) {
     auto& mbs = rank_mbs_[size_t(first_rank + i)];
     for (size_t s : order)
       for (auto& mb : result[s][size_t(i)]) mbs.push_back(std::move(mb));
-    count_min = std::min(count_min, mbs.size());
-    count_max = std::max(count_max, mbs.size());
   }
-  if (count_min != count_max) ++uneven_groups_;
 }
 
 void GroupSlotDivider::divide(const Piece* pieces, size_t n, PlanSteps& out) {
   KILTER_CHECK(out.world_size() == world_size_,
                "plan: steps for " << out.world_size() << " ranks given to a group divider for " << world_size_);
   const int groups = world_size_ / group_;
-  uneven_groups_ = 0;
   rank_mbs_.assign(size_t(world_size_), {});
   uint64_t target_tokens = 0;
   for (size_t i = 0; i < n; ++i) target_tokens += pieces[i].len;

@@ -24,22 +24,18 @@ namespace kilter::balance {
 //    rank, so the parts of a cut piece sit on distinct ranks at the same local micro-batch index.
 // Where no m up to kMaxExtraSlots above the least gives every rank one micro-batch per slot (a
 // group with fewer tokens than ranks can split), the slots that leave a rank idle are divided
-// without cuts and run last, and uneven_groups() counts the step.
+// without cuts and run last.
 class GroupSlotDivider {
  public:
   static constexpr int kMaxExtraSlots = 8;
   GroupSlotDivider(const CostModel& cost, uint64_t max_tokens, int world_size, int group, bool cut_pieces,
                    uint32_t context);
   void divide(const Piece* pieces, size_t n, PlanSteps& out);
-  // Groups of the last step whose ranks run different micro-batch counts (0 normally).
-  uint64_t uneven_groups() const { return uneven_groups_; }
 
  private:
   // One group's pieces into `m` slots of even cost (longest first to the cheapest slot that has
   // room); false where they do not fit.
   bool fill_slots(const std::vector<Piece>& group_pieces, size_t m);
-  // Divides slot `s` among the group's ranks into slot_steps_; the micro-batches per rank.
-  std::vector<uint32_t> divide_slot(size_t s, bool cut);
   void divide_group(const std::vector<Piece>& group_pieces, int first_rank);
 
   CostModel cost_;
@@ -50,7 +46,6 @@ class GroupSlotDivider {
   StepDivider group_divider_;  // step 1: world_size / group "ranks", no cuts
   StepDivider slot_divider_;   // step 3: group ranks, cuts as configured
   StepDivider slot_whole_;     // the fallback: group ranks, no cuts
-  uint64_t uneven_groups_ = 0;
   std::vector<std::vector<Piece>> slots_;
   std::vector<double> slot_cost_;
   std::vector<uint64_t> slot_tokens_;

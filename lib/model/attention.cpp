@@ -114,11 +114,6 @@ void add_head(float* dst, int ld, const float* src, int L, int hs) {
   }
 }
 
-// Whether a call for `which` computes a piece with `prefix` earlier tokens.
-bool selected(AttentionPieces which, int prefix) {
-  return which == AttentionPieces::all || (which == AttentionPieces::with_prefix) == (prefix > 0);
-}
-
 // dst (pad + s + Lpad, hs): rows [0, pad) zero, rows [pad, pad + s) = the hs columns at `column`
 // of the prefix (s rows of kv_width: k | v), then the piece's own L rows (pack_head, row stride
 // row_width), the rest zero.
@@ -150,16 +145,8 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   thread_local std::vector<T> qb, kb, vb, pb;
   thread_local std::vector<float> scores, ob;
-  float* att_piece = att;
-  for (int p = 0; p < pieces; ++p) {
-    const int L = cu_seqlens[p + 1] - cu_seqlens[p];
-    const int s = prefix.of(p);
+  for_each_piece(cu_seqlens, pieces, NH, prefix, which, att, [&](int p, int L, int s, float* att_piece) {
     const int Lk = s + L;  // keys of the piece's saved softmax rows
-    float* const att_next = att_piece + static_cast<size_t>(NH) * L * Lk;
-    if (!selected(which, s)) {
-      att_piece = att_next;
-      continue;
-    }
     const int Lp = padded_rows(L);
     const int pad = prefix_padding(s), first_own = pad + s;  // buffer rows of the piece's key 0 and key s
     const int Kp = first_own + Lp;
@@ -209,8 +196,7 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
                       sizeof(float) * hs);
       }
     }
-    att_piece = att_next;
-  }
+  });
 }
 
 template <typename T>
@@ -223,16 +209,8 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   thread_local std::vector<T> qb, kb, vb, dob, ab, dsb;
   thread_local std::vector<float> ds, dq, dk, dv;
-  const float* att_piece = att;
-  for (int p = 0; p < pieces; ++p) {
-    const int L = cu_seqlens[p + 1] - cu_seqlens[p];
-    const int s = prefix.of(p);
+  for_each_piece(cu_seqlens, pieces, NH, prefix, which, att, [&](int p, int L, int s, const float* att_piece) {
     const int Lk = s + L;
-    const float* const att_next = att_piece + static_cast<size_t>(NH) * L * Lk;
-    if (!selected(which, s)) {
-      att_piece = att_next;
-      continue;
-    }
     const int Lp = padded_rows(L);
     const int pad = prefix_padding(s), first_own = pad + s;
     const int Kp = first_own + Lp;
@@ -311,8 +289,7 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
       add_head(dqkv_p + shape.k_col(h), C3, dk.data() + static_cast<size_t>(first_own) * hs, L, hs);
       add_head(dqkv_p + shape.v_col(h), C3, dv.data() + static_cast<size_t>(first_own) * hs, L, hs);
     }
-    att_piece = att_next;
-  }
+  });
 }
 
 }  // namespace

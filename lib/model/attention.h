@@ -39,6 +39,18 @@ struct AttentionPrefix {
 // prefixes of the others are in flight (kv_exchange.h), then those.
 enum class AttentionPieces { all, without_prefix, with_prefix };
 
+// Calls f(p, L, s, att_p) for each piece a call for `which` computes: its length L, its prefix s
+// and its saved softmax att_p (NH x L x (s+L), after every earlier piece's, computed or not).
+template <class Att, class F>
+void for_each_piece(const int32_t* cu_seqlens, int pieces, int NH, const AttentionPrefix& prefix,
+                    AttentionPieces which, Att* att, F&& f) {
+  for (int p = 0; p < pieces; ++p) {
+    const int L = cu_seqlens[p + 1] - cu_seqlens[p], s = prefix.of(p);
+    if (which == AttentionPieces::all || (which == AttentionPieces::with_prefix) == (s > 0)) f(p, L, s, att);
+    att += static_cast<size_t>(NH) * L * (s + L);
+  }
+}
+
 // Floats of the saved softmax for these pieces: NH * sum(len * (s + len)), s = pos_offset[p]
 // (pos_offset may be null: no prefixes).
 size_t attention_saved_floats(const int32_t* cu_seqlens, int pieces, int NH, const int32_t* pos_offset = nullptr);

@@ -15,10 +15,6 @@
 namespace kilter::model {
 namespace {
 
-bool selected(AttentionPieces which, int prefix) {
-  return which == AttentionPieces::all || (which == AttentionPieces::with_prefix) == (prefix > 0);
-}
-
 // dst (rows, hd) = the hd columns at `column` of rows `ld` floats apart.
 void gather(float* dst, const float* src, int ld, int column, int rows, int hd) {
   for (int r = 0; r < rows; ++r)
@@ -26,11 +22,11 @@ void gather(float* dst, const float* src, int ld, int column, int rows, int hd) 
               dst + static_cast<size_t>(r) * hd);
 }
 
-// One piece's view: L own rows of qkv, s prefix rows, Lk = s + L keys.
+// One piece's view: L own rows of qkv, s prefix rows.
 struct PieceView {
   const float* qkv;          // the piece's first row (row_width floats apart)
   const float* prefix_kv;    // s rows of kv_width (null when s = 0)
-  int L, s, Lk;
+  int L, s;
 };
 
 // The keys (or values) of K/V head g: prefix rows first, then the piece's own.
@@ -62,16 +58,9 @@ void attention_bf16_forward(float* out, float* att, const float* qkv, const int3
   const int W = shape.row_width(), Cq = shape.q_width();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> q, k, v, scores, y;
-  float* att_piece = att;
-  for (int p = 0; p < pieces; ++p) {
-    const PieceView view{qkv + static_cast<size_t>(cu_seqlens[p]) * W, prefix.of(p) > 0 ? prefix.kv[p] : nullptr,
-                         cu_seqlens[p + 1] - cu_seqlens[p], prefix.of(p), 0};
-    const int L = view.L, s = view.s, Lk = s + L;
-    float* const att_next = att_piece + static_cast<size_t>(NH) * L * Lk;
-    if (!selected(which, s)) {
-      att_piece = att_next;
-      continue;
-    }
+  for_each_piece(cu_seqlens, pieces, NH, prefix, which, att, [&](int p, int L, int s, float* att_piece) {
+    const PieceView view{qkv + static_cast<size_t>(cu_seqlens[p]) * W, s > 0 ? prefix.kv[p] : nullptr, L, s};
+    const int Lk = s + L;
     q.resize(static_cast<size_t>(L) * hd), y.resize(q.size());
     k.resize(static_cast<size_t>(Lk) * hd), v.resize(k.size());
     scores.resize(static_cast<size_t>(L) * Lk);
@@ -91,8 +80,7 @@ void attention_bf16_forward(float* out, float* att, const float* qkv, const int3
             out_p[static_cast<size_t>(i) * Cq + h * hd + d] = round_bf16(y[static_cast<size_t>(i) * hd + d]);
       }
     }
-    att_piece = att_next;
-  }
+  });
 }
 
 void attention_bf16_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
@@ -102,16 +90,9 @@ void attention_bf16_backward(float* dqkv, const float* dout, const float* qkv, c
   const int W = shape.row_width(), Cq = shape.q_width(), KV = shape.kv_width();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> q, k, v, dy, ds, dq, dk, dv, dk_sum, dv_sum;
-  const float* att_piece = att;
-  for (int p = 0; p < pieces; ++p) {
-    const PieceView view{qkv + static_cast<size_t>(cu_seqlens[p]) * W, prefix.of(p) > 0 ? prefix.kv[p] : nullptr,
-                         cu_seqlens[p + 1] - cu_seqlens[p], prefix.of(p), 0};
-    const int L = view.L, s = view.s, Lk = s + L;
-    const float* const att_next = att_piece + static_cast<size_t>(NH) * L * Lk;
-    if (!selected(which, s)) {
-      att_piece = att_next;
-      continue;
-    }
+  for_each_piece(cu_seqlens, pieces, NH, prefix, which, att, [&](int p, int L, int s, const float* att_piece) {
+    const PieceView view{qkv + static_cast<size_t>(cu_seqlens[p]) * W, s > 0 ? prefix.kv[p] : nullptr, L, s};
+    const int Lk = s + L;
     for (auto* b : {&q, &dy, &dq}) b->resize(static_cast<size_t>(L) * hd);
     for (auto* b : {&k, &v, &dk, &dv, &dk_sum, &dv_sum}) b->resize(static_cast<size_t>(Lk) * hd);
     ds.resize(static_cast<size_t>(L) * Lk);
@@ -159,8 +140,7 @@ void attention_bf16_backward(float* dqkv, const float* dout, const float* qkv, c
           }
         }
     }
-    att_piece = att_next;
-  }
+  });
 }
 
 }  // namespace kilter::model

@@ -8,12 +8,6 @@
 
 namespace kilter::model {
 
-int Batch::max_piece_len() const {
-  int longest = 0;
-  for (int p = 0; p < num_pieces(); ++p) longest = std::max(longest, piece_len(p));
-  return longest;
-}
-
 // A later part [s, s+len) of a cut piece costs e^2 - s^2 = len * (len + 2 s): its queries also
 // attend to the s earlier tokens (the plan's cost model, lib/balance).
 double Batch::attention_work() const {

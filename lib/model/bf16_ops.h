@@ -7,7 +7,7 @@
 // summation order differs from the device's tensor cores. Weights and biases are the bf16
 // working copy (model::bf16, as AdamW writes it on the device); norm weights and the embeddings
 // are read in fp32. The CPU backend's oracle of bf16 storage (CpuModel with bf16_storage,
-// lib/backend/cpu_model_bf16.cpp) is composed from these; attention_bf16.h holds attention's.
+// lib/model/block_ops_cpu.cpp) is composed from these; attention_bf16.h holds attention's.
 #pragma once
 #include <cstddef>
 #include <cstdint>

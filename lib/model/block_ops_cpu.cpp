@@ -23,7 +23,7 @@ namespace {
 // fp32, and the bf16-GEMM precision (the GEMMs under the owner's Bf16MatmulScope, their inputs'
 // roundings kept for the backward). Fusions: the residual add in the projection's GEMM; the rest
 // two calls.
-class CpuBlockOps : public BlockOps, protected BlockNames {
+class CpuBlockOps : public BlockOps, protected BlockNames<float, BlockMemory> {
  public:
   CpuBlockOps(const ModelSpec& spec, const BlockMemory& memory, bool bf16_gemm, Recompute recompute)
       : BlockNames(spec, memory), bf16_gemm_(bf16_gemm), recompute_(recompute),

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "io/base/error.h"
+#include "lib/model/encoder.h"
 #include "lib/model/layout.h"
 #include "lib/model/matmul.h"
 #include "lib/model/vecmath.h"
@@ -102,16 +103,10 @@ const float* Generator::feed(const int32_t* tokens, int count) {
   positions_.resize(n);
   for (size_t i = 0; i < n; ++i) positions_[i] = position_ + int32_t(i);
 
-  // Token (+ position) embeddings: positions continue from the cache.
-  const float* wte = params_.data() + offsets_.wte;
-  const float* wpe = tensor_at(params_.data(), offsets_.wpe);
-  for (size_t i = 0; i < n; ++i) {
-    const float* te = wte + size_t(tokens[i]) * C;
-    for (size_t c = 0; c < C; ++c) x_[i * C + c] = te[c];
-    if (wpe == nullptr) continue;
-    const float* pe = wpe + size_t(position_ + int(i)) * C;
-    for (size_t c = 0; c < C; ++c) x_[i * C + c] += pe[c];
-  }
+  // Token (+ position) embeddings: one piece whose positions continue from the cache.
+  const int32_t cu_seqlens[2] = {0, count};
+  encoder_forward(x_.data(), tokens, params_.data() + offsets_.wte, tensor_at(params_.data(), offsets_.wpe),
+                  cu_seqlens, 1, int(C), &position_);
   // The blocks, the final norm last (into ln_); the head for the last row only.
   memory_.rows = count, memory_.positions = positions_.data(), memory_.rope = &rope_;
   memory_.embeddings = x_.data();

@@ -58,11 +58,17 @@ struct BlockTensors {
 };
 BlockTensors block_tensors_at(float* buffer, const LayoutOffsets& offsets, int layer);
 
-// Saved activations of one block (host or device pointers), laid out by the activation layout.
-struct BlockActivations {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2;
-  float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+// Saved activations of one block (host or device pointers), laid out by the activation layout:
+// values of element type T (fp32, or the CUDA bf16 datapath's bf16), the norms' statistics fp32.
+template <class T>
+struct BlockSlots {
+  T* ln1;
+  float *ln1_mean, *ln1_rstd;
+  T *qkv, *atty, *att, *residual2, *ln2;
+  float *ln2_mean, *ln2_rstd;
+  T *fch, *fch_gelu, *residual3;
 };
+using BlockActivations = BlockSlots<float>;
 
 // The pointer of one slot of the activation layout.
 inline float*& activation_slot(BlockActivations& a, ActSlot slot) {

@@ -42,7 +42,6 @@ struct Batch {
   int num_pieces() const { return cu_seqlens.empty() ? 0 : static_cast<int>(cu_seqlens.size()) - 1; }
   int piece_len(int p) const { return cu_seqlens[p + 1] - cu_seqlens[p]; }
   int piece_offset(int p) const { return pos_offset.empty() ? 0 : pos_offset[p]; }
-  int max_piece_len() const;
   double attention_work() const;  // sum over pieces of len * (len + 2 offset) (what attention costs)
   // Empties the batch, keeping its buffers' capacity.
   void clear();

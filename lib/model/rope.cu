@@ -1,7 +1,7 @@
 // CUDA twin of lib/model/rope.cpp: RoPE in place on the query and key heads of packed q|k|v rows
 // (HF's rotate-half: columns i and i + hd/2 of a head turn together), each row at its position in
 // its piece, from a device copy of model::RopeTable. fp32 rows, or bf16 rows rounded once after
-// the turn (the bf16 datapath; twin: rope_forward then rounding, cpu_model_bf16.cpp).
+// the turn (the bf16 datapath; twin: rope_forward then rounding, block_ops_cpu.cpp).
 #include "io/base/cuda_common.h"
 #include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"

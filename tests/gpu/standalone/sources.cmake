@@ -10,7 +10,6 @@ list(APPEND KILTER_GPU_CORE_SOURCES
      ${KILTER_GPU_ROOT}/lib/optim/adamw.cpp
      ${KILTER_GPU_ROOT}/lib/backend/model_base.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cpu_model.cpp
-     ${KILTER_GPU_ROOT}/lib/backend/cpu_model_bf16.cpp
      ${KILTER_GPU_ROOT}/io/base/cuda_device.cu
      ${KILTER_GPU_ROOT}/io/base/cublaslt_loader_cuda.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cuda_memory.cpp
