@@ -44,6 +44,9 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
     m.memory_.params = m.params_, m.memory_.grads = m.grads_, m.memory_.offsets = &m.offsets_;
     m.memory_.rows = m.layout_now_.N;
   }
+  void weights_needed(int layer) override {
+    if (m_.units_) m_.forward_units(layer);
+  }
   void norm(const model::NormArgs& a) override {
     const NormSlot n = norm_slot(a.layer, a.out);
     kc::residual_norm_forward_bf16(nullptr, n.out, n.mean, n.rstd, stream_rows(a.layer, a.in), nullptr, n.w.w, n.w.b,
@@ -225,10 +228,12 @@ void CudaModel::Bf16Ops::attention_backward(const model::AttentionBackwardArgs& 
 void CudaModel::forward_kernels_bf16(bool with_loss) {
   const ActivationsBf16& x = bacts_;
   const int N = layout_now_.N, C = cfg_.n_embd;
+  if (units_) unit_needed(0);
   kc::encoder_forward_bf16(x.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
                            acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
   Bf16Ops ops(*this);
   schedule_.forward(ops);  // to ln_f's output
+  if (units_) units_->forward_done(cfg_.n_layer);  // the last block's
   if (!with_loss) return;
   KILTER_CUDA_CHECK(cudaMemsetAsync(loss_device_, 0, sizeof(double), s_));
   kc::classifier_chunks_bf16(*g_, nullptr, nullptr, x.lnf, head_bf16_, acts_.targets, N, C, cfg_.vocab_size,

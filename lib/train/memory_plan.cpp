@@ -19,6 +19,7 @@
 #include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/backend/cuda_memory.h"
+#include "lib/comm/unit_chunks.h"
 #include "lib/model/model.h"
 
 namespace kilter::train {
@@ -224,6 +225,16 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
     p.activations = device.activations;
     p.engine = device.engine;
     p.cudnn = device.cudnn;
+    if (p.shard == "parameters") {
+      // What the NCCL shards allocate so far (lib/train/param_shards_nccl.cu): CudaModel's buffers
+      // stay whole (cleared outside this rank's chunks, not freed), and the gathers and
+      // reduce-scatters move through a staging buffer of the largest unit in G equal chunks plus
+      // one chunk. Priced as allocated, not as the sharded state above.
+      const comm::UnitChunks chunks = comm::UnitChunks::of(layout, std::max(p.shard_group, 1), 0);
+      p.parameters = device.parameters;
+      p.gradients = device.gradients;
+      p.gathered = (chunks.staging_floats() + chunks.largest_chunk()) * 4;
+    }
     p.device_total = device.total() - device.parameters - device.gradients + p.parameters + p.gradients + p.gathered;
   } else {
     p.parameters = p.shard == "none" ? p.padded_params * (bf16 ? 6 : 4) : state.parameters;
