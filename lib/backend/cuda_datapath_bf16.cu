@@ -228,7 +228,10 @@ void CudaModel::Bf16Ops::attention_backward(const model::AttentionBackwardArgs& 
 void CudaModel::forward_kernels_bf16(bool with_loss) {
   const ActivationsBf16& x = bacts_;
   const int N = layout_now_.N, C = cfg_.n_embd;
-  if (units_) unit_needed(0);
+  if (units_) {
+    unit_needed(0);
+    units_->prefetch(1);  // block 0's gather overlaps the embeddings
+  }
   kc::encoder_forward_bf16(x.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
                            acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
   Bf16Ops ops(*this);

@@ -530,7 +530,10 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
 void CudaModel::forward_kernels() {
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int N = layout_now_.N;
-  if (units_) unit_needed(0);
+  if (units_) {
+    unit_needed(0);
+    units_->prefetch(1);  // block 0's gather overlaps the embeddings
+  }
   kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
                       acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
   Fp32Ops ops(*this);
