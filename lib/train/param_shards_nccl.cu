@@ -42,7 +42,7 @@ class NcclParamShards final : public UnitShards {
  private:
   enum class State { released, gathering, gathered };
   // Queues the unit's all-gather on the group's stream (its staging buffer, then into params).
-  void start_gather(int unit);
+  void gather_unit(int unit);
   void release_params(int unit);
   void clear_outside(float* buffer, int unit, cudaStream_t stream);
   // The group's stream, after what the compute stream has queued so far.
@@ -163,7 +163,7 @@ void NcclParamShards::clear_outside(float* buffer, int unit, cudaStream_t stream
     KILTER_CUDA_CHECK(cudaMemsetAsync(buffer + r.offset, 0, sizeof(float) * r.count, stream));
 }
 
-void NcclParamShards::start_gather(int unit) {
+void NcclParamShards::gather_unit(int unit) {
   const comm::UnitChunk& c = chunks_.unit(unit);
   const int rank = chunks_.rank();
   const cudaStream_t stream = comm_after_compute(group_);
@@ -182,7 +182,7 @@ void NcclParamShards::start_gather(int unit) {
 
 void NcclParamShards::prefetch(int unit) {
   if (unit < 0 || unit >= num_units() || state_[size_t(unit)] != State::released) return;
-  start_gather(unit);
+  gather_unit(unit);
 }
 
 bool NcclParamShards::need(int unit) {
@@ -195,7 +195,7 @@ bool NcclParamShards::need(int unit) {
     reduce_pending_[u] = false;
   }
   if (state_[u] == State::gathered) return false;
-  if (state_[u] == State::released) start_gather(unit);
+  if (state_[u] == State::released) gather_unit(unit);
   KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_[u], 0));
   state_[u] = State::gathered;
   return true;
