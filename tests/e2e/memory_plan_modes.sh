@@ -56,6 +56,12 @@ chunk = ((unit + 3) // 4 + 63) // 64 * 64
 assert c["parameters_bytes"] == padded_floats * 4 and c["gradients_bytes"] == padded_floats * 4, c
 assert c["gathered_bytes"] == 5 * chunk * 4, (c["gathered_bytes"], chunk)
 assert c["optimizer_bytes"] == o["optimizer_bytes"]
+# beside it, the sharded state as designed: the whole buffers and the staging replaced by the
+# parameters mode's 1/G figures.
+designed = c["device_total_bytes"] - 2 * padded_floats * 4 - c["gathered_bytes"] + p["parameters_bytes"] + \
+    p["gathered_bytes"] + p["gradients_bytes"] - 4 * unit  # the cpu's MPI temporary of a unit, which NCCL needs not
+assert c["device_total_designed_bytes"] == designed, (c["device_total_designed_bytes"], designed)
+assert m["none"]["device_total_designed_bytes"] == 0 and m["opt"]["device_total_designed_bytes"] == 0
 assert c["device_total_bytes"] >= c["parameters_bytes"] + c["gathered_bytes"] + c["gradients_bytes"] + c["optimizer_bytes"]
 # Machines for the advice: between parameters' node and optimizer's with block recompute; between
 # optimizer's and none's.

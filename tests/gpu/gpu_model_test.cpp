@@ -353,6 +353,7 @@ class HostUnitHooks final : public km::ParamUnitHooks {
     KILTER_CUDA_CHECK(cudaDeviceSynchronize());
     KILTER_CUDA_CHECK(cudaMemcpy(model_.params() + r.offset, whole_.data() + r.offset, sizeof(float) * r.count,
                                  cudaMemcpyHostToDevice));
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the model's streams read it
     gathered_[size_t(unit)] = true;
     ++gathers;
     return true;
@@ -370,6 +371,7 @@ class HostUnitHooks final : public km::ParamUnitHooks {
     KILTER_CUDA_CHECK(cudaMemcpy(part.data(), model_.grads() + r.offset, sizeof(float) * r.count, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < r.count; ++i) grads_[r.offset + i] += part[i];
     KILTER_CUDA_CHECK(cudaMemset(model_.grads() + r.offset, 0, sizeof(float) * r.count));
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
     ++finals;
     release(unit + 1);
     if (unit == 0) release(0);
@@ -387,6 +389,7 @@ class HostUnitHooks final : public km::ParamUnitHooks {
     const km::ParamRange& r = units_[size_t(unit)];
     KILTER_CUDA_CHECK(cudaDeviceSynchronize());
     KILTER_CUDA_CHECK(cudaMemset(model_.params() + r.offset, 0, sizeof(float) * r.count));
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
     gathered_[size_t(unit)] = false;
   }
   km::Model& model_;

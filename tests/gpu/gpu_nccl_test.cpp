@@ -169,6 +169,7 @@ void check_param_shards(int group) {
         std::vector<float> g = to_host(device_grads, n);
         for (size_t i = 0; i < n; ++i) g[i] += float((rank + 1) * int(i % 7));
         KILTER_CUDA_CHECK(cudaMemcpy(device_grads, g.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
+        KILTER_CUDA_CHECK(cudaDeviceSynchronize());
       }
       for (int u = units - 1; u >= 0; --u) {
         shards->need(u);
