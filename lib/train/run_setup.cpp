@@ -226,6 +226,9 @@ void check_parameter_sharding(const Run& run) {
   KILTER_USER_CHECK(run.backend == "cpu" || run.backend == "cuda",
                     what << "sharding the parameters is built on the cpu and cuda backends only; use "
                             "train.shard = optimizer on the " << run.backend << " backend");
+  KILTER_USER_CHECK(run.backend != "cuda" || !cfg.train.cuda_graphs,
+                    what << "CUDA graphs are not built for it (each unit's gather and reduce-scatter runs between "
+                            "the kernels); set train.cuda_graphs = false");
   KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
                     what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
                             "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
