@@ -224,15 +224,16 @@ matrix_rows() {
   echo "flat2|flat, ZeRO-1 sharded|2|base|--comm.algo=flat --train.shard_optimizer=true"
   [[ $quick -eq 1 ]] || echo "flat4|flat, ZeRO-1 sharded|4|base|--comm.algo=flat --train.shard_optimizer=true"
   echo "hier4|hierarchical 2x2, sharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=true"
+  echo "cut4|cut pieces (K/V exchange)|4|cut|--comm.algo=flat"
+  # Fully sharded parameters (ZeRO-3) in groups of 2: the whole world on 2 ranks, HSDP (2 groups,
+  # each chunk all-reduced across them) on 4; whole pieces, as that mode takes them. Before the
+  # unsharded rows: what is newest runs first should the time run short.
+  [[ $quick -eq 1 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
+  echo "par4|parameters, groups of 2 (HSDP 2x2)|4|base|$PARAMETERS_ARGS"
   if [[ $quick -eq 0 ]]; then
     echo "flat4u|flat, unsharded|4|base|--comm.algo=flat --train.shard_optimizer=false"
     echo "hier4u|hierarchical 2x2, unsharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=false"
   fi
-  echo "cut4|cut pieces (K/V exchange)|4|cut|--comm.algo=flat"
-  # Fully sharded parameters (ZeRO-3) in groups of 2: the whole world on 2 ranks, HSDP (2 groups,
-  # each chunk all-reduced across them) on 4; whole pieces, as that mode takes them.
-  [[ $quick -eq 1 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
-  echo "par4|parameters, groups of 2 (HSDP 2x2)|4|base|$PARAMETERS_ARGS"
 }
 PARAMETERS_ARGS="--comm.algo=flat --train.shard=parameters --train.shard_group=2 --data.cut_pieces=false"
 
