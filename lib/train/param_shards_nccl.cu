@@ -86,7 +86,8 @@ NcclParamShards::NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model:
       group_(group, 2 * timeout_s, "parameter shards (train.shard = parameters)"),
       params_(params), grads_(grads), reshard_after_forward_(reshard_after_forward) {
   if (replicas != MPI_COMM_NULL)
-    replicas_ = std::make_unique<comm::NcclComm>(replicas, 2 * timeout_s, "parameter shard replicas (train.shard_group)");
+    replicas_ =
+        std::make_unique<comm::NcclComm>(replicas, 2 * timeout_s, "parameter shard replicas (train.shard_group)");
   KILTER_CUDA_CHECK(cudaSetDevice(group_.device()));
   compute_ = backend::cuda_compute_stream();
   const size_t units = size_t(num_units());
@@ -204,7 +205,8 @@ bool NcclParamShards::need(int unit) {
 void NcclParamShards::release_params(int unit) {
   if (unit < 0 || unit >= num_units() || state_[size_t(unit)] == State::released) return;
   // A prefetched unit nobody used: its copy into params must land before the clearing.
-  if (state_[size_t(unit)] == State::gathering) KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_[size_t(unit)], 0));
+  if (state_[size_t(unit)] == State::gathering)
+    KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_[size_t(unit)], 0));
   clear_outside(params_, unit, compute_);
   state_[size_t(unit)] = State::released;
 }

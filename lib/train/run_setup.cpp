@@ -256,6 +256,7 @@ void build_model(Run& run) {
   // replicate; it needs the hierarchical reduction over uniform nodes.
   run.shard_within_node = run.shard_optimizer && group < run.world_size;
   run.shard_group = run.shard_optimizer ? group : 1;
+  // (train.shard = parameters makes its own groups in make_reducer, on either backend.)
   if (run.shard_within_node && cfg.train.shard != "parameters") {
     KILTER_USER_CHECK(run.backend == "cpu",
                       "config key train.shard_group = " << cfg.train.shard_group << ": shard groups smaller than the "
