@@ -51,6 +51,9 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
     kc::bf16* grad[] = {x_.dresidual_bf16, x_.dln, x_.datty, x_.dqkv, x_.dfch, x_.dact};
     std::copy(std::begin(grad), std::end(grad), memory.grad);
   }
+  void weights_needed(int layer) override {
+    if (m_.units_) m_.forward_units(layer);
+  }
   void norm(const model::NormArgs& a) override {
     const NormTensors n = norm_tensors(a.layer, a.out);
     kc::residual_norm_forward_bf16(nullptr, n.out, n.mean, n.rstd, stream(a.layer, a.in), nullptr, n.w, n.b, rows(),
@@ -194,10 +197,15 @@ void CudaModel::Bf16Ops::attention_backward(const model::AttentionBackwardArgs& 
 void CudaModel::forward_kernels_bf16(bool with_loss) {
   const ActivationsBf16& x = bacts_;
   const int N = layout_now_.N, C = cfg_.n_embd;
+  if (units_) {
+    unit_needed(0);
+    units_->prefetch(1);  // block 0's gather overlaps the embeddings
+  }
   kc::encoder_forward_bf16(x.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
                            acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
   Bf16Ops ops(*this);
   schedule_.forward(ops);  // to ln_f's output
+  if (units_) units_->forward_done(cfg_.n_layer);  // the last block's
   if (!with_loss) return;
   KILTER_CUDA_CHECK(cudaMemsetAsync(loss_device_, 0, sizeof(double), s_));
   kc::classifier_chunks_bf16(*g_, nullptr, nullptr, x.lnf, head_bf16_, acts_.targets, N, C, cfg_.vocab_size,

@@ -344,6 +344,9 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
     float* grad[] = {x.dresidual, x.dln, x.datty, x.dqkv, x.dfch, x.dact};
     std::copy(std::begin(grad), std::end(grad), memory.grad);
   }
+  void weights_needed(int layer) override {
+    if (m_.units_) m_.forward_units(layer);
+  }
   void norm(const model::NormArgs& a) override {
     const NormTensors t = norm_tensors(a.layer, a.out);
     const float eps = static_cast<float>(spec_.norm_eps);
@@ -507,10 +510,15 @@ void CudaModel::Fp32Ops::attention_backward(const model::AttentionBackwardArgs& 
 void CudaModel::forward_kernels() {
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int N = layout_now_.N;
+  if (units_) {
+    unit_needed(0);
+    units_->prefetch(1);  // block 0's gather overlaps the embeddings
+  }
   kc::encoder_forward(acts_.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
                       acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
   Fp32Ops ops(*this);
   schedule_.forward(ops);  // to ln_f's output
+  if (units_) units_->forward_done(cfg_.n_layer);  // the last block's
   // Head: every row's logits (rows without a target get a zero gradient; the CPU gathers target
   // rows instead, which gives the same loss and gradients), then the loss and dlogits in place,
   // scaled by the device-side loss scale.
@@ -537,6 +545,7 @@ double CudaModel::forward_loss(const Batch& batch) {
   else
     run_segment(0, [&] { forward_kernels(); });
   finish_forward();
+  if (units_) units_->pass_done();
   return read_loss();
 }
 
@@ -559,25 +568,67 @@ double CudaModel::forward_backward(const Batch& batch, float loss_scale, const m
   // logits, loss and their gradient chunk by chunk as the head's backward segment.
   if (!bf16) finish_forward();
   if (backward_start_hook_) backward_start_hook_();
+  // Sharded parameters: the head and the final norm's unit (kept since the forward) first; each
+  // block's unit before its backward, the one below it prefetched; each unit's gradients handed
+  // over as soon as they are final (CpuModel's order).
+  if (units_) unit_needed(cfg_.n_layer + 1);
   run_segment(1, [&] { bf16 ? head_backward_bf16() : head_backward(); });
   if (bf16) finish_forward();
   // Reported ranges are final in stream order: the NCCL communicator waits on this stream.
   if (on_ready) on_ready(offsets_.lnf_w, layout_.padded_size - offsets_.lnf_w);
+  if (units_) units_->grads_final(cfg_.n_layer + 1);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    if (units_) {
+      unit_needed(l + 1);
+      units_->prefetch(l);
+    }
     run_segment(2 + (cfg_.n_layer - 1 - l), [&] {
       if (bf16) return bf16_ops_backward(l);
       Fp32Ops ops(*this);
       schedule_.block_backward(ops, l);
     });
     if (on_ready) on_ready(offsets_.block[l], offsets_.block_floats);
+    if (units_) units_->grads_final(l + 1);
   }
+  if (units_) unit_needed(0);
   run_segment(cfg_.n_layer + 2, [&] {
     kc::encoder_backward(grads_ + offsets_.wte, model::tensor_at(grads_, offsets_.wpe),
                          bf16 ? bacts_.dresidual : acts_.dresidual, acts_.inputs, acts_.cu_seqlens,
                          layout_now_.pieces, batch.N, layout_now_.max_len, cfg_.n_embd, s_, acts_.pos_offset);
   });
   if (on_ready) on_ready(offsets_.wte, offsets_.embeddings_end() - offsets_.wte);
+  if (units_) {
+    units_->grads_final(0);
+    units_->pass_done();
+  }
   return read_loss();
+}
+
+void CudaModel::set_param_units(model::ParamUnitHooks* hooks) {
+  // A captured graph would freeze the gathers' cross-stream waits and the NCCL calls between its
+  // kernels: the sharded model runs eagerly.
+  KILTER_USER_CHECK(hooks == nullptr || !options_.cuda_graphs,
+                    "config key train.cuda_graphs = true: CUDA graphs are not built for train.shard = parameters "
+                    "(each unit's gather and reduce-scatter runs between the kernels); set train.cuda_graphs = false");
+  units_ = hooks;
+  unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
+}
+
+void CudaModel::unit_needed(int unit) {
+  if (!units_->need(unit) || !bf16_storage_) return;
+  // The unit's part of the bf16 working copy (and of the padded head's copy where the head lies in it).
+  const model::ParamRange& r = unit_ranges_[size_t(unit)];
+  const size_t head = offsets_.head, head_end = head + static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
+  const bool has_head = head >= r.offset && head_end <= r.offset + r.count;
+  kc::round_params_bf16(params_bf16_ + r.offset, params_ + r.offset, r.count, has_head ? head_bf16_ : nullptr,
+                        has_head ? head - r.offset : 0, has_head ? head_end - r.offset : 0, stream_);
+}
+
+void CudaModel::forward_units(int layer) {
+  // Block `layer` (or the final norm) is next; the forward of block layer - 2 is over.
+  unit_needed(layer + 1);
+  units_->prefetch(layer + 2);
+  if (layer >= 2) units_->forward_done(layer - 1);
 }
 
 void CudaModel::init_params(uint64_t seed) {

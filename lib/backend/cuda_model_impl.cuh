@@ -110,6 +110,10 @@ class CudaModel final : public ModelBase {
   void adamw_step(const model::AdamWParams& p) override;
   void synchronize() override { KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void reserve(int max_tokens, int context) override;
+  // Fully sharded parameters (train.shard = parameters): the hooks are called in CpuModel's order,
+  // with the next unit's gather asked for early (prefetch) so that it overlaps this unit's kernels.
+  bool supports_param_units() const override { return true; }
+  void set_param_units(model::ParamUnitHooks* hooks) override;
 
  private:
   using BlockActivations = model::BlockActivations;
@@ -235,6 +239,14 @@ class CudaModel final : public ModelBase {
   // logits, loss (into loss_device_, copied to the host asynchronously) and dlogits in place.
   void forward_kernels();
   void head_backward();  // the head's gradients into dln, then ln_f's backward
+  // ---- sharded parameters (set_param_units) -------------------------------------------------
+  model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always there
+  std::vector<model::ParamRange> unit_ranges_;
+  // need(unit); a unit gathered just now refreshes its part of the bf16 working copy.
+  void unit_needed(int unit);
+  // The forward schedule's weights_needed(layer): the unit after block layer - 1 (block `layer`, or
+  // the final norm) now, the one after it prefetched, block layer - 2's released.
+  void forward_units(int layer);
   // ---- the bf16-storage datapath (cuda_datapath_bf16.cu) --------------------------------------
   bool bf16_storage_ = false;          // decided at construction (train.bf16_storage)
   std::string storage_note_;           // why bf16 storage is off, or how it was checked, for describe()

@@ -105,6 +105,10 @@ class ParamUnitHooks {
   // The unit's parameters must be whole in params() from now on; true where they were gathered
   // just now (the model refreshes what it derives from them).
   virtual bool need(int unit) = 0;
+  // The unit will be needed soon: a holder that gathers in the background (a device's NCCL
+  // stream) may start now, so that the gather overlaps the compute before it. need() still comes
+  // before any use. Out-of-range units are ignored.
+  virtual void prefetch(int unit) { (void)unit; }
   // The forward is done with the unit (it may be freed until the backward needs it again).
   virtual void forward_done(int unit) = 0;
   // The unit's gradients are final for this micro-batch (reduce-scatter them; the unit above it,

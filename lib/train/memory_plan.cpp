@@ -19,6 +19,7 @@
 #include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/backend/cuda_memory.h"
+#include "lib/comm/unit_chunks.h"
 #include "lib/model/model.h"
 
 namespace kilter::train {
@@ -261,6 +262,18 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
     p.activations = device.activations;
     p.engine = device.engine;
     p.cudnn = device.cudnn;
+    if (p.shard == "parameters") {
+      // What the NCCL shards allocate so far (lib/train/param_shards_nccl.cu): CudaModel's buffers
+      // stay whole (cleared outside this rank's chunks, not freed), and the gathers and
+      // reduce-scatters move through a staging buffer of the largest unit in G equal chunks plus
+      // one chunk. Priced as allocated, not as the sharded state above.
+      p.device_total_designed = device.total() - device.parameters - device.gradients + p.parameters + p.gradients +
+                                p.gathered;
+      const comm::UnitChunks chunks = comm::UnitChunks::of(layout, std::max(p.shard_group, 1), 0);
+      p.parameters = device.parameters;
+      p.gradients = device.gradients;
+      p.gathered = (chunks.staging_floats() + chunks.largest_chunk()) * 4;
+    }
     p.device_total = device.total() - device.parameters - device.gradients + p.parameters + p.gradients + p.gathered;
   } else {
     p.parameters = p.shard == "none" ? p.padded_params * (bf16 ? 6 : 4) : state.parameters;
@@ -420,7 +433,13 @@ std::string format_memory_plan(const MemoryPlan& p) {
     else
       std::snprintf(line, sizeof line, "  %-22s %9.3f GiB per rank (the device's memory is unknown here)\n",
                     "device total", gib(p.device_total));
-    os << line << "  in each rank's host memory:\n";
+    os << line;
+    if (p.device_total_designed > 0) {
+      std::snprintf(line, sizeof line, "  %-22s %9.3f GiB per rank with only the chunks and the units in use held "
+                    "(the cuda backend keeps its buffers whole so far)\n", "as designed", gib(p.device_total_designed));
+      os << line;
+    }
+    os << "  in each rank's host memory:\n";
   } else {
     row(cfg.train.precision == "bf16" ? "parameters (+bf16)" : "parameters", p.parameters, p.parameters);
     if (p.gathered > 0) row("gathered units", p.gathered, p.gathered);
@@ -474,6 +493,7 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
           {"engine_bytes", p.engine},
           {"cudnn_bytes", p.cudnn},
           {"device_total_bytes", p.device_total},
+          {"device_total_designed_bytes", p.device_total_designed},
           {"device_bytes", p.input.device_bytes},
           {"device_fits", p.device_fits},
           {"fits", p.fits},

@@ -20,12 +20,11 @@
 
 #include "lib/comm/communicator.h"
 #include "lib/model/model.h"
+#include "lib/train/unit_shards.h"
 
 namespace kilter::train {
 
-class Watchdog;
-
-class ParamShards final : public comm::GradientReducer, public model::ParamUnitHooks {
+class ParamShards final : public UnitShards {
  public:
   // group: the shard group; replicas: the ranks of the same index in the other groups
   // (MPI_COMM_NULL: the group is the world). Both are dup'd here. params and grads: the model's
@@ -34,12 +33,8 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
               bool reshard_after_forward);
   ~ParamShards() override;
 
-  // The watchdog that bounds every collective (set once it exists), and the step it names.
-  void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
-  void set_step(long step) { step_ = step; }
-  // Frees every gathered parameter and every gradient outside this rank's chunks (their pages):
-  // after a whole-buffer write (initialization, a resume) and at each step's start.
-  void release_all();
+  // UnitShards: frees the pages outside this rank's chunks.
+  void release_all() override;
 
   // model::ParamUnitHooks
   bool need(int unit) override;
@@ -70,8 +65,6 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   float* grads_ = nullptr;
   size_t padded_ = 0;
   bool reshard_after_forward_ = true;
-  Watchdog* watchdog_ = nullptr;
-  long step_ = 0;
   std::vector<float> scatter_;  // one chunk: the reduce-scatter's result
 };
 

@@ -18,6 +18,10 @@
 #include "lib/train/guards.h"
 #include "lib/train/hf_interop.h"
 #include "lib/train/memory_plan.h"
+#include "lib/train/param_shards.h"
+#ifdef KILTER_WITH_NCCL
+#include "lib/train/param_shards_nccl.h"
+#endif
 #include "lib/train/calibration_driver.h"
 #include "lib/train/run_dir.h"
 #include "lib/train/run_engine_probes.h"
@@ -163,10 +167,20 @@ void make_reducer(Run& run) {
                        MPI_Comm_split(run.world, run.rank % run.shard_group, run.rank, &replicas) == MPI_SUCCESS,
                    "MPI_Comm_split (parameter shard groups) failed");
     }
-    std::unique_ptr<ParamShards> shards;
+    std::unique_ptr<UnitShards> shards;
     try {
-      shards = std::make_unique<ParamShards>(group, replicas, run.model->layout(), run.model->params(),
-                                             run.model->grads(), cfg.train.reshard_after_forward);
+      if (run.backend == "cuda") {
+#ifdef KILTER_WITH_NCCL
+        shards = make_nccl_param_shards(group, replicas, run.model->layout(), run.model->params(),
+                                        run.model->grads(), cfg.train.reshard_after_forward, cfg.comm.timeout_s);
+#else
+        KILTER_USER_FAIL("config key train.shard = parameters: the cuda backend shards parameters over NCCL, "
+                         "which this build lacks (kilter --version); use train.shard = optimizer");
+#endif
+      } else {
+        shards = std::make_unique<ParamShards>(group, replicas, run.model->layout(), run.model->params(),
+                                               run.model->grads(), cfg.train.reshard_after_forward);
+      }
     } catch (...) {
       if (hsdp) MPI_Comm_free(&group), MPI_Comm_free(&replicas);
       throw;
@@ -202,13 +216,19 @@ void make_reducer(Run& run) {
   }
 }
 
-// train.shard = parameters as built so far: the cpu backend, no piece cut between ranks, no
-// training samples (each unit's gather is a meeting point of all ranks, which those would not keep). Refused before anything is allocated, naming the key.
+// train.shard = parameters as built so far: the cpu backend (MPI) and the cuda backend (NCCL,
+// without CUDA graphs: CudaModel::set_param_units), no piece cut between ranks, no training
+// samples (each unit's gather is a meeting point of all ranks, which those would not keep).
+// Refused before anything is allocated, naming the key.
 void check_parameter_sharding(const Run& run) {
   const Config& cfg = run.cfg;
   const std::string what = "config key train.shard = parameters: ";
-  KILTER_USER_CHECK(run.backend == "cpu", what << "sharding the parameters is built on the cpu backend only; use "
-                                               "train.shard = optimizer on the " << run.backend << " backend");
+  KILTER_USER_CHECK(run.backend == "cpu" || run.backend == "cuda",
+                    what << "sharding the parameters is built on the cpu and cuda backends only; use "
+                            "train.shard = optimizer on the " << run.backend << " backend");
+  KILTER_USER_CHECK(run.backend != "cuda" || !cfg.train.cuda_graphs,
+                    what << "CUDA graphs are not built for it (each unit's gather and reduce-scatter runs between "
+                            "the kernels); set train.cuda_graphs = false");
   KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
                     what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
                             "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
@@ -244,7 +264,8 @@ void build_model(Run& run) {
   // replicate; it needs the hierarchical reduction over uniform nodes.
   run.shard_within_node = run.shard_optimizer && group < run.world_size;
   run.shard_group = run.shard_optimizer ? group : 1;
-  if (run.shard_within_node) {
+  // (train.shard = parameters makes its own groups in make_reducer, on either backend.)
+  if (run.shard_within_node && cfg.train.shard != "parameters") {
     KILTER_USER_CHECK(run.backend == "cpu",
                       "config key train.shard_group = " << cfg.train.shard_group << ": shard groups smaller than the "
                       "world (HSDP) are built on the cpu backend only (the NCCL path is not checked on a device yet); use "

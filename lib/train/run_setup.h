@@ -77,7 +77,7 @@ struct Run {
   int shard_group = 1;  // ranks sharing one sharded copy (the world, or train.shard_group under HSDP)
   bool shard_norm_counts = true;  // HSDP: this rank is in the first group (its shard counts in the norm)
   // train.shard = parameters on more than one rank: the shards (run.reducer owns them), else null.
-  ParamShards* param_shards = nullptr;
+  UnitShards* param_shards = nullptr;
   std::vector<EngineChoice> engine_choices;  // the engine probes' verdicts and what they chose
   std::unique_ptr<model::Model> model;
   std::unique_ptr<comm::GradientReducer> reducer;

@@ -16,7 +16,7 @@
 #include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
 #include "lib/train/micro_batch.h"
-#include "lib/train/param_shards.h"
+#include "lib/train/unit_shards.h"
 #include "lib/train/watchdog.h"
 
 namespace kilter::train {
@@ -59,7 +59,7 @@ struct StepContext {
   // train.shard = parameters: the shards (also `reducer`); every rank runs the step's largest
   // micro-batch count, padding with empty micro-batches, since each unit's gather and
   // reduce-scatter is a meeting point of all ranks.
-  ParamShards* param_shards = nullptr;
+  UnitShards* param_shards = nullptr;
 };
 
 // Reads this rank's micro-batches of `step` and runs forward/backward on each, accumulating

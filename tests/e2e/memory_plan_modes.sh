@@ -3,7 +3,8 @@
 # - optimizer shards the moments only (1/G), parameters shards the weights, the gradients and
 #   the moments (1/G) and adds the other ranks' parts of the units resident at once (the
 #   embeddings and two blocks, or every unit with train.reshard_after_forward = false), on the
-#   CPU and the CUDA backend;
+#   CPU backend; on the CUDA backend as its NCCL shards allocate so far (whole buffers and a
+#   staging buffer);
 # - train.shard_group = node shards over the node's ranks (G = L), world over all;
 # - the advice names the cheapest setting in order: a node that holds only the parameters mode
 #   is told "set train.shard = parameters", one that holds optimizer is told that.
@@ -53,8 +54,19 @@ assert padded_floats // 4 * 4 + block * 7 // 4 * 4 <= p["gradients_bytes"] <= pa
 assert k["gathered_bytes"] == padded_floats * 3 // 4 * 4, "reshard_after_forward = false keeps every unit"
 assert nd["parameters_bytes"] == padded_floats // 2 * 4, "shard_group = node: G = 2"
 assert p["other_rank_bytes"] < o["other_rank_bytes"] < n["other_rank_bytes"]
+# cuda: priced as the NCCL shards allocate so far: CudaModel's buffers whole (cleared outside the
+# chunks, not freed) and a staging buffer of the largest unit in G equal 64-float chunks plus one.
 c = m["cuda"]
-assert c["parameters_bytes"] == p["parameters_bytes"] and c["gathered_bytes"] == p["gathered_bytes"]
+chunk = ((unit + 3) // 4 + 63) // 64 * 64
+assert c["parameters_bytes"] == padded_floats * 4 and c["gradients_bytes"] == padded_floats * 4, c
+assert c["gathered_bytes"] == 5 * chunk * 4, (c["gathered_bytes"], chunk)
+assert c["optimizer_bytes"] == o["optimizer_bytes"]
+# beside it, the sharded state as designed: the whole buffers and the staging replaced by the
+# parameters mode's 1/G figures.
+designed = c["device_total_bytes"] - 2 * padded_floats * 4 - c["gathered_bytes"] + p["parameters_bytes"] + \
+    p["gathered_bytes"] + p["gradients_bytes"] - 4 * unit  # the cpu's MPI temporary of a unit, which NCCL needs not
+assert c["device_total_designed_bytes"] == designed, (c["device_total_designed_bytes"], designed)
+assert m["none"]["device_total_designed_bytes"] == 0 and m["opt"]["device_total_designed_bytes"] == 0
 assert c["device_total_bytes"] >= c["parameters_bytes"] + c["gathered_bytes"] + c["gradients_bytes"] + c["optimizer_bytes"]
 # The distributed optimizer (bf16 storage): the cpu backend keeps the fp32 master 1/G with the
 # moments beside the whole bf16 working copy (and a page or two per norm tensor widened from it);

@@ -11,7 +11,8 @@
 # - a checkpoint written under parameters on 4 ranks (stopped after 4 of 8 steps) resumes as
 #   train.shard = none on 2 ranks and as optimizer on 3, matching 8 steps straight within 1e-5;
 # - a rank that stops makes the others' watchdogs fire inside the parameter all-gather, naming it;
-# - what is not built yet for parameters is refused naming the key (cut pieces).
+# - what is not built yet for parameters is refused naming the key (cut pieces; CUDA graphs on the
+#   cuda backend).
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
@@ -61,6 +62,13 @@ timeout 120 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]/--data.cut_pieces=
   --output.dir=runs/cut --train.shard=parameters > cut.log 2>&1 || rc=$?
 [ "$rc" -ne 0 ] && grep -q "config key train.shard = parameters: pieces cut between ranks are not built yet" cut.log \
   || { cat cut.log; fail "cut pieces under parameters were not refused"; }
+# The cuda backend shards parameters over NCCL without CUDA graphs: refused before anything is made
+# (checked before the backend, so this build refuses it too, with or without a device).
+rc=0
+timeout 120 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]}" --output.dir=runs/graphs --train.shard=parameters \
+  --train.backend=cuda --train.cuda_graphs=true > graphs.log 2>&1 || rc=$?
+[ "$rc" -ne 0 ] && grep -q "config key train.shard = parameters: CUDA graphs are not built for it" graphs.log \
+  || { cat graphs.log; fail "CUDA graphs under parameters were not refused"; }
 
 "$PY" - "$SRC/tests/python" <<'PY'
 import csv, json, sys

@@ -4,8 +4,9 @@
 // and in bf16 GEMM math, with each attention engine (cuBLASLt; cuDNN where usable), and 5-step
 // runs with CUDA graphs (eager, timed, captured, replayed, decided). Batches are packed: pieces of
 // mixed lengths (one of length 1) that the CUDA attention groups by length, and untargeted positions.
-// Also: train.recompute (gelu, attention, block) against none and against the CPU, and the
-// sharded optimizer (ZeRO-1) against the unsharded one. And the memory plan's device figures
+// Also: train.recompute (gelu, attention, block) against none and against the CPU, the
+// sharded optimizer (ZeRO-1) against the unsharded one, and the fully sharded parameters' unit
+// hooks (played on the host, no NCCL) against the plain model. And the memory plan's device figures
 // (lib/backend/cuda_memory.h) against the device memory a model takes for a step, for both
 // datapaths (fp32 activations; bf16 storage) and a llama, with the groups' attention and with cuDNN
 // SDPA where it runs (its workspace counted by model::sdpa_workspace_bound). bf16 here is train.bf16_storage = off,
@@ -332,6 +333,110 @@ void compare_memory_plan(Checker& check, const km::ModelSpec& cfg, int max_token
   }
 }
 
+// Fully sharded parameters' hooks (model.h ParamUnitHooks) on one device without NCCL: the whole
+// parameters on the host, a unit uploaded when the model needs it and cleared on the device when
+// it is released; a unit's gradient taken to the host when the model calls it final and cleared on
+// the device. A model that read a released unit, or called a gradient final before its kernels
+// wrote it, would differ from the plain model (zeros, or a later micro-batch's part lost).
+class HostUnitHooks final : public km::ParamUnitHooks {
+ public:
+  explicit HostUnitHooks(km::Model& model)
+      : model_(model), units_(km::param_unit_ranges(model.layout())), whole_(model.layout().padded_size),
+        grads_(model.layout().padded_size, 0.0f), gathered_(units_.size(), true) {
+    model.synchronize();
+    KILTER_CUDA_CHECK(cudaMemcpy(whole_.data(), model.params(), sizeof(float) * whole_.size(), cudaMemcpyDeviceToHost));
+    pass_done();
+  }
+  bool need(int unit) override {
+    if (unit < 0 || unit >= int(units_.size()) || gathered_[size_t(unit)]) return false;
+    const km::ParamRange& r = units_[size_t(unit)];
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    KILTER_CUDA_CHECK(cudaMemcpy(model_.params() + r.offset, whole_.data() + r.offset, sizeof(float) * r.count,
+                                 cudaMemcpyHostToDevice));
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the model's streams read it
+    gathered_[size_t(unit)] = true;
+    ++gathers;
+    return true;
+  }
+  void prefetch(int unit) override {
+    if (unit >= 0 && unit < int(units_.size())) ++prefetches;
+  }
+  void forward_done(int unit) override {
+    if (unit > 0 && unit + 1 < int(units_.size())) release(unit);
+  }
+  void grads_final(int unit) override {
+    const km::ParamRange& r = units_[size_t(unit)];
+    std::vector<float> part(r.count);
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    KILTER_CUDA_CHECK(cudaMemcpy(part.data(), model_.grads() + r.offset, sizeof(float) * r.count, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < r.count; ++i) grads_[r.offset + i] += part[i];
+    KILTER_CUDA_CHECK(cudaMemset(model_.grads() + r.offset, 0, sizeof(float) * r.count));
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    ++finals;
+    release(unit + 1);
+    if (unit == 0) release(0);
+  }
+  void pass_done() override {
+    for (size_t u = 0; u < units_.size(); ++u) release(int(u));
+  }
+  // The gradients handed over so far (num_params floats).
+  std::vector<float> grads() const { return {grads_.begin(), grads_.begin() + long(model_.layout().num_params)}; }
+  int gathers = 0, prefetches = 0, finals = 0;
+
+ private:
+  void release(int unit) {
+    if (unit < 0 || unit >= int(units_.size()) || !gathered_[size_t(unit)]) return;
+    const km::ParamRange& r = units_[size_t(unit)];
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    KILTER_CUDA_CHECK(cudaMemset(model_.params() + r.offset, 0, sizeof(float) * r.count));
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    gathered_[size_t(unit)] = false;
+  }
+  km::Model& model_;
+  std::vector<km::ParamRange> units_;
+  std::vector<float> whole_, grads_;
+  std::vector<bool> gathered_;
+};
+
+// The CUDA model with the hooks against the plain one from the same weights: two micro-batches'
+// losses and accumulated gradients, and an evaluation loss; every block gathered twice a pass
+// (forward, backward), every unit's gradient handed over once a micro-batch.
+void compare_param_units(Checker& check, const km::ModelSpec& cfg, const km::BackendOptions& options) {
+  const std::string tag = "parameter units " + options_tag(options);
+  try {
+    std::unique_ptr<km::Model> plain = make_gpu(cfg, 64, options), sharded = make_gpu(cfg, 64, options);
+    if (!plain || !sharded) return;
+    plain->init_params(11);
+    sharded->init_params(11);
+    HostUnitHooks hooks(*sharded);
+    sharded->set_param_units(&hooks);
+    plain->zero_grads();
+    sharded->zero_grads();
+    const int units = cfg.n_layer + 2;
+    for (int round = 0; round < 2; ++round) {
+      const km::Batch batch = random_batch(cfg, 3 + round, cfg.block_size - round);
+      const float scale = 1.0f / static_cast<float>(batch.num_targets);
+      const int gathers = hooks.gathers, finals = hooks.finals;
+      const double want = plain->forward_backward(batch, scale, {});
+      const double got = sharded->forward_backward(batch, scale, {});
+      check.near_scalar(tag + "loss, micro-batch " + std::to_string(round + 1), got, want, 1e-6);
+      check.expect(tag + "units gathered: the embeddings and final unit once, each block twice, micro-batch " +
+                       std::to_string(round + 1),
+                   hooks.gathers - gathers == 2 + 2 * cfg.n_layer,
+                   std::to_string(hooks.gathers - gathers) + " gathers");
+      check.expect(tag + "every unit's gradient handed over once", hooks.finals - finals == units,
+                   std::to_string(hooks.finals - finals) + " of " + std::to_string(units));
+    }
+    check.expect(tag + "the next unit asked for early", hooks.prefetches > 0);
+    check.near(tag + "gradients of two micro-batches", hooks.grads(), device_grads(*plain), 1e-6);
+    const km::Batch eval = random_batch(cfg, 2, cfg.block_size);
+    check.near_scalar(tag + "forward_loss", sharded->forward_loss(eval), plain->forward_loss(eval), 1e-6);
+    sharded->set_param_units(nullptr);
+  } catch (const kilter::Error& e) {
+    check.expect(tag + "ran", false, e.what());
+  }
+}
+
 // Every test starts on its own; the memory plan's comes first, before the others leave memory
 // in the stream-ordered pool.
 using CudaModel = kilter::gputest::DeviceTest;
@@ -406,10 +511,31 @@ TEST_F(CudaModel, ShardedOptimizerMatchesTheUnshardedOne) {
   compare_shard(check, kSmall, kilter::gputest::bf16_storage());
 }
 
+TEST_F(CudaModel, ParameterUnitHooksMatchThePlainModel) {
+  Checker check;
+  compare_param_units(check, kSmall, with("fp32", "cublaslt"));
+  compare_param_units(check, kSmall, with("fp32", "cublaslt", false, "block"));
+  compare_param_units(check, kSmall, with("bf16", "cublaslt"));
+  compare_param_units(check, kSmall, kilter::gputest::bf16_storage());
+  compare_param_units(check, kSmall, kilter::gputest::bf16_storage("block"));
+}
+
 // Refusals name the key.
 TEST_F(CudaModel, RefusalsNameTheKey) {
   Checker check;
   bool refused = false;
+  {
+    std::unique_ptr<km::Model> graphs = kilter::backend::make_cuda_model(kTiny, 64, with("fp32", "cublaslt", true));
+    graphs->init_params(3);
+    HostUnitHooks hooks(*graphs);
+    try {
+      graphs->set_param_units(&hooks);
+    } catch (const kilter::Error& e) {
+      refused = std::string(e.what()).find("train.cuda_graphs") != std::string::npos;
+    }
+    check.expect("parameter units with CUDA graphs refused naming train.cuda_graphs", refused);
+    refused = false;
+  }
   try {
     kilter::backend::make_cuda_model(kTiny, 1, "fp16");
   } catch (const kilter::Error& e) {

@@ -1,6 +1,8 @@
 // The NCCL communicator on device buffers, bootstrapped through MPI: allreduce, reduce-scatter
 // (out of place and in place), allgather and broadcast of rank-dependent integer-valued data
-// (sums are exact), f32/f64/i64, and the error path of a collective on an aborted communicator.
+// (sums are exact), f32/f64/i64, and the error path of a collective on an aborted communicator;
+// the parameter shards of train.shard = parameters (unit gathers, reduce-scatters accumulated over
+// micro-batches, HSDP's all-reduce across groups) on the same kind of data.
 // Run under mpirun with one rank per GPU. Exit 77 (skipped) without a device, or when ranks
 // would share a device (NCCL refuses that) outside the test layout of
 // tests/gpu/ranks-on-one-gpu.sh (KILTER_TEST_SHARE_DEVICE=1 and an NCCL host id per rank), where
@@ -19,6 +21,10 @@
 #include "io/base/cuda_common.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/comm/nccl_communicator.h"
+#include "lib/comm/unit_chunks.h"
+#include "lib/model/layout.h"
+#include "lib/model/model.h"
+#include "lib/train/param_shards_nccl.h"
 
 namespace {
 
@@ -111,6 +117,92 @@ TEST(NcclCommunicator, BroadcastFromTheLastRank) {
   the_comm->broadcast(device_value, sizeof(float) * value.size(), size - 1);
   expect(to_host(device_value, value.size()) == std::vector<float>(17, 42.0f), "broadcast from the last rank", rank);
   cudaFree(device_value);
+}
+
+// The NCCL parameter shards (lib/train/param_shards_nccl.h) on a small GPT-2's units, in groups
+// of `group` consecutive ranks (the world, or HSDP with the chunks all-reduced across the groups):
+// integer-valued data, so every gather and sum is exact.
+void check_param_shards(int group) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm shard_group = MPI_COMM_WORLD, replicas = MPI_COMM_NULL;
+  if (group < size) {
+    MPI_Comm_split(MPI_COMM_WORLD, rank / group, rank, &shard_group);
+    MPI_Comm_split(MPI_COMM_WORLD, rank % group, rank, &replicas);
+  }
+  const kilter::model::ModelSpec spec{3, 4, 48, 32, 101};
+  const auto layout = kilter::model::ParamLayout::build(spec, size_t(size) * 64);
+  const size_t n = layout.padded_size;
+  const auto chunks = kilter::comm::UnitChunks::of(layout, group, rank % group);
+  std::vector<float> params(n, 0.0f), grads(n);
+  std::vector<char> mine(n, 0);
+  for (const auto& r : chunks.owned())
+    for (size_t i = r.offset; i < r.offset + r.count; ++i) mine[i] = 1, params[i] = float(i % 1013);
+  for (size_t i = 0; i < n; ++i) grads[i] = float((rank + 1) * int(i % 7));
+  float* device_params = to_device(params);
+  float* device_grads = to_device(grads);
+  const std::string where = " (groups of " + std::to_string(group) + ")";
+  {
+    auto shards = kilter::train::make_nccl_param_shards(shard_group, replicas, layout, device_params, device_grads,
+                                                        /*reshard_after_forward=*/true, 60.0);
+    const int units = chunks.num_units();
+    // Forward: every unit gathered whole (the first prefetched), blocks released after use.
+    shards->prefetch(1);
+    bool whole = true, released = true;
+    for (int u = 0; u < units; ++u) {
+      shards->need(u);
+      const auto& c = chunks.unit(u);
+      const std::vector<float> got = to_host(device_params + c.offset, c.count);
+      for (size_t i = 0; i < c.count; ++i) whole &= got[i] == float((c.offset + i) % 1013);
+      shards->forward_done(u);
+    }
+    const std::vector<float> after = to_host(device_params, n);
+    for (int u = 1; u + 1 < units; ++u)
+      for (size_t i = chunks.unit(u).offset; i < chunks.unit(u).offset + chunks.unit(u).count; ++i)
+        released &= mine[i] ? after[i] == float(i % 1013) : after[i] == 0.0f;
+    expect(whole, "parameter units all-gathered whole" + where, rank);
+    expect(released, "blocks cleared outside this rank's chunk after their forward" + where, rank);
+    // Two micro-batches' backward: the chunks accumulate both reduced sums, the rest is cleared.
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) {
+        std::vector<float> g = to_host(device_grads, n);
+        for (size_t i = 0; i < n; ++i) g[i] += float((rank + 1) * int(i % 7));
+        KILTER_CUDA_CHECK(cudaMemcpy(device_grads, g.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
+        KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+      for (int u = units - 1; u >= 0; --u) {
+        shards->need(u);
+        shards->grads_final(u);
+      }
+      shards->pass_done();
+    }
+    shards->finish();
+    const std::vector<float> reduced = to_host(device_grads, n);
+    // Per float: the sum of (rank + 1) over the group's ranks (the reduce-scatter), then over the
+    // groups (finish's all-reduce under HSDP): over every rank either way.
+    const int rank_sum = size * (size + 1) / 2;
+    bool summed = true;
+    for (size_t i = 0; i < n; ++i)
+      summed &= mine[i] ? reduced[i] == float(2 * rank_sum * int(i % 7)) : reduced[i] == 0.0f;
+    expect(summed, "gradient chunks reduce-scattered and accumulated over two micro-batches" + where, rank);
+  }
+  cudaFree(device_params);
+  cudaFree(device_grads);
+  if (group < size) MPI_Comm_free(&shard_group), MPI_Comm_free(&replicas);
+}
+
+TEST(NcclParamShards, GatherAndReduceScatterOverTheWorld) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  check_param_shards(size);
+}
+
+TEST(NcclParamShards, GroupsOfTwoAcrossReplicas) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 4 || size % 2 != 0) GTEST_SKIP() << "HSDP needs 4 or more ranks in pairs";
+  check_param_shards(2);
 }
 
 }  // namespace

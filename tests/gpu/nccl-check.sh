@@ -2,15 +2,18 @@
 # kilter's NCCL paths on the one GPU of a lent machine (issue 40), within 8 minutes: 1, 2 and 4
 # ranks on the one device, each an NCCL "host" of its own (tests/gpu/ranks-on-one-gpu.sh), train
 # the same tiny configs as CPU/MPI runs made beforehand on a build machine (after
-# kilter_gpu_nccl_test, the communicator's exact-sum collectives, on 2 and 4 ranks), the way
-# tests/e2e/invariance.sh compares world sizes, in fp32 and bf16:
+# kilter_gpu_nccl_test, the communicator's exact-sum collectives, then the parameter shards'
+# exact gathers and reduce-scatters, on 2 and 4 ranks), the way tests/e2e/invariance.sh compares
+# world sizes, in fp32 and bf16:
 #   flat on 2 and 4 ranks; hierarchical on 4 ranks as 2 x 2 (comm.ranks_per_node = 2); ZeRO-1
 #   sharded (the default on 2+ ranks) and unsharded; cut pieces, whose K/V exchange runs on NCCL
-#   send/recv; a sharded checkpoint written on 4 GPU ranks and resumed on 2.
-# Each run's losses must match the 1-rank GPU run's and the CPU/MPI run's of the same config
-# (tolerances in tests/gpu/nccl_compare.py). Then two fault drills on 4 ranks: rank 1 dies while
-# the others reduce, and rank 1 stalls; the others must end within comm.timeout_s plus a margin,
-# naming rank 1. A table comes last; exit 0 when every row passed.
+#   send/recv; fully sharded parameters (train.shard = parameters) in groups of 2 on 2 ranks and
+#   on 4 (HSDP); a sharded checkpoint written on 4 GPU ranks and resumed on 2.
+# Each run's losses must match the 1-rank GPU run's (train.shard = none) and the CPU/MPI run's of
+# the same config (tolerances in tests/gpu/nccl_compare.py). Then three fault drills on 4 ranks:
+# rank 1 dies while the others reduce, rank 1 stalls, and rank 1 stalls under parameters; the
+# others must end within comm.timeout_s plus a margin, naming rank 1 (under parameters, in the
+# watchdog's section of the unit gathers). A table comes last; exit 0 when every row passed.
 #
 # The lent machine has the CUDA toolkit but no MPI, HDF5 or package registry, so the runs need a
 # runtime carried from here: `--build-only` (on a build machine, after the CUDA build in

@@ -224,12 +224,18 @@ matrix_rows() {
   echo "flat2|flat, ZeRO-1 sharded|2|base|--comm.algo=flat --train.shard_optimizer=true"
   [[ $quick -eq 1 ]] || echo "flat4|flat, ZeRO-1 sharded|4|base|--comm.algo=flat --train.shard_optimizer=true"
   echo "hier4|hierarchical 2x2, sharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=true"
+  echo "cut4|cut pieces (K/V exchange)|4|cut|--comm.algo=flat"
+  # Fully sharded parameters (ZeRO-3) in groups of 2: the whole world on 2 ranks, HSDP (2 groups,
+  # each chunk all-reduced across them) on 4; whole pieces, as that mode takes them. Before the
+  # unsharded rows: what is newest runs first should the time run short.
+  [[ $quick -eq 1 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
+  echo "par4|parameters, groups of 2 (HSDP 2x2)|4|base|$PARAMETERS_ARGS"
   if [[ $quick -eq 0 ]]; then
     echo "flat4u|flat, unsharded|4|base|--comm.algo=flat --train.shard_optimizer=false"
     echo "hier4u|hierarchical 2x2, unsharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=false"
   fi
-  echo "cut4|cut pieces (K/V exchange)|4|cut|--comm.algo=flat"
 }
+PARAMETERS_ARGS="--comm.algo=flat --train.shard=parameters --train.shard_group=2 --data.cut_pieces=false"
 
 precisions() { if [[ $quick -eq 1 ]]; then echo fp32; else echo fp32 bf16; fi; }
 
@@ -383,14 +389,16 @@ check_transport() {
 # rank must end, non-zero, within comm.timeout_s plus a margin (a coarse no-hang bound, not a
 # timing), no kilter left behind, and rank 1 named by the others or by the launcher. Whether the
 # others' NCCL communicators were aborted (ncclCommAbort) is counted, and on the GPU required.
-drill() {  # drill MODE PATH NAME_PATTERN [MPIRUN OPTIONS]
+drill() {  # drill MODE PATH NAME_PATTERN [MPIRUN OPTIONS [NAME KILTER ARGS...]]
   local mode=$1 path=$2 named=$3 timeout_s=10 name=drill-$1 options=${4:-}
+  [[ -n ${5:-} ]] && name=drill-$5
+  local extra=("${@:6}")
   local limit=$((timeout_s + 40)) t0=$SECONDS rc=0
   if out_of_time; then drill_row "$path" 4 "not run: the time budget is spent" FAIL; return; fi
   say "drill: $path"
   KILTER_TEST_FAIL_RANK=1 KILTER_TEST_FAIL_STEP=3 KILTER_TEST_FAIL_MODE=$mode KILTER_NCCL_RUN_TIMEOUT=$limit \
     LEG_MPIRUN_OPTIONS=$options run_leg "$name" 4 one-gpu $(common_args base 40 $timeout_s) --train.backend="$backend" "${BACKEND_ARGS[@]}" \
-    --train.precision=fp32
+    --train.precision=fp32 "${extra[@]}"
   rc=$LEG_RC
   local seconds=$((SECONDS - t0)) problems=() aborts
   [[ $rc -ne 0 ]] || problems+=("the job exited 0")
@@ -426,7 +434,7 @@ collectives() {
     rc=0
     [[ $np -eq 2 ]] && export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV
     timeout 90 "${RUNTIME_ENV[@]}" MPIEXEC="$MPIEXEC" bash "$root/tests/gpu/ranks-on-one-gpu.sh" "$np" -- \
-      "$test_binary" </dev/null >"collectives-$np.log" 2>&1 || rc=$?
+      "$test_binary" --gtest_filter='NcclCommunicator.*' </dev/null >"collectives-$np.log" 2>&1 || rc=$?
     unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
     grep -E "NCCL [0-9]|failure|FAIL|SKIPPED|NCCL WARN" "collectives-$np.log" | head -8 | cut -c1-200 | sed 's/^/  /'
     if [[ $rc -eq 0 ]] && grep -q "kilter_gpu_nccl_test: 0 failure(s)" "collectives-$np.log"; then
@@ -440,6 +448,35 @@ collectives() {
       fi
     fi
   done
+  param_shards_collectives
+}
+
+# The same binary's parameter shards (train.shard = parameters) on 2 and 4 ranks: each unit
+# all-gathered whole, released blocks cleared, gradients reduce-scattered and accumulated over two
+# micro-batches, on 4 ranks also in groups of 2 (HSDP). A failure is a row, not the end: the other
+# paths still run. Each test must be seen passing by name (an older binary without them fails).
+param_shards_collectives() {
+  local test_binary=${KILTER%/*}/kilter_gpu_nccl_test np rc tests missing
+  for np in 2 4; do
+    say "kilter_gpu_nccl_test (parameter shards) on $np ranks"
+    rc=0
+    timeout 90 "${RUNTIME_ENV[@]}" MPIEXEC="$MPIEXEC" bash "$root/tests/gpu/ranks-on-one-gpu.sh" "$np" -- \
+      "$test_binary" --gtest_filter='NcclParamShards.*' </dev/null >"param-shards-$np.log" 2>&1 || rc=$?
+    grep -E "ok |FAIL|failure|SKIPPED|NCCL WARN" "param-shards-$np.log" | head -8 | cut -c1-200 | sed 's/^/  /'
+    tests=(GatherAndReduceScatterOverTheWorld)
+    [[ $np -eq 4 ]] && tests+=(GroupsOfTwoAcrossReplicas)
+    missing=""
+    for t in "${tests[@]}"; do
+      grep -qE "^\[ +OK \] NcclParamShards\.$t " "param-shards-$np.log" || missing+=" $t"
+    done
+    if [[ $rc -eq 0 && -z $missing ]] && grep -q "kilter_gpu_nccl_test: 0 failure(s)" "param-shards-$np.log"; then
+      drill_row "NCCL parameter shards (kilter_gpu_nccl_test)" "$np" "exact gathers and reduce-scatters" pass
+    else
+      drill_row "NCCL parameter shards (kilter_gpu_nccl_test)" "$np" \
+        "exit $rc, not passed:${missing:- see log} (param-shards-$np.log)" FAIL
+      tail -20 "param-shards-$np.log"
+    fi
+  done
 }
 
 drills() {
@@ -451,6 +488,11 @@ drills() {
     "--mca orte_abort_on_non_zero_status 0"
   # Rank 1 stops taking part: the others' watchdogs name it after comm.timeout_s.
   drill hang "fault: rank 1 stalls" "ranks not arrived: 1 \\("
+  # The same under train.shard = parameters: the others wait for the unit gathers and
+  # reduce-scatters of the pass (the watchdog's section names them) and name rank 1.
+  drill hang "fault: rank 1 stalls, parameters" \
+    "(parameter all-gather|gradient reduce-scatter|across the shard groups).*ranks not arrived: 1 \\(" \
+    "" hang-parameters $PARAMETERS_ARGS
 }
 
 run_matrix() {

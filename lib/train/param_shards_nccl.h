@@ -1,0 +1,29 @@
+// Fully sharded parameters (train.shard = parameters: ZeRO-3 / FSDP) on a CUDA device over NCCL:
+// the device twin of param_shards.h, with the same units, chunks (lib/comm/unit_chunks.h) and
+// schedule. Each rank keeps its chunk of every unit; a unit's parameters are all-gathered inside
+// the shard group before its forward (the next unit's gather queued while this one computes:
+// prefetch) and again before its backward, and cleared outside the chunk after use; its gradients
+// are reduce-scattered into the chunk as soon as its backward ends, every micro-batch. Groups below
+// the world (HSDP) all-reduce each chunk across the groups in finish(). The collectives run on the
+// NCCL communicators' own streams, ordered with the model's compute stream by events; the host
+// waits only at each pass's end, bounded by comm.timeout_s and bracketed by the watchdog, and the
+// watchdog's abort hooks end both communicators. Plain C++: run_setup.cpp includes it where NCCL
+// is built (KILTER_WITH_NCCL); the class lives in param_shards_nccl.cu.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+
+#include "lib/model/layout.h"
+#include "lib/train/unit_shards.h"
+
+namespace kilter::train {
+
+// group: the shard group; replicas: the ranks of the same index in the other groups
+// (MPI_COMM_NULL: the group is the world). Collective over both (the NCCL communicators are made
+// from them). params and grads: the CUDA model's device buffers (layout.padded_size floats each).
+std::unique_ptr<UnitShards> make_nccl_param_shards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout,
+                                                   float* params, float* grads, bool reshard_after_forward,
+                                                   double timeout_s);
+
+}  // namespace kilter::train
