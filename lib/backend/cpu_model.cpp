@@ -232,8 +232,17 @@ void CpuModel::forward(const Batch& batch) {
                          model::tensor_at(params_.data(), offsets_.wpe), cu_seqlens, pieces, cfg_.n_embd, pos_offset);
   if (bf16_storage_) model::round_bf16_inplace(encoded_.data(), static_cast<size_t>(batch.N) * cfg_.n_embd);
   if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
+  if (units_) units_->forward_done(0);  // a tied head gathers the embeddings again (head_needs_embeddings)
   schedule_.forward(*ops_);
   if (units_) units_->forward_done(cfg_.n_layer);  // the last block's
+}
+
+void CpuModel::head_needs_embeddings() {
+  if (units_ && cfg_.tied()) unit_needed(0);
+}
+
+void CpuModel::head_finished() {
+  if (units_ && cfg_.tied()) units_->head_done();
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
@@ -257,6 +266,7 @@ double CpuModel::forward_loss(const Batch& batch) {
   forward(batch);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t num_targets = gather_target_rows(batch);
+  head_needs_embeddings();
   double loss = 0.0;
   for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
     const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
@@ -275,7 +285,9 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
   // chunk, so it is counted with backward.
   if (backward_start_hook_) backward_start_hook_();
+  head_needs_embeddings();
   const double loss = head_backward(batch, loss_scale);  // into dln_
+  head_finished();
   backward_from_final_norm(batch, on_ready);
   if (units_) units_->pass_done();
   return loss;

@@ -120,6 +120,10 @@ class CpuModel final : public ModelBase {
   void await_params(size_t end) const;
   // Sharded parameters: the unit must be whole now (bf16: rounded where it was just gathered).
   void unit_needed(int unit);
+  // A tied head reads the embeddings, which the forward let go after the encoder: gathered again
+  // before the head, and let go after its backward (head_done: its gradient part reduce-scattered).
+  void head_needs_embeddings();
+  void head_finished();
   model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always here
   std::vector<model::ParamRange> unit_ranges_;
   mutable std::function<void(size_t)> arriving_;  // set while the gather is in flight

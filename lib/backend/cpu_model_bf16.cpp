@@ -12,6 +12,7 @@ using model::Batch;
 
 double CpuModel::forward_loss_bf16(const Batch& batch) {
   forward(batch);
+  head_needs_embeddings();
   const double loss = model::classifier_bf16(nullptr, nullptr, lnf_.data(), working(params_.data() + offsets_.head),
                                              batch.targets.data(), batch.N, cfg_.n_embd, cfg_.vocab_size, 0.0f);
   if (units_) units_->pass_done();
@@ -21,9 +22,11 @@ double CpuModel::forward_loss_bf16(const Batch& batch) {
 double CpuModel::forward_backward_bf16(const Batch& batch, float loss_scale, const model::GradReadyFn& on_ready) {
   forward(batch);
   if (backward_start_hook_) backward_start_hook_();
+  head_needs_embeddings();
   const double loss = model::classifier_bf16(dln_.data(), grads_.data() + offsets_.head, lnf_.data(),
                                              working(params_.data() + offsets_.head), batch.targets.data(), batch.N,
                                              cfg_.n_embd, cfg_.vocab_size, loss_scale);
+  head_finished();
   ops_->kv_progress();  // the K/V exchange moves (kv_exchange.h)
   backward_from_final_norm(batch, on_ready);
   if (units_) units_->pass_done();

@@ -202,19 +202,14 @@ void make_reducer(Run& run) {
   }
 }
 
-// train.shard = parameters as built so far: the cpu backend, no piece cut between ranks, no
-// training samples (each unit's gather is a meeting point of all ranks, which those would not keep). Refused before anything is allocated, naming the key.
+// train.shard = parameters as built so far: the cpu backend. Pieces cut between ranks work as they
+// are: a later part's K/V wait sits inside the same unit's gathers on every rank (the exchange is
+// nonblocking and on its own communicator), so no rank waits on a peer behind a gather it is in.
+// Refused before anything is allocated, naming the key.
 void check_parameter_sharding(const Run& run) {
-  const Config& cfg = run.cfg;
-  const std::string what = "config key train.shard = parameters: ";
-  KILTER_USER_CHECK(run.backend == "cpu", what << "sharding the parameters is built on the cpu backend only; use "
-                                               "train.shard = optimizer on the " << run.backend << " backend");
-  KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
-                    what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
-                            "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
-  KILTER_USER_CHECK(cfg.output.sample_every == 0,
-                    what << "training samples are not built yet for parameters (kilter sample reads its "
-                            "checkpoints); set output.sample_every = 0");
+  KILTER_USER_CHECK(run.backend == "cpu", "config key train.shard = parameters: sharding the parameters is built on "
+                                          "the cpu backend only; use train.shard = optimizer on the "
+                                              << run.backend << " backend");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
@@ -312,6 +307,8 @@ void start_services(Run& run) {
   if (run.rank == 0) document_starts = count_document_starts(index, run.data_dir, run.split.train_docs);
   run.checkpointer->set_document_starts(document_starts);
   run.sampler = std::make_unique<TrainingSampler>(cfg, index, run.rank, to_document_starts(document_starts));
+  // Under sharded parameters, rank 0's shard group (its first shard_group ranks) sends it the units.
+  if (run.param_shards) run.sampler->set_param_shards(run.param_shards, run.rank < run.shard_group);
   run.watchdog = std::make_unique<Watchdog>(run.world, cfg.comm.timeout_s);
   // metrics/train.csv: rank 0 writes what it already logs, so no rank waits for it.
   if (run.rank == 0)
