@@ -92,7 +92,9 @@ void CpuModel::params_arriving(std::function<void(size_t end)> wait) {
 }
 
 void CpuModel::set_param_units(model::ParamUnitHooks* hooks) {
+  KILTER_CHECK(capacity_tokens_ == 0, "CpuModel::set_param_units: call it before reserve (the head's buffers)");
   units_ = hooks;
+  head_chunk_rows_ = units_ ? kShardedHeadChunkRows : kHeadChunkRows;
   unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
 }
 
@@ -177,8 +179,8 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
     grow(target_rows_, tokens);
     grow(target_ids_, tokens);
     grow(head_inputs_, tokens * C);
-    grow(head_dinputs_, static_cast<size_t>(kHeadChunkRows) * C);
-    grow(logits_, static_cast<size_t>(kHeadChunkRows) * cfg_.vocab_size);
+    grow(head_dinputs_, static_cast<size_t>(head_chunk_rows_) * C);
+    grow(logits_, static_cast<size_t>(head_chunk_rows_) * cfg_.vocab_size);
   }
   if (att > capacity_att_) {
     capacity_att_ = att;
@@ -268,8 +270,8 @@ double CpuModel::forward_loss(const Batch& batch) {
   const int64_t num_targets = gather_target_rows(batch);
   head_needs_embeddings();
   double loss = 0.0;
-  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
-    const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
+  for (int64_t c0 = 0; c0 < num_targets; c0 += head_chunk_rows_) {
+    const int n = static_cast<int>(std::min(head_chunk_rows_, num_targets - c0));
     model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + offsets_.head, nullptr, n, C,
                           V);
     loss += model::crossentropy_forward(logits_.data(), target_ids_.data() + c0, n, V);
@@ -332,8 +334,8 @@ double CpuModel::head_backward(const Batch& batch, float loss_scale) {
   std::memset(dlnf, 0, sizeof(float) * static_cast<size_t>(batch.N) * C);
   const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;
-  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
-    const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
+  for (int64_t c0 = 0; c0 < num_targets; c0 += head_chunk_rows_) {
+    const int n = static_cast<int>(std::min(head_chunk_rows_, num_targets - c0));
     const float* x = head_inputs_.data() + c0 * C;
     model::matmul_forward(logits_.data(), x, params + offsets_.head, nullptr, n, C, V);
     loss += model::crossentropy_forward_backward_inplace(logits_.data(), target_ids_.data() + c0, n, V, loss_scale);

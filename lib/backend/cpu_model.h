@@ -44,6 +44,10 @@ namespace kilter::backend {
 // gradient's GEMM (vocab x C, summed over the chunk's rows) runs faster with the longer sum;
 // GPT-2 124M, 1 x 1024 tokens, 1 thread: bf16 195 -> 204 tok/s, fp32 121 -> 124.
 constexpr int64_t kHeadChunkRows = 512;
+// Under sharded parameters (set_param_units), where the logits are a larger share of a rank's
+// memory: a quarter of the rows (26 MB at GPT-2's vocabulary; the step's speed is set by the unit
+// gathers there).
+constexpr int64_t kShardedHeadChunkRows = 128;
 
 // GEMM threads of this process (model::set_gemm_threads); the trainer passes train.threads.
 void set_blas_threads(int threads);
@@ -125,6 +129,7 @@ class CpuModel final : public ModelBase {
   void head_needs_embeddings();
   void head_finished();
   model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always here
+  int64_t head_chunk_rows_ = kHeadChunkRows;  // kShardedHeadChunkRows under units_
   std::vector<model::ParamRange> unit_ranges_;
   mutable std::function<void(size_t)> arriving_;  // set while the gather is in flight
   mutable size_t arrived_end_ = 0;

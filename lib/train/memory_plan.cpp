@@ -44,11 +44,12 @@ uint64_t resident_bytes_now() {
 // Read during static initialization, after the shared libraries are loaded and before kilter
 // allocates anything of its own.
 const uint64_t kStartBytes = resident_bytes_now();
-constexpr uint64_t kHeadChunk = uint64_t(backend::kHeadChunkRows);  // the LM head's chunk of rows
 
 double gib(uint64_t bytes) { return double(bytes) / double(1ull << 30); }
 
-uint64_t activation_bytes(const Config& cfg) {
+// `sharded_parameters`: the LM head's chunk of rows is the smaller one (cpu_model.h).
+uint64_t activation_bytes(const Config& cfg, bool sharded_parameters) {
+  const uint64_t kHeadChunk = uint64_t(sharded_parameters ? backend::kShardedHeadChunkRows : backend::kHeadChunkRows);
   const uint64_t N = uint64_t(cfg.data.max_tokens), C = uint64_t(cfg.model.n_embd), L = uint64_t(cfg.model.n_layer);
   const uint64_t V = uint64_t(cfg.model.vocab_size), NH = uint64_t(cfg.model.n_head);
   const uint64_t context = uint64_t(cfg.model.block_size);
@@ -236,7 +237,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
     p.gradients = p.shard == "none" ? p.padded_params * 4 : state.gradients;
     p.optimizer = shard * 8;
     p.gathered = state.gathered;
-    p.activations = activation_bytes(cfg);
+    p.activations = activation_bytes(cfg, p.shard == "parameters");
   }
   // Unsharded, rank 0 keeps a snapshot of params and moments for the background writer. Sharded,
   // no rank copies more than pieces of 2^22 floats: every rank writes its own ranges of the file
