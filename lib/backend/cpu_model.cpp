@@ -129,7 +129,9 @@ void CpuModel::params_arriving(std::function<void(size_t end)> wait) {
 }
 
 void CpuModel::set_param_units(model::ParamUnitHooks* hooks) {
+  KILTER_CHECK(capacity_tokens_ == 0, "CpuModel::set_param_units: call it before reserve (the head's buffers)");
   units_ = hooks;
+  head_chunk_rows_ = units_ ? kShardedHeadChunkRows : kHeadChunkRows;
   unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
 }
 
@@ -216,8 +218,8 @@ void CpuModel::ensure_capacity(size_t tokens, size_t att) {
     grow(target_rows_, tokens);
     grow(target_ids_, tokens);
     grow(head_inputs_, tokens * C);
-    grow(head_dinputs_, static_cast<size_t>(kHeadChunkRows) * C);
-    grow(logits_, static_cast<size_t>(kHeadChunkRows) * cfg_.vocab_size);
+    grow(head_dinputs_, static_cast<size_t>(head_chunk_rows_) * C);
+    grow(logits_, static_cast<size_t>(head_chunk_rows_) * cfg_.vocab_size);
   }
   if (att > capacity_att_) {
     capacity_att_ = att;
@@ -284,8 +286,17 @@ void CpuModel::forward(const Batch& batch) {
   }
   if (bf16_storage_) model::round_bf16_inplace(encoded_.data(), static_cast<size_t>(batch.N) * cfg_.n_embd);
   if (cfg_.llama()) model::piece_positions(positions_.data(), cu_seqlens, pieces, pos_offset);
+  if (units_) units_->forward_done(0);  // a tied head gathers the embeddings again (head_needs_embeddings)
   schedule_.forward(*ops_);
   if (units_) units_->forward_done(cfg_.n_layer);  // the last block's
+}
+
+void CpuModel::head_needs_embeddings() {
+  if (units_ && cfg_.tied()) unit_needed(0);
+}
+
+void CpuModel::head_finished() {
+  if (units_ && cfg_.tied()) units_->head_done();
 }
 
 int64_t CpuModel::gather_target_rows(const Batch& batch) {
@@ -307,13 +318,14 @@ double CpuModel::forward_loss(const Batch& batch) {
   const auto precision = gemm_precision_scope();
   forward(batch);
   const int C = cfg_.n_embd, V = cfg_.vocab_size;
+  head_needs_embeddings();
   double loss = 0.0;
   if (bf16_storage_)  // the CUDA bf16 datapath's classifier: bf16 logits
     loss = model::classifier_bf16(nullptr, nullptr, lnf_.data(), working(params_.data() + offsets_.head),
                                   batch.targets.data(), batch.N, C, V, 0.0f);
   const int64_t num_targets = bf16_storage_ ? 0 : gather_target_rows(batch);
-  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
-    const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
+  for (int64_t c0 = 0; c0 < num_targets; c0 += head_chunk_rows_) {
+    const int n = static_cast<int>(std::min(head_chunk_rows_, num_targets - c0));
     model::matmul_forward(logits_.data(), head_inputs_.data() + c0 * C, params_.data() + offsets_.head, nullptr, n, C,
                           V);
     loss += model::crossentropy_forward(logits_.data(), target_ids_.data() + c0, n, V);
@@ -328,7 +340,9 @@ double CpuModel::forward_backward(const Batch& batch, float loss_scale, const mo
   // The phase timers' split: the LM head computes logits, loss and their gradient chunk by
   // chunk, so it is counted with backward.
   if (backward_start_hook_) backward_start_hook_();
+  head_needs_embeddings();
   const double loss = head_backward(batch, loss_scale);  // into dln_
+  head_finished();
   backward_from_final_norm(batch, on_ready);
   if (units_) units_->pass_done();
   return loss;
@@ -379,8 +393,8 @@ double CpuModel::head_backward(const Batch& batch, float loss_scale) {
   std::memset(dlnf, 0, sizeof(float) * static_cast<size_t>(batch.N) * C);
   const int64_t num_targets = gather_target_rows(batch);
   double loss = 0.0;
-  for (int64_t c0 = 0; c0 < num_targets; c0 += kHeadChunkRows) {
-    const int n = static_cast<int>(std::min(kHeadChunkRows, num_targets - c0));
+  for (int64_t c0 = 0; c0 < num_targets; c0 += head_chunk_rows_) {
+    const int n = static_cast<int>(std::min(head_chunk_rows_, num_targets - c0));
     const float* x = head_inputs_.data() + c0 * C;
     model::matmul_forward(logits_.data(), x, params + offsets_.head, nullptr, n, C, V);
     loss += model::crossentropy_forward_backward_inplace(logits_.data(), target_ids_.data() + c0, n, V, loss_scale);

@@ -44,6 +44,10 @@ namespace kilter::backend {
 // gradient's GEMM (vocab x C, summed over the chunk's rows) runs faster with the longer sum;
 // GPT-2 124M, 1 x 1024 tokens, 1 thread: bf16 195 -> 204 tok/s, fp32 121 -> 124.
 constexpr int64_t kHeadChunkRows = 512;
+// Under sharded parameters (set_param_units), where the logits are a larger share of a rank's
+// memory: a quarter of the rows (26 MB at GPT-2's vocabulary; the step's speed is set by the unit
+// gathers there).
+constexpr int64_t kShardedHeadChunkRows = 128;
 
 // GEMM threads of this process (model::set_gemm_threads); the trainer passes train.threads.
 void set_blas_threads(int threads);
@@ -128,7 +132,12 @@ class CpuModel final : public ModelBase {
   void drop_unowned_master();
   // Sharded parameters: the unit must be whole now (bf16: rounded where it was just gathered).
   void unit_needed(int unit);
+  // A tied head reads the embeddings, which the forward let go after the encoder: gathered again
+  // before the head, and let go after its backward (head_done: its gradient part reduce-scattered).
+  void head_needs_embeddings();
+  void head_finished();
   model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always here
+  int64_t head_chunk_rows_ = kHeadChunkRows;  // kShardedHeadChunkRows under units_
   std::vector<model::ParamRange> unit_ranges_;
   mutable std::function<void(size_t)> arriving_;  // set while the gather is in flight
   mutable size_t arrived_end_ = 0;

@@ -18,11 +18,17 @@
 namespace kilter::model {
 
 Generator::Generator(const ModelSpec& cfg, std::vector<float> params)
-    : cfg_(cfg), params_(std::move(params)), schedule_(cfg_, Recompute::none) {
+    : Generator(cfg, params.data(), nullptr) {
+  const size_t needed = ParamLayout::build(cfg_).num_params;
+  KILTER_CHECK(params.size() >= needed, "generator: " << params.size() << " parameters given, the model ("
+                                                      << cfg_.n_layer << " layers x " << cfg_.n_embd << ") has "
+                                                      << needed);
+  own_params_ = std::move(params);  // the buffer moves with its data: params_ still points into it
+}
+
+Generator::Generator(const ModelSpec& cfg, float* params, ParamUnitHooks* units)
+    : cfg_(cfg), params_(params), units_(units), schedule_(cfg_, Recompute::none) {
   const ParamLayout layout = ParamLayout::build(cfg_);
-  KILTER_CHECK(params_.size() >= layout.num_params, "generator: " << params_.size() << " parameters given, the model ("
-                                                                  << cfg_.n_layer << " layers x " << cfg_.n_embd
-                                                                  << ") has " << layout.num_params);
   offsets_ = LayoutOffsets::of(layout);
   shape_ = {cfg_.n_head, cfg_.kv_heads(), cfg_.head_dim()};
   if (cfg_.llama()) rope_ = RopeTable::build(cfg_, cfg_.block_size);
@@ -36,7 +42,15 @@ Generator::Generator(const ModelSpec& cfg, std::vector<float> params)
     return BlockActivations{ln_.data(), mean_.data(), rstd_.data(), qkv_.data(), atty_.data(), nullptr, x_.data(),
                             ln_.data(), mean_.data(), rstd_.data(), fch_.data(), fch_gelu_.data(), x_.data()};
   };
-  memory_.params = params_.data();
+  memory_.params = params_;
+  if (units_) {
+    // As in training's forward: block `layer` (or the final norm, unit n_layer + 1) is next, and
+    // the block two back is done; the embeddings stay for a tied head.
+    memory_.weights_needed = [this](int layer) {
+      units_->need(layer + 1);
+      if (layer >= 2) units_->forward_done(layer - 1);
+    };
+  }
   memory_.offsets = &offsets_;
   memory_.attention = [this](int layer) { attend(layer, memory_.rows); };
   ops_ = make_cpu_block_ops(cfg_, memory_, false, false, Recompute::none);
@@ -104,17 +118,19 @@ const float* Generator::feed(const int32_t* tokens, int count) {
   for (size_t i = 0; i < n; ++i) positions_[i] = position_ + int32_t(i);
 
   // Token (+ position) embeddings: one piece whose positions continue from the cache.
+  if (units_) units_->need(0);
   const int32_t cu_seqlens[2] = {0, count};
-  encoder_forward(x_.data(), tokens, params_.data() + offsets_.wte, tensor_at(params_.data(), offsets_.wpe),
-                  cu_seqlens, 1, int(C), &position_);
+  encoder_forward(x_.data(), tokens, params_ + offsets_.wte, tensor_at(params_, offsets_.wpe), cu_seqlens, 1, int(C),
+                  &position_);
   // The blocks, the final norm last (into ln_); the head for the last row only.
   memory_.rows = count, memory_.positions = positions_.data(), memory_.rope = &rope_;
   memory_.embeddings = x_.data();
   memory_.lnf = ln_.data(), memory_.lnf_mean = mean_.data(), memory_.lnf_rstd = rstd_.data();
   schedule_.forward(*ops_);
   position_ += count;
-  matmul_forward(logits_.data(), ln_.data() + (n - 1) * C, params_.data() + offsets_.head, nullptr, 1, int(C),
+  matmul_forward(logits_.data(), ln_.data() + (n - 1) * C, params_ + offsets_.head, nullptr, 1, int(C),
                  cfg_.vocab_size);
+  if (units_) units_->pass_done();
   return logits_.data();
 }
 

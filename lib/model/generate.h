@@ -23,6 +23,10 @@ class Generator {
  public:
   // `params`: num_params floats in ParamLayout order (host), as checkpoints and get_params() hold them.
   Generator(const ModelSpec& cfg, std::vector<float> params);
+  // Reads the weights where they are, num_params floats in layout order, and asks `units` (when
+  // not null) for each parameter unit before it is read and lets it go after: the weights of
+  // sharded parameters arrive one unit at a time (need, forward_done; pass_done ends each feed).
+  Generator(const ModelSpec& cfg, float* params, ParamUnitHooks* units);
   Generator(const Generator&) = delete;  // its op table holds this generator's memory
   Generator& operator=(const Generator&) = delete;
 
@@ -41,7 +45,9 @@ class Generator {
   void attend(int layer, int n);  // the new rows' K/V into the cache, their attention into atty_
 
   ModelSpec cfg_;
-  std::vector<float> params_;
+  std::vector<float> own_params_;  // the first constructor's copy
+  float* params_ = nullptr;
+  ParamUnitHooks* units_ = nullptr;
   LayoutOffsets offsets_;
   AttentionShape shape_;
   RopeTable rope_;  // llama

@@ -109,13 +109,19 @@ class ParamUnitHooks {
   // stream) may start now, so that the gather overlaps the compute before it. need() still comes
   // before any use. Out-of-range units are ignored.
   virtual void prefetch(int unit) { (void)unit; }
-  // The forward is done with the unit (it may be freed until the backward needs it again).
+  // The forward is done with the unit (it may be freed until the backward needs it again; the
+  // embeddings, unit 0, until a tied head needs them: need(0) again).
   virtual void forward_done(int unit) = 0;
   // The unit's gradients are final for this micro-batch (reduce-scatter them; the unit above it,
   // which the backward kept, may be freed).
   virtual void grads_final(int unit) = 0;
   // The pass is over: everything gathered may be freed.
   virtual void pass_done() = 0;
+  // A tied head is done with the embeddings (unit 0) in this pass: the head's part of their
+  // gradient is final (it may be reduce-scattered; the token embedding's backward adds its own
+  // part later, before grads_final(0)), and the embeddings may be freed, as the backward of the
+  // blocks and the embeddings reads none of them.
+  virtual void head_done() {}
 };
 
 // The units' ranges of the padded buffer, in layout order (ParamUnitHooks numbers them).

@@ -45,11 +45,12 @@ uint64_t resident_bytes_now() {
 // Read during static initialization, after the shared libraries are loaded and before kilter
 // allocates anything of its own.
 const uint64_t kStartBytes = resident_bytes_now();
-constexpr uint64_t kHeadChunk = uint64_t(backend::kHeadChunkRows);  // the LM head's chunk of rows
 
 double gib(uint64_t bytes) { return double(bytes) / double(1ull << 30); }
 
-uint64_t activation_bytes(const Config& cfg) {
+// `sharded_parameters`: the LM head's chunk of rows is the smaller one (cpu_model.h).
+uint64_t activation_bytes(const Config& cfg, bool sharded_parameters) {
+  const uint64_t kHeadChunk = uint64_t(sharded_parameters ? backend::kShardedHeadChunkRows : backend::kHeadChunkRows);
   const uint64_t N = uint64_t(cfg.data.max_tokens), C = uint64_t(cfg.model.n_embd), L = uint64_t(cfg.model.n_layer);
   const uint64_t V = uint64_t(cfg.model.vocab_size), NH = uint64_t(cfg.model.n_head);
   const uint64_t context = uint64_t(cfg.model.block_size);
@@ -90,27 +91,33 @@ uint64_t activation_bytes(const Config& cfg) {
 
 // The units `parameters` gathers (model::param_unit_ranges: 0 = the embeddings with a tied head,
 // 1 + l = block l, the last = the final norm and an untied head), and what of them is resident at
-// the peak under the schedule lib/train/param_shards.cpp runs. The embeddings and the final unit
-// are gathered for the whole forward (the head reads them) and the backward; a block is gathered
-// for its forward, freed, and gathered again for its backward, which keeps the unit above it
-// until its own gradients are final: at most two blocks, or a block and the final unit, beside
-// the embeddings. Gradients: a unit's whole gradient is resident from its backward until its
-// reduce-scatter; a tied head writes the embeddings' gradient at the backward's start, which then
-// stays until the embeddings' own backward ends.
+// the peak under the schedule lib/train/param_shards.cpp runs, phase by phase. The embeddings are
+// gathered for the encoder and freed; a tied head gathers them again and writes their whole
+// gradient, which is reduce-scattered (the embeddings freed first) before the blocks' backward:
+// the head's phase holds the embeddings, their gradient and the final unit. A block is gathered
+// for its forward, freed, and gathered again for its backward, which keeps the unit above it until
+// its own gradients are final: at most two blocks, or a block and the final unit, with one unit's
+// whole gradient. An untied head's phase holds the final unit and its gradient; the embedding's
+// own backward writes only the rows of the micro-batch's tokens.
 struct UnitFloats {
   uint64_t largest = 0;    // the largest unit
-  uint64_t gathered = 0;   // parameters resident at once beyond the rank's chunks
-  uint64_t gradients = 0;  // whole unit gradients resident at once
+  uint64_t chunk = 0;      // the largest unit's chunk on one of G ranks (whole 64-float groups)
+  uint64_t gathered = 0;   // parameters resident at once beyond the rank's chunks, at the peak phase
+  uint64_t gradients = 0;  // whole unit gradients resident at once, at the same phase
 };
-UnitFloats unit_floats(const model::ParamLayout& layout, bool tied) {
+UnitFloats unit_floats(const model::ParamLayout& layout, bool tied, uint64_t G) {
   const std::vector<model::ParamRange> units = model::param_unit_ranges(layout);
   UnitFloats f;
   const uint64_t embeddings = units.front().count, last = units.back().count;
   uint64_t block = 0;
   for (size_t u = 1; u + 1 < units.size(); ++u) block = std::max<uint64_t>(block, units[u].count);
   for (const model::ParamRange& u : units) f.largest = std::max<uint64_t>(f.largest, u.count);
-  f.gathered = embeddings + std::max(2 * block, block + last);
-  f.gradients = tied ? embeddings + std::max(block, last) : std::max({embeddings, block, last});
+  f.chunk = ((f.largest + G - 1) / G + 63) / 64 * 64;
+  const uint64_t head_gathered = tied ? embeddings + last : last, head_gradients = tied ? embeddings : last;
+  const uint64_t blocks_gathered = std::max(2 * block, block + last), blocks_gradients = std::max(block, last);
+  const bool head_phase = head_gathered + head_gradients >= blocks_gathered + blocks_gradients;
+  f.gathered = std::max(head_phase ? head_gathered : blocks_gathered, tied ? 0 : embeddings);
+  f.gradients = head_phase ? head_gradients : blocks_gradients;
   return f;
 }
 
@@ -152,11 +159,11 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
                                                     : p.padded_params;
     st.parameters = shard * (work + master);
     st.gathered = gathered * (G - 1) / G * work;
-    // The reduce-scatter's scratch besides: the result chunk, and on the CPU backend MPI's
-    // temporary of a whole unit (Open MPI's reduce-scatter reduces the whole input before it
-    // scatters; NCCL's needs none).
-    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad + units.largest / G * 4 +
-                   (mpi_reduce_scatter ? units.largest * grad : 0);
+    // The reduce-scatter's scratch besides, on the CPU backend: pieces of at most 4 Mi floats
+    // over all chunks (param_shards.cpp packs them), and Open MPI's temporary of as much (its
+    // reduce-scatter reduces the whole input before it scatters; NCCL's needs none).
+    const uint64_t pack = std::max<uint64_t>(64, std::min<uint64_t>(units.chunk, (uint64_t(4) << 20) / G) / 64 * 64) * G;
+    st.gradients = shard * grad + units.gradients * (G - 1) / G * grad + (mpi_reduce_scatter ? 2 * pack * 4 : 0);
   }
   return st;
 }
@@ -215,7 +222,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const model::ParamLayout layout = model::ParamLayout::build(gpt, size_t(p.sharded ? P : L) * 64);
   p.num_params = layout.num_params;
   p.padded_params = layout.padded_size;
-  const UnitFloats units = unit_floats(layout, gpt.tied());
+  const UnitFloats units = unit_floats(layout, gpt.tied(), uint64_t(std::max(p.shard_group, 1)));
   p.unit_floats = units.largest;
   const bool bf16 = cfg.train.precision == "bf16";
   const bool cuda = in.backend == "cuda";
@@ -280,7 +287,7 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
     p.gradients = p.shard == "none" ? p.padded_params * 4 : state.gradients;
     p.optimizer = shard * 8;
     p.gathered = state.gathered;
-    p.activations = activation_bytes(cfg);
+    p.activations = activation_bytes(cfg, p.shard == "parameters");
   }
   // Unsharded, rank 0 keeps a snapshot of params and moments for the background writer. Sharded,
   // no rank copies more than pieces of 2^22 floats: every rank writes its own ranges of the file

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "io/base/error.h"
@@ -61,7 +62,14 @@ ParamShards::ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLa
     displs_.push_back(std::move(displs));
   }
   gathered_.assign(units_.size(), false);
-  scatter_.resize(largest);
+  // The reduce-scatter's packed pieces: at most kPackFloats in all, whole 64-float groups a rank.
+  // (KILTER_TEST_REDUCE_SCATTER_PIECE: the test hook that sets a piece's floats per rank.)
+  constexpr size_t kPackFloats = size_t(4) << 20;
+  size_t piece = std::max<size_t>(64, std::min(largest, kPackFloats / size_t(size_)) / 64 * 64);
+  if (const char* forced = std::getenv("KILTER_TEST_REDUCE_SCATTER_PIECE"))
+    piece = std::max<size_t>(64, size_t(std::strtoull(forced, nullptr, 10)) / 64 * 64);
+  pack_.resize(piece * size_t(size_));
+  piece_counts_.resize(size_t(size_));
 }
 
 ParamShards::~ParamShards() {
@@ -111,23 +119,50 @@ void ParamShards::release_params(int unit) {
 }
 
 void ParamShards::forward_done(int unit) {
-  // The embeddings (a tied head reads them) and the final unit stay for the head and the backward.
-  if (reshard_after_forward_ && unit > 0 && unit < num_units() - 1) release_params(unit);
+  // The final unit stays for the head and the backward; the embeddings go after the encoder (a
+  // tied head gathers them again: need(0)).
+  if (reshard_after_forward_ && unit < num_units() - 1) release_params(unit);
+}
+
+void ParamShards::head_done() {
+  release_params(0);
+  reduce_scatter_grads(0);
+}
+
+void ParamShards::reduce_scatter_grads(int unit) {
+  const model::ParamRange& u = units_[size_t(unit)];
+  const std::vector<int>& counts = counts_[size_t(unit)];
+  const std::vector<int>& displs = displs_[size_t(unit)];
+  const size_t lo = size_t(displs[size_t(rank_)]), n = size_t(counts[size_t(rank_)]);
+  float* grads = grads_ + u.offset;
+  // The chunk already holds the earlier micro-batches' reduced sum (plus this rank's new part):
+  // the sum over ranks adds the new parts of the others to it. Piece by piece (`piece` floats of
+  // every chunk at a time, packed rank after rank), so that MPI's scratch is a piece's: Open
+  // MPI's reduce-scatter of a whole unit takes a temporary of the whole unit.
+  const size_t piece = pack_.size() / size_t(size_);
+  if (watchdog_) watchdog_->enter("gradient reduce-scatter (train.shard = parameters)", step_);
+  int err = MPI_SUCCESS;
+  for (size_t first = 0; first < size_t(counts[0]) && err == MPI_SUCCESS; first += piece) {
+    size_t packed = 0;
+    for (int r = 0; r < size_; ++r) {
+      const size_t count = size_t(counts[size_t(r)]);
+      const size_t take = count > first ? std::min(piece, count - first) : 0;
+      std::memcpy(pack_.data() + packed, grads + size_t(displs[size_t(r)]) + first, take * sizeof(float));
+      piece_counts_[size_t(r)] = int(take);
+      packed += take;
+    }
+    // This rank's part of the piece was packed: its sum goes straight into the chunk.
+    err = MPI_Reduce_scatter(pack_.data(), grads + lo + std::min(first, n), piece_counts_.data(), MPI_FLOAT, MPI_SUM,
+                             comm_);
+  }
+  if (watchdog_) watchdog_->leave();
+  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Reduce_scatter of gradient unit " << unit << " failed");
+  discard(grads, lo);
+  discard(grads + lo + n, u.count - lo - n);
 }
 
 void ParamShards::grads_final(int unit) {
-  const model::ParamRange& u = units_[size_t(unit)];
-  const std::vector<int>& counts = counts_[size_t(unit)];
-  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts[size_t(rank_)]);
-  // The chunk already holds the earlier micro-batches' reduced sum (plus this rank's new part):
-  // the sum over ranks adds the new parts of the others to it.
-  if (watchdog_) watchdog_->enter("gradient reduce-scatter (train.shard = parameters)", step_);
-  const int err = MPI_Reduce_scatter(grads_ + u.offset, scatter_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm_);
-  if (watchdog_) watchdog_->leave();
-  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Reduce_scatter of gradient unit " << unit << " failed");
-  std::copy(scatter_.begin(), scatter_.begin() + long(n), grads_ + u.offset + lo);
-  discard(grads_ + u.offset, lo);
-  discard(grads_ + u.offset + lo + n, u.count - lo - n);
+  reduce_scatter_grads(unit);
   // The backward kept the unit above (its norm may be read again); the embeddings end the pass.
   release_params(unit + 1);
   if (unit == 0) release_params(0);
@@ -145,6 +180,40 @@ void ParamShards::release_all() {
     const size_t lo = size_t(displs_[size_t(u)][size_t(rank_)]), n = size_t(counts_[size_t(u)][size_t(rank_)]);
     discard(grads_ + r.offset, lo);
     discard(grads_ + r.offset + lo + n, r.count - lo - n);
+  }
+}
+
+void ParamShards::announce_sample_feed(bool more) {
+  int flag = more ? 1 : 0;
+  if (watchdog_) watchdog_->enter("training sample: next feed (train.shard = parameters)", step_);
+  const int err = MPI_Bcast(&flag, 1, MPI_INT, 0, comm_);
+  if (watchdog_) watchdog_->leave();
+  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Bcast of a training sample's next feed failed");
+}
+
+void ParamShards::gather_to_root(int unit) {
+  const model::ParamRange& u = units_[size_t(unit)];
+  float* whole = params_ + u.offset;
+  const int count = counts_[size_t(unit)][size_t(rank_)];
+  if (watchdog_) watchdog_->enter("training sample: parameter gather (train.shard = parameters)", step_);
+  const int err = rank_ == 0 ? MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, whole, counts_[size_t(unit)].data(),
+                                           displs_[size_t(unit)].data(), MPI_FLOAT, 0, comm_)
+                             : MPI_Gatherv(whole + displs_[size_t(unit)][size_t(rank_)], count, MPI_FLOAT, nullptr,
+                                           nullptr, nullptr, MPI_FLOAT, 0, comm_);
+  if (watchdog_) watchdog_->leave();
+  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Gatherv of parameter unit " << unit << " for a training sample failed");
+  if (rank_ == 0) gathered_[size_t(unit)] = true;
+}
+
+void ParamShards::serve_sample() {
+  for (;;) {
+    int flag = 0;
+    if (watchdog_) watchdog_->enter("training sample: next feed (train.shard = parameters)", step_);
+    const int err = MPI_Bcast(&flag, 1, MPI_INT, 0, comm_);
+    if (watchdog_) watchdog_->leave();
+    KILTER_CHECK(err == MPI_SUCCESS, "MPI_Bcast of a training sample's next feed failed");
+    if (!flag) return;
+    for (int u = 0; u < num_units(); ++u) gather_to_root(u);
   }
 }
 

@@ -3,9 +3,12 @@
 // untied head: model.h ParamUnitHooks): its chunk of the parameters, of the gradients and (through
 // the model's sharded optimizer) of the AdamW moments. Before a unit's forward, and again before
 // its backward, its parameters are all-gathered inside the group; after use the other ranks'
-// chunks are freed (their pages returned to the system). As soon as a unit's backward ends, every
-// micro-batch, its gradients are reduce-scattered inside the group into each rank's chunk, which
-// accumulates over the step, and the rest of the unit's gradient is freed. The step's "reduction"
+// chunks are freed (their pages returned to the system). The embeddings are freed after the
+// encoder's forward; a tied head gathers them again, and its part of their gradient is
+// reduce-scattered as soon as its backward is done (head_done). As soon as a unit's backward ends,
+// every micro-batch, its gradients are reduce-scattered inside the group into each rank's chunk,
+// piece by piece (MPI's scratch a piece's, not a unit's), which accumulates over the step, and the
+// rest of the unit's gradient is freed. The step's "reduction"
 // is then done: this class is also the run's GradientReducer, whose owned() are the chunks, whose
 // reduction is done but for groups smaller than the world (HSDP: finish() all-reduces each chunk
 // across the groups), and whose gather does nothing (the parameters stay sharded: the next forward
@@ -41,6 +44,17 @@ class ParamShards final : public UnitShards {
   void forward_done(int unit) override;
   void grads_final(int unit) override;
   void pass_done() override;
+  void head_done() override;
+
+  // Training samples (output.sample_every): group rank 0 generates, holding one unit at a time (a
+  // tied head's embeddings for the whole feed); every other rank of its group sends it its chunk
+  // of each unit. Before each feed the root announces it (more = true), and the end (false); the
+  // others follow serve_sample(), which returns at the end. Each feed gathers units 0 .. last.
+  int num_units() const { return int(units_.size()); }
+  void announce_sample_feed(bool more);
+  void gather_to_root(int unit);
+  void release_at_root(int unit) { release_params(unit); }
+  void serve_sample();
 
   // comm::GradientReducer: the reduction happened unit by unit.
   void begin() override {}
@@ -52,7 +66,7 @@ class ParamShards final : public UnitShards {
 
  private:
   void release_params(int unit);
-  int num_units() const { return int(units_.size()); }
+  void reduce_scatter_grads(int unit);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm replicas_ = MPI_COMM_NULL;
@@ -65,7 +79,8 @@ class ParamShards final : public UnitShards {
   float* grads_ = nullptr;
   size_t padded_ = 0;
   bool reshard_after_forward_ = true;
-  std::vector<float> scatter_;  // one chunk: the reduce-scatter's result
+  std::vector<float> pack_;  // the reduce-scatter's input, a piece of every rank's chunk
+  std::vector<int> piece_counts_;
 };
 
 }  // namespace kilter::train

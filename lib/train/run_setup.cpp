@@ -217,24 +217,29 @@ void make_reducer(Run& run) {
 }
 
 // train.shard = parameters as built so far: the cpu backend (MPI) and the cuda backend (NCCL,
-// without CUDA graphs: CudaModel::set_param_units), no piece cut between ranks, no training
-// samples (each unit's gather is a meeting point of all ranks, which those would not keep).
-// Refused before anything is allocated, naming the key.
+// without CUDA graphs: CudaModel::set_param_units). On the cpu, pieces cut between ranks work as
+// they are: a later part's K/V wait sits inside the same unit's gathers on every rank (the
+// exchange is nonblocking and on its own communicator), so no rank waits on a peer behind a
+// gather it is in; training samples gather unit by unit to the group's first rank
+// (ParamShards::serve_sample). On cuda neither is built yet. Refused before anything is
+// allocated, naming the key.
 void check_parameter_sharding(const Run& run) {
   const Config& cfg = run.cfg;
   const std::string what = "config key train.shard = parameters: ";
   KILTER_USER_CHECK(run.backend == "cpu" || run.backend == "cuda",
                     what << "sharding the parameters is built on the cpu and cuda backends only; use "
                             "train.shard = optimizer on the " << run.backend << " backend");
-  KILTER_USER_CHECK(run.backend != "cuda" || !cfg.train.cuda_graphs,
+  if (run.backend != "cuda") return;
+  KILTER_USER_CHECK(!cfg.train.cuda_graphs,
                     what << "CUDA graphs are not built for it (each unit's gather and reduce-scatter runs between "
                             "the kernels); set train.cuda_graphs = false");
   KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
-                    what << "pieces cut between ranks are not built yet for parameters; set data.cut_pieces = false "
-                            "and data.max_tokens >= model.block_size (" << cfg.model.block_size << ")");
+                    what << "pieces cut between ranks are not built yet for parameters on the cuda backend; set "
+                            "data.cut_pieces = false and data.max_tokens >= model.block_size ("
+                         << cfg.model.block_size << ")");
   KILTER_USER_CHECK(cfg.output.sample_every == 0,
-                    what << "training samples are not built yet for parameters (kilter sample reads its "
-                            "checkpoints); set output.sample_every = 0");
+                    what << "training samples are not built yet for parameters on the cuda backend (kilter sample "
+                            "reads its checkpoints); set output.sample_every = 0");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
@@ -341,6 +346,10 @@ void start_services(Run& run) {
   if (run.rank == 0) document_starts = count_document_starts(index, run.data_dir, run.split.train_docs);
   run.checkpointer->set_document_starts(document_starts);
   run.sampler = std::make_unique<TrainingSampler>(cfg, index, run.rank, to_document_starts(document_starts));
+  // Under sharded parameters in host memory, rank 0's shard group (its first shard_group ranks)
+  // sends it the units (the device's shards take no training samples: refused at start).
+  if (auto* host = dynamic_cast<ParamShards*>(run.param_shards))
+    run.sampler->set_param_shards(host, run.rank < run.shard_group);
   run.watchdog = std::make_unique<Watchdog>(run.world, cfg.comm.timeout_s);
   // metrics/train.csv: rank 0 writes what it already logs, so no rank waits for it.
   if (run.rank == 0)

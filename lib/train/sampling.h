@@ -17,6 +17,8 @@
 
 namespace kilter::train {
 
+class ParamShards;
+
 // The decoding side of a dataset or checkpoint: its tokenizer when the kind has text ("byte",
 // "sentencepiece", "hf-bpe"), none for ids-only kinds ("imported" without a tokenizer file,
 // "synthetic"), and the EOS id.
@@ -77,10 +79,21 @@ class TrainingSampler {
  public:
   // `starts`: the training documents' first tokens (count_document_starts), for an empty prompt.
   TrainingSampler(const Config& cfg, const io::DatasetIndex& index, int rank, model::DocumentStarts starts);
-  // Called after each optimizer step (`step` = steps completed); prints when due.
+  // Sharded parameters (train.shard = parameters): rank 0 generates from the units its group
+  // sends it one at a time (ParamShards::gather_to_root), never the whole model; `in_group`: this
+  // rank is in rank 0's shard group and so takes part.
+  void set_param_shards(ParamShards* shards, bool in_group) {
+    shards_ = shards;
+    in_group_ = in_group;
+  }
+  // Called after each optimizer step (`step` = steps completed) on every rank; prints when due.
   void maybe_sample(model::Model& model, int64_t step);
 
  private:
+  model::Generation generate_sample(model::Model& model, const model::SamplingOptions& options);
+
+  ParamShards* shards_ = nullptr;
+  bool in_group_ = false;
   int64_t every_ = 0;
   int tokens_ = 0;
   double temperature_ = 0;

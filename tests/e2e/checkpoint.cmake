@@ -14,6 +14,8 @@ kilter_add_e2e_test(e2e_shard_group ${CMAKE_CURRENT_LIST_DIR}/shard_group.sh)
 kilter_add_e2e_test(e2e_shard_parameters ${CMAKE_CURRENT_LIST_DIR}/shard_parameters.sh)
 # The distributed optimizer (train.shard = optimizer under bf16 storage: the fp32 master sharded).
 kilter_add_e2e_test(e2e_distributed_optimizer ${CMAKE_CURRENT_LIST_DIR}/distributed_optimizer.sh)
+# ... with pieces cut between ranks (context parallelism) and training samples.
+kilter_add_e2e_test(e2e_shard_parameters_cut ${CMAKE_CURRENT_LIST_DIR}/shard_parameters_cut.sh)
 kilter_add_e2e_test(e2e_memory_plan ${CMAKE_CURRENT_LIST_DIR}/memory_plan.sh)
 # A checkpoint from before the architecture keys (issue 38; the file is kept in
 # tests/e2e/fixtures/gpt2-before-arch) resumes as gpt2, bit-identical to a straight run.

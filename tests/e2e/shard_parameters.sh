@@ -11,8 +11,8 @@
 # - a checkpoint written under parameters on 4 ranks (stopped after 4 of 8 steps) resumes as
 #   train.shard = none on 2 ranks and as optimizer on 3, matching 8 steps straight within 1e-5;
 # - a rank that stops makes the others' watchdogs fire inside the parameter all-gather, naming it;
-# - what is not built yet for parameters is refused naming the key (cut pieces; CUDA graphs on the
-#   cuda backend).
+# - what is not built yet for parameters is refused naming the key (CUDA graphs on the cuda
+#   backend); cut pieces and training samples under parameters: shard_parameters_cut.sh.
 source "$(dirname "$0")/lib.sh"
 set -E
 trap 'echo "FAIL: $(basename "$0"): the command at line $LINENO exited with $?" >&2' ERR
@@ -57,11 +57,6 @@ grep -q "parameter all-gather (train.shard = parameters)" hang.log \
   || { cat hang.log; fail "hang: the watchdog did not name the parameter all-gather"; }
 echo "hang: $(grep -m1 -o "parameter all-gather (train.shard = parameters).*" hang.log | cut -c1-160)"
 
-rc=0
-timeout 120 "${MPIRUN[@]}" -np 2 "$KILTER" train "${COMMON[@]/--data.cut_pieces=false/--data.cut_pieces=true}" \
-  --output.dir=runs/cut --train.shard=parameters > cut.log 2>&1 || rc=$?
-[ "$rc" -ne 0 ] && grep -q "config key train.shard = parameters: pieces cut between ranks are not built yet" cut.log \
-  || { cat cut.log; fail "cut pieces under parameters were not refused"; }
 # The cuda backend shards parameters over NCCL without CUDA graphs: refused before anything is made
 # (checked before the backend, so this build refuses it too, with or without a device).
 rc=0

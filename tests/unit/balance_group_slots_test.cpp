@@ -103,7 +103,7 @@ TEST(BalanceGroupSlots, SlotsAreMoreEvenThanTheWholeStepDivision) {
   }
 }
 
-// Without cuts (what sharded parameters take so far): whole pieces only, slots still even.
+// Without cuts (data.cut_pieces = false): whole pieces only, slots still even.
 TEST(BalanceGroupSlots, WholePiecesOnlyStillEvenTheSlots) {
   const auto lengths = bench_corpus();
   const auto docs = all_documents(lengths.size());

@@ -73,6 +73,72 @@ TEST(Generator, FeedingAllAtOnceEqualsOneByOne) {
   }
 }
 
+// Sharded parameters' view: a buffer that holds a unit only between need and forward_done (or the
+// feed's pass_done), as rank 0 of a shard group does while it samples; zeros otherwise.
+class UnitsOnDemand final : public kilter::model::ParamUnitHooks {
+ public:
+  UnitsOnDemand(const ModelSpec& cfg, const std::vector<float>& whole)
+      : whole_(whole), buffer_(whole.size(), 0.0f),
+        units_(kilter::model::param_unit_ranges(kilter::model::ParamLayout::build(cfg))), held_(units_.size()) {}
+  float* buffer() { return buffer_.data(); }
+  bool need(int unit) override {
+    order.push_back(unit);
+    if (held_[size_t(unit)]) return false;
+    const kilter::model::ParamRange& r = units_[size_t(unit)];
+    std::copy(whole_.begin() + long(r.offset), whole_.begin() + long(r.offset + r.count), buffer_.begin() + long(r.offset));
+    held_[size_t(unit)] = true;
+    return true;
+  }
+  void forward_done(int unit) override {
+    const kilter::model::ParamRange& r = units_[size_t(unit)];
+    std::fill(buffer_.begin() + long(r.offset), buffer_.begin() + long(r.offset + r.count), 0.0f);
+    held_[size_t(unit)] = false;
+  }
+  void grads_final(int) override { ADD_FAILURE() << "a generator has no gradients"; }
+  void pass_done() override {
+    ++passes;
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (held_[u]) forward_done(int(u));
+  }
+  std::vector<int> order;
+  int passes = 0;
+
+ private:
+  const std::vector<float>& whole_;
+  std::vector<float> buffer_;
+  std::vector<kilter::model::ParamRange> units_;
+  std::vector<bool> held_;
+};
+
+TEST(Generator, UnitByUnitGivesTheWholeModelsLogits) {
+  // Units asked for in order (embeddings, blocks, final unit), each feed, every unit freed after
+  // it, and logits bit for bit the copy's: tied (gpt2) and untied (llama) heads.
+  for (bool llama : {false, true}) {
+    ModelSpec cfg = small_config();
+    if (llama) {
+      cfg.arch = "llama";
+      cfg.n_kv_head = 1;
+      cfg.ffn_hidden = 40;
+      cfg.tie_embeddings = "false";
+    }
+    const std::vector<float> params = initialized_params(cfg, 11);
+    UnitsOnDemand units(cfg, params);
+    Generator whole(cfg, params), parts(cfg, units.buffer(), &units);
+    const std::vector<int32_t> tokens = some_tokens(7, cfg.vocab_size);
+    for (int count : {5, 1, 1}) {
+      const int at = whole.position();
+      units.order.clear();
+      const float* expected = whole.feed(tokens.data() + at, count);
+      const float* got = parts.feed(tokens.data() + at, count);
+      for (int v = 0; v < cfg.vocab_size; ++v) ASSERT_EQ(got[v], expected[v]) << "llama " << llama << " id " << v;
+      const std::vector<int> in_order = {0, 1, 2, 3};  // 2 layers: embeddings, 2 blocks, final unit
+      EXPECT_EQ(units.order, in_order);
+      for (float w : std::vector<float>(units.buffer(), units.buffer() + params.size())) ASSERT_EQ(w, 0.0f);
+    }
+    EXPECT_EQ(units.passes, 3);
+  }
+}
+
 TEST(Generator, ResetForgetsTheCache) {
   const ModelSpec cfg = small_config();
   Generator g(cfg, initialized_params(cfg, 6));
