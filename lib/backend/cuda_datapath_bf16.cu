@@ -65,10 +65,7 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
                             m_.working(t.b), rows(), t.in, t.out);
   }
   void linear_gelu(const model::LinearGeluArgs& a) override {
-    if (m_.recompute_ == Recompute::gelu) {
-      linear({.layer = a.layer, .out = a.pre_gelu, .in = a.in, .weight = a.weight});
-      return gelu({.layer = a.layer, .out = a.out, .in = a.pre_gelu});
-    }
+    if (m_.recompute_ == Recompute::gelu) return BlockOps::linear_gelu(a);
     const LinearTensors t = linear_tensors(a.layer, a.weight);
     kc::linear_forward_bf16(*m_.g_, act(a.layer, a.out), act(a.layer, a.pre_gelu), act(a.layer, a.in),
                             m_.working(t.w), m_.working(t.b), rows(), t.in, t.out);

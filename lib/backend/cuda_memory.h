@@ -1,8 +1,8 @@
 // What the CUDA backend allocates on its device, from the config alone (plain C++: no device,
 // no CUDA headers), for the memory plan (lib/train/memory_plan.h). It follows CudaModel's
 // constructor, ensure_moments() and reserve(): the flat state, the AdamW moments of the owned
-// floats, the activation arena of the largest micro-batch (CudaModel::carve() for full-context
-// pieces), and the GEMM engine's workspaces. tests/gpu/gpu_model_test.cpp compares it with
+// floats, the activation arena of the largest micro-batch (its own carving, cuda_arena_layout.h,
+// for full-context pieces), and the GEMM engine's workspaces. tests/gpu/gpu_model_test.cpp compares it with
 // the device memory a model really takes. Both datapaths: fp32 activations (train.precision =
 // fp32, or bf16 storage off) and bf16 storage; attention in the padded groups or on cuDNN SDPA.
 #pragma once
@@ -35,7 +35,7 @@ struct CudaDeviceBytes {
 // rank holds (num_params unsharded). recompute: none | gelu | attention | block.
 // bf16_operand_copies: KILTER_CUDA_BF16_INPUTS=1 with bf16 math (scratch for both operands).
 // bf16_storage: the bf16 datapath (train.bf16_storage on, or auto where its self-check passes):
-// bf16 activations (CudaModel::carve_bf16) and the weights' bf16 working copy.
+// bf16 activations (carve_bf16) and the weights' bf16 working copy.
 // sdpa: attention on cuDNN SDPA (cuda_plan_counts_sdpa): its workspace (model::sdpa_workspace_bound:
 // cuDNN's deterministic backward, the largest call the score budget allows), and on the bf16
 // datapath its Stats per layer instead of the groups' saved softmax, padded rows and workspace

@@ -359,10 +359,6 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
     const LinearTensors t = linear_tensors(a.layer, a.weight);
     kc::matmul_forward(*m_.g_, act(a.layer, a.out), act(a.layer, a.in), t.w, t.b, rows(), t.in, t.out);
   }
-  void linear_gelu(const model::LinearGeluArgs& a) override {
-    linear({.layer = a.layer, .out = a.pre_gelu, .in = a.in, .weight = a.weight});
-    gelu({.layer = a.layer, .out = a.out, .in = a.pre_gelu});
-  }
   void projection_residual_norm(const model::ResidualNormArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
     kc::matmul_forward_residual(*m_.g_, stream(a.layer, a.out), act(a.layer, a.in), t.w, t.b,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/base/cuda_common.h"
+#include "lib/backend/cuda_arena_layout.h"
 #include "lib/backend/cuda_memory.h"
 #include "lib/backend/cuda_model.h"
 #include "lib/model/cuda_ops.h"
@@ -42,10 +43,6 @@ using model::Batch;
 using model::ModelSpec;
 namespace kc = model::cuda;
 
-constexpr size_t kAlignFloats = 64;  // 256-byte alignment of every arena slice
-
-inline size_t align_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
-
 // Deterministic pseudo-random values in [-1, 1) from an integer hash of the index, on the host or
 // the device: the inputs of the attention engines' self-checks.
 __host__ __device__ inline float hash_unit(size_t i, uint32_t seed) {
@@ -64,23 +61,6 @@ __host__ __device__ inline float hash_unit(size_t i, uint32_t seed) {
 // the host copy of the pair.
 void max_difference_on_device(unsigned* result, const float* a, const float* b, size_t n, cudaStream_t stream);
 float relative_difference_of(const unsigned* result);
-
-// Carves 256-byte aligned slices out of one allocation; with base == nullptr it only measures.
-class ArenaCarver {
- public:
-  explicit ArenaCarver(float* base) : base_(base) {}
-  float* take(size_t floats) {
-    float* p = base_ == nullptr ? nullptr : base_ + used_;
-    used_ += align_up(floats);
-    return p;
-  }
-  int32_t* take_ints(size_t count) { return reinterpret_cast<int32_t*>(take(count)); }
-  size_t used() const { return used_; }
-
- private:
-  float* base_;
-  size_t used_ = 0;
-};
 
 class CudaModel final : public ModelBase {
  public:
@@ -117,65 +97,11 @@ class CudaModel final : public ModelBase {
 
  private:
   using BlockActivations = model::BlockActivations;
-  // Slices of the activation arena for one micro-batch layout.
-  struct Activations {
-    float* encoded;
-    std::vector<BlockActivations> blocks;  // att: the groups' saved states, group after group
-    float *lnf, *lnf_mean, *lnf_rstd, *logits;
-    float *dresidual, *dln, *datty, *dqkv, *dfch;
-    // Attention in the groups' padded layout: qkv, out / dout, dqkv; then the engine's scratch.
-    float *padded_qkv, *padded_io, *padded_dqkv;
-    float* attention_workspace;
-    float* column_scratch;
-    // One block of ints, uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
-    // the groups' row lengths (pieces), padded_token (padded rows), pos_offset (pieces).
-    int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
-    std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
-    std::vector<size_t> prefixed_saved_offset;  // per later part (Layout::prefixed): its att after the groups'
-    float* dact = nullptr;  // llama: SwiGLU's output gradient (N, ffn_width)
-  };
-  // The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
-  // norms' statistics, laid out from the same activation layout; the ints stay in Activations.
-  struct BlockBf16 : model::BlockSlots<kc::bf16> {
-    float* stats = nullptr;  // a batch on SDPA: cuDNN's Stats (N x n_head) in att's slice; else null
-  };
-  struct ActivationsBf16 {
-    kc::bf16* encoded = nullptr;
-    std::vector<BlockBf16> blocks;  // att: the groups' saved softmax, group after group, then later parts'
-    kc::bf16* lnf = nullptr;
-    float *lnf_mean = nullptr, *lnf_rstd = nullptr;
-    kc::bf16* projection = nullptr;  // a Linear's output before the fused residual add and norm
-    kc::bf16* logits = nullptr;      // one chunk of the classifier: classifier_rows x vocab_padded
-    int classifier_rows = 0;
-    float* row_losses = nullptr;     // N
-    float* dresidual = nullptr;      // the residual stream's gradient, fp32
-    kc::bf16 *dresidual_bf16 = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr;
-    kc::bf16 *dfch = nullptr, *dact = nullptr;
-    kc::bf16 *padded_qkv = nullptr, *padded_io = nullptr, *padded_dqkv = nullptr;
-    void* attention_workspace = nullptr;
-    float* column_scratch = nullptr;
-    float *exchange_qkv = nullptr, *exchange_dqkv = nullptr;  // fp32 rows for the K/V exchange (cut pieces)
-    // A batch on SDPA with later parts: their staged K/V rows and those rows' dK/dV (kv_width wide).
-    kc::bf16 *sdpa_staged = nullptr, *sdpa_staged_grad = nullptr;
-    std::vector<size_t> saved_offset, prefixed_saved_offset;  // in bf16 elements
-  };
-  // A later part of a cut piece in the current micro-batch.
-  struct PrefixedPiece {
-    int piece = 0, first_row = 0, offset = 0, len = 0;
-  };
-  // The current micro-batch's layout (host side).
-  struct Layout {
-    int N = 0, pieces = 0, max_len = 0;  // max_len: rows of dwpe touched (max offset + length)
-    bool exchange = false;               // the batch has cut pieces (bf16 storage stages their K/V)
-    model::AttentionGroups groups;       // the pieces without a prefix
-    std::vector<PrefixedPiece> prefixed;
-    std::vector<char> group_cudnn;  // per group: runs on cuDNN
-    // bf16 storage with the batch on SDPA: no groups' softmax, padded rows or group workspace, but
-    // cuDNN's Stats per layer and the later parts' staged K/V rows (sdpa_staged_rows of them).
-    bool sdpa = false;
-    int sdpa_staged_rows = 0;
-    std::vector<int32_t> key() const;  // N, pieces, max_len, then the groups' (B,T)
-  };
+  // The arena's slices and a micro-batch's layout (cuda_arena_layout.h).
+  using Activations = ArenaActivations;
+  using BlockBf16 = ArenaBlockBf16<kc::bf16>;
+  using ActivationsBf16 = ArenaActivationsBf16<kc::bf16>;
+  using Layout = ArenaLayout;
 
   // RoPE (llama) in place on the q and k heads of the micro-batch's q|k|v rows (or their
   // gradients: its backward); fp32 or bf16 rows.
@@ -188,11 +114,10 @@ class CudaModel final : public ModelBase {
       kc::rope_forward(rows, acts_.cu_seqlens, acts_.pos_offset, layout_now_.pieces, layout_now_.N, cfg_.n_head,
                        cfg_.kv_heads(), cfg_.head_dim(), rope_cos_, rope_sin_, s_);
   }
-  // Lays out every activation for a micro-batch layout; returns the floats used. The same
-  // function measures (null base) and assigns, so they cannot disagree.
-  size_t carve(ArenaCarver& carver, Activations* acts, const Layout& layout) const;
-  // The bf16 datapath's layout (into bacts, the ints into acts); the same contract.
-  size_t carve_bf16(ArenaCarver& carver, ActivationsBf16* bacts, Activations* acts, const Layout& layout) const;
+  // What the arena's carving reads of this model (its kernels' scratch sizes, its cuDNN engine),
+  // and the floats the current datapath's carving takes for a layout.
+  ArenaModel arena_model() const;
+  size_t measure_arena(const Layout& layout) const;
   // Measures the current datapath's layout, grows the arena to it and assigns acts_ (and bacts_).
   void lay_out_arena(const Layout& layout);
   void ensure_arena(size_t floats, const Layout& layout);

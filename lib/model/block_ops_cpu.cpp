@@ -44,10 +44,6 @@ class CpuBlockOps : public BlockOps, protected BlockNames<float, BlockMemory> {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
     matmul_forward(act(a.layer, a.out), act(a.layer, a.in), t.w, t.b, rows(), t.in, t.out, bf16_input(a.layer, a.in));
   }
-  void linear_gelu(const LinearGeluArgs& a) override {
-    linear({.layer = a.layer, .out = a.pre_gelu, .in = a.in, .weight = a.weight});
-    gelu({.layer = a.layer, .out = a.out, .in = a.pre_gelu});
-  }
   void projection_residual_norm(const ResidualNormArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
     matmul_forward_residual(stream(a.layer, a.out), stream(a.layer, a.residual), act(a.layer, a.in), t.w, t.b, rows(),
@@ -179,7 +175,7 @@ class CpuBf16BlockOps final : public CpuBlockOps {
                         t.out);
   }
   void linear_gelu(const LinearGeluArgs& a) override {
-    if (recompute_ == Recompute::gelu) return CpuBlockOps::linear_gelu(a);
+    if (recompute_ == Recompute::gelu) return BlockOps::linear_gelu(a);
     const LinearTensors t = linear_tensors(a.layer, a.weight);
     linear_forward_bf16(act(a.layer, a.out), act(a.layer, a.pre_gelu), act(a.layer, a.in), working(t.w),
                         working(t.b), rows(), t.in, t.out);

@@ -59,7 +59,11 @@ class BlockForwardOps {
   virtual void weights_needed(int layer) { (void)layer; }
   virtual void norm(const NormArgs& a) = 0;
   virtual void linear(const LinearArgs& a) = 0;
-  virtual void linear_gelu(const LinearGeluArgs& a) = 0;
+  // By default the two ops; a table may fuse them (a GELU epilogue).
+  virtual void linear_gelu(const LinearGeluArgs& a) {
+    linear({.layer = a.layer, .out = a.pre_gelu, .in = a.in, .weight = a.weight});
+    gelu({.layer = a.layer, .out = a.out, .in = a.pre_gelu});
+  }
   virtual void projection_residual_norm(const ResidualNormArgs& a) = 0;
   virtual void gelu(const ActivationArgs& a) = 0;
   virtual void swiglu(const ActivationArgs& a) = 0;

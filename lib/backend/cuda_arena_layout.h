@@ -1,0 +1,323 @@
+// CudaModel's activation arena laid out in plain C++ (no device, no CUDA headers), so that the
+// device (cuda_arena.cu) and the memory plan (cuda_memory.cpp) walk the same slices: ArenaCarver
+// (a null base only measures), a micro-batch's ArenaLayout, the two datapaths' slices (fp32
+// ArenaActivations; ArenaActivationsBf16 over the bf16 type, the device's or a 2-byte stand-in)
+// and the carving of each from the model description's activation layout (lib/model/layout.h).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "lib/model/attention_groups.h"
+#include "lib/model/layout.h"
+#include "lib/model/model.h"
+
+namespace kilter::backend {
+
+constexpr size_t kAlignFloats = 64;  // 256-byte alignment of every arena slice
+
+inline size_t align_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// Carves 256-byte aligned slices out of one allocation; with base == nullptr it only measures.
+class ArenaCarver {
+ public:
+  explicit ArenaCarver(float* base) : base_(base) {}
+  float* take(size_t floats) {
+    float* p = base_ == nullptr ? nullptr : base_ + used_;
+    used_ += align_up(floats);
+    return p;
+  }
+  int32_t* take_ints(size_t count) { return reinterpret_cast<int32_t*>(take(count)); }
+  size_t used() const { return used_; }
+
+ private:
+  float* base_;
+  size_t used_ = 0;
+};
+
+// A later part of a cut piece in the current micro-batch.
+struct PrefixedPiece {
+  int piece = 0, first_row = 0, offset = 0, len = 0;
+};
+
+// A micro-batch's layout (host side).
+struct ArenaLayout {
+  int N = 0, pieces = 0, max_len = 0;  // max_len: rows of dwpe touched (max offset + length)
+  bool exchange = false;               // the batch has cut pieces (bf16 storage stages their K/V)
+  model::AttentionGroups groups;       // the pieces without a prefix
+  std::vector<PrefixedPiece> prefixed;
+  std::vector<char> group_cudnn;  // per group: runs on cuDNN
+  // bf16 storage with the batch on SDPA: no groups' softmax, padded rows or group workspace, but
+  // cuDNN's Stats per layer and the later parts' staged K/V rows (sdpa_staged_rows of them).
+  bool sdpa = false;
+  int sdpa_staged_rows = 0;
+  std::vector<int32_t> key() const {  // N, pieces, max_len, then the groups' (B,T)
+    std::vector<int32_t> key = {N, pieces, max_len};
+    key.insert(key.end(), groups.shape_key.begin(), groups.shape_key.end());
+    return key;
+  }
+};
+
+// The largest layout per token (CudaModel::reserve): max_tokens in full-context pieces, the
+// remainder one shorter piece, grouped for a model of block_size positions.
+inline ArenaLayout full_context_layout(int max_tokens, int context, int block_size) {
+  ArenaLayout layout;
+  layout.N = max_tokens;
+  std::vector<int32_t> cu_seqlens = {0};
+  while (cu_seqlens.back() < max_tokens) cu_seqlens.push_back(std::min(max_tokens, cu_seqlens.back() + context));
+  layout.pieces = static_cast<int>(cu_seqlens.size()) - 1;
+  layout.max_len = std::min(max_tokens, context);
+  layout.groups.build(cu_seqlens.data(), layout.pieces, block_size);
+  return layout;
+}
+
+// The fp32 datapath's slices of the arena for one micro-batch layout.
+struct ArenaActivations {
+  float* encoded;
+  std::vector<model::BlockActivations> blocks;  // att: the groups' saved states, group after group
+  float *lnf, *lnf_mean, *lnf_rstd, *logits;
+  float *dresidual, *dln, *datty, *dqkv, *dfch;
+  // Attention in the groups' padded layout: qkv, out / dout, dqkv; then the engine's scratch.
+  float *padded_qkv, *padded_io, *padded_dqkv;
+  float* attention_workspace;
+  float* column_scratch;
+  // One block of ints, uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
+  // the groups' row lengths (pieces), padded_token (padded rows), pos_offset (pieces).
+  int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
+  std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
+  std::vector<size_t> prefixed_saved_offset;  // per later part (ArenaLayout::prefixed): its att after the groups'
+  float* dact = nullptr;  // llama: SwiGLU's output gradient (N, ffn_width)
+};
+
+// The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
+// norms' statistics, laid out from the same activation layout; the ints stay in ArenaActivations.
+template <typename Bf16>
+struct ArenaBlockBf16 : model::BlockSlots<Bf16> {
+  float* stats = nullptr;  // a batch on SDPA: cuDNN's Stats (N x n_head) in att's slice; else null
+};
+template <typename Bf16>
+struct ArenaActivationsBf16 {
+  Bf16* encoded = nullptr;
+  std::vector<ArenaBlockBf16<Bf16>> blocks;  // att: the groups' saved softmax, group after group, then later parts'
+  Bf16* lnf = nullptr;
+  float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+  Bf16* projection = nullptr;  // a Linear's output before the fused residual add and norm
+  Bf16* logits = nullptr;      // one chunk of the classifier: classifier_rows x vocab_padded
+  int classifier_rows = 0;
+  float* row_losses = nullptr;  // N
+  float* dresidual = nullptr;   // the residual stream's gradient, fp32
+  Bf16 *dresidual_bf16 = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr;
+  Bf16 *dfch = nullptr, *dact = nullptr;
+  Bf16 *padded_qkv = nullptr, *padded_io = nullptr, *padded_dqkv = nullptr;
+  void* attention_workspace = nullptr;
+  float* column_scratch = nullptr;
+  float *exchange_qkv = nullptr, *exchange_dqkv = nullptr;  // fp32 rows for the K/V exchange (cut pieces)
+  // A batch on SDPA with later parts: their staged K/V rows and those rows' dK/dV (kv_width wide).
+  Bf16 *sdpa_staged = nullptr, *sdpa_staged_grad = nullptr;
+  std::vector<size_t> saved_offset, prefixed_saved_offset;  // in bf16 elements
+};
+
+// What the carving reads besides the layout: the model, the chunk budgets, and the kernels'
+// scratch sizes (lib/model/cuda_ops.h's functions on the device; where no CUDA is built, the
+// memory plan's copies of their formulas, which need no later parts: prefix_* may be null there).
+struct ArenaModel {
+  const model::ModelSpec& cfg;
+  const model::ActivationLayout& plan;
+  size_t vocab_padded = 0, score_budget = 0, classifier_bytes = 0;
+  size_t (*attention_floats)(int B, int T, int C, int NH) = nullptr;
+  size_t (*prefix_floats)(int s, int L, int C, int NH) = nullptr;
+  size_t (*attention_bf16_bytes)(int B, int T, int C, int NH, size_t score_budget) = nullptr;
+  size_t (*prefix_bf16_bytes)(int s, int L, int C, int NH) = nullptr;
+  size_t (*column_sum_floats)(int C) = nullptr;
+  size_t (*linear_floats)(int OC) = nullptr;
+  // The cuDNN attention engine's saved state and scratch (floats) for a group of B x T, where the
+  // model has one (it may run a group): the arena takes the larger of those and the groups'.
+  std::function<std::pair<size_t, size_t>(int B, int T)> cudnn_group;
+};
+
+// The largest operand a GEMM of the fp32 datapath rounds into bf16 scratch with operand copies
+// (kc::Gemm): the logits' gradient (N x V), the tied embedding (V x C), an MLP activation (N x
+// ffn_in_width), or an attention group's scores or head-split rows (its workspace).
+inline size_t largest_gemm_operand(const ArenaModel& m, const ArenaLayout& layout) {
+  const size_t N = layout.N, C = m.cfg.n_embd, V = m.cfg.vocab_size, NH = m.cfg.n_head;
+  size_t largest = std::max({N * V, V * C, N * size_t(m.cfg.ffn_in_width())});
+  for (const model::AttentionGroup& g : layout.groups.groups)
+    largest = std::max({largest, size_t(g.B) * NH * g.T * g.T, m.attention_floats(g.B, g.T, int(C), int(NH))});
+  return largest;
+}
+
+// The integer rows of a micro-batch, in the order upload_batch writes them: inputs, targets,
+// cu_seqlens, lengths, the groups' row map (map_rows) and the positions' offsets.
+inline void carve_ints(ArenaCarver& carver, ArenaActivations& a, size_t tokens, size_t pieces, size_t map_rows) {
+  a.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + map_rows);
+  a.inputs = a.ints;
+  a.targets = a.inputs + tokens;
+  a.cu_seqlens = a.targets + tokens;
+  a.lengths = a.cu_seqlens + pieces + 1;
+  a.padded_token = a.lengths + pieces;
+  a.pos_offset = a.padded_token + map_rows;
+}
+
+// Lays out every fp32 activation of a layout; returns the floats used. The same function
+// measures (null base) and assigns, so they cannot disagree.
+inline size_t carve_fp32(ArenaCarver& carver, const ArenaModel& m, ArenaActivations* acts, const ArenaLayout& layout) {
+  const model::ModelSpec& cfg = m.cfg;
+  const size_t C = cfg.n_embd, V = cfg.vocab_size, NH = cfg.n_head;
+  const size_t tokens = layout.N;
+  const size_t padded_rows = layout.groups.padded_rows();
+  // Per group: att (cuBLASLt) or cuDNN's reserve space, whichever its engine may need; the
+  // engine scratch is shared by the groups (they run one after the other).
+  ArenaActivations a;
+  size_t att_slice = 0, workspace = 0;
+  for (size_t g = 0; g < layout.groups.groups.size(); ++g) {
+    const int B = layout.groups.groups[g].B, T = layout.groups.groups[g].T;
+    size_t saved = static_cast<size_t>(B) * NH * T * T;  // the workspace holds NH query heads of C wide
+    size_t scratch = m.attention_floats(B, T, static_cast<int>(C), static_cast<int>(NH));
+    const bool maybe_cudnn = g < layout.group_cudnn.size() ? layout.group_cudnn[g] != 0 : true;
+    if (m.cudnn_group && maybe_cudnn) {
+      const auto [cudnn_saved, cudnn_scratch] = m.cudnn_group(B, T);
+      saved = std::max(saved, cudnn_saved);
+      scratch = std::max(scratch, cudnn_scratch);
+    }
+    a.saved_offset.push_back(att_slice);
+    att_slice += align_up(saved);
+    workspace = std::max(workspace, scratch);
+  }
+  for (const PrefixedPiece& part : layout.prefixed) {
+    a.prefixed_saved_offset.push_back(att_slice);
+    att_slice += align_up(NH * part.len * (static_cast<size_t>(part.offset) + part.len));
+    workspace = std::max(workspace, m.prefix_floats(part.offset, part.len, static_cast<int>(C), static_cast<int>(NH)));
+  }
+  a.encoded = carver.take(tokens * C);
+  a.blocks.resize(cfg.n_layer);
+  // What the recompute modes share among the layers, once, then each layer's own.
+  const model::ActivationLayout& plan = m.plan;
+  model::BlockActivations shared = model::carve_block(plan, tokens, [&](model::ActSlot, model::ActHome home,
+                                                                        size_t floats) {
+    return home == model::ActHome::shared ? carver.take(floats) : nullptr;
+  });
+  float* shared_att = plan.attention_per_layer ? nullptr : carver.take(att_slice);
+  for (model::BlockActivations& b : a.blocks) {
+    b = model::carve_block(plan, tokens, [&](model::ActSlot slot, model::ActHome home, size_t floats) {
+      return home == model::ActHome::kept ? carver.take(floats) : model::activation_slot(shared, slot);
+    });
+    b.att = plan.attention_per_layer ? carver.take(att_slice) : shared_att;
+  }
+  a.lnf = carver.take(tokens * C);
+  a.lnf_mean = carver.take(tokens);
+  a.lnf_rstd = carver.take(tokens);
+  a.logits = carver.take(tokens * V);
+  a.dresidual = carver.take(tokens * C);
+  a.dln = carver.take(tokens * C);
+  a.datty = carver.take(tokens * C);
+  a.dqkv = carver.take(tokens * cfg.qkv_width());
+  a.dfch = carver.take(tokens * cfg.ffn_in_width());
+  if (cfg.llama()) a.dact = carver.take(tokens * cfg.ffn_width());
+  a.padded_qkv = carver.take(padded_rows * cfg.qkv_width());
+  a.padded_io = carver.take(padded_rows * C);
+  a.padded_dqkv = carver.take(padded_rows * cfg.qkv_width());
+  a.attention_workspace = carver.take(workspace);
+  a.column_scratch = carver.take(2 * m.column_sum_floats(cfg.widest_linear_out()));
+  carve_ints(carver, a, tokens, layout.pieces, padded_rows);
+  if (acts != nullptr) *acts = std::move(a);
+  return carver.used();
+}
+
+// The bf16 datapath's arena: the activation layout's slots in bf16 (its norm statistics in fp32),
+// the saved attention state (the groups' softmax in bf16, or on SDPA cuDNN's fp32 Stats), the
+// classifier's one chunk of logits, the residual stream's fp32 gradient with its bf16 copy, bf16
+// scratch (the groups' padded rows and workspace only off SDPA; on SDPA the later parts' staged
+// K/V); the same ints as the fp32 layout (into acts). The same contract as carve_fp32.
+template <typename Bf16>
+size_t carve_bf16(ArenaCarver& carver, const ArenaModel& m, ArenaActivationsBf16<Bf16>* bacts,
+                  ArenaActivations* acts, const ArenaLayout& layout) {
+  const model::ModelSpec& cfg = m.cfg;
+  const size_t C = cfg.n_embd, NH = cfg.n_head, W = cfg.qkv_width();
+  const size_t kv = W - NH * static_cast<size_t>(cfg.head_dim());
+  // SDPA reads the packed rows themselves: the groups' padded rows are not carved.
+  const size_t tokens = layout.N, padded_rows = layout.sdpa ? 0 : layout.groups.padded_rows();
+  auto take_bf16 = [&](size_t elements) { return reinterpret_cast<Bf16*>(carver.take((elements + 1) / 2)); };
+  ArenaActivationsBf16<Bf16> b;
+  size_t att_slice = 0, workspace = 0;  // bf16 elements; bytes
+  if (layout.sdpa) {
+    att_slice = 2 * align_up(tokens * NH);  // cuDNN's Stats, fp32 (the SDPA workspace is the engine's)
+  } else {
+    for (const model::AttentionGroup& g : layout.groups.groups) {
+      b.saved_offset.push_back(att_slice);
+      att_slice += 2 * align_up((static_cast<size_t>(g.B) * NH * g.T * g.T + 1) / 2);
+      workspace = std::max(workspace, m.attention_bf16_bytes(g.B, g.T, int(C), int(NH), m.score_budget));
+    }
+    for (const PrefixedPiece& part : layout.prefixed) {
+      b.prefixed_saved_offset.push_back(att_slice);
+      att_slice += 2 * align_up((NH * part.len * (static_cast<size_t>(part.offset) + part.len) + 1) / 2);
+      workspace = std::max(workspace, m.prefix_bf16_bytes(part.offset, part.len, int(C), int(NH)));
+    }
+  }
+  b.encoded = take_bf16(tokens * C);
+  // The plan's slots: the norm statistics (one float per token) stay fp32, every other slot bf16.
+  auto slot_take = [&](model::ActSlot slot, size_t elements) -> float* {
+    const bool statistic = slot == model::ActSlot::norm1_mean || slot == model::ActSlot::norm1_rstd ||
+                           slot == model::ActSlot::norm2_mean || slot == model::ActSlot::norm2_rstd;
+    return statistic ? carver.take(elements) : reinterpret_cast<float*>(take_bf16(elements));
+  };
+  model::BlockActivations shared = model::carve_block(m.plan, tokens, [&](model::ActSlot slot, model::ActHome home,
+                                                                          size_t elements) {
+    return home == model::ActHome::shared ? slot_take(slot, elements) : nullptr;
+  });
+  Bf16* shared_att = m.plan.attention_per_layer ? nullptr : take_bf16(att_slice);
+  b.blocks.resize(cfg.n_layer);
+  for (ArenaBlockBf16<Bf16>& block : b.blocks) {
+    model::BlockActivations a = model::carve_block(m.plan, tokens, [&](model::ActSlot slot, model::ActHome home,
+                                                                       size_t elements) {
+      return home == model::ActHome::kept ? slot_take(slot, elements) : model::activation_slot(shared, slot);
+    });
+    auto as_bf16 = [](float* p) { return reinterpret_cast<Bf16*>(p); };
+    block.ln1 = as_bf16(a.ln1), block.qkv = as_bf16(a.qkv), block.atty = as_bf16(a.atty);
+    block.residual2 = as_bf16(a.residual2), block.ln2 = as_bf16(a.ln2), block.fch = as_bf16(a.fch);
+    block.fch_gelu = as_bf16(a.fch_gelu), block.residual3 = as_bf16(a.residual3);
+    block.ln1_mean = a.ln1_mean, block.ln1_rstd = a.ln1_rstd, block.ln2_mean = a.ln2_mean, block.ln2_rstd = a.ln2_rstd;
+    block.att = m.plan.attention_per_layer ? take_bf16(att_slice) : shared_att;
+    block.stats = layout.sdpa ? reinterpret_cast<float*>(block.att) : nullptr;
+  }
+  b.lnf = take_bf16(tokens * C);
+  b.lnf_mean = carver.take(tokens);
+  b.lnf_rstd = carver.take(tokens);
+  b.projection = take_bf16(tokens * C);
+  // The classifier: as many rows as fit classifier_bytes of bf16 logits (a multiple of 64).
+  const size_t row_bytes = 2 * m.vocab_padded;
+  const size_t fit = std::max<size_t>(64, m.classifier_bytes / std::max<size_t>(row_bytes, 1) / 64 * 64);
+  b.classifier_rows = static_cast<int>(std::min(fit, std::max<size_t>(tokens, 1)));
+  b.logits = take_bf16(static_cast<size_t>(b.classifier_rows) * m.vocab_padded);
+  b.row_losses = carver.take(tokens);
+  b.dresidual = carver.take(tokens * C);
+  b.dresidual_bf16 = take_bf16(tokens * C);
+  b.dln = take_bf16(tokens * C);
+  b.datty = take_bf16(tokens * C);
+  b.dqkv = take_bf16(tokens * W);
+  b.dfch = take_bf16(tokens * cfg.ffn_in_width());
+  if (cfg.llama()) b.dact = take_bf16(tokens * cfg.ffn_width());
+  b.padded_qkv = take_bf16(padded_rows * W);
+  b.padded_io = take_bf16(padded_rows * C);
+  b.padded_dqkv = take_bf16(padded_rows * W);
+  b.attention_workspace = carver.take((workspace + 3) / 4);
+  b.column_scratch = carver.take(std::max(2 * m.column_sum_floats(int(C)), m.linear_floats(cfg.widest_linear_out())));
+  if (layout.exchange) {  // the K/V exchange moves fp32 rows
+    b.exchange_qkv = carver.take(tokens * W);
+    b.exchange_dqkv = carver.take(tokens * W);
+  }
+  if (layout.sdpa && layout.sdpa_staged_rows > 0) {
+    b.sdpa_staged = take_bf16(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
+    b.sdpa_staged_grad = take_bf16(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
+  }
+  // The ints keep the groups' row map whatever the engine: upload_batch writes one layout.
+  ArenaActivations ints;
+  carve_ints(carver, ints, tokens, layout.pieces, layout.groups.padded_rows());
+  if (bacts != nullptr) *bacts = std::move(b);
+  if (acts != nullptr) *acts = std::move(ints);
+  return carver.used();
+}
+
+}  // namespace kilter::backend
