@@ -81,10 +81,11 @@ uint64_t activation_bytes(const Config& cfg) {
 // the peak under the schedule lib/train/param_shards.cpp runs. The embeddings and the final unit
 // are gathered for the whole forward (the head reads them) and the backward; a block is gathered
 // for its forward, freed, and gathered again for its backward, which keeps the unit above it
-// until its own gradients are final: at most two blocks, or a block and the final unit, beside
-// the embeddings. Gradients: a unit's whole gradient is resident from its backward until its
-// reduce-scatter; a tied head writes the embeddings' gradient at the backward's start, which then
-// stays until the embeddings' own backward ends.
+// until its own gradients are final; the next unit's gather is in flight meanwhile (prefetch): at
+// most three blocks, or two blocks and the final unit, beside the embeddings. Gradients: a unit's
+// whole gradient is resident from its backward until its reduce-scatter has completed, which
+// overlaps the backward of the unit below (two units' at once); a tied head writes the embeddings'
+// gradient at the backward's start, which then stays until the embeddings' own backward ends.
 struct UnitFloats {
   uint64_t largest = 0;    // the largest unit
   uint64_t gathered = 0;   // parameters resident at once beyond the rank's chunks
@@ -94,11 +95,14 @@ UnitFloats unit_floats(const model::ParamLayout& layout, bool tied) {
   const std::vector<model::ParamRange> units = model::param_unit_ranges(layout);
   UnitFloats f;
   const uint64_t embeddings = units.front().count, last = units.back().count;
+  const uint64_t blocks = units.size() - 2;
   uint64_t block = 0;
   for (size_t u = 1; u + 1 < units.size(); ++u) block = std::max<uint64_t>(block, units[u].count);
   for (const model::ParamRange& u : units) f.largest = std::max<uint64_t>(f.largest, u.count);
-  f.gathered = embeddings + std::max(2 * block, block + last);
-  f.gradients = tied ? embeddings + std::max(block, last) : std::max({embeddings, block, last});
+  f.gathered =
+      embeddings + std::max(std::min<uint64_t>(blocks, 3) * block, std::min<uint64_t>(blocks, 2) * block + last);
+  const uint64_t pair = std::max(std::min<uint64_t>(blocks, 2) * block, block + last);
+  f.gradients = tied ? embeddings + pair : std::max(pair, embeddings + block);
   return f;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "io/base/error.h"
+#include "lib/diag/clock_sync.h"
 #include "lib/train/watchdog.h"
 
 namespace kilter::train {
@@ -61,10 +62,14 @@ ParamShards::ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLa
     displs_.push_back(std::move(displs));
   }
   gathered_.assign(units_.size(), false);
+  arriving_.assign(units_.size(), false);
+  gather_ticket_.assign(units_.size(), 0);
   scatter_.resize(largest);
+  collectives_ = std::make_unique<ShardCollectives>(comm_);
 }
 
 ParamShards::~ParamShards() {
+  collectives_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -72,6 +77,7 @@ ParamShards::~ParamShards() {
 }
 
 double ParamShards::finish() {
+  finish_scatter();
   if (replicas_ == MPI_COMM_NULL) return 0.0;
   const auto start = std::chrono::steady_clock::now();
   for (const comm::BufferRange& r : owned())
@@ -89,20 +95,63 @@ std::vector<comm::BufferRange> ParamShards::owned() const {
   return ranges;
 }
 
-bool ParamShards::need(int unit) {
-  if (unit < 0 || unit >= num_units() || gathered_[size_t(unit)]) return false;
-  const model::ParamRange& u = units_[size_t(unit)];
-  if (watchdog_) watchdog_->enter("parameter all-gather (train.shard = parameters)", step_);
-  const int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, params_ + u.offset, counts_[size_t(unit)].data(),
-                                 displs_[size_t(unit)].data(), MPI_FLOAT, comm_);
+void ParamShards::wait_collective(ShardCollectives::Ticket ticket, diag::Phase phase, int unit, const char* what) {
+  const int64_t begin = diag::steady_now_ns();
+  if (watchdog_) watchdog_->enter(what, step_);
+  try {
+    collectives_->wait(ticket);
+  } catch (...) {
+    if (watchdog_) watchdog_->leave();
+    throw;
+  }
   if (watchdog_) watchdog_->leave();
-  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Allgatherv of parameter unit " << unit << " failed");
+  if (diagnostics_) diagnostics_->unit_wait(phase, begin, diag::steady_now_ns(), unit);
+}
+
+void ParamShards::start_gather(int unit) {
+  const model::ParamRange& u = units_[size_t(unit)];
+  gather_ticket_[size_t(unit)] =
+      collectives_->start_gather(params_ + u.offset, counts_[size_t(unit)], displs_[size_t(unit)], unit);
   gathered_[size_t(unit)] = true;
+  arriving_[size_t(unit)] = true;
+}
+
+bool ParamShards::arrive(int unit) {
+  if (!gathered_[size_t(unit)]) start_gather(unit);
+  if (!arriving_[size_t(unit)]) return false;
+  wait_collective(gather_ticket_[size_t(unit)], diag::kGatherWait, unit,
+                  "parameter all-gather (train.shard = parameters)");
+  arriving_[size_t(unit)] = false;
   return true;
+}
+
+bool ParamShards::need(int unit) {
+  if (unit < 0 || unit >= num_units()) return false;
+  // The forward needs the units upwards from the embeddings; the backward needs the final unit
+  // again, then the blocks downwards.
+  if (unit == 0)
+    descending_ = false;
+  else if (unit <= last_needed_)
+    descending_ = true;
+  last_needed_ = unit;
+  // The previous micro-batch's last reduce-scatter reads the gradient this pass will write.
+  if (scatter_unit_ == unit) finish_scatter();
+  const bool arrived = arrive(unit);
+  // The next unit's gather, while this one computes: the embeddings stay gathered through the
+  // pass, so the backward's prefetch stops at block 0.
+  const int next = descending_ ? unit - 1 : unit + 1;
+  if (next >= 0 && next < num_units() && !gathered_[size_t(next)]) start_gather(next);
+  return arrived;
 }
 
 void ParamShards::release_params(int unit) {
   if (unit < 0 || unit >= num_units() || !gathered_[size_t(unit)]) return;
+  // A gather in flight writes the buffer: it lands before the pages go.
+  if (arriving_[size_t(unit)]) {
+    wait_collective(gather_ticket_[size_t(unit)], diag::kGatherWait, unit,
+                    "parameter all-gather (train.shard = parameters)");
+    arriving_[size_t(unit)] = false;
+  }
   const model::ParamRange& u = units_[size_t(unit)];
   const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
   discard(params_ + u.offset, lo);
@@ -111,23 +160,32 @@ void ParamShards::release_params(int unit) {
 }
 
 void ParamShards::forward_done(int unit) {
-  // The embeddings (a tied head reads them) and the final unit stay for the head and the backward.
-  if (reshard_after_forward_ && unit > 0 && unit < num_units() - 1) release_params(unit);
+  // The embeddings (a tied head reads them) and the final unit stay for the head and the
+  // backward; so does the last block, the backward's first.
+  if (reshard_after_forward_ && unit > 0 && unit < num_units() - 2) release_params(unit);
 }
 
-void ParamShards::grads_final(int unit) {
+void ParamShards::finish_scatter() {
+  if (scatter_unit_ < 0) return;
+  const int unit = scatter_unit_;
+  scatter_unit_ = -1;
+  wait_collective(scatter_ticket_, diag::kScatterWait, unit, "gradient reduce-scatter (train.shard = parameters)");
   const model::ParamRange& u = units_[size_t(unit)];
-  const std::vector<int>& counts = counts_[size_t(unit)];
-  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts[size_t(rank_)]);
-  // The chunk already holds the earlier micro-batches' reduced sum (plus this rank's new part):
-  // the sum over ranks adds the new parts of the others to it.
-  if (watchdog_) watchdog_->enter("gradient reduce-scatter (train.shard = parameters)", step_);
-  const int err = MPI_Reduce_scatter(grads_ + u.offset, scatter_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm_);
-  if (watchdog_) watchdog_->leave();
-  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Reduce_scatter of gradient unit " << unit << " failed");
+  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
   std::copy(scatter_.begin(), scatter_.begin() + long(n), grads_ + u.offset + lo);
   discard(grads_ + u.offset, lo);
   discard(grads_ + u.offset + lo + n, u.count - lo - n);
+}
+
+void ParamShards::grads_final(int unit) {
+  // One reduce-scatter in flight at a time (its result buffer, its unit's whole gradient): the
+  // previous one had this unit's backward to finish in.
+  finish_scatter();
+  const model::ParamRange& u = units_[size_t(unit)];
+  // The chunk already holds the earlier micro-batches' reduced sum (plus this rank's new part):
+  // the sum over ranks adds the new parts of the others to it.
+  scatter_ticket_ = collectives_->start_reduce_scatter(grads_ + u.offset, scatter_.data(), counts_[size_t(unit)], unit);
+  scatter_unit_ = unit;
   // The backward kept the unit above (its norm may be read again); the embeddings end the pass.
   release_params(unit + 1);
   if (unit == 0) release_params(0);
@@ -135,11 +193,14 @@ void ParamShards::grads_final(int unit) {
 
 void ParamShards::pass_done() {
   for (int u = 0; u < num_units(); ++u) release_params(u);
+  last_needed_ = -1;
+  descending_ = false;
 }
 
 void ParamShards::release_all() {
+  finish_scatter();
   for (int u = 0; u < num_units(); ++u) {
-    gathered_[size_t(u)] = true;
+    if (!arriving_[size_t(u)]) gathered_[size_t(u)] = true;  // frees the other chunks whatever they hold
     release_params(u);
     const model::ParamRange& r = units_[size_t(u)];
     const size_t lo = size_t(displs_[size_t(u)][size_t(rank_)]), n = size_t(counts_[size_t(u)][size_t(rank_)]);

@@ -10,8 +10,17 @@
 // reduction is done but for groups smaller than the world (HSDP: finish() all-reduces each chunk
 // across the groups), and whose gather does nothing (the parameters stay sharded: the next forward
 // gathers them).
+// Overlap (param_shards_comm.h runs the collectives on a communication thread): while a unit
+// computes, the gather of the next one (the unit above in the forward, below in the backward) is
+// in flight: at most one unit prefetched beyond those in use. A unit's reduce-scatter runs while
+// the backward of the unit below computes; it is waited for before the next one starts (one at a
+// time: its result buffer and its unit's whole gradient), before its unit's gradient is written
+// again (the next micro-batch's need) and at the step's end (finish). The last block stays
+// gathered from its forward through its backward, which follows it at once (keeping it costs
+// what prefetching it again would). The time a rank blocks on a gather and on a reduce-scatter
+// are the phases gather_wait and scatter_wait (diag/diagnostics.h).
 // Every rank issues the same collectives in the same order (every rank runs the same number of
-// micro-batches: train_step.cpp pads with empty ones); each is a watchdog section.
+// micro-batches: train_step.cpp pads with empty ones), and every wait is a watchdog section.
 #pragma once
 #include <mpi.h>
 
@@ -19,7 +28,9 @@
 #include <vector>
 
 #include "lib/comm/communicator.h"
+#include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
+#include "lib/train/param_shards_comm.h"
 
 namespace kilter::train {
 
@@ -37,8 +48,11 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   // The watchdog that bounds every collective (set once it exists), and the step it names.
   void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
   void set_step(long step) { step_ = step; }
+  // Where the waits go (gather_wait, scatter_wait; null: nowhere).
+  void set_diagnostics(diag::RankDiagnostics* diagnostics) { diagnostics_ = diagnostics; }
   // Frees every gathered parameter and every gradient outside this rank's chunks (their pages):
-  // after a whole-buffer write (initialization, a resume) and at each step's start.
+  // after a whole-buffer write (initialization, a resume) and at each step's start. Completes
+  // every collective in flight first.
   void release_all();
 
   // model::ParamUnitHooks
@@ -50,12 +64,22 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   // comm::GradientReducer: the reduction happened unit by unit.
   void begin() override {}
   void ready(size_t, size_t) override {}
-  // Groups below the world (HSDP): each chunk's step sum is all-reduced across the groups.
+  // The last reduce-scatter is waited for (scatter_wait); groups below the world (HSDP): each
+  // chunk's step sum is all-reduced across the groups (the seconds returned).
   double finish() override;
   std::vector<comm::BufferRange> owned() const override;
   void gather(float*) override {}
 
  private:
+  // Starts the unit's gather (its parameters arrive in the background).
+  void start_gather(int unit);
+  // The unit's parameters whole: waits for its gather in flight (or gathers it now). True where
+  // they arrived just now.
+  bool arrive(int unit);
+  // Waits for the reduce-scatter in flight, if any, and keeps its result: this rank's chunk.
+  void finish_scatter();
+  // Blocks on a collective as the watchdog section `what`; the wait is `phase` in the diagnostics.
+  void wait_collective(ShardCollectives::Ticket ticket, diag::Phase phase, int unit, const char* what);
   void release_params(int unit);
   int num_units() const { return int(units_.size()); }
 
@@ -65,14 +89,22 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   std::vector<model::ParamRange> units_;
   // Per unit: each group rank's chunk (offset within the buffer, count), as MPI counts.
   std::vector<std::vector<int>> counts_, displs_;
-  std::vector<bool> gathered_;
+  std::vector<bool> gathered_;   // whole, or arriving (a gather in flight)
+  std::vector<bool> arriving_;   // a gather in flight not yet waited for
+  std::vector<ShardCollectives::Ticket> gather_ticket_;
+  int scatter_unit_ = -1;        // the unit whose reduce-scatter is in flight (-1: none)
+  ShardCollectives::Ticket scatter_ticket_ = 0;
+  int last_needed_ = -1;         // the pass's direction: the forward needs units upwards
+  bool descending_ = false;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   size_t padded_ = 0;
   bool reshard_after_forward_ = true;
   Watchdog* watchdog_ = nullptr;
+  diag::RankDiagnostics* diagnostics_ = nullptr;
   long step_ = 0;
   std::vector<float> scatter_;  // one chunk: the reduce-scatter's result
+  std::unique_ptr<ShardCollectives> collectives_;  // on comm_: made after it, gone before it
 };
 
 }  // namespace kilter::train

@@ -62,6 +62,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
   const int padding = padding_micro_batches(ctx, step);
   if (ctx.param_shards) {
     ctx.param_shards->set_step(long(ctx.step_index));
+    ctx.param_shards->set_diagnostics(ctx.diagnostics);  // gather_wait and scatter_wait
     ctx.param_shards->release_all();  // a whole-buffer write (initialization, a resume) leaves nothing behind
   }
   if (first == end) {
