@@ -50,6 +50,9 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   void set_step(long step) { step_ = step; }
   // Where the waits go (gather_wait, scatter_wait; null: nowhere).
   void set_diagnostics(diag::RankDiagnostics* diagnostics) { diagnostics_ = diagnostics; }
+  // Waits for the reduce-scatter in flight (scatter_wait) and keeps its result: before the step's
+  // reduction (finish() would otherwise wait for it inside the reduction's watchdog section).
+  void wait_reduce_scatter() { finish_scatter(); }
   // Frees every gathered parameter and every gradient outside this rank's chunks (their pages):
   // after a whole-buffer write (initialization, a resume) and at each step's start. Completes
   // every collective in flight first.
@@ -64,8 +67,8 @@ class ParamShards final : public comm::GradientReducer, public model::ParamUnitH
   // comm::GradientReducer: the reduction happened unit by unit.
   void begin() override {}
   void ready(size_t, size_t) override {}
-  // The last reduce-scatter is waited for (scatter_wait); groups below the world (HSDP): each
-  // chunk's step sum is all-reduced across the groups (the seconds returned).
+  // The last reduce-scatter is waited for, where wait_reduce_scatter did not; groups below the
+  // world (HSDP): each chunk's step sum is all-reduced across the groups (the seconds returned).
   double finish() override;
   std::vector<comm::BufferRange> owned() const override;
   void gather(float*) override {}
