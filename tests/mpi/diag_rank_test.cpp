@@ -54,12 +54,12 @@ void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration
 constexpr int kKvPeer = 3;   // the rank kv_rank waits for
 constexpr int kKvTokens = 96;
 
-constexpr double kScatterWait = 0.004;  // every rank's scatter_wait per backward (gather_rank >= 0)
+constexpr double kScatterWaitSeconds = 0.004;  // every rank's scatter_wait per backward (gather_rank >= 0)
 
 // One run of `steps` fake steps; `slow_rank` sleeps `extra` more seconds in backward; `kv_rank`
 // waits `extra` seconds for rank kKvPeer's K/V inside its second forward; `gather_rank` waits
-// `extra` seconds on unit 3's gather inside its second forward (and every rank kScatterWait on
-// unit 2's reduce-scatter inside each backward).
+// `extra` seconds on unit 3's gather inside its second forward (and every rank kScatterWaitSeconds
+// on unit 2's reduce-scatter inside each backward).
 nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double extra,
                         const std::string& inject_delay, int kv_rank = -1, int gather_rank = -1) {
   DiagOptions opts;
@@ -100,7 +100,7 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
       sleep_seconds(0.015 + (rank == slow_rank && micro == 1 ? extra : 0));
       if (gather_rank >= 0) {
         const int64_t begin = kilter::diag::steady_now_ns();
-        sleep_seconds(kScatterWait);
+        sleep_seconds(kScatterWaitSeconds);
         diag.unit_wait(kilter::diag::kScatterWait, begin, kilter::diag::steady_now_ns(), 2);
       }
       diag.phase_end(kilter::diag::kBackward);
@@ -259,7 +259,7 @@ TEST(RankDiagnostics, UnitWaitsArePhasesOfTheirOwn) {
     EXPECT(named <= r.phase[kStepTotal] + 1e-6, "phases add up to at most step_total (unit waits)");
     EXPECT(g_rank == 2 ? r.phase[kGatherWait] >= 0.04 : r.phase[kGatherWait] == 0, "gather_wait on rank 2 only");
     EXPECT(r.phase[kGatherWait] < 1.0, "a wait between steps is not counted");
-    EXPECT(r.phase[kScatterWait] >= 2 * kScatterWait, "scatter_wait of both backwards recorded");
+    EXPECT(r.phase[kScatterWait] >= 2 * kScatterWaitSeconds, "scatter_wait of both backwards recorded");
     EXPECT(compute_seconds(r) <= r.phase[kStepTotal] - r.phase[kGatherWait] - r.phase[kScatterWait] + 1e-9,
            "the waits are not compute");
   }
