@@ -8,8 +8,9 @@
 #   compare and which do not). Checks that the Llama rows under `parameters` fit 80 GB, and the 8B
 #   under `optimizer` once the fp32 master is sharded with the moments (printed beside the figure as built).
 # - speed: `none` against `parameters` on NP (2) CPU ranks, alternating REPEATS times: tokens/s of
-#   each (median) and their ratio (target >= 0.85); the losses must agree step by step (within
-#   1e-6 relative). With HSDP=1 (root; scripts/vcluster), the same on 2 nodes x 2 ranks with a
+#   each (median) and their ratio (target >= 0.85; `parameters` prefetches the next unit's gather
+#   and overlaps each reduce-scatter with the backward below); the losses must agree step by step
+#   (within 1e-6 relative). With HSDP=1 (root; scripts/vcluster), the same on 2 nodes x 2 ranks with a
 #   LINK_GBIT (1) Gbit/s link: flat `parameters` (shard_group = world) against HSDP (shard_group =
 #   node), their tokens/s against `none` and the cross-node bytes per step (the nodes' eth0
 #   counters over the run, per step; target: HSDP's = flat's / ranks per node).
@@ -297,4 +298,6 @@ for model, np_ in (("124M", 4), ("350M", 2)):
             assert 0.9 <= est / peak <= 1.1, f"{name} rank {r}: the plan is {est / peak:.3f} of the peak"
 PY
 fi
+# The machine's load at the end too: on a shared machine the figures above are only as good as it.
+echo "# bench/shard.sh: done $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
 [[ $skipped == 0 ]] || exit 3
