@@ -159,8 +159,9 @@ struct RankDiagnostics::Impl {
   uint64_t device_peak = 0;
   std::vector<PhaseEvent> events;
   std::vector<std::string> wait_details;  // trace args of this step's nested wait spans
-  // The waits (kv_wait, gather_wait, scatter_wait) nest in forward and backward: the running total
-  // of the step's waits and its value when each phase began, so phase_end takes the waits inside it out.
+  // The waits (kv_wait, gather_wait, scatter_wait) nest in forward and backward: the running
+  // total of the step's waits and its value when each phase began, so phase_end takes the waits
+  // inside it out.
   int64_t nested_wait_ns = 0;
   int64_t nested_wait_at_begin[kNumPhases] = {};
   std::vector<std::pair<int, double>> kv_wait_by_peer;  // this step: (rank, seconds waited for it)
@@ -283,9 +284,10 @@ void RankDiagnostics::phase_end(Phase p) {
   Impl& d = *impl_;
   if (d.delay.active && d.rank == d.delay.rank && d.delay.share > 0 &&
       (d.delay.every_compute ? p == kForward || p == kBackward : p == d.delay.phase)) {
-    // The proportional drill: a share of the phase's own time (its waits for K/V left out), every
-    // time, so the rank is that much slower on whatever work it gets.
-    const int64_t spent = steady_now_ns() - d.phase_begin_ns[p] - (d.nested_wait_ns - d.nested_wait_at_begin[p]);
+    // The proportional drill: a share of the phase's own time (its waits for K/V and for sharded
+    // units left out), every time, so the rank is that much slower on whatever work it gets.
+    const int64_t spent =
+        steady_now_ns() - d.phase_begin_ns[p] - (d.nested_wait_ns - d.nested_wait_at_begin[p]);
     std::this_thread::sleep_for(std::chrono::duration<double>(d.delay.share * double(std::max<int64_t>(spent, 0)) * 1e-9));
   } else if (d.delay.active && !d.delay_done && p == d.delay.phase && d.rank == d.delay.rank) {
     // The drill: once per step, inside the phase, so the trainer cannot tell it from real work.
