@@ -10,8 +10,9 @@
 #   beside the figure as the cuda backend holds it; the cpu backend shards it under bf16 storage,
 #   the GPT-2 124M bf16-storage row).
 # - speed: `none` against `parameters` on NP (2) CPU ranks, alternating REPEATS times: tokens/s of
-#   each (median) and their ratio (target >= 0.85); the losses must agree step by step (within
-#   1e-6 relative). With HSDP=1 (root; scripts/vcluster), the same on 2 nodes x 2 ranks with a
+#   each (median) and their ratio (target >= 0.85; `parameters` prefetches the next unit's gather
+#   and overlaps each reduce-scatter with the backward below); the losses must agree step by step
+#   (within 1e-6 relative). With HSDP=1 (root; scripts/vcluster), the same on 2 nodes x 2 ranks with a
 #   LINK_GBIT (1) Gbit/s link: flat `parameters` (shard_group = world) against HSDP (shard_group =
 #   node), their tokens/s against `none` and the cross-node bytes per step (the nodes' eth0
 #   counters over the run, per step; target: HSDP's = flat's / ranks per node).
@@ -312,4 +313,6 @@ for model, np_ in (("124M", 4), ("350M", 2)):
                 assert rel <= 0.45, f"{name} rank {r}: {rel:.3f} of none's peak, above the 0.45 bar"
 PY
 fi
+# The machine's load at the end too: on a shared machine the figures above are only as good as it.
+echo "# bench/shard.sh: done $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
 [[ $skipped == 0 ]] || exit 3

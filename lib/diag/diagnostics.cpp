@@ -29,8 +29,9 @@
 namespace kilter::diag {
 
 namespace {
-constexpr const char* kPhaseNames[kNumPhases] = {"data_wait", "h2d",          "forward",   "backward",
-                                                 "kv_wait",   "comm_exposed", "optimizer", "step_total"};
+constexpr const char* kPhaseNames[kNumPhases] = {"data_wait",    "h2d",          "forward",      "backward",
+                                                 "kv_wait",      "gather_wait",  "scatter_wait", "comm_exposed",
+                                                 "optimizer",    "step_total"};
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -103,7 +104,8 @@ InjectDelay parse_inject_delay(const std::string& text) {
   Phase phase = kForward;
   if (parts.size() == 3) {
     int p = phase_from_name(parts[2]);
-    KILTER_CHECK(p >= 0 && p != kCommExposed && p != kKvWait && p != kStepTotal,
+    KILTER_CHECK(p >= 0 && p != kCommExposed && p != kKvWait && p != kGatherWait && p != kScatterWait &&
+                     p != kStepTotal,
                  "config key train.inject_delay = '" << text << "': PHASE '" << parts[2]
                      << "' must be one of data_wait | h2d | forward | backward | optimizer");
     phase = Phase(p);
@@ -128,7 +130,7 @@ struct RankDiagnostics::Impl {
     int phase;
     int64_t begin_ns;
     int64_t end_ns;
-    int detail = -1;  // kv_wait: index into kv_details
+    int detail = -1;  // a nested wait: index into wait_details
   };
 
   MPI_Comm comm = MPI_COMM_NULL;
@@ -156,11 +158,12 @@ struct RankDiagnostics::Impl {
   bool in_step = false;
   uint64_t device_peak = 0;
   std::vector<PhaseEvent> events;
-  std::vector<std::string> kv_details;  // trace args of this step's kv_wait spans
-  // kv_wait nests in forward and backward: the running total of the step's kv_wait and its value
-  // when each phase began, so phase_end takes the waits inside it out.
-  int64_t kv_wait_ns = 0;
-  int64_t kv_wait_at_begin[kNumPhases] = {};
+  std::vector<std::string> wait_details;  // trace args of this step's nested wait spans
+  // The waits (kv_wait, gather_wait, scatter_wait) nest in forward and backward: the running
+  // total of the step's waits and its value when each phase began, so phase_end takes the waits
+  // inside it out.
+  int64_t nested_wait_ns = 0;
+  int64_t nested_wait_at_begin[kNumPhases] = {};
   std::vector<std::pair<int, double>> kv_wait_by_peer;  // this step: (rank, seconds waited for it)
   int64_t steps_done = 0;
   int64_t tokens_total = 0;
@@ -267,23 +270,24 @@ void RankDiagnostics::begin_step(int64_t step) {
   d.delay_done = false;
   d.in_step = true;
   d.events.clear();
-  d.kv_details.clear();
-  d.kv_wait_ns = 0;
+  d.wait_details.clear();
+  d.nested_wait_ns = 0;
   d.kv_wait_by_peer.clear();
 }
 
 void RankDiagnostics::phase_begin(Phase p) {
   impl_->phase_begin_ns[p] = steady_now_ns();
-  impl_->kv_wait_at_begin[p] = impl_->kv_wait_ns;
+  impl_->nested_wait_at_begin[p] = impl_->nested_wait_ns;
 }
 
 void RankDiagnostics::phase_end(Phase p) {
   Impl& d = *impl_;
   if (d.delay.active && d.rank == d.delay.rank && d.delay.share > 0 &&
       (d.delay.every_compute ? p == kForward || p == kBackward : p == d.delay.phase)) {
-    // The proportional drill: a share of the phase's own time (its waits for K/V left out), every
-    // time, so the rank is that much slower on whatever work it gets.
-    const int64_t spent = steady_now_ns() - d.phase_begin_ns[p] - (d.kv_wait_ns - d.kv_wait_at_begin[p]);
+    // The proportional drill: a share of the phase's own time (its waits for K/V and for sharded
+    // units left out), every time, so the rank is that much slower on whatever work it gets.
+    const int64_t spent =
+        steady_now_ns() - d.phase_begin_ns[p] - (d.nested_wait_ns - d.nested_wait_at_begin[p]);
     std::this_thread::sleep_for(std::chrono::duration<double>(d.delay.share * double(std::max<int64_t>(spent, 0)) * 1e-9));
   } else if (d.delay.active && !d.delay_done && p == d.delay.phase && d.rank == d.delay.rank) {
     // The drill: once per step, inside the phase, so the trainer cannot tell it from real work.
@@ -291,15 +295,15 @@ void RankDiagnostics::phase_end(Phase p) {
     d.delay_done = true;
   }
   int64_t now = steady_now_ns();
-  const int64_t nested_kv_wait = d.kv_wait_ns - d.kv_wait_at_begin[p];
-  d.current.phase[p] += double(now - d.phase_begin_ns[p] - nested_kv_wait) * 1e-9;
+  const int64_t nested_wait = d.nested_wait_ns - d.nested_wait_at_begin[p];
+  d.current.phase[p] += double(now - d.phase_begin_ns[p] - nested_wait) * 1e-9;
   if (d.trace && d.steps_done < d.opts.trace_steps) d.events.push_back({p, d.phase_begin_ns[p], now});
 }
 
 void RankDiagnostics::kv_wait(const KvWait& wait) {
   Impl& d = *impl_;
   const int64_t ns = std::max<int64_t>(0, wait.end_ns - wait.begin_ns);
-  d.kv_wait_ns += ns;
+  d.nested_wait_ns += ns;
   d.current.phase[kKvWait] += double(ns) * 1e-9;
   if (wait.peer >= 0) {
     auto it = std::find_if(d.kv_wait_by_peer.begin(), d.kv_wait_by_peer.end(),
@@ -312,8 +316,22 @@ void RankDiagnostics::kv_wait(const KvWait& wait) {
                            {"direction", wait.backward ? "backward" : "forward"},
                            {"waited_for_rank", wait.peer},
                            {"piece", wait.piece}};
-    d.events.push_back({kKvWait, wait.begin_ns, wait.end_ns, int(d.kv_details.size())});
-    d.kv_details.push_back(args.dump());
+    d.events.push_back({kKvWait, wait.begin_ns, wait.end_ns, int(d.wait_details.size())});
+    d.wait_details.push_back(args.dump());
+  }
+}
+
+void RankDiagnostics::unit_wait(Phase wait, int64_t begin_ns, int64_t end_ns, int unit) {
+  Impl& d = *impl_;
+  KILTER_CHECK(wait == kGatherWait || wait == kScatterWait,
+               "diagnostics: unit_wait takes gather_wait or scatter_wait, not " << phase_name(wait));
+  if (!d.in_step) return;
+  const int64_t ns = std::max<int64_t>(0, end_ns - begin_ns);
+  d.nested_wait_ns += ns;
+  d.current.phase[wait] += double(ns) * 1e-9;
+  if (d.trace && d.steps_done < d.opts.trace_steps) {
+    d.events.push_back({wait, begin_ns, end_ns, int(d.wait_details.size())});
+    d.wait_details.push_back(nlohmann::json{{"unit", unit}}.dump());
   }
 }
 
@@ -392,7 +410,7 @@ void RankDiagnostics::end_step(int64_t step, int64_t tokens, double loss) {
                           double(now - d.step_begin_ns) * 1e-3, step);
     for (const auto& e : d.events)
       d.trace->add_complete(phase_name(e.phase), d.aligned_us(e.begin_ns), double(e.end_ns - e.begin_ns) * 1e-3, step,
-                            e.detail >= 0 ? d.kv_details[size_t(e.detail)] : std::string());
+                            e.detail >= 0 ? d.wait_details[size_t(e.detail)] : std::string());
     d.trace->add_instant("arrival", d.aligned_us(arrival), step);
     d.trace->flush();
   }

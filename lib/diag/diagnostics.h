@@ -17,10 +17,16 @@ namespace kilter::diag {
 
 struct StepRecord;  // lib/diag/step_record.h
 
-// kv_wait is time blocked in the K/V exchange of cut pieces. It happens inside forward
-// and backward and is taken out of them (forward and backward are the rank's own work, kv_wait
-// waiting for another rank's K/V or dK/dV), so the phases still add up to the step.
-enum Phase { kDataWait = 0, kH2D, kForward, kBackward, kKvWait, kCommExposed, kOptimizer, kStepTotal, kNumPhases };
+// The waits nested in forward and backward: kv_wait is time blocked in the K/V exchange of cut
+// pieces; gather_wait and scatter_wait (train.shard = parameters) the time blocked on a unit's
+// parameter all-gather and on a unit's gradient reduce-scatter (what their prefetch and overlap
+// did not hide). They are taken out of the phase they lie in (forward and backward are the rank's
+// own work, the waits are waiting for other ranks or the network), so the phases still add up to
+// the step. A scatter waited at the step's reduction lies in no timed phase.
+enum Phase {
+  kDataWait = 0, kH2D, kForward, kBackward, kKvWait, kGatherWait, kScatterWait, kCommExposed, kOptimizer, kStepTotal,
+  kNumPhases
+};
 const char* phase_name(int phase);
 // The phase called `name` (as phase_name writes it), or -1.
 int phase_from_name(const std::string& name);
@@ -39,7 +45,7 @@ struct InjectDelay {
 };
 // Parses the drill string ("" means no drill). Throws kilter::Error naming train.inject_delay
 // for a malformed value, a negative or non-finite delay, or a phase that cannot be delayed
-// (comm_exposed and step_total are not timed by phase_begin/phase_end). Call it before MPI work
+// (the waits, comm_exposed and step_total are not timed by phase_begin/phase_end). Call it before MPI work
 // to refuse a bad value early; the RankDiagnostics constructor also checks RANK < world size.
 InjectDelay parse_inject_delay(const std::string& text);
 
@@ -81,6 +87,10 @@ class RankDiagnostics {
     std::string piece;  // the piece that message carried, in document tokens
   };
   void kv_wait(const KvWait& wait);
+  // One wait on a sharded unit's collective (gather_wait or scatter_wait; steady clock), taken out
+  // of the phase it lies in like kv_wait; a trace span whose args name the unit. Ignored between
+  // steps (an evaluation's gathers).
+  void unit_wait(Phase wait, int64_t begin_ns, int64_t end_ns, int unit);
   // The work this rank did in the current step, for cost-model calibration: padded tokens
   // computed (padding included), sum(len^2) over its attention segments, and its micro-batches.
   // kv_tokens: earlier tokens of cut pieces whose K/V the rank received in the step; kv_bytes:

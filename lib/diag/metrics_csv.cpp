@@ -23,16 +23,18 @@ std::string trace_path(const std::string& run_dir, int rank) {
 }
 
 std::string metrics_csv_header() {
-  return "step,tokens,loss,data_wait,h2d,forward,backward,kv_wait,comm_exposed,optimizer,step_total,"
+  return "step,tokens,loss,data_wait,h2d,forward,backward,kv_wait,gather_wait,scatter_wait,comm_exposed,optimizer,"
+         "step_total,"
          "compute,outside,start,arrival,tokens_computed,attn_work,rss_bytes,peak_rss_bytes,"
          "device_peak_bytes,micro_batches,kv_tokens,kv_bytes,kv_wait_peer";
 }
 
 std::string metrics_csv_row(const StepRecord& r) {
-  return fmt::format("{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},"
+  return fmt::format("{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},"
                      "{:.9f},{:.9f},{},{:.9g},{},{},{},{},{},{},{}",
                      r.step, r.tokens, r.loss, r.phase[kDataWait], r.phase[kH2D], r.phase[kForward],
-                     r.phase[kBackward], r.phase[kKvWait], r.phase[kCommExposed], r.phase[kOptimizer],
+                     r.phase[kBackward], r.phase[kKvWait], r.phase[kGatherWait], r.phase[kScatterWait],
+                     r.phase[kCommExposed], r.phase[kOptimizer],
                      r.phase[kStepTotal], compute_seconds(r), r.outside, r.start, r.arrival,
                      r.tokens_computed, r.attn_work, r.rss_bytes, r.peak_rss_bytes,
                      r.device_peak_bytes, r.micro_batches, r.kv_tokens, r.kv_bytes, r.kv_wait_peer);

@@ -44,6 +44,14 @@ std::string json_number(const nlohmann::json& j, const char* key, const char* fo
   return j[key].dump();
 }
 
+// A run with sharded parameters (train.shard = parameters in its config.ini, or unit waits in
+// its statistics): the report shows gather_wait and scatter_wait.
+bool sharded_parameters(const RunData& run, const nlohmann::json& st) {
+  const auto shard = run.config.find("train.shard");
+  if (shard != run.config.end() && shard->second == "parameters") return true;
+  return st.value("gather_wait_fraction", 0.0) > 0 || st.value("scatter_wait_fraction", 0.0) > 0;
+}
+
 }  // namespace
 
 RunData load_run(const std::string& run_dir) {
@@ -212,6 +220,10 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
   if (st.value("kv_tokens_per_step", 0.0) > 0)
     os << "  cut pieces: " << json_number(st, "kv_tokens_per_step") << " earlier tokens' K/V received per step, "
        << "kv_wait_fraction " << json_number(st, "kv_wait_fraction") << " (share of rank-time waiting for them)\n";
+  if (sharded_parameters(run, st))
+    os << "  sharded parameters: gather_wait_fraction " << json_number(st, "gather_wait_fraction")
+       << ", scatter_wait_fraction " << json_number(st, "scatter_wait_fraction")
+       << " (share of rank-time blocked on the units' all-gathers and reduce-scatters)\n";
 
   const nlohmann::json& sg = st["straggler"];
   if (st["straggler_rank"].get<int>() >= 0) {
@@ -281,8 +293,9 @@ std::string report_text(const RunData& run, const nlohmann::json& st) {
   } else {
     os << "mean seconds per step per rank:\n";
   }
-  const std::vector<std::string> cols = {"data_wait", "h2d",     "forward", "backward", "kv_wait",   "comm_exposed",
-                                         "optimizer", "other",   "outside", "compute",  "step_total"};
+  std::vector<std::string> cols = {"data_wait", "h2d", "forward", "backward", "kv_wait"};
+  if (sharded_parameters(run, st)) cols.insert(cols.end(), {"gather_wait", "scatter_wait"});
+  cols.insert(cols.end(), {"comm_exposed", "optimizer", "other", "outside", "compute", "step_total"});
   os << fmt::format("{:>6}", "rank");
   for (const auto& c : cols) os << fmt::format(" {:>12}", c);
   os << fmt::format(" {:>7}\n", "last%");

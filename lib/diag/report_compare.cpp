@@ -83,7 +83,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> figure_rows(const 
     return rank >= 0 ? std::to_string(rank) : std::string("none");
   });
   add("stalls", [](const RunData&, const json& s) { return std::to_string(s["stalls"]["count"].get<int>()); });
-  for (const char* phase : {"data_wait", "h2d", "forward", "backward", "comm_exposed", "optimizer", "outside", "step_total"})
+  for (const char* phase : {"data_wait", "h2d", "forward", "backward", "gather_wait", "scatter_wait", "comm_exposed",
+                            "optimizer", "outside", "step_total"})
     add(std::string("mean ") + phase + " (s/step)", [&](const RunData&, const json& s) {
       const json& means = s["phase_means_seconds"];
       return means.contains(phase) ? fmt::format("{:.5f}", mean_over_ranks(means[phase])) : std::string("n/a");

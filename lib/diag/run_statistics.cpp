@@ -70,7 +70,7 @@ int slowest_component(const std::vector<double>& sums, int world_size, int rank,
   int best = -1;
   double best_excess = 0;
   for (int c = 0; c < kNumComponents; ++c) {
-    if (c == kCompCommExposed) continue;
+    if (waits_for_all_ranks(c)) continue;
     std::vector<double> others;
     for (int r = 0; r < world_size; ++r)
       if (r != rank) others.push_back(sums[size_t(r) * kNumComponents + c]);
@@ -131,6 +131,8 @@ void RunStatistics::add_step(const StepRecord* ranks) {
     kv_tokens_ += rec.kv_tokens;
     kv_bytes_ += rec.kv_bytes;
     kv_wait_seconds_ += rec.phase[kKvWait];
+    gather_wait_seconds_ += rec.phase[kGatherWait];
+    scatter_wait_seconds_ += rec.phase[kScatterWait];
     device_peak_[r] = std::max(device_peak_[r], rec.device_peak_bytes);
   }
   double step_wait = 0, step_total = 0;
@@ -208,13 +210,13 @@ std::vector<Stall> RunStatistics::stalls() const {
     Stall st;
     st.step = s.step;
     st.seconds = s.wall;
-    // comm_exposed grows on every rank that waits for a slow one; name it only when nothing
-    // the ranks do themselves grew.
+    // comm_exposed (and the sharded units' waits) grows on every rank that waits for a slow one;
+    // name it only when nothing the ranks do themselves grew.
     int best = -1;
     double best_excess = 0;
     for (int c = 0; c < kNumComponents; ++c) {
       double e = s.component_max[c] - comp_median[c];
-      if (c != kCompCommExposed && e > best_excess) {
+      if (!waits_for_all_ranks(c) && e > best_excess) {
         best_excess = e;
         best = c;
       }
@@ -268,6 +270,10 @@ nlohmann::json RunStatistics::to_json() const {
   j["kv_tokens_per_step"] = steps_.empty() ? 0.0 : double(kv_tokens_) / double(steps());
   // Every byte is counted by its sender and its receiver.
   j["kv_bytes_per_step"] = steps_.empty() ? 0.0 : double(kv_bytes_) / 2.0 / double(steps());
+  // Sharded parameters: the share of rank-time blocked on the units' gathers and reduce-scatters
+  // (the ranks meet there at every unit, so imbalance shows here as well as in sync_wait).
+  j["gather_wait_fraction"] = step_total_seconds_ > 0 ? gather_wait_seconds_ / step_total_seconds_ : 0.0;
+  j["scatter_wait_fraction"] = step_total_seconds_ > 0 ? scatter_wait_seconds_ / step_total_seconds_ : 0.0;
 
   StragglerVerdict v = straggler();
   j["straggler_rank"] = v.rank;
@@ -329,7 +335,8 @@ nlohmann::json RunStatistics::to_json() const {
   means["compute"] = compute;
   json step_total = json::array();
   for (int r = 0; r < world_size_; ++r)
-    step_total.push_back(compute_mean(r) + component_mean(r, kCompCommExposed) + component_mean(r, kCompKvWait));
+    step_total.push_back(compute_mean(r) + component_mean(r, kCompCommExposed) + component_mean(r, kCompKvWait) +
+                         component_mean(r, kCompGatherWait) + component_mean(r, kCompScatterWait));
   means["step_total"] = step_total;
   j["phase_means_seconds"] = means;
   return j;

@@ -33,8 +33,9 @@ constexpr double kLagNoiseFloorSeconds = 1e-4;
 LastArrival find_last_arrival(const StepRecord* ranks, int world_size);
 
 // The component (see step_record.h) in which `rank` exceeds the other ranks' median by most, over
-// the per-rank component sums given as sums[rank * kNumComponents + component]; comm_exposed is
-// never the answer (it measures waiting for others). Returns -1 when no component exceeds.
+// the per-rank component sums given as sums[rank * kNumComponents + component]; comm_exposed,
+// gather_wait and scatter_wait are never the answer (they measure waiting for others). Returns -1
+// when no component exceeds.
 int slowest_component(const std::vector<double>& sums, int world_size, int rank, double* excess);
 
 struct StragglerVerdict {
@@ -110,6 +111,8 @@ class RunStatistics {
   int64_t kv_tokens_ = 0;                // sum over ranks and steps
   int64_t kv_bytes_ = 0;                 // sum over ranks and steps (each byte counted at both ends)
   double kv_wait_seconds_ = 0;           // sum over ranks and steps
+  double gather_wait_seconds_ = 0;       // sum over ranks and steps
+  double scatter_wait_seconds_ = 0;      // sum over ranks and steps
   double wait_seconds_ = 0;              // sum over ranks and steps of (last arrival - arrival)
   double step_total_seconds_ = 0;        // sum over ranks and steps of step_total
 };

@@ -34,20 +34,28 @@ struct StepRecord {
 static_assert(std::is_trivially_copyable<StepRecord>::value, "StepRecord travels as MPI_BYTE");
 
 // Compute time: what the rank spent on its own work, i.e. the step minus the exposed wait in the
-// gradient collective and the waits for other ranks' K/V (which only reflect the other ranks).
+// gradient collective, the waits for other ranks' K/V and the waits on sharded parameters'
+// gathers and reduce-scatters (which only reflect the other ranks and the network).
 inline double compute_seconds(const StepRecord& r) {
-  double c = r.phase[kStepTotal] - r.phase[kCommExposed] - r.phase[kKvWait];
+  double c = r.phase[kStepTotal] - r.phase[kCommExposed] - r.phase[kKvWait] - r.phase[kGatherWait] -
+             r.phase[kScatterWait];
   return c > 0 ? c : 0;
 }
 
 // The components a step's time is split into for attributions ("which phase made it slow"):
-// the seven timed phases, `other` (inside the step but in no phase: logging, the loss reduction)
+// the nine timed phases, `other` (inside the step but in no phase: logging, the loss reduction)
 // and `outside` (between steps: checkpoints, evaluation, anything the trainer does not time).
 enum Component {
   kCompDataWait = kDataWait, kCompH2D = kH2D, kCompForward = kForward, kCompBackward = kBackward,
-  kCompKvWait = kKvWait, kCompCommExposed = kCommExposed, kCompOptimizer = kOptimizer, kCompOther, kCompOutside,
-  kNumComponents
+  kCompKvWait = kKvWait, kCompGatherWait = kGatherWait, kCompScatterWait = kScatterWait,
+  kCompCommExposed = kCommExposed, kCompOptimizer = kOptimizer, kCompOther, kCompOutside, kNumComponents
 };
+// The components that measure waiting on a collective every rank meets (comm_exposed, and the
+// sharded units' gather_wait and scatter_wait): they grow on the ranks that wait for a slow one,
+// so they never name the slow one's phase.
+inline bool waits_for_all_ranks(int component) {
+  return component == kCompCommExposed || component == kCompGatherWait || component == kCompScatterWait;
+}
 const char* component_name(int component);
 double component_seconds(const StepRecord& r, int component);
 

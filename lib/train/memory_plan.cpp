@@ -92,13 +92,16 @@ uint64_t activation_bytes(const Config& cfg, bool sharded_parameters) {
 // The units `parameters` gathers (model::param_unit_ranges: 0 = the embeddings with a tied head,
 // 1 + l = block l, the last = the final norm and an untied head), and what of them is resident at
 // the peak under the schedule lib/train/param_shards.cpp runs, phase by phase. The embeddings are
-// gathered for the encoder and freed; a tied head gathers them again and writes their whole
-// gradient, which is reduce-scattered (the embeddings freed first) before the blocks' backward:
-// the head's phase holds the embeddings, their gradient and the final unit. A block is gathered
-// for its forward, freed, and gathered again for its backward, which keeps the unit above it until
-// its own gradients are final: at most two blocks, or a block and the final unit, with one unit's
-// whole gradient. An untied head's phase holds the final unit and its gradient; the embedding's
-// own backward writes only the rows of the micro-batch's tokens.
+// gathered for the encoder (block 0's gather in flight) and freed; a block is gathered for its
+// forward while the next one's gather is in flight (prefetch), freed, and gathered again for its
+// backward, which keeps the unit above it until its own gradients are final, the next one's
+// gather in flight again: at most three blocks, or two and the final unit. The final unit stays
+// from the forward into the backward. A tied head gathers the embeddings again and writes their
+// whole gradient, reduce-scattered (the embeddings freed) while the final norm's backward runs,
+// the last block's gather in flight. A unit's whole gradient is resident from its backward until its reduce-scatter
+// has completed, which overlaps the backward of the unit below: two units' at once. An untied
+// head's phase holds the final unit and its gradient; the embedding's own backward writes only the
+// rows of the micro-batch's tokens.
 struct UnitFloats {
   uint64_t largest = 0;    // the largest unit
   uint64_t chunk = 0;      // the largest unit's chunk on one of G ranks (whole 64-float groups)
@@ -109,15 +112,23 @@ UnitFloats unit_floats(const model::ParamLayout& layout, bool tied, uint64_t G) 
   const std::vector<model::ParamRange> units = model::param_unit_ranges(layout);
   UnitFloats f;
   const uint64_t embeddings = units.front().count, last = units.back().count;
+  const uint64_t blocks = units.size() - 2;
   uint64_t block = 0;
   for (size_t u = 1; u + 1 < units.size(); ++u) block = std::max<uint64_t>(block, units[u].count);
   for (const model::ParamRange& u : units) f.largest = std::max<uint64_t>(f.largest, u.count);
   f.chunk = ((f.largest + G - 1) / G + 63) / 64 * 64;
-  const uint64_t head_gathered = tied ? embeddings + last : last, head_gradients = tied ? embeddings : last;
-  const uint64_t blocks_gathered = std::max(2 * block, block + last), blocks_gradients = std::max(block, last);
-  const bool head_phase = head_gathered + head_gradients >= blocks_gathered + blocks_gradients;
-  f.gathered = std::max(head_phase ? head_gathered : blocks_gathered, tied ? 0 : embeddings);
-  f.gradients = head_phase ? head_gradients : blocks_gradients;
+  const uint64_t b2 = std::min<uint64_t>(blocks, 2) * block, b3 = std::min<uint64_t>(blocks, 3) * block;
+  struct Phase {
+    uint64_t gathered, gradients;
+  };
+  const Phase phases[] = {
+      {embeddings + block, 0},                                              // the encoder
+      {std::max(b3, b2 + last), std::max(b2, block + last)},                // the blocks
+      {(tied ? embeddings : 0) + last, tied ? embeddings : last},           // the head
+      {last + block, (tied ? embeddings : 0) + last},                       // the final norm's backward
+  };
+  for (const Phase& ph : phases)
+    if (ph.gathered + ph.gradients > f.gathered + f.gradients) f.gathered = ph.gathered, f.gradients = ph.gradients;
   return f;
 }
 

@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "io/base/error.h"
+#include "lib/diag/clock_sync.h"
 #include "lib/train/watchdog.h"
 
 namespace kilter::train {
@@ -62,17 +62,13 @@ ParamShards::ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLa
     displs_.push_back(std::move(displs));
   }
   gathered_.assign(units_.size(), false);
-  // The reduce-scatter's packed pieces: at most kPackFloats in all, whole 64-float groups a rank.
-  // (KILTER_TEST_REDUCE_SCATTER_PIECE: the test hook that sets a piece's floats per rank.)
-  constexpr size_t kPackFloats = size_t(4) << 20;
-  size_t piece = std::max<size_t>(64, std::min(largest, kPackFloats / size_t(size_)) / 64 * 64);
-  if (const char* forced = std::getenv("KILTER_TEST_REDUCE_SCATTER_PIECE"))
-    piece = std::max<size_t>(64, size_t(std::strtoull(forced, nullptr, 10)) / 64 * 64);
-  pack_.resize(piece * size_t(size_));
-  piece_counts_.resize(size_t(size_));
+  arriving_.assign(units_.size(), false);
+  gather_ticket_.assign(units_.size(), 0);
+  collectives_ = std::make_unique<ShardCollectives>(comm_, largest);
 }
 
 ParamShards::~ParamShards() {
+  collectives_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -80,6 +76,7 @@ ParamShards::~ParamShards() {
 }
 
 double ParamShards::finish() {
+  finish_scatter();
   if (replicas_ == MPI_COMM_NULL) return 0.0;
   const auto start = std::chrono::steady_clock::now();
   for (const comm::BufferRange& r : owned())
@@ -97,20 +94,64 @@ std::vector<comm::BufferRange> ParamShards::owned() const {
   return ranges;
 }
 
-bool ParamShards::need(int unit) {
-  if (unit < 0 || unit >= num_units() || gathered_[size_t(unit)]) return false;
-  const model::ParamRange& u = units_[size_t(unit)];
-  if (watchdog_) watchdog_->enter("parameter all-gather (train.shard = parameters)", step_);
-  const int err = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, params_ + u.offset, counts_[size_t(unit)].data(),
-                                 displs_[size_t(unit)].data(), MPI_FLOAT, comm_);
+void ParamShards::wait_collective(ShardCollectives::Ticket ticket, diag::Phase phase, int unit, const char* what) {
+  const int64_t begin = diag::steady_now_ns();
+  if (watchdog_) watchdog_->enter(what, step_);
+  try {
+    collectives_->wait(ticket);
+  } catch (...) {
+    if (watchdog_) watchdog_->leave();
+    throw;
+  }
   if (watchdog_) watchdog_->leave();
-  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Allgatherv of parameter unit " << unit << " failed");
+  if (diagnostics_) diagnostics_->unit_wait(phase, begin, diag::steady_now_ns(), unit);
+}
+
+void ParamShards::start_gather(int unit) {
+  const model::ParamRange& u = units_[size_t(unit)];
+  gather_ticket_[size_t(unit)] =
+      collectives_->start_gather(params_ + u.offset, counts_[size_t(unit)], displs_[size_t(unit)], unit);
   gathered_[size_t(unit)] = true;
+  arriving_[size_t(unit)] = true;
+}
+
+bool ParamShards::arrive(int unit) {
+  if (!gathered_[size_t(unit)]) start_gather(unit);
+  if (!arriving_[size_t(unit)]) return false;
+  wait_collective(gather_ticket_[size_t(unit)], diag::kGatherWait, unit,
+                  "parameter all-gather (train.shard = parameters)");
+  arriving_[size_t(unit)] = false;
   return true;
+}
+
+bool ParamShards::need(int unit) {
+  if (unit < 0 || unit >= num_units()) return false;
+  // The forward needs the units upwards from the embeddings; the backward needs the final unit
+  // again, then the blocks downwards.
+  // (A tied head asks for the embeddings again between the two: from then on, downwards.)
+  if (last_needed_ < 0)
+    descending_ = false;
+  else if (unit <= last_needed_)
+    descending_ = true;
+  last_needed_ = unit;
+  // The previous micro-batch's last reduce-scatter reads the gradient this pass will write.
+  if (scatter_unit_ == unit) finish_scatter();
+  const bool arrived = arrive(unit);
+  // The next unit's gather, while this one computes (the backward's prefetch stops at block 0:
+  // the embeddings' backward reads none of them).
+  const int next = descending_ ? unit - 1 : unit + 1;
+  if (next >= 0 && next < num_units() && !gathered_[size_t(next)]) start_gather(next);
+  return arrived;
 }
 
 void ParamShards::release_params(int unit) {
   if (unit < 0 || unit >= num_units() || !gathered_[size_t(unit)]) return;
+  // A gather in flight writes the buffer: it lands before the pages go.
+  if (arriving_[size_t(unit)]) {
+    wait_collective(gather_ticket_[size_t(unit)], diag::kGatherWait, unit,
+                    "parameter all-gather (train.shard = parameters)");
+    arriving_[size_t(unit)] = false;
+  }
   const model::ParamRange& u = units_[size_t(unit)];
   const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
   discard(params_ + u.offset, lo);
@@ -119,50 +160,44 @@ void ParamShards::release_params(int unit) {
 }
 
 void ParamShards::forward_done(int unit) {
-  // The final unit stays for the head and the backward; the embeddings go after the encoder (a
-  // tied head gathers them again: need(0)).
+  // The final unit stays for the head and the backward. The embeddings go after the encoder (a
+  // tied head gathers them again: need(0)); the last block too, so that the head's phase, the
+  // peak with a tied head, holds none (the backward's prefetch brings it back behind the final
+  // norm's backward).
   if (reshard_after_forward_ && unit < num_units() - 1) release_params(unit);
 }
 
 void ParamShards::head_done() {
   release_params(0);
-  reduce_scatter_grads(0);
+  finish_scatter();
+  start_scatter(0);
 }
 
-void ParamShards::reduce_scatter_grads(int unit) {
+void ParamShards::finish_scatter() {
+  if (scatter_unit_ < 0) return;
+  const int unit = scatter_unit_;
+  scatter_unit_ = -1;
+  wait_collective(scatter_ticket_, diag::kScatterWait, unit, "gradient reduce-scatter (train.shard = parameters)");
   const model::ParamRange& u = units_[size_t(unit)];
-  const std::vector<int>& counts = counts_[size_t(unit)];
-  const std::vector<int>& displs = displs_[size_t(unit)];
-  const size_t lo = size_t(displs[size_t(rank_)]), n = size_t(counts[size_t(rank_)]);
-  float* grads = grads_ + u.offset;
+  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
+  discard(grads_ + u.offset, lo);
+  discard(grads_ + u.offset + lo + n, u.count - lo - n);
+}
+
+void ParamShards::start_scatter(int unit) {
+  const model::ParamRange& u = units_[size_t(unit)];
   // The chunk already holds the earlier micro-batches' reduced sum (plus this rank's new part):
-  // the sum over ranks adds the new parts of the others to it. Piece by piece (`piece` floats of
-  // every chunk at a time, packed rank after rank), so that MPI's scratch is a piece's: Open
-  // MPI's reduce-scatter of a whole unit takes a temporary of the whole unit.
-  const size_t piece = pack_.size() / size_t(size_);
-  if (watchdog_) watchdog_->enter("gradient reduce-scatter (train.shard = parameters)", step_);
-  int err = MPI_SUCCESS;
-  for (size_t first = 0; first < size_t(counts[0]) && err == MPI_SUCCESS; first += piece) {
-    size_t packed = 0;
-    for (int r = 0; r < size_; ++r) {
-      const size_t count = size_t(counts[size_t(r)]);
-      const size_t take = count > first ? std::min(piece, count - first) : 0;
-      std::memcpy(pack_.data() + packed, grads + size_t(displs[size_t(r)]) + first, take * sizeof(float));
-      piece_counts_[size_t(r)] = int(take);
-      packed += take;
-    }
-    // This rank's part of the piece was packed: its sum goes straight into the chunk.
-    err = MPI_Reduce_scatter(pack_.data(), grads + lo + std::min(first, n), piece_counts_.data(), MPI_FLOAT, MPI_SUM,
-                             comm_);
-  }
-  if (watchdog_) watchdog_->leave();
-  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Reduce_scatter of gradient unit " << unit << " failed");
-  discard(grads, lo);
-  discard(grads + lo + n, u.count - lo - n);
+  // the sum over ranks adds the new parts of the others to it, in place.
+  scatter_ticket_ = collectives_->start_reduce_scatter(grads_ + u.offset, counts_[size_t(unit)], displs_[size_t(unit)],
+                                                       unit);
+  scatter_unit_ = unit;
 }
 
 void ParamShards::grads_final(int unit) {
-  reduce_scatter_grads(unit);
+  // One reduce-scatter in flight at a time (its unit's whole gradient): the previous one had this
+  // unit's backward to finish in.
+  finish_scatter();
+  start_scatter(unit);
   // The backward kept the unit above (its norm may be read again); the embeddings end the pass.
   release_params(unit + 1);
   if (unit == 0) release_params(0);
@@ -170,11 +205,14 @@ void ParamShards::grads_final(int unit) {
 
 void ParamShards::pass_done() {
   for (int u = 0; u < num_units(); ++u) release_params(u);
+  last_needed_ = -1;
+  descending_ = false;
 }
 
 void ParamShards::release_all() {
+  finish_scatter();
   for (int u = 0; u < num_units(); ++u) {
-    gathered_[size_t(u)] = true;
+    if (!arriving_[size_t(u)]) gathered_[size_t(u)] = true;  // frees the other chunks whatever they hold
     release_params(u);
     const model::ParamRange& r = units_[size_t(u)];
     const size_t lo = size_t(displs_[size_t(u)][size_t(rank_)]), n = size_t(counts_[size_t(u)][size_t(rank_)]);

@@ -13,8 +13,17 @@
 // reduction is done but for groups smaller than the world (HSDP: finish() all-reduces each chunk
 // across the groups), and whose gather does nothing (the parameters stay sharded: the next forward
 // gathers them).
+// Overlap (param_shards_comm.h runs the collectives on a communication thread): while a unit
+// computes, the gather of the next one (the unit above in the forward, below in the backward) is
+// in flight: at most one unit prefetched beyond those in use. A unit's reduce-scatter runs while
+// the backward of the unit below computes; it is waited for before the next one starts (one at a
+// time: its result buffer and its unit's whole gradient), before its unit's gradient is written
+// again (the next micro-batch's need) and at the step's end (finish). The last block stays
+// gathered from its forward through its backward, which follows it at once (keeping it costs
+// what prefetching it again would). The time a rank blocks on a gather and on a reduce-scatter
+// are the phases gather_wait and scatter_wait (diag/diagnostics.h).
 // Every rank issues the same collectives in the same order (every rank runs the same number of
-// micro-batches: train_step.cpp pads with empty ones); each is a watchdog section.
+// micro-batches: train_step.cpp pads with empty ones), and every wait is a watchdog section.
 #pragma once
 #include <mpi.h>
 
@@ -22,7 +31,9 @@
 #include <vector>
 
 #include "lib/comm/communicator.h"
+#include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
+#include "lib/train/param_shards_comm.h"
 #include "lib/train/unit_shards.h"
 
 namespace kilter::train {
@@ -36,7 +47,12 @@ class ParamShards final : public UnitShards {
               bool reshard_after_forward);
   ~ParamShards() override;
 
-  // UnitShards: frees the pages outside this rank's chunks.
+  // UnitShards: waits for the reduce-scatter in flight (scatter_wait) and keeps its result:
+  // before the step's reduction (finish() would otherwise wait for it inside the reduction's
+  // watchdog section).
+  void wait_reduce_scatter() override { finish_scatter(); }
+  // UnitShards: frees the pages outside this rank's chunks. Completes every collective in flight
+  // first.
   void release_all() override;
 
   // model::ParamUnitHooks
@@ -59,14 +75,25 @@ class ParamShards final : public UnitShards {
   // comm::GradientReducer: the reduction happened unit by unit.
   void begin() override {}
   void ready(size_t, size_t) override {}
-  // Groups below the world (HSDP): each chunk's step sum is all-reduced across the groups.
+  // The last reduce-scatter is waited for, where wait_reduce_scatter did not; groups below the
+  // world (HSDP): each chunk's step sum is all-reduced across the groups (the seconds returned).
   double finish() override;
   std::vector<comm::BufferRange> owned() const override;
   void gather(float*) override {}
 
  private:
+  // Starts the unit's gather (its parameters arrive in the background).
+  void start_gather(int unit);
+  // The unit's parameters whole: waits for its gather in flight (or gathers it now). True where
+  // they arrived just now.
+  bool arrive(int unit);
+  // Waits for the reduce-scatter in flight, if any, and keeps its result: this rank's chunk.
+  void finish_scatter();
+  // Blocks on a collective as the watchdog section `what`; the wait is `phase` in the diagnostics.
+  void wait_collective(ShardCollectives::Ticket ticket, diag::Phase phase, int unit, const char* what);
   void release_params(int unit);
-  void reduce_scatter_grads(int unit);
+  // Starts the unit's reduce-scatter (in place: this rank's chunk receives the group's sum).
+  void start_scatter(int unit);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm replicas_ = MPI_COMM_NULL;
@@ -74,13 +101,18 @@ class ParamShards final : public UnitShards {
   std::vector<model::ParamRange> units_;
   // Per unit: each group rank's chunk (offset within the buffer, count), as MPI counts.
   std::vector<std::vector<int>> counts_, displs_;
-  std::vector<bool> gathered_;
+  std::vector<bool> gathered_;   // whole, or arriving (a gather in flight)
+  std::vector<bool> arriving_;   // a gather in flight not yet waited for
+  std::vector<ShardCollectives::Ticket> gather_ticket_;
+  int scatter_unit_ = -1;        // the unit whose reduce-scatter is in flight (-1: none)
+  ShardCollectives::Ticket scatter_ticket_ = 0;
+  int last_needed_ = -1;         // the pass's direction: the forward needs units upwards
+  bool descending_ = false;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   size_t padded_ = 0;
   bool reshard_after_forward_ = true;
-  std::vector<float> pack_;  // the reduce-scatter's input, a piece of every rank's chunk
-  std::vector<int> piece_counts_;
+  std::unique_ptr<ShardCollectives> collectives_;  // on comm_: made after it, gone before it
 };
 
 }  // namespace kilter::train

@@ -63,6 +63,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
   const int padding = padding_micro_batches(ctx, step);
   if (ctx.param_shards) {
     ctx.param_shards->set_step(long(ctx.step_index));
+    ctx.param_shards->set_diagnostics(ctx.diagnostics);  // gather_wait and scatter_wait
     ctx.param_shards->release_all();  // a whole-buffer write (initialization, a resume) leaves nothing behind
   }
   if (first == end) {
@@ -168,6 +169,9 @@ ReducedStep reduce(StepContext& ctx, const balance::StepView& step, double local
   // The last step's parameter gather has arrived where this rank ran a forward; a rank without
   // micro-batches this step waits for it here, closing its watchdog section first.
   ctx.model->finish_arriving_params();
+  // Sharded parameters: the step's last reduce-scatter, a watchdog section of its own (sections
+  // do not nest), before the reduction's.
+  if (ctx.param_shards) ctx.param_shards->wait_reduce_scatter();
   ctx.watchdog->enter("gradient reduction", long(step_index));
   const double exposed = ctx.reducer->finish();
   ctx.diagnostics->add_phase_seconds(diag::kCommExposed, exposed);

@@ -5,6 +5,7 @@
 // NCCL (param_shards_nccl.h).
 #pragma once
 #include "lib/comm/communicator.h"
+#include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
 
 namespace kilter::train {
@@ -16,12 +17,17 @@ class UnitShards : public comm::GradientReducer, public model::ParamUnitHooks {
   // The watchdog that bounds every collective (set once it exists), and the step it names.
   void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
   void set_step(long step) { step_ = step; }
+  // Where the waits go (gather_wait, scatter_wait; null: nowhere).
+  void set_diagnostics(diag::RankDiagnostics* diagnostics) { diagnostics_ = diagnostics; }
+  // Waits for a reduce-scatter still in flight, before the step's reduction.
+  virtual void wait_reduce_scatter() {}
   // Frees every gathered parameter and every gradient outside this rank's chunks: after a
   // whole-buffer write (initialization, a resume) and at each step's start.
   virtual void release_all() = 0;
 
  protected:
   Watchdog* watchdog_ = nullptr;
+  diag::RankDiagnostics* diagnostics_ = nullptr;
   long step_ = 0;
 };
 

@@ -36,7 +36,7 @@ series=$(grep -o 'class="series"' dom.html | wc -l)
 steps=$("$PY" -c "import json,sys; print(json.load(open('$RUN/summary.json'))['steps'])")
 echo "heatmap cells $cells, phase bars $bars, line series $series, steps $steps"
 [ "$cells" -eq $((4 * steps)) ] || fail "heatmap: $cells cells, expected 4 x $steps"
-[ "$bars" -eq $((4 * 9)) ] || fail "phase bars: $bars, expected 4 ranks x 9 components"
+[ "$bars" -eq $((4 * 11)) ] || fail "phase bars: $bars, expected 4 ranks x 11 components (9 phases, other, outside)"
 [ "$series" -eq 2 ] || fail "expected the loss and tokens/s lines"
 grep -q 'id="heatmap-svg"' dom.html && grep -q 'id="phases-svg"' dom.html || fail "chart SVGs missing"
 grep -q 'Straggler: <b>rank 2</b>' dom.html || fail "verdict missing from the page"

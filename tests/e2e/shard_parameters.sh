@@ -11,6 +11,9 @@
 # - a checkpoint written under parameters on 4 ranks (stopped after 4 of 8 steps) resumes as
 #   train.shard = none on 2 ranks and as optimizer on 3, matching 8 steps straight within 1e-5;
 # - a rank that stops makes the others' watchdogs fire inside the parameter all-gather, naming it;
+# - the waits on the units' gathers and reduce-scatters are phases of their own: the metrics
+#   columns gather_wait and scatter_wait (>= 0, the phases still adding up to the step), trace
+#   slices naming the unit, and `kilter report` prints them (and not for a run under none);
 # - what is not built yet for parameters is refused naming the key (CUDA graphs on the cuda
 #   backend); cut pieces and training samples under parameters: shard_parameters_cut.sh.
 source "$(dirname "$0")/lib.sh"
@@ -30,7 +33,17 @@ pair() {  # pair NAME [args]: none and parameters on 4 ranks
   train $name-n.log 4 --output.dir=runs/$name-n --train.shard=none "$@"
   train $name-p.log 4 --output.dir=runs/$name-p --train.shard=parameters "$@"
 }
+UNTRACED=("${COMMON[@]}")
+COMMON=("${COMMON[@]/--output.trace_steps=0/--output.trace_steps=2}")
 pair gpt2 --train.eval_every=4 --data.eval_fraction=0.1
+COMMON=("${UNTRACED[@]}")
+"$KILTER" report runs/gpt2-p > report-p.txt 2>&1 || { cat report-p.txt; fail "kilter report of the parameters run failed"; }
+"$KILTER" report runs/gpt2-n > report-n.txt 2>&1 || { cat report-n.txt; fail "kilter report of the none run failed"; }
+for word in gather_wait scatter_wait gather_wait_fraction scatter_wait_fraction; do
+  grep -q "$word" report-p.txt || { cat report-p.txt; fail "kilter report of a parameters run does not print $word"; }
+done
+! grep -q "gather_wait" report-n.txt || { cat report-n.txt; fail "kilter report of a none run prints gather_wait"; }
+grep -m1 "sharded parameters:" report-p.txt
 pair llama "${LLAMA[@]}"
 pair gpt2bf "${BF16[@]}"
 pair llamabf "${LLAMA[@]}" "${BF16[@]}"
@@ -91,6 +104,29 @@ rel = float(np.max(np.abs(en - ep) / np.abs(en)))
 print(f"gpt2: evaluation under parameters vs none, max relative difference {rel:.2e}")
 assert rel < 1e-6, rel
 assert np.array_equal(losses("keep"), losses("gpt2-p")), "reshard_after_forward = false changed the losses"
+
+# The units' waits: columns of their own, >= 0, inside the step; trace slices naming the unit.
+PHASES = ["data_wait", "h2d", "forward", "backward", "kv_wait", "gather_wait", "scatter_wait", "comm_exposed",
+          "optimizer"]
+for r in range(4):
+    rows = list(csv.DictReader(open(f"runs/gpt2-p/metrics/rank-{r:05d}.csv")))
+    assert len(rows) == 12 and "gather_wait" in rows[0] and "scatter_wait" in rows[0], (r, list(rows[0]))
+    for row in rows:
+        assert all(float(row[c]) >= 0 for c in PHASES), (r, row)
+        assert sum(float(row[c]) for c in PHASES) <= float(row["step_total"]) + 1e-6, (r, row)
+    waits = [sum(float(row[c]) for row in rows) for c in ("gather_wait", "scatter_wait")]
+    assert waits[0] > 0 and waits[1] > 0, f"rank {r}: no wait on a gather or a reduce-scatter recorded: {waits}"
+    spans = [e for e in json.load(open(f"runs/gpt2-p/trace/rank-{r:05d}.json"))
+             if e.get("ph") == "X" and e.get("name") in ("gather_wait", "scatter_wait")]
+    units = {(e["name"], e["args"]["unit"]) for e in spans}
+    # 2 layers: units 0 (embeddings), 1 and 2 (blocks), 3 (final norm); each is reduce-scattered.
+    assert {("gather_wait", 0), ("scatter_wait", 0), ("scatter_wait", 3)} <= units, (r, sorted(units))
+    if r == 0:
+        print(f"rank 0: gather_wait {waits[0]:.4f} s, scatter_wait {waits[1]:.4f} s over 12 steps; "
+              f"{len(spans)} wait slices in the 2 traced steps")
+for r in range(4):
+    rows = list(csv.DictReader(open(f"runs/gpt2-n/metrics/rank-{r:05d}.csv")))
+    assert all(float(row["gather_wait"]) == 0 and float(row["scatter_wait"]) == 0 for row in rows), r
 h = json.load(open("runs/hsdp/summary.json"))
 assert h["shard"] == "parameters" and h["shard_group_ranks"] == 2 and h["num_nodes"] == 2, h
 for ref_run in ["one"]:

@@ -19,7 +19,8 @@ import sys
 from tensorboard.backend.event_processing import event_accumulator, event_file_loader, plugin_event_accumulator
 from tensorboard.util import tensor_util
 
-PHASES = ["data_wait", "h2d", "forward", "backward", "kv_wait", "comm_exposed", "optimizer", "step_total"]
+PHASES = ["data_wait", "h2d", "forward", "backward", "kv_wait", "gather_wait", "scatter_wait", "comm_exposed",
+          "optimizer", "step_total"]
 TRAIN_TAGS = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_second", "train/mfu"]
 EVAL_TAGS = ["eval/loss", "eval/perplexity"]
 BALANCE_TAGS = ["balance/step_time_imbalance", "balance/sync_wait_share"]

@@ -3,7 +3,10 @@
 // in backward must name rank 2 and backward; the inject_delay drill on rank 1 must name rank 1
 // and forward; a balanced loop must name nobody; rank 1 blocked in the K/V exchange of a cut
 // piece (kv_wait, inside forward) must be named with kv_wait and the rank it waited for, with
-// kv_wait taken out of forward so the phases still add up. Also checks the files every rank writes.
+// kv_wait taken out of forward so the phases still add up; the sharded units' waits (gather_wait
+// in forward, scatter_wait in backward) are phases of their own, taken out of the passes, in the
+// CSV, the trace and the summary, and never a straggler's phase. Also checks the files every rank
+// writes.
 // With an argument DIR the run directories are written under DIR and kept (for report tests).
 // GoogleTest: every rank runs the same tests (their collectives in the same order); rank 0 prints
 // the results, each failed check prints its rank, and the job fails when any rank failed.
@@ -51,10 +54,14 @@ void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration
 constexpr int kKvPeer = 3;   // the rank kv_rank waits for
 constexpr int kKvTokens = 96;
 
+constexpr double kScatterWaitSeconds = 0.004;  // every rank's scatter_wait per backward (gather_rank >= 0)
+
 // One run of `steps` fake steps; `slow_rank` sleeps `extra` more seconds in backward; `kv_rank`
-// waits `extra` seconds for rank kKvPeer's K/V inside its second forward.
+// waits `extra` seconds for rank kKvPeer's K/V inside its second forward; `gather_rank` waits
+// `extra` seconds on unit 3's gather inside its second forward (and every rank kScatterWaitSeconds
+// on unit 2's reduce-scatter inside each backward).
 nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double extra,
-                        const std::string& inject_delay, int kv_rank = -1) {
+                        const std::string& inject_delay, int kv_rank = -1, int gather_rank = -1) {
   DiagOptions opts;
   opts.run_dir = dir;
   opts.trace_steps = 5;
@@ -64,6 +71,8 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::vector<float> grads(4096, 1.0f);
+  // Between steps (an evaluation's gathers): not counted.
+  if (gather_rank >= 0) diag.unit_wait(kilter::diag::kGatherWait, 0, 1'000'000'000, 1);
   for (int step = 0; step < steps; ++step) {
     diag.begin_step(step);
     diag.phase_begin(kilter::diag::kDataWait);
@@ -81,9 +90,19 @@ nlohmann::json fake_run(const std::string& dir, int steps, int slow_rank, double
         wait.piece = "document 5, tokens 512-1023";
         diag.kv_wait(wait);
       }
+      if (rank == gather_rank && micro == 1) {
+        const int64_t begin = kilter::diag::steady_now_ns();
+        sleep_seconds(extra);
+        diag.unit_wait(kilter::diag::kGatherWait, begin, kilter::diag::steady_now_ns(), 3);
+      }
       diag.phase_end(kilter::diag::kForward);
       diag.phase_begin(kilter::diag::kBackward);
       sleep_seconds(0.015 + (rank == slow_rank && micro == 1 ? extra : 0));
+      if (gather_rank >= 0) {
+        const int64_t begin = kilter::diag::steady_now_ns();
+        sleep_seconds(kScatterWaitSeconds);
+        diag.unit_wait(kilter::diag::kScatterWait, begin, kilter::diag::steady_now_ns(), 2);
+      }
       diag.phase_end(kilter::diag::kBackward);
     }
     diag.set_step_work(1024 * (rank + 1), 1e5, 1, rank == kv_rank ? kKvTokens : 0);
@@ -222,6 +241,48 @@ TEST(RankDiagnostics, KvWaitNamesTheRankWaitedFor) {
     EXPECT(s["straggler"]["kv_wait_for_rank"] == kKvPeer, "the rank it waited for is named");
     EXPECT(s["kv_tokens_per_step"] == double(kKvTokens), "kv_tokens_per_step in the summary");
     EXPECT(s["kv_wait_fraction"].get<double>() > 0, "kv_wait_fraction in the summary");
+  }
+}
+
+// Sharded parameters: rank 2 waits 40 ms per step on a unit's gather inside its forward, every
+// rank on a reduce-scatter inside each backward. The waits are phases of their own (CSV, trace,
+// summary), taken out of the passes so the phases still add up, and never the slowest phase.
+TEST(RankDiagnostics, UnitWaitsArePhasesOfTheirOwn) {
+  using namespace kilter::diag;
+  const std::string dir = make_run_dir("unit-wait");
+  nlohmann::json s = fake_run(dir, kSteps, -1, 0.04, "", -1, /*gather_rank=*/2);
+  const auto rows = read_metrics_csv(metrics_path(dir, g_rank), g_rank);
+  EXPECT(int(rows.size()) == kSteps, "one CSV row per step (unit wait run)");
+  for (const auto& r : rows) {
+    double named = 0;
+    for (int p = 0; p < kStepTotal; ++p) named += r.phase[p];
+    EXPECT(named <= r.phase[kStepTotal] + 1e-6, "phases add up to at most step_total (unit waits)");
+    EXPECT(g_rank == 2 ? r.phase[kGatherWait] >= 0.04 : r.phase[kGatherWait] == 0, "gather_wait on rank 2 only");
+    EXPECT(r.phase[kGatherWait] < 1.0, "a wait between steps is not counted");
+    EXPECT(r.phase[kScatterWait] >= 2 * kScatterWaitSeconds, "scatter_wait of both backwards recorded");
+    EXPECT(compute_seconds(r) <= r.phase[kStepTotal] - r.phase[kGatherWait] - r.phase[kScatterWait] + 1e-9,
+           "the waits are not compute");
+  }
+  std::ifstream trace(trace_path(dir, g_rank));
+  nlohmann::json events = nlohmann::json::parse(trace, nullptr, false);
+  int gathers = 0, scatters = 0;
+  for (const auto& e : events) {
+    if (e.value("ph", "") != "X") continue;
+    if (e.value("name", "") == "gather_wait") gathers += e["args"]["unit"] == 3;
+    if (e.value("name", "") == "scatter_wait") scatters += e["args"]["unit"] == 2;
+  }
+  EXPECT(gathers == (g_rank == 2 ? 5 : 0), "one gather_wait span naming its unit per wait of the traced steps");
+  EXPECT(scatters == 10, "one scatter_wait span naming its unit per backward of the traced steps");
+  if (g_rank == 0) {
+    std::printf("unit waits: straggler %s gather_wait_fraction %.3f scatter_wait_fraction %.3f\n",
+                s["straggler"].dump().c_str(), s["gather_wait_fraction"].get<double>(),
+                s["scatter_wait_fraction"].get<double>());
+    EXPECT(s["gather_wait_fraction"].get<double>() > 0 && s["scatter_wait_fraction"].get<double>() > 0,
+           "the unit waits' fractions in the summary");
+    EXPECT(s["straggler"]["phase"] != "gather_wait" && s["straggler"]["phase"] != "scatter_wait",
+           "a wait on the others is never the slowest phase");
+    EXPECT(s["phase_means_seconds"].contains("gather_wait") && s["phase_means_seconds"].contains("scatter_wait"),
+           "the unit waits in the phase means");
   }
 }
 
