@@ -225,8 +225,14 @@ void CudaModel::Bf16Ops::attention_backward(const model::AttentionBackwardArgs& 
 void CudaModel::forward_kernels_bf16(bool with_loss) {
   const ActivationsBf16& x = bacts_;
   const int N = layout_now_.N, C = cfg_.n_embd;
-  kc::encoder_forward_bf16(x.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
-                           acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
+  const float* wte = params_ + offsets_.wte;
+  const float* wpe = model::tensor_at(params_, offsets_.wpe);
+  if (master_sharded_)  // the distributed optimizer holds no whole fp32 master: the working copy
+    kc::encoder_forward_bf16(x.encoded, acts_.inputs, working(wte), working(wpe), acts_.cu_seqlens,
+                             layout_now_.pieces, N, C, s_, acts_.pos_offset);
+  else
+    kc::encoder_forward_bf16(x.encoded, acts_.inputs, wte, wpe, acts_.cu_seqlens, layout_now_.pieces, N, C, s_,
+                             acts_.pos_offset);
   Bf16Ops ops(*this);
   schedule_.forward(ops);  // to ln_f's output
   if (!with_loss) return;

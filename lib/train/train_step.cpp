@@ -10,7 +10,6 @@
 
 #include "io/base/error.h"
 #include "io/text_format.h"
-#include "lib/model/bf16_ops.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/cut_schedule.h"
 #include "lib/train/guards.h"
@@ -130,7 +129,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     model::GradReadyFn on_ready;
     // train.grad_dtype = bf16: each finished range into the bf16 sum (StepContext::bf16_grads).
     auto accumulate = [&](size_t offset, size_t count) {
-      if (ctx.bf16_grads) model::round_bf16_inplace(model.grads() + offset, count);
+      if (ctx.bf16_grads) model.round_grads_bf16(offset, count);
     };
     if (last) {
       ctx.reducer->begin();
