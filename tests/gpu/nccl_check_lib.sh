@@ -227,6 +227,9 @@ matrix_rows() {
   if [[ $quick -eq 0 ]]; then
     echo "flat4u|flat, unsharded|4|base|--comm.algo=flat --train.shard_optimizer=false"
     echo "hier4u|hierarchical 2x2, unsharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=false"
+    # Under bf16 (bf16 storage) the distributed optimizer: the master sharded, the bf16 working
+    # copy all-gathered, the gradients accumulated in bf16 and reduced in fp32.
+    echo "dopt2|flat, distributed optimizer, bf16 gradients|2|base|--comm.algo=flat --train.shard=optimizer --train.grad_dtype=bf16"
   fi
   echo "cut4|cut pieces (K/V exchange)|4|cut|--comm.algo=flat"
 }
