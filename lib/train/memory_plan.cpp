@@ -232,16 +232,19 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   p.grad_dtype = cfg.train.grad_dtype == "bf16" || auto_bf16 ? "bf16" : "fp32";
   const bool master_sharded = p.shard == "optimizer" && master_sharded_under_optimizer(cfg, cuda);
   ShardedState state = sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda);
-  // The cpu backend's distributed optimizer also widens the norms' weights from the working copy
-  // for its fp32 kernels (CpuModel::widened_): a page or two per norm tensor.
-  if (master_sharded && !cuda) {
+  // The distributed optimizer also widens the norms' weights from the working copy for the fp32
+  // norm kernels, into an allocation only their pages touch (CpuModel::widened_: 4 KiB pages;
+  // CudaModel's managed params_: priced at 2 MiB, the largest a device's first touch populates):
+  // a page or two per norm tensor.
+  if (master_sharded) {
+    const uint64_t page = cuda ? uint64_t(2) << 20 : 4096;
     uint64_t norms = 0;
     for (const model::ParamTensor& t : layout.tensors) {
       using model::TensorRole;
       const TensorRole r = t.role;
       if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
           r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
-        norms += (t.size * 4 + 4095) / 4096 * 4096 + 4096;  // whole pages, one shared with the next tensor
+        norms += (t.size * 4 + page - 1) / page * page + page;  // whole pages, one shared with the next tensor
     }
     state.parameters += norms;
   }
