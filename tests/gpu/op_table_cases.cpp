@@ -222,7 +222,7 @@ std::vector<OpFamily> build_families() {
        "lib/model/bf16_ops.h classifier_bf16"},
       {"classifier_rows_bf16", h, {"classifier_bf16", "sum_row_losses"},
        "lib/model/crossentropy.h on the bf16 logits, rounded"},
-      {"convert_bf16", h, {"to_bf16", "to_float", "add_into_bf16"}, "model::round_bf16"},
+      {"convert_bf16", h, {"to_bf16", "to_float", "round_bf16_inplace", "add_into_bf16"}, "model::round_bf16"},
       {"padded_rows_bf16", h, {"gather_padded_rows(bf16)", "scatter_padded_rows(bf16)"}, "row copies"},
       {"round_params_bf16", h, {"round_params_bf16"}, "model::round_bf16"},
       {"strided_rows_bf16", h, {"rows_to_bf16", "rows_to_fp32", "rows_copy_bf16"}, "model::round_bf16"},
