@@ -148,7 +148,8 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
     const size_t head = static_cast<size_t>(vocab_padded_) * cfg_.n_embd;
     KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_bf16_), sizeof(kc::bf16) * head));
     KILTER_CUDA_CHECK(cudaMemsetAsync(head_bf16_, 0, sizeof(kc::bf16) * head, stream_));
-    refresh_working_copy();
+    // The rounding of the zero weights (the fp32 ones are allocated at their first write).
+    KILTER_CUDA_CHECK(cudaMemsetAsync(params_bf16_, 0, sizeof(kc::bf16) * padded, stream_));
   }
   if (cfg_.llama()) {
     const model::RopeTable table = model::RopeTable::build(cfg_, cfg_.block_size);

@@ -12,6 +12,7 @@
 // GoogleTest; without a CUDA device every test is skipped and the binary exits 77.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
