@@ -205,7 +205,7 @@ std::vector<OpFamily> build_families() {
       {"swiglu", f, {"swiglu_forward(fp32)", "swiglu_backward(fp32)"}, "lib/model/swiglu.h"},
       {"rope_bf16", h, {"rope_forward(bf16)", "rope_backward(bf16)"}, "lib/model/rope.h, rounded"},
       {"swiglu_bf16", h, {"swiglu_forward(bf16)", "swiglu_backward(bf16)"}, "lib/model/bf16_ops.h"},
-      {"encoder_bf16", h, {"encoder_forward_bf16"}, "lib/model/encoder.h, rounded"},
+      {"encoder_bf16", h, {"encoder_forward_bf16(fp32)", "encoder_forward_bf16(bf16)"}, "lib/model/encoder.h, rounded"},
       {"residual_norm_bf16", h, {"residual_norm_forward_bf16", "norm_backward_bf16"}, "lib/model/bf16_ops.h"},
       {"linear_bf16", h, {"linear_forward_bf16", "linear_backward_bf16", "linear_scratch_floats", "Gemm::run_typed",
                           "gemm_call"},
