@@ -124,7 +124,8 @@ void CudaModel::shard_optimizer(const std::vector<model::ParamRange>& owned_rang
 }
 
 void CudaModel::widen_norms() {
-  for (const model::ParamRange& r : norm_ranges_) kc::to_float(params_ + r.offset, params_bf16_ + r.offset, r.count, stream_);
+  for (const model::ParamRange& r : norm_ranges_)
+    kc::to_float(params_ + r.offset, params_bf16_ + r.offset, r.count, stream_);
 }
 
 void CudaModel::working_copy_gathered() {

@@ -1,7 +1,8 @@
 // Elementwise conversions between fp32 and bf16 rows for the bf16 datapath: the weights' first
 // rounding, test inputs, bf16 gradient accumulation (rounding in place), and the K/V exchange's
-// staging (the exchange moves fp32 rows: the bf16 qkv goes out converted, and the fp32 dK/dV it brings back are added into the bf16 dqkv rows
-// and rounded once, as the CPU oracle does in cpu_model_bf16.cpp).
+// staging (the exchange moves fp32 rows: the bf16 qkv goes out converted, and the fp32 dK/dV it
+// brings back are added into the bf16 dqkv rows and rounded once, as the CPU oracle does in
+// cpu_model_bf16.cpp).
 #include "io/base/cuda_common.h"
 #include "lib/model/cuda_ops.h"
 #include "lib/model/bf16_device.cuh"

@@ -245,8 +245,8 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
     model.adamw_step(ap);
     if (ctx.shard_optimizer) {
       // Every rank updated its own ranges; all of them reach every rank before the next forward
-      // reads them (the bf16 working copy under the distributed optimizer, else the parameters). With a communication thread (comm.overlap = thread) the gather runs there,
-      // first layers first, and the model waits for each layer's range as its forward gets to it.
+      // reads them (the bf16 working copy under the distributed optimizer, else the parameters).
+      // With a communication thread (comm.overlap = thread) the gather runs there, first layers first, and the model waits for each layer's range as its forward gets to it.
       model.synchronize();
       if (ctx.reducer->gathers_in_background() && model.takes_arriving_params()) {
         // One watchdog section from here until the last range has arrived, so a rank lost during
