@@ -198,8 +198,14 @@ void CudaModel::forward_kernels_bf16(bool with_loss) {
     unit_needed(0);
     units_->prefetch(1);  // block 0's gather overlaps the embeddings
   }
-  kc::encoder_forward_bf16(x.encoded, acts_.inputs, params_ + offsets_.wte, model::tensor_at(params_, offsets_.wpe),
-                           acts_.cu_seqlens, layout_now_.pieces, N, C, s_, acts_.pos_offset);
+  const float* wte = params_ + offsets_.wte;
+  const float* wpe = model::tensor_at(params_, offsets_.wpe);
+  if (master_sharded_)  // the distributed optimizer holds no whole fp32 master: the working copy
+    kc::encoder_forward_bf16(x.encoded, acts_.inputs, working(wte), working(wpe), acts_.cu_seqlens,
+                             layout_now_.pieces, N, C, s_, acts_.pos_offset);
+  else
+    kc::encoder_forward_bf16(x.encoded, acts_.inputs, wte, wpe, acts_.cu_seqlens, layout_now_.pieces, N, C, s_,
+                             acts_.pos_offset);
   Bf16Ops ops(*this);
   schedule_.forward(ops);  // to ln_f's output
   if (units_) units_->forward_done(cfg_.n_layer);  // the last block's

@@ -133,10 +133,8 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
   }
 
   const size_t padded = align_up(layout_.padded_size);
-  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(float) * padded * 2));
-  params_ = state_;
-  grads_ = state_ + padded;
-  KILTER_CUDA_CHECK(cudaMemsetAsync(state_, 0, sizeof(float) * padded * 2, stream_));
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grads_), sizeof(float) * padded));
+  KILTER_CUDA_CHECK(cudaMemsetAsync(grads_, 0, sizeof(float) * padded, stream_));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_),
                                sizeof(double) * (2 + kc::sum_of_squares_scratch_doubles())));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_counter_), sizeof(unsigned)));
@@ -149,7 +147,8 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
     const size_t head = static_cast<size_t>(vocab_padded_) * cfg_.n_embd;
     KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_bf16_), sizeof(kc::bf16) * head));
     KILTER_CUDA_CHECK(cudaMemsetAsync(head_bf16_, 0, sizeof(kc::bf16) * head, stream_));
-    refresh_working_copy();
+    // The rounding of the zero weights (the fp32 ones are allocated at their first write).
+    KILTER_CUDA_CHECK(cudaMemsetAsync(params_bf16_, 0, sizeof(kc::bf16) * padded, stream_));
   }
   if (cfg_.llama()) {
     const model::RopeTable table = model::RopeTable::build(cfg_, cfg_.block_size);
@@ -215,7 +214,9 @@ CudaModel::~CudaModel() {
   }
   cudaFree(scale_device_);
   cudaFree(arena_);
-  cudaFree(state_);
+  cudaFree(params_);  // a cudaMalloc, or under the distributed optimizer a managed allocation
+  cudaFree(grads_);
+  cudaFree(master_);
   release_moments();
   cudaFree(segments_);
   cudaFree(norm_counter_);
@@ -627,10 +628,24 @@ void CudaModel::forward_units(int layer) {
   if (layer >= 2) units_->forward_done(layer - 1);
 }
 
+void CudaModel::ensure_params() {
+  if (params_ != nullptr) return;
+  const size_t padded = align_up(layout_.padded_size);
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_), sizeof(float) * padded));
+  KILTER_CUDA_CHECK(cudaMemsetAsync(params_, 0, sizeof(float) * padded, stream_));
+}
+
 void CudaModel::init_params(uint64_t seed) {
   std::vector<float> host(layout_.padded_size, 0.0f);
   model::init_params(host.data(), layout_, cfg_, seed);
   cuda_device_index();
+  if (master_sharded_) {
+    load_sharded_master(host.data(), layout_.padded_size);
+    zero_moments();
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  ensure_params();
   KILTER_CUDA_CHECK(cudaMemcpyAsync(params_, host.data(), sizeof(float) * layout_.padded_size, cudaMemcpyHostToDevice,
                                     stream_));
   if (bf16_storage_) refresh_working_copy();
@@ -640,6 +655,8 @@ void CudaModel::init_params(uint64_t seed) {
 
 void CudaModel::set_params(const float* host) {
   cuda_device_index();
+  if (master_sharded_) return load_sharded_master(host, layout_.num_params);
+  ensure_params();
   KILTER_CUDA_CHECK(cudaMemcpyAsync(params_, host, sizeof(float) * layout_.num_params, cudaMemcpyHostToDevice, stream_));
   if (bf16_storage_) refresh_working_copy();
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -647,6 +664,8 @@ void CudaModel::set_params(const float* host) {
 
 void CudaModel::get_params(float* host) const {
   cuda_device_index();
+  if (master_sharded_) return read_working_copy(host);  // no rank holds the whole master
+  KILTER_CHECK(params_ != nullptr, "cuda backend: get_params before the parameters were set");
   KILTER_CUDA_CHECK(cudaMemcpyAsync(host, params_, sizeof(float) * layout_.num_params, cudaMemcpyDeviceToHost, stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

@@ -81,10 +81,12 @@ class CudaModel final : public ModelBase {
   float* grads() override { return grads_; }
   float* params() override { return params_; }
   bool params_in_host_memory() const override { return false; }
-  void copy_params_to_host(float* host, size_t offset, size_t count) override {
-    cuda_device_index();
-    KILTER_CUDA_CHECK(cudaMemcpyAsync(host, params_ + offset, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  void copy_params_to_host(float* host, size_t offset, size_t count) override;  // cuda_optimizer.cu
+  void round_grads_bf16(size_t offset, size_t count) override;
+  // The distributed optimizer (bf16 storage under a sharded optimizer, cuda_optimizer.cu).
+  void shard_optimizer(const std::vector<model::ParamRange>& owned) override;
+  uint16_t* gathered_working_copy() override {
+    return master_sharded_ ? reinterpret_cast<uint16_t*>(params_bf16_) : nullptr;
   }
   double grad_norm_squared() override;
   void adamw_step(const model::AdamWParams& p) override;
@@ -205,7 +207,10 @@ class CudaModel final : public ModelBase {
   }
   bool bf16_storage() const { return bf16_storage_; }
   void params_changed() override {
-    if (bf16_storage_) refresh_working_copy();
+    if (master_sharded_)
+      working_copy_gathered();
+    else if (bf16_storage_)
+      refresh_working_copy();
   }
 
  private:
@@ -262,8 +267,27 @@ class CudaModel final : public ModelBase {
   void drop_graphs();
   float* scale_device_ = nullptr;
 
-  float* state_ = nullptr;  // params, grads: padded_size floats each
+  // params, grads: padded_size floats each. params_ is allocated by the first whole write
+  // (init_params, set_params: ensure_params), so that a distributed optimizer set up before it
+  // never holds the whole fp32 master on the device.
   float *params_ = nullptr, *grads_ = nullptr;
+  void ensure_params();
+  // The distributed optimizer (Megatron's: train.shard = optimizer under bf16 storage): master_
+  // holds the fp32 master of the owned ranges only, indexed as the moments (segments_host_'s
+  // `moment`); the working copy params_bf16_ is written from it by AdamW and all-gathered; and
+  // params_ becomes a managed allocation, untouched (no device pages) but for the norms' weights,
+  // widened from the working copy at their offsets for the kernels that take fp32 norm weights.
+  // The op tables still resolve every weight against params_ (working() maps into the copy).
+  bool master_sharded_ = false;
+  float* master_ = nullptr;
+  std::vector<model::ParamRange> norm_ranges_;
+  std::vector<kc::AdamWSegment> segments_host_;  // segments_ on the host
+  void widen_norms();           // the norms' fp32 weights in params_ from params_bf16_
+  void working_copy_gathered();  // after the all-gather: the norms and the head's padded copy
+  // A whole host buffer (count floats, the rest zero) as the parameters: its owned ranges into
+  // master_ and every value rounded into the working copy (staged through grads_, free then).
+  void load_sharded_master(const float* host, size_t count);
+  void read_working_copy(float* host) const;  // get_params: the weights the forward computes with
   // ModelBase's copy policy: the AdamW moments in device memory, copied on the compute stream.
   float* allocate_moments(size_t floats) override;
   void free_moments(float* moments) override;

@@ -2,10 +2,13 @@
 // memory, copies on the compute stream), the squared gradient norm and AdamW over every owned
 // range in one launch each, from a device table of the owned ranges' parts (rebuilt when the
 // ranges change: train.shard_optimizer), and under bf16 storage the weights' bf16 working copy,
-// which AdamW writes in the same pass.
+// which AdamW writes in the same pass. Under a sharded optimizer with bf16 storage this is the
+// distributed optimizer: the fp32 master only for the owned ranges, the working copy gathered
+// (lib/model/model.h gathered_working_copy; the CPU twin is CpuModel's).
 #include <algorithm>
 
 #include "lib/backend/cuda_model_impl.cuh"
+#include "lib/model/bf16_ops.h"
 
 namespace kilter::backend {
 
@@ -69,6 +72,116 @@ void CudaModel::ensure_segments() {
   segment_count_ = static_cast<int>(table.size());
   segment_total_ = total;
   segments_for_ = owned_ranges;
+  segments_host_ = std::move(table);
+}
+
+void CudaModel::shard_optimizer(const std::vector<model::ParamRange>& owned_ranges) {
+  KILTER_CHECK(!master_sharded_, "cuda backend: the distributed optimizer's ranges are set once (the master of "
+                                 "other ranges is not held here to move)");
+  ModelBase::shard_optimizer(owned_ranges);
+  // Only bf16 storage computes with a working copy; on the fp32 datapath the parameters are the
+  // master, which every rank keeps whole (the parameters are gathered).
+  if (!bf16_storage_) return;
+  cuda_device_index();
+  ensure_segments();
+  // As the moments: owned_floats() (the owned ranges, range after range), a part's master at its
+  // moment index.
+  const size_t master_floats = owned_floats();
+  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&master_), sizeof(float) * std::max<size_t>(master_floats, 1)));
+  KILTER_CUDA_CHECK(cudaMemsetAsync(master_, 0, sizeof(float) * master_floats, stream_));
+  if (params_ != nullptr) {
+    // Already written whole (a test, or set up after an initialization): keep the owned master
+    // and make sure the working copy is its rounding, then give the whole buffer back.
+    for (const kc::AdamWSegment& seg : segments_host_)
+      KILTER_CUDA_CHECK(cudaMemcpyAsync(master_ + seg.moment, params_ + seg.lo, sizeof(float) * (seg.hi - seg.lo),
+                                        cudaMemcpyDeviceToDevice, stream_));
+    refresh_working_copy();
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaFree(params_);
+    params_ = nullptr;
+  }
+  // The norms' widened weights at their offsets: a managed allocation only their pages touch
+  // (the device's first writes, widen_norms, place them in device memory).
+  const size_t padded = align_up(layout_.padded_size);
+  const cudaError_t status = cudaMallocManaged(reinterpret_cast<void**>(&params_), sizeof(float) * padded);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    KILTER_FAIL("cuda backend: the distributed optimizer (train.shard = optimizer with bf16 storage) cannot reserve "
+                "the norms' widened weights as managed memory on device " << device_ << " ("
+                << cudaGetErrorString(status) << "); set train.bf16_storage = off or train.shard = none");
+  }
+  norm_ranges_.clear();
+  for (const model::ParamTensor& t : layout_.tensors) {
+    using model::TensorRole;
+    const TensorRole r = t.role;
+    if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
+        r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
+      norm_ranges_.push_back({t.offset, t.size});
+  }
+  master_sharded_ = true;
+  widen_norms();
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::widen_norms() {
+  for (const model::ParamRange& r : norm_ranges_)
+    kc::to_float(params_ + r.offset, params_bf16_ + r.offset, r.count, stream_);
+}
+
+void CudaModel::working_copy_gathered() {
+  cuda_device_index();
+  widen_norms();
+  const size_t head_floats = static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(head_bf16_, params_bf16_ + offsets_.head, sizeof(kc::bf16) * head_floats,
+                                    cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaModel::load_sharded_master(const float* host, size_t count) {
+  cuda_device_index();
+  const size_t padded = layout_.padded_size;
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(grads_, host, sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
+  if (count < padded) KILTER_CUDA_CHECK(cudaMemsetAsync(grads_ + count, 0, sizeof(float) * (padded - count), stream_));
+  const size_t head = offsets_.head, head_end = head + static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
+  kc::round_params_bf16(params_bf16_, grads_, padded, head_bf16_, head, head_end, stream_);
+  for (const kc::AdamWSegment& seg : segments_host_)
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(master_ + seg.moment, grads_ + seg.lo, sizeof(float) * (seg.hi - seg.lo),
+                                      cudaMemcpyDeviceToDevice, stream_));
+  widen_norms();
+  KILTER_CUDA_CHECK(cudaMemsetAsync(grads_, 0, sizeof(float) * padded, stream_));
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` may go out of scope
+}
+
+void CudaModel::read_working_copy(float* host) const {
+  std::vector<model::bf16> bits(layout_.num_params);
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(bits.data(), params_bf16_, sizeof(model::bf16) * bits.size(),
+                                    cudaMemcpyDeviceToHost, stream_));
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  model::bf16_to_floats(host, bits.data(), bits.size());
+}
+
+void CudaModel::copy_params_to_host(float* host, size_t offset, size_t count) {
+  cuda_device_index();
+  const float* from = params_ + offset;
+  if (master_sharded_) {
+    // Only the owned ranges hold a master, range after range as the moments (a sharded
+    // checkpoint reads each rank's own).
+    from = nullptr;
+    size_t at = 0;
+    for (const model::ParamRange& r : owned()) {
+      if (offset >= r.offset && offset + count <= r.offset + r.count) from = master_ + at + (offset - r.offset);
+      at += r.count;
+    }
+    KILTER_CHECK(from != nullptr, "cuda backend: copy_params_to_host [" << offset << ", " << offset + count
+                                  << "): under the distributed optimizer (train.shard = optimizer with bf16 storage) "
+                                  "this rank holds the fp32 master of its owned ranges only");
+  }
+  KILTER_CUDA_CHECK(cudaMemcpyAsync(host, from, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::round_grads_bf16(size_t offset, size_t count) {
+  cuda_device_index();
+  kc::round_bf16_inplace(grads_ + offset, count, stream_);
 }
 
 double CudaModel::grad_norm_squared() {
@@ -92,10 +205,11 @@ void CudaModel::adamw_step(const model::AdamWParams& p) {
   // the padded head's) in the same pass under bf16 storage. Sharded, the all-gather brings the
   // other ranks' parameters and params_changed() rounds them.
   const size_t head = offsets_.head, head_end = head + static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
-  kc::adamw_update_segments(params_, grads_, moment_m(), moment_v(), segments_, segment_count_, segment_total_, p.lr,
-                            p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale, p.t, stream_,
-                            bf16_storage_ ? params_bf16_ : nullptr, bf16_storage_ ? head_bf16_ : nullptr, head,
-                            head_end);
+  // Under the distributed optimizer the master is master_, indexed as the moments.
+  kc::adamw_update_segments(master_sharded_ ? master_ : params_, grads_, moment_m(), moment_v(), segments_,
+                            segment_count_, segment_total_, p.lr, p.beta1, p.beta2, p.eps, p.weight_decay,
+                            p.grad_scale, p.t, stream_, bf16_storage_ ? params_bf16_ : nullptr,
+                            bf16_storage_ ? head_bf16_ : nullptr, head, head_end, master_sharded_);
 }
 
 void CudaModel::refresh_working_copy() {

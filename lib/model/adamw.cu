@@ -108,13 +108,14 @@ __global__ void adamw_segments_kernel(float* params, const float* grads, float* 
                                       const AdamWSegment* segments, int count, uint64_t total, float decay_factor,
                                       float beta1, float beta2, float eps, float grad_scale, float step_size,
                                       float inv_sqrt_bc2, bf16* params_bf16, bf16* head_bf16, uint64_t head_lo,
-                                      uint64_t head_hi) {
+                                      uint64_t head_hi, bool compact_master) {
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const AdamWSegment& seg = segments[segment_of(segments, count, i)];
     const uint64_t offset = i - seg.first, p = seg.lo + offset, k = seg.moment + offset;
-    const float updated = adamw_element(&params[p], grads[p], &m[k], &v[k], &seg.decay, decay_factor, beta1, beta2,
-                                        eps, grad_scale, step_size, inv_sqrt_bc2);
+    float* master = compact_master ? &params[k] : &params[p];  // the distributed optimizer's: as the moments
+    const float updated = adamw_element(master, grads[p], &m[k], &v[k], &seg.decay, decay_factor, beta1, beta2, eps,
+                                        grad_scale, step_size, inv_sqrt_bc2);
     if (params_bf16 != nullptr) params_bf16[p] = __float2bfloat16_rn(updated);
     if (head_bf16 != nullptr && p >= head_lo && p < head_hi) head_bf16[p - head_lo] = __float2bfloat16_rn(updated);
   }
@@ -167,13 +168,13 @@ __global__ void round_params_kernel(bf16* params_bf16, const float* params, size
 void adamw_update_segments(float* params, const float* grads, float* m, float* v, const AdamWSegment* segments,
                            int count, uint64_t total, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float grad_scale, int64_t t, cudaStream_t stream, bf16* params_bf16,
-                           bf16* head_bf16, uint64_t head_lo, uint64_t head_hi) {
+                           bf16* head_bf16, uint64_t head_lo, uint64_t head_hi, bool compact_master) {
   if (total == 0 || count == 0) return;
   KILTER_CHECK(t >= 1, "adamw_update_segments: step t must be >= 1, got " << t);
   const AdamWFactors factors(lr, beta1, beta2, weight_decay, t);
   adamw_segments_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(
       params, grads, m, v, segments, count, total, factors.decay_factor, beta1, beta2, eps, grad_scale,
-      factors.step_size, factors.inv_sqrt_bc2, params_bf16, head_bf16, head_lo, head_hi);
+      factors.step_size, factors.inv_sqrt_bc2, params_bf16, head_bf16, head_lo, head_hi, compact_master);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 

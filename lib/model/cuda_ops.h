@@ -222,6 +222,9 @@ void sum_of_squares_async(double* result, const float* x, size_t n, double* scra
 // arithmetic as adamw_update), writing the bf16 working copy of each updated parameter in the
 // same pass where `params_bf16` is given (params_bf16[i] for params[i]; head_bf16: a second copy
 // of [head_lo, head_hi) at head_bf16[i - head_lo], the classifier's vocabulary-padded head).
+// compact_master: `params` is the distributed optimizer's fp32 master of the owned floats only,
+// indexed as the moments (the element at parameter offset p of a part is params[moment + p - lo]);
+// the gradients and the working copies stay at the parameters' offsets.
 struct AdamWSegment {
   uint64_t lo = 0, hi = 0;  // [lo, hi) of the parameter buffer
   uint64_t moment = 0;      // lo's index among the owned floats (the moments' position)
@@ -232,7 +235,7 @@ void adamw_update_segments(float* params, const float* grads, float* m, float* v
                            int count, uint64_t total, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float grad_scale, int64_t t, cudaStream_t stream,
                            bf16* params_bf16 = nullptr, bf16* head_bf16 = nullptr, uint64_t head_lo = 0,
-                           uint64_t head_hi = 0);
+                           uint64_t head_hi = 0, bool compact_master = false);
 // *result = the sum of grads[i]^2 over the segments, in ONE launch: fixed partial sums in double
 // and the last block to finish adds them in order (deterministic). scratch:
 // sum_of_squares_scratch_doubles() doubles and one unsigned counter, zero before the first call
@@ -320,6 +323,10 @@ void linear_backward_bf16(Gemm& gemm, bf16* dinp, float* dweight, float* dbias, 
 // ---- encoder.cu: out (N,C) = round(wte[inp] + wpe[position]) from the fp32 master weights.
 void encoder_forward_bf16(bf16* out, const int32_t* inp, const float* wte, const float* wpe, const int32_t* cu_seqlens,
                           int pieces, int N, int C, cudaStream_t stream, const int32_t* pos_offset = nullptr);
+// The same from the tables' bf16 working copy (summed in fp32, rounded once): the distributed
+// optimizer, whose fp32 master is sharded. Twin: lib/model/encoder.h encoder_forward_bf16.
+void encoder_forward_bf16(bf16* out, const int32_t* inp, const bf16* wte, const bf16* wpe, const int32_t* cu_seqlens,
+                          int pieces, int N, int C, cudaStream_t stream, const int32_t* pos_offset = nullptr);
 
 // ---- residual_norm.cu: LayerNorm (bias) or RMSNorm (rms; bias null, mean unused) on bf16 rows.
 // residual = round(a + b) (b null: a itself, nothing written to residual), out = round(norm of
@@ -341,6 +348,9 @@ void gelu_backward_inplace(bf16* d, const bf16* inp, size_t n, cudaStream_t stre
 // ---- convert.cu: conversions and the K/V exchange's staging.
 void to_bf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
 void to_float(float* out, const bf16* in, size_t n, cudaStream_t stream);
+// x = float(round(x)) in place: train.grad_dtype = bf16's accumulation (twin: bf16_ops.h
+// round_bf16_inplace).
+void round_bf16_inplace(float* x, size_t n, cudaStream_t stream);
 // x = round(x + y), elementwise (the exchange's fp32 dK/dV added into bf16 dqkv rows).
 void add_into_bf16(bf16* x, const float* y, size_t n, cudaStream_t stream);
 // out (C) += sum over rows of x (N,C) bf16 (deterministic). scratch: column_sum_scratch_floats(C).

@@ -10,22 +10,23 @@ namespace kilter::model::cuda {
 
 namespace {
 
-// out: float, or bf16 (the sum rounded once). wpe null: no position table (llama).
-template <typename T>
-__global__ void encoder_forward_kernel(T* out, const int32_t* inp, const float* wte, const float* wpe,
+// out: float, or bf16 (the sum rounded once). wpe null: no position table (llama). W: the tables'
+// element (the fp32 master, or the bf16 working copy), summed in fp32.
+template <typename T, typename W = float>
+__global__ void encoder_forward_kernel(T* out, const int32_t* inp, const W* wte, const W* wpe,
                                        const int32_t* cu_seqlens, const int32_t* pos_offset, int pieces, int C,
                                        size_t total) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int row = static_cast<int>(i / C);
     const int c = static_cast<int>(i % C);
-    const float token = wte[static_cast<size_t>(inp[row]) * C + c];
+    const float token = load_f(wte[static_cast<size_t>(inp[row]) * C + c]);
     if (wpe == nullptr) {
       out[i] = store_f<T>(token);
       continue;
     }
     const int t = position_in_piece(cu_seqlens, pos_offset, pieces, row);
-    out[i] = store_f<T>(token + wpe[static_cast<size_t>(t) * C + c]);
+    out[i] = store_f<T>(token + load_f(wpe[static_cast<size_t>(t) * C + c]));
   }
 }
 
@@ -73,6 +74,15 @@ void encoder_forward_bf16(bf16* out, const int32_t* inp, const float* wte, const
   if (total == 0) return;
   encoder_forward_kernel<bf16><<<backend::grid_for(total, 256), 256, 0, stream>>>(out, inp, wte, wpe, cu_seqlens,
                                                                                   pos_offset, pieces, C, total);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void encoder_forward_bf16(bf16* out, const int32_t* inp, const bf16* wte, const bf16* wpe, const int32_t* cu_seqlens,
+                          int pieces, int N, int C, cudaStream_t stream, const int32_t* pos_offset) {
+  const size_t total = static_cast<size_t>(N) * C;
+  if (total == 0) return;
+  encoder_forward_kernel<bf16, bf16><<<backend::grid_for(total, 256), 256, 0, stream>>>(
+      out, inp, wte, wpe, cu_seqlens, pos_offset, pieces, C, total);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 

@@ -2,6 +2,7 @@
 #include "lib/model/model.h"
 
 #include "io/base/error.h"
+#include "lib/model/bf16_ops.h"
 
 namespace kilter::model {
 
@@ -9,6 +10,8 @@ void Model::shard_optimizer_unsupported() const {
   KILTER_FAIL("train.shard_optimizer = true: the " << backend_name()
                                                    << " backend has no sharded optimizer yet; set train.shard_optimizer = false");
 }
+
+void Model::round_grads_bf16(size_t offset, size_t count) { round_bf16_inplace(grads() + offset, count); }
 
 std::vector<ParamRange> param_unit_ranges(const ParamLayout& layout) {
   const LayoutOffsets off = LayoutOffsets::of(layout);

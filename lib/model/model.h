@@ -204,6 +204,10 @@ class Model {
 
   virtual void zero_grads() = 0;
   virtual float* grads() = 0;        // device pointer, layout().padded_size floats
+  // train.grad_dtype = bf16: grads()[offset, offset + count) rounded to bf16 where they live, as
+  // the backward finishes them (the micro-batches accumulate in bf16). Host backends round in
+  // place on the host; a device backend on its stream, before the reduction reads them.
+  virtual void round_grads_bf16(size_t offset, size_t count);
   virtual float* params() = 0;       // device pointer
   // Whether params() is host memory (the CPU backend) or a device's (CUDA).
   virtual bool params_in_host_memory() const { return true; }

@@ -135,10 +135,11 @@ UnitFloats unit_floats(const model::ParamLayout& layout, bool tied, uint64_t G) 
 // Whether a backend shards the fp32 master weights with the moments under train.shard =
 // optimizer (Megatron's distributed optimizer): where every weight is read through a bf16 working
 // copy, the master is needed only where a rank updates it. The cpu backend does it under bf16
-// storage (lib/backend/cpu_model.h, master_sharded_); the cuda backend's norms and embeddings
-// still read the whole fp32 master on the device, so its plan counts it whole. In fp32 and with
-// bf16 GEMMs only, the working weights are the master, whole.
-constexpr bool kCudaMasterShardedUnderOptimizer = false;
+// storage (lib/backend/cpu_model.h, master_sharded_), and so does the cuda backend under bf16
+// storage (lib/backend/cuda_model_impl.cuh, master_: the norms widened from the working copy, the
+// embeddings read from it). In fp32 and with bf16 GEMMs only, the working weights are the master,
+// whole.
+constexpr bool kCudaMasterShardedUnderOptimizer = true;
 bool master_sharded_under_optimizer(const Config& cfg, bool cuda) {
   if (cfg.train.precision != "bf16") return false;
   return cuda ? kCudaMasterShardedUnderOptimizer && cfg.train.bf16_storage != "off" : cfg.train.bf16_storage == "on";
@@ -154,8 +155,9 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
   ShardedState st;
   const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
-  // The cpu backend keeps bf16 gradient values in its fp32 buffer; a device holds them in bf16.
-  const uint64_t grad = p.grad_dtype == "bf16" && p.input.backend == "cuda" ? 2 : 4;
+  // Both backends keep train.grad_dtype = bf16's values in their fp32 gradient buffer (rounded
+  // in place as the backward finishes each range): 4 bytes either way.
+  const uint64_t grad = 4;
   if (p.shard == "optimizer") {
     // The moments sharded, the gradient buffer whole in train.grad_dtype; the fp32 master 1/G
     // with the moments where the backend shards it (the distributed optimizer: the working copy
@@ -242,24 +244,26 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   // GEMMs read), and the fp32 weights are then the master copy; in fp32 they are one and the same.
   const bool bf16_work = bf16 && (!cuda || cfg.train.bf16_storage != "off");
   // train.grad_dtype as the run resolves it: auto is bf16 under bf16 storage on the cpu backend
-  // (none or optimizer), else fp32; bf16 as asked (a cuda run refuses it at its start so far).
-  // The cpu backend accumulates the bf16 values in its fp32 buffer: 4 bytes; a device buffer of
-  // bf16 would take 2.
+  // (none or optimizer), else fp32; bf16 as asked. Both backends accumulate the bf16 values in
+  // their fp32 buffer: 4 bytes (a buffer of bf16 would take 2).
   const bool cpu_bf16_storage = !cuda && bf16 && cfg.train.bf16_storage == "on";
   const bool auto_bf16 = cfg.train.grad_dtype == "auto" && cpu_bf16_storage && p.shard != "parameters";
   p.grad_dtype = cfg.train.grad_dtype == "bf16" || auto_bf16 ? "bf16" : "fp32";
   const bool master_sharded = p.shard == "optimizer" && master_sharded_under_optimizer(cfg, cuda);
   ShardedState state = sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda);
-  // The cpu backend's distributed optimizer also widens the norms' weights from the working copy
-  // for its fp32 kernels (CpuModel::widened_): a page or two per norm tensor.
-  if (master_sharded && !cuda) {
+  // The distributed optimizer also widens the norms' weights from the working copy for the fp32
+  // norm kernels, into an allocation only their pages touch (CpuModel::widened_: 4 KiB pages;
+  // CudaModel's managed params_: priced at 2 MiB, the largest a device's first touch populates):
+  // a page or two per norm tensor.
+  if (master_sharded) {
+    const uint64_t page = cuda ? uint64_t(2) << 20 : 4096;
     uint64_t norms = 0;
     for (const model::ParamTensor& t : layout.tensors) {
       using model::TensorRole;
       const TensorRole r = t.role;
       if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
           r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
-        norms += (t.size * 4 + 4095) / 4096 * 4096 + 4096;  // whole pages, one shared with the next tensor
+        norms += (t.size * 4 + page - 1) / page * page + page;  // whole pages, one shared with the next tensor
     }
     state.parameters += norms;
   }

@@ -252,18 +252,18 @@ void build_model(Run& run) {
   // train.shard_group is checked here, where the world size is known (it must divide it).
   const int group = shard_group_size(cfg.train, run.world_size, run.topo.local_size);
   if (cfg.train.shard == "parameters" && run.world_size > 1) check_parameter_sharding(run);
-  // train.grad_dtype: bf16 accumulation is built where the trainer reads the gradients in host
-  // memory (the cpu backend) and accumulates them over a step's micro-batches (none, optimizer;
-  // parameters reduce-scatters each micro-batch into fp32 shards). auto: bf16 under bf16 storage
-  // there, else fp32.
+  // train.grad_dtype: bf16 accumulation is built where the gradients accumulate over a step's
+  // micro-batches (none, optimizer; parameters reduce-scatters each micro-batch into fp32 shards),
+  // on both backends (Model::round_grads_bf16). auto: bf16 under bf16 storage on the cpu backend,
+  // else fp32 (a cuda run asks for bf16 explicitly).
   const bool sharded_parameters = cfg.train.shard == "parameters" && run.world_size > 1;
-  const bool bf16_grads_built = run.backend == "cpu" && !sharded_parameters;
+  const bool bf16_grads_built = !sharded_parameters;
   KILTER_USER_CHECK(cfg.train.grad_dtype != "bf16" || bf16_grads_built,
-                    "config key train.grad_dtype = bf16: a bf16 gradient accumulation buffer is built on the cpu backend "
-                    "under train.shard = none or optimizer only (here: backend " << run.backend << ", train.shard = "
+                    "config key train.grad_dtype = bf16: a bf16 gradient accumulation buffer is built under "
+                    "train.shard = none or optimizer only (here: backend " << run.backend << ", train.shard = "
                     << cfg.train.shard << "); use train.grad_dtype = fp32 or auto");
-  run.bf16_grads = bf16_grads_built &&
-                   resolved_grad_dtype(cfg.train, cfg.train.precision == "bf16" && cfg.train.bf16_storage == "on") == "bf16";
+  const bool cpu_bf16_storage = run.backend == "cpu" && cfg.train.precision == "bf16" && cfg.train.bf16_storage == "on";
+  run.bf16_grads = bf16_grads_built && resolved_grad_dtype(cfg.train, cpu_bf16_storage) == "bf16";
   run.shard_optimizer = cfg.train.shard != "none" && run.world_size > 1;
   // A group smaller than the world is built as the node (HSDP): the node's ranks shard, nodes
   // replicate; it needs the hierarchical reduction over uniform nodes.

@@ -10,7 +10,6 @@
 
 #include "io/base/error.h"
 #include "io/text_format.h"
-#include "lib/model/bf16_ops.h"
 #include "lib/optim/schedule.h"
 #include "lib/train/cut_schedule.h"
 #include "lib/train/guards.h"
@@ -131,7 +130,7 @@ double compute_gradients(StepContext& ctx, const balance::StepView& step, StepWo
     model::GradReadyFn on_ready;
     // train.grad_dtype = bf16: each finished range into the bf16 sum (StepContext::bf16_grads).
     auto accumulate = [&](size_t offset, size_t count) {
-      if (ctx.bf16_grads) model::round_bf16_inplace(model.grads() + offset, count);
+      if (ctx.bf16_grads) model.round_grads_bf16(offset, count);
     };
     if (last) {
       ctx.reducer->begin();
@@ -250,8 +249,8 @@ UpdateResult update(StepContext& ctx, const TrainConfig& train, const ReducedSte
     model.adamw_step(ap);
     if (ctx.shard_optimizer) {
       // Every rank updated its own ranges; all of them reach every rank before the next forward
-      // reads them (the bf16 working copy under the distributed optimizer, else the parameters). With a communication thread (comm.overlap = thread) the gather runs there,
-      // first layers first, and the model waits for each layer's range as its forward gets to it.
+      // reads them (the bf16 working copy under the distributed optimizer, else the parameters).
+      // With a communication thread (comm.overlap = thread) the gather runs there, first layers first, and the model waits for each layer's range as its forward gets to it.
       model.synchronize();
       if (ctx.reducer->gathers_in_background() && model.takes_arriving_params()) {
         // One watchdog section from here until the last range has arrived, so a rank lost during

@@ -20,7 +20,7 @@ stage_budget() { sed -n "s/^stage $1: .*; budget \([0-9]*\) s.*/\1/p" <<<"$plan"
 [[ $(stage_budget B) -le 180 ]] || fail "stage B's budget $(stage_budget B) s is over 3 minutes"
 # Stage A's order: the versions, the op table, the SDPA test, then the rest; B compares with torch.compile.
 steps=$(awk '/^stage A/ {a = 1} /^stage B/ {a = 0} a && /^  [a-z0-9_]+ +[0-9]+ s/ {print $1}' <<<"$plan" | tr '\n' ' ')
-[[ "$steps" == "versions op_table sdpa sdpa_refusal_log sdpa_initcheck model bf16_model cut loss_curve " ]] ||
+[[ "$steps" == "versions op_table sdpa sdpa_refusal_log sdpa_initcheck model bf16_model cut distributed_optimizer loss_curve " ]] ||
   fail "stage A's steps: $steps"
 for want in 'kilter_gpu_op_table_test' 'tool initcheck' 'CUDNN_LOGLEVEL_DBG=2' 'CUDNN_LOGDEST_DBG=stderr' \
             'gpu_step.sh $bin/kilter_bench_gpu_step --core' 'torch_gpu_step.py --compile'; do
@@ -31,7 +31,8 @@ grep -q 'kilter_gpu_ops_test\|kilter_gpu_bf16_ops_test' <<<"$plan" && fail "the 
 # The gate on a folder: every binary present passes; one missing (the SDPA test) is a failure.
 mkdir fake
 for b in kilter_gpu_op_table_test kilter_gpu_sdpa_test kilter_gpu_model_test kilter_gpu_bf16_model_test \
-         kilter_gpu_cut_test kilter_gpu_versions kilter_gpu_loss_curve kilter_bench_gpu_step; do
+         kilter_gpu_cut_test kilter_gpu_distributed_optimizer_test kilter_gpu_versions kilter_gpu_loss_curve \
+         kilter_bench_gpu_step; do
   printf '#!/bin/sh\n' >"fake/$b" && chmod +x "fake/$b"
 done
 bash "$check" --verify-built fake >/dev/null || fail "--verify-built refused a folder with every binary"
@@ -60,7 +61,8 @@ fi
 # The rehearsal.
 mkdir carry out bin-path
 for b in kilter_gpu_op_table_test kilter_gpu_sdpa_test kilter_gpu_model_test kilter_gpu_bf16_model_test \
-         kilter_gpu_cut_test kilter_gpu_versions kilter_gpu_loss_curve kilter_bench_gpu_step; do
+         kilter_gpu_cut_test kilter_gpu_distributed_optimizer_test kilter_gpu_versions kilter_gpu_loss_curve \
+         kilter_bench_gpu_step; do
   cat >"carry/$b" <<'FAKE'
 #!/bin/bash
 name=$(basename "$0")

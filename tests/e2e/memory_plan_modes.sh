@@ -74,13 +74,17 @@ assert m["none"]["device_total_designed_bytes"] == 0 and m["opt"]["device_total_
 assert c["device_total_bytes"] >= c["parameters_bytes"] + c["gathered_bytes"] + c["gradients_bytes"] + c["optimizer_bytes"]
 # The distributed optimizer (bf16 storage): the cpu backend keeps the fp32 master 1/G with the
 # moments beside the whole bf16 working copy (and a page or two per norm tensor widened from it);
-# the cuda backend holds the master whole so far, as under none.
+# so does the cuda backend (its norms widened into managed memory, priced at 2 MiB pages); under
+# none the master is whole.
 b = {k: json.load(open(f"{k}.json"))["memory"] for k in ("bnone", "bopt", "bcuda", "bcudanone")}
 padded = b["bnone"]["parameters_bytes"] // 6
 norm_pages = b["bopt"]["parameters_bytes"] - (2 * padded + padded // 4 * 4)
 assert 0 < norm_pages <= 34 * 2 * 4096, norm_pages  # 8 blocks x 4 norm tensors and the final 2, 2 pages each
 assert b["bopt"]["optimizer_bytes"] == padded // 4 * 8
-assert b["bcuda"]["parameters_bytes"] == 6 * padded, (b["bcuda"]["parameters_bytes"], padded)
+cuda_norm_pages = b["bcuda"]["parameters_bytes"] - (2 * padded + padded // 4 * 4)
+assert 0 < cuda_norm_pages <= 34 * 2 * 2**21, (b["bcuda"]["parameters_bytes"], padded)
+assert b["bcudanone"]["parameters_bytes"] >= 6 * padded, (b["bcudanone"]["parameters_bytes"], padded)
+assert b["bcuda"]["device_total_bytes"] < b["bcudanone"]["device_total_bytes"]
 # Machines for the advice: between parameters' node and optimizer's with block recompute; between
 # optimizer's and none's.
 PY

@@ -26,7 +26,9 @@ COMMON=(--data.dir=data --model.n_layer=2 --model.n_head=2 --model.n_embd=32 --m
         --train.lr=3e-3 --output.log_every=1 --output.trace_steps=0 --comm.timeout_s=60
         --data.cut_pieces=false --train.recompute=block --data.cost_calibration=off)
 LLAMA=(--model.arch=llama --model.n_kv_head=1 --model.ffn_hidden=80 --model.tie_embeddings=false)
-BF16=(--train.precision=bf16 --train.bf16_storage=on)
+# fp32 gradients on both sides: train.grad_dtype = auto is bf16 under bf16 storage with `none`
+# and fp32 under `parameters` (which reduce-scatters every micro-batch into fp32 shards).
+BF16=(--train.precision=bf16 --train.bf16_storage=on --train.grad_dtype=fp32)
 
 pair() {  # pair NAME [args]: none and parameters on 4 ranks
   local name=$1; shift

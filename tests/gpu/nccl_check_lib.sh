@@ -233,6 +233,12 @@ matrix_rows() {
   if [[ $quick -eq 0 ]]; then
     echo "flat4u|flat, unsharded|4|base|--comm.algo=flat --train.shard_optimizer=false"
     echo "hier4u|hierarchical 2x2, unsharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=false"
+    # Under bf16 (bf16 storage) the distributed optimizer: the master sharded, the bf16 working
+    # copy all-gathered, the gradients accumulated in bf16 and reduced in fp32 (bf16 rows only:
+    # the callers' precision p; fp32's 1e-5 against the 1-rank run does not hold bf16 gradients).
+    if [[ ${p:-} == bf16 ]]; then
+      echo "dopt2|flat, distributed optimizer, bf16 gradients|2|base|--comm.algo=flat --train.shard=optimizer --train.grad_dtype=bf16"
+    fi
   fi
 }
 PARAMETERS_ARGS="--comm.algo=flat --train.shard=parameters --train.shard_group=2 --data.cut_pieces=false"

@@ -42,7 +42,7 @@ void run_swiglu_bf16(CaseContext& x) {
   x.check.near_bf16(x.tag("swiglu_backward"), b_dinp.download(), dinp, x.c.tol.bwd, x.c.tol.once);
 }
 
-// out = round(wte[inp] + wpe[position]) from the fp32 weights.
+// out = round(wte[inp] + wpe[position]) from the fp32 weights, and from their bf16 working copy.
 void run_encoder_bf16(CaseContext& x) {
   const Shape& s = x.c.shape;
   const int C = s.C, V = s.V;
@@ -62,6 +62,20 @@ void run_encoder_bf16(CaseContext& x) {
   kc::encoder_forward_bf16(b_encoded.get(), d_inp.get(), d_wte.get(), s.position_table ? d_wpe.get() : nullptr,
                            d_cu.get(), pieces, N, C, x.stream(), s.offsets.empty() ? nullptr : d_offset.get());
   x.check.near_bf16(x.tag("encoder_forward_bf16"), b_encoded.download(), encoded, x.c.tol.fwd, x.c.tol.once);
+  // The distributed optimizer's form: the tables' bf16 working copy, summed in fp32 (the CPU
+  // twin: encoder_forward on the rounded tables, rounded once).
+  std::vector<float> wte_r = wte, wpe_r = wpe, from_copy(encoded.size());
+  km::round_bf16_inplace(wte_r.data(), wte_r.size());
+  km::round_bf16_inplace(wpe_r.data(), wpe_r.size());
+  km::encoder_forward(from_copy.data(), inp.data(), wte_r.data(), s.position_table ? wpe_r.data() : nullptr, cu.data(),
+                      pieces, C, s.offsets.empty() ? nullptr : s.offsets.data());
+  km::round_bf16_inplace(from_copy.data(), from_copy.size());
+  Bf16Device b_wte(wte_r, x.stream()), b_wpe(wpe_r, x.stream()), b_from_copy(from_copy.size(), x.stream());
+  const kc::bf16* copy_wte = b_wte.get();
+  kc::encoder_forward_bf16(b_from_copy.get(), d_inp.get(), copy_wte, s.position_table ? b_wpe.get() : nullptr,
+                           d_cu.get(), pieces, N, C, x.stream(), s.offsets.empty() ? nullptr : d_offset.get());
+  x.check.near_bf16(x.tag("encoder_forward_bf16 (bf16 tables)"), b_from_copy.download(), from_copy, x.c.tol.fwd,
+                    x.c.tol.once);
 }
 
 // The norm fused with the residual add, the plain norm of the stored sum (the same bits), and the
@@ -315,6 +329,9 @@ void run_convert_bf16(CaseContext& x) {
   kc::to_bf16(d_bf16.get(), d_values.get(), n, x.stream());
   kc::to_float(d_back.get(), d_bf16.get(), n, x.stream());
   x.check.expect(x.tag("to_bf16 then to_float = round_bf16, bit for bit"), d_back.download() == rounded);
+  DeviceBuffer<float> d_round(values);  // train.grad_dtype = bf16's rounding in place
+  kc::round_bf16_inplace(d_round.get(), n, x.stream());
+  x.check.expect(x.tag("round_bf16_inplace = round_bf16, bit for bit"), d_round.download() == rounded);
   const auto base = bf16_values(n), y = random_floats(n, 0.1f);
   std::vector<float> sum(n);
   for (size_t i = 0; i < n; ++i) sum[i] = km::round_bf16(base[i] + y[i]);

@@ -36,7 +36,7 @@ endif()
 # where no device is usable): kilter_<name>_test from tests/gpu/<name>_test.cpp. gpu_op_table is
 # the op table (tests/gpu/op_table.h): every kernel against its CPU twin; gpu_sdpa is added where
 # the cuDNN SDPA engine is built (KILTER_WITH_SDPA).
-set(KILTER_GPU_TESTS gpu_op_table gpu_model gpu_bf16_model gpu_cut)
+set(KILTER_GPU_TESTS gpu_op_table gpu_model gpu_bf16_model gpu_cut gpu_distributed_optimizer)
 if(KILTER_WITH_SDPA)
   list(APPEND KILTER_GPU_TESTS gpu_sdpa)
 endif()
