@@ -131,7 +131,8 @@ struct ShardedState {
   uint64_t parameters = 0, gathered = 0, gradients = 0;
 };
 ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf16_work, bool master_sharded,
-                           uint64_t shard, bool reshard_after_forward, bool mpi_reduce_scatter) {
+                           uint64_t shard, bool reshard_after_forward, bool mpi_reduce_scatter,
+                           bool whole_bf16_copy) {
   ShardedState st;
   const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
@@ -151,6 +152,13 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
                                                     : p.padded_params;
     st.parameters = shard * (work + master);
     st.gathered = gathered * (G - 1) / G * work;
+    if (whole_bf16_copy) {
+      // The cpu backend gathers the fp32 weights of a unit and rounds them into its bf16 copy,
+      // which it keeps whole (lib/backend/cpu_model.h, params_bf16_, zeroed at its creation):
+      // the rank's fp32 chunk, the whole bf16 copy, and the gathered units in fp32.
+      st.parameters = shard * 4 + p.padded_params * 2;
+      st.gathered = gathered * (G - 1) / G * 4;
+    }
     // The reduce-scatter's scratch besides: the result chunk, and on the CPU backend MPI's
     // temporary of a whole unit (Open MPI's reduce-scatter reduces the whole input before it
     // scatters; NCCL's needs none).
@@ -230,7 +238,8 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const bool auto_bf16 = cfg.train.grad_dtype == "auto" && cpu_bf16_storage && p.shard != "parameters";
   p.grad_dtype = cfg.train.grad_dtype == "bf16" || auto_bf16 ? "bf16" : "fp32";
   const bool master_sharded = p.shard == "optimizer" && master_sharded_under_optimizer(cfg, cuda);
-  ShardedState state = sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda);
+  ShardedState state =
+      sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda, !cuda && bf16);
   // The cpu backend's distributed optimizer also widens the norms' weights from the working copy
   // for its fp32 kernels (CpuModel::widened_): a page or two per norm tensor.
   if (master_sharded && !cuda) {
