@@ -61,6 +61,7 @@ set(KILTER_NO_ASAN_TESTS
     e2e_bf16_fortunes                              # 3 x 300 steps of a 260k-parameter model
     e2e_memory_plan                                # peak RSS against the plan: not asserted under ASan,
                                                    # whose shadow memory it would measure (92 s there)
+    e2e_memory_plan_rss                            # the same, 4 ranks of a 50 M model by sharding mode
     diag_straggler                                 # a 50 ms drill among 4 ASan-slowed ranks is below
                                                    # the straggler threshold (a share of the step)
     backend_cuda_host_test                         # built only with CUDA (the sanitizer builds have none)

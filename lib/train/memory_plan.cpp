@@ -27,8 +27,10 @@ namespace {
 
 // What a rank holds besides the figures: MPI (shared-memory transport), oneDNN and OpenMP,
 // HDF5, the plan of an epoch, code, and the malloc arenas of the threads. Measured: 41-64 MiB
-// (a 2-layer, 32-wide model's rank peaks at 41 MB; 4 x 512 ranks vary by 30 MiB run to run).
-constexpr uint64_t kRuntimeBytes = 64ull << 20;
+// (a 2-layer, 32-wide model's rank peaks at 41 MB; 4 x 512 ranks vary by 30 MiB run to run)
+// while the communication thread's freed temporaries stayed in its arena; since the reducer
+// returns them, 4 x 512 ranks peak 25-35 MiB below a plan with 64 MiB, hence 48.
+constexpr uint64_t kRuntimeBytes = 48ull << 20;
 // That figure includes the ~18 MiB a CPU-only build holds before main() (code, the libraries'
 // static data). A build that links the CUDA libraries (cudart, cuBLASLt, cuDNN, NCCL) holds
 // ~210 MiB more there, on every rank, GPU or not: the difference is read at start-up.
@@ -151,7 +153,8 @@ struct ShardedState {
   uint64_t parameters = 0, gathered = 0, gradients = 0;
 };
 ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf16_work, bool master_sharded,
-                           uint64_t shard, bool reshard_after_forward, bool mpi_reduce_scatter) {
+                           uint64_t shard, bool reshard_after_forward, bool mpi_reduce_scatter,
+                           bool whole_bf16_copy) {
   ShardedState st;
   const uint64_t work = bf16_work ? 2 : 4;       // bytes of a working weight
   const uint64_t master = bf16_work ? 4 : 0;     // the fp32 master, where it is not the working copy
@@ -172,6 +175,13 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
                                                     : p.padded_params;
     st.parameters = shard * (work + master);
     st.gathered = gathered * (G - 1) / G * work;
+    if (whole_bf16_copy) {
+      // The cpu backend gathers the fp32 weights of a unit and rounds them into its bf16 copy,
+      // which it keeps whole (lib/backend/cpu_model.h, params_bf16_, zeroed at its creation):
+      // the rank's fp32 chunk, the whole bf16 copy, and the gathered units in fp32.
+      st.parameters = shard * 4 + p.padded_params * 2;
+      st.gathered = gathered * (G - 1) / G * 4;
+    }
     // The reduce-scatter's scratch besides, on the CPU backend: pieces of at most 4 Mi floats
     // over all chunks (param_shards.cpp packs them), and Open MPI's temporary of as much (its
     // reduce-scatter reduces the whole input before it scatters; NCCL's needs none).
@@ -250,7 +260,8 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   const bool auto_bf16 = cfg.train.grad_dtype == "auto" && cpu_bf16_storage && p.shard != "parameters";
   p.grad_dtype = cfg.train.grad_dtype == "bf16" || auto_bf16 ? "bf16" : "fp32";
   const bool master_sharded = p.shard == "optimizer" && master_sharded_under_optimizer(cfg, cuda);
-  ShardedState state = sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda);
+  ShardedState state =
+      sharded_state(p, units, bf16_work, master_sharded, shard, cfg.train.reshard_after_forward, !cuda, !cuda && bf16);
   // The distributed optimizer also widens the norms' weights from the working copy for the fp32
   // norm kernels, into an allocation only their pages touch (CpuModel::widened_: 4 KiB pages;
   // CudaModel's managed params_: priced at 2 MiB, the largest a device's first touch populates):
