@@ -220,7 +220,7 @@ CudaModel::~CudaModel() {
   release_moments();
   cudaFree(segments_);
   cudaFree(norm_counter_);
-  cudaFree(params_bf16_);
+  if (!bf16_copy_borrowed_) cudaFree(params_bf16_);
   cudaFree(head_bf16_);
   cudaFree(rope_cos_);
   cudaFree(rope_sin_);
@@ -632,6 +632,23 @@ void CudaModel::set_param_units(model::ParamUnitHooks* hooks) {
                     "(each unit's gather and reduce-scatter runs between the kernels); set train.cuda_graphs = false");
   units_ = hooks;
   unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
+  if (units_ && units_->params_storage()) {
+    // The holder's sparsely backed buffers replace the whole ones (before anything is written to
+    // them: run_setup initializes or restores after this). The kernels see the same offsets.
+    KILTER_CHECK(units_->grads_storage(), "sharded parameters: a holder with parameter storage but none for gradients");
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    KILTER_CUDA_CHECK(cudaFree(state_));
+    state_ = nullptr;
+    params_ = units_->params_storage();
+    grads_ = units_->grads_storage();
+    if (bf16_storage_) {
+      if (void* copy = units_->working_copy_storage(sizeof(kc::bf16))) {
+        KILTER_CUDA_CHECK(cudaFree(params_bf16_));
+        params_bf16_ = static_cast<kc::bf16*>(copy);
+        bf16_copy_borrowed_ = true;
+      }
+    }
+  }
 }
 
 void CudaModel::unit_needed(int unit) {
@@ -645,10 +662,11 @@ void CudaModel::unit_needed(int unit) {
 }
 
 void CudaModel::forward_units(int layer) {
-  // Block `layer` (or the final norm) is next; the forward of block layer - 2 is over.
+  // Block `layer` (or the final norm) is next; the forward of block layer - 2 is over, and it is
+  // released before the next unit is asked for (a device holder backs at most three blocks).
+  if (layer >= 2) units_->forward_done(layer - 1);
   unit_needed(layer + 1);
   units_->prefetch(layer + 2);
-  if (layer >= 2) units_->forward_done(layer - 1);
 }
 
 void CudaModel::init_params(uint64_t seed) {

@@ -1,6 +1,8 @@
 // The page arithmetic of a sparsely backed device buffer (unit_pages.h).
 #include "lib/comm/unit_pages.h"
 
+#include <algorithm>
+
 #include "io/base/error.h"
 
 namespace kilter::comm {
@@ -15,6 +17,20 @@ PageSpan covering_pages(size_t offset, size_t count, size_t element_bytes, size_
   if (count == 0) return {};
   const size_t lo = offset * element_bytes, hi = (offset + count) * element_bytes;
   return {lo / page_bytes, (hi + page_bytes - 1) / page_bytes};
+}
+
+PageBudget unit_page_budget(const std::vector<PageSpan>& units, bool keep_all) {
+  PageBudget b;
+  if (units.empty()) return b;
+  size_t block = 0, all = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    all += units[u].count();
+    if (u > 0 && u + 1 < units.size()) block = std::max(block, units[u].count());
+  }
+  const size_t first = units.front().count(), last = units.size() > 1 ? units.back().count() : 0;
+  b.params = keep_all ? all : std::min(all, first + last + 3 * block);
+  b.grads = std::min(all, first + 2 * std::max(block, last));
+  return b;
 }
 
 namespace {

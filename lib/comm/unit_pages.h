@@ -24,6 +24,18 @@ size_t round_to_pages(size_t bytes, size_t page_bytes);
 // The pages that cover elements [offset, offset + count) of `element_bytes` each (empty for count 0).
 PageSpan covering_pages(size_t offset, size_t count, size_t element_bytes, size_t page_bytes);
 
+// The pages a rank's device shards back beyond its chunks at most (the holders wait for a
+// released unit's pages before they pass it), from each unit's covering pages in unit order (the
+// embeddings, the blocks, the final unit): for the parameters and their working copy, the first
+// and the last unit and three blocks (the one computing, the next one gathered, the one
+// prefetched); for the gradients, the first unit (a tied head writes it first) and two others
+// (the one in its backward, the one being reduce-scattered). Every unit where the forward keeps
+// them all (keep_all: train.reshard_after_forward = false).
+struct PageBudget {
+  size_t params = 0, grads = 0;
+};
+PageBudget unit_page_budget(const std::vector<PageSpan>& units, bool keep_all);
+
 class PageRefs {
  public:
   explicit PageRefs(size_t pages) : refs_(pages, 0) {}

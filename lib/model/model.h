@@ -110,6 +110,17 @@ class ParamUnitHooks {
   // stream) may start now, so that the gather overlaps the compute before it. need() still comes
   // before any use. Out-of-range units are ignored.
   virtual void prefetch(int unit) { (void)unit; }
+  // Buffers the holder keeps itself, which the model then uses for its parameters and gradients
+  // (padded_size floats each; a device's sparsely backed ranges); null: the model's own.
+  virtual float* params_storage() { return nullptr; }
+  virtual float* grads_storage() { return nullptr; }
+  // Likewise for a working copy of the parameters in `element_bytes` elements (a bf16 copy the
+  // kernels read), which the holder then backs where the parameters are gathered; the model
+  // refreshes a unit's part of it whenever need() says the unit was gathered just now.
+  virtual void* working_copy_storage(size_t element_bytes) {
+    (void)element_bytes;
+    return nullptr;
+  }
   // The forward is done with the unit (it may be freed until the backward needs it again).
   virtual void forward_done(int unit) = 0;
   // The unit's gradients are final for this micro-batch (reduce-scatter them; the unit above it,

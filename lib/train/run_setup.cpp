@@ -171,8 +171,8 @@ void make_reducer(Run& run) {
     try {
       if (run.backend == "cuda") {
 #ifdef KILTER_WITH_NCCL
-        shards = make_nccl_param_shards(group, replicas, run.model->layout(), run.model->params(),
-                                        run.model->grads(), cfg.train.reshard_after_forward, cfg.comm.timeout_s);
+        shards = make_nccl_param_shards(group, replicas, run.model->layout(), cfg.train.reshard_after_forward,
+                                        cfg.comm.timeout_s);
 #else
         KILTER_USER_FAIL("config key train.shard = parameters: the cuda backend shards parameters over NCCL, "
                          "which this build lacks (kilter --version); use train.shard = optimizer");

@@ -51,6 +51,23 @@ TEST(UnitPages, SharedPagesStayUntilTheLastHolderDrops) {
   EXPECT_THROW(refs.hold({8, 11}), Error);  // past the end
 }
 
+TEST(UnitPages, BudgetHoldsTheScheduleUnits) {
+  // Embeddings of 7 pages, five blocks of 3 and 4, a final unit of 2.
+  const std::vector<PageSpan> units{{0, 7}, {7, 10}, {10, 14}, {14, 17}, {17, 21}, {21, 24}, {24, 26}};
+  const PageBudget b = unit_page_budget(units, false);
+  EXPECT_EQ(b.params, 7u + 2u + 3u * 4u);
+  EXPECT_EQ(b.grads, 7u + 2u * 4u);
+  EXPECT_EQ(unit_page_budget(units, true).params, 26u) << "every unit kept";
+  // Three blocks are all the blocks: never more than the buffer.
+  const std::vector<PageSpan> few{{0, 7}, {7, 10}, {10, 14}, {14, 16}};
+  EXPECT_EQ(unit_page_budget(few, false).params, 16u);
+  // Never more than the whole buffer.
+  const PageBudget small = unit_page_budget({{0, 1}, {1, 2}, {2, 3}}, false);
+  EXPECT_EQ(small.params, 3u);
+  EXPECT_EQ(small.grads, 3u);
+  EXPECT_EQ(unit_page_budget({}, false).params, 0u);
+}
+
 TEST(UnitPages, ChunksAndOneUnitBackOnlyTheirPages) {
   // A 4-layer GPT-2 wide enough that a block spans several pages of a small granularity.
   const model::ModelSpec spec{4, 4, 256, 64, 1000};
