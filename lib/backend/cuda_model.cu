@@ -134,10 +134,13 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
   }
 
   const size_t padded = align_up(layout_.padded_size);
-  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(float) * padded * 2));
-  params_ = state_;
-  grads_ = state_ + padded;
-  KILTER_CUDA_CHECK(cudaMemsetAsync(state_, 0, sizeof(float) * padded * 2, stream_));
+  const bool elsewhere = options_.params_held_elsewhere;  // set_param_units brings them
+  if (!elsewhere) {
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&state_), sizeof(float) * padded * 2));
+    params_ = state_;
+    grads_ = state_ + padded;
+    KILTER_CUDA_CHECK(cudaMemsetAsync(state_, 0, sizeof(float) * padded * 2, stream_));
+  }
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_),
                                sizeof(double) * (2 + kc::sum_of_squares_scratch_doubles())));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_counter_), sizeof(unsigned)));
@@ -146,11 +149,11 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
     // The bf16 working copy of the weights, and the head's with the vocabulary padded to a
     // multiple of 128 (its extra rows stay zero: zero logits, masked by the classifier).
     vocab_padded_ = (cfg_.vocab_size + 127) / 128 * 128;
-    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_bf16_), sizeof(kc::bf16) * padded));
+    if (!elsewhere) KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_bf16_), sizeof(kc::bf16) * padded));
     const size_t head = static_cast<size_t>(vocab_padded_) * cfg_.n_embd;
     KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_bf16_), sizeof(kc::bf16) * head));
     KILTER_CUDA_CHECK(cudaMemsetAsync(head_bf16_, 0, sizeof(kc::bf16) * head, stream_));
-    refresh_working_copy();
+    if (!elsewhere) refresh_working_copy();
   }
   if (cfg_.llama()) {
     const model::RopeTable table = model::RopeTable::build(cfg_, cfg_.block_size);
@@ -632,6 +635,9 @@ void CudaModel::set_param_units(model::ParamUnitHooks* hooks) {
                     "(each unit's gather and reduce-scatter runs between the kernels); set train.cuda_graphs = false");
   units_ = hooks;
   unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
+  KILTER_CHECK(!options_.params_held_elsewhere || !units_ || units_->params_storage(),
+               "train.shard = parameters: the cuda model was built without its parameter buffers, and the "
+               "parameter holder brings none");
   if (units_ && units_->params_storage()) {
     // The holder's sparsely backed buffers replace the whole ones (before anything is written to
     // them: run_setup initializes or restores after this). The kernels see the same offsets.

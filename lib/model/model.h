@@ -87,6 +87,11 @@ struct BackendOptions {
   // Why SDPA must not run later parts of cut pieces ("" none): their probe failed. Those buckets
   // then run on the other engines; whole pieces stay on SDPA.
   std::string sdpa_cut_refused;
+  // train.shard = parameters where a holder keeps the parameters, gradients and working copy
+  // (ParamUnitHooks::params_storage): the model allocates none of them, and takes the holder's
+  // in set_param_units before anything reads them (whole buffers would not fit where sharding
+  // is needed).
+  bool params_held_elsewhere = false;
 };
 
 // Graphs an attention engine built (cuDNN SDPA: forward and backward count one each, per shape
