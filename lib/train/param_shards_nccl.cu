@@ -161,7 +161,8 @@ NcclParamShards::NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model:
   params_ = static_cast<float*>(params_mem_->buffer.data());
   grads_ = static_cast<float*>(grads_mem_->buffer.data());
   for (const model::ParamRange& r : chunks_.owned()) {
-    const comm::PageSpan span = comm::covering_pages(r.offset, r.count, sizeof(float), params_mem_->buffer.page_bytes());
+    const comm::PageSpan span =
+        comm::covering_pages(r.offset, r.count, sizeof(float), params_mem_->buffer.page_bytes());
     hold(*params_mem_, span);
     hold(*grads_mem_, span);
     KILTER_CUDA_CHECK(cudaMemsetAsync(params_ + r.offset, 0, sizeof(float) * r.count, compute_));
