@@ -30,7 +30,11 @@ template <typename Fn>
 void resolve(const char* name, Fn*& fn) {
   void* address = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
   const cudaError_t status = cudaGetDriverEntryPointByVersion(name, &address, 12000, cudaEnableDefault, &found);
+#else  // toolkits 12.0 to 12.4: the entry point of the runtime's own version
+  const cudaError_t status = cudaGetDriverEntryPoint(name, &address, cudaEnableDefault, &found);
+#endif
   KILTER_CHECK(status == cudaSuccess && found == cudaDriverEntryPointSuccess && address,
                "CUDA virtual memory (train.shard = parameters): the driver has no " << name << " ("
                    << cudaGetErrorString(status) << "); a driver for CUDA 12 or later is needed");
