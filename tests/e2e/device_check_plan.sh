@@ -31,7 +31,7 @@ grep -q 'kilter_gpu_ops_test\|kilter_gpu_bf16_ops_test' <<<"$plan" && fail "the 
 # The gate on a folder: every binary present passes; one missing (the SDPA test) is a failure.
 mkdir fake
 for b in kilter_gpu_op_table_test kilter_gpu_sdpa_test kilter_gpu_model_test kilter_gpu_bf16_model_test \
-         kilter_gpu_cut_test kilter_gpu_vmm_test kilter_gpu_versions kilter_gpu_loss_curve kilter_bench_gpu_step; do
+         kilter_gpu_cut_test kilter_gpu_versions kilter_gpu_loss_curve kilter_bench_gpu_step; do
   printf '#!/bin/sh\n' >"fake/$b" && chmod +x "fake/$b"
 done
 bash "$check" --verify-built fake >/dev/null || fail "--verify-built refused a folder with every binary"
@@ -60,7 +60,7 @@ fi
 # The rehearsal.
 mkdir carry out bin-path
 for b in kilter_gpu_op_table_test kilter_gpu_sdpa_test kilter_gpu_model_test kilter_gpu_bf16_model_test \
-         kilter_gpu_cut_test kilter_gpu_vmm_test kilter_gpu_versions kilter_gpu_loss_curve kilter_bench_gpu_step; do
+         kilter_gpu_cut_test kilter_gpu_versions kilter_gpu_loss_curve kilter_bench_gpu_step; do
   cat >"carry/$b" <<'FAKE'
 #!/bin/bash
 name=$(basename "$0")

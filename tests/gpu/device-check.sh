@@ -6,8 +6,7 @@
 #      kilter_gpu_op_table_test (every kernel against its CPU twin); kilter_gpu_sdpa_test (the cuDNN
 #      SDPA engine against the CPU packed attention), then the same test's cut-piece cases under
 #      `compute-sanitizer --tool initcheck` (no read of device memory that was never written);
-#      kilter_gpu_model_test, kilter_gpu_bf16_model_test, kilter_gpu_cut_test, kilter_gpu_vmm_test (the
-#      sparsely backed buffers of train.shard = parameters); the bf16 loss curve
+#      kilter_gpu_model_test, kilter_gpu_bf16_model_test, kilter_gpu_cut_test; the bf16 loss curve
 #      against fp32's on the docs' text. A cuDNN refusal in the SDPA test is rerun, that one case
 #      only, with cuDNN's and cudnn-frontend's own logging on. A failing stage A ends the check.
 #   B  speed (target 3 minutes): kilter's tokens/s, MFU and device GiB (bench/gpu_step.sh --core:
@@ -67,7 +66,7 @@ done
 
 # Every binary the check runs. The build-only gate refuses a build that lacks any of them.
 gpu_tests=(kilter_gpu_op_table_test kilter_gpu_sdpa_test kilter_gpu_model_test kilter_gpu_bf16_model_test
-           kilter_gpu_cut_test kilter_gpu_vmm_test)
+           kilter_gpu_cut_test)
 gpu_tools=(kilter_gpu_versions kilter_gpu_loss_curve kilter_bench_gpu_step)
 
 start=$SECONDS
@@ -91,7 +90,6 @@ add_step A sdpa_initcheck 40 "\$sanitizer --tool initcheck --error-exitcode 3 --
 add_step A model 35 "\$bin/kilter_gpu_model_test"
 add_step A bf16_model 30 "\$bin/kilter_gpu_bf16_model_test"
 add_step A cut 15 "\$bin/kilter_gpu_cut_test"
-add_step A vmm 10 "\$bin/kilter_gpu_vmm_test"
 add_step A loss_curve 45 "\$bin/kilter_gpu_loss_curve --steps $curve_steps \$root/README.md \$root/docs/*.md"
 add_step B kilter_bench 50 "KILTER_GPU_BENCH_TIMEOUT=20 \$root/bench/gpu_step.sh \$bin/kilter_bench_gpu_step --core $quick"
 add_step B torch_gpt2_bf16 55 "$torch_step --precision bf16"
