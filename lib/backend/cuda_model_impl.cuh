@@ -168,6 +168,8 @@ class CudaModel final : public ModelBase {
   void head_backward();  // the head's gradients into dln, then ln_f's backward
   // ---- sharded parameters (set_param_units) -------------------------------------------------
   model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always there
+  bool bf16_copy_borrowed_ = false;        // params_bf16_ is the hooks' (not freed here)
+  bool state_borrowed_ = false;      // params_ and grads_ are the parameter holder's (set_param_units)
   std::vector<model::ParamRange> unit_ranges_;
   // need(unit); a unit gathered just now refreshes its part of the bf16 working copy.
   void unit_needed(int unit);

@@ -86,6 +86,11 @@ struct BackendOptions {
   // Why SDPA must not run later parts of cut pieces ("" none): their probe failed. Those buckets
   // then run on the other engines; whole pieces stay on SDPA.
   std::string sdpa_cut_refused;
+  // train.shard = parameters where a holder keeps the parameters, gradients and working copy
+  // (ParamUnitHooks::params_storage): the model allocates none of them, and takes the holder's
+  // in set_param_units before anything reads them (whole buffers would not fit where sharding
+  // is needed).
+  bool params_held_elsewhere = false;
 };
 
 // Graphs an attention engine built (cuDNN SDPA: forward and backward count one each, per shape
@@ -109,6 +114,17 @@ class ParamUnitHooks {
   // stream) may start now, so that the gather overlaps the compute before it. need() still comes
   // before any use. Out-of-range units are ignored.
   virtual void prefetch(int unit) { (void)unit; }
+  // Buffers the holder keeps itself, which the model then uses for its parameters and gradients
+  // (padded_size floats each; a device's sparsely backed ranges); null: the model's own.
+  virtual float* params_storage() { return nullptr; }
+  virtual float* grads_storage() { return nullptr; }
+  // Likewise for a working copy of the parameters in `element_bytes` elements (a bf16 copy the
+  // kernels read), which the holder then backs where the parameters are gathered; the model
+  // refreshes a unit's part of it whenever need() says the unit was gathered just now.
+  virtual void* working_copy_storage(size_t element_bytes) {
+    (void)element_bytes;
+    return nullptr;
+  }
   // The forward is done with the unit (it may be freed until the backward needs it again; the
   // embeddings, unit 0, until a tied head needs them: need(0) again).
   virtual void forward_done(int unit) = 0;

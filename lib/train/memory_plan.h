@@ -57,9 +57,6 @@ struct MemoryPlan {
   uint64_t node_total = 0;       // rank 0 + (ranks_per_node - 1) others
   uint64_t machine_bytes = 0;    // this machine's memory (0: unknown)
   uint64_t device_total = 0;     // cuda: one rank's device bytes (parameters ... engine)
-  // cuda under parameters: the device bytes of the sharded state as designed (1/G of the buffers
-  // and the units resident at once), which the CudaModel does not hold yet (0 otherwise).
-  uint64_t device_total_designed = 0;
   bool device_fits = true;       // cuda: device_total <= input.device_bytes (or unknown)
   bool fits = true;              // the node's host memory and (cuda) the device both hold it
   std::string advice;            // when it does not fit: the cheapest setting that does ("" if none)

@@ -1,6 +1,7 @@
 // Fully sharded parameters on a CUDA device over NCCL (param_shards_nccl.h).
 #include "lib/train/param_shards_nccl.h"
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -8,8 +9,10 @@
 
 #include "io/base/cuda_common.h"
 #include "io/base/cuda_device.h"
+#include "io/base/cuda_virtual_buffer.h"
 #include "lib/comm/nccl_util.h"
 #include "lib/comm/unit_chunks.h"
+#include "lib/comm/unit_pages.h"
 #include "lib/train/watchdog.h"
 
 namespace kilter::train {
@@ -18,8 +21,8 @@ namespace {
 
 class NcclParamShards final : public UnitShards {
  public:
-  NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout, float* params, float* grads,
-                  bool reshard_after_forward, double timeout_s);
+  NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout, bool reshard_after_forward,
+                  double timeout_s);
   ~NcclParamShards() override;
 
   // UnitShards
@@ -31,6 +34,9 @@ class NcclParamShards final : public UnitShards {
   void forward_done(int unit) override;
   void grads_final(int unit) override;
   void pass_done() override;
+  float* params_storage() override { return params_; }
+  float* grads_storage() override { return grads_; }
+  void* working_copy_storage(size_t element_bytes) override;
 
   // comm::GradientReducer: the reduction happened unit by unit.
   void begin() override {}
@@ -53,12 +59,47 @@ class NcclParamShards final : public UnitShards {
   void wait_for(comm::NcclComm& nccl, const char* what);
   comm::NcclFailureMessage failure_message(const comm::NcclComm& nccl, const char* what) const;
   int num_units() const { return chunks_.num_units(); }
+  // ---- the sparsely backed buffers: a unit's pages are held from its gather (parameters) or its
+  // backward (gradients) until its release; a released unit's pages are given back once the
+  // device is past the event recorded at the release (reap), the host waiting for the oldest
+  // release only where the pages backed would pass the budget.
+  struct Backed {
+    backend::VirtualDeviceBuffer buffer;
+    comm::PageRefs refs;
+    size_t budget = 0;  // pages backed at most before a hold waits for a release to land
+    Backed(size_t bytes, const char* what);
+  };
+  struct Retired {
+    Backed* backed;
+    comm::PageSpan span;
+    cudaEvent_t event;
+  };
+  comm::PageSpan unit_pages(const Backed& b, int unit) const;
+  std::vector<comm::PageSpan> unit_spans(const Backed& b) const;
+  void hold(Backed& b, comm::PageSpan span);
+  // The unit's pages go back once `stream` has passed this point.
+  void retire(Backed& b, int unit, cudaStream_t stream);
+  // Gives back the pages of the releases the device has passed (every release: wait for them).
+  void reap(bool wait_all);
+  // The unit's parameters (and their working copy) get pages / go back after `stream`.
+  void hold_params(int unit);
+  void drop_params(int unit, cudaStream_t stream);
+  void hold_grads(int unit);
+  void drop_grads(int unit, cudaStream_t stream);
 
   comm::UnitChunks chunks_;
   comm::NcclComm group_;
   std::unique_ptr<comm::NcclComm> replicas_;  // null: the group is the world
-  float* params_ = nullptr;
-  float* grads_ = nullptr;
+  std::unique_ptr<Backed> params_mem_, grads_mem_;
+  std::unique_ptr<Backed> copy_mem_;  // the model's working copy, where it has one
+  size_t copy_element_ = 0;
+  size_t padded_ = 0;  // the layout's padded floats
+  float* params_ = nullptr;  // params_mem_'s range
+  float* grads_ = nullptr;   // grads_mem_'s range
+  std::vector<Retired> retired_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::vector<bool> params_held_, grads_held_;
+  std::vector<int> needs_;  // need() calls this pass: the second is the unit's backward
   bool reshard_after_forward_ = true;
   cudaStream_t compute_ = nullptr;
   std::vector<State> state_;
@@ -70,8 +111,11 @@ class NcclParamShards final : public UnitShards {
   float* scatter_ = nullptr;
 };
 
-NcclParamShards::NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout, float* params,
-                                 float* grads, bool reshard_after_forward, double timeout_s)
+NcclParamShards::Backed::Backed(size_t bytes, const char* what)
+    : buffer(bytes, what), refs(buffer.pages()) {}
+
+NcclParamShards::NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout,
+                                 bool reshard_after_forward, double timeout_s)
     : chunks_(comm::UnitChunks::of(layout, [group] {
         int size = 1;
         MPI_Comm_size(group, &size);
@@ -84,7 +128,7 @@ NcclParamShards::NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model:
       // The watchdog brackets every wait and fires first, after timeout_s, naming the ranks that
       // did not arrive; the communicators' own bound is the backstop.
       group_(group, 2 * timeout_s, "parameter shards (train.shard = parameters)"),
-      params_(params), grads_(grads), reshard_after_forward_(reshard_after_forward) {
+      reshard_after_forward_(reshard_after_forward) {
   if (replicas != MPI_COMM_NULL)
     replicas_ =
         std::make_unique<comm::NcclComm>(replicas, 2 * timeout_s, "parameter shard replicas (train.shard_group)");
@@ -107,11 +151,135 @@ NcclParamShards::NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model:
                                           << sizeof(float) * (staging + chunk) << " bytes) on device "
                                           << group_.device() << ": " << cudaGetErrorString(status));
   scatter_ = staging_ + staging;
+  padded_ = layout.padded_size;
+  params_held_.assign(units, false);
+  grads_held_.assign(units, false);
+  needs_.assign(units, 0);
+  // The whole padded buffers as virtual ranges; this rank's chunks backed for good (zeros).
+  params_mem_ = std::make_unique<Backed>(sizeof(float) * layout.padded_size, "sharded parameters");
+  grads_mem_ = std::make_unique<Backed>(sizeof(float) * layout.padded_size, "sharded gradients");
+  params_ = static_cast<float*>(params_mem_->buffer.data());
+  grads_ = static_cast<float*>(grads_mem_->buffer.data());
+  for (const model::ParamRange& r : chunks_.owned()) {
+    const comm::PageSpan span =
+        comm::covering_pages(r.offset, r.count, sizeof(float), params_mem_->buffer.page_bytes());
+    hold(*params_mem_, span);
+    hold(*grads_mem_, span);
+    KILTER_CUDA_CHECK(cudaMemsetAsync(params_ + r.offset, 0, sizeof(float) * r.count, compute_));
+    KILTER_CUDA_CHECK(cudaMemsetAsync(grads_ + r.offset, 0, sizeof(float) * r.count, compute_));
+  }
+  // Beyond the chunks: at most unit_page_budget's pages.
+  const comm::PageBudget budget = comm::unit_page_budget(unit_spans(*params_mem_), !reshard_after_forward_);
+  params_mem_->budget = params_mem_->refs.held() + budget.params;
+  grads_mem_->budget = grads_mem_->refs.held() + budget.grads;
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+comm::PageSpan NcclParamShards::unit_pages(const Backed& b, int unit) const {
+  const comm::UnitChunk& c = chunks_.unit(unit);
+  const size_t element = &b == copy_mem_.get() ? copy_element_ : sizeof(float);
+  return comm::covering_pages(c.offset, c.count, element, b.buffer.page_bytes());
+}
+
+std::vector<comm::PageSpan> NcclParamShards::unit_spans(const Backed& b) const {
+  std::vector<comm::PageSpan> spans;
+  for (int u = 0; u < num_units(); ++u) spans.push_back(unit_pages(b, u));
+  return spans;
+}
+
+void* NcclParamShards::working_copy_storage(size_t element_bytes) {
+  KILTER_CHECK(!copy_mem_ || copy_element_ == element_bytes, "sharded parameters: a second working copy asked for");
+  KILTER_CHECK(std::find(params_held_.begin(), params_held_.end(), true) == params_held_.end(),
+               "sharded parameters: the working copy asked for after a gather");
+  if (!copy_mem_) {
+    KILTER_CUDA_CHECK(cudaSetDevice(group_.device()));
+    copy_element_ = element_bytes;
+    copy_mem_ = std::make_unique<Backed>(element_bytes * padded_, "sharded parameters' working copy");
+    copy_mem_->budget = comm::unit_page_budget(unit_spans(*copy_mem_), !reshard_after_forward_).params;
+  }
+  return copy_mem_->buffer.data();
+}
+
+void NcclParamShards::hold_params(int unit) {
+  if (params_held_[size_t(unit)]) return;
+  hold(*params_mem_, unit_pages(*params_mem_, unit));
+  if (copy_mem_) hold(*copy_mem_, unit_pages(*copy_mem_, unit));
+  params_held_[size_t(unit)] = true;
+}
+
+void NcclParamShards::drop_params(int unit, cudaStream_t stream) {
+  if (!params_held_[size_t(unit)]) return;
+  retire(*params_mem_, unit, stream);
+  if (copy_mem_) retire(*copy_mem_, unit, stream);
+  params_held_[size_t(unit)] = false;
+}
+
+void NcclParamShards::hold(Backed& b, comm::PageSpan span) {
+  reap(false);
+  // The release the device has not reached yet, oldest first, until the new pages fit.
+  while (b.refs.held() + span.count() > b.budget) {
+    auto oldest = std::find_if(retired_.begin(), retired_.end(), [&b](const Retired& r) { return r.backed == &b; });
+    if (oldest == retired_.end()) break;  // the schedule holds more than the budget: back them anyway
+    KILTER_CUDA_CHECK(cudaEventSynchronize(oldest->event));
+    reap(false);
+  }
+  for (const comm::PageSpan& run : b.refs.hold(span)) b.buffer.back(run.first, run.end);
+}
+
+void NcclParamShards::retire(Backed& b, int unit, cudaStream_t stream) {
+  cudaEvent_t event = nullptr;
+  if (spare_events_.empty()) {
+    KILTER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  } else {
+    event = spare_events_.back();
+    spare_events_.pop_back();
+  }
+  KILTER_CUDA_CHECK(cudaEventRecord(event, stream));
+  retired_.push_back({&b, unit_pages(b, unit), event});
+}
+
+void NcclParamShards::reap(bool wait_all) {
+  std::vector<Retired> waiting;
+  for (const Retired& r : retired_) {
+    if (wait_all) KILTER_CUDA_CHECK(cudaEventSynchronize(r.event));
+    const cudaError_t done = cudaEventQuery(r.event);
+    if (done == cudaErrorNotReady) {
+      waiting.push_back(r);
+      continue;
+    }
+    KILTER_CUDA_CHECK(done);
+    for (const comm::PageSpan& run : r.backed->refs.drop(r.span)) r.backed->buffer.unback(run.first, run.end);
+    spare_events_.push_back(r.event);
+  }
+  retired_.swap(waiting);
+}
+
+void NcclParamShards::hold_grads(int unit) {
+  const size_t u = size_t(unit);
+  if (grads_held_[u]) return;
+  // The unit's gradients are written by this pass's backward only after the last reduce-scatter
+  // of them has read them.
+  if (reduce_pending_[u]) {
+    KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_[u], 0));
+    reduce_pending_[u] = false;
+  }
+  hold(*grads_mem_, unit_pages(*grads_mem_, unit));
+  clear_outside(grads_, unit, compute_);  // fresh pages hold anything; the chunk keeps its sum
+  grads_held_[u] = true;
+}
+
+void NcclParamShards::drop_grads(int unit, cudaStream_t stream) {
+  if (!grads_held_[size_t(unit)]) return;
+  retire(*grads_mem_, unit, stream);
+  grads_held_[size_t(unit)] = false;
 }
 
 NcclParamShards::~NcclParamShards() {
   cudaStreamSynchronize(group_.stream());
   if (replicas_) cudaStreamSynchronize(replicas_->stream());
+  cudaStreamSynchronize(compute_);
+  for (const Retired& r : retired_) cudaEventDestroy(r.event);
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   cudaFree(staging_);
   for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
   for (cudaEvent_t e : reduced_) cudaEventDestroy(e);
@@ -167,6 +335,7 @@ void NcclParamShards::clear_outside(float* buffer, int unit, cudaStream_t stream
 void NcclParamShards::gather_unit(int unit) {
   const comm::UnitChunk& c = chunks_.unit(unit);
   const int rank = chunks_.rank();
+  hold_params(unit);
   const cudaStream_t stream = comm_after_compute(group_);
   // This rank's part into its slot of the staging buffer (the slot's tail past the unit is never
   // read back), everyone's slots gathered, the unit copied into place.
@@ -189,11 +358,11 @@ void NcclParamShards::prefetch(int unit) {
 bool NcclParamShards::need(int unit) {
   if (unit < 0 || unit >= num_units()) return false;
   const size_t u = size_t(unit);
-  // The unit's gradients are written by this pass's backward only after the last reduce-scatter
-  // of them has read them and cleared the rest.
-  if (reduce_pending_[u]) {
-    KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_[u], 0));
-    reduce_pending_[u] = false;
+  // The second need of a pass is the unit's backward: its gradients get pages (the embeddings'
+  // with the final unit's, which a tied head's backward writes first).
+  if (++needs_[u] >= 2) {
+    if (unit == num_units() - 1) hold_grads(0);
+    hold_grads(unit);
   }
   if (state_[u] == State::gathered) return false;
   if (state_[u] == State::released) gather_unit(unit);
@@ -207,7 +376,10 @@ void NcclParamShards::release_params(int unit) {
   // A prefetched unit nobody used: its copy into params must land before the clearing.
   if (state_[size_t(unit)] == State::gathering)
     KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_[size_t(unit)], 0));
-  clear_outside(params_, unit, compute_);
+  // The pages go back once the compute stream is past the unit; gradients held but not written
+  // (a release inside the forward) with them.
+  drop_params(unit, compute_);
+  if (!reduce_pending_[size_t(unit)]) drop_grads(unit, compute_);
   state_[size_t(unit)] = State::released;
 }
 
@@ -233,9 +405,9 @@ void NcclParamShards::grads_final(int unit) {
   if (c.part(rank) > 0)
     KILTER_CUDA_CHECK(cudaMemcpyAsync(grads_ + c.offset + c.lo(rank), scatter_, sizeof(float) * c.part(rank),
                                       cudaMemcpyDeviceToDevice, stream));
-  clear_outside(grads_, unit, stream);
   KILTER_CUDA_CHECK(cudaEventRecord(reduced_[size_t(unit)], stream));
   reduce_pending_[size_t(unit)] = true;
+  drop_grads(unit, stream);  // the next backward clears what is outside the chunk again
   // The backward kept the unit above (its norm may be read again); the embeddings end the pass.
   release_params(unit + 1);
   if (unit == 0) release_params(0);
@@ -243,9 +415,11 @@ void NcclParamShards::grads_final(int unit) {
 
 void NcclParamShards::pass_done() {
   for (int u = 0; u < num_units(); ++u) release_params(u);
+  std::fill(needs_.begin(), needs_.end(), 0);
   // The host meets the group once per pass, bounded: a rank that died or stalls inside a gather or
   // a reduce-scatter is noticed here (and named by the watchdog), not in a later device wait.
   wait_for(group_, "parameter all-gather / gradient reduce-scatter");
+  reap(false);
 }
 
 void NcclParamShards::release_all() {
@@ -254,10 +428,16 @@ void NcclParamShards::release_all() {
     if (state_[i] == State::gathering) KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_[i], 0));
     if (reduce_pending_[i]) KILTER_CUDA_CHECK(cudaStreamWaitEvent(compute_, reduced_[i], 0));
     reduce_pending_[i] = false;
-    clear_outside(params_, u, compute_);
-    clear_outside(grads_, u, compute_);
+    drop_params(u, compute_);
+    drop_grads(u, compute_);
+    needs_[i] = 0;
     state_[i] = State::released;
   }
+  // A whole-buffer write landed on the scratch pages outside the chunks too: the gradients'
+  // must read zero again (a norm or an update over the whole buffer reads them).
+  reap(true);
+  KILTER_CUDA_CHECK(
+      cudaMemsetAsync(grads_mem_->buffer.scratch_page(), 0, grads_mem_->buffer.page_bytes(), compute_));
 }
 
 double NcclParamShards::finish() {
@@ -290,9 +470,8 @@ std::vector<comm::BufferRange> NcclParamShards::owned() const {
 }  // namespace
 
 std::unique_ptr<UnitShards> make_nccl_param_shards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout,
-                                                   float* params, float* grads, bool reshard_after_forward,
-                                                   double timeout_s) {
-  return std::make_unique<NcclParamShards>(group, replicas, layout, params, grads, reshard_after_forward, timeout_s);
+                                                   bool reshard_after_forward, double timeout_s) {
+  return std::make_unique<NcclParamShards>(group, replicas, layout, reshard_after_forward, timeout_s);
 }
 
 }  // namespace kilter::train

@@ -7,7 +7,9 @@
 // the world (HSDP) all-reduce each chunk across the groups in finish(). The collectives run on the
 // NCCL communicators' own streams, ordered with the model's compute stream by events; the host
 // waits only at each pass's end, bounded by comm.timeout_s and bracketed by the watchdog, and the
-// watchdog's abort hooks end both communicators. Plain C++: run_setup.cpp includes it where NCCL
+// watchdog's abort hooks end both communicators. The buffers' pages outside the chunks are backed
+// while a unit is gathered (its gradients: from its backward to its reduce-scatter) and given
+// back once the device has passed its release. Plain C++: run_setup.cpp includes it where NCCL
 // is built (KILTER_WITH_NCCL); the class lives in param_shards_nccl.cu.
 #pragma once
 #include <mpi.h>
@@ -21,9 +23,10 @@ namespace kilter::train {
 
 // group: the shard group; replicas: the ranks of the same index in the other groups
 // (MPI_COMM_NULL: the group is the world). Collective over both (the NCCL communicators are made
-// from them). params and grads: the CUDA model's device buffers (layout.padded_size floats each).
+// from them). The shards own the parameter and gradient buffers (layout.padded_size floats each,
+// as virtual ranges backed only at this rank's chunks and the units in use:
+// io/base/cuda_virtual_buffer.h); the CUDA model takes them in set_param_units (params_storage).
 std::unique_ptr<UnitShards> make_nccl_param_shards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout,
-                                                   float* params, float* grads, bool reshard_after_forward,
-                                                   double timeout_s);
+                                                   bool reshard_after_forward, double timeout_s);
 
 }  // namespace kilter::train

@@ -118,6 +118,9 @@ std::unique_ptr<model::Model> make_run_model(Run& run, size_t pad_multiple) {
   backend_options.cuda_graphs = cfg.train.cuda_graphs;
   backend_options.recompute = cfg.train.recompute;
   backend_options.bf16_storage = cfg.train.bf16_storage;
+  // The NCCL shards own the device buffers (lib/train/param_shards_nccl.h), made just below.
+  backend_options.params_held_elsewhere =
+      run.backend == "cuda" && cfg.train.shard == "parameters" && run.world_size > 1;
   // The engines this run would trust untested run first in a child process, one per node; the
   // ranks agree on their verdicts (run_engine_probes.h), bf16 storage (auto) included.
   run.engine_choices = probe_engines(run.world, run.topo, run.run_dir, run.backend, gpt, backend_options);
@@ -171,8 +174,8 @@ void make_reducer(Run& run) {
     try {
       if (run.backend == "cuda") {
 #ifdef KILTER_WITH_NCCL
-        shards = make_nccl_param_shards(group, replicas, run.model->layout(), run.model->params(),
-                                        run.model->grads(), cfg.train.reshard_after_forward, cfg.comm.timeout_s);
+        shards = make_nccl_param_shards(group, replicas, run.model->layout(), cfg.train.reshard_after_forward,
+                                        cfg.comm.timeout_s);
 #else
         KILTER_USER_FAIL("config key train.shard = parameters: the cuda backend shards parameters over NCCL, "
                          "which this build lacks (kilter --version); use train.shard = optimizer");

@@ -3,8 +3,9 @@
 # - optimizer shards the moments only (1/G), parameters shards the weights, the gradients and
 #   the moments (1/G) and adds the other ranks' parts of the units resident at once (the
 #   blocks: two in use, one prefetched; or every unit with train.reshard_after_forward = false), on
-#   the CPU backend; on the CUDA backend as its NCCL shards allocate so far (whole buffers and a
-#   staging buffer);
+#   the CPU backend; on the CUDA backend the pages its NCCL shards back (2 MiB pages: the chunks,
+#   at most the embeddings, the final unit and three blocks of parameters, the embeddings and two
+#   units of gradients) and a staging buffer;
 # - train.shard_group = node shards over the node's ranks (G = L), world over all;
 # - the advice names the cheapest setting in order: a node that holds only the parameters mode
 #   is told "set train.shard = parameters", one that holds optimizer is told that.
@@ -57,20 +58,31 @@ assert padded_floats // 4 * 4 + block * 7 // 5 * 4 + 8 * 2**20 * 4 <= p["gradien
 assert k["gathered_bytes"] == padded_floats * 3 // 4 * 4, "reshard_after_forward = false keeps every unit"
 assert nd["parameters_bytes"] == padded_floats // 2 * 4, "shard_group = node: G = 2"
 assert p["other_rank_bytes"] < o["other_rank_bytes"] < n["other_rank_bytes"]
-# cuda: priced as the NCCL shards allocate so far: CudaModel's buffers whole (cleared outside the
-# chunks, not freed) and a staging buffer of the largest unit in G equal 64-float chunks plus one.
+# cuda: the pages the NCCL shards back, derived here from the unit layout (the embeddings of
+# 320 K floats, 8 blocks, the final norm with the padding), G = 4, rank 0's chunks (the fullest).
 c = m["cuda"]
+page = 2 << 20
+block = (padded_floats - 2 * 1024 - 256 * 1024 - 64 * 1024) // 8
+bounds = [0, 320 * 1024] + [320 * 1024 + (l + 1) * block for l in range(8)] + [padded_floats]
+units = [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(bounds) - 1)]
+def pages(offset, count):
+    return set(range(offset * 4 // page, ((offset + count) * 4 + page - 1) // page))
+pinned = set()
+for offset, count in units:
+    chunk = ((count + 3) // 4 + 63) // 64 * 64
+    pinned |= pages(offset, min(count, chunk))
+spans = [len(pages(o, n)) for o, n in units]
+top = max(spans[1:-1])
+gathered_pages = min(sum(spans), spans[0] + spans[-1] + 3 * top)
+grad_pages = min(sum(spans), spans[0] + 2 * max(top, spans[-1]))
 chunk = ((unit + 3) // 4 + 63) // 64 * 64
-assert c["parameters_bytes"] == padded_floats * 4 and c["gradients_bytes"] == padded_floats * 4, c
-assert c["gathered_bytes"] == 5 * chunk * 4, (c["gathered_bytes"], chunk)
+assert c["parameters_bytes"] == len(pinned) * page, (c["parameters_bytes"], len(pinned))
+assert c["gradients_bytes"] == (len(pinned) + grad_pages) * page, (c["gradients_bytes"], grad_pages)
+assert c["gathered_bytes"] == gathered_pages * page + 5 * chunk * 4, (c["gathered_bytes"], gathered_pages, chunk)
 assert c["optimizer_bytes"] == o["optimizer_bytes"]
-# beside it, the sharded state as designed: the whole buffers and the staging replaced by the
-# parameters mode's 1/G figures.
-pack = max(64, min(chunk, (4 << 20) // 4) // 64 * 64) * 4  # floats of one packed piece over 4 chunks
-designed = c["device_total_bytes"] - 2 * padded_floats * 4 - c["gathered_bytes"] + p["parameters_bytes"] + \
-    p["gathered_bytes"] + p["gradients_bytes"] - 2 * pack * 4  # the cpu's reduce-scatter pieces, which NCCL needs not
-assert c["device_total_designed_bytes"] == designed, (c["device_total_designed_bytes"], designed)
-assert m["none"]["device_total_designed_bytes"] == 0 and m["opt"]["device_total_designed_bytes"] == 0
+# Far below the whole buffers it held before.
+assert c["parameters_bytes"] + c["gradients_bytes"] + c["gathered_bytes"] < 2 * padded_floats * 4
+assert "device_total_designed_bytes" not in c
 assert c["device_total_bytes"] >= c["parameters_bytes"] + c["gathered_bytes"] + c["gradients_bytes"] + c["optimizer_bytes"]
 # The distributed optimizer (bf16 storage): the cpu backend keeps the fp32 master 1/G with the
 # moments beside the whole bf16 working copy (and a page or two per norm tensor widened from it);

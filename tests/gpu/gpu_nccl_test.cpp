@@ -135,49 +135,56 @@ void check_param_shards(int group) {
   const auto layout = kilter::model::ParamLayout::build(spec, size_t(size) * 64);
   const size_t n = layout.padded_size;
   const auto chunks = kilter::comm::UnitChunks::of(layout, group, rank % group);
-  std::vector<float> params(n, 0.0f), grads(n);
   std::vector<char> mine(n, 0);
   for (const auto& r : chunks.owned())
-    for (size_t i = r.offset; i < r.offset + r.count; ++i) mine[i] = 1, params[i] = float(i % 1013);
-  for (size_t i = 0; i < n; ++i) grads[i] = float((rank + 1) * int(i % 7));
-  float* device_params = to_device(params);
-  float* device_grads = to_device(grads);
+    for (size_t i = r.offset; i < r.offset + r.count; ++i) mine[i] = 1;
   const std::string where = " (groups of " + std::to_string(group) + ")";
   {
-    auto shards = kilter::train::make_nccl_param_shards(shard_group, replicas, layout, device_params, device_grads,
+    // The shards own the buffers (sparsely backed: only this rank's chunks until a unit is in use).
+    auto shards = kilter::train::make_nccl_param_shards(shard_group, replicas, layout,
                                                         /*reshard_after_forward=*/true, 60.0);
-    const int units = chunks.num_units();
-    // Forward: every unit gathered whole (the first prefetched), blocks released after use.
-    shards->prefetch(1);
-    bool whole = true, released = true;
-    for (int u = 0; u < units; ++u) {
-      shards->need(u);
-      const auto& c = chunks.unit(u);
-      const std::vector<float> got = to_host(device_params + c.offset, c.count);
-      for (size_t i = 0; i < c.count; ++i) whole &= got[i] == float((c.offset + i) % 1013);
-      shards->forward_done(u);
+    float* device_params = shards->params_storage();
+    float* device_grads = shards->grads_storage();
+    for (const auto& r : chunks.owned()) {
+      std::vector<float> values(r.count);
+      for (size_t i = 0; i < r.count; ++i) values[i] = float((r.offset + i) % 1013);
+      KILTER_CUDA_CHECK(cudaMemcpy(device_params + r.offset, values.data(), sizeof(float) * r.count,
+                                   cudaMemcpyHostToDevice));
     }
-    const std::vector<float> after = to_host(device_params, n);
-    for (int u = 1; u + 1 < units; ++u)
-      for (size_t i = chunks.unit(u).offset; i < chunks.unit(u).offset + chunks.unit(u).count; ++i)
-        released &= mine[i] ? after[i] == float(i % 1013) : after[i] == 0.0f;
-    expect(whole, "parameter units all-gathered whole" + where, rank);
-    expect(released, "blocks cleared outside this rank's chunk after their forward" + where, rank);
-    // Two micro-batches' backward: the chunks accumulate both reduced sums, the rest is cleared.
+    const int units = chunks.num_units();
+    bool whole = true, regathered = true;
+    // Two micro-batches, each a forward (every unit gathered whole, the first prefetched, blocks
+    // released after use) and a backward (each unit's gradient written after its need, as the
+    // model's kernels would, then reduce-scattered): the chunks accumulate both reduced sums.
     for (int pass = 0; pass < 2; ++pass) {
-      if (pass == 1) {
-        std::vector<float> g = to_host(device_grads, n);
-        for (size_t i = 0; i < n; ++i) g[i] += float((rank + 1) * int(i % 7));
-        KILTER_CUDA_CHECK(cudaMemcpy(device_grads, g.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
+      shards->prefetch(1);
+      for (int u = 0; u < units; ++u) {
+        const bool gathered = shards->need(u);
+        if (pass == 1 && u > 0) regathered &= gathered;
         KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto& c = chunks.unit(u);
+        const std::vector<float> got = to_host(device_params + c.offset, c.count);
+        for (size_t i = 0; i < c.count; ++i) whole &= got[i] == float((c.offset + i) % 1013);
+        shards->forward_done(u);
       }
       for (int u = units - 1; u >= 0; --u) {
         shards->need(u);
+        KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto& c = chunks.unit(u);
+        std::vector<float> g = to_host(device_grads + c.offset, c.count);
+        for (size_t i = 0; i < c.count; ++i) g[i] += float((rank + 1) * int((c.offset + i) % 7));
+        KILTER_CUDA_CHECK(cudaMemcpy(device_grads + c.offset, g.data(), sizeof(float) * c.count,
+                                     cudaMemcpyHostToDevice));
+        KILTER_CUDA_CHECK(cudaDeviceSynchronize());
         shards->grads_final(u);
       }
       shards->pass_done();
     }
     shards->finish();
+    shards->release_all();  // every unit's pages given back: outside the chunks reads the zeroed scratch page
+    KILTER_CUDA_CHECK(cudaDeviceSynchronize());
+    expect(whole, "parameter units all-gathered whole" + where, rank);
+    expect(regathered, "units released after each pass and gathered again" + where, rank);
     const std::vector<float> reduced = to_host(device_grads, n);
     // Per float: the sum of (rank + 1) over the group's ranks (the reduce-scatter), then over the
     // groups (finish's all-reduce under HSDP): over every rank either way.
@@ -187,8 +194,6 @@ void check_param_shards(int group) {
       summed &= mine[i] ? reduced[i] == float(2 * rank_sum * int(i % 7)) : reduced[i] == 0.0f;
     expect(summed, "gradient chunks reduce-scattered and accumulated over two micro-batches" + where, rank);
   }
-  cudaFree(device_params);
-  cudaFree(device_grads);
   if (group < size) MPI_Comm_free(&shard_group), MPI_Comm_free(&replicas);
 }
 

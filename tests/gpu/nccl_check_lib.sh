@@ -41,6 +41,8 @@ pack_carry() {
   strip -o "$stage/bin/kilter" "$build/kilter"
   # The communicator's exact-sum collectives (tests/gpu/gpu_nccl_test.cpp), run first on the device.
   [[ -x $build/kilter_gpu_nccl_test ]] && strip -o "$stage/bin/kilter_gpu_nccl_test" "$build/kilter_gpu_nccl_test"
+  # The sparsely backed buffers the parameter shards hold (tests/gpu/gpu_vmm_test.cpp), one process.
+  [[ -x $build/kilter_gpu_vmm_test ]] && strip -o "$stage/bin/kilter_gpu_vmm_test" "$build/kilter_gpu_vmm_test"
   cp "$(readlink -f "$(command -v mpirun)")" "$stage/ompi/bin/mpirun"
   cp "$(readlink -f "$(command -v orted)")" "$stage/ompi/bin/orted"
   local component
@@ -458,11 +460,23 @@ collectives() {
 }
 
 # The same binary's parameter shards (train.shard = parameters) on 2 and 4 ranks: each unit
-# all-gathered whole, released blocks cleared, gradients reduce-scattered and accumulated over two
+# all-gathered whole and gathered again after its release, gradients reduce-scattered and accumulated over two
 # micro-batches, on 4 ranks also in groups of 2 (HSDP). A failure is a row, not the end: the other
 # paths still run. Each test must be seen passing by name (an older binary without them fails).
 param_shards_collectives() {
   local test_binary=${KILTER%/*}/kilter_gpu_nccl_test np rc tests missing
+  # First the device pages they rest on: a unit backed, written through a kernel, given back, the
+  # chunk intact, the memory returned (cudaMemGetInfo); it prints the device's granularity.
+  local vmm=${KILTER%/*}/kilter_gpu_vmm_test
+  rc=0
+  timeout 60 "${RUNTIME_ENV[@]}" "$vmm" </dev/null >vmm.log 2>&1 || rc=$?
+  grep -E "granularity|free:|OK|FAIL|Failure|SKIPPED" vmm.log | head -8 | cut -c1-200 | sed 's/^/  /'
+  if [[ $rc -eq 0 ]] && grep -q "PASSED .* 2 tests" vmm.log; then
+    drill_row "sparse device buffers (kilter_gpu_vmm_test)" 1 "backed, written, given back" pass
+  else
+    drill_row "sparse device buffers (kilter_gpu_vmm_test)" 1 "exit $rc (vmm.log)" FAIL
+    tail -20 vmm.log
+  fi
   for np in 2 4; do
     say "kilter_gpu_nccl_test (parameter shards) on $np ranks"
     rc=0

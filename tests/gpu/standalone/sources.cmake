@@ -11,6 +11,8 @@ list(APPEND KILTER_GPU_CORE_SOURCES
      ${KILTER_GPU_ROOT}/lib/backend/model_base.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cpu_model.cpp
      ${KILTER_GPU_ROOT}/io/base/cuda_device.cu
+     ${KILTER_GPU_ROOT}/io/base/cuda_virtual_buffer.cu
+     ${KILTER_GPU_ROOT}/lib/comm/unit_pages.cpp
      ${KILTER_GPU_ROOT}/io/base/cublaslt_loader_cuda.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cuda_memory.cpp
      ${KILTER_GPU_ROOT}/lib/backend/cuda_model.cu
@@ -35,8 +37,9 @@ endif()
 # The device test binaries (GoogleTest, one main: tests/gpu/gpu_test_main.cpp, which exits 77
 # where no device is usable): kilter_<name>_test from tests/gpu/<name>_test.cpp. gpu_op_table is
 # the op table (tests/gpu/op_table.h): every kernel against its CPU twin; gpu_sdpa is added where
-# the cuDNN SDPA engine is built (KILTER_WITH_SDPA).
-set(KILTER_GPU_TESTS gpu_op_table gpu_model gpu_bf16_model gpu_cut gpu_distributed_optimizer)
+# the cuDNN SDPA engine is built (KILTER_WITH_SDPA); gpu_vmm: the sparsely backed buffers of
+# train.shard = parameters.
+set(KILTER_GPU_TESTS gpu_op_table gpu_model gpu_bf16_model gpu_cut gpu_distributed_optimizer gpu_vmm)
 if(KILTER_WITH_SDPA)
   list(APPEND KILTER_GPU_TESTS gpu_sdpa)
 endif()
