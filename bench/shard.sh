@@ -14,7 +14,7 @@
 #   (within 1e-6 relative). With HSDP=1 (root; scripts/vcluster), the same on 2 nodes x 2 ranks with a
 #   LINK_GBIT (1) Gbit/s link: flat `parameters` (shard_group = world) against HSDP (shard_group =
 #   node), their tokens/s against `none` and the cross-node bytes per step (the nodes' eth0
-#   counters over the run, per step; target: HSDP's = flat's / ranks per node).
+#   counters over the run, per step; target: HSDP's <= flat's / ranks per node).
 # - balance: bench/balance_effect.sh's skewed corpus (lognormal:4.8,1.1,1024, 2 ranks, context 512,
 #   4 micro-batches per rank): sync_wait of `parameters` (gather and reduce-scatter waits
 #   included: the metrics' *gather_wait* and *scatter_wait* columns, as shares of the step) against
