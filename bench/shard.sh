@@ -208,6 +208,7 @@ if [[ ${HSDP:-} == 1 && $can_train == 1 ]]; then
   "$vcluster" up --nodes 2 --link-gbit "$LINK_GBIT" --slots 2 > vcluster.log 2>&1 \
     || { cat vcluster.log; echo "bench/shard.sh: scripts/vcluster up failed" >&2; exit 1; }
   # /proc/net/dev is the reader's network namespace (sysfs would be the root namespace's): eth0's bytes sent.
+  # shellcheck disable=SC2016
   link_bytes() { "$vcluster" exec node1 awk 'sub(/^ *eth0:/, "") { print $9 }' /proc/net/dev; }
   hrun() {  # hrun NAME MODE GROUP
     local before after
