@@ -5,6 +5,8 @@
 # (one cluster per machine).
 #   cluster_train:     2 nodes x 2: topology from the real hosts (comm_topology_test across nodes,
 #                      num_nodes 2), hierarchical == flat == 1 rank (losses 1e-5, weights)
+#   cluster_hsdp:      2 nodes x 2: train.shard = parameters and optimizer with shard_group = node
+#                      (HSDP) == 1 rank (losses 1e-6 and 1e-5, weights); summary.json says the sharding
 #   cluster_staging:   data.stage_dir on the node-local path: one verified copy per node, reused
 #                      by the next job, a damaged copy replaced on its node only
 #   cluster_node_loss: node2's link down / its ranks killed mid-run: the job ends, non-zero,
@@ -16,7 +18,7 @@ set(KILTER_CLUSTER_TOPOLOGY_TEST "")
 if(TARGET GTest::gtest)   # tests/mpi/comm.cmake builds it (included after this fragment)
   set(KILTER_CLUSTER_TOPOLOGY_TEST $<TARGET_FILE:comm_topology_test>)
 endif()
-foreach(cluster_test train staging node_loss slurm teardown)
+foreach(cluster_test train hsdp staging node_loss slurm teardown)
   set(name cluster_${cluster_test})
   if(cluster_test STREQUAL "slurm")
     set(name cluster_multinode_slurm)   # cluster_slurm is the single-node e2e test (tests/e2e)
