@@ -59,6 +59,6 @@ rc=0; inject 3 1 stop.log --train.on_nonfinite=stop --output.dir=runs/stop || rc
 grep -q "train failed: rank [0-2]: step 3: non-finite gradient on rank 1 (loss .*, grad norm nan); every rank stops" stop.log \
   || { cat stop.log; fail "stop: no message naming rank 1"; }
 grep -m1 "train failed" stop.log
-pgrep -f "runs/stop" >/dev/null && fail "stop: kilter processes left behind"
+[ -n "$(kilter_procs_here)" ] && fail "stop: kilter processes left behind"
 [ -f runs/stop/checkpoints/step-00000003.h5 ] && fail "stop: a checkpoint of the failed step was written"
 echo "fault_nonfinite: 1 passed, 0 failed"
