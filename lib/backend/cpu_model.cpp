@@ -94,14 +94,7 @@ void CpuModel::shard_optimizer(const std::vector<model::ParamRange>& owned) {
   await_params(layout_.padded_size);
   master_sharded_ = true;
   widened_.resize(layout_.padded_size);
-  norm_ranges_.clear();
-  for (const model::ParamTensor& t : layout_.tensors) {
-    using model::TensorRole;
-    const TensorRole r = t.role;
-    if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
-        r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
-      norm_ranges_.push_back({t.offset, t.size});
-  }
+  norm_ranges_ = model::norm_tensor_ranges(layout_);
   widen_norms(0, layout_.padded_size);
   drop_unowned_master();
 }

@@ -110,14 +110,7 @@ void CudaModel::shard_optimizer(const std::vector<model::ParamRange>& owned_rang
                 "the norms' widened weights as managed memory on device " << device_ << " ("
                 << cudaGetErrorString(status) << "); set train.bf16_storage = off or train.shard = none");
   }
-  norm_ranges_.clear();
-  for (const model::ParamTensor& t : layout_.tensors) {
-    using model::TensorRole;
-    const TensorRole r = t.role;
-    if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
-        r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
-      norm_ranges_.push_back({t.offset, t.size});
-  }
+  norm_ranges_ = model::norm_tensor_ranges(layout_);
   master_sharded_ = true;
   widen_norms();
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));

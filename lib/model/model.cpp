@@ -30,4 +30,15 @@ std::vector<ParamRange> param_unit_ranges(const ParamLayout& layout) {
   return units;
 }
 
+std::vector<ParamRange> norm_tensor_ranges(const ParamLayout& layout) {
+  std::vector<ParamRange> ranges;
+  for (const ParamTensor& t : layout.tensors) {
+    const TensorRole r = t.role;
+    if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
+        r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
+      ranges.push_back({t.offset, t.size});
+  }
+  return ranges;
+}
+
 }  // namespace kilter::model

@@ -142,6 +142,9 @@ class ParamUnitHooks {
 
 // The units' ranges of the padded buffer, in layout order (ParamUnitHooks numbers them).
 std::vector<ParamRange> param_unit_ranges(const ParamLayout& layout);
+// The norms' weight and bias tensors (each block's two norms and the final one), in layout order:
+// what a distributed optimizer widens from the bf16 working copy for the fp32 norm kernels.
+std::vector<ParamRange> norm_tensor_ranges(const ParamLayout& layout);
 
 class Model {
  public:

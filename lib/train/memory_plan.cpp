@@ -299,13 +299,8 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   if (master_sharded) {
     const uint64_t page = cuda ? uint64_t(2) << 20 : 4096;
     uint64_t norms = 0;
-    for (const model::ParamTensor& t : layout.tensors) {
-      using model::TensorRole;
-      const TensorRole r = t.role;
-      if (r == TensorRole::norm1_weight || r == TensorRole::norm1_bias || r == TensorRole::norm2_weight ||
-          r == TensorRole::norm2_bias || r == TensorRole::final_norm_weight || r == TensorRole::final_norm_bias)
-        norms += (t.size * 4 + page - 1) / page * page + page;  // whole pages, one shared with the next tensor
-    }
+    for (const model::ParamRange& t : model::norm_tensor_ranges(layout))
+      norms += (t.count * 4 + page - 1) / page * page + page;  // whole pages, one shared with the next tensor
     state.parameters += norms;
   }
 
