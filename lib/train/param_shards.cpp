@@ -1,8 +1,6 @@
 // Fully sharded parameters on host memory (param_shards.h).
 #include "lib/train/param_shards.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,31 +8,11 @@
 #include <cstring>
 
 #include "io/base/error.h"
+#include "lib/backend/fresh_pages.h"
 #include "lib/diag/clock_sync.h"
 #include "lib/train/watchdog.h"
 
 namespace kilter::train {
-
-namespace {
-
-// Zeroes [p, p + n) and returns its whole pages to the system (they read as zeros afterwards,
-// and count in no rank's resident memory until written again).
-void discard(float* p, size_t n) {
-  if (n == 0) return;
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = uintptr_t(p), end = uintptr_t(p + n);
-  const uintptr_t lo = (begin + page - 1) / page * page, hi = end / page * page;
-  if (lo < hi) {
-    std::memset(p, 0, lo - begin);
-    std::memset(reinterpret_cast<void*>(hi), 0, end - hi);
-    if (madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
-      std::memset(reinterpret_cast<void*>(lo), 0, hi - lo);
-  } else {
-    std::memset(p, 0, n * sizeof(float));
-  }
-}
-
-}  // namespace
 
 ParamShards::ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout, float* params,
                          float* grads, bool reshard_after_forward)
@@ -154,8 +132,8 @@ void ParamShards::release_params(int unit) {
   }
   const model::ParamRange& u = units_[size_t(unit)];
   const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
-  discard(params_ + u.offset, lo);
-  discard(params_ + u.offset + lo + n, u.count - lo - n);
+  backend::return_pages(params_ + u.offset, lo);
+  backend::return_pages(params_ + u.offset + lo + n, u.count - lo - n);
   gathered_[size_t(unit)] = false;
 }
 
@@ -180,8 +158,8 @@ void ParamShards::finish_scatter() {
   wait_collective(scatter_ticket_, diag::kScatterWait, unit, "gradient reduce-scatter (train.shard = parameters)");
   const model::ParamRange& u = units_[size_t(unit)];
   const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
-  discard(grads_ + u.offset, lo);
-  discard(grads_ + u.offset + lo + n, u.count - lo - n);
+  backend::return_pages(grads_ + u.offset, lo);
+  backend::return_pages(grads_ + u.offset + lo + n, u.count - lo - n);
 }
 
 void ParamShards::start_scatter(int unit) {
@@ -216,8 +194,8 @@ void ParamShards::release_all() {
     release_params(u);
     const model::ParamRange& r = units_[size_t(u)];
     const size_t lo = size_t(displs_[size_t(u)][size_t(rank_)]), n = size_t(counts_[size_t(u)][size_t(rank_)]);
-    discard(grads_ + r.offset, lo);
-    discard(grads_ + r.offset + lo + n, r.count - lo - n);
+    backend::return_pages(grads_ + r.offset, lo);
+    backend::return_pages(grads_ + r.offset + lo + n, r.count - lo - n);
   }
 }
 
