@@ -72,14 +72,11 @@ class ParamShards final : public UnitShards {
   void release_at_root(int unit) { release_params(unit); }
   void serve_sample();
 
-  // comm::GradientReducer: the reduction happened unit by unit.
-  void begin() override {}
-  void ready(size_t, size_t) override {}
+  // comm::GradientReducer (begin, ready and gather: UnitShards).
   // The last reduce-scatter is waited for, where wait_reduce_scatter did not; groups below the
   // world (HSDP): each chunk's step sum is all-reduced across the groups (the seconds returned).
   double finish() override;
   std::vector<comm::BufferRange> owned() const override;
-  void gather(float*) override {}
 
  private:
   // Starts the unit's gather (its parameters arrive in the background).

@@ -39,11 +39,8 @@ class NcclParamShards final : public UnitShards {
   void* working_copy_storage(size_t element_bytes) override;
 
   // comm::GradientReducer: the reduction happened unit by unit.
-  void begin() override {}
-  void ready(size_t, size_t) override {}
   double finish() override;
   std::vector<comm::BufferRange> owned() const override;
-  void gather(float*) override {}
 
  private:
   enum class State { released, gathering, gathered };

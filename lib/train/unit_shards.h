@@ -25,6 +25,13 @@ class UnitShards : public comm::GradientReducer, public model::ParamUnitHooks {
   // whole-buffer write (initialization, a resume) and at each step's start.
   virtual void release_all() = 0;
 
+  // comm::GradientReducer: the reduction happens unit by unit, as each unit's backward ends, so
+  // the bucket calls do nothing; the parameters stay sharded after the step (the next forward
+  // gathers them), so gather does nothing either.
+  void begin() override {}
+  void ready(size_t, size_t) override {}
+  void gather(float*) override {}
+
  protected:
   Watchdog* watchdog_ = nullptr;
   diag::RankDiagnostics* diagnostics_ = nullptr;
