@@ -76,6 +76,7 @@ struct Run {
   bool shard_within_node = false;
   int shard_group = 1;  // ranks sharing one sharded copy (the world, or train.shard_group under HSDP)
   bool shard_norm_counts = true;  // HSDP: this rank is in the first group (its shard counts in the norm)
+  uint64_t device_used_peak = 0;  // the cuda backend: the most of its device seen in use at a step's end
   // train.shard = parameters on more than one rank: the shards (run.reducer owns them), else null.
   UnitShards* param_shards = nullptr;
   std::vector<EngineChoice> engine_choices;  // the engine probes' verdicts and what they chose

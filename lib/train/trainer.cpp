@@ -104,6 +104,15 @@ void count_step(Run& run, StepLoop& loop, const balance::EpochPlan& plan, const 
   TrainState& state = run.state;
   run.diagnostics->set_step_work(work.tokens_computed, work.attn_work, work.micro_batches, work.kv_tokens,
                                  work.kv_bytes);
+  // The cuda backend: the device memory in use at the step's end (cudaMemGetInfo: every process
+  // on the device, so ranks sharing one device each see their sum), the highest so far. What
+  // stays allocated between steps (the arena, the state, a sharded run's chunks) is all there;
+  // the units a sharded pass backs for a while are not.
+  uint64_t free_bytes = 0, total_bytes = 0;
+  if (run.backend == "cuda" && model::cuda_device_memory(&free_bytes, &total_bytes)) {
+    run.device_used_peak = std::max(run.device_used_peak, total_bytes - free_bytes);
+    run.diagnostics->set_device_peak_bytes(run.device_used_peak);
+  }
   const double step_tokens = double(step.target_tokens());
   if (run.data.mixture()) {
     if (run.rank == 0 && (state.position.step_in_epoch == 0 || state.step == loop.progress.first_step))
