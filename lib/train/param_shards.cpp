@@ -199,38 +199,4 @@ void ParamShards::release_all() {
   }
 }
 
-void ParamShards::announce_sample_feed(bool more) {
-  int flag = more ? 1 : 0;
-  if (watchdog_) watchdog_->enter("training sample: next feed (train.shard = parameters)", step_);
-  const int err = MPI_Bcast(&flag, 1, MPI_INT, 0, comm_);
-  if (watchdog_) watchdog_->leave();
-  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Bcast of a training sample's next feed failed");
-}
-
-void ParamShards::gather_to_root(int unit) {
-  const model::ParamRange& u = units_[size_t(unit)];
-  float* whole = params_ + u.offset;
-  const int count = counts_[size_t(unit)][size_t(rank_)];
-  if (watchdog_) watchdog_->enter("training sample: parameter gather (train.shard = parameters)", step_);
-  const int err = rank_ == 0 ? MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, whole, counts_[size_t(unit)].data(),
-                                           displs_[size_t(unit)].data(), MPI_FLOAT, 0, comm_)
-                             : MPI_Gatherv(whole + displs_[size_t(unit)][size_t(rank_)], count, MPI_FLOAT, nullptr,
-                                           nullptr, nullptr, MPI_FLOAT, 0, comm_);
-  if (watchdog_) watchdog_->leave();
-  KILTER_CHECK(err == MPI_SUCCESS, "MPI_Gatherv of parameter unit " << unit << " for a training sample failed");
-  if (rank_ == 0) gathered_[size_t(unit)] = true;
-}
-
-void ParamShards::serve_sample() {
-  for (;;) {
-    int flag = 0;
-    if (watchdog_) watchdog_->enter("training sample: next feed (train.shard = parameters)", step_);
-    const int err = MPI_Bcast(&flag, 1, MPI_INT, 0, comm_);
-    if (watchdog_) watchdog_->leave();
-    KILTER_CHECK(err == MPI_SUCCESS, "MPI_Bcast of a training sample's next feed failed");
-    if (!flag) return;
-    for (int u = 0; u < num_units(); ++u) gather_to_root(u);
-  }
-}
-
 }  // namespace kilter::train

@@ -62,15 +62,7 @@ class ParamShards final : public UnitShards {
   void pass_done() override;
   void head_done() override;
 
-  // Training samples (output.sample_every): group rank 0 generates, holding one unit at a time (a
-  // tied head's embeddings for the whole feed); every other rank of its group sends it its chunk
-  // of each unit. Before each feed the root announces it (more = true), and the end (false); the
-  // others follow serve_sample(), which returns at the end. Each feed gathers units 0 .. last.
   int num_units() const { return int(units_.size()); }
-  void announce_sample_feed(bool more);
-  void gather_to_root(int unit);
-  void release_at_root(int unit) { release_params(unit); }
-  void serve_sample();
 
   // comm::GradientReducer (begin, ready and gather: UnitShards).
   // The last reduce-scatter is waited for, where wait_reduce_scatter did not; groups below the

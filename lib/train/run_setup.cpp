@@ -184,6 +184,9 @@ void make_reducer(Run& run) {
         shards = std::make_unique<ParamShards>(group, replicas, run.model->layout(), run.model->params(),
                                                run.model->grads(), cfg.train.reshard_after_forward);
       }
+      // Training samples: rank 0's group feeds it the units (collective over that group).
+      if (cfg.output.sample_every > 0 && run.rank < run.shard_group)
+        run.sample_feed = std::make_unique<SampleFeed>(group, *run.model, *shards);
     } catch (...) {
       if (hsdp) MPI_Comm_free(&group), MPI_Comm_free(&replicas);
       throw;
@@ -223,9 +226,9 @@ void make_reducer(Run& run) {
 // without CUDA graphs: CudaModel::set_param_units). On the cpu, pieces cut between ranks work as
 // they are: a later part's K/V wait sits inside the same unit's gathers on every rank (the
 // exchange is nonblocking and on its own communicator), so no rank waits on a peer behind a
-// gather it is in; training samples gather unit by unit to the group's first rank
-// (ParamShards::serve_sample). On cuda neither is built yet. Refused before anything is
-// allocated, naming the key.
+// gather it is in. Training samples gather unit by unit to the group's first rank on both
+// (SampleFeed). Cut pieces on cuda are not built yet. Refused before anything is allocated,
+// naming the key.
 void check_parameter_sharding(const Run& run) {
   const Config& cfg = run.cfg;
   const std::string what = "config key train.shard = parameters: ";
@@ -240,9 +243,6 @@ void check_parameter_sharding(const Run& run) {
                     what << "pieces cut between ranks are not built yet for parameters on the cuda backend; set "
                             "data.cut_pieces = false and data.max_tokens >= model.block_size ("
                          << cfg.model.block_size << ")");
-  KILTER_USER_CHECK(cfg.output.sample_every == 0,
-                    what << "training samples are not built yet for parameters on the cuda backend (kilter sample "
-                            "reads its checkpoints); set output.sample_every = 0");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
@@ -349,10 +349,8 @@ void start_services(Run& run) {
   if (run.rank == 0) document_starts = count_document_starts(index, run.data_dir, run.split.train_docs);
   run.checkpointer->set_document_starts(document_starts);
   run.sampler = std::make_unique<TrainingSampler>(cfg, index, run.rank, to_document_starts(document_starts));
-  // Under sharded parameters in host memory, rank 0's shard group (its first shard_group ranks)
-  // sends it the units (the device's shards take no training samples: refused at start).
-  if (auto* host = dynamic_cast<ParamShards*>(run.param_shards))
-    run.sampler->set_param_shards(host, run.rank < run.shard_group);
+  // Under sharded parameters, rank 0's shard group (its first shard_group ranks) sends it the units.
+  run.sampler->set_sample_feed(run.sample_feed.get());
   run.watchdog = std::make_unique<Watchdog>(run.world, cfg.comm.timeout_s);
   // metrics/train.csv: rank 0 writes what it already logs, so no rank waits for it.
   if (run.rank == 0)

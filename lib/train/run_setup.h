@@ -21,6 +21,7 @@
 #include "lib/train/calibration_cut_cost.h"
 #include "lib/train/plan_cursor.h"
 #include "lib/train/run_engine_probes.h"
+#include "lib/train/sample_feed.h"
 #include "lib/train/sampling.h"
 #include "lib/train/train_step.h"
 #include "lib/train/trainer.h"
@@ -89,6 +90,7 @@ struct Run {
   std::unique_ptr<diag::RankDiagnostics> diagnostics;
   std::unique_ptr<Checkpointer> checkpointer;
   std::unique_ptr<TrainingSampler> sampler;
+  std::unique_ptr<SampleFeed> sample_feed;  // train.shard = parameters, rank 0's shard group, samples on
   std::unique_ptr<Watchdog> watchdog;
   std::unique_ptr<diag::CsvAppender> train_csv;  // rank 0: metrics/train.csv
   io::ReaderOptions reader_opts;

@@ -12,7 +12,7 @@
 #include "io/reader.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/hf_interop.h"
-#include "lib/train/param_shards.h"
+#include "lib/train/sample_feed.h"
 
 namespace kilter::train {
 
@@ -32,34 +32,6 @@ std::string one_line(const std::string& text) {
   }
   return out;
 }
-
-// The generator's view of sharded parameters on the group's rank 0: each unit gathered from the
-// group when first read in a feed (every feed announced first, so the others follow), let go when
-// the feed is done with it.
-class RootGatheredUnits final : public model::ParamUnitHooks {
- public:
-  explicit RootGatheredUnits(ParamShards& shards) : shards_(shards), held_(size_t(shards.num_units()), false) {}
-  bool need(int unit) override {
-    if (held_[size_t(unit)]) return false;
-    if (unit == 0) shards_.announce_sample_feed(true);
-    shards_.gather_to_root(unit);
-    held_[size_t(unit)] = true;
-    return true;
-  }
-  void forward_done(int unit) override {
-    shards_.release_at_root(unit);
-    held_[size_t(unit)] = false;
-  }
-  void grads_final(int) override {}
-  void pass_done() override {
-    for (int u = 0; u < int(held_.size()); ++u)
-      if (held_[size_t(u)]) forward_done(u);
-  }
-
- private:
-  ParamShards& shards_;
-  std::vector<bool> held_;
-};
 
 }  // namespace
 
@@ -214,7 +186,7 @@ TrainingSampler::TrainingSampler(const Config& cfg, const io::DatasetIndex& inde
 void TrainingSampler::maybe_sample(model::Model& model, int64_t step) {
   if (every_ <= 0 || step % every_ != 0) return;
   if (!active_) {
-    if (shards_ && in_group_) shards_->serve_sample();  // rank 0's group sends it the units
+    if (feed_) feed_->serve();  // rank 0's shard group sends it the units
     return;
   }
   model::SamplingOptions options;
@@ -231,25 +203,23 @@ void TrainingSampler::maybe_sample(model::Model& model, int64_t step) {
 
 model::Generation TrainingSampler::generate_sample(model::Model& model, const model::SamplingOptions& options) {
   const model::ModelSpec& gpt = model.config();
-  if (!shards_) {
+  if (!feed_) {
     std::vector<float> params(model.layout().num_params);
     model.get_params(params.data());
     model::Generator generator(gpt, std::move(params));
     return model::generate(generator, prompt_ids_, options, &starts_);
   }
-  // Sharded: the weights stay in the model's buffer, whole one unit at a time; the others are
-  // told the end even when generation throws (they would wait for the next feed).
-  RootGatheredUnits units(*shards_);
-  model::Generator generator(gpt, model.params(), &units);
+  // Sharded: the weights arrive one unit at a time; the others are told the end even when
+  // generation throws (they would wait for the next feed).
+  model::Generator generator(gpt, feed_->weights(), feed_);
   model::Generation g;
   try {
     g = model::generate(generator, prompt_ids_, options, &starts_);
   } catch (...) {
-    units.pass_done();
-    shards_->announce_sample_feed(false);
+    feed_->end();
     throw;
   }
-  shards_->announce_sample_feed(false);
+  feed_->end();
   return g;
 }
 

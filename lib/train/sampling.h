@@ -17,7 +17,7 @@
 
 namespace kilter::train {
 
-class ParamShards;
+class SampleFeed;
 
 // The decoding side of a dataset or checkpoint: its tokenizer when the kind has text ("byte",
 // "sentencepiece", "hf-bpe"), none for ids-only kinds ("imported" without a tokenizer file,
@@ -79,21 +79,17 @@ class TrainingSampler {
  public:
   // `starts`: the training documents' first tokens (count_document_starts), for an empty prompt.
   TrainingSampler(const Config& cfg, const io::DatasetIndex& index, int rank, model::DocumentStarts starts);
-  // Sharded parameters (train.shard = parameters): rank 0 generates from the units its group
-  // sends it one at a time (ParamShards::gather_to_root), never the whole model; `in_group`: this
-  // rank is in rank 0's shard group and so takes part.
-  void set_param_shards(ParamShards* shards, bool in_group) {
-    shards_ = shards;
-    in_group_ = in_group;
-  }
+  // Sharded parameters (train.shard = parameters): rank 0 generates from the units its shard
+  // group sends it one at a time (sample_feed.h), never the whole model; every rank of that group
+  // holds the feed, the others none.
+  void set_sample_feed(SampleFeed* feed) { feed_ = feed; }
   // Called after each optimizer step (`step` = steps completed) on every rank; prints when due.
   void maybe_sample(model::Model& model, int64_t step);
 
  private:
   model::Generation generate_sample(model::Model& model, const model::SamplingOptions& options);
 
-  ParamShards* shards_ = nullptr;
-  bool in_group_ = false;
+  SampleFeed* feed_ = nullptr;
   int64_t every_ = 0;
   int tokens_ = 0;
   double temperature_ = 0;

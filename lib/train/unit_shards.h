@@ -17,6 +17,8 @@ class UnitShards : public comm::GradientReducer, public model::ParamUnitHooks {
   // The watchdog that bounds every collective (set once it exists), and the step it names.
   void set_watchdog(Watchdog* watchdog) { watchdog_ = watchdog; }
   void set_step(long step) { step_ = step; }
+  Watchdog* watchdog() const { return watchdog_; }
+  long step() const { return step_; }
   // Where the waits go (gather_wait, scatter_wait; null: nowhere).
   void set_diagnostics(diag::RankDiagnostics* diagnostics) { diagnostics_ = diagnostics; }
   // Waits for a reduce-scatter still in flight, before the step's reduction.

@@ -228,10 +228,11 @@ matrix_rows() {
   echo "hier4|hierarchical 2x2, sharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=true"
   echo "cut4|cut pieces (K/V exchange)|4|cut|--comm.algo=flat"
   # Fully sharded parameters (ZeRO-3) in groups of 2: the whole world on 2 ranks, HSDP (2 groups,
-  # each chunk all-reduced across them) on 4; whole pieces, as that mode takes them. Before the
-  # unsharded rows: what is newest runs first should the time run short.
+  # each chunk all-reduced across them) on 4, with a training sample every 3 steps (rank 0's group
+  # sends it the units: SampleFeed); whole pieces, as that mode takes them. Before the unsharded
+  # rows: what is newest runs first should the time run short.
   [[ $quick -eq 1 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
-  echo "par4|parameters, groups of 2 (HSDP 2x2)|4|base|$PARAMETERS_ARGS"
+  echo "par4|parameters, groups of 2 (HSDP 2x2), samples|4|base|$PARAMETERS_ARGS --output.sample_every=3"
   if [[ $quick -eq 0 ]]; then
     echo "flat4u|flat, unsharded|4|base|--comm.algo=flat --train.shard_optimizer=false"
     echo "hier4u|hierarchical 2x2, unsharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=false"
@@ -275,6 +276,10 @@ leg_problem() {  # leg_problem NAME NP BACKEND [cut]
   fi
   if [[ ${4:-} == cut && $np -gt 1 ]]; then
     grep -q "plan cuts pieces between ranks" "$name.log" || echo "the plan cut no piece: the K/V exchange did not run"
+  fi
+  # A row that asks for training samples prints them (rank 0, fed the units by its group).
+  if grep -qE '^sample_every *= *[1-9]' "runs/$name/config.ini" 2>/dev/null; then
+    grep -q "^sample at step 3:" "$name.log" || echo "no training sample at step 3"
   fi
 }
 
