@@ -269,7 +269,7 @@ uint64_t nccl_shard_bytes(MemoryPlan& p, const model::ParamLayout& layout, const
   }
   uint64_t owned_floats = 0;
   for (const model::ParamRange& r : owned) owned_floats += r.count;
-  const uint64_t head_copy = 2 * (uint64_t(gpt.vocab_size) + 127) / 128 * 128 * gpt.n_embd;
+  const uint64_t head_copy = 2 * ((uint64_t(gpt.vocab_size) + 127) / 128 * 128) * uint64_t(gpt.n_embd);
   const uint64_t copy_chunk_pages = pages_of(owned, 2);
   const uint64_t norm_pages = pages_of(model::norm_tensor_ranges(layout), 4);
   p.parameters = owned_floats * 4 + (copy_chunk_pages + norm_pages) * kDevicePageBytes + head_copy;

@@ -224,6 +224,15 @@ common_args() {  # common_args DATASET [STEPS [TIMEOUT_S]]: the config of the ba
 # The matrix: ID|PATH|RANKS|DATASET|ARGS[|PEER]. The 1-rank runs (base1, cut1) are the references;
 # PEER: the ID of another row of the same precision whose losses this one's must match too.
 matrix_rows() {
+  # Under bf16 (bf16 storage) parameters gathers the bf16 working copy alone and keeps the
+  # distributed optimizer's state (the fp32 master of the chunks, the norms widened from the copy):
+  # the same working-copy semantics as optimizer's, whose run (fp32 gradients, as parameters
+  # reduces them) it must match within the peer bound (tests/gpu/nccl_compare.py). First: the
+  # newest path runs first should the time run short.
+  if [[ $quick -eq 0 && ${p:-} == bf16 ]]; then
+    echo "dopt2f|flat, distributed optimizer, fp32 gradients|2|base|--comm.algo=flat --train.shard=optimizer"
+    echo "par2|parameters, groups of 2 (the bf16 copy gathered)|2|base|$PARAMETERS_ARGS|dopt2f"
+  fi
   echo "flat2|flat, ZeRO-1 sharded|2|base|--comm.algo=flat --train.shard_optimizer=true"
   [[ $quick -eq 1 ]] || echo "flat4|flat, ZeRO-1 sharded|4|base|--comm.algo=flat --train.shard_optimizer=true"
   echo "hier4|hierarchical 2x2, sharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=true"
@@ -231,14 +240,6 @@ matrix_rows() {
   # Fully sharded parameters (ZeRO-3) in groups of 2: the whole world on 2 ranks, HSDP (2 groups,
   # each chunk all-reduced across them) on 4; whole pieces, as that mode takes them. Before the
   # unsharded rows: what is newest runs first should the time run short.
-  # Under bf16 (bf16 storage) parameters gathers the bf16 working copy alone and keeps the
-  # distributed optimizer's state (the fp32 master of the chunks, the norms widened from the copy):
-  # the same working-copy semantics as optimizer's, whose run (fp32 gradients, as parameters
-  # reduces them) it must match within the peer bound (tests/gpu/nccl_compare.py).
-  if [[ $quick -eq 0 && ${p:-} == bf16 ]]; then
-    echo "dopt2f|flat, distributed optimizer, fp32 gradients|2|base|--comm.algo=flat --train.shard=optimizer"
-    echo "par2|parameters, groups of 2 (the bf16 copy gathered)|2|base|$PARAMETERS_ARGS|dopt2f"
-  fi
   [[ $quick -eq 1 || ${p:-} == bf16 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
   echo "par4|parameters, groups of 2 (HSDP 2x2)|4|base|$PARAMETERS_ARGS"
   if [[ $quick -eq 0 ]]; then
