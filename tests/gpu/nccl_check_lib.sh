@@ -43,6 +43,10 @@ pack_carry() {
   [[ -x $build/kilter_gpu_nccl_test ]] && strip -o "$stage/bin/kilter_gpu_nccl_test" "$build/kilter_gpu_nccl_test"
   # The sparsely backed buffers the parameter shards hold (tests/gpu/gpu_vmm_test.cpp), one process.
   [[ -x $build/kilter_gpu_vmm_test ]] && strip -o "$stage/bin/kilter_gpu_vmm_test" "$build/kilter_gpu_vmm_test"
+  # The model's side of parameters under bf16 storage (the working copy gathered unit by unit,
+  # tests/gpu/gpu_distributed_optimizer_test.cpp), one process.
+  [[ -x $build/kilter_gpu_distributed_optimizer_test ]] &&
+    strip -o "$stage/bin/kilter_gpu_distributed_optimizer_test" "$build/kilter_gpu_distributed_optimizer_test"
   cp "$(readlink -f "$(command -v mpirun)")" "$stage/ompi/bin/mpirun"
   cp "$(readlink -f "$(command -v orted)")" "$stage/ompi/bin/orted"
   local component
@@ -490,6 +494,21 @@ param_shards_collectives() {
   else
     drill_row "sparse device buffers (kilter_gpu_vmm_test)" 1 "exit $rc (vmm.log)" FAIL
     tail -20 vmm.log
+  fi
+  # The CUDA model under parameters with bf16 storage, one rank's view without NCCL: a holder that
+  # gathers the working copy alone against the distributed optimizer gathered whole.
+  local dopt=${KILTER%/*}/kilter_gpu_distributed_optimizer_test unit_wise=UnitWiseWorkingCopyAgainstTheWholeGather
+  rc=0
+  timeout 120 "${RUNTIME_ENV[@]}" "$dopt" --gtest_filter="DistributedOptimizer.$unit_wise" </dev/null >unit-wise.log 2>&1 \
+    || rc=$?
+  grep -E "FAIL|Failure|SKIPPED" unit-wise.log | head -8 | cut -c1-200 | sed 's/^/  /'
+  if [[ $rc -eq 0 ]] && grep -qE "^\[ +OK \] DistributedOptimizer\.$unit_wise " unit-wise.log; then
+    drill_row "bf16 working copy gathered unit by unit (kilter_gpu_distributed_optimizer_test)" 1 \
+      "losses, gradients, master against the whole gather" pass
+  else
+    drill_row "bf16 working copy gathered unit by unit (kilter_gpu_distributed_optimizer_test)" 1 \
+      "exit $rc, not passed (unit-wise.log)" FAIL
+    tail -20 unit-wise.log
   fi
   for np in 2 4; do
     say "kilter_gpu_nccl_test (parameter shards) on $np ranks"
