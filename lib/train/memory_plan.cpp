@@ -255,7 +255,8 @@ uint64_t nccl_shard_bytes(MemoryPlan& p, const model::ParamLayout& layout, const
   // The pages of a buffer of `element`-byte values that the ranges cover, each page once.
   auto pages_of = [&layout](const std::vector<model::ParamRange>& ranges, size_t element) {
     comm::PageRefs refs(comm::round_to_pages(layout.padded_size * element, kDevicePageBytes) / kDevicePageBytes);
-    for (const model::ParamRange& r : ranges) refs.hold(comm::covering_pages(r.offset, r.count, element, kDevicePageBytes));
+    for (const model::ParamRange& r : ranges)
+      refs.hold(comm::covering_pages(r.offset, r.count, element, kDevicePageBytes));
     return uint64_t(refs.held());
   };
   const std::vector<model::ParamRange> owned = chunks.owned();

@@ -499,8 +499,8 @@ param_shards_collectives() {
   # gathers the working copy alone against the distributed optimizer gathered whole.
   local dopt=${KILTER%/*}/kilter_gpu_distributed_optimizer_test unit_wise=UnitWiseWorkingCopyAgainstTheWholeGather
   rc=0
-  timeout 120 "${RUNTIME_ENV[@]}" "$dopt" --gtest_filter="DistributedOptimizer.$unit_wise" </dev/null >unit-wise.log 2>&1 \
-    || rc=$?
+  timeout 120 "${RUNTIME_ENV[@]}" "$dopt" --gtest_filter="DistributedOptimizer.$unit_wise" </dev/null \
+    >unit-wise.log 2>&1 || rc=$?
   grep -E "FAIL|Failure|SKIPPED" unit-wise.log | head -8 | cut -c1-200 | sed 's/^/  /'
   if [[ $rc -eq 0 ]] && grep -qE "^\[ +OK \] DistributedOptimizer\.$unit_wise " unit-wise.log; then
     drill_row "bf16 working copy gathered unit by unit (kilter_gpu_distributed_optimizer_test)" 1 \
