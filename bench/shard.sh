@@ -5,7 +5,8 @@
 #   64 x 80 GB under `parameters` with recompute = block, the 8B at 32768 under `parameters`, and
 #   GPT-2 124M (4 CPU ranks) and 350M (medium, 2) under each mode; each beside torchtitan's published
 #   peak where one exists (docs/model.md, "The memory plan", by sharding mode, says which figures
-#   compare and which do not). Checks that the Llama rows under `parameters` fit 80 GB, and the 8B
+#   compare and which do not). Checks that Llama-3-8B and -70B at 8192 under `parameters` fit 80 GB
+#   (the 70B since the units gather the bf16 working copy alone), and the 8B
 #   under `optimizer` (the distributed optimizer: the fp32 master sharded with the moments under
 #   bf16 storage, on the cuda backend and the cpu backend's GPT-2 124M bf16-storage row).
 # - speed: `none` against `parameters` on NP (2) CPU ranks, alternating REPEATS times: tokens/s of
@@ -127,13 +128,14 @@ for key, label in rows:
           f"{m['optimizer_bytes']/GiB:7.2f} {m['activations_bytes']/GiB:7.2f} {total/GiB:7.2f} {str(fits):>5}  "
           f"{titan.get(key, '-')}")
 # parameters on cuda: the plan prices what the NCCL shards back (their pages: the chunks, at most
-# the units the schedule holds, the staging), which must fit.
-# Llama-3-70B does not fit yet: a unit is gathered in fp32 and rounded to the bf16 working copy
-# (both backed), where gathering the bf16 copy alone would do.
+# the units the schedule holds, the staging) and, under bf16 storage, the distributed optimizer's
+# state beside them (the fp32 master of the chunks, the copy's chunk pages, the norms' fp32 pages,
+# the head's padded copy): the units gather the bf16 working copy alone. Both must fit.
 for key in ("l8_par", "l70_par", "l70_hsdp"):
     m = plans[key]
     print(f"{key}: {m['device_total_bytes'] / GiB:.2f} GiB per device ({'fits' if m['device_fits'] else 'does NOT fit'})")
 assert plans["l8_par"]["device_fits"], "l8_par: the sharded state does not fit 80 GB"
+assert plans["l70_par"]["device_fits"], "l70_par: Llama-3-70B under parameters does not fit 80 GB"
 assert not plans["l8_none"]["device_fits"], "l8_none should not fit 80 GB"
 # optimizer: Megatron's distributed optimizer on both backends under bf16 storage (the fp32 master
 # sharded with the moments, the bf16 working copy whole and gathered): the plan's params are 2

@@ -614,6 +614,8 @@ void CudaModel::set_param_units(model::ParamUnitHooks* hooks) {
   KILTER_USER_CHECK(hooks == nullptr || !options_.cuda_graphs,
                     "config key train.cuda_graphs = true: CUDA graphs are not built for train.shard = parameters "
                     "(each unit's gather and reduce-scatter runs between the kernels); set train.cuda_graphs = false");
+  KILTER_CHECK(hooks != nullptr || !state_borrowed_,
+               "cuda backend: the parameter holder's buffers are the model's until it is destroyed");
   units_ = hooks;
   unit_ranges_ = units_ ? model::param_unit_ranges(layout_) : std::vector<model::ParamRange>{};
   KILTER_CHECK(!options_.params_held_elsewhere || !units_ || units_->params_storage(),
@@ -630,10 +632,15 @@ void CudaModel::set_param_units(model::ParamUnitHooks* hooks) {
     params_ = units_->params_storage();
     grads_ = units_->grads_storage();
     if (bf16_storage_) {
-      if (void* copy = units_->working_copy_storage(sizeof(kc::bf16))) {
+      // The holder gathers the working copy alone; of params_ it backs only the norms' tensors,
+      // which the bf16 kernels read in fp32 (widened from the copy at each unit's gather). The
+      // master is the distributed optimizer's (shard_optimizer, which run_setup calls next).
+      norm_ranges_ = model::norm_tensor_ranges(layout_);
+      if (void* copy = units_->working_copy_storage(sizeof(kc::bf16), norm_ranges_)) {
         KILTER_CUDA_CHECK(cudaFree(params_bf16_));
         params_bf16_ = static_cast<kc::bf16*>(copy);
         bf16_copy_borrowed_ = true;
+        copy_gathered_ = true;
       }
     }
   }
@@ -641,8 +648,11 @@ void CudaModel::set_param_units(model::ParamUnitHooks* hooks) {
 
 void CudaModel::unit_needed(int unit) {
   if (!units_->need(unit) || !bf16_storage_) return;
-  // The unit's part of the bf16 working copy (and of the padded head's copy where the head lies in it).
   const model::ParamRange& r = unit_ranges_[size_t(unit)];
+  // The holder gathered the unit's working copy: its norms widened, the head's padded copy.
+  if (copy_gathered_) return unit_copy_derived(r);
+  // The holder gathered the fp32 parameters: the unit's part of the bf16 working copy (and of the
+  // padded head's copy where the head lies in it).
   const size_t head = offsets_.head, head_end = head + static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
   const bool has_head = head >= r.offset && head_end <= r.offset + r.count;
   kc::round_params_bf16(params_bf16_ + r.offset, params_ + r.offset, r.count, has_head ? head_bf16_ : nullptr,
@@ -665,6 +675,9 @@ void CudaModel::ensure_params() {
 }
 
 void CudaModel::init_params(uint64_t seed) {
+  KILTER_CHECK(!copy_gathered_ || master_sharded_, "cuda backend: under train.shard = parameters with bf16 storage "
+                                                   "the fp32 master is the distributed optimizer's: shard_optimizer "
+                                                   "comes before the parameters are written");
   std::vector<float> host(layout_.padded_size, 0.0f);
   model::init_params(host.data(), layout_, cfg_, seed);
   cuda_device_index();
@@ -683,6 +696,9 @@ void CudaModel::init_params(uint64_t seed) {
 }
 
 void CudaModel::set_params(const float* host) {
+  KILTER_CHECK(!copy_gathered_ || master_sharded_, "cuda backend: under train.shard = parameters with bf16 storage "
+                                                   "the fp32 master is the distributed optimizer's: shard_optimizer "
+                                                   "comes before the parameters are written");
   cuda_device_index();
   if (master_sharded_) return load_sharded_master(host, layout_.num_params);
   ensure_params();
@@ -692,6 +708,8 @@ void CudaModel::set_params(const float* host) {
 }
 
 void CudaModel::get_params(float* host) const {
+  // train.init_from reads the initialization whole on rank 0 (lib/train/hf_interop.cpp).
+  check_not_unit_wise("the whole parameters read (get_params: train.init_from, a sample, an unsharded checkpoint)");
   cuda_device_index();
   if (master_sharded_) return read_working_copy(host);  // no rank holds the whole master
   KILTER_CHECK(params_ != nullptr, "cuda backend: get_params before the parameters were set");

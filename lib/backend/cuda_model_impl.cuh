@@ -85,8 +85,10 @@ class CudaModel final : public ModelBase {
   void round_grads_bf16(size_t offset, size_t count) override;
   // The distributed optimizer (bf16 storage under a sharded optimizer, cuda_optimizer.cu).
   void shard_optimizer(const std::vector<model::ParamRange>& owned) override;
+  // Under train.shard = parameters nothing is gathered whole after a step: the holder gathers the
+  // working copy unit by unit (copy_gathered_).
   uint16_t* gathered_working_copy() override {
-    return master_sharded_ ? reinterpret_cast<uint16_t*>(params_bf16_) : nullptr;
+    return master_sharded_ && !copy_gathered_ ? reinterpret_cast<uint16_t*>(params_bf16_) : nullptr;
   }
   double grad_norm_squared() override;
   void adamw_step(const model::AdamWParams& p) override;
@@ -170,6 +172,10 @@ class CudaModel final : public ModelBase {
   model::ParamUnitHooks* units_ = nullptr;  // null: every parameter is always there
   bool bf16_copy_borrowed_ = false;        // params_bf16_ is the hooks' (not freed here)
   bool state_borrowed_ = false;      // params_ and grads_ are the parameter holder's (set_param_units)
+  // bf16 storage under a holder that gathers the working copy (train.shard = parameters): the fp32
+  // master is the distributed optimizer's (master_, this rank's chunks), params_ is backed at the
+  // norms' tensors only, and a unit gathered refreshes what derives from its copy (unit_copy_derived).
+  bool copy_gathered_ = false;
   std::vector<model::ParamRange> unit_ranges_;
   // need(unit); a unit gathered just now refreshes its part of the bf16 working copy.
   void unit_needed(int unit);
@@ -209,6 +215,7 @@ class CudaModel final : public ModelBase {
   }
   bool bf16_storage() const { return bf16_storage_; }
   void params_changed() override {
+    if (copy_gathered_) return;  // each unit's gather refreshes what derives from it
     if (master_sharded_)
       working_copy_gathered();
     else if (bf16_storage_)
@@ -286,9 +293,16 @@ class CudaModel final : public ModelBase {
   std::vector<kc::AdamWSegment> segments_host_;  // segments_ on the host
   void widen_norms();           // the norms' fp32 weights in params_ from params_bf16_
   void working_copy_gathered();  // after the all-gather: the norms and the head's padded copy
+  // The same for the working copy's range r alone (a unit just gathered): its norms' fp32 weights,
+  // and the head's padded copy where the head lies in r.
+  void unit_copy_derived(const model::ParamRange& r);
   // A whole host buffer (count floats, the rest zero) as the parameters: its owned ranges into
-  // master_ and every value rounded into the working copy (staged through grads_, free then).
+  // master_ and every value rounded into the working copy (staged through grads_, free then);
+  // under copy_gathered_ the owned ranges only (load_owned_master).
   void load_sharded_master(const float* host, size_t count);
+  void load_owned_master(const float* host, size_t count);
+  // Refuses what reads or writes the whole parameters under copy_gathered_, naming train.shard.
+  void check_not_unit_wise(const char* what) const;
   void read_working_copy(float* host) const;  // get_params: the weights the forward computes with
   // ModelBase's copy policy: the AdamW moments in device memory, copied on the compute stream.
   float* allocate_moments(size_t floats) override;

@@ -4,7 +4,9 @@
 // ranges change: train.shard_optimizer), and under bf16 storage the weights' bf16 working copy,
 // which AdamW writes in the same pass. Under a sharded optimizer with bf16 storage this is the
 // distributed optimizer: the fp32 master only for the owned ranges, the working copy gathered
-// (lib/model/model.h gathered_working_copy; the CPU twin is CpuModel's).
+// (lib/model/model.h gathered_working_copy; the CPU twin is CpuModel's). Under train.shard =
+// parameters with bf16 storage it is the model state too: the parameter holder gathers the
+// working copy unit by unit, and nothing here reads or writes the whole buffers.
 #include <algorithm>
 
 #include "lib/backend/cuda_model_impl.cuh"
@@ -89,9 +91,22 @@ void CudaModel::shard_optimizer(const std::vector<model::ParamRange>& owned_rang
   const size_t master_floats = owned_floats();
   KILTER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&master_), sizeof(float) * std::max<size_t>(master_floats, 1)));
   KILTER_CUDA_CHECK(cudaMemsetAsync(master_, 0, sizeof(float) * master_floats, stream_));
+  norm_ranges_ = model::norm_tensor_ranges(layout_);
+  if (copy_gathered_) {
+    // The holder's buffers stay (set_param_units): its chunks of the working copy are written from
+    // master_ at the first write (load_owned_master) and by AdamW, the norms widened and the head's
+    // copy refreshed as each unit is gathered (unit_copy_derived). The ranges are the holder's
+    // chunks (run_setup gives the reducer's owned(), which the holder is).
+    master_sharded_ = true;
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
   if (params_ != nullptr) {
     // Already written whole (a test, or set up after an initialization): keep the owned master
-    // and make sure the working copy is its rounding, then give the whole buffer back.
+    // and make sure the working copy is its rounding, then give the whole buffer back (never a
+    // parameter holder's: one that gathers the working copy took the branch above).
+    KILTER_CHECK(!state_borrowed_, "cuda backend: the distributed optimizer under sharded parameters needs a holder "
+                                   "that gathers the bf16 working copy (ParamUnitHooks::working_copy_storage)");
     for (const kc::AdamWSegment& seg : segments_host_)
       KILTER_CUDA_CHECK(cudaMemcpyAsync(master_ + seg.moment, params_ + seg.lo, sizeof(float) * (seg.hi - seg.lo),
                                         cudaMemcpyDeviceToDevice, stream_));
@@ -110,7 +125,6 @@ void CudaModel::shard_optimizer(const std::vector<model::ParamRange>& owned_rang
                 "the norms' widened weights as managed memory on device " << device_ << " ("
                 << cudaGetErrorString(status) << "); set train.bf16_storage = off or train.shard = none");
   }
-  norm_ranges_ = model::norm_tensor_ranges(layout_);
   master_sharded_ = true;
   widen_norms();
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -122,15 +136,49 @@ void CudaModel::widen_norms() {
 }
 
 void CudaModel::working_copy_gathered() {
+  check_not_unit_wise("the whole working copy's norms and head refreshed (params_changed)");
   cuda_device_index();
-  widen_norms();
-  const size_t head_floats = static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(head_bf16_, params_bf16_ + offsets_.head, sizeof(kc::bf16) * head_floats,
-                                    cudaMemcpyDeviceToDevice, stream_));
+  unit_copy_derived({0, layout_.padded_size});
+}
+
+void CudaModel::unit_copy_derived(const model::ParamRange& r) {
+  for (const model::ParamRange& n : norm_ranges_)
+    if (n.offset >= r.offset && n.offset + n.count <= r.offset + r.count)
+      kc::to_float(params_ + n.offset, params_bf16_ + n.offset, n.count, stream_);
+  const size_t head = offsets_.head, head_floats = static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
+  if (head >= r.offset && head + head_floats <= r.offset + r.count)
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(head_bf16_, params_bf16_ + head, sizeof(kc::bf16) * head_floats,
+                                      cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaModel::check_not_unit_wise(const char* what) const {
+  KILTER_CHECK(!copy_gathered_, "cuda backend: " << what << " under train.shard = parameters with bf16 storage, where "
+                                "each rank holds only its chunks of the parameters (the fp32 master and the bf16 "
+                                "working copy) and the units in use; use train.shard = optimizer for what needs the "
+                                "whole model on a rank");
+}
+
+void CudaModel::load_owned_master(const float* host, size_t count) {
+  // Range after range, as the moments: the master from the host, its rounding into the working
+  // copy's chunk (backed for good by the holder). Beyond `count` (the padding): zeros.
+  size_t at = 0;
+  for (const model::ParamRange& r : owned()) {
+    if (r.count == 0) continue;
+    const size_t have = r.offset < count ? std::min(r.count, count - r.offset) : 0;
+    if (have > 0)
+      KILTER_CUDA_CHECK(cudaMemcpyAsync(master_ + at, host + r.offset, sizeof(float) * have, cudaMemcpyHostToDevice,
+                                        stream_));
+    if (have < r.count)
+      KILTER_CUDA_CHECK(cudaMemsetAsync(master_ + at + have, 0, sizeof(float) * (r.count - have), stream_));
+    kc::round_params_bf16(params_bf16_ + r.offset, master_ + at, r.count, nullptr, 0, 0, stream_);
+    at += r.count;
+  }
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` may go out of scope
 }
 
 void CudaModel::load_sharded_master(const float* host, size_t count) {
   cuda_device_index();
+  if (copy_gathered_) return load_owned_master(host, count);
   const size_t padded = layout_.padded_size;
   KILTER_CUDA_CHECK(cudaMemcpyAsync(grads_, host, sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
   if (count < padded) KILTER_CUDA_CHECK(cudaMemsetAsync(grads_ + count, 0, sizeof(float) * (padded - count), stream_));
@@ -165,8 +213,8 @@ void CudaModel::copy_params_to_host(float* host, size_t offset, size_t count) {
       at += r.count;
     }
     KILTER_CHECK(from != nullptr, "cuda backend: copy_params_to_host [" << offset << ", " << offset + count
-                                  << "): under the distributed optimizer (train.shard = optimizer with bf16 storage) "
-                                  "this rank holds the fp32 master of its owned ranges only");
+                                  << "): under the distributed optimizer (train.shard = optimizer or parameters with "
+                                  "bf16 storage) this rank holds the fp32 master of its owned ranges only");
   }
   KILTER_CUDA_CHECK(cudaMemcpyAsync(host, from, sizeof(float) * count, cudaMemcpyDeviceToHost, stream_));
   KILTER_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -206,6 +254,7 @@ void CudaModel::adamw_step(const model::AdamWParams& p) {
 }
 
 void CudaModel::refresh_working_copy() {
+  check_not_unit_wise("the whole working copy rounded from the fp32 parameters");
   cuda_device_index();
   const size_t head = offsets_.head, head_end = head + static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
   kc::round_params_bf16(params_bf16_, params_, layout_.padded_size, head_bf16_, head, head_end, stream_);

@@ -134,10 +134,12 @@ std::string compare_models(model::Model& tested, model::Model& reference, const 
   return compare_loss("forward_loss after an AdamW step", tested.forward_loss(batch), reference.forward_loss(batch));
 }
 
-// A CudaModel for a self-check: no CUDA graphs, the small chunk budgets.
+// A CudaModel for a self-check: no CUDA graphs, the small chunk budgets, its own parameter buffers
+// (a run's options under train.shard = parameters leave them to the parameter holder).
 std::unique_ptr<CudaModel> self_check_model(const ModelSpec& spec, const model::BackendOptions& options) {
   model::BackendOptions checked = options;
   checked.cuda_graphs = false;
+  checked.params_held_elsewhere = false;
   auto gpu = std::make_unique<CudaModel>(spec, 1, checked);
   gpu->set_chunk_budgets(static_cast<size_t>(spec.n_head) * spec.block_size * spec.block_size,
                          64 * 384 * sizeof(kc::bf16));

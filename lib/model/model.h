@@ -119,10 +119,14 @@ class ParamUnitHooks {
   virtual float* params_storage() { return nullptr; }
   virtual float* grads_storage() { return nullptr; }
   // Likewise for a working copy of the parameters in `element_bytes` elements (a bf16 copy the
-  // kernels read), which the holder then backs where the parameters are gathered; the model
-  // refreshes a unit's part of it whenever need() says the unit was gathered just now.
-  virtual void* working_copy_storage(size_t element_bytes) {
-    (void)element_bytes;
+  // kernels read) where the model keeps the fp32 master of this rank's chunks itself (a
+  // distributed optimizer's, which writes the chunks' working copy): the holder then gathers the
+  // working copy alone, unit by unit, and backs of params_storage() only the pages of
+  // `fp32_ranges` (the few fp32 tensors the model derives from the copy, for good); the model
+  // refreshes those and anything else it derives from a unit whenever need() says the unit was
+  // gathered just now. null: the holder gathers the parameters themselves.
+  virtual void* working_copy_storage(size_t element_bytes, const std::vector<ParamRange>& fp32_ranges) {
+    (void)element_bytes, (void)fp32_ranges;
     return nullptr;
   }
   // The forward is done with the unit (it may be freed until the backward needs it again; the

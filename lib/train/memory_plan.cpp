@@ -227,15 +227,21 @@ MemoryPlan plan_memory(const MemoryPlanInput& in) { return plan_memory(in, machi
 
 namespace {
 
-// The figures, without looking for a setting that fits.
-// The device pages the NCCL shards back (lib/train/param_shards_nccl.cu): the parameters, the
-// gradients and the bf16 working copy are virtual ranges backed at the chunks of the rank (rank 0:
-// the fullest) and, beyond them, at most comm::unit_page_budget's pages; the gathers and
-// reduce-scatters move through a staging buffer of the largest unit in G equal chunks plus one
-// chunk; the head's padded bf16 copy stays whole. Pages of kDevicePageBytes, the granularity a
-// device reports (cuMemGetAllocationGranularity, recommended): 2 MiB on the GPUs seen so far.
-// Sets p.parameters and p.gradients; returns the gathered bytes (the pages beyond the chunks and
-// the staging).
+// The device pages the NCCL shards back (lib/train/param_shards_nccl.cu) and what the CudaModel
+// holds beside them under `parameters`. Every buffer is a virtual range backed at the chunks of the
+// rank (rank 0: the fullest) and, beyond them, at most comm::unit_page_budget's pages (the
+// embeddings, the final unit and three blocks; for the gradients the embeddings and two units);
+// the gathers and reduce-scatters move through a staging buffer of the largest unit in G equal
+// fp32 chunks plus one chunk. In fp32 (no bf16 storage) the units gather the fp32 parameters,
+// backed at the chunks and the units in use. Under bf16 storage they gather the bf16 working copy
+// alone (2 bytes an element, through the same staging) and the model keeps the distributed
+// optimizer's state (lib/backend/cuda_optimizer.cu): the fp32 master of the owned floats (4 bytes
+// each, one allocation), the copy's chunk pages (written by AdamW, for good), the fp32 pages of
+// the norms' tensors (widened from the copy at each unit's gather, for good) and the head's padded
+// bf16 copy (whole); no fp32 page of a unit is backed. Pages of kDevicePageBytes, the granularity
+// a device reports (cuMemGetAllocationGranularity, recommended): 2 MiB on the GPUs seen so far.
+// Sets p.parameters (the chunks' state) and p.gradients; returns the gathered bytes (the units'
+// pages beyond the chunks and the staging).
 constexpr uint64_t kDevicePageBytes = uint64_t(2) << 20;
 uint64_t nccl_shard_bytes(MemoryPlan& p, const model::ParamLayout& layout, const model::ModelSpec& gpt,
                           bool bf16_storage, bool reshard_after_forward) {
@@ -246,17 +252,33 @@ uint64_t nccl_shard_bytes(MemoryPlan& p, const model::ParamLayout& layout, const
       units.push_back(comm::covering_pages(chunks.unit(u).offset, chunks.unit(u).count, element, kDevicePageBytes));
     return units;
   };
-  comm::PageRefs pinned(comm::round_to_pages(layout.padded_size * 4, kDevicePageBytes) / kDevicePageBytes);
-  for (const model::ParamRange& r : chunks.owned())
-    pinned.hold(comm::covering_pages(r.offset, r.count, 4, kDevicePageBytes));
+  // The pages of a buffer of `element`-byte values that the ranges cover, each page once.
+  auto pages_of = [&layout](const std::vector<model::ParamRange>& ranges, size_t element) {
+    comm::PageRefs refs(comm::round_to_pages(layout.padded_size * element, kDevicePageBytes) / kDevicePageBytes);
+    for (const model::ParamRange& r : ranges)
+      refs.hold(comm::covering_pages(r.offset, r.count, element, kDevicePageBytes));
+    return uint64_t(refs.held());
+  };
+  const std::vector<model::ParamRange> owned = chunks.owned();
+  const uint64_t chunk_pages = pages_of(owned, 4);
   const comm::PageBudget fp32 = comm::unit_page_budget(spans(4), !reshard_after_forward);
-  const uint64_t head_copy = bf16_storage ? 2 * (uint64_t(gpt.vocab_size) + 127) / 128 * 128 * gpt.n_embd : 0;
-  const uint64_t copy = bf16_storage ? comm::unit_page_budget(spans(2), !reshard_after_forward).params : 0;
-  p.parameters = pinned.held() * kDevicePageBytes + head_copy;
-  p.gradients = (pinned.held() + fp32.grads) * kDevicePageBytes;
-  return (fp32.params + copy) * kDevicePageBytes + (chunks.staging_floats() + chunks.largest_chunk()) * 4;
+  const uint64_t staging = (chunks.staging_floats() + chunks.largest_chunk()) * 4;
+  p.gradients = (chunk_pages + fp32.grads) * kDevicePageBytes;
+  if (!bf16_storage) {
+    p.parameters = chunk_pages * kDevicePageBytes;
+    return fp32.params * kDevicePageBytes + staging;
+  }
+  uint64_t owned_floats = 0;
+  for (const model::ParamRange& r : owned) owned_floats += r.count;
+  const uint64_t head_copy = 2 * ((uint64_t(gpt.vocab_size) + 127) / 128 * 128) * uint64_t(gpt.n_embd);
+  const uint64_t copy_chunk_pages = pages_of(owned, 2);
+  const uint64_t norm_pages = pages_of(model::norm_tensor_ranges(layout), 4);
+  p.parameters = owned_floats * 4 + (copy_chunk_pages + norm_pages) * kDevicePageBytes + head_copy;
+  const comm::PageBudget copy = comm::unit_page_budget(spans(2), !reshard_after_forward);
+  return copy.params * kDevicePageBytes + staging;
 }
 
+// The figures, without looking for a setting that fits.
 MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   MemoryPlan p;
   p.input = in;

@@ -36,7 +36,7 @@ class NcclParamShards final : public UnitShards {
   void pass_done() override;
   float* params_storage() override { return params_; }
   float* grads_storage() override { return grads_; }
-  void* working_copy_storage(size_t element_bytes) override;
+  void* working_copy_storage(size_t element_bytes, const std::vector<model::ParamRange>& fp32_ranges) override;
 
   // comm::GradientReducer: the reduction happened unit by unit.
   double finish() override;
@@ -44,7 +44,8 @@ class NcclParamShards final : public UnitShards {
 
  private:
   enum class State { released, gathering, gathered };
-  // Queues the unit's all-gather on the group's stream (its staging buffer, then into params).
+  // Queues the unit's all-gather on the group's stream (its staging buffer, then into place: the
+  // working copy where the model has one, else the parameters).
   void gather_unit(int unit);
   void release_params(int unit);
   void clear_outside(float* buffer, int unit, cudaStream_t stream);
@@ -71,6 +72,9 @@ class NcclParamShards final : public UnitShards {
     comm::PageSpan span;
     cudaEvent_t event;
   };
+  // What a gather fills: the working copy where the model asked for one, else the parameters.
+  Backed& gathered_mem() { return copy_mem_ ? *copy_mem_ : *params_mem_; }
+  size_t element_bytes(const Backed& b) const { return &b == copy_mem_.get() ? copy_element_ : sizeof(float); }
   comm::PageSpan unit_pages(const Backed& b, int unit) const;
   std::vector<comm::PageSpan> unit_spans(const Backed& b) const;
   void hold(Backed& b, comm::PageSpan span);
@@ -88,7 +92,9 @@ class NcclParamShards final : public UnitShards {
   comm::NcclComm group_;
   std::unique_ptr<comm::NcclComm> replicas_;  // null: the group is the world
   std::unique_ptr<Backed> params_mem_, grads_mem_;
-  std::unique_ptr<Backed> copy_mem_;  // the model's working copy, where it has one
+  // The model's working copy, where it has one: then the units gather it alone (2 bytes an
+  // element), and params_mem_ backs only the fp32 ranges the model derives from it.
+  std::unique_ptr<Backed> copy_mem_;
   size_t copy_element_ = 0;
   size_t padded_ = 0;  // the layout's padded floats
   float* params_ = nullptr;  // params_mem_'s range
@@ -104,7 +110,9 @@ class NcclParamShards final : public UnitShards {
   std::vector<cudaEvent_t> reduced_;    // per unit: its reduce-scatter's copy into grads is done
   std::vector<bool> reduce_pending_;    // the compute stream has not waited on reduced_ yet
   cudaEvent_t compute_ready_ = nullptr, comm_done_ = nullptr;
-  float* staging_ = nullptr;  // G * chunk floats of the largest unit, then one chunk (the scatter's result)
+  // G * chunk floats of the largest unit, then one chunk (the scatter's result); a working copy's
+  // gather uses its first G * chunk elements.
+  float* staging_ = nullptr;
   float* scatter_ = nullptr;
 };
 
@@ -174,8 +182,7 @@ NcclParamShards::NcclParamShards(MPI_Comm group, MPI_Comm replicas, const model:
 
 comm::PageSpan NcclParamShards::unit_pages(const Backed& b, int unit) const {
   const comm::UnitChunk& c = chunks_.unit(unit);
-  const size_t element = &b == copy_mem_.get() ? copy_element_ : sizeof(float);
-  return comm::covering_pages(c.offset, c.count, element, b.buffer.page_bytes());
+  return comm::covering_pages(c.offset, c.count, element_bytes(b), b.buffer.page_bytes());
 }
 
 std::vector<comm::PageSpan> NcclParamShards::unit_spans(const Backed& b) const {
@@ -184,30 +191,51 @@ std::vector<comm::PageSpan> NcclParamShards::unit_spans(const Backed& b) const {
   return spans;
 }
 
-void* NcclParamShards::working_copy_storage(size_t element_bytes) {
-  KILTER_CHECK(!copy_mem_ || copy_element_ == element_bytes, "sharded parameters: a second working copy asked for");
+void* NcclParamShards::working_copy_storage(size_t element_bytes, const std::vector<model::ParamRange>& fp32_ranges) {
+  KILTER_CHECK(element_bytes == 2, "sharded parameters: the working copy gathered is bf16 (2-byte elements), not "
+                                       << element_bytes << "-byte ones");
+  KILTER_CHECK(!copy_mem_, "sharded parameters: a second working copy asked for");
   KILTER_CHECK(std::find(params_held_.begin(), params_held_.end(), true) == params_held_.end(),
                "sharded parameters: the working copy asked for after a gather");
-  if (!copy_mem_) {
-    KILTER_CUDA_CHECK(cudaSetDevice(group_.device()));
-    copy_element_ = element_bytes;
-    copy_mem_ = std::make_unique<Backed>(element_bytes * padded_, "sharded parameters' working copy");
-    copy_mem_->budget = comm::unit_page_budget(unit_spans(*copy_mem_), !reshard_after_forward_).params;
+  KILTER_CUDA_CHECK(cudaSetDevice(group_.device()));
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(compute_));  // the chunks' zeroing is done before their pages go
+  copy_element_ = element_bytes;
+  copy_mem_ = std::make_unique<Backed>(element_bytes * padded_, "sharded parameters' working copy");
+  char* copy = static_cast<char*>(copy_mem_->buffer.data());
+  // The copy's chunks are backed for good (the model's optimizer writes them from its master),
+  // zeros until the model's first write.
+  const size_t page = copy_mem_->buffer.page_bytes();
+  for (const model::ParamRange& r : chunks_.owned()) {
+    hold(*copy_mem_, comm::covering_pages(r.offset, r.count, element_bytes, page));
+    KILTER_CUDA_CHECK(cudaMemsetAsync(copy + element_bytes * r.offset, 0, element_bytes * r.count, compute_));
   }
-  return copy_mem_->buffer.data();
+  copy_mem_->budget =
+      copy_mem_->refs.held() + comm::unit_page_budget(unit_spans(*copy_mem_), !reshard_after_forward_).params;
+  // The fp32 parameters: no chunk (the master is the model's) and no unit, only the model's fp32
+  // ranges, for good; the chunks' pages go back to the device, not to the pool.
+  const size_t fp32_page = params_mem_->buffer.page_bytes();
+  for (const model::ParamRange& r : fp32_ranges)
+    hold(*params_mem_, comm::covering_pages(r.offset, r.count, sizeof(float), fp32_page));
+  for (const model::ParamRange& r : chunks_.owned())
+    for (const comm::PageSpan& run :
+         params_mem_->refs.drop(comm::covering_pages(r.offset, r.count, sizeof(float), fp32_page)))
+      params_mem_->buffer.unback(run.first, run.end);
+  params_mem_->buffer.trim_pool(0);
+  params_mem_->budget = params_mem_->refs.held();
+  KILTER_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  return copy;
 }
 
 void NcclParamShards::hold_params(int unit) {
   if (params_held_[size_t(unit)]) return;
-  hold(*params_mem_, unit_pages(*params_mem_, unit));
-  if (copy_mem_) hold(*copy_mem_, unit_pages(*copy_mem_, unit));
+  Backed& into = gathered_mem();
+  hold(into, unit_pages(into, unit));
   params_held_[size_t(unit)] = true;
 }
 
 void NcclParamShards::drop_params(int unit, cudaStream_t stream) {
   if (!params_held_[size_t(unit)]) return;
-  retire(*params_mem_, unit, stream);
-  if (copy_mem_) retire(*copy_mem_, unit, stream);
+  retire(gathered_mem(), unit, stream);
   params_held_[size_t(unit)] = false;
 }
 
@@ -334,15 +362,22 @@ void NcclParamShards::gather_unit(int unit) {
   const int rank = chunks_.rank();
   hold_params(unit);
   const cudaStream_t stream = comm_after_compute(group_);
-  // This rank's part into its slot of the staging buffer (the slot's tail past the unit is never
-  // read back), everyone's slots gathered, the unit copied into place.
-  float* slot = staging_ + size_t(rank) * c.chunk;
+  // The working copy where the model has one (bf16, half the bytes: no fp32 page of the unit is
+  // backed), else the fp32 parameters. This rank's part into its slot of the staging buffer (the
+  // slot's tail past the unit is never read back), everyone's slots gathered, the unit copied
+  // into place.
+  Backed& into = gathered_mem();
+  const size_t element = element_bytes(into);
+  const ncclDataType_t type = element == sizeof(float) ? ncclFloat32 : ncclBfloat16;
+  char* base = static_cast<char*>(into.buffer.data());
+  char* staging = reinterpret_cast<char*>(staging_);
+  char* slot = staging + element * size_t(rank) * c.chunk;
   if (c.part(rank) > 0)
-    KILTER_CUDA_CHECK(cudaMemcpyAsync(slot, params_ + c.offset + c.lo(rank), sizeof(float) * c.part(rank),
+    KILTER_CUDA_CHECK(cudaMemcpyAsync(slot, base + element * (c.offset + c.lo(rank)), element * c.part(rank),
                                       cudaMemcpyDeviceToDevice, stream));
-  KILTER_NCCL_CHECK(ncclAllGather(slot, staging_, c.chunk, ncclFloat32, group_.get(), stream), group_.get());
-  KILTER_CUDA_CHECK(cudaMemcpyAsync(params_ + c.offset, staging_, sizeof(float) * c.count, cudaMemcpyDeviceToDevice,
-                                    stream));
+  KILTER_NCCL_CHECK(ncclAllGather(slot, staging, c.chunk, type, group_.get(), stream), group_.get());
+  KILTER_CUDA_CHECK(
+      cudaMemcpyAsync(base + element * c.offset, staging, element * c.count, cudaMemcpyDeviceToDevice, stream));
   KILTER_CUDA_CHECK(cudaEventRecord(gathered_[size_t(unit)], stream));
   state_[size_t(unit)] = State::gathering;
 }

@@ -9,7 +9,11 @@
 // waits only at each pass's end, bounded by comm.timeout_s and bracketed by the watchdog, and the
 // watchdog's abort hooks end both communicators. The buffers' pages outside the chunks are backed
 // while a unit is gathered (its gradients: from its backward to its reduce-scatter) and given
-// back once the device has passed its release. Plain C++: run_setup.cpp includes it where NCCL
+// back once the device has passed its release. Under bf16 storage the model asks for a working
+// copy (ParamUnitHooks::working_copy_storage): then the units gather that bf16 copy alone (half
+// the bytes; the model keeps the fp32 master of the chunks, a distributed optimizer's), no fp32
+// parameter page is backed but the few the model widens from the copy (the norms), and the
+// gradients stay fp32. Plain C++: run_setup.cpp includes it where NCCL
 // is built (KILTER_WITH_NCCL); the class lives in param_shards_nccl.cu.
 #pragma once
 #include <mpi.h>
@@ -25,7 +29,8 @@ namespace kilter::train {
 // (MPI_COMM_NULL: the group is the world). Collective over both (the NCCL communicators are made
 // from them). The shards own the parameter and gradient buffers (layout.padded_size floats each,
 // as virtual ranges backed only at this rank's chunks and the units in use:
-// io/base/cuda_virtual_buffer.h); the CUDA model takes them in set_param_units (params_storage).
+// io/base/cuda_virtual_buffer.h), and the working copy where asked; the CUDA model takes them in
+// set_param_units (params_storage, working_copy_storage).
 std::unique_ptr<UnitShards> make_nccl_param_shards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout,
                                                    bool reshard_after_forward, double timeout_s);
 

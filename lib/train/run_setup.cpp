@@ -215,6 +215,9 @@ void make_reducer(Run& run) {
   } else {
     run.reducer = comm::make_gradient_reducer(run.topo, run.model->grads(), run.model->layout().padded_size, reducer_opts);
   }
+  // After set_param_units: under parameters on the cuda backend with bf16 storage the model keeps
+  // the fp32 master of the holder's chunks (the distributed optimizer), and the holder gathers the
+  // bf16 working copy alone.
   if (run.shard_optimizer) {
     std::vector<model::ParamRange> owned;
     for (const comm::BufferRange& r : run.reducer->owned()) owned.push_back({r.offset, r.count});

@@ -5,7 +5,9 @@
 #   blocks: two in use, one prefetched; or every unit with train.reshard_after_forward = false), on
 #   the CPU backend; on the CUDA backend the pages its NCCL shards back (2 MiB pages: the chunks,
 #   at most the embeddings, the final unit and three blocks of parameters, the embeddings and two
-#   units of gradients) and a staging buffer;
+#   units of gradients) and a staging buffer; under bf16 storage the units gather the bf16 working
+#   copy alone and the chunks hold the distributed optimizer's state (the fp32 master, the copy's
+#   chunk pages, the norms' fp32 pages, the head's padded copy);
 # - train.shard_group = node shards over the node's ranks (G = L), world over all;
 # - the advice names the cheapest setting in order: a node that holds only the parameters mode
 #   is told "set train.shard = parameters", one that holds optimizer is told that.
@@ -32,6 +34,7 @@ plan bnone --train.shard=none --train.backend=cpu "${BF16[@]}"
 plan bopt --train.shard=optimizer --train.backend=cpu "${BF16[@]}"
 plan bcuda --train.shard=optimizer --train.backend=cuda --device-memory 80 "${BF16[@]}"
 plan bcudanone --train.shard=none --train.backend=cuda --device-memory 80 "${BF16[@]}"
+plan bcudapar --train.shard=parameters --train.backend=cuda --device-memory 80 "${BF16[@]}"
 "$PY" - <<'PY'
 import json
 m = {k: json.load(open(f"{k}.json"))["memory"] for k in ("none", "opt", "par", "keep", "node", "cuda")}
@@ -97,6 +100,27 @@ cuda_norm_pages = b["bcuda"]["parameters_bytes"] - (2 * padded + padded // 4 * 4
 assert 0 < cuda_norm_pages <= 34 * 2 * 2**21, (b["bcuda"]["parameters_bytes"], padded)
 assert b["bcudanone"]["parameters_bytes"] >= 6 * padded, (b["bcudanone"]["parameters_bytes"], padded)
 assert b["bcuda"]["device_total_bytes"] < b["bcudanone"]["device_total_bytes"]
+# parameters under bf16 storage on cuda: no fp32 page of a unit; the master of rank 0's chunks (4
+# bytes a float), the working copy's chunk pages (2 bytes an element), the norms' fp32 pages (a
+# page or two per norm tensor), the head's padded copy (the vocabulary padded to 128 rows); the
+# copy's unit pages (the fp32 budget's units at 2 bytes) and the same staging as fp32; the
+# gradients as in fp32.
+bp = json.load(open("bcudapar.json"))["memory"]
+def pages_of(ranges, element):
+    covered = set()
+    for offset, count in ranges:
+        covered |= set(range(offset * element // page, ((offset + count) * element + page - 1) // page))
+    return len(covered)
+chunks = [(o, min(n, ((n + 3) // 4 + 63) // 64 * 64)) for o, n in units]
+master = sum(n for _, n in chunks) * 4
+head_copy = 2 * 256 * 1024
+norm_bytes = bp["parameters_bytes"] - master - pages_of(chunks, 2) * page - head_copy
+assert norm_bytes % page == 0 and 0 < norm_bytes <= 34 * 2 * page, (bp["parameters_bytes"], norm_bytes)
+copy_spans = [pages_of([u], 2) for u in units]
+copy_pages = min(sum(copy_spans), copy_spans[0] + copy_spans[-1] + 3 * max(copy_spans[1:-1]))
+assert bp["gathered_bytes"] == copy_pages * page + 5 * chunk * 4, (bp["gathered_bytes"], copy_pages, chunk)
+assert bp["gradients_bytes"] == c["gradients_bytes"], (bp["gradients_bytes"], c["gradients_bytes"])
+assert bp["gathered_bytes"] < c["gathered_bytes"], "the bf16 copy's units take half the fp32 ones' pages"
 # Machines for the advice: between parameters' node and optimizer's with block recompute; between
 # optimizer's and none's.
 PY

@@ -1,8 +1,9 @@
 // The NCCL communicator on device buffers, bootstrapped through MPI: allreduce, reduce-scatter
 // (out of place and in place), allgather and broadcast of rank-dependent integer-valued data
 // (sums are exact), f32/f64/i64, and the error path of a collective on an aborted communicator;
-// the parameter shards of train.shard = parameters (unit gathers, reduce-scatters accumulated over
-// micro-batches, HSDP's all-reduce across groups) on the same kind of data.
+// the parameter shards of train.shard = parameters (unit gathers of the fp32 parameters or of the
+// bf16 working copy alone, reduce-scatters accumulated over micro-batches, HSDP's all-reduce
+// across groups) on the same kind of data.
 // Run under mpirun with one rank per GPU. Exit 77 (skipped) without a device, or when ranks
 // would share a device (NCCL refuses that) outside the test layout of
 // tests/gpu/ranks-on-one-gpu.sh (KILTER_TEST_SHARE_DEVICE=1 and an NCCL host id per rank), where
@@ -13,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -121,8 +123,10 @@ TEST(NcclCommunicator, BroadcastFromTheLastRank) {
 
 // The NCCL parameter shards (lib/train/param_shards_nccl.h) on a small GPT-2's units, in groups
 // of `group` consecutive ranks (the world, or HSDP with the chunks all-reduced across the groups):
-// integer-valued data, so every gather and sum is exact.
-void check_param_shards(int group) {
+// integer-valued data, so every gather and sum is exact. working_copy: the model keeps the fp32
+// master (bf16 storage under parameters), so the units gather a bf16 working copy alone, bit for
+// bit, and the fp32 ranges asked for (the norms' tensors) stay backed and keep what was written.
+void check_param_shards(int group, bool working_copy) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -138,19 +142,38 @@ void check_param_shards(int group) {
   std::vector<char> mine(n, 0);
   for (const auto& r : chunks.owned())
     for (size_t i = r.offset; i < r.offset + r.count; ++i) mine[i] = 1;
-  const std::string where = " (groups of " + std::to_string(group) + ")";
+  const std::string where =
+      " (groups of " + std::to_string(group) + (working_copy ? ", the bf16 working copy gathered)" : ")");
+  // The gathered value at parameter offset i: an fp32 parameter, or a bf16 copy's bits (below the
+  // NaN patterns, 0x7f80 and up).
+  auto value_at = [](size_t i) { return uint16_t(i % 1013); };
   {
     // The shards own the buffers (sparsely backed: only this rank's chunks until a unit is in use).
     auto shards = kilter::train::make_nccl_param_shards(shard_group, replicas, layout,
                                                         /*reshard_after_forward=*/true, 60.0);
     float* device_params = shards->params_storage();
     float* device_grads = shards->grads_storage();
+    const std::vector<kilter::model::ParamRange> norms = kilter::model::norm_tensor_ranges(layout);
+    uint16_t* device_copy =
+        working_copy ? static_cast<uint16_t*>(shards->working_copy_storage(sizeof(uint16_t), norms)) : nullptr;
     for (const auto& r : chunks.owned()) {
       std::vector<float> values(r.count);
-      for (size_t i = 0; i < r.count; ++i) values[i] = float((r.offset + i) % 1013);
-      KILTER_CUDA_CHECK(cudaMemcpy(device_params + r.offset, values.data(), sizeof(float) * r.count,
-                                   cudaMemcpyHostToDevice));
+      std::vector<uint16_t> bits(r.count);
+      for (size_t i = 0; i < r.count; ++i) values[i] = float(bits[i] = value_at(r.offset + i));
+      if (working_copy)
+        KILTER_CUDA_CHECK(cudaMemcpy(device_copy + r.offset, bits.data(), sizeof(uint16_t) * r.count,
+                                     cudaMemcpyHostToDevice));
+      else
+        KILTER_CUDA_CHECK(cudaMemcpy(device_params + r.offset, values.data(), sizeof(float) * r.count,
+                                     cudaMemcpyHostToDevice));
     }
+    // The norms' fp32 tensors the model widens from the copy: backed for good.
+    if (working_copy)
+      for (const auto& r : norms) {
+        const std::vector<float> values(r.count, float(rank + 1));
+        KILTER_CUDA_CHECK(cudaMemcpy(device_params + r.offset, values.data(), sizeof(float) * r.count,
+                                     cudaMemcpyHostToDevice));
+      }
     const int units = chunks.num_units();
     bool whole = true, regathered = true;
     // Two micro-batches, each a forward (every unit gathered whole, the first prefetched, blocks
@@ -163,8 +186,13 @@ void check_param_shards(int group) {
         if (pass == 1 && u > 0) regathered &= gathered;
         KILTER_CUDA_CHECK(cudaDeviceSynchronize());
         const auto& c = chunks.unit(u);
-        const std::vector<float> got = to_host(device_params + c.offset, c.count);
-        for (size_t i = 0; i < c.count; ++i) whole &= got[i] == float((c.offset + i) % 1013);
+        if (working_copy) {
+          const std::vector<uint16_t> got = to_host(device_copy + c.offset, c.count);
+          for (size_t i = 0; i < c.count; ++i) whole &= got[i] == value_at(c.offset + i);
+        } else {
+          const std::vector<float> got = to_host(device_params + c.offset, c.count);
+          for (size_t i = 0; i < c.count; ++i) whole &= got[i] == float(value_at(c.offset + i));
+        }
         shards->forward_done(u);
       }
       for (int u = units - 1; u >= 0; --u) {
@@ -184,6 +212,12 @@ void check_param_shards(int group) {
     shards->release_all();  // every unit's pages given back: outside the chunks reads the zeroed scratch page
     KILTER_CUDA_CHECK(cudaDeviceSynchronize());
     expect(whole, "parameter units all-gathered whole" + where, rank);
+    if (working_copy) {
+      bool kept = true;
+      for (const auto& r : norms)
+        for (float v : to_host(device_params + r.offset, r.count)) kept &= v == float(rank + 1);
+      expect(kept, "the norms' fp32 tensors kept through the gathers and releases" + where, rank);
+    }
     expect(regathered, "units released after each pass and gathered again" + where, rank);
     const std::vector<float> reduced = to_host(device_grads, n);
     // Per float: the sum of (rank + 1) over the group's ranks (the reduce-scatter), then over the
@@ -200,14 +234,22 @@ void check_param_shards(int group) {
 TEST(NcclParamShards, GatherAndReduceScatterOverTheWorld) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  check_param_shards(size);
+  check_param_shards(size, false);
 }
 
 TEST(NcclParamShards, GroupsOfTwoAcrossReplicas) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size < 4 || size % 2 != 0) GTEST_SKIP() << "HSDP needs 4 or more ranks in pairs";
-  check_param_shards(2);
+  check_param_shards(2, false);
+}
+
+// bf16 storage: the working copy gathered alone, the gradients reduce-scattered in fp32 as above.
+TEST(NcclParamShards, WorkingCopyGatheredAlone) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  check_param_shards(size, true);
+  if (size >= 4 && size % 2 == 0) check_param_shards(2, true);
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 #   flat on 2 and 4 ranks; hierarchical on 4 ranks as 2 x 2 (comm.ranks_per_node = 2); ZeRO-1
 #   sharded (the default on 2+ ranks) and unsharded; cut pieces, whose K/V exchange runs on NCCL
 #   send/recv; fully sharded parameters (train.shard = parameters) in groups of 2 on 2 ranks and
-#   on 4 (HSDP); a sharded checkpoint written on 4 GPU ranks and resumed on 2.
+#   on 4 (HSDP), under bf16 the 2-rank one (the bf16 working copy gathered alone) also against
+#   `optimizer`'s distributed optimizer on the same ranks (a peer row, within 1e-4); a sharded
+#   checkpoint written on 4 GPU ranks and resumed on 2.
 # Each run's losses must match the 1-rank GPU run's (train.shard = none) and the CPU/MPI run's of
 # the same config (tolerances in tests/gpu/nccl_compare.py). Then three fault drills on 4 ranks:
 # rank 1 dies while the others reduce, rank 1 stalls, and rank 1 stalls under parameters; the

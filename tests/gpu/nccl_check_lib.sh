@@ -43,6 +43,10 @@ pack_carry() {
   [[ -x $build/kilter_gpu_nccl_test ]] && strip -o "$stage/bin/kilter_gpu_nccl_test" "$build/kilter_gpu_nccl_test"
   # The sparsely backed buffers the parameter shards hold (tests/gpu/gpu_vmm_test.cpp), one process.
   [[ -x $build/kilter_gpu_vmm_test ]] && strip -o "$stage/bin/kilter_gpu_vmm_test" "$build/kilter_gpu_vmm_test"
+  # The model's side of parameters under bf16 storage (the working copy gathered unit by unit,
+  # tests/gpu/gpu_distributed_optimizer_test.cpp), one process.
+  [[ -x $build/kilter_gpu_distributed_optimizer_test ]] &&
+    strip -o "$stage/bin/kilter_gpu_distributed_optimizer_test" "$build/kilter_gpu_distributed_optimizer_test"
   cp "$(readlink -f "$(command -v mpirun)")" "$stage/ompi/bin/mpirun"
   cp "$(readlink -f "$(command -v orted)")" "$stage/ompi/bin/orted"
   local component
@@ -221,8 +225,18 @@ common_args() {  # common_args DATASET [STEPS [TIMEOUT_S]]: the config of the ba
   fi
 }
 
-# The matrix: ID|PATH|RANKS|DATASET|ARGS. The 1-rank runs (base1, cut1) are the references.
+# The matrix: ID|PATH|RANKS|DATASET|ARGS[|PEER]. The 1-rank runs (base1, cut1) are the references;
+# PEER: the ID of another row of the same precision whose losses this one's must match too.
 matrix_rows() {
+  # Under bf16 (bf16 storage) parameters gathers the bf16 working copy alone and keeps the
+  # distributed optimizer's state (the fp32 master of the chunks, the norms widened from the copy):
+  # the same working-copy semantics as optimizer's, whose run (fp32 gradients, as parameters
+  # reduces them) it must match within the peer bound (tests/gpu/nccl_compare.py). First: the
+  # newest path runs first should the time run short.
+  if [[ $quick -eq 0 && ${p:-} == bf16 ]]; then
+    echo "dopt2f|flat, distributed optimizer, fp32 gradients|2|base|--comm.algo=flat --train.shard=optimizer"
+    echo "par2|parameters, groups of 2 (the bf16 copy gathered)|2|base|$PARAMETERS_ARGS|dopt2f"
+  fi
   echo "flat2|flat, ZeRO-1 sharded|2|base|--comm.algo=flat --train.shard_optimizer=true"
   [[ $quick -eq 1 ]] || echo "flat4|flat, ZeRO-1 sharded|4|base|--comm.algo=flat --train.shard_optimizer=true"
   echo "hier4|hierarchical 2x2, sharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=true"
@@ -231,7 +245,7 @@ matrix_rows() {
   # each chunk all-reduced across them) on 4, with a training sample every 3 steps (rank 0's group
   # sends it the units: SampleFeed); whole pieces, as that mode takes them. Before the unsharded
   # rows: what is newest runs first should the time run short.
-  [[ $quick -eq 1 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
+  [[ $quick -eq 1 || ${p:-} == bf16 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
   echo "par4|parameters, groups of 2 (HSDP 2x2), samples|4|base|$PARAMETERS_ARGS --output.sample_every=3"
   if [[ $quick -eq 0 ]]; then
     echo "flat4u|flat, unsharded|4|base|--comm.algo=flat --train.shard_optimizer=false"
@@ -294,13 +308,13 @@ make_references() {
   [[ -d $carry/data/base ]] || make_datasets
   mkdir -p "$carry/reference"
   cd "$work" || die "cannot enter $work"
-  local p id path np dataset args bf16=1
+  local p id path np dataset args peer bf16=1
   run_leg probe 1 mpi $(common_args base 1) --train.backend=cpu --train.precision=bf16
   [[ $LEG_RC -eq 0 ]] || { bf16=0; say "this CPU cannot run bf16: no bf16 references (GPU bf16 rows compare with 1 GPU rank only)"; }
   for p in $(precisions); do
     [[ $p == bf16 && $bf16 -eq 0 ]] && continue
     say "CPU/MPI references, $p"
-    while IFS='|' read -r id path np dataset args; do
+    while IFS='|' read -r id path np dataset args peer; do
       run_leg "ref-$p-$id" "$np" mpi $(common_args "$dataset") --train.backend=cpu --train.precision="$p" $args
       [[ -z $(leg_problem "ref-$p-$id" "$np" cpu "$dataset") ]] || { cat "ref-$p-$id.log"; return 1; }
       cp "$(metrics "ref-$p-$id")" "$carry/reference/$p-$id.csv"
@@ -337,8 +351,11 @@ checkpoint_legs() {  # checkpoint_legs PREFIX LAUNCH [ARGS...]
 # ---- the matrix, the drills, the table ------------------------------------------------------------
 ROWS=rows.tsv
 
-# loss_row PATH RANKS PRECISION RUN_CSVS ONE_RANK_CSVS CPU_CSVS EXPECT NOTE: a row of the table.
-loss_row() { printf 'loss\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$ROWS"; }
+# loss_row PATH RANKS PRECISION RUN_CSVS ONE_RANK_CSVS CPU_CSVS EXPECT NOTE [PEER_CSVS]: a row of
+# the table (PEER_CSVS: another multi-rank run of the same backend, "-" when none).
+loss_row() {
+  printf 'loss\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7" "$8" "${9:--}" >>"$ROWS"
+}
 drill_row() { printf 'drill\t%s\t%s\t%s\t%s\n' "$@" >>"$ROWS"; }
 
 reference() {  # reference PRECISION ID...: the CPU/MPI metrics files, comma-separated, or "-"
@@ -355,7 +372,7 @@ reference() {  # reference PRECISION ID...: the CPU/MPI metrics files, comma-sep
 out_of_time() { [[ $SECONDS -gt $((start + ${KILTER_NCCL_BUDGET_S:-$([[ $backend == cuda ]] && echo 450 || echo 3600)} - 40)) ]]; }
 
 run_precision() {  # run_precision PRECISION: the 1-rank runs, every row, the checkpoint
-  local p=$1 id path np dataset args problem
+  local p=$1 id path np dataset args peer problem
   local args_of_p=(--train.backend="$backend" "${BACKEND_ARGS[@]}" --train.precision="$p")
   for id in 1 cut1; do
     dataset=base; [[ $id == cut1 ]] && dataset=cut
@@ -364,7 +381,7 @@ run_precision() {  # run_precision PRECISION: the 1-rank runs, every row, the ch
     problem=$(leg_problem "$p-$id" 1 "$backend")
     loss_row "1 rank ($dataset)" 1 "$p" "$(metrics "$p-$id")" - "$(reference "$p" "$id")" pass "$problem"
   done
-  while IFS='|' read -r id path np dataset args; do
+  while IFS='|' read -r id path np dataset args peer; do
     if out_of_time; then loss_row "$path" "$np" "$p" - - - pass "not run: the time budget is spent"; continue; fi
     say "$p: $path on $np ranks"
     # The first multi-rank run shows NCCL's own account of its transports (see check_transport).
@@ -373,7 +390,8 @@ run_precision() {  # run_precision PRECISION: the 1-rank runs, every row, the ch
     unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
     problem=$(leg_problem "$p-$id" "$np" "$backend" "$dataset")
     local one=1; [[ $dataset == cut ]] && one=cut1
-    loss_row "$path" "$np" "$p" "$(metrics "$p-$id")" "$(metrics "$p-$one")" "$(reference "$p" "$id")" pass "$problem"
+    loss_row "$path" "$np" "$p" "$(metrics "$p-$id")" "$(metrics "$p-$one")" "$(reference "$p" "$id")" pass "$problem" \
+      "$([[ -n $peer ]] && metrics "$p-$peer" || echo -)"
   done < <(matrix_rows)
   if out_of_time; then loss_row "checkpoint 4 -> 2 ranks, sharded" "4, 2" "$p" - - - pass "not run: the time budget is spent"; return; fi
   say "$p: a sharded checkpoint written on 4 ranks, resumed on 2"
@@ -482,13 +500,28 @@ param_shards_collectives() {
     drill_row "sparse device buffers (kilter_gpu_vmm_test)" 1 "exit $rc (vmm.log)" FAIL
     tail -20 vmm.log
   fi
+  # The CUDA model under parameters with bf16 storage, one rank's view without NCCL: a holder that
+  # gathers the working copy alone against the distributed optimizer gathered whole.
+  local dopt=${KILTER%/*}/kilter_gpu_distributed_optimizer_test unit_wise=UnitWiseWorkingCopyAgainstTheWholeGather
+  rc=0
+  timeout 120 "${RUNTIME_ENV[@]}" "$dopt" --gtest_filter="DistributedOptimizer.$unit_wise" </dev/null \
+    >unit-wise.log 2>&1 || rc=$?
+  grep -E "FAIL|Failure|SKIPPED" unit-wise.log | head -8 | cut -c1-200 | sed 's/^/  /'
+  if [[ $rc -eq 0 ]] && grep -qE "^\[ +OK \] DistributedOptimizer\.$unit_wise " unit-wise.log; then
+    drill_row "bf16 working copy gathered unit by unit (kilter_gpu_distributed_optimizer_test)" 1 \
+      "losses, gradients, master against the whole gather" pass
+  else
+    drill_row "bf16 working copy gathered unit by unit (kilter_gpu_distributed_optimizer_test)" 1 \
+      "exit $rc, not passed (unit-wise.log)" FAIL
+    tail -20 unit-wise.log
+  fi
   for np in 2 4; do
     say "kilter_gpu_nccl_test (parameter shards) on $np ranks"
     rc=0
     timeout 90 "${RUNTIME_ENV[@]}" MPIEXEC="$MPIEXEC" bash "$root/tests/gpu/ranks-on-one-gpu.sh" "$np" -- \
       "$test_binary" --gtest_filter='NcclParamShards.*' </dev/null >"param-shards-$np.log" 2>&1 || rc=$?
     grep -E "ok |FAIL|failure|SKIPPED|NCCL WARN" "param-shards-$np.log" | head -8 | cut -c1-200 | sed 's/^/  /'
-    tests=(GatherAndReduceScatterOverTheWorld)
+    tests=(GatherAndReduceScatterOverTheWorld WorkingCopyGatheredAlone)
     [[ $np -eq 4 ]] && tests+=(GroupsOfTwoAcrossReplicas)
     missing=""
     for t in "${tests[@]}"; do
