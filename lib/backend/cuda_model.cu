@@ -708,8 +708,7 @@ void CudaModel::set_params(const float* host) {
 }
 
 void CudaModel::get_params(float* host) const {
-  // train.init_from reads the initialization whole on rank 0 (lib/train/hf_interop.cpp).
-  check_not_unit_wise("the whole parameters read (get_params: train.init_from, a sample, an unsharded checkpoint)");
+  check_not_unit_wise("the whole parameters read (get_params: an unsharded checkpoint, a sample from the whole model)");
   cuda_device_index();
   if (master_sharded_) return read_working_copy(host);  // no rank holds the whole master
   KILTER_CHECK(params_ != nullptr, "cuda backend: get_params before the parameters were set");

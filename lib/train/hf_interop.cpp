@@ -7,6 +7,7 @@
 #include "io/checkpoint.h"
 #include "io/base/error.h"
 #include "kilter/build_info.h"
+#include "lib/model/init.h"
 #include "lib/train/checkpoint_model.h"
 #include "lib/train/checkpointer.h"
 #include "lib/train/root_broadcast.h"
@@ -98,9 +99,12 @@ std::string load_initial_weights(MPI_Comm world, const Config& cfg, const io::Da
   std::string problem, note;
   if (rank == 0) {
     try {
-      // The model's own initialization, overwritten in place tensor by tensor.
+      // The model's own initialization (train.seed's, as Model::init_params made it on every rank:
+      // no rank reads the model whole, which a sharded one is not), overwritten in place tensor by
+      // tensor.
+      params.assign(layout.padded_size, 0.0f);
+      model::init_params(params.data(), layout, model.config(), cfg.train.seed);
       params.resize(layout.num_params);
-      model.get_params(params.data());
       const RunVocabulary vocab{index.dir, index.tokenizer, index.tokenizer_data, cfg.model.vocab_size};
       read_initial_weights(cfg.train.init_from, model.config(), layout, vocab, cfg.train.init_vocab, params.data(), note);
     } catch (const Error& e) {
