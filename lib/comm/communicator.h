@@ -109,6 +109,9 @@ class GradientReducer {
   // ones whose reduction could overlap backward).
   virtual size_t num_buckets() const { return 0; }
   virtual size_t buckets_started_early() const { return 0; }
+  // The most buckets one stage of the last step held in flight at once (nonblocking
+  // collectives; 0 where each bucket ran as a blocking call): at most kMpiBucketsInFlight over MPI.
+  virtual size_t most_buckets_in_flight() const { return 0; }
 
   // Sharded reduction (ReducerOptions::shard, ZeRO-1): the ranges of the buffer this rank holds
   // fully reduced after finish(), one per bucket, in bucket order; together over the ranks they
@@ -189,6 +192,23 @@ struct ReducerOptions {
   // owned() is the node shard (1/L of the buffer), gathered back inside the node only.
   bool shard_within_node = false;
 };
+
+// The most buckets one stage of the reducer holds in flight at once over MPI (nonblocking
+// collectives: poll mode, and the communication thread's). Each holds Open MPI's temporary until
+// it completes (its reduce-scatter: twice the bucket), and a communication thread behind a
+// backward that runs ahead held dozens at once (rank 0 of GPT-2 124M on 4 ranks under
+// train.shard = optimizer: 330 MiB of them). NCCL's collectives take no host temporaries: unbounded.
+constexpr size_t kMpiBucketsInFlight = 2;
+
+// The temporaries of Open MPI's nonblocking reduce-scatter (libnbc) that a rank of a
+// `group_size`-rank stage writes, at most kMpiBucketsInFlight buckets of `bucket_bytes` at once:
+// it reduces to the stage's rank 0 along a binomial tree, then scatters, in a temporary of twice
+// the bucket on every rank, of which a rank writes one half per bucket it receives from a peer
+// (both halves from the second on). rank0: the stage's rank 0; other: the most of any other rank.
+struct ReduceScatterScratch {
+  uint64_t rank0 = 0, other = 0;
+};
+ReduceScatterScratch mpi_reduce_scatter_scratch(uint64_t bucket_bytes, int group_size);
 
 // buf: padded_size floats; padded_size must be a multiple of topo.local_size (the node shards),
 // and of topo.size when opts.shard.

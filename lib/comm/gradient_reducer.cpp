@@ -120,6 +120,11 @@ struct ReducerState {
   size_t started_early = 0;   // buckets whose first stage began before finish()
   size_t buckets_done = 0;
   std::vector<size_t> next_launch;  // per stage: the next bucket it launches (poll mode)
+  std::vector<size_t> launched_now;  // per stage: its buckets in flight (poll mode)
+  // Per stage: the most buckets it holds in flight (SIZE_MAX: no bound), see
+  // kMpiBucketsInFlight.
+  size_t max_in_flight = SIZE_MAX;
+  size_t most_in_flight = 0;  // this step's most in flight in one stage
   std::map<size_t, size_t> reported;  // ranges reported this step: begin -> end
   bool stop = false;
   bool in_collective = false;
@@ -271,6 +276,8 @@ struct ReducerState {
     }
     buckets_done = stages.empty() ? buckets.size() : 0;
     next_launch.assign(stages.size(), 0);
+    launched_now.assign(stages.size(), 0);
+    most_in_flight = 0;
     reported.clear();
     started_early = 0;
     finishing = false;
@@ -283,22 +290,27 @@ struct ReducerState {
   }
 
   // Poll mode: completes what MPI has finished and launches what has become launchable, stage by
-  // stage in bucket order. Returns whether anything changed.
+  // stage in bucket order, at most max_in_flight buckets a stage. Returns whether anything
+  // changed. The bound cannot deadlock: every rank launches a stage's buckets in the same order,
+  // so the lowest bucket in flight anywhere has been launched by every rank of the stage that can
+  // (its earlier stages done) and completes, freeing a place.
   bool progress() {
     bool any = false;
     for (Bucket& b : buckets) {
       if (b.in_flight && b.in_flight->test()) {
         b.in_flight.reset();
+        --launched_now[b.completed];  // the stage that ran is the one completed next
         if (++b.completed == stages.size()) ++buckets_done;
         any = true;
       }
     }
     for (size_t s = 0; s < stages.size(); ++s) {
-      while (next_launch[s] < buckets.size()) {
+      while (next_launch[s] < buckets.size() && launched_now[s] < max_in_flight) {
         Bucket& b = buckets[next_launch[s]];
         const bool launchable = s == 0 ? b.missing == 0 : (b.completed == s && !b.in_flight);
         if (!launchable) break;
         b.in_flight = launch(stages[s], b);
+        most_in_flight = std::max(most_in_flight, ++launched_now[s]);
         ++next_launch[s];
         if (s == 0 && !finishing) ++started_early;
         any = true;
@@ -417,6 +429,10 @@ class BucketGradientReducer final : public GradientReducer {
   size_t buckets_started_early() const override {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return state_->started_early;
+  }
+  size_t most_buckets_in_flight() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->most_in_flight;
   }
 
   void begin() override {
@@ -613,6 +629,7 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, flo
   auto state = std::make_shared<ReducerState>();
   state->buf = buf;
   state->timeout_s = opts.timeout_s;
+  if (opts.kind == "mpi") state->max_in_flight = kMpiBucketsInFlight;
   state->padded_size = padded_size;
   state->reported_size = opts.reported_size ? opts.reported_size : padded_size;
   state->local_rank = hierarchical ? topo.local_rank : 0;
@@ -709,6 +726,22 @@ std::unique_ptr<GradientReducer> make_gradient_reducer(const Topology& topo, con
   opts.bucket_bytes = bucket_bytes;
   opts.overlap = overlap ? OverlapMode::automatic : OverlapMode::off;
   return make_gradient_reducer(topo, buf, padded_size, opts);
+}
+
+ReduceScatterScratch mpi_reduce_scatter_scratch(uint64_t bucket_bytes, int group_size) {
+  // Rank r receives in round k (from rank r + 2^(k-1)) while r is a multiple of 2^k and that
+  // peer exists; a rank's first send ends its rounds (nbc_ireduce_scatter_block.c).
+  auto halves_written = [group_size](int r) {
+    uint64_t receives = 0;
+    for (int step = 1; step < group_size && r % (2 * step) == 0; step *= 2)
+      receives += r + step < group_size ? 1 : 0;
+    return std::min<uint64_t>(receives, 2);
+  };
+  ReduceScatterScratch scratch;
+  const uint64_t per_half = kMpiBucketsInFlight * bucket_bytes;
+  scratch.rank0 = halves_written(0) * per_half;
+  for (int r = 1; r < group_size; ++r) scratch.other = std::max(scratch.other, halves_written(r) * per_half);
+  return scratch;
 }
 
 void GradientReducer::throw_no_bf16_gather() {

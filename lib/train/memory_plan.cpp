@@ -1,9 +1,9 @@
 // The memory plan (memory_plan.h). The figures follow what the backend and the trainer
 // allocate: CpuModel's constructor and ensure_capacity (lib/backend/cpu_model.cpp), or on the
 // cuda backend CudaModel's device buffers (lib/backend/cuda_memory.h); the checkpointer's
-// snapshot and shard buffers, the reader's ring. tests/e2e/memory_plan.sh checks the CPU
-// estimate against the measured peak RSS, tests/gpu/gpu_model_test.cpp the device figures
-// against the device memory a CUDA model takes.
+// snapshot and shard buffers, the gradient reducer's MPI temporaries, the reader's ring.
+// tests/e2e/memory_plan.sh checks the CPU estimate against the measured peak RSS,
+// tests/gpu/gpu_model_test.cpp the device figures against the device memory a CUDA model takes.
 #include "lib/train/memory_plan.h"
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "io/base/error.h"
 #include "lib/backend/cpu_model.h"
 #include "lib/backend/cuda_memory.h"
+#include "lib/comm/communicator.h"
 #include "lib/comm/unit_chunks.h"
 #include "lib/comm/unit_pages.h"
 #include "lib/model/model.h"
@@ -190,6 +191,34 @@ ShardedState sharded_state(const MemoryPlan& p, const UnitFloats& units, bool bf
     st.gradients = shard * grad + units.gradients * (G - 1) / G * grad + (mpi_reduce_scatter ? 2 * pack * 4 : 0);
   }
   return st;
+}
+
+// Under optimizer on the cpu backend, the gradient reducer's scatter stages over MPI, each with
+// Open MPI's temporaries of the buckets it has in flight (comm::mpi_reduce_scatter_scratch): one
+// stage over the shard group (one node, flat, or HSDP's node), or a node stage and then a stage
+// across the nodes over 1/L of each bucket (hierarchical over several nodes). Buckets as the
+// reducer cuts them: comm.bucket_mb in whole multiples of 64 floats per rank of the world.
+comm::ReduceScatterScratch reduce_scatter_scratch(const MemoryPlan& p, const Config& cfg, int P, int L) {
+  comm::ReduceScatterScratch total;
+  if (p.shard != "optimizer" || !p.sharded) return total;
+  const uint64_t unit = uint64_t(P) * 64;
+  const uint64_t asked = std::max<uint64_t>(uint64_t(cfg.comm.bucket_mb * 1024 * 1024) / 4, 1);
+  const uint64_t bucket = std::min<uint64_t>(asked >= unit ? asked / unit * unit : asked, p.padded_params) * 4;
+  auto add = [&total](uint64_t bytes, int size) {
+    const comm::ReduceScatterScratch stage = comm::mpi_reduce_scatter_scratch(bytes, size);
+    total.rank0 += stage.rank0;
+    total.other += stage.other;
+  };
+  const bool hierarchical = cfg.comm.algo == "hierarchical" && P % L == 0;
+  if (p.shard_group < P) {
+    add(bucket, p.shard_group);  // HSDP: the node's reduce-scatter, then an all-reduce across nodes
+  } else if (hierarchical && L < P) {
+    add(bucket, L);
+    add(bucket / uint64_t(L), P / L);
+  } else {
+    add(bucket, P);
+  }
+  return total;
 }
 
 }  // namespace
@@ -372,9 +401,14 @@ MemoryPlan memory_figures(const MemoryPlanInput& in, uint64_t machine_bytes) {
   // On cuda the model's buffers are the device's; the host keeps the checkpoint's, the ring and
   // the runtime (the CUDA libraries' own host memory is not counted: not measured yet).
   const uint64_t model_host = cuda ? 0 : p.parameters + p.gathered + p.gradients + p.optimizer + p.activations;
+  if (!cuda) {  // NCCL's reductions take no host temporaries
+    const comm::ReduceScatterScratch scratch = reduce_scatter_scratch(p, cfg, P, L);
+    p.comm_scratch_rank0 = scratch.rank0;
+    p.comm_scratch_other = scratch.other;
+  }
   const uint64_t common = model_host + p.prefetch + p.runtime;
-  p.rank0_total = common + p.checkpoint_rank0;
-  p.other_total = common + p.checkpoint_other;
+  p.rank0_total = common + p.comm_scratch_rank0 + p.checkpoint_rank0;
+  p.other_total = common + p.comm_scratch_other + p.checkpoint_other;
   p.node_total = p.rank0_total + uint64_t(L - 1) * p.other_total;
   p.machine_bytes = machine_bytes;
   p.device_fits = !cuda || in.device_bytes == 0 || p.device_total <= in.device_bytes;
@@ -512,6 +546,8 @@ std::string format_memory_plan(const MemoryPlan& p) {
     row("gradients", p.gradients, p.gradients);
     row("optimizer state", p.optimizer, p.optimizer);
     row("activations", p.activations, p.activations);
+    if (p.comm_scratch_rank0 + p.comm_scratch_other > 0)
+      row("reduce-scatter (MPI)", p.comm_scratch_rank0, p.comm_scratch_other);
   }
   row("checkpoint", p.checkpoint_rank0, p.checkpoint_other);
   row("prefetch ring", p.prefetch, p.prefetch);
@@ -548,6 +584,8 @@ nlohmann::json memory_plan_json(const MemoryPlan& p) {
           {"gradients_bytes", p.gradients},
           {"optimizer_bytes", p.optimizer},
           {"activations_bytes", p.activations},
+          {"comm_scratch_bytes_rank0", p.comm_scratch_rank0},
+          {"comm_scratch_bytes_other", p.comm_scratch_other},
           {"checkpoint_bytes_rank0", p.checkpoint_rank0},
           {"checkpoint_bytes_other", p.checkpoint_other},
           {"prefetch_bytes", p.prefetch},

@@ -49,6 +49,9 @@ struct MemoryPlan {
   uint64_t activations = 0;      // kept for backward + backward scratch, largest micro-batch
   uint64_t engine = 0;           // cuda: cuBLASLt's workspace, upload slots, operand copies
   uint64_t cudnn = 0;            // cuda: cuDNN SDPA's workspace and its rows outside the arena
+  // cpu under optimizer: Open MPI's temporaries of the gradient reduce-scatters in flight (rank 0:
+  // the root of each stage's reduction, the most; other: the most of any other rank)
+  uint64_t comm_scratch_rank0 = 0, comm_scratch_other = 0;
   uint64_t checkpoint_rank0 = 0;  // rank 0's: the snapshot (params + moments), or sharded its pieces
   uint64_t checkpoint_other = 0;  // the other ranks' (sharded: their pieces; the resume's reads)
   uint64_t prefetch = 0;         // the reader's ring of micro-batches and the assembled batch

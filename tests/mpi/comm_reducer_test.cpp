@@ -2,7 +2,8 @@
 // flat == hierarchical == one plain MPI_Allreduce, exactly for integer-valued gradients and to
 // float tolerance for random ones; odd sizes, several buckets, padding the model never reports,
 // ranges arriving high-to-low, low-to-high or not at all, overlap off / poll / thread, and
-// several steps through one reducer; the sharded (ZeRO-1) reduction and its parameter gather.
+// several steps through one reducer; the sharded (ZeRO-1) reduction and its parameter gather; the
+// bound on buckets in flight over MPI and the reduce-scatter temporaries the memory plan prices.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -271,7 +272,9 @@ TEST_F(ReducerTest, FlatAndHierarchicalAgreeOnRandomGradients) {
 }
 
 // Not a timing: which buckets were launched before finish(). Polling launches a bucket the
-// moment its last range is reported; with overlap off nothing leaves before finish().
+// moment its last range is reported and a place in flight is free (kMpiBucketsInFlight: the
+// first ones at least, more as earlier ones complete); with overlap off nothing leaves before
+// finish().
 TEST_F(ReducerTest, BucketsStartAsSoonAsTheyAreReported) {
   const size_t padded = 1000 * size_t(topo_.local_size);
   std::vector<float> grads(padded, 1.f);
@@ -285,14 +288,71 @@ TEST_F(ReducerTest, BucketsStartAsSoonAsTheyAreReported) {
     reducer->begin();
     report(*reducer, padded - 5, ReadyOrder::high_to_low, 9);
     const bool reduces = topo_.size > 1;
-    const size_t expected_early = mode == OverlapMode::poll && reduces ? reducer->num_buckets() : 0;
     bad += reducer->num_buckets() != (padded + 64 * size_t(topo_.local_size) - 1) / (64 * size_t(topo_.local_size));
-    // Reported high-to-low, every bucket was complete, and so launched, before finish().
-    bad += reducer->buckets_started_early() != expected_early;
+    // Reported high-to-low, every bucket was complete before finish(): the first ones launched
+    // then, and the rest as places came free.
+    const size_t first = std::min(kMpiBucketsInFlight, reducer->num_buckets());
+    const size_t early = reducer->buckets_started_early();
+    if (mode == OverlapMode::poll && reduces)
+      bad += early < first || early > reducer->num_buckets();
+    else
+      bad += early != 0;
     reducer->finish();
-    bad += reducer->buckets_started_early() != expected_early;
+    bad += reducer->buckets_started_early() != early;
   }
   EXPECT_EQ(global_failures(bad), 0);
+}
+
+// Over MPI a stage holds at most kMpiBucketsInFlight buckets in flight (each holds Open MPI's
+// temporary of the bucket's size or twice it): the whole buffer reported before finish() leaves
+// the rest waiting for a free place, in the nonblocking modes, sharded or not, flat or
+// hierarchical, and every bucket is still reduced (the sums are checked by the tests above).
+TEST_F(ReducerTest, StagesHoldAFewBucketsInFlight) {
+  if (topo_.size == 1) GTEST_SKIP() << "one rank: nothing is reduced";
+  const size_t padded = 64 * 40 * size_t(topo_.size);
+  std::vector<float> grads(padded, 1.f);
+  long bad = 0;
+  for (const bool shard : {false, true})
+    for (const char* algo : {"flat", "hierarchical"})
+      for (const OverlapMode mode : {OverlapMode::poll, OverlapMode::thread}) {
+        ReducerOptions opts;
+        opts.algo = algo;
+        opts.overlap = mode;
+        opts.blocking_collectives = false;
+        opts.shard = shard;
+        opts.bucket_bytes = 4 * 64 * size_t(topo_.size);  // 40 buckets
+        auto reducer = make_gradient_reducer(topo_, grads.data(), padded, opts);
+        for (int step = 0; step < 2; ++step) {
+          std::fill(grads.begin(), grads.end(), 1.f);
+          reducer->begin();
+          report(*reducer, padded, ReadyOrder::high_to_low, 3 + uint64_t(step));
+          reducer->finish();
+          const size_t most = reducer->most_buckets_in_flight();
+          bad += most < 1 || most > kMpiBucketsInFlight;
+          for (const BufferRange& r : reducer->owned())
+            for (size_t i = r.offset; i < r.offset + r.count; ++i) bad += grads[i] != float(topo_.size);
+          if (shard) reducer->gather(grads.data());
+        }
+        if (bad) ADD_FAILURE() << "rank " << topo_.rank << ": " << algo << "/" << overlap_mode_name(mode)
+                               << (shard ? "/sharded" : "") << ": most in flight "
+                               << reducer->most_buckets_in_flight();
+      }
+  EXPECT_EQ(global_failures(bad), 0);
+}
+
+// The temporaries Open MPI's reduce-scatter writes (the memory plan prices them): its binomial
+// reduction to rank 0 receives twice on rank 0 (both halves of its temporary) from 3 ranks on,
+// once on the other even ranks, twice on rank 4 of 7 or more; the odd ranks only send.
+TEST_F(ReducerTest, ReduceScatterScratchFollowsTheBinomialTree) {
+  const uint64_t B = 1000, K = kMpiBucketsInFlight;
+  const std::pair<int, std::pair<uint64_t, uint64_t>> expected[] = {
+      {1, {0, 0}}, {2, {K * B, 0}}, {3, {2 * K * B, 0}}, {4, {2 * K * B, K * B}},
+      {6, {2 * K * B, K * B}}, {7, {2 * K * B, 2 * K * B}}, {8, {2 * K * B, 2 * K * B}}};
+  for (const auto& [size, want] : expected) {
+    const ReduceScatterScratch got = mpi_reduce_scatter_scratch(B, size);
+    EXPECT_EQ(got.rank0, want.first) << size << " ranks";
+    EXPECT_EQ(got.other, want.second) << size << " ranks";
+  }
 }
 
 TEST_F(ReducerTest, RangeReportedTwiceIsAnError) {
