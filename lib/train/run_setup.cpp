@@ -226,12 +226,12 @@ void make_reducer(Run& run) {
 }
 
 // train.shard = parameters as built so far: the cpu backend (MPI) and the cuda backend (NCCL,
-// without CUDA graphs: CudaModel::set_param_units). On the cpu, pieces cut between ranks work as
-// they are: a later part's K/V wait sits inside the same unit's gathers on every rank (the
-// exchange is nonblocking and on its own communicator), so no rank waits on a peer behind a
-// gather it is in. Training samples gather unit by unit to the group's first rank on both
-// (SampleFeed). Cut pieces on cuda are not built yet. Refused before anything is allocated,
-// naming the key.
+// without CUDA graphs: CudaModel::set_param_units). Pieces cut between ranks work as they are on
+// both: a later part's K/V wait sits inside the same unit's gathers on every rank (the exchange is
+// nonblocking and on its own communicator, and each rank has queued the gathers up to block l + 1
+// before block l's attention), so no rank waits on a peer behind a gather it is in. Training
+// samples gather unit by unit to the group's first rank on both (SampleFeed). Refused before
+// anything is allocated, naming the key.
 void check_parameter_sharding(const Run& run) {
   const Config& cfg = run.cfg;
   const std::string what = "config key train.shard = parameters: ";
@@ -242,10 +242,6 @@ void check_parameter_sharding(const Run& run) {
   KILTER_USER_CHECK(!cfg.train.cuda_graphs,
                     what << "CUDA graphs are not built for it (each unit's gather and reduce-scatter runs between "
                             "the kernels); set train.cuda_graphs = false");
-  KILTER_USER_CHECK(!cfg.data.cut_pieces && cfg.data.max_tokens >= cfg.model.block_size,
-                    what << "pieces cut between ranks are not built yet for parameters on the cuda backend; set "
-                            "data.cut_pieces = false and data.max_tokens >= model.block_size ("
-                         << cfg.model.block_size << ")");
 }
 
 // The model, its reducer and its initial weights (a seed, or train.init_from in a new run).
@@ -275,13 +271,8 @@ void build_model(Run& run) {
   // replicate; it needs the hierarchical reduction over uniform nodes.
   run.shard_within_node = run.shard_optimizer && group < run.world_size;
   run.shard_group = run.shard_optimizer ? group : 1;
-  // (train.shard = parameters makes its own groups in make_reducer, on either backend.)
-  if (run.shard_within_node && cfg.train.shard != "parameters") {
-    KILTER_USER_CHECK(run.backend == "cpu",
-                      "config key train.shard_group = " << cfg.train.shard_group << ": shard groups smaller than the "
-                      "world (HSDP) are built on the cpu backend only (the NCCL path is not checked on a device yet); use "
-                      "train.shard_group = world on the " << run.backend << " backend");
-  }
+  // (train.shard = parameters makes its own groups in make_reducer, on either backend; under
+  // optimizer the groups are the hierarchical reducer's nodes, over MPI or NCCL alike.)
   const size_t pad_multiple = size_t(run.shard_optimizer ? run.world_size : run.topo.local_size) * 64;
   run.model = make_run_model(run, pad_multiple);
   if (run.shard_optimizer && !run.model->supports_optimizer_shard()) {

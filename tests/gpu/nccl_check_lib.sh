@@ -241,12 +241,18 @@ matrix_rows() {
   [[ $quick -eq 1 ]] || echo "flat4|flat, ZeRO-1 sharded|4|base|--comm.algo=flat --train.shard_optimizer=true"
   echo "hier4|hierarchical 2x2, sharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=true"
   echo "cut4|cut pieces (K/V exchange)|4|cut|--comm.algo=flat"
+  # HSDP under optimizer: the groups of 2 play the nodes (node reduce-scatter, cross-group
+  # all-reduce of the group shard, node all-gather).
+  [[ $quick -eq 1 ]] || echo "ohsdp4|optimizer, groups of 2 (HSDP 2x2)|4|base|--comm.ranks_per_node=2 --train.shard=optimizer --train.shard_group=node"
   # Fully sharded parameters (ZeRO-3) in groups of 2: the whole world on 2 ranks, HSDP (2 groups,
   # each chunk all-reduced across them) on 4, with a training sample every 3 steps (rank 0's group
   # sends it the units: SampleFeed); whole pieces, as that mode takes them. Before the unsharded
   # rows: what is newest runs first should the time run short.
   [[ $quick -eq 1 || ${p:-} == bf16 ]] || echo "par2|parameters, groups of 2|2|base|$PARAMETERS_ARGS"
   echo "par4|parameters, groups of 2 (HSDP 2x2), samples|4|base|$PARAMETERS_ARGS --output.sample_every=3"
+  # Parameters with pieces cut between ranks: the K/V exchange's NCCL send/recv beside the unit
+  # gathers and reduce-scatters on their own communicator (groups of 2, HSDP on 4).
+  [[ $quick -eq 1 ]] || echo "parcut4|parameters with cut pieces (K/V exchange)|4|cut|--comm.algo=flat --train.shard=parameters --train.shard_group=2"
   if [[ $quick -eq 0 ]]; then
     echo "flat4u|flat, unsharded|4|base|--comm.algo=flat --train.shard_optimizer=false"
     echo "hier4u|hierarchical 2x2, unsharded|4|base|--comm.ranks_per_node=2 --comm.algo=hierarchical --train.shard_optimizer=false"
