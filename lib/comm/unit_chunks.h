@@ -4,7 +4,7 @@
 // 64-float groups, `chunk` floats, the last ranks' shorter or empty where the unit ends; a
 // collective that needs equal counts per rank (NCCL's all-gather and reduce-scatter) moves `chunk`
 // floats per rank through a staging buffer of G * chunk floats. The host shards
-// (lib/train/param_shards.cpp) cut the units the same way. No MPI, no device: unit-tested alone.
+// (lib/train/param_shards.cpp) cut the units with it too. No MPI, no device: unit-tested alone.
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -24,6 +24,7 @@ struct UnitChunk {
 
 class UnitChunks {
  public:
+  UnitChunks() = default;  // no units
   // Throws kilter::Error unless 0 <= rank < group_size.
   UnitChunks(const std::vector<model::ParamRange>& units, int group_size, int rank);
   static UnitChunks of(const model::ParamLayout& layout, int group_size, int rank);

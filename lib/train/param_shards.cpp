@@ -1,11 +1,8 @@
 // Fully sharded parameters on host memory (param_shards.h).
 #include "lib/train/param_shards.h"
 
-
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 
 #include "io/base/error.h"
 #include "lib/backend/fresh_pages.h"
@@ -16,33 +13,29 @@ namespace kilter::train {
 
 ParamShards::ParamShards(MPI_Comm group, MPI_Comm replicas, const model::ParamLayout& layout, float* params,
                          float* grads, bool reshard_after_forward)
-    : units_(model::param_unit_ranges(layout)), params_(params), grads_(grads), padded_(layout.padded_size),
-      reshard_after_forward_(reshard_after_forward) {
+    : params_(params), grads_(grads), reshard_after_forward_(reshard_after_forward) {
   KILTER_CHECK(MPI_Comm_dup(group, &comm_) == MPI_SUCCESS, "MPI_Comm_dup (parameter shards) failed");
   if (replicas != MPI_COMM_NULL)
     KILTER_CHECK(MPI_Comm_dup(replicas, &replicas_) == MPI_SUCCESS, "MPI_Comm_dup (parameter shard replicas) failed");
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  size_t largest = 0;
-  for (const model::ParamRange& u : units_) {
-    KILTER_CHECK(u.count <= size_t(INT32_MAX), "parameter unit at float " << u.offset << " holds " << u.count
+  chunks_ = comm::UnitChunks::of(layout, size_, rank_);
+  for (int u = 0; u < num_units(); ++u) {
+    const comm::UnitChunk& c = chunks_.unit(u);
+    KILTER_CHECK(c.count <= size_t(INT32_MAX), "parameter unit at float " << c.offset << " holds " << c.count
                                                                             << " floats: more than one MPI count can");
-    // Chunks of whole 64-float groups; the last ranks' may be shorter or empty.
-    const size_t chunk = ((u.count + size_t(size_) - 1) / size_t(size_) + 63) / 64 * 64;
     std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
-      const size_t lo = std::min(u.count, size_t(r) * chunk), hi = std::min(u.count, size_t(r + 1) * chunk);
-      displs[size_t(r)] = int(lo);
-      counts[size_t(r)] = int(hi - lo);
+      displs[size_t(r)] = int(c.lo(r));
+      counts[size_t(r)] = int(c.part(r));
     }
-    largest = std::max(largest, chunk);
     counts_.push_back(std::move(counts));
     displs_.push_back(std::move(displs));
   }
-  gathered_.assign(units_.size(), false);
-  arriving_.assign(units_.size(), false);
-  gather_ticket_.assign(units_.size(), 0);
-  collectives_ = std::make_unique<ShardCollectives>(comm_, largest);
+  gathered_.assign(size_t(num_units()), false);
+  arriving_.assign(size_t(num_units()), false);
+  gather_ticket_.assign(size_t(num_units()), 0);
+  collectives_ = std::make_unique<ShardCollectives>(comm_, chunks_.largest_chunk());
 }
 
 ParamShards::~ParamShards() {
@@ -65,11 +58,12 @@ double ParamShards::finish() {
 
 std::vector<comm::BufferRange> ParamShards::owned() const {
   std::vector<comm::BufferRange> ranges;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const size_t count = size_t(counts_[u][size_t(rank_)]);
-    if (count > 0) ranges.push_back({units_[u].offset + size_t(displs_[u][size_t(rank_)]), count});
-  }
+  for (const model::ParamRange& r : chunks_.owned()) ranges.push_back({r.offset, r.count});
   return ranges;
+}
+
+void ParamShards::free_outside(float* buffer, int unit) {
+  for (const model::ParamRange& r : chunks_.outside(unit)) backend::return_pages(buffer + r.offset, r.count);
 }
 
 void ParamShards::wait_collective(ShardCollectives::Ticket ticket, diag::Phase phase, int unit, const char* what) {
@@ -86,7 +80,7 @@ void ParamShards::wait_collective(ShardCollectives::Ticket ticket, diag::Phase p
 }
 
 void ParamShards::start_gather(int unit) {
-  const model::ParamRange& u = units_[size_t(unit)];
+  const comm::UnitChunk& u = chunks_.unit(unit);
   gather_ticket_[size_t(unit)] =
       collectives_->start_gather(params_ + u.offset, counts_[size_t(unit)], displs_[size_t(unit)], unit);
   gathered_[size_t(unit)] = true;
@@ -130,10 +124,7 @@ void ParamShards::release_params(int unit) {
                     "parameter all-gather (train.shard = parameters)");
     arriving_[size_t(unit)] = false;
   }
-  const model::ParamRange& u = units_[size_t(unit)];
-  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
-  backend::return_pages(params_ + u.offset, lo);
-  backend::return_pages(params_ + u.offset + lo + n, u.count - lo - n);
+  free_outside(params_, unit);
   gathered_[size_t(unit)] = false;
 }
 
@@ -156,14 +147,11 @@ void ParamShards::finish_scatter() {
   const int unit = scatter_unit_;
   scatter_unit_ = -1;
   wait_collective(scatter_ticket_, diag::kScatterWait, unit, "gradient reduce-scatter (train.shard = parameters)");
-  const model::ParamRange& u = units_[size_t(unit)];
-  const size_t lo = size_t(displs_[size_t(unit)][size_t(rank_)]), n = size_t(counts_[size_t(unit)][size_t(rank_)]);
-  backend::return_pages(grads_ + u.offset, lo);
-  backend::return_pages(grads_ + u.offset + lo + n, u.count - lo - n);
+  free_outside(grads_, unit);
 }
 
 void ParamShards::start_scatter(int unit) {
-  const model::ParamRange& u = units_[size_t(unit)];
+  const comm::UnitChunk& u = chunks_.unit(unit);
   // The chunk already holds the earlier micro-batches' reduced sum (plus this rank's new part):
   // the sum over ranks adds the new parts of the others to it, in place.
   scatter_ticket_ = collectives_->start_reduce_scatter(grads_ + u.offset, counts_[size_t(unit)], displs_[size_t(unit)],
@@ -192,10 +180,7 @@ void ParamShards::release_all() {
   for (int u = 0; u < num_units(); ++u) {
     if (!arriving_[size_t(u)]) gathered_[size_t(u)] = true;  // frees the other chunks whatever they hold
     release_params(u);
-    const model::ParamRange& r = units_[size_t(u)];
-    const size_t lo = size_t(displs_[size_t(u)][size_t(rank_)]), n = size_t(counts_[size_t(u)][size_t(rank_)]);
-    backend::return_pages(grads_ + r.offset, lo);
-    backend::return_pages(grads_ + r.offset + lo + n, r.count - lo - n);
+    free_outside(grads_, u);
   }
 }
 

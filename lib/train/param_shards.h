@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "lib/comm/communicator.h"
+#include "lib/comm/unit_chunks.h"
 #include "lib/diag/diagnostics.h"
 #include "lib/model/model.h"
 #include "lib/train/param_shards_comm.h"
@@ -62,7 +63,7 @@ class ParamShards final : public UnitShards {
   void pass_done() override;
   void head_done() override;
 
-  int num_units() const { return int(units_.size()); }
+  int num_units() const { return chunks_.num_units(); }
 
   // comm::GradientReducer (begin, ready and gather: UnitShards).
   // The last reduce-scatter is waited for, where wait_reduce_scatter did not; groups below the
@@ -81,14 +82,16 @@ class ParamShards final : public UnitShards {
   // Blocks on a collective as the watchdog section `what`; the wait is `phase` in the diagnostics.
   void wait_collective(ShardCollectives::Ticket ticket, diag::Phase phase, int unit, const char* what);
   void release_params(int unit);
+  // Returns the pages of the unit's part of buffer (params_ or grads_) outside this rank's chunk.
+  void free_outside(float* buffer, int unit);
   // Starts the unit's reduce-scatter (in place: this rank's chunk receives the group's sum).
   void start_scatter(int unit);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm replicas_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  std::vector<model::ParamRange> units_;
-  // Per unit: each group rank's chunk (offset within the buffer, count), as MPI counts.
+  comm::UnitChunks chunks_;  // each unit's chunks in the group
+  // Per unit: each group rank's chunk (offset within the unit, count), as MPI counts.
   std::vector<std::vector<int>> counts_, displs_;
   std::vector<bool> gathered_;   // whole, or arriving (a gather in flight)
   std::vector<bool> arriving_;   // a gather in flight not yet waited for
@@ -99,7 +102,6 @@ class ParamShards final : public UnitShards {
   bool descending_ = false;
   float* params_ = nullptr;
   float* grads_ = nullptr;
-  size_t padded_ = 0;
   bool reshard_after_forward_ = true;
   std::unique_ptr<ShardCollectives> collectives_;  // on comm_: made after it, gone before it
 };
