@@ -11,12 +11,6 @@ namespace kilter::backend {
 
 ArenaModel CudaModel::arena_model() const {
   ArenaModel m{cfg_, plan_, size_t(vocab_padded_), score_budget_, classifier_bytes_};
-  m.attention_floats = kc::attention_workspace_floats;
-  m.prefix_floats = kc::attention_prefix_workspace_floats;
-  m.attention_bf16_bytes = kc::attention_bf16_workspace_bytes;
-  m.prefix_bf16_bytes = kc::attention_prefix_bf16_workspace_bytes;
-  m.column_sum_floats = kc::column_sum_scratch_floats;
-  m.linear_floats = kc::linear_scratch_floats;
   if (cudnn_)
     m.cudnn_group = [this](int B, int T) {
       return std::make_pair(cudnn_->reserve_floats(B, T), cudnn_->workspace_floats(B, T));

@@ -12,10 +12,13 @@
 #include <vector>
 
 #include "lib/model/attention_groups.h"
+#include "lib/model/kernel_scratch.h"
 #include "lib/model/layout.h"
 #include "lib/model/model.h"
 
 namespace kilter::backend {
+
+namespace kc = model::cuda;
 
 constexpr size_t kAlignFloats = 64;  // 256-byte alignment of every arena slice
 
@@ -120,19 +123,12 @@ struct ArenaActivationsBf16 {
   std::vector<size_t> saved_offset, prefixed_saved_offset;  // in bf16 elements
 };
 
-// What the carving reads besides the layout: the model, the chunk budgets, and the kernels'
-// scratch sizes (lib/model/cuda_ops.h's functions on the device; where no CUDA is built, the
-// memory plan's copies of their formulas, which need no later parts: prefix_* may be null there).
+// What the carving reads besides the layout and the kernels' scratch sizes (kernel_scratch.h):
+// the model and the chunk budgets.
 struct ArenaModel {
   const model::ModelSpec& cfg;
   const model::ActivationLayout& plan;
   size_t vocab_padded = 0, score_budget = 0, classifier_bytes = 0;
-  size_t (*attention_floats)(int B, int T, int C, int NH) = nullptr;
-  size_t (*prefix_floats)(int s, int L, int C, int NH) = nullptr;
-  size_t (*attention_bf16_bytes)(int B, int T, int C, int NH, size_t score_budget) = nullptr;
-  size_t (*prefix_bf16_bytes)(int s, int L, int C, int NH) = nullptr;
-  size_t (*column_sum_floats)(int C) = nullptr;
-  size_t (*linear_floats)(int OC) = nullptr;
   // The cuDNN attention engine's saved state and scratch (floats) for a group of B x T, where the
   // model has one (it may run a group): the arena takes the larger of those and the groups'.
   std::function<std::pair<size_t, size_t>(int B, int T)> cudnn_group;
@@ -145,7 +141,8 @@ inline size_t largest_gemm_operand(const ArenaModel& m, const ArenaLayout& layou
   const size_t N = layout.N, C = m.cfg.n_embd, V = m.cfg.vocab_size, NH = m.cfg.n_head;
   size_t largest = std::max({N * V, V * C, N * size_t(m.cfg.ffn_in_width())});
   for (const model::AttentionGroup& g : layout.groups.groups)
-    largest = std::max({largest, size_t(g.B) * NH * g.T * g.T, m.attention_floats(g.B, g.T, int(C), int(NH))});
+    largest = std::max(
+        {largest, size_t(g.B) * NH * g.T * g.T, kc::attention_workspace_floats(g.B, g.T, int(C), int(NH))});
   return largest;
 }
 
@@ -175,7 +172,7 @@ inline size_t carve_fp32(ArenaCarver& carver, const ArenaModel& m, ArenaActivati
   for (size_t g = 0; g < layout.groups.groups.size(); ++g) {
     const int B = layout.groups.groups[g].B, T = layout.groups.groups[g].T;
     size_t saved = static_cast<size_t>(B) * NH * T * T;  // the workspace holds NH query heads of C wide
-    size_t scratch = m.attention_floats(B, T, static_cast<int>(C), static_cast<int>(NH));
+    size_t scratch = kc::attention_workspace_floats(B, T, int(C), int(NH));
     const bool maybe_cudnn = g < layout.group_cudnn.size() ? layout.group_cudnn[g] != 0 : true;
     if (m.cudnn_group && maybe_cudnn) {
       const auto [cudnn_saved, cudnn_scratch] = m.cudnn_group(B, T);
@@ -189,7 +186,7 @@ inline size_t carve_fp32(ArenaCarver& carver, const ArenaModel& m, ArenaActivati
   for (const PrefixedPiece& part : layout.prefixed) {
     a.prefixed_saved_offset.push_back(att_slice);
     att_slice += align_up(NH * part.len * (static_cast<size_t>(part.offset) + part.len));
-    workspace = std::max(workspace, m.prefix_floats(part.offset, part.len, static_cast<int>(C), static_cast<int>(NH)));
+    workspace = std::max(workspace, kc::attention_prefix_workspace_floats(part.offset, part.len, int(C), int(NH)));
   }
   a.encoded = carver.take(tokens * C);
   a.blocks.resize(cfg.n_layer);
@@ -220,7 +217,7 @@ inline size_t carve_fp32(ArenaCarver& carver, const ArenaModel& m, ArenaActivati
   a.padded_io = carver.take(padded_rows * C);
   a.padded_dqkv = carver.take(padded_rows * cfg.qkv_width());
   a.attention_workspace = carver.take(workspace);
-  a.column_scratch = carver.take(2 * m.column_sum_floats(cfg.widest_linear_out()));
+  a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(cfg.widest_linear_out()));
   carve_ints(carver, a, tokens, layout.pieces, padded_rows);
   if (acts != nullptr) *acts = std::move(a);
   return carver.used();
@@ -248,12 +245,13 @@ size_t carve_bf16(ArenaCarver& carver, const ArenaModel& m, ArenaActivationsBf16
     for (const model::AttentionGroup& g : layout.groups.groups) {
       b.saved_offset.push_back(att_slice);
       att_slice += 2 * align_up((static_cast<size_t>(g.B) * NH * g.T * g.T + 1) / 2);
-      workspace = std::max(workspace, m.attention_bf16_bytes(g.B, g.T, int(C), int(NH), m.score_budget));
+      workspace = std::max(workspace, kc::attention_bf16_workspace_bytes(g.B, g.T, int(C), int(NH), m.score_budget));
     }
     for (const PrefixedPiece& part : layout.prefixed) {
       b.prefixed_saved_offset.push_back(att_slice);
       att_slice += 2 * align_up((NH * part.len * (static_cast<size_t>(part.offset) + part.len) + 1) / 2);
-      workspace = std::max(workspace, m.prefix_bf16_bytes(part.offset, part.len, int(C), int(NH)));
+      workspace =
+          std::max(workspace, kc::attention_prefix_bf16_workspace_bytes(part.offset, part.len, int(C), int(NH)));
     }
   }
   b.encoded = take_bf16(tokens * C);
@@ -303,7 +301,8 @@ size_t carve_bf16(ArenaCarver& carver, const ArenaModel& m, ArenaActivationsBf16
   b.padded_io = take_bf16(padded_rows * C);
   b.padded_dqkv = take_bf16(padded_rows * W);
   b.attention_workspace = carver.take((workspace + 3) / 4);
-  b.column_scratch = carver.take(std::max(2 * m.column_sum_floats(int(C)), m.linear_floats(cfg.widest_linear_out())));
+  b.column_scratch =
+      carver.take(std::max(2 * kc::column_sum_scratch_floats(int(C)), kc::linear_scratch_floats(cfg.widest_linear_out())));
   if (layout.exchange) {  // the K/V exchange moves fp32 rows
     b.exchange_qkv = carver.take(tokens * W);
     b.exchange_dqkv = carver.take(tokens * W);

@@ -11,22 +11,6 @@
 namespace kilter::backend {
 namespace {
 
-constexpr uint64_t kGemmWorkspaceBytes = 32ull << 20;  // matmul.cu: cuBLASLt's workspace
-constexpr uint64_t kColumnChunks = 64;                // matmul.cu: column-sum partials per column
-
-// The kernels' scratch sizes (lib/model/cuda_ops.h's functions, defined in CUDA code): their formulas.
-size_t attention_floats(int B, int T, int C, int NH) {  // attention.cu: q, k, v, y, dq, dk, dv, one score matrix
-  return 7 * size_t(B) * T * C + size_t(B) * NH * T * T;
-}
-// attention_bf16.cu: q, k, v, y, dq, dk, dv in bf16, then one chunk of rows' fp32 scores and bf16 dP.
-size_t attention_bf16_bytes(int B, int T, int C, int NH, size_t score_budget) {
-  auto align256 = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  const size_t per_row = size_t(NH) * T * T;
-  const size_t rows = std::max<size_t>(1, std::min<size_t>(B, score_budget / std::max<size_t>(per_row, 1)));
-  return 7 * align256(2 * size_t(B) * T * C) + align256(4 * rows * per_row) + align256(2 * rows * per_row);
-}
-size_t column_sum_floats(int C) { return kColumnChunks * size_t(C); }  // matmul.cu (linear_scratch_floats too)
-
 // What the SDPA engine takes outside the arena (cuda_attention_sdpa.cu's SdpaState): cuDNN's
 // workspace, as large as the largest call's (sdpa_workspace_bound), and on the fp32-activation
 // datapath its bf16 rows (qkv, dqkv, out, dout), one staging row and every layer's Stats.
@@ -72,9 +56,6 @@ CudaDeviceBytes cuda_device_bytes(const model::ModelSpec& cfg, size_t padded_siz
   const uint64_t pieces = uint64_t(layout.pieces);
   const model::ActivationLayout plan = model::activation_layout(cfg, model::parse_recompute(recompute));
   ArenaModel m{cfg, plan, (V + 127) / 128 * 128, kAttentionScoreBudgetFloats, kClassifierChunkBytes};
-  m.attention_floats = attention_floats;
-  m.attention_bf16_bytes = attention_bf16_bytes;
-  m.column_sum_floats = m.linear_floats = column_sum_floats;
   ArenaCarver measure(nullptr);
   const uint64_t floats = bf16_storage ? carve_bf16<uint16_t>(measure, m, nullptr, nullptr, layout)
                                        : carve_fp32(measure, m, nullptr, layout);
@@ -83,7 +64,7 @@ CudaDeviceBytes cuda_device_bytes(const model::ModelSpec& cfg, size_t padded_siz
 
   // Two upload slots (inputs, targets, offsets, lengths) and cuBLASLt's workspace; with operand
   // copies, two bf16 buffers of the largest GEMM operand (+1/8 of room).
-  bytes.engine = kGemmWorkspaceBytes + 2 * (2 * N + 2 * pieces + 1) * 4;
+  bytes.engine = kc::kGemmWorkspaceBytes + 2 * (2 * N + 2 * pieces + 1) * 4;
   if (cfg.llama()) bytes.engine += 2 * uint64_t(cfg.block_size) * (cfg.head_dim() / 2) * 4;  // RoPE's cos and sin
   if (sdpa) bytes.cudnn = sdpa_engine_bytes(cfg, N, bf16_storage);
   if (bf16_operand_copies && !bf16_storage) {

@@ -41,7 +41,6 @@ struct SdpaStateDeleter {
 
 using model::Batch;
 using model::ModelSpec;
-namespace kc = model::cuda;
 
 // Deterministic pseudo-random values in [-1, 1) from an integer hash of the index, on the host or
 // the device: the inputs of the attention engines' self-checks.

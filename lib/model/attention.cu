@@ -39,11 +39,6 @@ void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, con
     merge_qkv_grad</*kAccumulate=*/false>(dqkv, dq, dk, dv, lengths, B, T, NH, NKV, hd, stream);
 }
 
-size_t attention_workspace_floats(int B, int T, int C, int NH) {
-  // q, k, v, y/dy, dq, dk, dv (B*T*C each) + one (B,NH,T,T) score matrix.
-  return 7 * static_cast<size_t>(B) * T * C + static_cast<size_t>(B) * NH * T * T;
-}
-
 namespace {
 
 // What forward and backward share: the workspace slices (q, k, v, y or dy, dq, dk, dv, then the
@@ -117,12 +112,6 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
 }
 
 // ---- a later part of a cut piece: L queries against s + L keys -------------------
-
-size_t attention_prefix_workspace_floats(int s, int L, int C, int NH) {
-  // q, y/dy, dq (L*C each); k, v, dk, dv ((s+L)*C each); one (NH, L, s+L) score matrix.
-  const size_t Tk = static_cast<size_t>(s) + L;
-  return 3 * static_cast<size_t>(L) * C + 4 * Tk * C + static_cast<size_t>(NH) * L * Tk;
-}
 
 namespace {
 

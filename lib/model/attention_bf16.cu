@@ -23,8 +23,7 @@ namespace kilter::model::cuda {
 namespace {
 
 using namespace attention_detail;
-
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+using namespace scratch_detail;  // align256, chunk_rows
 
 // A strided-batched product over `heads` heads: D (m,n) = alpha op(A) op(B), bf16 operands, D of
 // type cd. Every shape of the engine has a plain bf16 kernel; a missing one is an error.
@@ -37,12 +36,6 @@ void batched(Gemm& gemm, void* D, GemmType cd, const bf16* A, const bf16* B, int
   call.stride_a = stride_a, call.stride_b = stride_b, call.stride_d = stride_d;
   KILTER_CHECK(gemm.run_typed(call), "cuBLASLt has no bf16 algorithm for an attention product m=" << m << " n=" << n
                                                                                                << " k=" << k);
-}
-
-// Rows of a group whose fp32 scores fit the budget (at least one).
-int chunk_rows(int B, int T, int NH, size_t score_budget) {
-  const size_t per_row = static_cast<size_t>(NH) * T * T;
-  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(B, score_budget / std::max<size_t>(per_row, 1))));
 }
 
 // What forward and backward of a group share: the workspace slices (q, k, v, y or dy, dq, dk, dv:
@@ -73,12 +66,6 @@ struct GroupProblem {
 };
 
 }  // namespace
-
-size_t attention_bf16_workspace_bytes(int B, int T, int C, int NH, size_t score_budget) {
-  const size_t rows = chunk_rows(B, T, NH, score_budget);
-  const size_t scores = rows * NH * T * T;
-  return 7 * align256(sizeof(bf16) * B * T * C) + align256(sizeof(float) * scores) + align256(sizeof(bf16) * scores);
-}
 
 void attention_bf16_forward(Gemm& gemm, bf16* out, bf16* att, const bf16* qkv, const int32_t* lengths, int B, int T,
                             int C, int NH, int NKV, void* workspace, size_t score_budget) {
@@ -170,12 +157,6 @@ struct PrefixProblem {
 };
 
 }  // namespace
-
-size_t attention_prefix_bf16_workspace_bytes(int s, int L, int C, int NH) {
-  const size_t Tk = static_cast<size_t>(s) + L;
-  return 3 * align256(sizeof(bf16) * L * C) + 4 * align256(sizeof(bf16) * Tk * C) +
-         align256(sizeof(float) * NH * L * Tk) + align256(sizeof(bf16) * NH * L * Tk);
-}
 
 void attention_prefix_bf16_forward(Gemm& gemm, bf16* out, bf16* att, const bf16* qkv, const float* prefix_kv, int s,
                                    int L, int C, int NH, int NKV, void* workspace) {

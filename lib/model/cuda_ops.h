@@ -17,6 +17,8 @@
 #include <string>
 #include <tuple>
 
+#include "lib/model/kernel_scratch.h"
+
 namespace kilter::model::cuda {
 
 using bf16 = __nv_bfloat16;  // an activation of the bf16-storage datapath
@@ -97,7 +99,6 @@ void matmul_backward(Gemm& gemm, float* dinp, float* dweight, float* dbias, cons
                      const float* inp, const float* weight, int N, int C, int OC, float* scratch,
                      bool accumulate_dinp = true);
 // out (C) += sum over rows of x (N,C), deterministic (fixed chunking, no atomics).
-size_t column_sum_scratch_floats(int C);
 void column_sums_accumulate(float* out, const float* x, int N, int C, float* scratch, cudaStream_t stream);
 
 // ---- attention.cu: qkv (B,T,W) -> out (B,T,C); att (B,NH,T,T) is the saved softmax (the same
@@ -107,7 +108,6 @@ void column_sums_accumulate(float* out, const float* x, int N, int C, float* scr
 // h / (NH / NKV). The split copies each K/V head to its query heads, so the batched products run
 // over the B NH query heads as for multi-head attention, and the merge sums a K/V head's
 // gradients over its query heads in head order.
-size_t attention_workspace_floats(int B, int T, int C, int NH);
 void attention_forward(Gemm& gemm, float* out, float* att, const float* qkv, const int32_t* lengths,
                        int B, int T, int C, int NH, float* workspace, int NKV = 0);
 void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float* qkv, const float* att,
@@ -121,7 +121,6 @@ void attention_backward(Gemm& gemm, float* dqkv, const float* dout, const float*
 // (NH,L,s+L) is the saved softmax, as the CPU keeps it. The backward ADDS into dqkv (L,W) and
 // into prefix_dkv (s,KVW: dk | dv of the prefix). cuBLASLt strided-batched GEMMs over the NH
 // heads + the masked softmax kernels, whichever engine the whole pieces use. NKV as above.
-size_t attention_prefix_workspace_floats(int s, int L, int C, int NH);
 void attention_prefix_forward(Gemm& gemm, float* out, float* att, const float* qkv, const float* prefix_kv, int s,
                               int L, int C, int NH, float* workspace, int NKV = 0);
 void attention_prefix_backward(Gemm& gemm, float* dqkv, float* prefix_dkv, const float* dout, const float* qkv,
@@ -316,7 +315,6 @@ void linear_forward_bf16(Gemm& gemm, bf16* out, bf16* pre_gelu, const bf16* inp,
 // dinp (N,C) = round(dout @ weight), or round(gelu'(pre_gelu) (dout @ weight)) (DGELU), OVERWRITTEN
 // (null: not wanted); dweight (OC,C) += dout^T @ inp in fp32; dbias (OC, fp32, may be null) += the
 // column sums of dout (BGRADB into scratch, then added). scratch: linear_scratch_floats(OC).
-size_t linear_scratch_floats(int OC);
 void linear_backward_bf16(Gemm& gemm, bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                           const bf16* weight, const bf16* pre_gelu, int N, int C, int OC, float* scratch);
 
@@ -360,7 +358,6 @@ void column_sums_accumulate(float* out, const bf16* x, int N, int C, float* scra
 // bf16 -> out (B,T,C) bf16; att (B,NH,T,T) bf16 is the saved softmax. Scores and the softmax are
 // fp32 in the workspace, a chunk of the group's rows at a time (at most score_budget floats of
 // scores: attention_bf16_workspace_bytes sizes for it), so the workspace stays small.
-size_t attention_bf16_workspace_bytes(int B, int T, int C, int NH, size_t score_budget);
 void attention_bf16_forward(Gemm& gemm, bf16* out, bf16* att, const bf16* qkv, const int32_t* lengths, int B, int T,
                             int C, int NH, int NKV, void* workspace, size_t score_budget);
 // dqkv (B,T,W) bf16 stored (rows t >= lengths[b]: 0).
@@ -370,7 +367,6 @@ void attention_bf16_backward(Gemm& gemm, bf16* dqkv, const bf16* dout, const bf1
 // A later part of a cut piece (as attention_prefix_forward, on bf16): qkv (L,W) bf16, prefix_kv
 // (s,KVW) fp32 as the exchange delivers it, out (L,C) bf16, att (NH,L,s+L) bf16. The backward
 // stores dqkv (L,W) bf16 and ADDS the fp32 sums into prefix_dkv (s,KVW).
-size_t attention_prefix_bf16_workspace_bytes(int s, int L, int C, int NH);
 void attention_prefix_bf16_forward(Gemm& gemm, bf16* out, bf16* att, const bf16* qkv, const float* prefix_kv, int s,
                                    int L, int C, int NH, int NKV, void* workspace);
 void attention_prefix_bf16_backward(Gemm& gemm, bf16* dqkv, float* prefix_dkv, const bf16* dout, const bf16* qkv,

@@ -27,8 +27,7 @@ namespace {
 // cuBLASLt is opened on first use (cublaslt_loader.h).
 const backend::CublasLt& lt() { return backend::cublaslt(); }
 
-constexpr int kColumnChunks = 64;        // same chunking as layernorm.cu
-constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt workspace (Hopper kernels like 32 MiB)
+using scratch_detail::kColumnChunks;  // the column sums' chunks (kernel_scratch.h)
 
 // Largest power of two (<= 16) dividing the address: cuBLASLt must not assume more.
 uint32_t pointer_alignment(const void* p) {
@@ -63,7 +62,7 @@ void release(CachedMatmul& m) {
 bool choose_algorithm(cublasLtHandle_t handle, CachedMatmul& entry, const uint32_t (&alignments)[4]) {
   cublasLtMatmulPreference_t preference = nullptr;
   KILTER_CUBLAS_CHECK(lt().MatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = kWorkspaceBytes;
+  const size_t workspace_bytes = kGemmWorkspaceBytes;
   KILTER_CUBLAS_CHECK(lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                         &workspace_bytes, sizeof workspace_bytes));
   const cublasLtMatmulPreferenceAttributes_t alignment_attrs[4] = {
@@ -173,7 +172,7 @@ Gemm::Gemm(cudaStream_t stream, GemmMath math) : impl_(std::make_unique<Impl>())
   impl_->bf16_inputs = math == GemmMath::bf16 && bf16_inputs_enabled();
   if (impl_->bf16_inputs) impl_->scratch = std::make_shared<Bf16Scratch>();
   KILTER_CUBLAS_CHECK(lt().Create(&impl_->handle));
-  KILTER_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
+  KILTER_CUDA_CHECK(cudaMalloc(&impl_->workspace, kGemmWorkspaceBytes));
 }
 
 Gemm::~Gemm() {
@@ -290,7 +289,7 @@ void Gemm::run(float* D, const float* A, const float* B, const float* C, int m, 
     b = scratch.b;
   }
   KILTER_CUBLAS_CHECK(lt().Matmul(impl_->handle, cached.desc, &alpha, a, cached.a, b, cached.b, &beta, C,
-                                     cached.c, D, cached.d, &cached.algo, impl_->workspace, kWorkspaceBytes,
+                                     cached.c, D, cached.d, &cached.algo, impl_->workspace, kGemmWorkspaceBytes,
                                      impl_->stream));
 }
 
@@ -394,7 +393,7 @@ bool Gemm::run_typed(const GemmCall& call) {
         lt().MatmulDescSetAttribute(cached.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux, sizeof call.aux));
   KILTER_CUBLAS_CHECK(lt().Matmul(impl_->handle, cached.desc, &call.alpha, call.A, cached.a, call.B, cached.b,
                                   &call.beta, C, cached.c, call.D, cached.d, &cached.algo, impl_->workspace,
-                                  kWorkspaceBytes, impl_->stream));
+                                  kGemmWorkspaceBytes, impl_->stream));
   return true;
 }
 
@@ -430,8 +429,6 @@ __global__ void column_sums_final(float* out, const float* partial, int C) {
 }
 
 }  // namespace
-
-size_t column_sum_scratch_floats(int C) { return static_cast<size_t>(kColumnChunks) * C; }
 
 template <typename T>
 void column_sums(float* out, const T* x, int N, int C, float* scratch, cudaStream_t stream) {
@@ -485,8 +482,6 @@ __global__ void add_vector_kernel(float* out, const float* x, int n) {
 bool aux_allowed(int rows) { return rows % 8 == 0; }
 
 }  // namespace
-
-size_t linear_scratch_floats(int OC) { return column_sum_scratch_floats(OC); }
 
 void linear_forward_bf16(Gemm& gemm, bf16* out, bf16* pre_gelu, const bf16* inp, const bf16* weight,
                          const bf16* bias, int N, int C, int OC) {

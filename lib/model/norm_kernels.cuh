@@ -13,7 +13,7 @@ namespace {  // each including .cu file gets its own kernels
 
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;
-constexpr int kColumnChunks = 64;  // as column_sum_scratch_floats (matmul.cu)
+using scratch_detail::kColumnChunks;  // as column_sum_scratch_floats (kernel_scratch.h)
 
 // Row `row` of the input: a, or with kResidual the stored sum round(a + b) (written to residual),
 // so that a plain norm of the stored sum later reads exactly these values.
