@@ -38,22 +38,13 @@ using model::Stream;
 // working copy), on the segment's stream and GEMM engine (s_, g_). Fusions: the residual
 // add with the next norm, GELU in the first MLP GEMM's epilogue (but under recompute = gelu,
 // which restarts from the stored pre-activation), DGELU and BGRADB in the backward's GEMMs.
-class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockNames<kc::bf16> {
+class CudaModel::Bf16Ops final : public DeviceOps<kc::bf16> {
  public:
-  explicit Bf16Ops(CudaModel& m) : BlockNames(m.cfg_, m.memory_bf16_), m_(m), x_(m.bacts_) {
-    model::BlockMemoryOf<kc::bf16>& memory = m.memory_bf16_;
-    memory.activations = [&m](int layer, int) { return m.bacts_.blocks[size_t(layer)]; };
-    memory.embeddings = x_.encoded;
-    memory.lnf = x_.lnf, memory.lnf_mean = x_.lnf_mean, memory.lnf_rstd = x_.lnf_rstd;
-    memory.params = m.params_, memory.grads = m.grads_, memory.offsets = &m.offsets_;
-    memory.rows = m.layout_now_.N;
-    // The GEMMs read the residual stream's gradient through its bf16 copy.
-    kc::bf16* grad[] = {x_.dresidual_bf16, x_.dln, x_.datty, x_.dqkv, x_.dfch, x_.dact};
-    std::copy(std::begin(grad), std::end(grad), memory.grad);
-  }
-  void weights_needed(int layer) override {
-    if (m_.units_) m_.forward_units(layer);
-  }
+  // The GEMMs read the residual stream's gradient through its bf16 copy.
+  explicit Bf16Ops(CudaModel& m)
+      : DeviceOps(m, m.memory_bf16_, m.bacts_,
+                  {m.bacts_.dresidual_bf16, m.bacts_.dln, m.bacts_.datty, m.bacts_.dqkv, m.bacts_.dfch, m.bacts_.dact}),
+        x_(m.bacts_) {}
   void norm(const model::NormArgs& a) override {
     const NormTensors n = norm_tensors(a.layer, a.out);
     kc::residual_norm_forward_bf16(nullptr, n.out, n.mean, n.rstd, stream(a.layer, a.in), nullptr, n.w, n.b, rows(),
@@ -78,22 +69,13 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
     kc::residual_norm_forward_bf16(stream(a.layer, a.out), n.out, n.mean, n.rstd, stream(a.layer, a.residual),
                                    x_.projection, n.w, n.b, rows(), spec_.n_embd, a.rms, eps(), m_.s_);
   }
-  void gelu(const model::ActivationArgs& a) override {
-    kc::gelu_forward(act(a.layer, a.out), act(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_);
-  }
-  void swiglu(const model::ActivationArgs& a) override {
-    kc::swiglu_forward(act(a.layer, a.out), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
-  }
-  void rope(const model::LayerArgs& a) override { m_.rope(act(a.layer, Act::qkv), false); }
   void attention(const model::AttentionArgs& a) override;
-  bool exchanging() const override { return m_.exchange_ != nullptr; }
   void kv_send(const model::LayerArgs& a) override {
     // The exchange reads fp32 rows from its own stream or the host: converted, and final.
     kc::to_float(x_.exchange_qkv, act(a.layer, Act::qkv), static_cast<size_t>(rows()) * spec_.qkv_width(), m_.s_);
     KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
     m_.exchange_->forward_send(a.layer, x_.exchange_qkv);
   }
-  void kv_wait(const model::LayerArgs& a) override { m_.exchange_->forward_wait(a.layer); }
 
   void linear_backward(const model::LinearBackwardArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
@@ -105,26 +87,17 @@ class CudaModel::Bf16Ops final : public model::BlockOps, protected model::BlockN
     kc::linear_backward_bf16(*m_.g_, grad(a.dinp), t.dw, t.db, grad(a.dout), act(a.layer, a.in), m_.working(t.w),
                              act(a.layer, a.pre_gelu), rows(), t.in, t.out, x_.column_scratch);
   }
-  void swiglu_backward(const model::ActivationBackwardArgs& a) override {
-    kc::swiglu_backward(grad(a.dinp), grad(a.dout), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
-  }
   void norm_backward(const model::NormBackwardArgs& a) override {
     // dinp is the residual stream's gradient: fp32, and its bf16 copy for the GEMMs.
     const NormTensors n = norm_tensors(a.layer, a.norm);
     kc::norm_backward_bf16(x_.dresidual, x_.dresidual_bf16, n.dw, n.db, grad(a.dout), stream(a.layer, a.in), n.w,
                            n.mean, n.rstd, rows(), spec_.n_embd, a.rms, x_.column_scratch, m_.s_);
   }
-  void rope_backward(const model::LayerArgs&) override { m_.rope(x_.dqkv, true); }
   void attention_backward(const model::AttentionBackwardArgs& a) override;
-  void kv_send_grads(const model::LayerArgs& a) override {
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
-    m_.exchange_->backward_send(a.layer);
-  }
   void kv_wait_add_grads(const model::LayerArgs& a) override { m_.add_exchange_dqkv_bf16(a.layer); }
 
  private:
   float eps() const { return static_cast<float>(spec_.norm_eps); }
-  CudaModel& m_;
   const ActivationsBf16& x_;
 };
 

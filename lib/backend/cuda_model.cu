@@ -339,22 +339,11 @@ void CudaModel::upload_batch(const Batch& batch, float dloss_scale) {
 // slices (BlockNames over memory_), every entry the CUDA twin of the CPU table's, on the segment's
 // stream and GEMM engine (s_, g_). The exchange's calls drain the stream first: it reads and adds
 // rows from elsewhere. Fusions: the residual add in the projection's GEMM; the rest two calls.
-class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockNames<float> {
+class CudaModel::Fp32Ops final : public DeviceOps<float> {
  public:
-  explicit Fp32Ops(CudaModel& m) : BlockNames(m.cfg_, m.memory_), m_(m) {
-    const Activations& x = m.acts_;
-    model::BlockMemoryOf<float>& memory = m.memory_;
-    memory.activations = [&m](int layer, int) { return m.acts_.blocks[size_t(layer)]; };
-    memory.embeddings = x.encoded;
-    memory.lnf = x.lnf, memory.lnf_mean = x.lnf_mean, memory.lnf_rstd = x.lnf_rstd;
-    memory.params = m.params_, memory.grads = m.grads_, memory.offsets = &m.offsets_;
-    memory.rows = m.layout_now_.N;
-    float* grad[] = {x.dresidual, x.dln, x.datty, x.dqkv, x.dfch, x.dact};
-    std::copy(std::begin(grad), std::end(grad), memory.grad);
-  }
-  void weights_needed(int layer) override {
-    if (m_.units_) m_.forward_units(layer);
-  }
+  explicit Fp32Ops(CudaModel& m)
+      : DeviceOps(m, m.memory_, m.acts_,
+                  {m.acts_.dresidual, m.acts_.dln, m.acts_.datty, m.acts_.dqkv, m.acts_.dfch, m.acts_.dact}) {}
   void norm(const model::NormArgs& a) override {
     const NormTensors t = norm_tensors(a.layer, a.out);
     const float eps = static_cast<float>(spec_.norm_eps);
@@ -373,20 +362,11 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
                                 stream(a.layer, a.residual), rows(), t.in, t.out);
     norm({.layer = a.layer, .out = a.norm_out, .in = a.out, .rms = a.rms});
   }
-  void gelu(const model::ActivationArgs& a) override {
-    kc::gelu_forward(act(a.layer, a.out), act(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_);
-  }
-  void swiglu(const model::ActivationArgs& a) override {
-    kc::swiglu_forward(act(a.layer, a.out), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
-  }
-  void rope(const model::LayerArgs& a) override { m_.rope(act(a.layer, model::Act::qkv), false); }
   void attention(const model::AttentionArgs& a) override;
-  bool exchanging() const override { return m_.exchange_ != nullptr; }
   void kv_send(const model::LayerArgs& a) override {
     KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
     m_.exchange_->forward_send(a.layer, act(a.layer, model::Act::qkv));
   }
-  void kv_wait(const model::LayerArgs& a) override { m_.exchange_->forward_wait(a.layer); }
 
   void linear_backward(const model::LinearBackwardArgs& a) override {
     const LinearTensors t = linear_tensors(a.layer, a.weight);
@@ -398,9 +378,6 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
     kc::gelu_backward(grad(a.dinp), act(a.layer, a.pre_gelu), grad(a.dinp),
                       static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_, /*accumulate=*/false);
   }
-  void swiglu_backward(const model::ActivationBackwardArgs& a) override {
-    kc::swiglu_backward(grad(a.dinp), grad(a.dout), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
-  }
   void norm_backward(const model::NormBackwardArgs& a) override {
     const NormTensors t = norm_tensors(a.layer, a.norm);
     float* scratch = m_.acts_.column_scratch;
@@ -411,20 +388,12 @@ class CudaModel::Fp32Ops final : public model::BlockOps, protected model::BlockN
       kc::layernorm_backward(grad(a.dinp), t.dw, t.db, grad(a.dout), stream(a.layer, a.in), t.w, t.mean, t.rstd,
                              rows(), spec_.n_embd, scratch, m_.s_);
   }
-  void rope_backward(const model::LayerArgs&) override { m_.rope(grad(model::Grad::dqkv), true); }
   void attention_backward(const model::AttentionBackwardArgs& a) override;
-  void kv_send_grads(const model::LayerArgs& a) override {
-    KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
-    m_.exchange_->backward_send(a.layer);
-  }
   void kv_wait_add_grads(const model::LayerArgs& a) override {
     // The groups' scatter overwrites their rows of dqkv: it must be done before the exchange adds.
     KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
     m_.exchange_->backward_wait_add(a.layer, grad(model::Grad::dqkv));
   }
-
- private:
-  CudaModel& m_;
 };
 
 // Attention of the pieces named: on SDPA, or the later parts against the prefixes the exchange

@@ -9,6 +9,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -126,6 +128,8 @@ class CudaModel final : public ModelBase {
   void ensure_arena(size_t floats, const Layout& layout);
   // The block schedule's op tables of the two datapaths (cuda_model.cu, cuda_datapath_bf16.cu),
   // made per segment over the arena's current slices; the schedule makes the K/V exchange's calls.
+  template <typename T>
+  class DeviceOps;  // what the two share (below)
   class Fp32Ops;
   class Bf16Ops;
   model::BlockSchedule schedule_;
@@ -338,6 +342,48 @@ class CudaModel final : public ModelBase {
   float* arena_ = nullptr;
   size_t capacity_floats_ = 0;
   Activations acts_{};
+};
+
+// What the two datapaths' op tables share: the names resolved into the arena's slices of T
+// (BlockNames over `memory`: x is acts_ or bacts_, grads its gradients by model::Grad), the
+// entries whose kernels take either type, and the K/V exchange's calls that need no conversion.
+template <typename T>
+class CudaModel::DeviceOps : public model::BlockOps, protected model::BlockNames<T> {
+ public:
+  template <typename Slices>
+  DeviceOps(CudaModel& m, model::BlockMemoryOf<T>& memory, const Slices& x, const std::array<T*, 6>& grads)
+      : model::BlockNames<T>(m.cfg_, memory), m_(m) {
+    memory.activations = [&blocks = x.blocks](int layer, int) { return blocks[size_t(layer)]; };
+    memory.embeddings = x.encoded;
+    memory.lnf = x.lnf, memory.lnf_mean = x.lnf_mean, memory.lnf_rstd = x.lnf_rstd;
+    memory.params = m.params_, memory.grads = m.grads_, memory.offsets = &m.offsets_;
+    memory.rows = m.layout_now_.N;
+    std::copy(grads.begin(), grads.end(), memory.grad);
+  }
+  void weights_needed(int layer) override {
+    if (m_.units_) m_.forward_units(layer);
+  }
+  void gelu(const model::ActivationArgs& a) override {
+    kc::gelu_forward(act(a.layer, a.out), act(a.layer, a.in), static_cast<size_t>(rows()) * spec_.ffn_width(), m_.s_);
+  }
+  void swiglu(const model::ActivationArgs& a) override {
+    kc::swiglu_forward(act(a.layer, a.out), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
+  }
+  void rope(const model::LayerArgs& a) override { m_.rope(act(a.layer, model::Act::qkv), false); }
+  bool exchanging() const override { return m_.exchange_ != nullptr; }
+  void kv_wait(const model::LayerArgs& a) override { m_.exchange_->forward_wait(a.layer); }
+  void swiglu_backward(const model::ActivationBackwardArgs& a) override {
+    kc::swiglu_backward(grad(a.dinp), grad(a.dout), act(a.layer, a.in), rows(), spec_.ffn_width(), m_.s_);
+  }
+  void rope_backward(const model::LayerArgs&) override { m_.rope(grad(model::Grad::dqkv), true); }
+  void kv_send_grads(const model::LayerArgs& a) override {
+    KILTER_CUDA_CHECK(cudaStreamSynchronize(m_.s_));
+    m_.exchange_->backward_send(a.layer);
+  }
+
+ protected:
+  using model::BlockNames<T>::act, model::BlockNames<T>::grad, model::BlockNames<T>::rows, model::BlockNames<T>::spec_;
+  CudaModel& m_;
 };
 
 }  // namespace kilter::backend
