@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "io/base/error.h"
-#include "lib/comm/mpi_check.h"
+#include "io/base/mpi_check.h"
 
 namespace kilter::comm {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "io/base/error.h"
+#include "io/base/mpi_check.h"
 #include "io/text_format.h"
-#include "lib/comm/mpi_check.h"
 
 namespace kilter::comm {
 

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "io/base/error.h"
-#include "lib/comm/mpi_check.h"
+#include "io/base/mpi_check.h"
 
 namespace kilter::comm {
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "io/base/error.h"
+#include "io/base/mpi_check.h"
 #include "lib/comm/communicator.h"
-#include "lib/comm/mpi_check.h"
 
 namespace kilter::comm {
 

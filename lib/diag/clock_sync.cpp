@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "io/base/error.h"
+#include "io/base/mpi_check.h"
 
 namespace kilter::diag {
 
@@ -12,29 +13,23 @@ namespace {
 constexpr int kTagPing = 7101;
 constexpr int kTagPong = 7102;
 constexpr int kTagOffset = 7103;
-
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  KILTER_FAIL("diagnostics clock alignment: " << what << " failed: " << std::string(text, len));
-}
+constexpr const char* kWhat = "diagnostics clock alignment: ";  // what a failed call's message names first
 }  // namespace
 
 ClockAlignment align_clocks(MPI_Comm comm, int rounds) {
   int rank = 0, size = 1;
-  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  KILTER_MPI_CHECK(MPI_Comm_rank(comm, &rank), kWhat << "MPI_Comm_rank");
+  KILTER_MPI_CHECK(MPI_Comm_size(comm, &size), kWhat << "MPI_Comm_size");
   ClockAlignment out;
   if (rank == 0) {
     for (int peer = 1; peer < size; ++peer) {
       int64_t best_rtt = std::numeric_limits<int64_t>::max(), best_offset = 0;
       for (int i = 0; i < rounds; ++i) {
         int64_t t0 = steady_now_ns();
-        check_mpi(MPI_Send(&t0, 1, MPI_INT64_T, peer, kTagPing, comm), "MPI_Send");
+        KILTER_MPI_CHECK(MPI_Send(&t0, 1, MPI_INT64_T, peer, kTagPing, comm), kWhat << "MPI_Send");
         int64_t t_peer = 0;
-        check_mpi(MPI_Recv(&t_peer, 1, MPI_INT64_T, peer, kTagPong, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+        KILTER_MPI_CHECK(MPI_Recv(&t_peer, 1, MPI_INT64_T, peer, kTagPong, comm, MPI_STATUS_IGNORE),
+                         kWhat << "MPI_Recv");
         int64_t t1 = steady_now_ns();
         // The peer read its clock half-way through the round trip (symmetric links assumed).
         if (t1 - t0 < best_rtt) {
@@ -43,22 +38,22 @@ ClockAlignment align_clocks(MPI_Comm comm, int rounds) {
         }
       }
       int64_t reply[2] = {best_offset, best_rtt};
-      check_mpi(MPI_Send(reply, 2, MPI_INT64_T, peer, kTagOffset, comm), "MPI_Send");
+      KILTER_MPI_CHECK(MPI_Send(reply, 2, MPI_INT64_T, peer, kTagOffset, comm), kWhat << "MPI_Send");
     }
   } else {
     for (int i = 0; i < rounds; ++i) {
       int64_t t0 = 0;
-      check_mpi(MPI_Recv(&t0, 1, MPI_INT64_T, 0, kTagPing, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+      KILTER_MPI_CHECK(MPI_Recv(&t0, 1, MPI_INT64_T, 0, kTagPing, comm, MPI_STATUS_IGNORE), kWhat << "MPI_Recv");
       int64_t now = steady_now_ns();
-      check_mpi(MPI_Send(&now, 1, MPI_INT64_T, 0, kTagPong, comm), "MPI_Send");
+      KILTER_MPI_CHECK(MPI_Send(&now, 1, MPI_INT64_T, 0, kTagPong, comm), kWhat << "MPI_Send");
     }
     int64_t reply[2] = {0, 0};
-    check_mpi(MPI_Recv(reply, 2, MPI_INT64_T, 0, kTagOffset, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+    KILTER_MPI_CHECK(MPI_Recv(reply, 2, MPI_INT64_T, 0, kTagOffset, comm, MPI_STATUS_IGNORE), kWhat << "MPI_Recv");
     out.offset_ns = reply[0];
     out.best_rtt_ns = reply[1];
   }
   int64_t start = rank == 0 ? steady_now_ns() : 0;
-  check_mpi(MPI_Bcast(&start, 1, MPI_INT64_T, 0, comm), "MPI_Bcast");
+  KILTER_MPI_CHECK(MPI_Bcast(&start, 1, MPI_INT64_T, 0, comm), kWhat << "MPI_Bcast");
   out.run_start_ns = start;
   return out;
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "io/base/error.h"
+#include "io/base/mpi_check.h"
 #include "lib/diag/clock_sync.h"
 #include "lib/diag/metrics_csv.h"
 #include "lib/diag/run_statistics.h"
@@ -32,14 +33,6 @@ namespace {
 constexpr const char* kPhaseNames[kNumPhases] = {"data_wait",    "h2d",          "forward",      "backward",
                                                  "kv_wait",      "gather_wait",  "scatter_wait", "comm_exposed",
                                                  "optimizer",    "step_total"};
-
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  KILTER_FAIL("diagnostics: " << what << " failed: " << std::string(text, len));
-}
 
 void make_directory(const std::string& dir) {
   std::error_code ec;
@@ -189,7 +182,8 @@ struct RankDiagnostics::Impl {
   // it now) and, on rank 0, feeds it to the statistics, the records hook and the live watch.
   void complete_gather() {
     if (gather_request == MPI_REQUEST_NULL) return;
-    check_mpi(MPI_Wait(&gather_request, MPI_STATUS_IGNORE), "MPI_Wait (step record gather)");
+    KILTER_MPI_CHECK(MPI_Wait(&gather_request, MPI_STATUS_IGNORE),
+                     "diagnostics: MPI_Wait (step record gather)");
     if (rank != 0) return;
     stats->add_step(gather_recv.data());
     if (records_hook) records_hook(gather_recv.data(), size);
@@ -207,9 +201,9 @@ struct RankDiagnostics::Impl {
 RankDiagnostics::RankDiagnostics(MPI_Comm world, const DiagOptions& opts) : impl_(new Impl) {
   Impl& d = *impl_;
   d.opts = opts;
-  check_mpi(MPI_Comm_dup(world, &d.comm), "MPI_Comm_dup");
-  check_mpi(MPI_Comm_rank(d.comm, &d.rank), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(d.comm, &d.size), "MPI_Comm_size");
+  KILTER_MPI_CHECK(MPI_Comm_dup(world, &d.comm), "diagnostics: MPI_Comm_dup");
+  KILTER_MPI_CHECK(MPI_Comm_rank(d.comm, &d.rank), "diagnostics: MPI_Comm_rank");
+  KILTER_MPI_CHECK(MPI_Comm_size(d.comm, &d.size), "diagnostics: MPI_Comm_size");
   d.delay = parse_inject_delay(opts.inject_delay);
   KILTER_CHECK(!d.delay.active || d.delay.rank < d.size,
                "config key train.inject_delay = '" << opts.inject_delay << "': rank " << d.delay.rank
@@ -220,7 +214,7 @@ RankDiagnostics::RankDiagnostics(MPI_Comm world, const DiagOptions& opts) : impl
 
   d.clock = align_clocks(d.comm);
   int64_t rtt = d.clock.best_rtt_ns;
-  check_mpi(MPI_Reduce(&rtt, &d.max_rtt_ns, 1, MPI_INT64_T, MPI_MAX, 0, d.comm), "MPI_Reduce");
+  KILTER_MPI_CHECK(MPI_Reduce(&rtt, &d.max_rtt_ns, 1, MPI_INT64_T, MPI_MAX, 0, d.comm), "diagnostics: MPI_Reduce");
 
   make_directory(opts.run_dir + "/metrics");
   d.csv = std::make_unique<MetricsCsvWriter>(metrics_path(opts.run_dir, d.rank), opts.resume);
@@ -418,10 +412,10 @@ void RankDiagnostics::end_step(int64_t step, int64_t tokens, double loss) {
 
   d.complete_gather();
   d.gather_send = r;
-  check_mpi(MPI_Igather(&d.gather_send, sizeof(StepRecord), MPI_BYTE,
-                        d.rank == 0 ? static_cast<void*>(d.gather_recv.data()) : nullptr,
-                        sizeof(StepRecord), MPI_BYTE, 0, d.comm, &d.gather_request),
-            "MPI_Igather (step record)");
+  KILTER_MPI_CHECK(MPI_Igather(&d.gather_send, sizeof(StepRecord), MPI_BYTE,
+                               d.rank == 0 ? static_cast<void*>(d.gather_recv.data()) : nullptr,
+                               sizeof(StepRecord), MPI_BYTE, 0, d.comm, &d.gather_request),
+                   "diagnostics: MPI_Igather (step record)");
   d.previous_end_ns = steady_now_ns();
 }
 

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "io/base/error.h"
-#include "lib/comm/mpi_check.h"
+#include "io/base/mpi_check.h"
 
 namespace kilter::train {
 
@@ -191,7 +191,7 @@ void ShardCollectives::wait(Ticket ticket) {
   if (op == nullptr) return;
   KILTER_CHECK(op->error == MPI_SUCCESS, kind_name(op->kind) << " " << op->unit
                                                              << " (train.shard = parameters) failed: "
-                                                             << comm::mpi_error_string(op->error));
+                                                             << mpi_error_string(op->error));
   if (!threaded_) s.drop_completed();
 }
 

@@ -7,7 +7,7 @@
 
 #include "io/base/error.h"
 
-namespace kilter::comm {
+namespace kilter {
 
 inline std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -16,11 +16,11 @@ inline std::string mpi_error_string(int code) {
   return std::string(text, size_t(length));
 }
 
-}  // namespace kilter::comm
+}  // namespace kilter
 
-#define KILTER_MPI_CHECK(call, what)                                                         \
-  do {                                                                                       \
-    const int kilter_mpi_rc_ = (call);                                                       \
-    KILTER_CHECK(kilter_mpi_rc_ == MPI_SUCCESS,                                              \
-                 what << " failed: " << ::kilter::comm::mpi_error_string(kilter_mpi_rc_));   \
+#define KILTER_MPI_CHECK(call, what)                                                    \
+  do {                                                                                  \
+    const int kilter_mpi_rc_ = (call);                                                  \
+    KILTER_CHECK(kilter_mpi_rc_ == MPI_SUCCESS,                                         \
+                 what << " failed: " << ::kilter::mpi_error_string(kilter_mpi_rc_));    \
   } while (0)
