@@ -17,6 +17,7 @@
 
 #include "app/commands.h"
 #include "io/dataset.h"
+#include "io/progress.h"
 #include "io/base/error.h"
 #include "lib/balance/calibration_fit.h"
 #include "lib/balance/plan.h"
@@ -55,10 +56,6 @@ uint64_t peak_rss_bytes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 int run_calibration(const std::string& run_dir, int64_t skip_steps, bool json) {
@@ -200,7 +197,7 @@ Corpus load_corpus(const PlanArgs& a) {
     c.doc_lengths = c.mixture.index.doc_lengths;
     c.source = a.cfg.data.sources.empty() ? a.cfg.data.dir : a.cfg.data.sources;
   }
-  c.load_seconds = seconds_since(load_start);
+  c.load_seconds = io::seconds_since(load_start);
   return c;
 }
 
@@ -243,7 +240,7 @@ PlannedEpoch plan_epoch(const PlanArgs& a, const Corpus& c) {
                          : balance::build_epoch_plan(c.doc_lengths, p.split.train_docs, p.opts, a.world_size, a.epoch);
   p.per_source = source_shares(c.mixture, p.plan);
   if (mixture_plans) p.wraps = train::wrap_messages(c.mixture, mixture_plans->wraps(a.epoch));
-  p.plan_seconds = seconds_since(plan_start);
+  p.plan_seconds = io::seconds_since(plan_start);
   // CPU seconds too: on a shared node the wall time says more about the neighbours.
   p.plan_cpu_seconds = double(std::clock() - plan_cpu_start) / CLOCKS_PER_SEC;
   p.peak_rss = peak_rss_bytes();

@@ -167,10 +167,6 @@ void add_skipped(PrepReport& report, const CorpusCounts& counts) {
   report.non_string_cells = counts.non_string_cells;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // ---- prep with a tokenizer ----------------------------------------------------------------
 
 // Encodes batches of documents on worker threads; futures hand the results back, and the caller

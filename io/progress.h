@@ -7,6 +7,11 @@
 
 namespace kilter::io {
 
+// Seconds from `start` until now: a job's wall time, for its report.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 class Progress {
  public:
   // `total_bytes` (0: unknown) scales the bar; `enabled` false makes every call a no-op.

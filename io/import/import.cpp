@@ -51,10 +51,6 @@ const char* import_format_name(ImportFormat format) {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // Converts elements of one segment to uint32 ids in chunks, checking each against `limit`
 // (ids >= limit are refused with their byte offset), and reports runs of ids and the document
 // boundaries: every EOT, every segment that ends a document, and the end of the stream.
