@@ -63,10 +63,9 @@ class PlanCache {
   // that thread with the built plan before build_ready() turns true (rank 0 compares it there).
   void start_build(uint64_t epoch, PlanModel model, std::function<void(const balance::EpochPlan&)> then = {});
   // The same where the model is chosen on the thread too: `choose` fills it, or returns false for
-  // no build at all (build_skipped()).
+  // no build at all.
   void start_job(uint64_t epoch, std::function<bool(PlanModel&)> choose,
                  std::function<void(const balance::EpochPlan&)> then = {});
-  bool build_skipped() const { return build_ready() && build_->skipped; }
   // The plan that holds the step at `pos`, shared: it stays alive for a thread that reads it while
   // the cache moves on (drop_before()).
   std::shared_ptr<const balance::EpochPlan> shared_plan_at(balance::PlanPosition pos);
