@@ -44,18 +44,6 @@ struct SdpaStateDeleter {
 using model::Batch;
 using model::ModelSpec;
 
-// Deterministic pseudo-random values in [-1, 1) from an integer hash of the index, on the host or
-// the device: the inputs of the attention engines' self-checks.
-__host__ __device__ inline float hash_unit(size_t i, uint32_t seed) {
-  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
-  h ^= h >> 16;
-  h *= 0x7feb352du;
-  h ^= h >> 15;
-  h *= 0x846ca68bu;
-  h ^= h >> 16;
-  return static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-}
-
 // The engines' self-checks compare on the device (cuda_attention_choice.cu): result[0] and
 // result[1] (zeroed first) receive max |a - b| and max |b| over n floats, as float bits (a NaN
 // difference orders above every finite one); relative_difference_of reads the ratio back from
