@@ -77,22 +77,28 @@ inline ArenaLayout full_context_layout(int max_tokens, int context, int block_si
   return layout;
 }
 
+// What both datapaths' slices of the arena hold, over their activation type T and block slots.
+template <typename T, typename Block>
+struct ArenaSlices {
+  T* encoded = nullptr;
+  std::vector<Block> blocks;  // att: the groups' saved state, group after group, then the later parts'
+  T* lnf = nullptr;
+  float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+  T *dln = nullptr, *datty = nullptr, *dqkv = nullptr, *dfch = nullptr, *dact = nullptr;  // dact: llama's SwiGLU
+  // Attention in the groups' padded layout: qkv, out / dout, dqkv.
+  T *padded_qkv = nullptr, *padded_io = nullptr, *padded_dqkv = nullptr;
+  float* column_scratch = nullptr;
+  std::vector<size_t> saved_offset;           // per group: its saved state within a block's att
+  std::vector<size_t> prefixed_saved_offset;  // per later part (ArenaLayout::prefixed): its att after the groups'
+};
+
 // The fp32 datapath's slices of the arena for one micro-batch layout.
-struct ArenaActivations {
-  float* encoded;
-  std::vector<model::BlockActivations> blocks;  // att: the groups' saved states, group after group
-  float *lnf, *lnf_mean, *lnf_rstd, *logits;
-  float *dresidual, *dln, *datty, *dqkv, *dfch;
-  // Attention in the groups' padded layout: qkv, out / dout, dqkv; then the engine's scratch.
-  float *padded_qkv, *padded_io, *padded_dqkv;
-  float* attention_workspace;
-  float* column_scratch;
+struct ArenaActivations : ArenaSlices<float, model::BlockActivations> {
+  float *logits = nullptr, *dresidual = nullptr;
+  float* attention_workspace = nullptr;  // the attention engine's scratch
   // One block of ints, uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
   // the groups' row lengths (pieces), padded_token (padded rows), pos_offset (pieces).
   int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
-  std::vector<size_t> saved_offset;  // per group: its saved state within a block's att
-  std::vector<size_t> prefixed_saved_offset;  // per later part (ArenaLayout::prefixed): its att after the groups'
-  float* dact = nullptr;  // llama: SwiGLU's output gradient (N, ffn_width)
 };
 
 // The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
@@ -102,26 +108,32 @@ struct ArenaBlockBf16 : model::BlockSlots<Bf16> {
   float* stats = nullptr;  // a batch on SDPA: cuDNN's Stats (N x n_head) in att's slice; else null
 };
 template <typename Bf16>
-struct ArenaActivationsBf16 {
-  Bf16* encoded = nullptr;
-  std::vector<ArenaBlockBf16<Bf16>> blocks;  // att: the groups' saved softmax, group after group, then later parts'
-  Bf16* lnf = nullptr;
-  float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+struct ArenaActivationsBf16 : ArenaSlices<Bf16, ArenaBlockBf16<Bf16>> {  // saved offsets in bf16 elements
   Bf16* projection = nullptr;  // a Linear's output before the fused residual add and norm
   Bf16* logits = nullptr;      // one chunk of the classifier: classifier_rows x vocab_padded
   int classifier_rows = 0;
   float* row_losses = nullptr;  // N
-  float* dresidual = nullptr;   // the residual stream's gradient, fp32
-  Bf16 *dresidual_bf16 = nullptr, *dln = nullptr, *datty = nullptr, *dqkv = nullptr;
-  Bf16 *dfch = nullptr, *dact = nullptr;
-  Bf16 *padded_qkv = nullptr, *padded_io = nullptr, *padded_dqkv = nullptr;
+  float* dresidual = nullptr;   // the residual stream's gradient, fp32 (dresidual_bf16: its copy)
+  Bf16* dresidual_bf16 = nullptr;
   void* attention_workspace = nullptr;
-  float* column_scratch = nullptr;
   float *exchange_qkv = nullptr, *exchange_dqkv = nullptr;  // fp32 rows for the K/V exchange (cut pieces)
   // A batch on SDPA with later parts: their staged K/V rows and those rows' dK/dV (kv_width wide).
   Bf16 *sdpa_staged = nullptr, *sdpa_staged_grad = nullptr;
-  std::vector<size_t> saved_offset, prefixed_saved_offset;  // in bf16 elements
 };
+
+// The gradients' slices and the groups' padded rows, in both datapaths' order (take: T elements).
+template <typename T, typename Block, typename Take>
+void carve_gradients(ArenaSlices<T, Block>& a, const model::ModelSpec& cfg, size_t tokens, size_t padded_rows,
+                     Take take) {
+  a.dln = take(tokens * cfg.n_embd);
+  a.datty = take(tokens * cfg.n_embd);
+  a.dqkv = take(tokens * cfg.qkv_width());
+  a.dfch = take(tokens * cfg.ffn_in_width());
+  if (cfg.llama()) a.dact = take(tokens * cfg.ffn_width());
+  a.padded_qkv = take(padded_rows * cfg.qkv_width());
+  a.padded_io = take(padded_rows * cfg.n_embd);
+  a.padded_dqkv = take(padded_rows * cfg.qkv_width());
+}
 
 // What the carving reads besides the layout and the kernels' scratch sizes (kernel_scratch.h):
 // the model and the chunk budgets.
@@ -208,14 +220,7 @@ inline size_t carve_fp32(ArenaCarver& carver, const ArenaModel& m, ArenaActivati
   a.lnf_rstd = carver.take(tokens);
   a.logits = carver.take(tokens * V);
   a.dresidual = carver.take(tokens * C);
-  a.dln = carver.take(tokens * C);
-  a.datty = carver.take(tokens * C);
-  a.dqkv = carver.take(tokens * cfg.qkv_width());
-  a.dfch = carver.take(tokens * cfg.ffn_in_width());
-  if (cfg.llama()) a.dact = carver.take(tokens * cfg.ffn_width());
-  a.padded_qkv = carver.take(padded_rows * cfg.qkv_width());
-  a.padded_io = carver.take(padded_rows * C);
-  a.padded_dqkv = carver.take(padded_rows * cfg.qkv_width());
+  carve_gradients(a, cfg, tokens, padded_rows, [&](size_t floats) { return carver.take(floats); });
   a.attention_workspace = carver.take(workspace);
   a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(cfg.widest_linear_out()));
   carve_ints(carver, a, tokens, layout.pieces, padded_rows);
@@ -292,17 +297,10 @@ size_t carve_bf16(ArenaCarver& carver, const ArenaModel& m, ArenaActivationsBf16
   b.row_losses = carver.take(tokens);
   b.dresidual = carver.take(tokens * C);
   b.dresidual_bf16 = take_bf16(tokens * C);
-  b.dln = take_bf16(tokens * C);
-  b.datty = take_bf16(tokens * C);
-  b.dqkv = take_bf16(tokens * W);
-  b.dfch = take_bf16(tokens * cfg.ffn_in_width());
-  if (cfg.llama()) b.dact = take_bf16(tokens * cfg.ffn_width());
-  b.padded_qkv = take_bf16(padded_rows * W);
-  b.padded_io = take_bf16(padded_rows * C);
-  b.padded_dqkv = take_bf16(padded_rows * W);
+  carve_gradients(b, cfg, tokens, padded_rows, take_bf16);
   b.attention_workspace = carver.take((workspace + 3) / 4);
-  b.column_scratch =
-      carver.take(std::max(2 * kc::column_sum_scratch_floats(int(C)), kc::linear_scratch_floats(cfg.widest_linear_out())));
+  b.column_scratch = carver.take(
+      std::max(2 * kc::column_sum_scratch_floats(int(C)), kc::linear_scratch_floats(cfg.widest_linear_out())));
   if (layout.exchange) {  // the K/V exchange moves fp32 rows
     b.exchange_qkv = carver.take(tokens * W);
     b.exchange_dqkv = carver.take(tokens * W);
