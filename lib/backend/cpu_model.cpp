@@ -41,14 +41,13 @@ void set_blas_threads(int threads) { model::set_gemm_threads(threads); }
 
 CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string& precision,
                    const std::string& recompute, bool bf16_storage)
-    : ModelBase(cfg, pad_multiple), schedule_(cfg, model::parse_recompute(recompute)) {
+    : ModelBase(cfg, pad_multiple, recompute) {
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cpu backend (fp32 | bf16)");
   bf16_ = precision == "bf16";
   bf16_storage_ = bf16_storage;
   KILTER_USER_CHECK(!bf16_storage_ || bf16_, "train.bf16_storage = on needs train.precision = bf16 (got "
                                                  << precision << ")");
-  recompute_ = model::parse_recompute(recompute);
   // The bf16-storage oracle multiplies bf16 values in fp32 GEMMs: it needs no bf16 instructions.
   KILTER_CHECK(!bf16_ || bf16_storage_ || model::gemm_has_bf16(),
                "train.precision=bf16 needs bf16 GEMM instructions (AVX512_BF16 or AMX) on the cpu backend; this CPU "
@@ -56,7 +55,6 @@ CpuModel::CpuModel(const ModelSpec& cfg, size_t pad_multiple, const std::string&
   params_.resize(layout_.padded_size);  // zeros (FreshPagesAllocator)
   if (bf16_) params_bf16_.assign(layout_.padded_size, 0);
   grads_.resize(layout_.padded_size);
-  plan_ = model::activation_layout(cfg_, recompute_);
   if (cfg_.llama()) rope_ = model::RopeTable::build(cfg_, cfg_.block_size);
   memory_.activations = [this](int layer, int rows) { return block_activations(layer, rows); };
   if (bf16_ && !bf16_storage_)

@@ -96,7 +96,6 @@ class CpuModel final : public ModelBase {
 
  private:
   using BlockActivations = model::BlockActivations;
-  using Recompute = model::Recompute;
 
   BlockActivations block_activations(int layer, int N);
   // precision=bf16: the bf16 roundings of a block's four Linear inputs, made by the forward and
@@ -173,8 +172,6 @@ class CpuModel final : public ModelBase {
   // capacity_tokens_ (N) and capacity_att_ (NH * sum(len^2)) per layer. block_acts_ holds what
   // each layer keeps for the backward, block_scratch_ what recompute drops (one block's worth that
   // every layer shares); att_ holds att_layers() layers' softmax.
-  Recompute recompute_ = Recompute::none;
-  model::ActivationLayout plan_;
   size_t att_layers() const { return plan_.attention_per_layer ? size_t(cfg_.n_layer) : 1; }
   size_t capacity_tokens_ = 0, capacity_att_ = 0;
   std::vector<float> encoded_, block_acts_, block_scratch_, att_, lnf_, lnf_mean_, lnf_rstd_;
@@ -188,8 +185,7 @@ class CpuModel final : public ModelBase {
   // index).
   model::RopeTable rope_;
   std::vector<int32_t> positions_;
-  // The block schedule, the datapath's op table and the memory it resolves names into.
-  model::BlockSchedule schedule_;
+  // The datapath's op table and the memory it resolves names into.
   model::BlockMemory memory_;
   std::unique_ptr<model::BlockOps> ops_;
   // LM head: rows that have a target, gathered; one chunk of logits at a time.

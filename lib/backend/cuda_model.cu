@@ -11,7 +11,7 @@
 // persistent state allocation (params, grads), the AdamW moments of the owned ranges (all of
 // them, or 1/P with train.shard_optimizer: shard_optimizer()), and one activation arena sized by
 // reserve() (grown, with the stream drained first, if a larger micro-batch arrives);
-// train.recompute shrinks the arena (recompute_ below). The arena's size grows
+// train.recompute shrinks the arena (recompute_: model_base.h). The arena's size grows
 // with the tokens (N) and the attention floats (NH * sum(B*T^2) over the attention groups), so
 // reserve(max_tokens, block_size) covers micro-batches of full-context pieces; a batch whose
 // groups pad more grows it once. Every kernel runs on cuda_compute_stream(); inputs go up on a
@@ -66,7 +66,7 @@ __global__ void store_scalar_kernel(float* dst, float value) { *dst = value; }
 }  // namespace
 
 CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::BackendOptions& options)
-    : ModelBase(cfg, pad_multiple), schedule_(cfg, model::parse_recompute(options.recompute)), options_(options) {
+    : ModelBase(cfg, pad_multiple, options.recompute), options_(options) {
   const std::string& precision = options_.precision;
   KILTER_CHECK(precision == "fp32" || precision == "bf16",
                "train.precision=" << precision << " is not supported by the cuda backend (expected fp32 or bf16)");
@@ -81,8 +81,6 @@ CudaModel::CudaModel(const ModelSpec& cfg, size_t pad_multiple, const model::Bac
   KILTER_USER_CHECK(storage != "on" || options_.attention != "cudnn",
                     "train.bf16_storage = on: cuDNN's multi-head attention API takes fp32 activations; use "
                     "train.attention = auto, sdpa or cublaslt with bf16 storage, or train.bf16_storage = off");
-  recompute_ = model::parse_recompute(options_.recompute);
-  plan_ = model::activation_layout(cfg_, recompute_);
   device_ = cuda_device_index();
   stream_ = cuda_compute_stream();
   KILTER_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));

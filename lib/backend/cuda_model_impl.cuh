@@ -120,7 +120,6 @@ class CudaModel final : public ModelBase {
   class DeviceOps;  // what the two share (below)
   class Fp32Ops;
   class Bf16Ops;
-  model::BlockSchedule schedule_;
   model::BlockMemoryOf<float> memory_;       // the fp32 datapath's slices, as Fp32Ops resolves the names
   model::BlockMemoryOf<kc::bf16> memory_bf16_;  // the bf16 datapath's, as Bf16Ops does
   bool cudnn_for_shape(int B, int T);
@@ -220,15 +219,7 @@ class CudaModel final : public ModelBase {
   double read_loss();
 
   model::BackendOptions options_;
-  // train.recompute: what the forward keeps per layer (docs/model.md, "Activation recomputation").
-  // gelu: the GELU output lives in one slice shared by the layers and is recomputed from fch before
-  // the MLP projection's backward; attention: the attention's saved state (softmax or cuDNN's
-  // statistics) is shared and the layer's attention forward reruns before its backward; block:
-  // every activation of a layer but its output (residual3) is shared, and the whole block forward
-  // reruns from the layer's input at the start of its backward.
   using Recompute = model::Recompute;
-  Recompute recompute_ = Recompute::none;
-  model::ActivationLayout plan_;  // the activation layout of the model description (spec.h)
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;

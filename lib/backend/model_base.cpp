@@ -7,8 +7,10 @@
 
 namespace kilter::backend {
 
-ModelBase::ModelBase(const model::ModelSpec& spec, size_t pad_multiple)
-    : cfg_(spec), layout_(model::ParamLayout::build(spec, pad_multiple)), offsets_(model::LayoutOffsets::of(layout_)) {
+ModelBase::ModelBase(const model::ModelSpec& spec, size_t pad_multiple, const std::string& recompute)
+    : cfg_(spec), layout_(model::ParamLayout::build(spec, pad_multiple)), offsets_(model::LayoutOffsets::of(layout_)),
+      recompute_(model::parse_recompute(recompute)), plan_(model::activation_layout(cfg_, recompute_)),
+      schedule_(cfg_, recompute_) {
   owned_ = {{0, layout_.num_params}};
 }
 

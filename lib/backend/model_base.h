@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/model/block_schedule.h"
 #include "lib/model/model.h"
 
 namespace kilter::backend {
@@ -25,7 +26,7 @@ class ModelBase : public model::Model {
   void get_optimizer_shard(float* m, float* v, size_t first, size_t count) const override;
 
  protected:
-  ModelBase(const model::ModelSpec& spec, size_t pad_multiple);
+  ModelBase(const model::ModelSpec& spec, size_t pad_multiple, const std::string& recompute);
   ~ModelBase() override = default;  // a backend calls release_moments() in its own destructor
 
   // The copy policy: zeroed memory for `floats` moments (throws kilter::Error when it cannot be
@@ -53,6 +54,16 @@ class ModelBase : public model::Model {
   model::ModelSpec cfg_;
   model::ParamLayout layout_;
   model::LayoutOffsets offsets_;
+  // train.recompute: what the forward keeps per layer (docs/model.md, "Activation recomputation").
+  // gelu: the GELU output lives in one slice shared by the layers and is recomputed from fch before
+  // the MLP projection's backward; attention: the attention's saved state (softmax or cuDNN's
+  // statistics) is shared and the layer's attention forward reruns before its backward; block:
+  // every activation of a layer but its output (residual3) is shared, and the whole block forward
+  // reruns from the layer's input at the start of its backward. plan_: the activation layout of
+  // the model description (spec.h) it gives; schedule_: the blocks' forward and backward.
+  model::Recompute recompute_;
+  model::ActivationLayout plan_;
+  model::BlockSchedule schedule_;
 
  private:
   // AdamW moments of the owned ranges, range after range ({[0, num_params)} unless sharded), in
