@@ -86,10 +86,6 @@ static inline f32x8 fast_exp8(const f32x8& x_in) {
 static inline f32x8 fast_tanh8(const f32x8& x) { return 1.0f - 2.0f / (fast_exp8(2.0f * x) + 1.0f); }
 #pragma GCC diagnostic pop
 
-}  // namespace kilter::model
-
-namespace kilter::model {
-
 // Sum of x[0..n) with kSimdLanes partial sums (vectorizes without -ffast-math).
 static inline float lane_sum(const float* x, int n) {
   float acc[kSimdLanes] = {0};
