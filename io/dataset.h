@@ -46,6 +46,21 @@ struct DatasetIndex {
   uint32_t shard_of(uint64_t doc) const;
 };
 
+// What a job that wrote a dataset reports of it (prep, prep synth, the imports).
+struct DatasetReport {
+  std::string out;
+  std::string tokenizer;  // the kind recorded in index.h5
+  uint32_t vocab_size = 0;
+  uint32_t eos_id = 0;
+  uint64_t documents = 0;
+  uint64_t tokens = 0;
+  uint64_t input_bytes = 0;  // read from the files (compressed bytes for .gz/.zst)
+  uint32_t shards = 0;
+  double seconds = 0;
+  // out, and the figures the index of the dataset written there holds.
+  void describe(const DatasetIndex& index, const std::string& dir);
+};
+
 // Reads and checks index.h5 in `dir`; throws kilter::Error naming the file and the problem.
 // Cheap checks only: index attributes and counts, then every shard's header (attributes agree
 // with the index, /tokens dtype, length, contiguous layout, file not truncated). Token contents

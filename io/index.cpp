@@ -13,6 +13,16 @@
 
 namespace kilter::io {
 
+void DatasetReport::describe(const DatasetIndex& index, const std::string& dir) {
+  out = dir;
+  tokenizer = index.tokenizer;
+  vocab_size = index.vocab_size;
+  eos_id = index.eos_id;
+  documents = index.num_docs();
+  tokens = index.total_tokens();
+  shards = uint32_t(index.shards.size());
+}
+
 std::string shard_file_name(uint32_t shard) {
   char name[32];
   std::snprintf(name, sizeof name, "shard-%05u.h5", shard);

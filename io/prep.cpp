@@ -85,13 +85,7 @@ class DatasetBuilder {
 };
 
 void fill_report(PrepReport& report, const DatasetIndex& index, const std::string& out) {
-  report.out = out;
-  report.tokenizer = index.tokenizer;
-  report.vocab_size = index.vocab_size;
-  report.eos_id = index.eos_id;
-  report.documents = index.num_docs();
-  report.tokens = index.total_tokens();
-  report.shards = uint32_t(index.shards.size());
+  report.describe(index, out);
   report.min_shard_tokens = UINT64_MAX;
   for (const ShardInfo& shard : index.shards) {
     report.min_shard_tokens = std::min(report.min_shard_tokens, shard.num_tokens);
@@ -159,8 +153,9 @@ std::string skipped_cells(const CorpusCounts& counts) {
   return text;
 }
 
-// What the first pass skipped, for the report.
-void add_skipped(PrepReport& report, const CorpusCounts& counts) {
+// What the first pass read and skipped, for the report.
+void add_first_pass(PrepReport& report, const CorpusCounts& counts) {
+  report.input_bytes = counts.input_bytes;
   report.bad_lines = counts.bad_lines;
   report.bad_line_examples = counts.bad_line_examples;
   report.null_cells = counts.null_cells;
@@ -413,8 +408,7 @@ PrepReport prepare_tokenized_dataset(const PrepOptions& options, const std::vect
   fill_report(report, index, options.out);
   report.empty_documents = first_pass.empty_documents + sink.empty_documents;
   report.bos_id = bos;
-  report.input_bytes = first_pass.input_bytes;
-  add_skipped(report, first_pass);
+  add_first_pass(report, first_pass);
   report.seconds = seconds_since(start);
   return report;
 }
@@ -451,8 +445,7 @@ PrepReport prepare_dataset(const PrepOptions& options) {
   PrepReport report;
   fill_report(report, index, options.out);
   report.empty_documents = first_pass.empty_documents;
-  report.input_bytes = first_pass.input_bytes;
-  add_skipped(report, first_pass);
+  add_first_pass(report, first_pass);
   report.seconds = seconds_since(start);
   return report;
 }

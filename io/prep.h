@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/corpus.h"
+#include "io/dataset.h"
 
 namespace kilter::io {
 
@@ -30,24 +31,15 @@ struct PrepOptions {
   CorpusOptions corpus;   // jsonl: --text-key, --max-bad-lines; parquet: --text-key
 };
 
-struct PrepReport {
-  std::string out;
-  std::string tokenizer = "byte";  // the kind recorded in index.h5
-  uint32_t vocab_size = 0;
-  uint32_t eos_id = 0;
+struct PrepReport : DatasetReport {
   int64_t bos_id = -1;  // put before every document (--bos); -1: none
-  uint64_t documents = 0;
   uint64_t empty_documents = 0;  // dropped (prep only)
-  uint64_t tokens = 0;
-  uint64_t input_bytes = 0;        // read from the files (compressed bytes for .gz/.zst)
   uint64_t bad_lines = 0;          // jsonl lines skipped under --max-bad-lines
   std::vector<std::string> bad_line_examples;  // "FILE:LINE: what" of the first few
   uint64_t null_cells = 0;        // parquet: null cells skipped
   uint64_t non_string_cells = 0;  // parquet: cells of a column that holds no strings, skipped
-  uint32_t shards = 0;
   uint64_t min_shard_tokens = 0;
   uint64_t max_shard_tokens = 0;
-  double seconds = 0;
 };
 
 PrepReport prepare_dataset(const PrepOptions& options);

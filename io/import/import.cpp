@@ -284,14 +284,8 @@ ImportReport import_dataset(const ImportOptions& options) {
   write_index(out.file(kIndexFileName), index);
   out.commit();
 
-  report.out = options.out;
-  report.tokenizer = index.tokenizer;
-  report.vocab_size = index.vocab_size;
-  report.eos_id = index.eos_id;
-  report.documents = index.num_docs();
-  report.tokens = index.total_tokens();
+  report.describe(index, options.out);
   report.eot_tokens = scan.eot_count();
-  report.shards = uint32_t(index.shards.size());
   report.max_id = scan.max_id();
   report.seconds = seconds_since(start);
   return report;

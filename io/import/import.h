@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "io/dataset.h"
+
 namespace kilter::io {
 
 enum class ImportFormat { llmc, nanogpt, megatron, npy };
@@ -36,20 +38,11 @@ struct ImportOptions {
   bool progress = true;      // progress on stderr
 };
 
-struct ImportReport {
-  std::string out;
-  std::string tokenizer;          // the dataset's tokenizer kind
-  uint32_t vocab_size = 0;
-  uint32_t eos_id = 0;
+struct ImportReport : DatasetReport {  // tokens: those stored (EOTs excluded)
   bool vocab_inferred = false;    // vocab_size = max id + 1 (no --vocab, no tokenizer)
-  uint64_t documents = 0;
   uint64_t eot_tokens = 0;        // EOT ids consumed as document boundaries
-  uint64_t tokens = 0;            // tokens stored (EOTs excluded)
-  uint64_t input_bytes = 0;
-  uint32_t shards = 0;
   uint64_t max_id = 0;
   std::vector<std::string> warnings;  // also printed on stderr as they arise
-  double seconds = 0;
 };
 
 // Imports `options.inputs` into the dataset directory `options.out` (built in a temporary
