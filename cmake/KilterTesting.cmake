@@ -57,6 +57,17 @@ set(KILTER_NO_ASAN_TESTS
     e2e_shard_optimizer                            # sharded = unsharded (model_optim_test, comm_reducer_np*)
     e2e_shard_group                                # HSDP = 1 rank (comm_reducer_np*'s groups; sharded
                                                    # parameters run under ASan in e2e_shard_parameters)
+    e2e_shard_parameters_cut                       # parameters with cut pieces = none (338 s under ASan,
+                                                   # 57 s here): the unit gathers run under ASan in
+                                                   # e2e_shard_parameters (HSDP, bf16 storage, resume),
+                                                   # cut pieces in e2e_fault_kv_exchange, e2e_llama_train,
+                                                   # model_cut_test and kv_exchange_np*; the two together
+                                                   # and samples under parameters only here
+    e2e_cost_calibration                           # the in-run fit and re-plan by a test hook's costs
+                                                   # (130 s under ASan, 35 s here): the fit runs under ASan
+                                                   # in balance_calibrate_test, balance_window_fit_test and
+                                                   # unit_train_cost_calibration, a re-plan mid-run in
+                                                   # e2e_cut_cost_check
     e2e_recompute                                  # bit-identical (model_recompute_test)
     e2e_bf16_fortunes                              # 3 x 300 steps of a 260k-parameter model
     e2e_memory_plan                                # peak RSS against the plan: not asserted under ASan,
