@@ -95,6 +95,11 @@ set(KILTER_ASAN_FAST_UNWIND_TESTS
 # state until exit, so their LSan suppressions are tests/sanitizers/lsan-failed-close.supp.
 set(KILTER_ASAN_FAILED_CLOSE_TESTS checkpoint_file_test)
 
+# Targets left out of `all` (EXCLUDE_FROM_ALL): scripts/test.sh under KILTER_SKIP_ASAN_TESTED=1
+# names the unit and mpi test binaries CI's ASan build compiles and runs, so that its normal build
+# does not compile them a second time. Empty by default.
+set(KILTER_NOT_BUILT "" CACHE STRING "Targets left out of all (scripts/test.sh, CI's normal build)")
+
 # Called once after every tests/*/*.cmake fragment: labels the TSan and no-ASan selections and,
 # in a sanitizer build, gives every test the sanitizers' run-time options (inherited by the ranks
 # mpirun starts and by every kilter a script runs) and the report check around them
@@ -108,6 +113,11 @@ function(kilter_finish_tests)
   foreach(test ${KILTER_NO_ASAN_TESTS})
     if(TEST ${test})
       set_property(TEST ${test} APPEND PROPERTY LABELS no_asan)
+    endif()
+  endforeach()
+  foreach(target ${KILTER_NOT_BUILT})
+    if(TARGET ${target})
+      set_property(TARGET ${target} PROPERTY EXCLUDE_FROM_ALL ON)
     endif()
   endforeach()
   if(NOT KILTER_SANITIZE_KIND)
