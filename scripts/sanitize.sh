@@ -8,7 +8,9 @@
 #                                           tsan; the list is KILTER_TSAN_TESTS in
 #                                           cmake/KilterTesting.cmake)
 # Extra arguments go to ctest (e.g. -R e2e_fault_signal). BUILD_DIR overrides the folder.
-# Usage: scripts/sanitize.sh address,undefined|thread [ctest args]
+# --selection prints the ctest selection of that kind, one argument a line, and builds nothing
+# (scripts/test.sh reads the ASan run's, whose test binaries CI's normal build leaves out).
+# Usage: scripts/sanitize.sh address,undefined|thread [--selection | ctest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-}
@@ -16,8 +18,12 @@ shift || true
 case "$kind" in
   address,undefined) BUILD_DIR=${BUILD_DIR:-build-asan}; select=(-L '^(unit|mpi|e2e)$' -LE '^(gpu|cluster|no_asan)$') ;;
   thread)            BUILD_DIR=${BUILD_DIR:-build-tsan}; select=(-L '^tsan$') ;;
-  *) echo "usage: scripts/sanitize.sh address,undefined|thread [ctest args]" >&2; exit 2 ;;
+  *) echo "usage: scripts/sanitize.sh address,undefined|thread [--selection | ctest args]" >&2; exit 2 ;;
 esac
+if [[ "${1:-}" == --selection ]]; then
+  printf '%s\n' "${select[@]}"
+  exit 0
+fi
 JOBS=${JOBS:-$(nproc)}
 
 scripts/install-deps.sh --with-test-extras
