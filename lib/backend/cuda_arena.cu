@@ -21,17 +21,17 @@ ArenaModel CudaModel::arena_model() const {
 size_t CudaModel::measure_arena(const Layout& layout) const {
   ArenaCarver measure(nullptr);
   const ArenaModel m = arena_model();
-  return bf16_storage_ ? carve_bf16<kc::bf16>(measure, m, nullptr, nullptr, layout)
-                       : carve_fp32(measure, m, nullptr, layout);
+  return bf16_storage_ ? carve_arena<ActivationsBf16>(measure, m, nullptr, nullptr, layout)
+                       : carve_arena<Activations>(measure, m, nullptr, nullptr, layout);
 }
 
 void CudaModel::lay_out_arena(const Layout& layout) {
   ensure_arena(measure_arena(layout), layout);
   ArenaCarver carver(arena_);
   if (bf16_storage_)
-    carve_bf16(carver, arena_model(), &bacts_, &acts_, layout);
+    carve_arena(carver, arena_model(), &bacts_, &acts_, layout);
   else
-    carve_fp32(carver, arena_model(), &acts_, layout);
+    carve_arena(carver, arena_model(), &acts_, &acts_, layout);
 }
 
 void CudaModel::ensure_arena(size_t floats, const Layout& layout) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -92,13 +93,16 @@ struct ArenaSlices {
   std::vector<size_t> prefixed_saved_offset;  // per later part (ArenaLayout::prefixed): its att after the groups'
 };
 
-// The fp32 datapath's slices of the arena for one micro-batch layout.
-struct ArenaActivations : ArenaSlices<float, model::BlockActivations> {
+// A micro-batch's ints, one block uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
+// the groups' row lengths (pieces), padded_token (padded rows), pos_offset (pieces).
+struct ArenaInts {
+  int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
+};
+
+// The fp32 datapath's slices of the arena for one micro-batch layout, its ints with them.
+struct ArenaActivations : ArenaSlices<float, model::BlockActivations>, ArenaInts {
   float *logits = nullptr, *dresidual = nullptr;
   float* attention_workspace = nullptr;  // the attention engine's scratch
-  // One block of ints, uploaded at once: inputs (N), targets (N), cu_seqlens (pieces+1),
-  // the groups' row lengths (pieces), padded_token (padded rows), pos_offset (pieces).
-  int32_t *ints, *inputs, *targets, *cu_seqlens, *lengths, *padded_token, *pos_offset;
 };
 
 // The bf16-storage datapath's slices (cuda_datapath_bf16.cu): every activation bf16 but the
@@ -160,7 +164,7 @@ inline size_t largest_gemm_operand(const ArenaModel& m, const ArenaLayout& layou
 
 // The integer rows of a micro-batch, in the order upload_batch writes them: inputs, targets,
 // cu_seqlens, lengths, the groups' row map (map_rows) and the positions' offsets.
-inline void carve_ints(ArenaCarver& carver, ArenaActivations& a, size_t tokens, size_t pieces, size_t map_rows) {
+inline void carve_ints(ArenaCarver& carver, ArenaInts& a, size_t tokens, size_t pieces, size_t map_rows) {
   a.ints = carver.take_ints(2 * tokens + 3 * pieces + 1 + map_rows);
   a.inputs = a.ints;
   a.targets = a.inputs + tokens;
@@ -170,150 +174,129 @@ inline void carve_ints(ArenaCarver& carver, ArenaActivations& a, size_t tokens, 
   a.pos_offset = a.padded_token + map_rows;
 }
 
-// Lays out every fp32 activation of a layout; returns the floats used. The same function
-// measures (null base) and assigns, so they cannot disagree.
-inline size_t carve_fp32(ArenaCarver& carver, const ArenaModel& m, ArenaActivations* acts, const ArenaLayout& layout) {
-  const model::ModelSpec& cfg = m.cfg;
-  const size_t C = cfg.n_embd, V = cfg.vocab_size, NH = cfg.n_head;
-  const size_t tokens = layout.N;
-  const size_t padded_rows = layout.groups.padded_rows();
-  // Per group: att (cuBLASLt) or cuDNN's reserve space, whichever its engine may need; the
-  // engine scratch is shared by the groups (they run one after the other).
-  ArenaActivations a;
-  size_t att_slice = 0, workspace = 0;
-  for (size_t g = 0; g < layout.groups.groups.size(); ++g) {
-    const int B = layout.groups.groups[g].B, T = layout.groups.groups[g].T;
-    size_t saved = static_cast<size_t>(B) * NH * T * T;  // the workspace holds NH query heads of C wide
-    size_t scratch = kc::attention_workspace_floats(B, T, int(C), int(NH));
-    const bool maybe_cudnn = g < layout.group_cudnn.size() ? layout.group_cudnn[g] != 0 : true;
-    if (m.cudnn_group && maybe_cudnn) {
-      const auto [cudnn_saved, cudnn_scratch] = m.cudnn_group(B, T);
-      saved = std::max(saved, cudnn_saved);
-      scratch = std::max(scratch, cudnn_scratch);
-    }
-    a.saved_offset.push_back(att_slice);
-    att_slice += align_up(saved);
-    workspace = std::max(workspace, scratch);
-  }
-  for (const PrefixedPiece& part : layout.prefixed) {
-    a.prefixed_saved_offset.push_back(att_slice);
-    att_slice += align_up(NH * part.len * (static_cast<size_t>(part.offset) + part.len));
-    workspace = std::max(workspace, kc::attention_prefix_workspace_floats(part.offset, part.len, int(C), int(NH)));
-  }
-  a.encoded = carver.take(tokens * C);
-  a.blocks.resize(cfg.n_layer);
-  // What the recompute modes share among the layers, once, then each layer's own.
-  const model::ActivationLayout& plan = m.plan;
-  model::BlockActivations shared = model::carve_block(plan, tokens, [&](model::ActSlot, model::ActHome home,
-                                                                        size_t floats) {
-    return home == model::ActHome::shared ? carver.take(floats) : nullptr;
-  });
-  float* shared_att = plan.attention_per_layer ? nullptr : carver.take(att_slice);
-  for (model::BlockActivations& b : a.blocks) {
-    b = model::carve_block(plan, tokens, [&](model::ActSlot slot, model::ActHome home, size_t floats) {
-      return home == model::ActHome::kept ? carver.take(floats) : model::activation_slot(shared, slot);
-    });
-    b.att = plan.attention_per_layer ? carver.take(att_slice) : shared_att;
-  }
-  a.lnf = carver.take(tokens * C);
-  a.lnf_mean = carver.take(tokens);
-  a.lnf_rstd = carver.take(tokens);
-  a.logits = carver.take(tokens * V);
-  a.dresidual = carver.take(tokens * C);
-  carve_gradients(a, cfg, tokens, padded_rows, [&](size_t floats) { return carver.take(floats); });
-  a.attention_workspace = carver.take(workspace);
-  a.column_scratch = carver.take(2 * kc::column_sum_scratch_floats(cfg.widest_linear_out()));
-  carve_ints(carver, a, tokens, layout.pieces, padded_rows);
-  if (acts != nullptr) *acts = std::move(a);
-  return carver.used();
+// The arena's floats for `elements` values of T (bf16: two to a float).
+template <typename T>
+size_t floats_for(size_t elements) {
+  return (elements * sizeof(T) + sizeof(float) - 1) / sizeof(float);
 }
 
-// The bf16 datapath's arena: the activation layout's slots in bf16 (its norm statistics in fp32),
-// the saved attention state (the groups' softmax in bf16, or on SDPA cuDNN's fp32 Stats), the
-// classifier's one chunk of logits, the residual stream's fp32 gradient with its bf16 copy, bf16
-// scratch (the groups' padded rows and workspace only off SDPA; on SDPA the later parts' staged
-// K/V); the same ints as the fp32 layout (into acts). The same contract as carve_fp32.
-template <typename Bf16>
-size_t carve_bf16(ArenaCarver& carver, const ArenaModel& m, ArenaActivationsBf16<Bf16>* bacts,
-                  ArenaActivations* acts, const ArenaLayout& layout) {
+// A block's slots carved in floats, as the datapath's element type T (the statistics stay fp32).
+template <typename T>
+model::BlockSlots<T> slots_as(const model::BlockActivations& a) {
+  auto as = [](float* p) { return reinterpret_cast<T*>(p); };
+  return {as(a.ln1),       a.ln1_mean, a.ln1_rstd, as(a.qkv), as(a.atty),     as(a.att),      as(a.residual2),
+          as(a.ln2),       a.ln2_mean, a.ln2_rstd, as(a.fch), as(a.fch_gelu), as(a.residual3)};
+}
+
+// Lays out every activation of a layout in the datapath's slices A (ArenaActivations: fp32;
+// ArenaActivationsBf16) and the micro-batch's ints; returns the floats used. The same function
+// measures (null base) and assigns, so they cannot disagree. The bf16 datapath's arena: the
+// activation layout's slots in bf16 (its norm statistics in fp32), the saved attention state (the
+// groups' softmax in bf16, or on SDPA cuDNN's fp32 Stats), the classifier's one chunk of logits,
+// the residual stream's fp32 gradient with its bf16 copy, bf16 scratch (the groups' padded rows
+// and workspace only off SDPA; on SDPA the later parts' staged K/V).
+template <typename A>
+size_t carve_arena(ArenaCarver& carver, const ArenaModel& m, A* acts, ArenaInts* ints, const ArenaLayout& layout) {
+  using T = std::remove_pointer_t<decltype(A::encoded)>;
+  constexpr bool bf16 = !std::is_same_v<T, float>;
   const model::ModelSpec& cfg = m.cfg;
   const size_t C = cfg.n_embd, NH = cfg.n_head, W = cfg.qkv_width();
-  const size_t kv = W - NH * static_cast<size_t>(cfg.head_dim());
+  const int c = cfg.n_embd, nh = cfg.n_head;  // as the kernels' scratch sizes take them
+  const bool sdpa = bf16 && layout.sdpa;
   // SDPA reads the packed rows themselves: the groups' padded rows are not carved.
-  const size_t tokens = layout.N, padded_rows = layout.sdpa ? 0 : layout.groups.padded_rows();
-  auto take_bf16 = [&](size_t elements) { return reinterpret_cast<Bf16*>(carver.take((elements + 1) / 2)); };
-  ArenaActivationsBf16<Bf16> b;
-  size_t att_slice = 0, workspace = 0;  // bf16 elements; bytes
-  if (layout.sdpa) {
+  const size_t tokens = layout.N, padded_rows = sdpa ? 0 : layout.groups.padded_rows();
+  auto take = [&](size_t elements) { return reinterpret_cast<T*>(carver.take(floats_for<T>(elements))); };
+  // Saved attention state of so many elements, in T elements of whole aligned slices.
+  auto saved_slice = [](size_t elements) { return align_up(floats_for<T>(elements)) * sizeof(float) / sizeof(T); };
+  A a;
+  size_t att_slice = 0, workspace = 0;  // T elements; bytes
+  if (sdpa) {
     att_slice = 2 * align_up(tokens * NH);  // cuDNN's Stats, fp32 (the SDPA workspace is the engine's)
   } else {
-    for (const model::AttentionGroup& g : layout.groups.groups) {
-      b.saved_offset.push_back(att_slice);
-      att_slice += 2 * align_up((static_cast<size_t>(g.B) * NH * g.T * g.T + 1) / 2);
-      workspace = std::max(workspace, kc::attention_bf16_workspace_bytes(g.B, g.T, int(C), int(NH), m.score_budget));
+    // Per group: att (cuBLASLt) or, on fp32 activations, cuDNN's reserve space, whichever its
+    // engine may need; the engine scratch is shared by the groups (they run one after the other).
+    for (size_t g = 0; g < layout.groups.groups.size(); ++g) {
+      const int B = layout.groups.groups[g].B, T_len = layout.groups.groups[g].T;
+      size_t saved = static_cast<size_t>(B) * NH * T_len * T_len;
+      size_t scratch = bf16 ? kc::attention_bf16_workspace_bytes(B, T_len, c, nh, m.score_budget)
+                            : sizeof(float) * kc::attention_workspace_floats(B, T_len, c, nh);
+      const bool maybe_cudnn = g < layout.group_cudnn.size() ? layout.group_cudnn[g] != 0 : true;
+      if (!bf16 && m.cudnn_group && maybe_cudnn) {
+        const auto [cudnn_saved, cudnn_scratch] = m.cudnn_group(B, T_len);
+        saved = std::max(saved, cudnn_saved);
+        scratch = std::max(scratch, sizeof(float) * cudnn_scratch);
+      }
+      a.saved_offset.push_back(att_slice);
+      att_slice += saved_slice(saved);
+      workspace = std::max(workspace, scratch);
     }
     for (const PrefixedPiece& part : layout.prefixed) {
-      b.prefixed_saved_offset.push_back(att_slice);
-      att_slice += 2 * align_up((NH * part.len * (static_cast<size_t>(part.offset) + part.len) + 1) / 2);
-      workspace =
-          std::max(workspace, kc::attention_prefix_bf16_workspace_bytes(part.offset, part.len, int(C), int(NH)));
+      a.prefixed_saved_offset.push_back(att_slice);
+      att_slice += saved_slice(NH * part.len * (static_cast<size_t>(part.offset) + part.len));
+      const size_t scratch = bf16 ? kc::attention_prefix_bf16_workspace_bytes(part.offset, part.len, c, nh)
+                                  : sizeof(float) * kc::attention_prefix_workspace_floats(part.offset, part.len, c, nh);
+      workspace = std::max(workspace, scratch);
     }
   }
-  b.encoded = take_bf16(tokens * C);
-  // The plan's slots: the norm statistics (one float per token) stay fp32, every other slot bf16.
+  a.encoded = take(tokens * C);
+  // The plan's slots: the norm statistics (one float per token) stay fp32, every other slot T.
   auto slot_take = [&](model::ActSlot slot, size_t elements) -> float* {
     const bool statistic = slot == model::ActSlot::norm1_mean || slot == model::ActSlot::norm1_rstd ||
                            slot == model::ActSlot::norm2_mean || slot == model::ActSlot::norm2_rstd;
-    return statistic ? carver.take(elements) : reinterpret_cast<float*>(take_bf16(elements));
+    return statistic ? carver.take(elements) : reinterpret_cast<float*>(take(elements));
   };
+  // What the recompute modes share among the layers, once, then each layer's own.
   model::BlockActivations shared = model::carve_block(m.plan, tokens, [&](model::ActSlot slot, model::ActHome home,
                                                                           size_t elements) {
     return home == model::ActHome::shared ? slot_take(slot, elements) : nullptr;
   });
-  Bf16* shared_att = m.plan.attention_per_layer ? nullptr : take_bf16(att_slice);
-  b.blocks.resize(cfg.n_layer);
-  for (ArenaBlockBf16<Bf16>& block : b.blocks) {
-    model::BlockActivations a = model::carve_block(m.plan, tokens, [&](model::ActSlot slot, model::ActHome home,
-                                                                       size_t elements) {
-      return home == model::ActHome::kept ? slot_take(slot, elements) : model::activation_slot(shared, slot);
-    });
-    auto as_bf16 = [](float* p) { return reinterpret_cast<Bf16*>(p); };
-    block.ln1 = as_bf16(a.ln1), block.qkv = as_bf16(a.qkv), block.atty = as_bf16(a.atty);
-    block.residual2 = as_bf16(a.residual2), block.ln2 = as_bf16(a.ln2), block.fch = as_bf16(a.fch);
-    block.fch_gelu = as_bf16(a.fch_gelu), block.residual3 = as_bf16(a.residual3);
-    block.ln1_mean = a.ln1_mean, block.ln1_rstd = a.ln1_rstd, block.ln2_mean = a.ln2_mean, block.ln2_rstd = a.ln2_rstd;
-    block.att = m.plan.attention_per_layer ? take_bf16(att_slice) : shared_att;
-    block.stats = layout.sdpa ? reinterpret_cast<float*>(block.att) : nullptr;
+  T* shared_att = m.plan.attention_per_layer ? nullptr : take(att_slice);
+  a.blocks.resize(cfg.n_layer);
+  for (auto& block : a.blocks) {
+    static_cast<model::BlockSlots<T>&>(block) = slots_as<T>(model::carve_block(
+        m.plan, tokens, [&](model::ActSlot slot, model::ActHome home, size_t elements) {
+          return home == model::ActHome::kept ? slot_take(slot, elements) : model::activation_slot(shared, slot);
+        }));
+    block.att = m.plan.attention_per_layer ? take(att_slice) : shared_att;
+    if constexpr (bf16) block.stats = sdpa ? reinterpret_cast<float*>(block.att) : nullptr;
   }
-  b.lnf = take_bf16(tokens * C);
-  b.lnf_mean = carver.take(tokens);
-  b.lnf_rstd = carver.take(tokens);
-  b.projection = take_bf16(tokens * C);
-  // The classifier: as many rows as fit classifier_bytes of bf16 logits (a multiple of 64).
-  const size_t row_bytes = 2 * m.vocab_padded;
-  const size_t fit = std::max<size_t>(64, m.classifier_bytes / std::max<size_t>(row_bytes, 1) / 64 * 64);
-  b.classifier_rows = static_cast<int>(std::min(fit, std::max<size_t>(tokens, 1)));
-  b.logits = take_bf16(static_cast<size_t>(b.classifier_rows) * m.vocab_padded);
-  b.row_losses = carver.take(tokens);
-  b.dresidual = carver.take(tokens * C);
-  b.dresidual_bf16 = take_bf16(tokens * C);
-  carve_gradients(b, cfg, tokens, padded_rows, take_bf16);
-  b.attention_workspace = carver.take((workspace + 3) / 4);
-  b.column_scratch = carver.take(
-      std::max(2 * kc::column_sum_scratch_floats(int(C)), kc::linear_scratch_floats(cfg.widest_linear_out())));
-  if (layout.exchange) {  // the K/V exchange moves fp32 rows
-    b.exchange_qkv = carver.take(tokens * W);
-    b.exchange_dqkv = carver.take(tokens * W);
+  a.lnf = take(tokens * C);
+  a.lnf_mean = carver.take(tokens);
+  a.lnf_rstd = carver.take(tokens);
+  if constexpr (bf16) {
+    a.projection = take(tokens * C);
+    // The classifier: as many rows as fit classifier_bytes of bf16 logits (a multiple of 64).
+    const size_t row_bytes = 2 * m.vocab_padded;
+    const size_t fit = std::max<size_t>(64, m.classifier_bytes / std::max<size_t>(row_bytes, 1) / 64 * 64);
+    a.classifier_rows = static_cast<int>(std::min(fit, std::max<size_t>(tokens, 1)));
+    a.logits = take(static_cast<size_t>(a.classifier_rows) * m.vocab_padded);
+    a.row_losses = carver.take(tokens);
+  } else {
+    a.logits = take(tokens * cfg.vocab_size);
   }
-  if (layout.sdpa && layout.sdpa_staged_rows > 0) {
-    b.sdpa_staged = take_bf16(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
-    b.sdpa_staged_grad = take_bf16(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
+  a.dresidual = carver.take(tokens * C);
+  if constexpr (bf16) a.dresidual_bf16 = take(tokens * C);
+  carve_gradients(a, cfg, tokens, padded_rows, take);
+  a.attention_workspace = carver.take(floats_for<char>(workspace));
+  a.column_scratch = carver.take(bf16 ? std::max(2 * kc::column_sum_scratch_floats(int(C)),
+                                                 kc::linear_scratch_floats(cfg.widest_linear_out()))
+                                      : 2 * kc::column_sum_scratch_floats(cfg.widest_linear_out()));
+  if constexpr (bf16) {
+    if (layout.exchange) {  // the K/V exchange moves fp32 rows
+      a.exchange_qkv = carver.take(tokens * W);
+      a.exchange_dqkv = carver.take(tokens * W);
+    }
+    if (sdpa && layout.sdpa_staged_rows > 0) {  // kv: the K/V columns of a q|k|v row
+      const size_t kv = W - NH * static_cast<size_t>(cfg.head_dim());
+      a.sdpa_staged = take(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
+      a.sdpa_staged_grad = take(static_cast<size_t>(layout.sdpa_staged_rows) * kv);
+    }
   }
   // The ints keep the groups' row map whatever the engine: upload_batch writes one layout.
-  ArenaActivations ints;
-  carve_ints(carver, ints, tokens, layout.pieces, layout.groups.padded_rows());
-  if (bacts != nullptr) *bacts = std::move(b);
-  if (acts != nullptr) *acts = std::move(ints);
+  ArenaInts rows;
+  carve_ints(carver, rows, tokens, layout.pieces, layout.groups.padded_rows());
+  if (acts != nullptr) *acts = std::move(a);
+  if (ints != nullptr) *ints = rows;  // after acts: the fp32 slices hold their ints themselves
   return carver.used();
 }
 

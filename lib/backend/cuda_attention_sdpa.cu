@@ -12,7 +12,7 @@
 // hands the engine its own bf16 rows: qkv in, O straight into atty, dO from datty, dQ/dK/dV
 // straight into dqkv; cuDNN's Stats ((N, n_head) floats per layer, or one slice the layers share
 // under recompute attention/block), and the staged K/V of later parts, are slices of its arena
-// (carve_bf16). The fp32-activation datapath (sdpa_forward_layer/sdpa_backward_layer) converts
+// (carve_arena). The fp32-activation datapath (sdpa_forward_layer/sdpa_backward_layer) converts
 // qkv (and dout) to bf16 rows for each call and the output (and dqkv) back, and keeps the Stats
 // of every layer here; its O for the backward is re-rounded from the kept fp32 output, which holds
 // bf16 values exactly. Later parts' K/V rows are staged (their prefix from the exchange, fp32 rows
@@ -208,7 +208,7 @@ bool CudaModel::sdpa_for_batch(const Batch& batch) {
                    batch.pos_offset.empty() ? nullptr : batch.pos_offset.data(), shape,
                    model::sdpa_score_budget(batch.N, cfg_.block_size));
   // Buffers first: the self-check of a new bucket runs on them. The bf16-storage datapath's
-  // rows, Stats and staging are its arena's (carve_bf16).
+  // rows, Stats and staging are its arena's (carve_arena).
   const size_t N = batch.N, W = shape.row_width(), C = shape.q_width(), R = st.plan.staged_rows;
   if (!bf16_storage_) {
     const size_t tail = model::kSdpaTailRows, KV = shape.kv_width();

@@ -57,8 +57,9 @@ CudaDeviceBytes cuda_device_bytes(const model::ModelSpec& cfg, size_t padded_siz
   const model::ActivationLayout plan = model::activation_layout(cfg, model::parse_recompute(recompute));
   ArenaModel m{cfg, plan, (V + 127) / 128 * 128, kAttentionScoreBudgetFloats, kClassifierChunkBytes};
   ArenaCarver measure(nullptr);
-  const uint64_t floats = bf16_storage ? carve_bf16<uint16_t>(measure, m, nullptr, nullptr, layout)
-                                       : carve_fp32(measure, m, nullptr, layout);
+  const uint64_t floats = bf16_storage
+                              ? carve_arena<ArenaActivationsBf16<uint16_t>>(measure, m, nullptr, nullptr, layout)
+                              : carve_arena<ArenaActivations>(measure, m, nullptr, nullptr, layout);
   // cuda_arena.cu's ensure_arena: kSdpaTailRows rows of q|k|v width of slack past the last slice.
   bytes.activations = (floats + uint64_t(model::kSdpaTailRows) * uint64_t(cfg.qkv_width())) * 4;
 

@@ -35,7 +35,7 @@ struct CudaDeviceBytes {
 // rank holds (num_params unsharded). recompute: none | gelu | attention | block.
 // bf16_operand_copies: KILTER_CUDA_BF16_INPUTS=1 with bf16 math (scratch for both operands).
 // bf16_storage: the bf16 datapath (train.bf16_storage on, or auto where its self-check passes):
-// bf16 activations (carve_bf16) and the weights' bf16 working copy.
+// bf16 activations (carve_arena) and the weights' bf16 working copy.
 // sdpa: attention on cuDNN SDPA (cuda_plan_counts_sdpa): its workspace (model::sdpa_workspace_bound:
 // cuDNN's deterministic backward, the largest call the score budget allows), and on the bf16
 // datapath its Stats per layer instead of the groups' saved softmax, padded rows and workspace

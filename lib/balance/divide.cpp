@@ -66,6 +66,15 @@ void StepDivider::insert_sorted(std::vector<uint32_t>& items, uint32_t item) con
   items.insert(std::upper_bound(items.begin(), items.end(), item, before), item);
 }
 
+void StepDivider::move_item(Share& from, Share& to, uint32_t item) const {
+  from.items.erase(std::find(from.items.begin(), from.items.end(), item));
+  from.piece_cost -= piece_cost_[item];
+  from.tokens -= pieces_[item].len;
+  to.piece_cost += piece_cost_[item];
+  to.tokens += pieces_[item].len;
+  insert_sorted(to.items, item);
+}
+
 void StepDivider::reset_shares() {
   for (int r = 0; r < world_size_; ++r) {
     Share& share = shares_[r];
@@ -198,22 +207,9 @@ bool StepDivider::improve_busiest() {
   Share& theirs = shares_[best_partner];
   by_load_.erase(top_entry);
   by_load_.erase({load(best_partner), best_partner});
-  const uint32_t x = mine.items[best_x];
-  mine.items.erase(mine.items.begin() + long(best_x));
-  mine.piece_cost -= piece_cost_[x];
-  mine.tokens -= pieces_[x].len;
-  theirs.piece_cost += piece_cost_[x];
-  theirs.tokens += pieces_[x].len;
-  if (best_y >= 0) {
-    const uint32_t y = theirs.items[best_y];
-    theirs.items.erase(theirs.items.begin() + best_y);
-    theirs.piece_cost -= piece_cost_[y];
-    theirs.tokens -= pieces_[y].len;
-    mine.piece_cost += piece_cost_[y];
-    mine.tokens += pieces_[y].len;
-    insert_sorted(mine.items, y);
-  }
-  insert_sorted(theirs.items, x);
+  const uint32_t x = mine.items[best_x], y = best_y >= 0 ? theirs.items[best_y] : 0;  // y: read before x moves in
+  move_item(mine, theirs, x);
+  if (best_y >= 0) move_item(theirs, mine, y);
   by_load_.insert({load(busiest), busiest});
   by_load_.insert({load(best_partner), best_partner});
   return true;

@@ -155,6 +155,7 @@ class StepDivider {
   double refine();
   bool improve_busiest();
   void insert_sorted(std::vector<uint32_t>& items, uint32_t item) const;
+  void move_item(Share& from, Share& to, uint32_t item) const;  // with its cost and tokens
   void first_fit(const Share& share);
   size_t assign_bins(int rank);  // fills bin_of_, bin_tokens_; returns the micro-batches
   double packed_busiest_load();

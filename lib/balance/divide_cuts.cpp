@@ -312,15 +312,7 @@ const StepDivider::Part* StepDivider::find_part(const Share& share, uint32_t ite
 
 void StepDivider::apply_cut(int busiest, const Cut& cut) {
   if (cut.move) {
-    Share& mine = shares_[busiest];
-    Share& theirs = shares_[cut.partner];
-    const uint32_t x = mine.items[cut.index];
-    mine.items.erase(mine.items.begin() + long(cut.index));
-    mine.piece_cost -= piece_cost_[x];
-    mine.tokens -= pieces_[x].len;
-    theirs.piece_cost += piece_cost_[x];
-    theirs.tokens += pieces_[x].len;
-    insert_sorted(theirs.items, x);
+    move_item(shares_[busiest], shares_[cut.partner], shares_[busiest].items[cut.index]);
     return;
   }
   const uint32_t item = cut.item, len = pieces_[item].len;

@@ -101,18 +101,11 @@ void check_info_against_config(const std::string& path, const io::CheckpointInfo
   }
 }
 
-// `line` inserted after the first line of `message` (the headline stays first, details last).
-std::string with_second_line(const std::string& message, const std::string& line) {
-  const size_t newline = message.find('\n');
-  if (newline == std::string::npos) return message + "\n  " + line;
-  return message.substr(0, newline) + "\n  " + line + message.substr(newline);
-}
-
-// `advice` appended to the first line of `message` ("...; advice"), the details staying below.
-std::string with_first_line_advice(const std::string& message, const std::string& advice) {
-  const size_t newline = message.find('\n');
-  if (newline == std::string::npos) return message + "; " + advice;
-  return message.substr(0, newline) + "; " + advice + message.substr(newline);
+// `text` put at the end of the first line of `message`, an advice ("; ...") or a second line
+// ("\n  ..."): the headline stays first, the details last.
+std::string after_first_line(const std::string& message, const std::string& text) {
+  const size_t newline = std::min(message.find('\n'), message.size());
+  return message.substr(0, newline) + text + message.substr(newline);
 }
 
 // "the latest checkpoint stays F" / "no checkpoint of this run exists yet".
@@ -251,7 +244,7 @@ struct Checkpointer::Impl {
       message = "checkpoint " + path + " not written: " + e.what();
     }
     std::fprintf(stderr, "kilter: warning: %s\n",
-                 with_second_line(message, latest_checkpoint_text(dir) +
+                 after_first_line(message, "\n  " + latest_checkpoint_text(dir) +
                                                "; training goes on and tries again at the next checkpoint")
                      .c_str());
     return nullptr;
@@ -475,7 +468,7 @@ void Checkpointer::wait() {
       problem = std::string("checkpoint not written: ") + e.what();
     }
     if (!problem.empty())
-      problem = with_second_line(problem, "this was the run's last checkpoint, so the run fails; " +
+      problem = after_first_line(problem, "\n  this was the run's last checkpoint, so the run fails; " +
                                               latest_checkpoint_text(s.dir) + ": resume from it with --resume " +
                                               s.run_dir + " once the cause is fixed");
   }
@@ -516,8 +509,8 @@ TrainState Checkpointer::load(MPI_Comm world, const std::string& path, model::Mo
       // A damaged file (not a config mismatch, whose message says what to do): the way out is
       // the checkpoint before it.
       if (!checking_config)
-        problem = with_first_line_advice(problem, "move it aside to resume from the checkpoint before it "
-                                                  "(--resume takes the newest complete one)");
+        problem = after_first_line(problem, "; move it aside to resume from the checkpoint before it "
+                                             "(--resume takes the newest complete one)");
     }
   }
   // The file the user named (damaged, or of another config): its message says what to do.

@@ -523,13 +523,13 @@ std::string format_memory_plan(const MemoryPlan& p) {
                     gib(other));
     os << line;
   };
+  if (cuda) os << "  on each rank's device:\n";
+  row(!cuda && cfg.train.precision == "bf16" ? "parameters (+bf16)" : "parameters", p.parameters, p.parameters);
+  if (p.gathered > 0) row("gathered units", p.gathered, p.gathered);
+  row("gradients", p.gradients, p.gradients);
+  row("optimizer state", p.optimizer, p.optimizer);
+  row("activations", p.activations, p.activations);
   if (cuda) {
-    os << "  on each rank's device:\n";
-    row("parameters", p.parameters, p.parameters);
-    if (p.gathered > 0) row("gathered units", p.gathered, p.gathered);
-    row("gradients", p.gradients, p.gradients);
-    row("optimizer state", p.optimizer, p.optimizer);
-    row("activations", p.activations, p.activations);
     row("GEMM workspaces", p.engine, p.engine);
     if (p.cudnn > 0) row("cuDNN SDPA workspace", p.cudnn, p.cudnn);
     if (p.input.device_bytes > 0)
@@ -540,14 +540,8 @@ std::string format_memory_plan(const MemoryPlan& p) {
                     "device total", gib(p.device_total));
     os << line;
     os << "  in each rank's host memory:\n";
-  } else {
-    row(cfg.train.precision == "bf16" ? "parameters (+bf16)" : "parameters", p.parameters, p.parameters);
-    if (p.gathered > 0) row("gathered units", p.gathered, p.gathered);
-    row("gradients", p.gradients, p.gradients);
-    row("optimizer state", p.optimizer, p.optimizer);
-    row("activations", p.activations, p.activations);
-    if (p.comm_scratch_rank0 + p.comm_scratch_other > 0)
-      row("reduce-scatter (MPI)", p.comm_scratch_rank0, p.comm_scratch_other);
+  } else if (p.comm_scratch_rank0 + p.comm_scratch_other > 0) {
+    row("reduce-scatter (MPI)", p.comm_scratch_rank0, p.comm_scratch_other);
   }
   row("checkpoint", p.checkpoint_rank0, p.checkpoint_other);
   row("prefetch ring", p.prefetch, p.prefetch);
