@@ -98,6 +98,14 @@ void copy_rows(T* dst, size_t ld_dst, const float* src, size_t ld_src, int rows,
   }
 }
 
+// fp32 rows (rows, cols) as the GEMM's input T: themselves in fp32, else converted into `converted`.
+template <typename T>
+T* gemm_input(std::vector<T>& converted, std::vector<float>& fp32, int rows, int cols) {
+  if constexpr (std::is_same_v<T, float>) return fp32.data();
+  copy_rows(converted.data(), cols, fp32.data(), cols, rows, cols);
+  return converted.data();
+}
+
 // dst (Lpad, hs) = rows [0, L) of the hs columns at src (row stride ld); rows [L, Lpad) zero.
 template <typename T>
 void pack_head(T* dst, const float* src, int ld, int L, int Lpad, int hs) {
@@ -181,13 +189,7 @@ void attention_forward_packed(float* out, float* att, const float* qkv, const in
           std::memcpy(att_ph + static_cast<size_t>(i) * Lk, row + pad, sizeof(float) * (s + r1));
         }
         // The softmax as T, padded rows zero (fp32: in place).
-        T* probs;
-        if constexpr (std::is_same_v<T, float>) {
-          probs = scores.data();
-        } else {
-          copy_rows(pb.data(), width, scores.data(), width, rows, width);
-          probs = pb.data();
-        }
+        T* probs = gemm_input(pb, scores, rows, width);
         std::fill(probs + static_cast<size_t>(rows) * width, probs + static_cast<size_t>(Mp) * width, T{0});
         // o (Mp, hs) = softmax @ v[0:width]
         gemm_t(false, false, Mp, hs, width, 1.0f, probs, width, vb.data(), hs, 0.0f, ob.data(), hs);
@@ -265,13 +267,7 @@ void attention_backward_packed(float* dqkv, const float* dout, const float* qkv,
           std::fill(row, row + pad, 0.0f);
           causal_softmax_backward_row(row + pad, att_ph + static_cast<size_t>(i) * Lk, s + i, width - pad, scale);
         }
-        const T* dscores;
-        if constexpr (std::is_same_v<T, float>) {
-          dscores = ds.data();
-        } else {
-          copy_rows(dsb.data(), width, ds.data(), width, Mp, width);
-          dscores = dsb.data();
-        }
+        const T* dscores = gemm_input(dsb, ds, Mp, width);
         // dq[r0:r0+Mp] += d_scores @ k[0:width];  dk[0:width] += d_scores^T @ q[r0:r0+Mp]
         gemm_t(false, false, Mp, hs, width, 1.0f, dscores, width, kb.data(), hs, 1.0f,
                dq.data() + static_cast<size_t>(r0) * hs, hs);
