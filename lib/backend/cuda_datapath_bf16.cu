@@ -128,7 +128,7 @@ void CudaModel::Bf16Ops::attention(const model::AttentionArgs& a) {
                                x_.padded_qkv + group.first_row * W, ints.lengths + group.first_length, group.B,
                                group.T, C, NH, NKV, x_.attention_workspace, m_.score_budget_);
   }
-  kc::scatter_padded_rows(out, x_.padded_io, ints.padded_token, groups.padded_rows(), C, /*accumulate=*/false, m_.s_);
+  kc::scatter_padded_rows(out, x_.padded_io, ints.padded_token, groups.padded_rows(), C, m_.s_);
 }
 
 void CudaModel::Bf16Ops::attention_backward(const model::AttentionBackwardArgs& a) {
@@ -161,8 +161,7 @@ void CudaModel::Bf16Ops::attention_backward(const model::AttentionBackwardArgs& 
                                 ints.lengths + group.first_length, group.B, group.T, C, NH, NKV,
                                 x_.attention_workspace, m_.score_budget_);
   }
-  kc::scatter_padded_rows(x_.dqkv, x_.padded_dqkv, ints.padded_token, groups.padded_rows(), W, /*accumulate=*/false,
-                          m_.s_);
+  kc::scatter_padded_rows(x_.dqkv, x_.padded_dqkv, ints.padded_token, groups.padded_rows(), W, m_.s_);
 }
 
 void CudaModel::forward_kernels_bf16(bool with_loss) {

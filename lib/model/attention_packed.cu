@@ -20,42 +20,59 @@ __global__ void gather_rows_kernel(T* padded, const T* rows, const int32_t* padd
 }
 
 // Every token row appears in exactly one padded row, so the writes never collide.
-template <typename T>
-__global__ void scatter_rows_kernel(T* rows, const T* padded, const int32_t* padded_token, int W, size_t total,
-                                    bool accumulate) {
+__global__ void scatter_rows_kernel(float* rows, const float* padded, const int32_t* padded_token, int W,
+                                    size_t total, bool accumulate) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int32_t token = padded_token[i / W];
     if (token < 0) continue;
-    T* dst = rows + static_cast<size_t>(token) * W + (i % W);
-    *dst = accumulate ? store_f<T>(load_f(*dst) + load_f(padded[i])) : padded[i];
+    float* dst = rows + static_cast<size_t>(token) * W + (i % W);
+    *dst = accumulate ? *dst + padded[i] : padded[i];
+  }
+}
+
+__global__ void scatter_rows_bf16_kernel(bf16* rows, const bf16* padded, const int32_t* padded_token, int W,
+                                         size_t total) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int32_t token = padded_token[i / W];
+    if (token >= 0) rows[static_cast<size_t>(token) * W + (i % W)] = padded[i];
   }
 }
 
 }  // namespace
 
-template <typename T>
-void gather_padded_rows(T* padded, const T* rows, const int32_t* padded_token, size_t padded_rows, int W,
+void gather_padded_rows(float* padded, const float* rows, const int32_t* padded_token, size_t padded_rows, int W,
                         cudaStream_t stream) {
   const size_t total = padded_rows * W;
   if (total == 0) return;
-  gather_rows_kernel<T><<<backend::grid_for(total, 256), 256, 0, stream>>>(padded, rows, padded_token, W, total);
+  gather_rows_kernel<float><<<backend::grid_for(total, 256), 256, 0, stream>>>(padded, rows, padded_token, W, total);
   KILTER_CUDA_LAUNCH_CHECK();
 }
 
-template <typename T>
-void scatter_padded_rows(T* rows, const T* padded, const int32_t* padded_token, size_t padded_rows, int W,
+void gather_padded_rows(bf16* padded, const bf16* rows, const int32_t* padded_token, size_t padded_rows, int W,
+                        cudaStream_t stream) {
+  const size_t total = padded_rows * W;
+  if (total == 0) return;
+  gather_rows_kernel<bf16><<<backend::grid_for(total, 256), 256, 0, stream>>>(padded, rows, padded_token, W, total);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void scatter_padded_rows(bf16* rows, const bf16* padded, const int32_t* padded_token, size_t padded_rows, int W,
+                         cudaStream_t stream) {
+  const size_t total = padded_rows * W;
+  if (total == 0) return;
+  scatter_rows_bf16_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(rows, padded, padded_token, W, total);
+  KILTER_CUDA_LAUNCH_CHECK();
+}
+
+void scatter_padded_rows(float* rows, const float* padded, const int32_t* padded_token, size_t padded_rows, int W,
                          bool accumulate, cudaStream_t stream) {
   const size_t total = padded_rows * W;
   if (total == 0) return;
-  scatter_rows_kernel<T><<<backend::grid_for(total, 256), 256, 0, stream>>>(rows, padded, padded_token, W, total,
-                                                                            accumulate);
+  scatter_rows_kernel<<<backend::grid_for(total, 256), 256, 0, stream>>>(rows, padded, padded_token, W, total,
+                                                                         accumulate);
   KILTER_CUDA_LAUNCH_CHECK();
 }
-
-template void gather_padded_rows(float*, const float*, const int32_t*, size_t, int, cudaStream_t);
-template void gather_padded_rows(bf16*, const bf16*, const int32_t*, size_t, int, cudaStream_t);
-template void scatter_padded_rows(float*, const float*, const int32_t*, size_t, int, bool, cudaStream_t);
-template void scatter_padded_rows(bf16*, const bf16*, const int32_t*, size_t, int, bool, cudaStream_t);
 
 }  // namespace kilter::model::cuda

@@ -144,13 +144,16 @@ void attention_merge_qkv_grad(float* dqkv, const float* dq, const float* dk, con
 // ---- attention_packed.cu: rows of a packed batch (N,W) <-> the padded rows of its attention
 // groups (model::AttentionGroups::padded_token on the device; -1 = padding).
 // gather: padded (P,W) = rows[padded_token] (padding rows 0). scatter: rows[padded_token] =
-// (or += with accumulate) padded, padding rows skipped. T: float, or bf16 (the bf16-storage datapath).
-template <typename T>
-void gather_padded_rows(T* padded, const T* rows, const int32_t* padded_token, size_t padded_rows, int W,
+// (or += with accumulate) padded, padding rows skipped.
+void gather_padded_rows(float* padded, const float* rows, const int32_t* padded_token, size_t padded_rows, int W,
                         cudaStream_t stream);
-template <typename T>
-void scatter_padded_rows(T* rows, const T* padded, const int32_t* padded_token, size_t padded_rows, int W,
+void scatter_padded_rows(float* rows, const float* padded, const int32_t* padded_token, size_t padded_rows, int W,
                          bool accumulate, cudaStream_t stream);
+// The same for bf16 rows (the bf16-storage datapath; the scatter stores).
+void gather_padded_rows(bf16* padded, const bf16* rows, const int32_t* padded_token, size_t padded_rows, int W,
+                        cudaStream_t stream);
+void scatter_padded_rows(bf16* rows, const bf16* padded, const int32_t* padded_token, size_t padded_rows, int W,
+                         cudaStream_t stream);
 
 // ---- attention_cudnn.cu (built only with cuDNN, KILTER_WITH_CUDNN): the same contract as
 // attention_forward/backward through cuDNN's multi-head attention API (cudnnMultiHeadAttnForward

@@ -349,7 +349,7 @@ void run_padded_rows_bf16(CaseContext& x) {
   Bf16Device b_rows(rows, x.stream()), b_padded(padded_token.size() * W, x.stream()), b_back(rows.size(), x.stream());
   DeviceBuffer<int32_t> d_token(padded_token);
   kc::gather_padded_rows(b_padded.get(), b_rows.get(), d_token.get(), padded_token.size(), W, x.stream());
-  kc::scatter_padded_rows(b_back.get(), b_padded.get(), d_token.get(), padded_token.size(), W, false, x.stream());
+  kc::scatter_padded_rows(b_back.get(), b_padded.get(), d_token.get(), padded_token.size(), W, x.stream());
   const std::vector<float> padded = b_padded.download();
   bool gathered = true;
   for (size_t r = 0; r < padded_token.size(); ++r)
